@@ -3,6 +3,9 @@
 # files at run time.  Run as: cmake -DSRC_DIR=... -DOUT=... -P embed_kernels.cmake
 file(GLOB cl_files "${SRC_DIR}/*.cl")
 list(SORT cl_files)
+# common.cl holds helpers the other files use: it goes first.
+list(FILTER cl_files EXCLUDE REGEX "/common\\.cl$")
+list(PREPEND cl_files "${SRC_DIR}/common.cl")
 set(body "// generated from kernels/*.cl by cmake/embed_kernels.cmake; do not edit\n")
 string(APPEND body "#include \"runtime/kernel_sources.hpp\"\n\nnamespace troupe {\n\n")
 string(APPEND body "const std::vector<kernel_source>& embedded_kernel_sources() {\n")

@@ -1,0 +1,41 @@
+#include "actors/device.hpp"
+
+namespace troupe {
+
+namespace {
+
+device_actor::behavior_type device_behavior(device_actor::stateful_pointer<device_state> self,
+                                            std::shared_ptr<llama_forward> engine) {
+  return {
+      [self, engine](forward_atom, const forward_batch& batch) -> caf::result<forward_result> {
+        try {
+          return engine->run(batch);
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what());
+        }
+      },
+      [engine](info_atom) {
+        device_info info;
+        info.device_name = engine->device_name();
+        info.model_path = engine->model().path();
+        info.model_fingerprint = engine->model().fingerprint();
+        info.n_vocab = engine->hparams().n_vocab;
+        info.n_ctx = engine->hparams().n_ctx_train;
+        info.n_pages = engine->n_pages();
+        info.page_size = engine->page_size();
+        info.weight_bytes = engine->weight_bytes();
+        info.kv_bytes_per_page = engine->kv_bytes_per_page();
+        return info;
+      },
+  };
+}
+
+}  // namespace
+
+device_actor spawn_device(caf::actor_system& sys, std::shared_ptr<const model_file> model,
+                          const engine_options& opts) {
+  auto engine = std::make_shared<llama_forward>(std::move(model), opts);
+  return sys.spawn<caf::detached>(device_behavior, std::move(engine));
+}
+
+}  // namespace troupe

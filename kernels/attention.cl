@@ -1,0 +1,133 @@
+// Paged KV cache.  The arena holds n_pages pages; a page holds page_size
+// token slots for every layer and KV head:
+//   cache[layer][page][kv_head][slot][head_dim]   (F32, or half with TROUPE_KV_F16)
+// A sequence's page table lists its pages in position order, so position p
+// lives in page pt[pt_off[s] + p / page_size], slot p % page_size.
+//
+// Rows of a batch are the new tokens of all sequences, flattened; row_seq
+// says which sequence a row belongs to and pos its position.
+
+#ifdef TROUPE_KV_F16
+typedef half kv_t;
+#define KV_LOAD4(i, p) vload_half4(i, p)
+#define KV_STORE(v, i, p) vstore_half(v, i, p)
+#else
+typedef float kv_t;
+#define KV_LOAD4(i, p) vload4(i, p)
+#define KV_STORE(v, i, p) ((p)[i] = (v))
+#endif
+
+#define HD_MAX 256
+
+inline float dot_hd(const float4* q, __global const kv_t* k, int hd4) {
+  float4 d = (float4)0.0f;
+  for (int i = 0; i < hd4; ++i) d = fma(q[i], KV_LOAD4(i, k), d);
+  return d.x + d.y + d.z + d.w;
+}
+
+inline size_t kv_offset(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g,
+                        int slot) {
+  return ((((size_t)layer * n_pages + page) * n_kv + g) * page_size + slot) * hd;
+}
+
+// Rotates q (heads 0..n_head-1) and k (heads n_head..n_head+n_kv-1) of each
+// row of the fused qkv projection in place, then writes k and v into the
+// row's cache slot.  One work-item per (head, row).
+__kernel void rope_store_kv(__global float* qkv, __global const int* pos,
+                            __global const int* row_seq, __global const int* pt,
+                            __global const int* pt_off, __global kv_t* kc, __global kv_t* vc,
+                            int n_head, int n_kv, int hd, int rope_dims, float theta_base,
+                            int neox, int page_size, int layer, int n_pages) {
+  const int h = get_global_id(0);
+  const int t = get_global_id(1);
+  if (h >= n_head + n_kv) return;
+  const int stride = (n_head + 2 * n_kv) * hd;
+  __global float* v = qkv + (size_t)t * stride + h * hd;  // q head, or k head when h >= n_head
+  const float p = (float)pos[t];
+  const int half_dims = rope_dims / 2;
+  for (int i = 0; i < half_dims; ++i) {
+    const float theta = p * pow(theta_base, -2.0f * (float)i / (float)rope_dims);
+    const float c = cos(theta), s = sin(theta);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half_dims : 2 * i + 1;
+    const float x0 = v[i0], x1 = v[i1];
+    v[i0] = x0 * c - x1 * s;
+    v[i1] = x0 * s + x1 * c;
+  }
+  if (h < n_head) return;
+  const int g = h - n_head;
+  const int s = row_seq[t];
+  const int page = pt[pt_off[s] + pos[t] / page_size];
+  const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);
+  __global const float* vv = v + n_kv * hd;
+  for (int i = 0; i < hd; ++i) {
+    KV_STORE(v[i], o + i, kc);
+    KV_STORE(vv[i], o + i, vc);
+  }
+}
+
+// Causal attention through page tables, for decode rows (one new token) and
+// prefill chunks alike: row t attends to positions 0..pos[t] of its
+// sequence, with an online softmax.  GQA: query head h reads KV head
+// h / (n_head / n_kv).  One work-item per (head, row).
+__kernel void attention(__global const float* qkv, __global const kv_t* kc,
+                        __global const kv_t* vc, __global float* out, __global const int* pos,
+                        __global const int* row_seq, __global const int* pt,
+                        __global const int* pt_off, int n_head, int n_kv, int hd, int page_size,
+                        int layer, int n_pages, float scale) {
+  const int h = get_global_id(0);
+  const int t = get_global_id(1);
+  if (h >= n_head) return;
+  const int g = h / (n_head / n_kv);
+  const int hd4 = hd / 4;
+  __global const float* q = qkv + (size_t)t * (n_head + 2 * n_kv) * hd + h * hd;
+  float4 qv[HD_MAX / 4], acc[HD_MAX / 4];
+  for (int i = 0; i < hd4; ++i) {
+    qv[i] = vload4(i, q) * scale;
+    acc[i] = (float4)0.0f;
+  }
+  __global const int* table = pt + pt_off[row_seq[t]];
+  const int last = pos[t];
+#ifdef TROUPE_KV_F16
+  // With a half KV cache, follow llama.cpp's (non flash-attention) numerics
+  // exactly: q is rounded to half before q.k, the scale applied after, and
+  // the normalized probabilities are rounded to half before p.v.  This
+  // needs the softmax denominator first, hence two passes.
+  for (int i = 0; i < hd4; ++i) qv[i] = round_to_half4(vload4(i, q));
+  float m = -INFINITY, l = 0.0f;
+  for (int j = 0; j <= last; ++j) {
+    const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
+                               j % page_size);
+    const float sc = dot_hd(qv, kc + o, hd4) * scale;
+    const float m_new = fmax(m, sc);
+    l = l * exp(m - m_new) + exp(sc - m_new);
+    m = m_new;
+  }
+  const float inv_l = 1.0f / l;
+  for (int j = 0; j <= last; ++j) {
+    const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
+                               j % page_size);
+    const float p = round_to_half(exp(dot_hd(qv, kc + o, hd4) * scale - m) * inv_l);
+    __global const kv_t* v = vc + o;
+    for (int i = 0; i < hd4; ++i) acc[i] = fma((float4)p, KV_LOAD4(i, v), acc[i]);
+  }
+  const float inv = 1.0f;
+#else
+  float m = -INFINITY, l = 0.0f;
+  for (int j = 0; j <= last; ++j) {
+    const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
+                               j % page_size);
+    const float sc = dot_hd(qv, kc + o, hd4);
+    const float m_new = fmax(m, sc);
+    const float corr = exp(m - m_new);
+    const float p = exp(sc - m_new);
+    l = l * corr + p;
+    __global const kv_t* v = vc + o;
+    for (int i = 0; i < hd4; ++i) acc[i] = fma((float4)p, KV_LOAD4(i, v), acc[i] * corr);
+    m = m_new;
+  }
+  const float inv = 1.0f / l;
+#endif
+  __global float* o = out + (size_t)t * n_head * hd + h * hd;
+  for (int i = 0; i < hd4; ++i) vstore4(acc[i] * inv, i, o);
+}

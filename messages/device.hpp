@@ -1,0 +1,52 @@
+#pragma once
+// The device protocol: one actor per OpenCL device runs forward passes over
+// flattened batches (runtime/forward_batch.hpp) against its paged KV arena.
+#include <caf/all.hpp>
+
+#include "runtime/forward_batch.hpp"
+
+namespace troupe {
+
+struct device_info {
+  std::string device_name;
+  std::string model_path;
+  std::string model_fingerprint;
+  int32_t n_vocab = 0;
+  int32_t n_ctx = 0;
+  int32_t n_pages = 0;
+  int32_t page_size = 0;
+  uint64_t weight_bytes = 0;
+  uint64_t kv_bytes_per_page = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forward_seq& x) {
+  return f(caf::meta::type_name("forward_seq"), x.first_row, x.n_rows, x.pages);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forward_batch& x) {
+  return f(caf::meta::type_name("forward_batch"), x.tokens, x.positions, x.seqs, x.logit_rows);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, forward_result& x) {
+  return f(caf::meta::type_name("forward_result"), x.n_vocab, x.logits);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, device_info& x) {
+  return f(caf::meta::type_name("device_info"), x.device_name, x.model_path, x.model_fingerprint,
+           x.n_vocab, x.n_ctx, x.n_pages, x.page_size, x.weight_bytes, x.kv_bytes_per_page);
+}
+
+using forward_atom = caf::atom_constant<caf::atom("forward")>;
+using info_atom = caf::atom_constant<caf::atom("info")>;
+
+// forward: run one step, reply with the logits of batch.logit_rows.
+// info: what the device holds.
+using device_actor =
+    caf::typed_actor<caf::replies_to<forward_atom, forward_batch>::with<forward_result>,
+                     caf::replies_to<info_atom>::with<device_info>>;
+
+}  // namespace troupe

@@ -1,0 +1,234 @@
+#include "runtime/cl_runtime.hpp"
+
+#include <string>
+
+#include "runtime/kernel_sources.hpp"
+
+namespace troupe::cl {
+
+const char* error_name(cl_int code) {
+  switch (code) {
+#define TROUPE_CL_CASE(x) \
+  case x:                 \
+    return #x;
+    TROUPE_CL_CASE(CL_SUCCESS)
+    TROUPE_CL_CASE(CL_DEVICE_NOT_FOUND)
+    TROUPE_CL_CASE(CL_DEVICE_NOT_AVAILABLE)
+    TROUPE_CL_CASE(CL_COMPILER_NOT_AVAILABLE)
+    TROUPE_CL_CASE(CL_MEM_OBJECT_ALLOCATION_FAILURE)
+    TROUPE_CL_CASE(CL_OUT_OF_RESOURCES)
+    TROUPE_CL_CASE(CL_OUT_OF_HOST_MEMORY)
+    TROUPE_CL_CASE(CL_BUILD_PROGRAM_FAILURE)
+    TROUPE_CL_CASE(CL_INVALID_VALUE)
+    TROUPE_CL_CASE(CL_INVALID_PLATFORM)
+    TROUPE_CL_CASE(CL_INVALID_DEVICE)
+    TROUPE_CL_CASE(CL_INVALID_CONTEXT)
+    TROUPE_CL_CASE(CL_INVALID_COMMAND_QUEUE)
+    TROUPE_CL_CASE(CL_INVALID_MEM_OBJECT)
+    TROUPE_CL_CASE(CL_INVALID_BUFFER_SIZE)
+    TROUPE_CL_CASE(CL_INVALID_PROGRAM)
+    TROUPE_CL_CASE(CL_INVALID_PROGRAM_EXECUTABLE)
+    TROUPE_CL_CASE(CL_INVALID_KERNEL_NAME)
+    TROUPE_CL_CASE(CL_INVALID_KERNEL)
+    TROUPE_CL_CASE(CL_INVALID_ARG_INDEX)
+    TROUPE_CL_CASE(CL_INVALID_ARG_VALUE)
+    TROUPE_CL_CASE(CL_INVALID_ARG_SIZE)
+    TROUPE_CL_CASE(CL_INVALID_KERNEL_ARGS)
+    TROUPE_CL_CASE(CL_INVALID_WORK_DIMENSION)
+    TROUPE_CL_CASE(CL_INVALID_WORK_GROUP_SIZE)
+    TROUPE_CL_CASE(CL_INVALID_GLOBAL_WORK_SIZE)
+    TROUPE_CL_CASE(CL_INVALID_GLOBAL_OFFSET)
+    TROUPE_CL_CASE(CL_PLATFORM_NOT_FOUND_KHR)
+#undef TROUPE_CL_CASE
+    default:
+      return "CL_UNKNOWN_ERROR";
+  }
+}
+
+void check(cl_int code, const char* what) {
+  if (code != CL_SUCCESS)
+    throw cl_error(std::string(what) + " failed: " + error_name(code) + " (" +
+                   std::to_string(code) + ")");
+}
+
+namespace {
+
+std::vector<cl_platform_id> platforms() {
+  cl_uint n = 0;
+  cl_int rc = clGetPlatformIDs(0, nullptr, &n);
+  if (rc == CL_PLATFORM_NOT_FOUND_KHR || n == 0)
+    throw cl_error(
+        "no OpenCL platform found; install one (Debian: apt-get install pocl-opencl-icd, "
+        "or run `bash tools/setup.sh deps`)");
+  check(rc, "clGetPlatformIDs");
+  std::vector<cl_platform_id> ps(n);
+  check(clGetPlatformIDs(n, ps.data(), nullptr), "clGetPlatformIDs");
+  return ps;
+}
+
+std::vector<cl_device_id> devices_of(cl_platform_id p) {
+  cl_uint n = 0;
+  if (clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 0, nullptr, &n) != CL_SUCCESS || n == 0) return {};
+  std::vector<cl_device_id> ds(n);
+  check(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, n, ds.data(), nullptr), "clGetDeviceIDs");
+  return ds;
+}
+
+std::string info_string(cl_device_id d, cl_device_info what) {
+  size_t n = 0;
+  clGetDeviceInfo(d, what, 0, nullptr, &n);
+  std::string s(n, '\0');
+  clGetDeviceInfo(d, what, n, s.data(), nullptr);
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> list_devices() {
+  std::vector<std::string> out;
+  auto ps = platforms();
+  for (size_t p = 0; p < ps.size(); ++p) {
+    auto ds = devices_of(ps[p]);
+    for (size_t d = 0; d < ds.size(); ++d)
+      out.push_back("platform " + std::to_string(p) + " device " + std::to_string(d) + ": " +
+                    info_string(ds[d], CL_DEVICE_NAME));
+  }
+  return out;
+}
+
+buffer& buffer::operator=(buffer&& o) noexcept {
+  if (this != &o) {
+    if (mem_) clReleaseMemObject(mem_);
+    mem_ = o.mem_;
+    bytes_ = o.bytes_;
+    o.mem_ = nullptr;
+  }
+  return *this;
+}
+
+buffer::~buffer() {
+  if (mem_) clReleaseMemObject(mem_);
+}
+
+kernel& kernel::operator=(kernel&& o) noexcept {
+  if (this != &o) {
+    if (k_) clReleaseKernel(k_);
+    k_ = o.k_;
+    o.k_ = nullptr;
+  }
+  return *this;
+}
+
+kernel::~kernel() {
+  if (k_) clReleaseKernel(k_);
+}
+
+context::context(device_choice choice) {
+  auto ps = platforms();
+  if (choice.platform < 0 || choice.platform >= static_cast<int>(ps.size()))
+    throw cl_error("OpenCL platform " + std::to_string(choice.platform) + " does not exist (" +
+                   std::to_string(ps.size()) + " available)");
+  platform_ = ps[choice.platform];
+  auto ds = devices_of(platform_);
+  if (choice.device < 0 || choice.device >= static_cast<int>(ds.size()))
+    throw cl_error("OpenCL device " + std::to_string(choice.device) +
+                   " does not exist on platform " + std::to_string(choice.platform) + " (" +
+                   std::to_string(ds.size()) + " available)");
+  device_ = ds[choice.device];
+  device_name_ = info_string(device_, CL_DEVICE_NAME);
+  cl_ulong mem = 0;
+  clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, nullptr);
+  global_mem_ = static_cast<size_t>(mem);
+  cl_uint cu = 1;
+  clGetDeviceInfo(device_, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
+  compute_units_ = static_cast<int>(cu);
+  cl_int rc = CL_SUCCESS;
+  ctx_ = clCreateContext(nullptr, 1, &device_, nullptr, nullptr, &rc);
+  check(rc, "clCreateContext");
+  queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
+  check(rc, "clCreateCommandQueueWithProperties");
+}
+
+context::~context() {
+  if (queue_) {
+    clFinish(queue_);
+    clReleaseCommandQueue(queue_);
+  }
+  if (program_) clReleaseProgram(program_);
+  if (ctx_) clReleaseContext(ctx_);
+}
+
+buffer context::alloc(size_t bytes, const void* init) {
+  cl_int rc = CL_SUCCESS;
+  size_t n = bytes == 0 ? 4 : bytes;  // zero-sized buffers are invalid in OpenCL
+  cl_mem_flags flags = CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0);
+  cl_mem m = clCreateBuffer(ctx_, flags, n, const_cast<void*>(init), &rc);
+  check(rc, "clCreateBuffer");
+  return buffer(m, bytes);
+}
+
+void context::write(const buffer& b, const void* src, size_t bytes, size_t offset, bool blocking) {
+  if (bytes == 0) return;
+  check(clEnqueueWriteBuffer(queue_, b.get(), blocking ? CL_TRUE : CL_FALSE, offset, bytes, src, 0,
+                             nullptr, nullptr),
+        "clEnqueueWriteBuffer");
+}
+
+void context::read(const buffer& b, void* dst, size_t bytes, size_t offset) {
+  if (bytes == 0) return;
+  check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, offset, bytes, dst, 0, nullptr, nullptr),
+        "clEnqueueReadBuffer");
+}
+
+void context::fill_zero(const buffer& b) {
+  const cl_uchar zero = 0;
+  check(clEnqueueFillBuffer(queue_, b.get(), &zero, 1, 0, b.bytes() == 0 ? 4 : b.bytes(), 0,
+                            nullptr, nullptr),
+        "clEnqueueFillBuffer");
+}
+
+void context::build(const std::string& options) {
+  if (program_) return;
+  std::vector<const char*> texts;
+  std::vector<size_t> lengths;
+  for (const auto& src : embedded_kernel_sources()) {
+    texts.push_back(src.text.c_str());
+    lengths.push_back(src.text.size());
+  }
+  cl_int rc = CL_SUCCESS;
+  program_ = clCreateProgramWithSource(ctx_, static_cast<cl_uint>(texts.size()), texts.data(),
+                                       lengths.data(), &rc);
+  check(rc, "clCreateProgramWithSource");
+  rc = clBuildProgram(program_, 1, &device_, options.c_str(), nullptr, nullptr);
+  if (rc != CL_SUCCESS) {
+    size_t n = 0;
+    clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+    std::string log(n, '\0');
+    clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+    throw cl_error("building OpenCL kernels failed: " + std::string(error_name(rc)) + "\n" + log);
+  }
+}
+
+kernel context::make_kernel(const std::string& name) const {
+  cl_int rc = CL_SUCCESS;
+  cl_kernel k = clCreateKernel(program_, name.c_str(), &rc);
+  check(rc, ("clCreateKernel(" + name + ")").c_str());
+  return kernel(k);
+}
+
+void context::launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local) {
+  if (!local.empty())
+    for (size_t i = 0; i < global.size(); ++i)  // round up to whole work-groups
+      global[i] = (global[i] + local[i] - 1) / local[i] * local[i];
+  check(clEnqueueNDRangeKernel(queue_, k.get(), static_cast<cl_uint>(global.size()), nullptr,
+                               global.data(), local.empty() ? nullptr : local.data(), 0, nullptr,
+                               nullptr),
+        "clEnqueueNDRangeKernel");
+}
+
+void context::finish() {
+  check(clFinish(queue_), "clFinish");
+}
+
+}  // namespace troupe::cl

@@ -1,0 +1,121 @@
+#pragma once
+// Thin RAII over the OpenCL C API: one context + in-order queue on a chosen
+// device, program builds with readable errors, and owned buffers.  The device
+// actor owns one of these; nothing here knows about models.
+#include <CL/cl.h>
+#include <CL/cl_ext.h>  // CL_PLATFORM_NOT_FOUND_KHR (ICD loader, no platform)
+
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace troupe::cl {
+
+// Any OpenCL failure: what() names the call and the error code.
+struct cl_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+const char* error_name(cl_int code);
+void check(cl_int code, const char* what);
+
+struct device_choice {
+  int platform = 0;  // index into clGetPlatformIDs
+  int device = 0;    // index into the platform's devices
+};
+
+// A listing line per available device, for --help and error messages.
+std::vector<std::string> list_devices();
+
+class buffer {
+ public:
+  buffer() = default;
+  buffer(cl_mem mem, size_t bytes) : mem_(mem), bytes_(bytes) {}
+  buffer(buffer&& o) noexcept : mem_(o.mem_), bytes_(o.bytes_) { o.mem_ = nullptr; }
+  buffer& operator=(buffer&& o) noexcept;
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  ~buffer();
+
+  cl_mem get() const { return mem_; }
+  size_t bytes() const { return bytes_; }
+  explicit operator bool() const { return mem_ != nullptr; }
+
+ private:
+  cl_mem mem_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class kernel {
+ public:
+  kernel() = default;
+  explicit kernel(cl_kernel k) : k_(k) {}
+  kernel(kernel&& o) noexcept : k_(o.k_) { o.k_ = nullptr; }
+  kernel& operator=(kernel&& o) noexcept;
+  kernel(const kernel&) = delete;
+  kernel& operator=(const kernel&) = delete;
+  ~kernel();
+
+  cl_kernel get() const { return k_; }
+
+  // Sets arguments in order: buffers, scalars (int, float, ...).
+  template <class... Ts>
+  void args(const Ts&... xs) {
+    cl_uint i = 0;
+    (set(i++, xs), ...);
+  }
+
+ private:
+  void set(cl_uint i, const buffer& b) {
+    cl_mem m = b.get();
+    check(clSetKernelArg(k_, i, sizeof(cl_mem), &m), "clSetKernelArg(buffer)");
+  }
+  template <class T>
+  void set(cl_uint i, const T& v) {
+    check(clSetKernelArg(k_, i, sizeof(T), &v), "clSetKernelArg");
+  }
+  cl_kernel k_ = nullptr;
+};
+
+class context {
+ public:
+  // Throws cl_error; with no OpenCL platform the message says how to install one.
+  explicit context(device_choice choice = {});
+  ~context();
+  context(const context&) = delete;
+  context& operator=(const context&) = delete;
+
+  const std::string& device_name() const { return device_name_; }
+  size_t global_mem_bytes() const { return global_mem_; }
+  int compute_units() const { return compute_units_; }
+
+  buffer alloc(size_t bytes, const void* init = nullptr);
+  void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
+             bool blocking = false);
+  void read(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
+  void fill_zero(const buffer& b);
+
+  // Builds (once) every embedded kernels/*.cl source into one program
+  // with the given options and returns a kernel by name.
+  void build(const std::string& options);
+  kernel make_kernel(const std::string& name) const;
+
+  // Enqueues a 1-, 2- or 3-D range; local may be empty (driver's choice).
+  void launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local = {});
+  void finish();
+
+ private:
+  cl_platform_id platform_ = nullptr;
+  cl_device_id device_ = nullptr;
+  cl_context ctx_ = nullptr;
+  cl_command_queue queue_ = nullptr;
+  cl_program program_ = nullptr;
+  std::string device_name_;
+  size_t global_mem_ = 0;
+  int compute_units_ = 1;
+};
+
+}  // namespace troupe::cl

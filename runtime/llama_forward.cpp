@@ -1,0 +1,221 @@
+#include "runtime/llama_forward.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace troupe {
+
+namespace {
+
+int type_slot(tensor_type t) {
+  switch (t) {
+    case tensor_type::f32:
+      return 0;
+    case tensor_type::f16:
+      return 1;
+    case tensor_type::q4_0:
+      return 2;
+    case tensor_type::q4_1:
+      return 3;
+    case tensor_type::q8_0:
+      return 4;
+  }
+  throw std::logic_error("unsupported tensor type");
+}
+
+const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
+
+// Tokens per work-item in the tiled matmul (must match kernels/matmul.cl).
+constexpr int kTile = 4;
+// Rows per work-group of the matmul kernels.
+constexpr size_t kRowsPerGroup = 16;
+
+}  // namespace
+
+llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
+    : model_(std::move(model)), opts_(opts), ctx_(opts.device) {
+  const auto& hp = hparams();
+  if (hp.head_dim % 4 != 0 || hp.head_dim > 256)
+    throw model_error(model_->path() + ": head dimension " + std::to_string(hp.head_dim) +
+                      " is not supported (needs a multiple of 4, at most 256)");
+  if (hp.n_head % hp.n_head_kv != 0)
+    throw model_error(model_->path() + ": head count " + std::to_string(hp.n_head) +
+                      " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
+  if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
+  ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable") +
+             (opts_.kv_f16 ? " -DTROUPE_KV_F16" : ""));
+  weights_ = upload_weights(ctx_, *model_);
+
+  n_pages_ =
+      opts_.n_pages > 0 ? opts_.n_pages : static_cast<int>(opts_.kv_bytes / kv_bytes_per_page());
+  if (n_pages_ <= 0) throw std::invalid_argument("KV arena holds no page; raise kv_bytes");
+  const size_t cache_bytes = kv_bytes_per_page() / 2 * static_cast<size_t>(n_pages_);
+  k_cache_ = ctx_.alloc(cache_bytes);
+  v_cache_ = ctx_.alloc(cache_bytes);
+
+  k_embed_ =
+      ctx_.make_kernel(std::string("embed_") + type_suffix[type_slot(weights_.embedding.type)]);
+  k_rmsnorm_ = ctx_.make_kernel("rmsnorm");
+  k_rope_ = ctx_.make_kernel("rope_store_kv");
+  k_attn_ = ctx_.make_kernel("attention");
+  k_silu_ = ctx_.make_kernel("silu_mul");
+  ensure_scratch(std::max(opts_.max_batch_tokens, 1), 1);
+}
+
+size_t llama_forward::kv_bytes_per_page() const {
+  const auto& hp = hparams();
+  const size_t elem = opts_.kv_f16 ? 2 : 4;
+  return 2 * static_cast<size_t>(hp.n_layer) * hp.n_head_kv * opts_.page_size * hp.head_dim * elem;
+}
+
+cl::kernel& llama_forward::matmul_kernel(tensor_type t, bool tiled) {
+  auto& k = k_mm_[type_slot(t)][tiled ? 1 : 0];
+  if (!k.get())
+    k = ctx_.make_kernel(std::string("matmul_") + type_suffix[type_slot(t)] +
+                         (tiled ? "_t4" : "_t1"));
+  return k;
+}
+
+void llama_forward::ensure_scratch(int rows, int logit_rows) {
+  const auto& hp = hparams();
+  if (rows > scratch_rows_) {
+    const size_t r = static_cast<size_t>(rows);
+    const size_t f = sizeof(float);
+    const size_t qkv_w = static_cast<size_t>(hp.n_head + 2 * hp.n_head_kv) * hp.head_dim;
+    x_ = ctx_.alloc(r * hp.n_embd * f);
+    xn_ = ctx_.alloc(r * hp.n_embd * f);
+    qkv_ = ctx_.alloc(r * qkv_w * f);
+    att_ = ctx_.alloc(r * hp.n_head * hp.head_dim * f);
+    gu_ = ctx_.alloc(r * 2 * hp.n_ff * f);
+    h_ = ctx_.alloc(r * hp.n_ff * f);
+    tokens_ = ctx_.alloc(r * 4);
+    pos_ = ctx_.alloc(r * 4);
+    row_seq_ = ctx_.alloc(r * 4);
+    scratch_rows_ = rows;
+  }
+  if (logit_rows > scratch_logit_rows_) {
+    const size_t r = static_cast<size_t>(logit_rows);
+    xo_ = ctx_.alloc(r * hp.n_embd * sizeof(float));
+    logits_ = ctx_.alloc(r * hp.n_vocab * sizeof(float));
+    logit_rows_ = ctx_.alloc(r * 4);
+    scratch_logit_rows_ = logit_rows;
+  }
+}
+
+void llama_forward::validate(const forward_batch& b) const {
+  const size_t rows = b.tokens.size();
+  if (rows == 0) throw std::invalid_argument("batch has no rows");
+  if (b.positions.size() != rows)
+    throw std::invalid_argument("batch has " + std::to_string(rows) + " tokens but " +
+                                std::to_string(b.positions.size()) + " positions");
+  std::vector<int> owner(rows, -1);
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    const auto& q = b.seqs[s];
+    if (q.n_rows <= 0 || q.first_row < 0 || static_cast<size_t>(q.first_row + q.n_rows) > rows)
+      throw std::invalid_argument("sequence " + std::to_string(s) + " has rows out of range");
+    for (int r = q.first_row; r < q.first_row + q.n_rows; ++r) {
+      if (owner[r] != -1)
+        throw std::invalid_argument("row " + std::to_string(r) + " belongs to two sequences");
+      owner[r] = static_cast<int>(s);
+      const int p = b.positions[r];
+      if (p < 0 || p / opts_.page_size >= static_cast<int>(q.pages.size()))
+        throw std::invalid_argument("sequence " + std::to_string(s) + " position " +
+                                    std::to_string(p) + " is outside its page table");
+    }
+    for (int pg : q.pages)
+      if (pg < 0 || pg >= n_pages_)
+        throw std::invalid_argument("sequence " + std::to_string(s) + " names page " +
+                                    std::to_string(pg) + " outside the arena");
+  }
+  for (size_t r = 0; r < rows; ++r) {
+    if (owner[r] == -1)
+      throw std::invalid_argument("row " + std::to_string(r) + " has no sequence");
+    if (b.tokens[r] < 0 || b.tokens[r] >= hparams().n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(b.tokens[r]) +
+                                  " is outside the vocabulary");
+  }
+  for (int r : b.logit_rows)
+    if (r < 0 || static_cast<size_t>(r) >= rows)
+      throw std::invalid_argument("logit row " + std::to_string(r) + " out of range");
+}
+
+void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
+                           int rows, int ldy, bool accumulate) {
+  const bool tiled = rows >= kTile;
+  auto& k = matmul_kernel(w.type, tiled);
+  const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
+  k.args(w.q, w.d, w.m, x, y, K, N, rows, ldy, accumulate ? 1 : 0);
+  const size_t groups_t = tiled ? (rows + kTile - 1) / kTile : rows;
+  ctx_.launch(k, {static_cast<size_t>(N), groups_t}, {kRowsPerGroup, 1});
+}
+
+forward_result llama_forward::run(const forward_batch& b) {
+  validate(b);
+  const auto& hp = hparams();
+  const int T = static_cast<int>(b.tokens.size());
+  const int R = static_cast<int>(b.logit_rows.size());
+  ensure_scratch(T, std::max(R, 1));
+
+  std::vector<int32_t> row_seq(T), pt, pt_off(b.seqs.size());
+  for (size_t s = 0; s < b.seqs.size(); ++s) {
+    pt_off[s] = static_cast<int32_t>(pt.size());
+    pt.insert(pt.end(), b.seqs[s].pages.begin(), b.seqs[s].pages.end());
+    for (int r = 0; r < b.seqs[s].n_rows; ++r)
+      row_seq[b.seqs[s].first_row + r] = static_cast<int32_t>(s);
+  }
+  if (pt_.bytes() < pt.size() * 4) pt_ = ctx_.alloc(pt.size() * 4 * 2);
+  if (pt_off_.bytes() < pt_off.size() * 4) pt_off_ = ctx_.alloc(pt_off.size() * 4 * 2);
+  ctx_.write(tokens_, b.tokens.data(), T * 4);
+  ctx_.write(pos_, b.positions.data(), T * 4);
+  ctx_.write(row_seq_, row_seq.data(), T * 4);
+  ctx_.write(pt_, pt.data(), pt.size() * 4);
+  ctx_.write(pt_off_, pt_off.data(), pt_off.size() * 4);
+  ctx_.write(logit_rows_, b.logit_rows.data(), R * 4);
+
+  const int D = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
+  const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
+  const float eps = hp.rms_eps;
+  const int neox = hp.rope == rope_layout::neox ? 1 : 0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int page_size = opts_.page_size;
+  const auto& emb = weights_.embedding;
+  const size_t uT = static_cast<size_t>(T);
+
+  k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
+  ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT});
+
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const auto& L = weights_.layers[l];
+    k_rmsnorm_.args(x_, L.attn_norm, xn_, row_seq_ /*unused*/, 0, D, eps);
+    ctx_.launch(k_rmsnorm_, {uT});
+    matmul(L.qkv, xn_, qkv_, T, qkv_w, false);
+    k_rope_.args(qkv_, pos_, row_seq_, pt_, pt_off_, k_cache_, v_cache_, hp.n_head, hp.n_head_kv,
+                 hd, hp.rope_dims, hp.rope_theta, neox, page_size, l, n_pages_);
+    ctx_.launch(k_rope_, {static_cast<size_t>(hp.n_head + hp.n_head_kv), uT});
+    k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
+                 hp.n_head_kv, hd, page_size, l, n_pages_, scale);
+    ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head), uT});
+    matmul(L.wo, att_, x_, T, D, true);
+    k_rmsnorm_.args(x_, L.ffn_norm, xn_, row_seq_, 0, D, eps);
+    ctx_.launch(k_rmsnorm_, {uT});
+    matmul(L.gate_up, xn_, gu_, T, 2 * F, false);
+    k_silu_.args(gu_, h_, F);
+    ctx_.launch(k_silu_, {static_cast<size_t>(F), uT});
+    matmul(L.down, h_, x_, T, D, true);
+  }
+
+  forward_result out;
+  out.n_vocab = hp.n_vocab;
+  if (R == 0) {
+    ctx_.finish();
+    return out;
+  }
+  k_rmsnorm_.args(x_, weights_.output_norm, xo_, logit_rows_, 1, D, eps);
+  ctx_.launch(k_rmsnorm_, {static_cast<size_t>(R)});
+  matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false);
+  out.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
+  ctx_.read(logits_, out.logits.data(), out.logits.size() * sizeof(float));
+  return out;
+}
+
+}  // namespace troupe

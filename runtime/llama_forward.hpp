@@ -1,0 +1,62 @@
+#pragma once
+// The llama-family forward pass as a plan of OpenCL kernel launches over a
+// flattened batch (runtime/forward_batch.hpp), reading and writing a paged
+// KV arena.  No actors here: the device actor owns one of these.
+#include <memory>
+#include <string>
+
+#include "runtime/cl_runtime.hpp"
+#include "runtime/device_weights.hpp"
+#include "runtime/forward_batch.hpp"
+#include "runtime/model_file.hpp"
+
+namespace troupe {
+
+struct engine_options {
+  cl::device_choice device;
+  int page_size = 16;
+  int n_pages = 0;               // 0: derive from kv_bytes
+  size_t kv_bytes = 256u << 20;  // KV arena size when n_pages is 0
+  bool kv_f16 = true;            // K and V as half (llama.cpp's default, and its numerics)
+  int max_batch_tokens = 512;    // scratch is sized for this many rows (grown on demand)
+};
+
+class llama_forward {
+ public:
+  llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts);
+
+  // Runs one step; throws std::invalid_argument for a malformed batch.
+  forward_result run(const forward_batch& batch);
+
+  const model_hparams& hparams() const { return model_->hparams(); }
+  const model_file& model() const { return *model_; }
+  int n_pages() const { return n_pages_; }
+  int page_size() const { return opts_.page_size; }
+  const std::string& device_name() const { return ctx_.device_name(); }
+  size_t weight_bytes() const { return weights_.bytes; }
+  size_t kv_bytes_per_page() const;
+
+ private:
+  void validate(const forward_batch& b) const;
+  void ensure_scratch(int rows, int logit_rows);
+  void matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y, int rows, int ldy,
+              bool accumulate);
+  cl::kernel& matmul_kernel(tensor_type t, bool tiled);
+
+  std::shared_ptr<const model_file> model_;
+  engine_options opts_;
+  cl::context ctx_;
+  device_weights weights_;
+  int n_pages_ = 0;
+  cl::buffer k_cache_, v_cache_;
+
+  // scratch, sized for scratch_rows_ rows
+  int scratch_rows_ = 0, scratch_logit_rows_ = 0;
+  cl::buffer x_, xn_, qkv_, att_, gu_, h_, xo_, logits_;
+  cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_;
+
+  cl::kernel k_embed_, k_rmsnorm_, k_rope_, k_attn_, k_silu_;
+  cl::kernel k_mm_[5][2];  // [type][tiled]
+};
+
+}  // namespace troupe

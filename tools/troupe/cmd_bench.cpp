@@ -1,0 +1,116 @@
+// troupe bench engine: llama-bench style prompt processing (pp) and token
+// generation (tg) throughput of the device actor, one sequence.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "actors/device.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct bench_flags {
+  engine_flags engine;
+  int n_prompt = 512;
+  int n_gen = 128;
+  int reps = 3;
+  bool json = false;
+};
+
+struct stat {
+  double mean = 0, sd = 0;
+};
+
+stat summarize(const std::vector<double>& v) {
+  stat s;
+  for (double x : v) s.mean += x;
+  s.mean /= v.size();
+  for (double x : v) s.sd += (x - s.mean) * (x - s.mean);
+  s.sd = v.size() > 1 ? std::sqrt(s.sd / (v.size() - 1)) : 0.0;
+  return s;
+}
+
+int run_bench(const bench_flags& f) {
+  auto model = open_model(f.engine);
+  actor_env env;
+  auto opts = to_engine_options(f.engine);
+  opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.n_prompt);
+  auto dev = spawn_device(*env.sys, model, opts);
+  auto fwd = blocking_forward(*env.sys, dev);
+  const auto info = query_info(*env.sys, dev);
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<int32_t> pick(3, info.n_vocab - 1);
+  using clock = std::chrono::steady_clock;
+
+  // One untimed warm-up of each shape (kernel compilation, first touches).
+  auto run_pp = [&](int n) {
+    linear_pages pages(info.n_pages, info.page_size);
+    sequence_slot seq;
+    std::vector<int32_t> toks(n);
+    for (auto& t : toks) t = pick(rng);
+    auto t0 = clock::now();
+    feed_tokens(fwd, pages, seq, toks, std::max(n, 1), false);
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  auto run_tg = [&](int n) {
+    linear_pages pages(info.n_pages, info.page_size);
+    sequence_slot seq;
+    feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
+    auto t0 = clock::now();
+    for (int i = 0; i < n; ++i) feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  nlohmann::json results = nlohmann::json::array();
+  auto report = [&](const char* test, int n, const std::function<double(int)>& fn) {
+    if (n <= 0) return;
+    fn(std::min(n, 16));
+    std::vector<double> tps;
+    for (int r = 0; r < f.reps; ++r) tps.push_back(n / fn(n));
+    auto s = summarize(tps);
+    results.push_back({{"test", std::string(test) + std::to_string(n)},
+                       {"tokens_per_s", s.mean},
+                       {"stddev", s.sd},
+                       {"reps", f.reps}});
+    if (!f.json)
+      std::printf("| %-28s | %-6s%-5d | %10.2f ± %-8.2f |\n",
+                  model->path().substr(model->path().rfind('/') + 1).c_str(), test, n, s.mean,
+                  s.sd);
+  };
+  if (!f.json) {
+    std::printf("device: %s\n", info.device_name.c_str());
+    std::printf("| %-28s | %-11s | %-21s |\n", "model", "test", "t/s");
+  }
+  report("pp", f.n_prompt, run_pp);
+  report("tg", f.n_gen, run_tg);
+  if (f.json)
+    std::cout << nlohmann::json{{"device", info.device_name},
+                                {"model", model->path()},
+                                {"results", results}}
+                     .dump()
+              << std::endl;
+  anon_send_exit(dev, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto f = std::make_shared<bench_flags>();
+  auto* cmd = bench->add_subcommand("engine", "llama-bench style pp/tg throughput of one sequence");
+  add_engine_flags(*cmd, f->engine);
+  cmd->add_option("-p,--n-prompt", f->n_prompt, "prompt tokens (pp test; 0 skips)")
+      ->default_val(512);
+  cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (tg test; 0 skips)")->default_val(128);
+  cmd->add_option("-r,--reps", f->reps, "repetitions")->default_val(3)->check(CLI::Range(1, 1000));
+  cmd->add_flag("--json", f->json, "print one JSON object");
+  cmd->callback([f] { run_bench(*f); });
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,75 @@
+// troupe perplexity: llama.cpp's perplexity method over a text file.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "actors/device.hpp"
+#include "runtime/perplexity.hpp"
+#include "runtime/tokenizer.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct perplexity_flags {
+  engine_flags engine;
+  std::string file;
+  int ctx = 512;
+  bool json = false;
+};
+
+int run_perplexity(const perplexity_flags& f) {
+  std::ifstream in(f.file, std::ios::binary);
+  if (!in) throw std::invalid_argument("cannot read text file '" + f.file + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto model = open_model(f.engine);
+  auto tok = tokenizer::create(model->vocab());
+  const bool add_bos = model->vocab().add_bos;
+  auto tokens = tok->encode(ss.str(), add_bos, false);
+
+  actor_env env;
+  auto opts = to_engine_options(f.engine);
+  opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.ctx);
+  auto dev = spawn_device(*env.sys, model, opts);
+  const auto info = query_info(*env.sys, dev);
+  auto res = perplexity(blocking_forward(*env.sys, dev), info.n_pages, info.page_size, tokens,
+                        f.ctx, add_bos ? tok->bos() : -1, std::max(f.engine.batch, f.ctx),
+                        [&](int done, int total, double ppl) {
+                          if (!f.json)
+                            std::fprintf(stderr, "[%d/%d] ppl so far %.4f\n", done, total, ppl);
+                        });
+  if (f.json) {
+    nlohmann::json j{{"ppl", res.ppl},
+                     {"tokens_scored", res.scored},
+                     {"chunks", res.chunks},
+                     {"ctx", f.ctx},
+                     {"text_tokens", tokens.size()}};
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::printf("PPL = %.4f  (%d chunks of %d, %lld tokens scored)\n", res.ppl, res.chunks, f.ctx,
+                static_cast<long long>(res.scored));
+  }
+  anon_send_exit(dev, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+}  // namespace
+
+void add_perplexity(CLI::App& app) {
+  auto f = std::make_shared<perplexity_flags>();
+  auto* cmd =
+      app.add_subcommand("perplexity", "perplexity of a model on a text file (llama.cpp method)");
+  add_engine_flags(*cmd, f->engine);
+  cmd->add_option("-f,--file", f->file, "text file")->required();
+  cmd->add_option("-c,--ctx", f->ctx, "chunk length in tokens")
+      ->default_val(512)
+      ->check(CLI::Range(4, 1 << 20));
+  cmd->add_flag("--json", f->json, "print one JSON object with ppl and the token count scored");
+  cmd->callback([f] { run_perplexity(*f); });
+}
+
+}  // namespace troupe::cli

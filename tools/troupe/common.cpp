@@ -1,0 +1,78 @@
+#include "tools/troupe/common.hpp"
+
+#include "runtime/model_registry.hpp"
+
+namespace troupe::cli {
+
+void add_engine_flags(CLI::App& app, engine_flags& f) {
+  app.add_option(
+         "-m,--model", f.model,
+         "model name (smollm2-135m-instruct, stories15m) or path to a .gguf / llama2.c .bin")
+      ->required();
+  app.add_option("--tokenizer", f.tokenizer,
+                 "tokenizer.bin for a llama2.c model (default: beside it)");
+  app.add_option("--platform", f.platform, "OpenCL platform index")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", f.device, "OpenCL device index on the platform")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--page-size", f.page_size, "KV page size in tokens")
+      ->default_val(16)
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--kv-mb", f.kv_mb, "KV arena size in MiB")
+      ->default_val(256)
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--kv-f32", f.kv_f32,
+               "store the KV cache as F32 (default: half, with llama.cpp's attention numerics)");
+  app.add_option("--batch", f.batch, "most tokens per forward call (prefill chunk)")
+      ->default_val(512)
+      ->check(CLI::Range(1, 65536));
+}
+
+engine_options to_engine_options(const engine_flags& f) {
+  engine_options o;
+  o.device = {f.platform, f.device};
+  o.page_size = f.page_size;
+  o.kv_bytes = static_cast<size_t>(f.kv_mb) << 20;
+  o.kv_f16 = !f.kv_f32;
+  o.max_batch_tokens = f.batch;
+  return o;
+}
+
+std::shared_ptr<const model_file> open_model(const engine_flags& f) {
+  auto r = resolve_model(f.model);
+  return model_file::open(r.model_path, f.tokenizer.empty() ? r.tokenizer_path : f.tokenizer);
+}
+
+actor_env::actor_env() {
+  register_message_types(cfg);
+  sys = std::make_unique<caf::actor_system>(cfg);
+}
+
+forward_fn blocking_forward(caf::actor_system& sys, device_actor dev) {
+  auto self = std::make_shared<caf::scoped_actor>(sys);
+  return [self, dev](const forward_batch& b) {
+    forward_result out;
+    std::string err;
+    (*self)
+        ->request(dev, caf::infinite, forward_atom::value, b)
+        .receive([&](forward_result& r) { out = std::move(r); },
+                 [&](caf::error& e) { err = (*self)->system().render(e); });
+    if (!err.empty()) throw std::runtime_error(err);
+    return out;
+  };
+}
+
+device_info query_info(caf::actor_system& sys, device_actor dev) {
+  caf::scoped_actor self{sys};
+  device_info info;
+  std::string err;
+  self->request(dev, caf::infinite, info_atom::value)
+      .receive([&](device_info& i) { info = std::move(i); },
+               [&](caf::error& e) { err = sys.render(e); });
+  if (!err.empty()) throw std::runtime_error("device info: " + err);
+  return info;
+}
+
+}  // namespace troupe::cli

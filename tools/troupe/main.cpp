@@ -1,0 +1,24 @@
+// troupe: an LLM serving runtime.  This is the command-line entry point;
+// each subcommand lives in its own file.
+#include <cstdio>
+#include <exception>
+
+#include "tools/troupe/common.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"troupe: serve and run large language models with OpenCL kernels on CAF actors"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "troupe 0.1.0");
+  troupe::cli::add_generate(app);
+  troupe::cli::add_perplexity(app);
+  troupe::cli::add_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
