@@ -1,5 +1,8 @@
 #include "runtime/cl_runtime.hpp"
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "runtime/kernel_sources.hpp"
@@ -148,9 +151,13 @@ context::context(device_choice choice) {
   check(rc, "clCreateContext");
   queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
   check(rc, "clCreateCommandQueueWithProperties");
+  profiling_ = std::getenv("TROUPE_PROFILE") != nullptr;
 }
 
 context::~context() {
+  for (const auto& [name, v] : profile_)
+    std::fprintf(stderr, "[profile] %-22s %8ld launches %10.3f ms total %8.1f us each\n",
+                 name.c_str(), v.second, v.first * 1e3, v.first * 1e6 / v.second);
   if (queue_) {
     clFinish(queue_);
     clReleaseCommandQueue(queue_);
@@ -221,10 +228,23 @@ void context::launch(const kernel& k, std::vector<size_t> global, std::vector<si
   if (!local.empty())
     for (size_t i = 0; i < global.size(); ++i)  // round up to whole work-groups
       global[i] = (global[i] + local[i] - 1) / local[i] * local[i];
+  std::chrono::steady_clock::time_point t0;
+  if (profiling_) {
+    finish();
+    t0 = std::chrono::steady_clock::now();
+  }
   check(clEnqueueNDRangeKernel(queue_, k.get(), static_cast<cl_uint>(global.size()), nullptr,
                                global.data(), local.empty() ? nullptr : local.data(), 0, nullptr,
                                nullptr),
         "clEnqueueNDRangeKernel");
+  if (profiling_) {
+    finish();
+    char name[128] = {0};
+    clGetKernelInfo(k.get(), CL_KERNEL_FUNCTION_NAME, sizeof(name) - 1, name, nullptr);
+    auto& slot = profile_[name];
+    slot.first += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    slot.second += 1;
+  }
 }
 
 void context::finish() {

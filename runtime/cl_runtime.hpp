@@ -107,7 +107,13 @@ class context {
   void launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local = {});
   void finish();
 
+  // With TROUPE_PROFILE set, launch() waits for each kernel and adds its
+  // wall time here, by kernel name: a crude per-kernel profile.
+  std::map<std::string, std::pair<double, long>>& profile() { return profile_; }
+
  private:
+  bool profiling_ = false;
+  std::map<std::string, std::pair<double, long>> profile_;
   cl_platform_id platform_ = nullptr;
   cl_device_id device_ = nullptr;
   cl_context ctx_ = nullptr;

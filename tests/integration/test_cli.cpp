@@ -1,0 +1,144 @@
+// The troupe command as users run it: JSON contracts, a chat answer from
+// SmolLM2, every supported weight type end to end, and bad model files
+// refused with one line naming the problem.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "../unit/gguf_fixture.hpp"
+#include "process.hpp"
+
+namespace troupe::testing {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return "/tmp/troupe_cli_" + std::to_string(::getpid()) + "_" + name;
+}
+
+process_result generate(const std::string& model, const std::string& extra = "") {
+  return run_process(troupe_bin() + " generate -m " + shell_quote(model) + " -p 't5 t7' -n 4 " +
+                     extra);
+}
+
+// One line on stderr that starts with "error:" and contains `what`.
+void expect_one_line_error(const process_result& r, const std::string& what) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_LT(r.exit_code, 128) << "crashed: " << r.err;
+  EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(what), std::string::npos) << "expected '" << what << "' in: " << r.err;
+}
+
+TEST(Cli, GenerateJsonOnStories) {
+  auto r = run_process(troupe_bin() + " generate -m stories15m -p 'Once upon a time' -n 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_token_ids"].size(), 5u);
+  EXPECT_EQ(j["token_ids"].size(), 8u);
+  EXPECT_FALSE(j["text"].get<std::string>().empty());
+  EXPECT_EQ(j["finish_reason"], "length");
+}
+
+TEST(Cli, SmolLM2AnswersAChatQuestion) {
+  auto r = run_process(troupe_bin() +
+                       " generate -m smollm2-135m-instruct --chat 'What is the capital of France?' "
+                       "-n 32 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["text"].get<std::string>().find("Paris"), std::string::npos) << j["text"];
+  EXPECT_EQ(j["finish_reason"], "eos");
+}
+
+TEST(Cli, PerplexityJson) {
+  auto r = run_process(
+      troupe_bin() + " perplexity -m stories15m -c 128 --json -f " +
+      shell_quote(std::string(TROUPE_SOURCE_DIR) + "/../shared/golden/ppl_stories.txt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_NEAR(j["ppl"].get<double>(), 3.9768, 0.02);
+  EXPECT_EQ(j["tokens_scored"], 189);
+}
+
+// Every weight type the kernels support runs end to end through the CLI.
+TEST(Cli, EveryWeightTypeGenerates) {
+  for (auto t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
+                 tensor_type::q8_0}) {
+    tiny_llama_options o;
+    o.matrix_type = t;
+    o.embd_type = t;
+    o.tied = t != tensor_type::q4_1;  // also cover a separate output matrix
+    const auto path = temp_path("type.gguf");
+    write_file(path, make_tiny_llama(o).bytes());
+    auto r = generate(path, "--json");
+    EXPECT_EQ(r.exit_code, 0) << traits_of(t).name << ": " << r.err;
+    if (r.exit_code == 0) EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 4u);
+    std::remove(path.c_str());
+  }
+}
+
+TEST(Cli, BadModelFilesGiveOneLineErrors) {
+  const auto good = make_tiny_llama().bytes();
+  const auto path = temp_path("bad.gguf");
+  auto with = [&](std::vector<uint8_t> bytes) {
+    write_file(path, bytes);
+    return generate(path);
+  };
+  {
+    auto b = good;
+    b.resize(b.size() / 2);
+    expect_one_line_error(with(b), path);
+  }
+  {
+    auto b = good;
+    b.resize(40);
+    expect_one_line_error(with(b), path);
+  }
+  {
+    auto b = good;
+    b[0] = 'X';
+    expect_one_line_error(with(b), "magic");
+  }
+  {
+    auto b = good;
+    patch<uint32_t>(b, k_gguf_version_at, 99);
+    expect_one_line_error(with(b), "version");
+  }
+  {
+    auto w = make_tiny_llama();
+    w.tensors[3].type = 12;  // Q4_K
+    expect_one_line_error(with(w.bytes()), "Q4_K");
+  }
+  {
+    auto w = make_tiny_llama();
+    w.tensors.back().offset = 1ull << 40;
+    expect_one_line_error(with(w.bytes()), w.tensors.back().name);
+  }
+  {
+    auto w = make_tiny_llama();
+    std::erase_if(w.kvs, [](const auto& kv) { return kv.key == "llama.embedding_length"; });
+    expect_one_line_error(with(w.bytes()), "llama.embedding_length");
+  }
+  {
+    auto w = make_tiny_llama();
+    std::erase_if(w.tensors, [](const auto& t) { return t.name == "blk.1.ffn_up.weight"; });
+    expect_one_line_error(with(w.bytes()), "blk.1.ffn_up.weight");
+  }
+  expect_one_line_error(generate("/nonexistent/model.gguf"), "/nonexistent/model.gguf");
+  expect_one_line_error(generate("no-such-model-name"), "smollm2-135m-instruct");
+  std::remove(path.c_str());
+}
+
+TEST(Cli, BadArgumentsAreRefused) {
+  auto r = run_process(troupe_bin() + " generate -m stories15m -p hi --temperature -1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
+  r = run_process(troupe_bin() + " generate -m stories15m");
+  EXPECT_NE(r.exit_code, 0);
+  r = run_process(troupe_bin() + " --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("generate"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::testing
