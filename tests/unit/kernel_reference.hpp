@@ -1,0 +1,178 @@
+#pragma once
+// Plain C++ references for the OpenCL kernels (tests/unit/test_kernels.cpp):
+// random weights in GGUF block format, the paged KV cache geometry, and
+// double-precision rope and attention, the latter both exact and with the
+// half-precision roundings llama.cpp applies (and the F16 kernel copies).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "runtime/tensor_type.hpp"
+
+namespace troupe::kernel_ref {
+
+// x rounded to the nearest half (ties to even), as float.
+inline float round_half(float x) {
+  return half_to_float(float_to_half(x));
+}
+
+// Distance between consecutive halves around |x| (2^-24 among subnormals).
+inline double half_step(double x) {
+  const double ax = std::fabs(x);
+  if (ax < 0x1.0p-14) return 0x1.0p-24;
+  return std::ldexp(1.0, std::ilogb(ax) - 10);
+}
+
+// N rows of K values of type t, as a GGUF file stores them, with random
+// contents: F32/F16 values in [-1, 1]; for quantized types random quants,
+// scales of either sign and (Q4_1) mins.
+inline std::vector<uint8_t> random_matrix(tensor_type t, int K, int N, std::mt19937& rng) {
+  std::vector<uint8_t> out(row_bytes(t, K) * static_cast<size_t>(N));
+  std::uniform_real_distribution<float> val(-1.0f, 1.0f), scale(0.002f, 0.05f);
+  std::uniform_int_distribution<int> byte(0, 255);
+  auto put_half = [&](size_t at, float f) {
+    const uint16_t h = float_to_half(f);
+    std::memcpy(&out[at], &h, 2);
+  };
+  const size_t n = static_cast<size_t>(K) * N;
+  if (t == tensor_type::f32) {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = val(rng);
+      std::memcpy(&out[4 * i], &v, 4);
+    }
+  } else if (t == tensor_type::f16) {
+    for (size_t i = 0; i < n; ++i) put_half(2 * i, val(rng));
+  } else {
+    const size_t block = traits_of(t).block_bytes;
+    const size_t header = t == tensor_type::q4_1 ? 4 : 2;
+    for (size_t b = 0; b < n / 32; ++b) {
+      const size_t at = b * block;
+      put_half(at, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng));
+      if (t == tensor_type::q4_1) put_half(at + 2, 0.5f * val(rng));
+      for (size_t i = at + header; i < at + block; ++i) out[i] = static_cast<uint8_t>(byte(rng));
+    }
+  }
+  return out;
+}
+
+// The N x K matrix of `bytes` as floats, row by row, via dequantize_row.
+inline std::vector<float> dequantize(tensor_type t, const std::vector<uint8_t>& bytes, int K,
+                                     int N) {
+  std::vector<float> out(static_cast<size_t>(K) * N);
+  const size_t rb = row_bytes(t, K);
+  for (int r = 0; r < N; ++r)
+    dequantize_row(t, bytes.data() + r * rb, out.data() + static_cast<size_t>(r) * K, K);
+  return out;
+}
+
+// cache[layer][page][kv_head][slot][head_dim], as kernels/attention.cl says.
+struct kv_geometry {
+  int n_layer, n_pages, n_kv, page_size, hd;
+
+  size_t elems() const { return static_cast<size_t>(n_layer) * n_pages * n_kv * page_size * hd; }
+  size_t offset(int layer, int page, int g, int slot) const {
+    return ((((static_cast<size_t>(layer) * n_pages + page) * n_kv + g) * page_size + slot) * hd);
+  }
+};
+
+// A batch of rows over several sequences with shuffled page tables.
+// Sequence s has rows at positions first_pos[s] .. first_pos[s] + n_rows[s] - 1.
+struct paged_batch {
+  std::vector<int32_t> pos, row_seq, pt, pt_off;
+  std::vector<std::vector<int>> pages;  // per sequence, in position order
+
+  int rows() const { return static_cast<int>(pos.size()); }
+  int page_of(int row, int page_size) const { return pages[row_seq[row]][pos[row] / page_size]; }
+};
+
+// Pages come from a random permutation of 0..n_pages-1 (so they are neither
+// contiguous nor ordered); tables are stored in reverse sequence order after
+// a junk entry, so pt_off is neither zero-based nor increasing.
+inline paged_batch make_batch(const std::vector<int>& first_pos, const std::vector<int>& n_rows,
+                              int page_size, int n_pages, std::mt19937& rng) {
+  paged_batch b;
+  std::vector<int> free(n_pages);
+  for (int i = 0; i < n_pages; ++i) free[i] = i;
+  std::shuffle(free.begin(), free.end(), rng);
+  size_t next = 0;
+  const size_t n_seq = first_pos.size();
+  b.pages.resize(n_seq);
+  for (size_t s = 0; s < n_seq; ++s) {
+    const int need = (first_pos[s] + n_rows[s] - 1) / page_size + 1 + static_cast<int>(s % 2);
+    for (int i = 0; i < need; ++i) b.pages[s].push_back(free.at(next++));
+    for (int r = 0; r < n_rows[s]; ++r) {
+      b.pos.push_back(first_pos[s] + r);
+      b.row_seq.push_back(static_cast<int32_t>(s));
+    }
+  }
+  b.pt_off.resize(n_seq);
+  b.pt.push_back(-1);
+  for (size_t s = n_seq; s-- > 0;) {
+    b.pt_off[s] = static_cast<int32_t>(b.pt.size());
+    b.pt.insert(b.pt.end(), b.pages[s].begin(), b.pages[s].end());
+  }
+  return b;
+}
+
+// Rotates v[0..rope_dims) as rope_store_kv does at position p: pairs
+// (2i, 2i+1) or, neox, (i, i + rope_dims/2), by p * base^(-2i/rope_dims).
+inline void rope(double* v, int rope_dims, double theta_base, bool neox, int p) {
+  const int half = rope_dims / 2;
+  for (int i = 0; i < half; ++i) {
+    const double theta = p * std::pow(theta_base, -2.0 * i / rope_dims);
+    const double c = std::cos(theta), s = std::sin(theta);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half : 2 * i + 1;
+    const double x0 = v[i0], x1 = v[i1];
+    v[i0] = x0 * c - x1 * s;
+    v[i1] = x0 * s + x1 * c;
+  }
+}
+
+// Attention of one query head over keys/values k(j), v(j) (float[hd], as
+// stored in the cache), positions 0..last.
+//   exact:     softmax(scale * q.k) . v in double.
+//   llama_f16: llama.cpp's numerics with a half KV cache: q rounded to
+//              half, scores q.k * scale, probabilities normalized then
+//              rounded to half, no renormalization.  Where a probability
+//              sits so close to a half rounding boundary that float
+//              arithmetic may round it the other way, the difference that
+//              makes times |v| is added to slack[i].
+// out[i] and slack[i] (zeroed here) hold hd values.
+template <class KeyFn, class ValFn>
+void attention(const float* q, int hd, int last, double scale, KeyFn k, ValFn v, bool llama_f16,
+               double* out, double* slack) {
+  std::vector<double> qd(hd), s(last + 1);
+  for (int i = 0; i < hd; ++i) qd[i] = llama_f16 ? round_half(q[i]) : q[i];
+  double m = -INFINITY;
+  for (int j = 0; j <= last; ++j) {
+    const float* kj = k(j);
+    double d = 0.0;
+    for (int i = 0; i < hd; ++i) d += qd[i] * kj[i];
+    s[j] = d * scale;
+    m = std::max(m, s[j]);
+  }
+  double l = 0.0;
+  for (int j = 0; j <= last; ++j) l += std::exp(s[j] - m);
+  for (int i = 0; i < hd; ++i) out[i] = slack[i] = 0.0;
+  for (int j = 0; j <= last; ++j) {
+    const double p = std::exp(s[j] - m) / l;
+    double pr = p, flip = 0.0;
+    if (llama_f16) {
+      constexpr double rel = 3e-5;  // float error bound of the kernel's p
+      pr = round_half(static_cast<float>(p));
+      flip = round_half(static_cast<float>(p * (1 + rel))) -
+             round_half(static_cast<float>(p * (1 - rel)));
+    }
+    const float* vj = v(j);
+    for (int i = 0; i < hd; ++i) {
+      out[i] += pr * vj[i];
+      slack[i] += std::fabs(flip * vj[i]);
+    }
+  }
+}
+
+}  // namespace troupe::kernel_ref
