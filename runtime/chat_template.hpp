@@ -1,0 +1,40 @@
+#pragma once
+// Chat prompts from the Jinja template a model ships, for the template
+// families troupe recognises (no Jinja interpreter): ChatML
+// ("<|im_start|>role\ncontent<|im_end|>\n", SmolLM2, Qwen) with the default
+// system message the template inserts, and llama-2 ("[INST] <<SYS>>").
+// Anything else is refused rather than guessed at.
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+struct chat_message {
+  std::string role;  // "system", "user" or "assistant"
+  std::string content;
+};
+
+enum class chat_format { chatml, llama2 };
+
+struct chat_template_info {
+  chat_format format = chat_format::chatml;
+  // ChatML: the system message the template puts first when the
+  // conversation does not start with one; empty when it has none.
+  std::string default_system;
+};
+
+// Throws std::runtime_error("unsupported chat template: ...").
+chat_template_info parse_chat_template(const std::string& template_source);
+
+// The prompt text, special tokens spelled out (encode it with
+// parse_special, and without BOS for llama-2: the text carries "<s>").
+// add_generation_prompt: open an assistant turn at the end (ChatML; a
+// llama-2 prompt always ends ready for the answer).  Throws
+// std::runtime_error for an unsupported template, an unknown role, or (for
+// llama-2) turns that do not alternate user/assistant.
+std::string render_chat(const std::string& template_source,
+                        const std::vector<chat_message>& messages, bool add_generation_prompt);
+std::string render_chat(const chat_template_info& info, const std::vector<chat_message>& messages,
+                        bool add_generation_prompt);
+
+}  // namespace troupe

@@ -1,0 +1,139 @@
+// Chat prompts rendered from the templates models ship, compared with the
+// exact text their Jinja templates produce.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/chat_template.hpp"
+#include "runtime/model_file.hpp"
+#include "runtime/model_registry.hpp"
+#include "runtime/tokenizer.hpp"
+
+namespace troupe {
+namespace {
+
+const std::string& smollm_template() {
+  static const std::string source = [] {
+    const resolved_model r = resolve_model("smollm2-135m-instruct");
+    return model_file::open(r.model_path)->vocab().chat_template;
+  }();
+  return source;
+}
+
+// SmolLM2's template as its GGUF carries it (also checked against the file).
+const std::string k_smollm_source =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+TEST(ChatTemplate, SmolLM2TemplateIsTheOneInTheFile) {
+  EXPECT_EQ(smollm_template(), k_smollm_source);
+  const chat_template_info info = parse_chat_template(smollm_template());
+  EXPECT_EQ(info.format, chat_format::chatml);
+  EXPECT_EQ(info.default_system,
+            "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+}
+
+TEST(ChatTemplate, SmolLM2SingleUserGetsDefaultSystem) {
+  const std::string got = render_chat(smollm_template(), {{"user", "What is 2+2?"}}, true);
+  EXPECT_EQ(got,
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n"
+            "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat(smollm_template(), {{"user", "Hi"}}, false),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+}
+
+TEST(ChatTemplate, SmolLM2MultiTurnWithSystem) {
+  const std::vector<chat_message> messages = {
+      {"system", "You are terse."},
+      {"user", "Name a colour."},
+      {"assistant", "Blue."},
+      {"user", "Another one, please.\n"},
+  };
+  EXPECT_EQ(render_chat(smollm_template(), messages, true),
+            "<|im_start|>system\nYou are terse.<|im_end|>\n"
+            "<|im_start|>user\nName a colour.<|im_end|>\n"
+            "<|im_start|>assistant\nBlue.<|im_end|>\n"
+            "<|im_start|>user\nAnother one, please.\n<|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, SmolLM2EmptyConversation) {
+  // The template's loop never runs, so no default system message either.
+  EXPECT_EQ(render_chat(smollm_template(), {}, true), "<|im_start|>assistant\n");
+  EXPECT_EQ(render_chat(smollm_template(), {}, false), "");
+}
+
+TEST(ChatTemplate, RenderedPromptTokenizesWithControlTokens) {
+  const resolved_model r = resolve_model("smollm2-135m-instruct");
+  const auto tok = tokenizer::create(model_file::open(r.model_path)->vocab());
+  const std::string prompt = render_chat(smollm_template(), {{"user", "Hi"}}, true);
+  const auto tokens = tok->encode(prompt, tok->add_bos(), true);
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens.front(), tok->token_id("<|im_start|>"));
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), tok->token_id("<|im_start|>")), 3);
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), tok->token_id("<|im_end|>")), 2);
+  EXPECT_EQ(tok->decode(tokens, true), prompt);
+}
+
+TEST(ChatTemplate, ChatMLWithoutDefaultSystem) {
+  const std::string source =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "
+      "message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+      "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  EXPECT_EQ(parse_chat_template(source).default_system, "");
+  EXPECT_EQ(render_chat(source, {{"user", "Hi"}}, true),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplate, DefaultSystemWithEscapedNewlines) {
+  // Qwen-style: the literal spells its newlines as \n escapes.
+  const std::string source =
+      "{%- if messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are Qwen, a "
+      "\\'helpful\\' assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}"
+      "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+      "{%- endfor %}";
+  EXPECT_EQ(parse_chat_template(source).default_system, "You are Qwen, a 'helpful' assistant.");
+}
+
+TEST(ChatTemplate, Llama2Style) {
+  const std::string source =
+      "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+      "{% set system_message = messages[0]['content'] %}{% else %}"
+      "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
+      "{% for message in loop_messages %}{% if loop.index0 == 0 and system_message != false %}"
+      "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + "
+      "message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}"
+      "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + "
+      "' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + "
+      "eos_token }}{% endif %}{% endfor %}";
+  EXPECT_EQ(parse_chat_template(source).format, chat_format::llama2);
+  const std::vector<chat_message> messages = {
+      {"system", "Be brief."}, {"user", "Hi "}, {"assistant", " Hello!"}, {"user", "Bye"}};
+  EXPECT_EQ(render_chat(source, messages, true),
+            "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s>"
+            "<s>[INST] Bye [/INST]");
+  EXPECT_EQ(render_chat(source, {{"user", "Hi"}}, true), "<s>[INST] Hi [/INST]");
+  EXPECT_THROW(render_chat(source, {{"user", "a"}, {"user", "b"}}, true), std::runtime_error);
+}
+
+TEST(ChatTemplate, RefusesUnknownTemplatesAndRoles) {
+  EXPECT_THROW(render_chat("", {{"user", "Hi"}}, true), std::runtime_error);
+  try {
+    render_chat("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}",
+                {{"user", "Hi"}}, true);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported chat template"), std::string::npos);
+  }
+  EXPECT_THROW(render_chat(k_smollm_source, {{"tool", "x"}}, true), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace troupe
