@@ -2,6 +2,7 @@
 // exact text their Jinja templates produce.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 

@@ -3,7 +3,9 @@
 // round trips, special tokens and the incremental decoder.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
