@@ -1,45 +1,141 @@
-// y[t][n] (+)= sum_k W[n][k] * x[t][k] for every weight type.
-// One work-item computes one output row n for a tile of TT consecutive
-// tokens, so each weight block is decoded once per TT tokens (prefill) and
-// the decode path (TT = 1) does no redundant arithmetic.  `accumulate`
-// adds into y: the residual add fused into the output projections.
+// Matrix products y = W x for every weight type, with the step's fusions:
+//   matmul_*      y[t][n] (+)= W[n] . x[t]      (accumulate: the residual add)
+//   matmul_glu_*  h[t][n] = silu(W[n] . x[t]) * (W[F + n] . x[t])
+//                 over the stacked [gate; up] matrix (the gated FFN)
+//   matmul_qkv_*  the stacked [q; k; v] projection with RoPE applied, q
+//                 written to the qkv buffer and k, v written straight into
+//                 the paged KV cache (see attention.cl for its layout)
+// A work-item computes its output row(s) for a tile of TT consecutive
+// tokens, so each weight block is decoded once per TT tokens (prefill);
+// decode uses TT = 1 and does no redundant arithmetic.
 
-#define TROUPE_MATMUL(NAME, LOAD, TT)                                                         \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                        \
-                     __global const half* wm, __global const float* x, __global float* y,      \
-                     int K, int N, int T, int ldy, int accumulate) {                           \
-    const int n = get_global_id(0);                                                            \
-    const int t0 = get_global_id(1) * TT;                                                      \
-    if (n >= N || t0 >= T) return;                                                             \
-    const int nb = K / QK;                                                                     \
-    __global const float* xs[TT];                                                              \
-    float16 acc[TT];                                                                           \
-    for (int j = 0; j < TT; ++j) {                                                             \
-      xs[j] = x + (size_t)min(t0 + j, T - 1) * K;                                              \
-      acc[j] = (float16)0.0f;                                                                  \
-    }                                                                                          \
-    for (int b = 0; b < nb; ++b) {                                                             \
-      float16 lo, hi;                                                                          \
-      LOAD(wq, wd, wm, K, nb, n, b, &lo, &hi);                                                 \
-      for (int j = 0; j < TT; ++j) {                                                           \
-        acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);                                  \
-        acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);                                  \
-      }                                                                                        \
-    }                                                                                          \
-    for (int j = 0; j < TT && t0 + j < T; ++j) {                                               \
-      size_t i = (size_t)(t0 + j) * ldy + n;                                                   \
-      float r = hsum16(acc[j]);                                                                \
-      y[i] = accumulate ? y[i] + r : r;                                                        \
-    }                                                                                          \
+// acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
+#define TROUPE_ROW_DOT(LOAD, TT, r, acc)                                  \
+  for (int b = 0; b < nb; ++b) {                                          \
+    float16 lo, hi;                                                       \
+    LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
+    for (int j = 0; j < TT; ++j) {                                        \
+      acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
+      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);               \
+    }                                                                     \
   }
 
-TROUPE_MATMUL(matmul_f32_t1, load_f32, 1)
-TROUPE_MATMUL(matmul_f32_t4, load_f32, 4)
-TROUPE_MATMUL(matmul_f16_t1, load_f16, 1)
-TROUPE_MATMUL(matmul_f16_t4, load_f16, 4)
-TROUPE_MATMUL(matmul_q4_0_t1, load_q4_0, 1)
-TROUPE_MATMUL(matmul_q4_0_t4, load_q4_0, 4)
-TROUPE_MATMUL(matmul_q4_1_t1, load_q4_1, 1)
-TROUPE_MATMUL(matmul_q4_1_t4, load_q4_1, 4)
-TROUPE_MATMUL(matmul_q8_0_t1, load_q8_0, 1)
-TROUPE_MATMUL(matmul_q8_0_t4, load_q8_0, 4)
+// Row pointers of the token tile (clamped: the tail tile repeats the last
+// token, whose results are not stored) and zeroed accumulators.
+#define TROUPE_TILE_SETUP(TT)                                             \
+  const int nb = K / QK;                                                  \
+  __global const float* xs[TT];                                           \
+  for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
+
+#define TROUPE_ZERO(TT, acc) \
+  float16 acc[TT];           \
+  for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
+
+#define TROUPE_MATMUL(NAME, LOAD, TT)                                                       \
+  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
+                     __global const half* wm, __global const float* x, __global float* y,    \
+                     int K, int N, int T, int ldy, int accumulate) {                         \
+    const int n = get_global_id(0);                                                          \
+    const int t0 = get_global_id(1) * TT;                                                    \
+    if (n >= N || t0 >= T) return;                                                          \
+    TROUPE_TILE_SETUP(TT)                                                                    \
+    TROUPE_ZERO(TT, acc)                                                                     \
+    TROUPE_ROW_DOT(LOAD, TT, n, acc)                                                         \
+    for (int j = 0; j < TT && t0 + j < T; ++j) {                                             \
+      const size_t i = (size_t)(t0 + j) * ldy + n;                                           \
+      const float r = hsum16(acc[j]);                                                        \
+      y[i] = accumulate ? y[i] + r : r;                                                      \
+    }                                                                                        \
+  }
+
+#define TROUPE_MATMUL_GLU(NAME, LOAD, TT)                                                   \
+  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
+                     __global const half* wm, __global const float* x, __global float* h,    \
+                     int K, int F, int T) {                                                  \
+    const int n = get_global_id(0);                                                          \
+    const int t0 = get_global_id(1) * TT;                                                    \
+    if (n >= F || t0 >= T) return;                                                           \
+    TROUPE_TILE_SETUP(TT)                                                                    \
+    TROUPE_ZERO(TT, g)                                                                       \
+    TROUPE_ZERO(TT, u)                                                                       \
+    TROUPE_ROW_DOT(LOAD, TT, n, g)                                                           \
+    TROUPE_ROW_DOT(LOAD, TT, F + n, u)                                                       \
+    for (int j = 0; j < TT && t0 + j < T; ++j)                                               \
+      h[(size_t)(t0 + j) * F + n] = silu(hsum16(g[j])) * hsum16(u[j]);                       \
+  }
+
+// One work-item per rotation pair (r0, r1) of the stacked projection:
+// pairs (2i, 2i+1) of a head in the normal layout, (i, i + rope_dims/2) in
+// NeoX; dimensions past rope_dims are paired but not rotated, and v heads
+// are never rotated.
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT)                                                   \
+  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
+                     __global const half* wm, __global const float* x, __global float* qkv,  \
+                     int K, int T, __global const int* pos, __global const int* row_seq,     \
+                     __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
+                     __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
+                     float theta_base, int neox, int page_size, int layer, int n_pages) {    \
+    const int w = get_global_id(0);                                                          \
+    const int t0 = get_global_id(1) * TT;                                                    \
+    const int half_hd = hd / 2;                                                              \
+    const int head = w / half_hd;                                                            \
+    if (head >= n_head + 2 * n_kv || t0 >= T) return;                                        \
+    const int i = w % half_hd;                                                               \
+    const int half_rope = rope_dims / 2;                                                     \
+    int d0, d1;                                                                              \
+    if (neox && i < half_rope) {                                                             \
+      d0 = i;                                                                                \
+      d1 = i + half_rope;                                                                    \
+    } else if (neox) {                                                                       \
+      d0 = rope_dims + 2 * (i - half_rope);                                                  \
+      d1 = d0 + 1;                                                                           \
+    } else {                                                                                 \
+      d0 = 2 * i;                                                                            \
+      d1 = d0 + 1;                                                                           \
+    }                                                                                        \
+    const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);      \
+    const float inv_freq = pow(theta_base, -2.0f * (float)i / (float)rope_dims);            \
+    TROUPE_TILE_SETUP(TT)                                                                    \
+    TROUPE_ZERO(TT, a0)                                                                      \
+    TROUPE_ZERO(TT, a1)                                                                      \
+    TROUPE_ROW_DOT(LOAD, TT, head * hd + d0, a0)                                             \
+    TROUPE_ROW_DOT(LOAD, TT, head * hd + d1, a1)                                             \
+    const int stride = (n_head + 2 * n_kv) * hd;                                             \
+    for (int j = 0; j < TT && t0 + j < T; ++j) {                                             \
+      const int t = t0 + j;                                                                  \
+      float v0 = hsum16(a0[j]), v1 = hsum16(a1[j]);                                          \
+      if (rotate) {                                                                          \
+        const float theta = (float)pos[t] * inv_freq;                                        \
+        const float c = cos(theta), s = sin(theta);                                          \
+        const float r0 = v0 * c - v1 * s;                                                    \
+        v1 = v0 * s + v1 * c;                                                                \
+        v0 = r0;                                                                             \
+      }                                                                                      \
+      if (head < n_head) {                                                                   \
+        qkv[(size_t)t * stride + head * hd + d0] = v0;                                       \
+        qkv[(size_t)t * stride + head * hd + d1] = v1;                                       \
+      } else {                                                                               \
+        const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;           \
+        const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                        \
+        const size_t o =                                                                     \
+            kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);     \
+        __global kv_t* dst = head < n_head + n_kv ? kc : vc;                                 \
+        KV_STORE(v0, o + d0, dst);                                                           \
+        KV_STORE(v1, o + d1, dst);                                                           \
+      }                                                                                      \
+    }                                                                                        \
+  }
+
+#define TROUPE_MATMUL_FAMILY(T, LOAD)              \
+  TROUPE_MATMUL(matmul_##T##_t1, LOAD, 1)          \
+  TROUPE_MATMUL(matmul_##T##_t4, LOAD, 4)          \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_t1, LOAD, 1)  \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_t4, LOAD, 4)  \
+  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t1, LOAD, 1)  \
+  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t4, LOAD, 4)
+
+TROUPE_MATMUL_FAMILY(f32, load_f32)
+TROUPE_MATMUL_FAMILY(f16, load_f16)
+TROUPE_MATMUL_FAMILY(q4_0, load_q4_0)
+TROUPE_MATMUL_FAMILY(q4_1, load_q4_1)
+TROUPE_MATMUL_FAMILY(q8_0, load_q8_0)

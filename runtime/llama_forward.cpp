@@ -56,9 +56,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_embed_ =
       ctx_.make_kernel(std::string("embed_") + type_suffix[type_slot(weights_.embedding.type)]);
   k_rmsnorm_ = ctx_.make_kernel("rmsnorm");
-  k_rope_ = ctx_.make_kernel("rope_store_kv");
   k_attn_ = ctx_.make_kernel("attention");
-  k_silu_ = ctx_.make_kernel("silu_mul");
   ensure_scratch(std::max(opts_.max_batch_tokens, 1), 1);
 }
 
@@ -68,12 +66,19 @@ size_t llama_forward::kv_bytes_per_page() const {
   return 2 * static_cast<size_t>(hp.n_layer) * hp.n_head_kv * opts_.page_size * hp.head_dim * elem;
 }
 
-cl::kernel& llama_forward::matmul_kernel(tensor_type t, bool tiled) {
-  auto& k = k_mm_[type_slot(t)][tiled ? 1 : 0];
+cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
+  static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
+  const bool tiled = rows >= kTile;
+  auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][tiled ? 1 : 0];
   if (!k.get())
-    k = ctx_.make_kernel(std::string("matmul_") + type_suffix[type_slot(t)] +
-                         (tiled ? "_t4" : "_t1"));
+    k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) +
+                         type_suffix[type_slot(t)] + (tiled ? "_t4" : "_t1"));
   return k;
+}
+
+size_t llama_forward::token_groups(int rows) {
+  return rows >= kTile ? static_cast<size_t>((rows + kTile - 1) / kTile)
+                       : static_cast<size_t>(rows);
 }
 
 void llama_forward::ensure_scratch(int rows, int logit_rows) {
@@ -86,7 +91,6 @@ void llama_forward::ensure_scratch(int rows, int logit_rows) {
     xn_ = ctx_.alloc(r * hp.n_embd * f);
     qkv_ = ctx_.alloc(r * qkv_w * f);
     att_ = ctx_.alloc(r * hp.n_head * hp.head_dim * f);
-    gu_ = ctx_.alloc(r * 2 * hp.n_ff * f);
     h_ = ctx_.alloc(r * hp.n_ff * f);
     tokens_ = ctx_.alloc(r * 4);
     pos_ = ctx_.alloc(r * 4);
@@ -141,12 +145,10 @@ void llama_forward::validate(const forward_batch& b) const {
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
                            int rows, int ldy, bool accumulate) {
-  const bool tiled = rows >= kTile;
-  auto& k = matmul_kernel(w.type, tiled);
+  auto& k = family_kernel(mm_family::plain, w.type, rows);
   const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
   k.args(w.q, w.d, w.m, x, y, K, N, rows, ldy, accumulate ? 1 : 0);
-  const size_t groups_t = tiled ? (rows + kTile - 1) / kTile : rows;
-  ctx_.launch(k, {static_cast<size_t>(N), groups_t}, {kRowsPerGroup, 1});
+  ctx_.launch(k, {static_cast<size_t>(N), token_groups(rows)}, {kRowsPerGroup, 1});
 }
 
 forward_result llama_forward::run(const forward_batch& b) {
@@ -188,19 +190,24 @@ forward_result llama_forward::run(const forward_batch& b) {
     const auto& L = weights_.layers[l];
     k_rmsnorm_.args(x_, L.attn_norm, xn_, row_seq_ /*unused*/, 0, D, eps);
     ctx_.launch(k_rmsnorm_, {uT});
-    matmul(L.qkv, xn_, qkv_, T, qkv_w, false);
-    k_rope_.args(qkv_, pos_, row_seq_, pt_, pt_off_, k_cache_, v_cache_, hp.n_head, hp.n_head_kv,
-                 hd, hp.rope_dims, hp.rope_theta, neox, page_size, l, n_pages_);
-    ctx_.launch(k_rope_, {static_cast<size_t>(hp.n_head + hp.n_head_kv), uT});
+    {
+      auto& k = family_kernel(mm_family::qkv, L.qkv.type, T);
+      k.args(L.qkv.q, L.qkv.d, L.qkv.m, xn_, qkv_, D, T, pos_, row_seq_, pt_, pt_off_, k_cache_,
+             v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, hp.rope_theta, neox, page_size, l,
+             n_pages_);
+      ctx_.launch(k, {static_cast<size_t>(qkv_w / 2), token_groups(T)}, {kRowsPerGroup, 1});
+    }
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale);
     ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head), uT});
     matmul(L.wo, att_, x_, T, D, true);
     k_rmsnorm_.args(x_, L.ffn_norm, xn_, row_seq_, 0, D, eps);
     ctx_.launch(k_rmsnorm_, {uT});
-    matmul(L.gate_up, xn_, gu_, T, 2 * F, false);
-    k_silu_.args(gu_, h_, F);
-    ctx_.launch(k_silu_, {static_cast<size_t>(F), uT});
+    {
+      auto& k = family_kernel(mm_family::glu, L.gate_up.type, T);
+      k.args(L.gate_up.q, L.gate_up.d, L.gate_up.m, xn_, h_, D, F, T);
+      ctx_.launch(k, {static_cast<size_t>(F), token_groups(T)}, {kRowsPerGroup, 1});
+    }
     matmul(L.down, h_, x_, T, D, true);
   }
 

@@ -41,7 +41,9 @@ class llama_forward {
   void ensure_scratch(int rows, int logit_rows);
   void matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y, int rows, int ldy,
               bool accumulate);
-  cl::kernel& matmul_kernel(tensor_type t, bool tiled);
+  enum class mm_family { plain, glu, qkv };
+  cl::kernel& family_kernel(mm_family f, tensor_type t, int rows);
+  static size_t token_groups(int rows);
 
   std::shared_ptr<const model_file> model_;
   engine_options opts_;
@@ -52,11 +54,11 @@ class llama_forward {
 
   // scratch, sized for scratch_rows_ rows
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
-  cl::buffer x_, xn_, qkv_, att_, gu_, h_, xo_, logits_;
+  cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_;
 
-  cl::kernel k_embed_, k_rmsnorm_, k_rope_, k_attn_, k_silu_;
-  cl::kernel k_mm_[5][2];  // [type][tiled]
+  cl::kernel k_embed_, k_rmsnorm_, k_attn_;
+  cl::kernel k_mm_[3][5][2];  // [family][type][tiled]
 };
 
 }  // namespace troupe
