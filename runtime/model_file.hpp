@@ -2,6 +2,7 @@
 // A model opened from disk: hyper-parameters, vocabulary and tensors, the same
 // shape whether it came from a GGUF file or a llama2.c checkpoint.  Tensor
 // data points into a read-only memory map owned by the model_file.
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -56,9 +57,9 @@ struct vocab_data {
   std::string model;  // "llama" (SentencePiece-style BPE) or "gpt2" (byte-level BPE)
   std::string pre;    // pre-tokenizer name for gpt2 ("smollm", "default", ...)
   std::vector<std::string> tokens;
-  std::vector<float> scores;       // empty when the file has none
-  std::vector<token_kind> kinds;   // one per token
-  std::vector<std::string> merges; // "a b" pairs, gpt2 only
+  std::vector<float> scores;        // empty when the file has none
+  std::vector<token_kind> kinds;    // one per token
+  std::vector<std::string> merges;  // "a b" pairs, gpt2 only
   int32_t bos = -1;
   int32_t eos = -1;
   int32_t unk = -1;
@@ -68,6 +69,25 @@ struct vocab_data {
   std::string chat_template;  // Jinja source from the file, may be empty
 };
 
+// A whole file mapped read-only.  Shared by a model_file and anything that
+// must keep the tensor bytes alive after the model_file is gone.
+class mapped_file {
+ public:
+  explicit mapped_file(const std::string& path);  // throws model_error
+  ~mapped_file();
+  mapped_file(const mapped_file&) = delete;
+  mapped_file& operator=(const mapped_file&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 struct tensor_view {
   std::string name;
   tensor_type type = tensor_type::f32;
@@ -75,7 +95,7 @@ struct tensor_view {
   const uint8_t* data = nullptr;
   size_t bytes = 0;
 
-  int64_t rows() const;      // product of shape[1..]
+  int64_t rows() const;  // product of shape[1..]
   int64_t row_len() const { return shape.empty() ? 0 : shape[0]; }
 };
 
@@ -100,6 +120,8 @@ class model_file {
   const std::string& fingerprint() const { return fingerprint_; }
   // "gguf" or "llama2c"
   const std::string& format() const { return format_; }
+  // The mapping the tensor data lives in; hold it to keep tensor bytes valid.
+  const std::shared_ptr<const mapped_file>& mapping() const { return map_; }
 
  protected:
   std::string path_;
@@ -108,6 +130,15 @@ class model_file {
   vocab_data vocab_;
   std::map<std::string, tensor_view> tensors_;
   std::string fingerprint_;
+  std::shared_ptr<const mapped_file> map_;  // owns the bytes tensors_ point into
 };
+
+// "<path>: <problem>" as a model_error.
+[[noreturn]] void throw_model_error(const std::string& path, const std::string& problem);
+
+// 64-bit FNV-1a, as 16 hex digits, over bytes [0, header_bytes) of a file
+// plus evenly spaced samples of the rest and the file size: cheap (no full
+// read of the weights) yet different for any two real models.
+std::string sample_fingerprint(const uint8_t* data, size_t size, size_t header_bytes);
 
 }  // namespace troupe
