@@ -34,34 +34,38 @@
 #define TROUPE_MATMUL(NAME, LOAD, TT)                                                       \
   __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
                      __global const half* wm, __global const float* x, __global float* y,    \
-                     int K, int N, int T, int ldy, int accumulate) {                         \
-    const int n = get_global_id(0);                                                          \
+                     int K, int N, int T, int ldy, int accumulate, int rows_per_item) {      \
     const int t0 = get_global_id(1) * TT;                                                    \
-    if (n >= N || t0 >= T) return;                                                          \
+    if (t0 >= T) return;                                                                     \
     TROUPE_TILE_SETUP(TT)                                                                    \
-    TROUPE_ZERO(TT, acc)                                                                     \
-    TROUPE_ROW_DOT(LOAD, TT, n, acc)                                                         \
-    for (int j = 0; j < TT && t0 + j < T; ++j) {                                             \
-      const size_t i = (size_t)(t0 + j) * ldy + n;                                           \
-      const float r = hsum16(acc[j]);                                                        \
-      y[i] = accumulate ? y[i] + r : r;                                                      \
+    const int n0 = get_global_id(0) * rows_per_item;                                         \
+    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
+      TROUPE_ZERO(TT, acc)                                                                   \
+      TROUPE_ROW_DOT(LOAD, TT, n, acc)                                                       \
+      for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
+        const size_t i = (size_t)(t0 + j) * ldy + n;                                         \
+        const float r = hsum16(acc[j]);                                                      \
+        y[i] = accumulate ? y[i] + r : r;                                                    \
+      }                                                                                      \
     }                                                                                        \
   }
 
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
                      __global const half* wm, __global const float* x, __global float* h,    \
-                     int K, int F, int T) {                                                  \
-    const int n = get_global_id(0);                                                          \
+                     int K, int F, int T, int rows_per_item) {                               \
     const int t0 = get_global_id(1) * TT;                                                    \
-    if (n >= F || t0 >= T) return;                                                           \
+    if (t0 >= T) return;                                                                     \
     TROUPE_TILE_SETUP(TT)                                                                    \
-    TROUPE_ZERO(TT, g)                                                                       \
-    TROUPE_ZERO(TT, u)                                                                       \
-    TROUPE_ROW_DOT(LOAD, TT, n, g)                                                           \
-    TROUPE_ROW_DOT(LOAD, TT, F + n, u)                                                       \
-    for (int j = 0; j < TT && t0 + j < T; ++j)                                               \
-      h[(size_t)(t0 + j) * F + n] = silu(hsum16(g[j])) * hsum16(u[j]);                       \
+    const int n0 = get_global_id(0) * rows_per_item;                                         \
+    for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
+      TROUPE_ZERO(TT, g)                                                                     \
+      TROUPE_ZERO(TT, u)                                                                     \
+      TROUPE_ROW_DOT(LOAD, TT, n, g)                                                         \
+      TROUPE_ROW_DOT(LOAD, TT, F + n, u)                                                     \
+      for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
+        h[(size_t)(t0 + j) * F + n] = silu(hsum16(g[j])) * hsum16(u[j]);                     \
+    }                                                                                        \
   }
 
 // One work-item per rotation pair (r0, r1) of the stacked projection:
@@ -74,54 +78,58 @@
                      int K, int T, __global const int* pos, __global const int* row_seq,     \
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
-                     float theta_base, int neox, int page_size, int layer, int n_pages) {    \
-    const int w = get_global_id(0);                                                          \
+                     float theta_base, int neox, int page_size, int layer, int n_pages,      \
+                     int rows_per_item) {                                                    \
     const int t0 = get_global_id(1) * TT;                                                    \
-    const int half_hd = hd / 2;                                                              \
-    const int head = w / half_hd;                                                            \
-    if (head >= n_head + 2 * n_kv || t0 >= T) return;                                        \
-    const int i = w % half_hd;                                                               \
-    const int half_rope = rope_dims / 2;                                                     \
-    int d0, d1;                                                                              \
-    if (neox && i < half_rope) {                                                             \
-      d0 = i;                                                                                \
-      d1 = i + half_rope;                                                                    \
-    } else if (neox) {                                                                       \
-      d0 = rope_dims + 2 * (i - half_rope);                                                  \
-      d1 = d0 + 1;                                                                           \
-    } else {                                                                                 \
-      d0 = 2 * i;                                                                            \
-      d1 = d0 + 1;                                                                           \
-    }                                                                                        \
-    const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);      \
-    const float inv_freq = pow(theta_base, -2.0f * (float)i / (float)rope_dims);            \
+    if (t0 >= T) return;                                                                     \
     TROUPE_TILE_SETUP(TT)                                                                    \
-    TROUPE_ZERO(TT, a0)                                                                      \
-    TROUPE_ZERO(TT, a1)                                                                      \
-    TROUPE_ROW_DOT(LOAD, TT, head * hd + d0, a0)                                             \
-    TROUPE_ROW_DOT(LOAD, TT, head * hd + d1, a1)                                             \
+    const int half_hd = hd / 2;                                                              \
+    const int half_rope = rope_dims / 2;                                                     \
+    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                       \
     const int stride = (n_head + 2 * n_kv) * hd;                                             \
-    for (int j = 0; j < TT && t0 + j < T; ++j) {                                             \
-      const int t = t0 + j;                                                                  \
-      float v0 = hsum16(a0[j]), v1 = hsum16(a1[j]);                                          \
-      if (rotate) {                                                                          \
-        const float theta = (float)pos[t] * inv_freq;                                        \
-        const float c = cos(theta), s = sin(theta);                                          \
-        const float r0 = v0 * c - v1 * s;                                                    \
-        v1 = v0 * s + v1 * c;                                                                \
-        v0 = r0;                                                                             \
-      }                                                                                      \
-      if (head < n_head) {                                                                   \
-        qkv[(size_t)t * stride + head * hd + d0] = v0;                                       \
-        qkv[(size_t)t * stride + head * hd + d1] = v1;                                       \
+    const int w0 = get_global_id(0) * rows_per_item;                                         \
+    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                            \
+      const int head = w / half_hd;                                                          \
+      const int i = w % half_hd;                                                             \
+      int d0, d1;                                                                            \
+      if (neox && i < half_rope) {                                                           \
+        d0 = i;                                                                              \
+        d1 = i + half_rope;                                                                  \
+      } else if (neox) {                                                                     \
+        d0 = rope_dims + 2 * (i - half_rope);                                                \
+        d1 = d0 + 1;                                                                         \
       } else {                                                                               \
-        const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;           \
-        const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                        \
-        const size_t o =                                                                     \
-            kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);     \
-        __global kv_t* dst = head < n_head + n_kv ? kc : vc;                                 \
-        KV_STORE(v0, o + d0, dst);                                                           \
-        KV_STORE(v1, o + d1, dst);                                                           \
+        d0 = 2 * i;                                                                          \
+        d1 = d0 + 1;                                                                         \
+      }                                                                                      \
+      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);    \
+      const float inv_freq = pow(theta_base, -2.0f * (float)i / (float)rope_dims);           \
+      TROUPE_ZERO(TT, a0)                                                                    \
+      TROUPE_ZERO(TT, a1)                                                                    \
+      TROUPE_ROW_DOT(LOAD, TT, head * hd + d0, a0)                                           \
+      TROUPE_ROW_DOT(LOAD, TT, head * hd + d1, a1)                                           \
+      for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
+        const int t = t0 + j;                                                                \
+        float v0 = hsum16(a0[j]), v1 = hsum16(a1[j]);                                        \
+        if (rotate) {                                                                        \
+          const float theta = (float)pos[t] * inv_freq;                                      \
+          const float c = cos(theta), s = sin(theta);                                        \
+          const float r0 = v0 * c - v1 * s;                                                  \
+          v1 = v0 * s + v1 * c;                                                              \
+          v0 = r0;                                                                           \
+        }                                                                                    \
+        if (head < n_head) {                                                                 \
+          qkv[(size_t)t * stride + head * hd + d0] = v0;                                     \
+          qkv[(size_t)t * stride + head * hd + d1] = v1;                                     \
+        } else {                                                                             \
+          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;         \
+          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                      \
+          const size_t o =                                                                   \
+              kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);   \
+          __global kv_t* dst = head < n_head + n_kv ? kc : vc;                               \
+          KV_STORE(v0, o + d0, dst);                                                         \
+          KV_STORE(v1, o + d1, dst);                                                         \
+        }                                                                                    \
       }                                                                                      \
     }                                                                                        \
   }

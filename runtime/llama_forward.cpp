@@ -27,8 +27,6 @@ const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
 
 // Tokens per work-item in the tiled matmul (must match kernels/matmul.cl).
 constexpr int kTile = 4;
-// Rows per work-group of the matmul kernels.
-constexpr size_t kRowsPerGroup = 16;
 
 }  // namespace
 
@@ -147,8 +145,21 @@ void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl
                            int rows, int ldy, bool accumulate) {
   auto& k = family_kernel(mm_family::plain, w.type, rows);
   const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
-  k.args(w.q, w.d, w.m, x, y, K, N, rows, ldy, accumulate ? 1 : 0);
-  ctx_.launch(k, {static_cast<size_t>(N), token_groups(rows)}, {kRowsPerGroup, 1});
+  const auto g = grid(N, rows);
+  k.args(w.q, w.d, w.m, x, y, K, N, rows, ldy, accumulate ? 1 : 0, g.rows_per_item);
+  launch_grid(k, g, rows);
+}
+
+llama_forward::matmul_grid llama_forward::grid(int units, int rows) const {
+  matmul_grid g;
+  g.rows_per_item = std::max(1, opts_.rows_per_item);
+  g.items = (units + g.rows_per_item - 1) / g.rows_per_item;
+  g.local = static_cast<size_t>(std::max(1, opts_.group_size));
+  return g;
+}
+
+void llama_forward::launch_grid(const cl::kernel& k, const matmul_grid& g, int rows) {
+  ctx_.launch(k, {static_cast<size_t>(g.items), token_groups(rows)}, {g.local, 1});
 }
 
 forward_result llama_forward::run(const forward_batch& b) {
@@ -192,10 +203,11 @@ forward_result llama_forward::run(const forward_batch& b) {
     ctx_.launch(k_rmsnorm_, {uT});
     {
       auto& k = family_kernel(mm_family::qkv, L.qkv.type, T);
+      const auto gq = grid(qkv_w / 2, T);
       k.args(L.qkv.q, L.qkv.d, L.qkv.m, xn_, qkv_, D, T, pos_, row_seq_, pt_, pt_off_, k_cache_,
              v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, hp.rope_theta, neox, page_size, l,
-             n_pages_);
-      ctx_.launch(k, {static_cast<size_t>(qkv_w / 2), token_groups(T)}, {kRowsPerGroup, 1});
+             n_pages_, gq.rows_per_item);
+      launch_grid(k, gq, T);
     }
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale);
@@ -205,8 +217,9 @@ forward_result llama_forward::run(const forward_batch& b) {
     ctx_.launch(k_rmsnorm_, {uT});
     {
       auto& k = family_kernel(mm_family::glu, L.gate_up.type, T);
-      k.args(L.gate_up.q, L.gate_up.d, L.gate_up.m, xn_, h_, D, F, T);
-      ctx_.launch(k, {static_cast<size_t>(F), token_groups(T)}, {kRowsPerGroup, 1});
+      const auto gg = grid(F, T);
+      k.args(L.gate_up.q, L.gate_up.d, L.gate_up.m, xn_, h_, D, F, T, gg.rows_per_item);
+      launch_grid(k, gg, T);
     }
     matmul(L.down, h_, x_, T, D, true);
   }

@@ -19,6 +19,8 @@ struct engine_options {
   size_t kv_bytes = 256u << 20;  // KV arena size when n_pages is 0
   bool kv_f16 = true;            // K and V as half (llama.cpp's default, and its numerics)
   int max_batch_tokens = 512;    // scratch is sized for this many rows (grown on demand)
+  int rows_per_item = 1;         // matmul output rows per work-item
+  int group_size = 16;           // matmul work-items per work-group
 };
 
 class llama_forward {
@@ -44,6 +46,15 @@ class llama_forward {
   enum class mm_family { plain, glu, qkv };
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows);
   static size_t token_groups(int rows);
+  // Launch geometry of the matmul kernels: each work-item computes
+  // rows_per_item output rows (or rotation pairs, or gate/up pairs).
+  struct matmul_grid {
+    int rows_per_item = 1;
+    int items = 0;
+    size_t local = 16;
+  };
+  matmul_grid grid(int units, int rows) const;
+  void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
 
   std::shared_ptr<const model_file> model_;
   engine_options opts_;

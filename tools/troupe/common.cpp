@@ -1,5 +1,7 @@
 #include "tools/troupe/common.hpp"
 
+#include <cstdlib>
+
 #include "runtime/model_registry.hpp"
 
 namespace troupe::cli {
@@ -37,6 +39,10 @@ engine_options to_engine_options(const engine_flags& f) {
   o.kv_bytes = static_cast<size_t>(f.kv_mb) << 20;
   o.kv_f16 = !f.kv_f32;
   o.max_batch_tokens = f.batch;
+  // Tuning knobs for experiments with launch geometry (not flags: the
+  // defaults are what bench/ measured best on PoCL).
+  if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
   return o;
 }
 
