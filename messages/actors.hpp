@@ -2,6 +2,7 @@
 // Every actor interface of troupe, in one place, so the system's protocol
 // surface reads at a glance (one header per protocol, included here).
 #include "messages/device.hpp"
+#include "messages/kv_pool.hpp"
 
 namespace troupe {
 
@@ -14,6 +15,13 @@ void register_message_types(Config& cfg) {
   cfg.template add_message_type<forward_batch>("troupe.forward_batch");
   cfg.template add_message_type<forward_result>("troupe.forward_result");
   cfg.template add_message_type<device_info>("troupe.device_info");
+  cfg.template add_message_type<std::vector<int32_t>>("troupe.int32s");
+  cfg.template add_message_type<alloc_request>("troupe.alloc_request");
+  cfg.template add_message_type<page_copy>("troupe.page_copy");
+  cfg.template add_message_type<seq_pages>("troupe.seq_pages");
+  cfg.template add_message_type<step_allocation>("troupe.step_allocation");
+  cfg.template add_message_type<prefix_match>("troupe.prefix_match");
+  cfg.template add_message_type<pool_stats>("troupe.pool_stats");
 }
 
 }  // namespace troupe
