@@ -30,42 +30,6 @@ inline size_t kv_offset(int layer, int n_pages, int n_kv, int page_size, int hd,
   return ((((size_t)layer * n_pages + page) * n_kv + g) * page_size + slot) * hd;
 }
 
-// Rotates q (heads 0..n_head-1) and k (heads n_head..n_head+n_kv-1) of each
-// row of the fused qkv projection in place, then writes k and v into the
-// row's cache slot.  One work-item per (head, row).
-__kernel void rope_store_kv(__global float* qkv, __global const int* pos,
-                            __global const int* row_seq, __global const int* pt,
-                            __global const int* pt_off, __global kv_t* kc, __global kv_t* vc,
-                            int n_head, int n_kv, int hd, int rope_dims, float theta_base,
-                            int neox, int page_size, int layer, int n_pages) {
-  const int h = get_global_id(0);
-  const int t = get_global_id(1);
-  if (h >= n_head + n_kv) return;
-  const int stride = (n_head + 2 * n_kv) * hd;
-  __global float* v = qkv + (size_t)t * stride + h * hd;  // q head, or k head when h >= n_head
-  const float p = (float)pos[t];
-  const int half_dims = rope_dims / 2;
-  for (int i = 0; i < half_dims; ++i) {
-    const float theta = p * pow(theta_base, -2.0f * (float)i / (float)rope_dims);
-    const float c = cos(theta), s = sin(theta);
-    const int i0 = neox ? i : 2 * i;
-    const int i1 = neox ? i + half_dims : 2 * i + 1;
-    const float x0 = v[i0], x1 = v[i1];
-    v[i0] = x0 * c - x1 * s;
-    v[i1] = x0 * s + x1 * c;
-  }
-  if (h < n_head) return;
-  const int g = h - n_head;
-  const int s = row_seq[t];
-  const int page = pt[pt_off[s] + pos[t] / page_size];
-  const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);
-  __global const float* vv = v + n_kv * hd;
-  for (int i = 0; i < hd; ++i) {
-    KV_STORE(v[i], o + i, kc);
-    KV_STORE(vv[i], o + i, vc);
-  }
-}
-
 // Causal attention through page tables, for decode rows (one new token) and
 // prefill chunks alike: row t attends to positions 0..pos[t] of its
 // sequence, with an online softmax.  GQA: query head h reads KV head

@@ -11,13 +11,3 @@ __kernel void rmsnorm(__global const float* x, __global const float* w, __global
   const float scale = 1.0f / sqrt(ss / (float)D + eps);
   for (int i = 0; i < D; ++i) yr[i] = xr[i] * scale * w[i];
 }
-
-// h[t][i] = silu(gu[t][i]) * gu[t][F + i]: the gated FFN activation over
-// the fused gate/up projection (F = n_ff).
-__kernel void silu_mul(__global const float* gu, __global float* h, int F) {
-  const int i = get_global_id(0);
-  const int t = get_global_id(1);
-  if (i >= F) return;
-  __global const float* row = gu + (size_t)t * 2 * F;
-  h[(size_t)t * F + i] = silu(row[i]) * row[F + i];
-}

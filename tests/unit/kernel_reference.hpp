@@ -1,6 +1,7 @@
 #pragma once
 // Plain C++ references for the OpenCL kernels (tests/unit/test_kernels.cpp):
-// random weights in GGUF block format, the paged KV cache geometry, and
+// random weights in GGUF block format, double-precision dot products with
+// the matmul kernels' error bound, silu, the paged KV cache geometry, and
 // double-precision rope and attention, the latter both exact and with the
 // half-precision roundings llama.cpp applies (and the F16 kernel copies).
 #include <algorithm>
@@ -68,6 +69,40 @@ inline std::vector<float> dequantize(tensor_type t, const std::vector<uint8_t>& 
   return out;
 }
 
+// w . x over K values in double, with sum |w_j x_j| (what bounds the
+// rounding error of a float evaluation).
+struct dot_result {
+  double dot, mag;
+};
+
+inline dot_result dot(const float* w, const float* x, int K) {
+  dot_result r{0.0, 0.0};
+  for (int j = 0; j < K; ++j) {
+    const double p = static_cast<double>(w[j]) * x[j];
+    r.dot += p;
+    r.mag += std::fabs(p);
+  }
+  return r;
+}
+
+// Error bound of the matmul kernels' float dot product (float16 partial
+// sums, fma) for a dot product of magnitude mag.
+inline double dot_tol(double mag) {
+  return 2e-5 * mag + 1e-6;
+}
+
+inline double silu(double x) {
+  return x / (1.0 + std::exp(-x));
+}
+
+// Error bound of silu(g) * u evaluated in float from a g and a u that are
+// off by up to eg and eu: |silu'| < 1.1 everywhere, plus a few float
+// roundings of the result.
+inline double glu_tol(double g, double eg, double u, double eu) {
+  const double su = std::fabs(silu(g));
+  return 1.1 * eg * (std::fabs(u) + eu) + (su + 1.1 * eg) * eu + 1e-6 * su * std::fabs(u) + 1e-7;
+}
+
 // cache[layer][page][kv_head][slot][head_dim], as kernels/attention.cl says.
 struct kv_geometry {
   int n_layer, n_pages, n_kv, page_size, hd;
@@ -117,15 +152,32 @@ inline paged_batch make_batch(const std::vector<int>& first_pos, const std::vect
   return b;
 }
 
-// Rotates v[0..rope_dims) as rope_store_kv does at position p: pairs
-// (2i, 2i+1) or, neox, (i, i + rope_dims/2), by p * base^(-2i/rope_dims).
+// The dimensions rotation pair i < rope_dims/2 of a head turns: (2i, 2i+1),
+// or with neox (i, i + rope_dims/2).  Dimensions from rope_dims on are not
+// rotated.
+struct rope_dims_pair {
+  int i0, i1;
+};
+
+inline rope_dims_pair rope_pair(int i, int rope_dims, bool neox) {
+  return neox ? rope_dims_pair{i, i + rope_dims / 2} : rope_dims_pair{2 * i, 2 * i + 1};
+}
+
+// Error bound of the angle p * base^(-2i/rope_dims) that the kernels compute
+// in float (pow, the float exponent, the product; then cos and sin), in
+// radians: |rotated error| <= rope_angle_tol(p) * (|v[i0]| + |v[i1]|).
+inline double rope_angle_tol(int p) {
+  return 2e-6 * p + 4e-6;
+}
+
+// Rotates the pairs of v[0..rope_dims) at position p, pair i by
+// p * base^(-2i/rope_dims), as matmul_qkv_* does to q and k heads.
 inline void rope(double* v, int rope_dims, double theta_base, bool neox, int p) {
   const int half = rope_dims / 2;
   for (int i = 0; i < half; ++i) {
     const double theta = p * std::pow(theta_base, -2.0 * i / rope_dims);
     const double c = std::cos(theta), s = std::sin(theta);
-    const int i0 = neox ? i : 2 * i;
-    const int i1 = neox ? i + half : 2 * i + 1;
+    const auto [i0, i1] = rope_pair(i, rope_dims, neox);
     const double x0 = v[i0], x1 = v[i1];
     v[i0] = x0 * c - x1 * s;
     v[i1] = x0 * s + x1 * c;

@@ -1,11 +1,13 @@
 // Every OpenCL kernel of kernels/*.cl against a plain C++ reference
-// (tests/unit/kernel_reference.hpp) on random inputs; rope_store_kv and
-// attention in both KV cache modes (F32, and half with TROUPE_KV_F16).
+// (tests/unit/kernel_reference.hpp) on random inputs; the fused QKV
+// projection (RoPE, paged KV store) and attention in both KV cache modes
+// (F32, and half with TROUPE_KV_F16).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -57,9 +59,10 @@ class KernelTest : public ::testing::Test {
   static cl::context& ctx(bool kv_f16 = false) { return *context_for(kv_f16).ctx; }
 };
 using KernelMatmul = KernelTest;
+using KernelMatmulGlu = KernelTest;
+using KernelMatmulQkv = KernelTest;
 using KernelEmbed = KernelTest;
 using KernelNorm = KernelTest;
-using KernelRope = KernelTest;
 using KernelAttention = KernelTest;
 
 template <class T>
@@ -90,6 +93,27 @@ std::string suffix(tensor_type t) {
 
 tensor_view view_of(tensor_type t, int K, int N, const uint8_t* data) {
   return tensor_view{"w", t, {K, N}, data, row_bytes(t, K) * static_cast<size_t>(N)};
+}
+
+// Launch shapes of the matmul kernels: tokens per work-item (the _t1 and
+// _t4 kernels) and output units (rows, gate/up pairs or rotation pairs) per
+// work-item; 3 leaves a partial last work-item for most unit counts.
+struct launch_shape {
+  int tile, rows_per_item;
+};
+constexpr launch_shape k_launches[] = {{1, 1}, {1, 3}, {4, 1}, {4, 3}};
+
+std::string trace_of(const launch_shape& ls, int T) {
+  return "tile " + std::to_string(ls.tile) + " rows_per_item " + std::to_string(ls.rows_per_item) +
+         " T=" + std::to_string(T);
+}
+
+// As the engine launches them: groups of 16 work-items, each for
+// rows_per_item units and `tile` tokens.
+void launch_matmul(cl::context& c, const cl::kernel& k, int units, const launch_shape& ls, int T) {
+  const size_t items = static_cast<size_t>((units + ls.rows_per_item - 1) / ls.rows_per_item);
+  const size_t groups = static_cast<size_t>(ls.tile == 1 ? T : (T + 3) / 4);
+  c.launch(k, {items, groups}, {16, 1});
 }
 
 // Reports the first few mismatches in full, then only their count.
@@ -126,20 +150,18 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
       const auto dm = n1 < N ? upload_matrix(c, {&a, &b}) : upload_matrix(c, {&a});
       ASSERT_EQ(dm.rows, N);
       ASSERT_EQ(dm.cols, K);
-      for (const int tile : {1, 4}) {
-        auto k = c.make_kernel("matmul_" + suffix(type) + "_t" + std::to_string(tile));
+      for (const launch_shape ls : k_launches) {
+        auto k = c.make_kernel("matmul_" + suffix(type) + "_t" + std::to_string(ls.tile));
         for (const int T : {1, 3, 4, 7, 33}) {
           for (const int acc : {0, 1}) {
-            SCOPED_TRACE("tile " + std::to_string(tile) + " T=" + std::to_string(T) +
-                         " accumulate=" + std::to_string(acc));
+            SCOPED_TRACE(trace_of(ls, T) + " accumulate=" + std::to_string(acc));
             const int ldy = N + 3;  // columns N..ldy-1 must stay untouched
             const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
             const auto y0 = random_floats(static_cast<size_t>(T) * ldy, -1.0f, 1.0f, rng);
             const auto xb = upload(c, x);
             const auto yb = upload(c, y0);
-            k.args(dm.q, dm.d, dm.m, xb, yb, K, N, T, ldy, acc);
-            const size_t groups = tile == 1 ? T : (T + 3) / 4;
-            c.launch(k, {static_cast<size_t>(N), groups}, {16, 1});
+            k.args(dm.q, dm.d, dm.m, xb, yb, K, N, T, ldy, acc, ls.rows_per_item);
+            launch_matmul(c, k, N, ls, T);
             const auto y = download<float>(c, yb, y0.size());
             checker chk;
             for (int t = 0; t < T; ++t) {
@@ -152,16 +174,66 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
                   chk.near(y[i], y0[i], 0.0, where);
                   continue;
                 }
-                double dot = 0.0, mag = 0.0;
-                for (int j = 0; j < K; ++j) {
-                  const double p = static_cast<double>(w[static_cast<size_t>(n) * K + j]) *
-                                   x[static_cast<size_t>(t) * K + j];
-                  dot += p;
-                  mag += std::fabs(p);
-                }
-                const double want = acc ? y0[i] + dot : dot;
-                chk.near(y[i], want, 2e-5 * mag + 1e-6 + (acc ? 1e-7 : 0.0), where);
+                const auto d =
+                    ref::dot(&w[static_cast<size_t>(n) * K], &x[static_cast<size_t>(t) * K], K);
+                const double want = acc ? y0[i] + d.dot : d.dot;
+                chk.near(y[i], want, ref::dot_tol(d.mag) + (acc ? 1e-7 : 0.0), where);
               }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// h[t][n] = silu(gate[n] . x[t]) * (up[n] . x[t]) over [gate; up] uploaded
+// stacked, as the engine does; the row past the last token stays untouched
+// (the tail tile of t4 must not store its clamped repeats).
+TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
+  auto& c = ctx();
+  std::mt19937 rng(4321);
+  struct shape {
+    int K, F;
+  };
+  for (const shape sh : {shape{32, 5}, shape{96, 37}, shape{256, 50}, shape{1024, 19}}) {
+    const int K = sh.K, F = sh.F;
+    for (const tensor_type type : k_types) {
+      SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " F=" + std::to_string(F));
+      const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
+      const auto w = ref::dequantize(type, bytes, K, 2 * F);
+      const tensor_view gate = view_of(type, K, F, bytes.data());
+      const tensor_view up = view_of(type, K, F, bytes.data() + row_bytes(type, K) * F);
+      const auto dm = upload_matrix(c, {&gate, &up});
+      ASSERT_EQ(dm.rows, 2 * F);
+      ASSERT_EQ(dm.cols, K);
+      checker chk;
+      for (const launch_shape ls : k_launches) {
+        auto k = c.make_kernel("matmul_glu_" + suffix(type) + "_t" + std::to_string(ls.tile));
+        for (const int T : {1, 3, 4, 7, 33}) {
+          SCOPED_TRACE(trace_of(ls, T));
+          const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+          const auto h0 = random_floats(static_cast<size_t>(T + 1) * F, -1.0f, 1.0f, rng);
+          const auto xb = upload(c, x);
+          const auto hb = upload(c, h0);
+          k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, ls.rows_per_item);
+          launch_matmul(c, k, F, ls, T);
+          const auto h = download<float>(c, hb, h0.size());
+          for (int t = 0; t <= T; ++t) {
+            for (int n = 0; n < F; ++n) {
+              const size_t i = static_cast<size_t>(t) * F + n;
+              auto where = [&] {
+                return "h[" + std::to_string(t) + "][" + std::to_string(n) + "]";
+              };
+              if (t == T) {
+                chk.near(h[i], h0[i], 0.0, where);
+                continue;
+              }
+              const float* xt = &x[static_cast<size_t>(t) * K];
+              const auto g = ref::dot(&w[static_cast<size_t>(n) * K], xt, K);
+              const auto u = ref::dot(&w[static_cast<size_t>(F + n) * K], xt, K);
+              chk.near(h[i], ref::silu(g.dot) * u.dot,
+                       ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag)), where);
             }
           }
         }
@@ -229,29 +301,6 @@ TEST_F(KernelNorm, RmsnormWithAndWithoutGather) {
   }
 }
 
-TEST_F(KernelNorm, SiluMulGatesTheUpHalf) {
-  auto& c = ctx();
-  std::mt19937 rng(11);
-  const int F = 77, T = 3;
-  const auto gu = random_floats(static_cast<size_t>(T) * 2 * F, -6.0f, 6.0f, rng);
-  const auto gb = upload(c, gu);
-  const auto hb = c.alloc(static_cast<size_t>(T) * F * sizeof(float));
-  auto k = c.make_kernel("silu_mul");
-  k.args(gb, hb, F);
-  c.launch(k, {static_cast<size_t>(F), static_cast<size_t>(T)});
-  const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
-  checker chk;
-  for (int t = 0; t < T; ++t) {
-    for (int i = 0; i < F; ++i) {
-      const double g = gu[static_cast<size_t>(t) * 2 * F + i];
-      const double u = gu[static_cast<size_t>(t) * 2 * F + F + i];
-      const double want = g / (1.0 + std::exp(-g)) * u;
-      chk.near(h[static_cast<size_t>(t) * F + i], want, 1e-5 * std::fabs(want) + 1e-7,
-               [&] { return "row " + std::to_string(t) + " value " + std::to_string(i); });
-    }
-  }
-}
-
 // The cache as the kernels see it: raw elements (float or half bits) for
 // upload and, widened to float, for the references.
 struct host_cache {
@@ -278,83 +327,147 @@ struct host_cache {
   }
 };
 
-void check_rope_store_kv(cl::context& c, bool kv_f16) {
-  std::mt19937 rng(kv_f16 ? 71 : 70);
-  auto k = c.make_kernel("rope_store_kv");
-  const int n_head = 4, n_kv = 2, page_size = 8, n_layer = 3, layer = 1, n_pages = 20;
+// The stacked [q; k; v] projection with RoPE and the paged KV store, as the
+// engine launches it: work-items of rows_per_item rotation pairs.  For
+// every row: the q heads of the qkv buffer rotated; the k heads rotated and
+// the v heads as projected in the row's cache page and slot of `layer`;
+// every other cache element untouched.  The qkv buffer starts as NaN and
+// only its q part is looked at: the k and v parts are the kernel's to use
+// or not, but it must not read them (a NaN would reach the cache).
+void check_matmul_qkv(cl::context& c, bool kv_f16) {
+  std::mt19937 rng(kv_f16 ? 81 : 80);
+  const int page_size = 8, n_layer = 3, layer = 1, n_pages = 24;
   struct config {
-    int hd, rope_dims;
+    int hd, n_kv, rope_dims;
     bool neox;
     float base;
   };
-  for (const config cf :
-       {config{64, 64, false, 10000.0f}, config{64, 32, true, 1e6f}, config{64, 64, true, 10000.0f},
-        config{64, 16, false, 1e6f}, config{48, 48, false, 10000.0f}, config{48, 48, true, 1e6f},
-        config{48, 32, true, 10000.0f}, config{48, 16, false, 5e5f}}) {
-    const int hd = cf.hd;
-    SCOPED_TRACE("hd " + std::to_string(hd) + " rope_dims " + std::to_string(cf.rope_dims) +
-                 (cf.neox ? " neox" : " normal") + (kv_f16 ? " KV F16" : " KV F32"));
-    const auto b = ref::make_batch({0, 17, 6, 63}, {3, 1, 4, 2}, page_size, n_pages, rng);
+  // Batches of T = 1, 3, 4, 7, 33 rows: decode rows and prefill chunks of
+  // several sequences, some crossing pages.
+  struct split {
+    std::vector<int> first_pos, n_rows;
+  };
+  const std::vector<split> splits = {{{13}, {1}},
+                                     {{5, 0, 30}, {1, 1, 1}},
+                                     {{0, 9}, {3, 1}},
+                                     {{0, 17, 6, 63}, {3, 1, 1, 2}},
+                                     {{0, 13, 40, 2}, {20, 1, 7, 5}}};
+  // GQA with three query heads per KV head; full and partial rope in both
+  // layouts; 5 * 48 / 2 = 120 pairs (n_kv 1, hd 48) is no whole number of
+  // work-groups, so the padding work-items must do nothing; 3 pairs per
+  // work-item straddle heads where half the head dimension is 32.
+  for (const config cf : {config{64, 2, 64, false, 10000.0f}, config{64, 2, 32, true, 1e6f},
+                          config{64, 1, 64, true, 10000.0f}, config{64, 2, 16, false, 1e6f},
+                          config{48, 1, 48, false, 10000.0f}, config{48, 2, 48, true, 1e6f},
+                          config{48, 1, 32, true, 10000.0f}, config{48, 2, 16, false, 5e5f}}) {
+    const int hd = cf.hd, n_kv = cf.n_kv, n_head = 3 * n_kv, rope_dims = cf.rope_dims;
+    const int heads = n_head + 2 * n_kv, width = heads * hd, K = hd == 64 ? 64 : 96;
     const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
-    const int T = b.rows(), width = (n_head + 2 * n_kv) * hd;
-    const auto qkv = random_floats(static_cast<size_t>(T) * width, -1.0f, 1.0f, rng);
-    const host_cache kc0(kv_f16, geo.elems(), rng), vc0(kv_f16, geo.elems(), rng);
-    const auto qkvb = upload(c, qkv), posb = upload(c, b.pos), rsb = upload(c, b.row_seq);
-    const auto ptb = upload(c, b.pt), offb = upload(c, b.pt_off);
-    const auto kcb = kc0.upload_to(c), vcb = vc0.upload_to(c);
-    k.args(qkvb, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd, cf.rope_dims, cf.base,
-           cf.neox ? 1 : 0, page_size, layer, n_pages);
-    c.launch(k, {static_cast<size_t>(n_head + n_kv), static_cast<size_t>(T)});
-    const auto got = download<float>(c, qkvb, qkv.size());
-    const auto kc = kc0.download_from(c, kcb), vc = vc0.download_from(c, vcb);
+    for (const tensor_type type : k_types) {
+      SCOPED_TRACE("type " + suffix(type) + " hd " + std::to_string(hd) + " n_head " +
+                   std::to_string(n_head) + " n_kv " + std::to_string(n_kv) + " rope_dims " +
+                   std::to_string(rope_dims) + (cf.neox ? " neox" : " normal") +
+                   (kv_f16 ? " KV F16" : " KV F32"));
+      const auto bytes = ref::random_matrix(type, K, width, rng);
+      const auto w = ref::dequantize(type, bytes, K, width);
+      const size_t rb = row_bytes(type, K);
+      const tensor_view wq = view_of(type, K, n_head * hd, bytes.data());
+      const tensor_view wk = view_of(type, K, n_kv * hd, bytes.data() + rb * n_head * hd);
+      const tensor_view wv = view_of(type, K, n_kv * hd, bytes.data() + rb * (n_head + n_kv) * hd);
+      const auto dm = upload_matrix(c, {&wq, &wk, &wv});
+      ASSERT_EQ(dm.rows, width);
+      ASSERT_EQ(dm.cols, K);
+      checker chk;
+      for (const launch_shape ls : k_launches) {
+        auto k = c.make_kernel("matmul_qkv_" + suffix(type) + "_t" + std::to_string(ls.tile));
+        for (const auto& sp : splits) {
+          const auto b = ref::make_batch(sp.first_pos, sp.n_rows, page_size, n_pages, rng);
+          const int T = b.rows();
+          SCOPED_TRACE(trace_of(ls, T));
+          const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+          const std::vector<float> qkv0(static_cast<size_t>(T) * width,
+                                        std::numeric_limits<float>::quiet_NaN());
+          const host_cache kc0(kv_f16, geo.elems(), rng), vc0(kv_f16, geo.elems(), rng);
+          const auto xb = upload(c, x), qkvb = upload(c, qkv0);
+          const auto posb = upload(c, b.pos), rsb = upload(c, b.row_seq);
+          const auto ptb = upload(c, b.pt), offb = upload(c, b.pt_off);
+          const auto kcb = kc0.upload_to(c), vcb = vc0.upload_to(c);
+          k.args(dm.q, dm.d, dm.m, xb, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd,
+                 rope_dims, cf.base, cf.neox ? 1 : 0, page_size, layer, n_pages, ls.rows_per_item);
+          launch_matmul(c, k, width / 2, ls, T);
+          const auto qkv = download<float>(c, qkvb, qkv0.size());
+          const auto kc = kc0.download_from(c, kcb), vc = vc0.download_from(c, vcb);
 
-    // Expected qkv and caches, with a tolerance per value (0: exact).
-    std::vector<double> want(qkv.begin(), qkv.end()), tol(qkv.size(), 0.0);
-    std::vector<double> kwant(kc0.f.begin(), kc0.f.end()), ktol(kc.size(), 0.0);
-    std::vector<double> vwant(vc0.f.begin(), vc0.f.end());
-    for (int t = 0; t < T; ++t) {
-      const int p = b.pos[t];
-      for (int h = 0; h < n_head + n_kv; ++h) {
-        const size_t at = static_cast<size_t>(t) * width + static_cast<size_t>(h) * hd;
-        double amax = 0.0;
-        for (int i = 0; i < cf.rope_dims; ++i) amax = std::max(amax, std::fabs(want[at + i]));
-        ref::rope(&want[at], cf.rope_dims, cf.base, cf.neox, p);
-        // float theta = p * pow(base, ...) is off by up to ~p * 1e-6 radians.
-        for (int i = 0; i < cf.rope_dims; ++i) tol[at + i] = (2e-6 * p + 4e-6) * 2 * amax + 1e-7;
-        if (h < n_head) continue;
-        const size_t o = geo.offset(layer, b.page_of(t, page_size), h - n_head, p % page_size);
-        for (int i = 0; i < hd; ++i) {
-          double kv = want[at + i], kt = tol[at + i], vv = qkv[at + n_kv * hd + i];
-          if (kv_f16) {  // what a half store of the kernel's float gives
-            if (kt == 0.0)
-              kv = ref::round_half(static_cast<float>(kv));
-            else
-              kt += 0.5 * ref::half_step(std::fabs(kv) + kt);
-            vv = ref::round_half(static_cast<float>(vv));
+          // Expected caches with a tolerance per element (0: untouched).
+          std::vector<double> kwant(kc0.f.begin(), kc0.f.end()), ktol(kc.size(), 0.0);
+          std::vector<double> vwant(vc0.f.begin(), vc0.f.end()), vtol(vc.size(), 0.0);
+          std::vector<double> val(hd), err(hd), tol(hd);
+          for (int t = 0; t < T; ++t) {
+            const int p = b.pos[t];
+            const float* xt = &x[static_cast<size_t>(t) * K];
+            for (int head = 0; head < heads; ++head) {
+              for (int d = 0; d < hd; ++d) {
+                const auto r = ref::dot(&w[(static_cast<size_t>(head) * hd + d) * K], xt, K);
+                val[d] = r.dot;
+                tol[d] = err[d] = ref::dot_tol(r.mag);
+              }
+              if (head < n_head + n_kv) {  // q and k heads are rotated
+                for (int i = 0; i < rope_dims / 2; ++i) {
+                  const auto [i0, i1] = ref::rope_pair(i, rope_dims, cf.neox);
+                  tol[i0] = tol[i1] =
+                      err[i0] + err[i1] +
+                      ref::rope_angle_tol(p) * (std::fabs(val[i0]) + std::fabs(val[i1]));
+                }
+                ref::rope(val.data(), rope_dims, cf.base, cf.neox, p);
+              }
+              if (head < n_head) {
+                for (int d = 0; d < hd; ++d)
+                  chk.near(qkv[static_cast<size_t>(t) * width + static_cast<size_t>(head) * hd + d],
+                           val[d], tol[d], [&] {
+                             return "q of row " + std::to_string(t) + " (pos " + std::to_string(p) +
+                                    ") head " + std::to_string(head) + " value " +
+                                    std::to_string(d);
+                           });
+                continue;
+              }
+              const bool is_k = head < n_head + n_kv;
+              const int g = is_k ? head - n_head : head - n_head - n_kv;
+              const size_t o = geo.offset(layer, b.page_of(t, page_size), g, p % page_size);
+              auto& want = is_k ? kwant : vwant;
+              auto& want_tol = is_k ? ktol : vtol;
+              for (int d = 0; d < hd; ++d) {
+                // A half store of the kernel's float: off by up to half a step more.
+                const double extra =
+                    kv_f16 ? 0.5 * ref::half_step(std::fabs(val[d]) + tol[d]) : 0.0;
+                want[o + d] = val[d];
+                want_tol[o + d] = tol[d] + extra;
+              }
+            }
           }
-          kwant[o + i] = kv;
-          ktol[o + i] = kt;
-          vwant[o + i] = vv;
+          for (size_t i = 0; i < kc.size(); ++i) {
+            auto where = [&](const char* which) {
+              return [&, which] {
+                const size_t slot = i / hd, g = slot / page_size, page = g / n_kv;
+                return std::string(which) + " cache layer " + std::to_string(page / n_pages) +
+                       " page " + std::to_string(page % n_pages) + " kv head " +
+                       std::to_string(g % n_kv) + " slot " + std::to_string(slot % page_size) +
+                       " value " + std::to_string(i % hd);
+              };
+            };
+            chk.near(kc[i], kwant[i], ktol[i], where("k"));
+            chk.near(vc[i], vwant[i], vtol[i], where("v"));
+          }
         }
       }
-    }
-    checker chk;
-    for (size_t i = 0; i < qkv.size(); ++i)
-      chk.near(got[i], want[i], tol[i], [&] {
-        return "qkv row " + std::to_string(i / width) + " value " + std::to_string(i % width);
-      });
-    for (size_t i = 0; i < kc.size(); ++i) {
-      chk.near(kc[i], kwant[i], ktol[i], [&] { return "k cache element " + std::to_string(i); });
-      chk.near(vc[i], vwant[i], 0.0, [&] { return "v cache element " + std::to_string(i); });
     }
   }
 }
 
-TEST_F(KernelRope, RotatesQAndKAndStoresKvF32) {
-  check_rope_store_kv(ctx(false), false);
+TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF32) {
+  check_matmul_qkv(ctx(false), false);
 }
-TEST_F(KernelRope, RotatesQAndKAndStoresKvF16) {
-  check_rope_store_kv(ctx(true), true);
+TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
+  check_matmul_qkv(ctx(true), true);
 }
 
 // Sequences of one decode row or a prefill chunk each, through shuffled
