@@ -9,7 +9,7 @@
 
 #ifdef TROUPE_KV_F16
 typedef half kv_t;
-#define KV_LOAD4(i, p) vload_half4(i, p)
+#define KV_LOAD4(i, p) half_bits_to_float4(vload4(i, (__global const ushort*)(p)))
 #define KV_STORE(v, i, p) vstore_half(v, i, p)
 #else
 typedef float kv_t;

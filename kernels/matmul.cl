@@ -32,8 +32,8 @@
   for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
 
 #define TROUPE_MATMUL(NAME, LOAD, TT)                                                       \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, __global const float* x, __global float* y,    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, __global const float* x, __global float* y,    \
                      int K, int N, int T, int ldy, int accumulate, int rows_per_item) {      \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
@@ -51,8 +51,8 @@
   }
 
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, __global const float* x, __global float* h,    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, __global const float* x, __global float* h,    \
                      int K, int F, int T, int rows_per_item) {                               \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
@@ -73,8 +73,8 @@
 // NeoX; dimensions past rope_dims are paired but not rotated, and v heads
 // are never rotated.
 #define TROUPE_MATMUL_QKV(NAME, LOAD, TT)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, __global const float* x, __global float* qkv,  \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, __global const float* x, __global float* qkv,  \
                      int K, int T, __global const int* pos, __global const int* row_seq,     \
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \

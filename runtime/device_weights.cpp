@@ -58,20 +58,22 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   const size_t block_bytes = lay.header + lay.quants;
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
   std::vector<uint8_t> q(n_blocks * lay.quants);
-  std::vector<uint16_t> d(n_blocks), m(lay.has_min ? n_blocks : 1);
+  std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
   size_t blk = 0;
   for (const auto* p : parts) {
     const size_t nb = p->bytes / block_bytes;
     for (size_t i = 0; i < nb; ++i, ++blk) {
       const uint8_t* src = p->data + i * block_bytes;
-      std::memcpy(&d[blk], src, 2);
-      if (lay.has_min) std::memcpy(&m[blk], src + 2, 2);
+      uint16_t h[2];
+      std::memcpy(h, src, lay.header);
+      d[blk] = half_to_float(h[0]);
+      if (lay.has_min) m[blk] = half_to_float(h[1]);
       std::memcpy(&q[blk * lay.quants], src + lay.header, lay.quants);
     }
   }
   out.q = ctx.alloc(q.size(), q.data());
-  out.d = ctx.alloc(d.size() * 2, d.data());
-  out.m = ctx.alloc(m.size() * 2, m.data());
+  out.d = ctx.alloc(d.size() * sizeof(float), d.data());
+  out.m = ctx.alloc(m.size() * sizeof(float), m.data());
   return out;
 }
 
