@@ -4,6 +4,7 @@
 // KV arena.  No actors here: the device actor owns one of these.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/cl_runtime.hpp"
 #include "runtime/device_weights.hpp"
@@ -19,8 +20,8 @@ struct engine_options {
   size_t kv_bytes = 256u << 20;  // KV arena size when n_pages is 0
   bool kv_f16 = true;            // K and V as half (llama.cpp's default, and its numerics)
   int max_batch_tokens = 512;    // scratch is sized for this many rows (grown on demand)
-  int rows_per_item = 1;         // matmul output rows per work-item
-  int group_size = 16;           // matmul work-items per work-group
+  int rows_per_item = 16;        // matmul output rows per work-item (bench: best on PoCL)
+  int group_size = 1;            // matmul work-items per work-group
 };
 
 class llama_forward {
@@ -37,6 +38,15 @@ class llama_forward {
   const std::string& device_name() const { return ctx_.device_name(); }
   size_t weight_bytes() const { return weights_.bytes; }
   size_t kv_bytes_per_page() const;
+
+  // Page data, for swap and copy-on-write.  A page's data is
+  // kv_bytes_per_page() bytes: for each layer, its K block, then its V
+  // block (kv heads x page_size x head_dim elements, as the cache stores
+  // them).  Throws std::invalid_argument for a page outside the arena or a
+  // size mismatch.
+  std::vector<uint8_t> read_pages(const std::vector<int32_t>& pages);
+  void write_pages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& data);
+  void copy_pages(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
 
  private:
   void validate(const forward_batch& b) const;
