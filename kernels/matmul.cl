@@ -68,7 +68,9 @@
     }                                                                                        \
   }
 
-// One work-item per rotation pair (r0, r1) of the stacked projection:
+// `rope` holds (cos, sin) of each row's angle for each rotation pair,
+// [rows][rope_dims / 2], computed once per step on the host (every layer
+// reuses it).  One work-item per rotation pair (r0, r1) of the stacked projection:
 // pairs (2i, 2i+1) of a head in the normal layout, (i, i + rope_dims/2) in
 // NeoX; dimensions past rope_dims are paired but not rotated, and v heads
 // are never rotated.
@@ -78,8 +80,8 @@
                      int K, int T, __global const int* pos, __global const int* row_seq,     \
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
-                     float theta_base, int neox, int page_size, int layer, int n_pages,      \
-                     int rows_per_item) {                                                    \
+                     __global const float2* rope, int neox, int page_size, int layer,        \
+                     int n_pages, int rows_per_item) {                                       \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
     TROUPE_TILE_SETUP(TT)                                                                    \
@@ -103,7 +105,6 @@
         d1 = d0 + 1;                                                                         \
       }                                                                                      \
       const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);    \
-      const float inv_freq = pow(theta_base, -2.0f * (float)i / (float)rope_dims);           \
       TROUPE_ZERO(TT, a0)                                                                    \
       TROUPE_ZERO(TT, a1)                                                                    \
       TROUPE_ROW_DOT(LOAD, TT, head * hd + d0, a0)                                           \
@@ -112,8 +113,8 @@
         const int t = t0 + j;                                                                \
         float v0 = hsum16(a0[j]), v1 = hsum16(a1[j]);                                        \
         if (rotate) {                                                                        \
-          const float theta = (float)pos[t] * inv_freq;                                      \
-          const float c = cos(theta), s = sin(theta);                                        \
+          const float2 cs = rope[(size_t)t * half_rope + i];                                 \
+          const float c = cs.x, s = cs.y;                                                    \
           const float r0 = v0 * c - v1 * s;                                                  \
           v1 = v0 * s + v1 * c;                                                              \
           v0 = r0;                                                                           \

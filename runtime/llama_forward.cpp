@@ -30,6 +30,24 @@ constexpr int kTile = 4;
 
 }  // namespace
 
+std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
+                              float theta_base) {
+  // Angles as ggml computes them (float: theta_scale = base^(-2/d), the
+  // angle multiplied down pair by pair), so rotations match llama.cpp's.
+  const int half = rope_dims / 2;
+  const float theta_scale = std::pow(theta_base, -2.0f / static_cast<float>(rope_dims));
+  std::vector<float> out(positions.size() * half * 2);
+  for (size_t t = 0; t < positions.size(); ++t) {
+    float theta = static_cast<float>(positions[t]);
+    for (int i = 0; i < half; ++i) {
+      out[(t * half + i) * 2] = std::cos(theta);
+      out[(t * half + i) * 2 + 1] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  return out;
+}
+
 llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
     : model_(std::move(model)), opts_(opts), ctx_(opts.device) {
   const auto& hp = hparams();
@@ -184,6 +202,10 @@ forward_result llama_forward::run(const forward_batch& b) {
   ctx_.write(pt_, pt.data(), pt.size() * 4);
   ctx_.write(pt_off_, pt_off.data(), pt_off.size() * 4);
   ctx_.write(logit_rows_, b.logit_rows.data(), R * 4);
+  const auto rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta);
+  if (rope_.bytes() < rope.size() * sizeof(float))
+    rope_ = ctx_.alloc(rope.size() * sizeof(float) * 2);
+  ctx_.write(rope_, rope.data(), rope.size() * sizeof(float));
 
   const int D = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
@@ -205,7 +227,7 @@ forward_result llama_forward::run(const forward_batch& b) {
       auto& k = family_kernel(mm_family::qkv, L.qkv.type, T);
       const auto gq = grid(qkv_w / 2, T);
       k.args(L.qkv.q, L.qkv.d, L.qkv.m, xn_, qkv_, D, T, pos_, row_seq_, pt_, pt_off_, k_cache_,
-             v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, hp.rope_theta, neox, page_size, l,
+             v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope_, neox, page_size, l,
              n_pages_, gq.rows_per_item);
       launch_grid(k, gq, T);
     }

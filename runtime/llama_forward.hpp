@@ -24,6 +24,11 @@ struct engine_options {
   int group_size = 1;            // matmul work-items per work-group
 };
 
+// (cos, sin) of every row's RoPE angle for each rotation pair,
+// [rows][rope_dims / 2][2]: computed once per step, read by every layer.
+std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
+                              float theta_base);
+
 class llama_forward {
  public:
   llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts);
@@ -76,7 +81,7 @@ class llama_forward {
   // scratch, sized for scratch_rows_ rows
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
-  cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_;
+  cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
 
   cl::kernel k_embed_, k_rmsnorm_, k_attn_;
   cl::kernel k_mm_[3][5][2];  // [family][type][tiled]

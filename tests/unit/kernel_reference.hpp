@@ -163,11 +163,12 @@ inline rope_dims_pair rope_pair(int i, int rope_dims, bool neox) {
   return neox ? rope_dims_pair{i, i + rope_dims / 2} : rope_dims_pair{2 * i, 2 * i + 1};
 }
 
-// Error bound of the angle p * base^(-2i/rope_dims) that the kernels compute
-// in float (pow, the float exponent, the product; then cos and sin), in
+// Error bound of the angle p * base^(-2i/rope_dims) as troupe::rope_table
+// computes it in float the way ggml does (powf for the step, then up to 32
+// float multiplications, each off by half an ulp; then cosf and sinf), in
 // radians: |rotated error| <= rope_angle_tol(p) * (|v[i0]| + |v[i1]|).
 inline double rope_angle_tol(int p) {
-  return 2e-6 * p + 4e-6;
+  return 4e-6 * p + 4e-6;
 }
 
 // Rotates the pairs of v[0..rope_dims) at position p, pair i by

@@ -15,6 +15,7 @@
 
 #include "runtime/cl_runtime.hpp"
 #include "runtime/device_weights.hpp"
+#include "runtime/llama_forward.hpp"
 #include "runtime/model_file.hpp"
 #include "runtime/tensor_type.hpp"
 #include "tests/unit/kernel_reference.hpp"
@@ -392,8 +393,9 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
           const auto posb = upload(c, b.pos), rsb = upload(c, b.row_seq);
           const auto ptb = upload(c, b.pt), offb = upload(c, b.pt_off);
           const auto kcb = kc0.upload_to(c), vcb = vc0.upload_to(c);
+          const auto ropeb = upload(c, troupe::rope_table(b.pos, rope_dims, cf.base));
           k.args(dm.q, dm.d, dm.m, xb, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd,
-                 rope_dims, cf.base, cf.neox ? 1 : 0, page_size, layer, n_pages, ls.rows_per_item);
+                 rope_dims, ropeb, cf.neox ? 1 : 0, page_size, layer, n_pages, ls.rows_per_item);
           launch_matmul(c, k, width / 2, ls, T);
           const auto qkv = download<float>(c, qkvb, qkv0.size());
           const auto kc = kc0.download_from(c, kcb), vc = vc0.download_from(c, vcb);
