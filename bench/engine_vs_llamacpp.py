@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""troupe vs llama.cpp, llama-bench style (pp512 / tg128), in the same run.
+
+Alternates the two systems round by round so both see the same machine
+load, and prints a markdown table with throughputs and ratios.
+
+  LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin python3 bench/engine_vs_llamacpp.py \
+      [--rounds 3] [--reps 3] [--threads 2] [--troupe build/troupe]
+
+Models: SmolLM2-135M-Instruct Q4_1 (both systems read the same GGUF) and
+stories15M (troupe reads the llama2.c checkpoint; llama.cpp needs the F32
+GGUF made from it, see docs/peer_llamacpp.md: STORIES_GGUF).  This script
+never builds llama.cpp.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+
+def run_json(cmd):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"engine_vs_llamacpp: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def llama_bench(bin_dir, model, threads, reps, n_prompt, n_gen):
+    out = run_json([os.path.join(bin_dir, "llama-bench"), "-m", model, "-t", str(threads),
+                    "-p", str(n_prompt), "-n", str(n_gen), "-r", str(reps), "-o", "json"])
+    res = {}
+    for row in out:
+        test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
+        res[test] = row["avg_ts"]
+    return res
+
+
+def troupe_bench(troupe, model, reps, n_prompt, n_gen):
+    out = run_json([troupe, "bench", "engine", "-m", model, "-p", str(n_prompt), "-n", str(n_gen),
+                    "-r", str(reps), "--json"])
+    return {r["test"]: r["tokens_per_s"] for r in out["results"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-prompt", type=int, default=512)
+    ap.add_argument("--n-gen", type=int, default=128)
+    ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "troupe"))
+    args = ap.parse_args()
+    bin_dir = os.environ.get("LLAMA_CPP_BIN")
+    if not bin_dir or not os.path.isfile(os.path.join(bin_dir, "llama-bench")):
+        sys.exit("engine_vs_llamacpp: set LLAMA_CPP_BIN to the folder of an existing llama.cpp build "
+                 "(holding llama-bench); this script never builds llama.cpp")
+    model_dir = os.environ.get("TROUPE_MODEL_DIR", os.path.expanduser("~/.cache/troupe/models"))
+    models = [("SmolLM2-135M-Instruct Q4_1", "smollm2-135m-instruct",
+               os.path.join(model_dir, "SmolLM2-135M-Instruct.Q4_1.gguf"))]
+    stories = os.environ.get("STORIES_GGUF", os.path.join(model_dir, "stories15M-f32.gguf"))
+    if os.path.isfile(stories):
+        models.append(("stories15M F32", "stories15m", stories))
+    else:
+        print(f"note: {stories} missing, stories15M skipped (see docs/peer_llamacpp.md)", file=sys.stderr)
+
+    tests = [f"pp{args.n_prompt}", f"tg{args.n_gen}"]
+    print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp |")
+    print("|---|---|---|---|---|")
+    for label, troupe_name, gguf in models:
+        peer, ours = {t: [] for t in tests}, {t: [] for t in tests}
+        for rnd in range(args.rounds):
+            print(f"[{label}] round {rnd + 1}/{args.rounds}", file=sys.stderr)
+            for t, v in llama_bench(bin_dir, gguf, args.threads, args.reps, args.n_prompt, args.n_gen).items():
+                peer[t].append(v)
+            for t, v in troupe_bench(args.troupe, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
+                ours[t].append(v)
+        for t in tests:
+            p, o = statistics.median(peer[t]), statistics.median(ours[t])
+            print(f"| {label} | {t} | {p:.1f} | {o:.1f} | {o / p:.2f} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
