@@ -27,6 +27,32 @@ device_actor::behavior_type device_behavior(device_actor::stateful_pointer<devic
         info.kv_bytes_per_page = engine->kv_bytes_per_page();
         return info;
       },
+      [engine](read_pages_atom,
+               const std::vector<int32_t>& pages) -> caf::result<std::vector<uint8_t>> {
+        try {
+          return engine->read_pages(pages);
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("readpages: ") + e.what());
+        }
+      },
+      [engine](write_pages_atom, const std::vector<int32_t>& pages,
+               const std::vector<uint8_t>& data) -> caf::result<int32_t> {
+        try {
+          engine->write_pages(pages, data);
+          return static_cast<int32_t>(pages.size());
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("writepages: ") + e.what());
+        }
+      },
+      [engine](copy_pages_atom, const std::vector<int32_t>& src,
+               const std::vector<int32_t>& dst) -> caf::result<int32_t> {
+        try {
+          engine->copy_pages(src, dst);
+          return static_cast<int32_t>(src.size());
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("copypages: ") + e.what());
+        }
+      },
   };
 }
 

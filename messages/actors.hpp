@@ -2,6 +2,7 @@
 // Every actor interface of troupe, in one place, so the system's protocol
 // surface reads at a glance (one header per protocol, included here).
 #include "messages/device.hpp"
+#include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
 
 namespace troupe {
@@ -22,6 +23,10 @@ void register_message_types(Config& cfg) {
   cfg.template add_message_type<step_allocation>("troupe.step_allocation");
   cfg.template add_message_type<prefix_match>("troupe.prefix_match");
   cfg.template add_message_type<pool_stats>("troupe.pool_stats");
+  cfg.template add_message_type<std::vector<uint8_t>>("troupe.bytes");
+  cfg.template add_message_type<sequence_request>("troupe.sequence_request");
+  cfg.template add_message_type<token_batch>("troupe.token_batch");
+  cfg.template add_message_type<instance_stats>("troupe.instance_stats");
 }
 
 }  // namespace troupe

@@ -42,11 +42,25 @@ typename Inspector::result_type inspect(Inspector& f, device_info& x) {
 
 using forward_atom = caf::atom_constant<caf::atom("forward")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
+using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
+using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
+using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 
 // forward: run one step, reply with the logits of batch.logit_rows.
 // info: what the device holds.
-using device_actor =
-    caf::typed_actor<caf::replies_to<forward_atom, forward_batch>::with<forward_result>,
-                     caf::replies_to<info_atom>::with<device_info>>;
+// readpages: the KV data of the pages, in order, kv_bytes_per_page each
+//            (llama_forward::read_pages), for swap-out and transfer.
+// writepages: (pages, data) the reverse, for swap-in and import; replies
+//            with the pages written.
+// copypages: (src, dst) copy page data, for copy-on-write; replies with the
+//            pages copied.
+// The device serves its messages in order, so a page read sent before a
+// forward pass sees the data from before that pass.
+using device_actor = caf::typed_actor<
+    caf::replies_to<forward_atom, forward_batch>::with<forward_result>,
+    caf::replies_to<info_atom>::with<device_info>,
+    caf::replies_to<read_pages_atom, std::vector<int32_t>>::with<std::vector<uint8_t>>,
+    caf::replies_to<write_pages_atom, std::vector<int32_t>, std::vector<uint8_t>>::with<int32_t>,
+    caf::replies_to<copy_pages_atom, std::vector<int32_t>, std::vector<int32_t>>::with<int32_t>>;
 
 }  // namespace troupe

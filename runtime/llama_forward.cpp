@@ -260,4 +260,62 @@ forward_result llama_forward::run(const forward_batch& b) {
   return out;
 }
 
+namespace {
+
+// One (layer, page) block of one cache: cache[layer][page][kv_head][slot][head_dim].
+struct page_blocks {
+  size_t block = 0;  // bytes of one (layer, page) block of K (or V)
+  size_t n_pages = 0;
+  size_t offset(int layer, int32_t page) const {
+    return (static_cast<size_t>(layer) * n_pages + static_cast<size_t>(page)) * block;
+  }
+};
+
+}  // namespace
+
+std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages) {
+  for (int32_t p : pages)
+    if (p < 0 || p >= n_pages_)
+      throw std::invalid_argument("read_pages: page " + std::to_string(p) + " outside the arena");
+  const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
+  std::vector<uint8_t> out(pages.size() * kv_bytes_per_page());
+  uint8_t* dst = out.data();
+  for (int32_t p : pages)
+    for (int l = 0; l < hparams().n_layer; ++l) {
+      ctx_.read(k_cache_, dst, g.block, g.offset(l, p));
+      ctx_.read(v_cache_, dst + g.block, g.block, g.offset(l, p));
+      dst += 2 * g.block;
+    }
+  return out;
+}
+
+void llama_forward::write_pages(const std::vector<int32_t>& pages,
+                                const std::vector<uint8_t>& data) {
+  for (int32_t p : pages)
+    if (p < 0 || p >= n_pages_)
+      throw std::invalid_argument("write_pages: page " + std::to_string(p) + " outside the arena");
+  if (data.size() != pages.size() * kv_bytes_per_page())
+    throw std::invalid_argument("write_pages: " + std::to_string(data.size()) + " bytes for " +
+                                std::to_string(pages.size()) + " pages of " +
+                                std::to_string(kv_bytes_per_page()));
+  const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
+  const uint8_t* src = data.data();
+  for (int32_t p : pages)
+    for (int l = 0; l < hparams().n_layer; ++l) {
+      ctx_.write(k_cache_, src, g.block, g.offset(l, p));
+      ctx_.write(v_cache_, src + g.block, g.block, g.offset(l, p));
+      src += 2 * g.block;
+    }
+  ctx_.finish();  // `data` is the caller's: the writes must be done before returning
+}
+
+void llama_forward::copy_pages(const std::vector<int32_t>& src, const std::vector<int32_t>& dst) {
+  if (src.size() != dst.size())
+    throw std::invalid_argument("copy_pages: " + std::to_string(src.size()) + " sources for " +
+                                std::to_string(dst.size()) + " destinations");
+  // Through host memory: copies are rare (a shared half-filled page written)
+  // and small.
+  write_pages(dst, read_pages(src));
+}
+
 }  // namespace troupe

@@ -1,0 +1,422 @@
+#include "actors/instance.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "runtime/page_pool.hpp"
+#include "runtime/sampler.hpp"
+
+namespace troupe {
+
+namespace {
+
+// A sequence the instance holds.  Its key (not the request id, which a
+// client may reuse after a cancel) names it to the scheduler, the page pool
+// and in-flight steps.
+struct live_seq {
+  sequence_request req;
+  uint64_t key = 0;
+  uint64_t order = 0;           // arrival, for the scheduler
+  std::vector<int32_t> tokens;  // prompt, then generated
+  int32_t n_prompt = 0;
+  int32_t computed = 0;         // tokens whose KV is stored (arena, or host tier when swapped)
+  int32_t pages = 0;            // its page table's size
+  int32_t committed_pages = 0;  // full pages offered to the prefix index
+  bool running = false;
+  bool first_admission = true;
+  int32_t prompt_cached = 0;  // prompt tokens the first admission found cached
+  bool reported = false;      // the first batch (which carries prompt_cached) went out
+  bool swapped = false;       // waiting, its KV in `blob`
+  bool blob_pending = false;  // swapped, the device read not answered yet
+  std::vector<uint8_t> blob;
+  sampler smp;
+
+  live_seq(sequence_request r, uint64_t k, uint64_t o)
+      : req(std::move(r)), key(k), order(o), smp(req.sampling) {
+    tokens = req.prompt;
+    n_prompt = static_cast<int32_t>(tokens.size());
+  }
+  int32_t generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+};
+
+struct instance_state {
+  // Not an aggregate: CAF would construct it from the actor's self pointer.
+  instance_state() = default;
+
+  device_actor dev;
+  device_info info;
+  instance_options opts;
+  std::unique_ptr<page_pool> pool;
+  int32_t max_len = 0;                          // tokens one sequence may reach: context and arena
+  std::unordered_map<uint64_t, live_seq> seqs;  // by key
+  std::unordered_map<uint64_t, uint64_t> keys;  // request id -> key
+  uint64_t next_key = 1;
+  bool busy = false;  // a step is on the device
+  instance_stats counters;
+  static inline const char* name = "instance";
+};
+
+using self_ptr = instance_actor::stateful_pointer<instance_state>;
+
+void step(self_ptr self);
+
+// Ends a sequence in the order DESIGN.md gives for finish and cancel alike:
+// out of the scheduler, then the stream's last batch, then its pages.
+void finish(self_ptr self, uint64_t key, token_batch last) {
+  auto& st = self->state;
+  auto it = st.seqs.find(key);
+  if (it == st.seqs.end()) return;
+  live_seq s = std::move(it->second);
+  st.seqs.erase(it);
+  st.keys.erase(s.req.id);
+  st.counters.swap_bytes -= s.blob.size();
+  if (last.finish == finish_reason::aborted)
+    ++st.counters.aborted;
+  else
+    ++st.counters.finished;
+  self->send(s.req.sink, tokens_atom::value, std::move(last));
+  st.pool->free_sequence(key);
+}
+
+void fail(self_ptr self, uint64_t key, const std::string& why) {
+  auto it = self->state.seqs.find(key);
+  if (it == self->state.seqs.end()) return;
+  spdlog::warn("instance: request {} failed: {}", it->second.req.id, why);
+  token_batch last;
+  last.id = it->second.req.id;
+  last.finish = finish_reason::error;
+  last.error = why;
+  finish(self, key, std::move(last));
+}
+
+finish_reason stop_reason(const instance_state& st, const live_seq& s, int32_t token) {
+  const auto& eog = st.opts.eog_tokens;
+  if (!s.req.ignore_eos && std::find(eog.begin(), eog.end(), token) != eog.end())
+    return finish_reason::eos;
+  const auto& stop = s.req.stop_tokens;
+  if (std::find(stop.begin(), stop.end(), token) != stop.end()) return finish_reason::stop_token;
+  if (s.generated() >= s.req.max_tokens) return finish_reason::max_tokens;
+  if (static_cast<int32_t>(s.tokens.size()) >= st.max_len) return finish_reason::context;
+  return finish_reason::none;
+}
+
+// Preemption (DESIGN.md §3): the pages go back to the pool now; the
+// sequence waits with its tokens, and either its KV in the host tier
+// (swap) or nothing (recompute: its tokens are prefilled again, mostly
+// from the prefix cache when its pages were not evicted meanwhile).
+void preempt(self_ptr self, uint64_t key) {
+  auto& st = self->state;
+  live_seq& s = st.seqs.at(key);
+  const bool swap = st.opts.preemption == preempt_mode::swap && s.computed > 0;
+  if (swap) {
+    auto table = st.pool->export_pages(key);
+    table.pages.resize(st.pool->pages_for(s.computed));
+    s.swapped = true;
+    s.blob_pending = true;
+    // The device serves messages in order: this read sees the pages before
+    // any later step reuses them.
+    self->request(st.dev, caf::infinite, read_pages_atom::value, table.pages)
+        .then(
+            [self, key](std::vector<uint8_t>& data) {
+              auto it = self->state.seqs.find(key);
+              if (it == self->state.seqs.end()) return;  // aborted meanwhile
+              self->state.counters.swap_bytes += data.size();
+              it->second.blob = std::move(data);
+              it->second.blob_pending = false;
+              step(self);
+            },
+            [self, key](caf::error& e) {
+              // Fall back to recomputing it.
+              auto it = self->state.seqs.find(key);
+              if (it == self->state.seqs.end()) return;
+              spdlog::warn("instance: swap-out of request {} failed ({}), recomputing",
+                           it->second.req.id, self->system().render(e));
+              it->second.swapped = it->second.blob_pending = false;
+              it->second.computed = 0;
+              step(self);
+            });
+    ++st.counters.preempted_swap;
+  } else {
+    s.computed = 0;
+    ++st.counters.preempted_recompute;
+  }
+  st.pool->free_sequence(key);
+  s.running = false;
+  s.pages = 0;
+  s.committed_pages = 0;
+  self->send(s.req.sink, preempted_atom::value, s.req.id, swap);
+}
+
+// Starts a waiting sequence: its swapped-out KV comes back into fresh
+// pages, or its cached prefix is mapped from the prefix index.
+void admit(self_ptr self, uint64_t key) {
+  auto& st = self->state;
+  live_seq& s = st.seqs.at(key);
+  if (s.swapped) {
+    // Short only when an earlier admission of this round mapped more
+    // reusable pages than its first chunk needed: it waits for the next plan.
+    auto pages = st.pool->reserve(st.pool->pages_for(s.computed));
+    if (pages.empty()) return;
+    s.running = true;
+    ++st.counters.admitted;
+    st.pool->attach({key, s.computed, pages});
+    s.pages = static_cast<int32_t>(pages.size());
+    s.committed_pages = 0;  // attached tables are re-offered to the index
+    st.counters.swap_bytes -= s.blob.size();
+    self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(pages),
+                  std::move(s.blob))
+        .then([](int32_t) {},
+              [self, key](caf::error& e) {
+                fail(self, key, "swap-in: " + self->system().render(e));
+              });
+    s.blob.clear();
+    s.swapped = false;
+    return;
+  }
+  s.running = true;
+  ++st.counters.admitted;
+  s.computed = 0;
+  s.pages = 0;
+  if (st.opts.prefix_caching) {
+    auto m = st.pool->match_prefix(key, s.tokens);
+    s.computed = m.cached_tokens;
+    s.pages = static_cast<int32_t>(m.pages.size());
+    st.counters.cached_tokens += m.cached_tokens;
+  }
+  if (s.first_admission) s.prompt_cached = s.computed;
+  s.first_admission = false;
+  s.committed_pages = s.pages;
+}
+
+sched_seq describe(const live_seq& s) {
+  return {s.key,   s.req.cls, s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
+          s.pages, s.swapped};
+}
+
+// The lowest-priority running sequence, for a step the pool refused.
+uint64_t last_running(const instance_state& st) {
+  const live_seq* worst = nullptr;
+  for (const auto& [key, s] : st.seqs)
+    if (s.running && (!worst || runs_before(describe(*worst), describe(s)))) worst = &s;
+  return worst ? worst->key : 0;
+}
+
+void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
+               forward_result& r);
+
+// Plans the next step and sends it to the device, unless one is running.
+// Admitted sequences are matched against the prefix cache (or swapped in)
+// and the step is planned again with what they really need, until a plan
+// admits nobody: each round moves a waiting sequence to running, and a
+// preempting plan admits nobody, so this ends.
+void step(self_ptr self) {
+  auto& st = self->state;
+  if (st.busy) return;
+  for (;;) {
+    std::vector<sched_seq> running, waiting;
+    for (const auto& [key, s] : st.seqs) {
+      if (s.running)
+        running.push_back(describe(s));
+      else if (!s.blob_pending)
+        waiting.push_back(describe(s));
+    }
+    auto plan = plan_step(running, waiting, st.opts.limits, st.pool->available());
+    for (uint64_t v : plan.preempted) preempt(self, v);
+    if (!plan.admitted.empty()) {
+      for (uint64_t a : plan.admitted) admit(self, a);
+      continue;
+    }
+    if (plan.empty()) {
+      if (!plan.preempted.empty()) continue;
+      return;  // idle
+    }
+
+    std::vector<step_chunk> chunks = plan.decode;
+    chunks.insert(chunks.end(), plan.prefill.begin(), plan.prefill.end());
+    std::vector<alloc_request> reqs;
+    for (const auto& c : chunks) reqs.push_back({c.id, c.start + c.n_tokens});
+    auto alloc = st.pool->allocate_step(reqs);
+    if (!alloc.ok) {
+      // Only page copies the plan could not foresee get here.
+      uint64_t victim = last_running(st);
+      if (victim == 0) return;
+      spdlog::warn("instance: step short of {} pages, preempting", alloc.pages_short);
+      preempt(self, victim);
+      continue;
+    }
+    if (!alloc.copies.empty()) {
+      std::vector<int32_t> src, dst;
+      for (const auto& c : alloc.copies) {
+        src.push_back(c.src);
+        dst.push_back(c.dst);
+      }
+      self->request(st.dev, caf::infinite, copy_pages_atom::value, src, dst)
+          .then([](int32_t) {},
+                [self](caf::error& e) {
+                  spdlog::warn("instance: page copy failed: {}", self->system().render(e));
+                });
+    }
+
+    forward_batch b;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& c = chunks[i];
+      live_seq& s = st.seqs.at(c.id);
+      s.pages = static_cast<int32_t>(alloc.tables[i].pages.size());
+      forward_seq fs{static_cast<int32_t>(b.tokens.size()), c.n_tokens,
+                     std::move(alloc.tables[i].pages)};
+      for (int32_t j = 0; j < c.n_tokens; ++j) {
+        b.tokens.push_back(s.tokens[c.start + j]);
+        b.positions.push_back(c.start + j);
+      }
+      if (c.sample) b.logit_rows.push_back(fs.first_row + c.n_tokens - 1);
+      b.seqs.push_back(std::move(fs));
+    }
+    st.busy = true;
+    ++st.counters.steps;
+    self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
+        .then([self, chunks, n_decode = plan.decode.size()](
+                  forward_result& r) { on_result(self, chunks, n_decode, r); },
+              [self, chunks](caf::error& e) {
+                self->state.busy = false;
+                const std::string why = "forward: " + self->system().render(e);
+                for (const auto& c : chunks) fail(self, c.id, why);
+                step(self);
+              });
+    return;
+  }
+}
+
+// The step is done: advance each sequence, sample those whose chunk ended
+// at their last token, stream, and plan the next step.  Sequences aborted
+// while the step ran are gone from `seqs` and skipped.
+void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
+               forward_result& r) {
+  auto& st = self->state;
+  st.busy = false;
+  size_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto& c = chunks[i];
+    const size_t logits_row = c.sample ? row++ : 0;
+    auto it = st.seqs.find(c.id);
+    if (it == st.seqs.end()) continue;
+    live_seq& s = it->second;
+    s.computed += c.n_tokens;
+    (i < n_decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
+    if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
+      st.pool->commit_full_pages(s.key, s.tokens);
+      s.committed_pages = s.computed / st.info.page_size;
+    }
+    if (!c.sample) continue;
+    if (r.logits.size() < (logits_row + 1) * size_t(r.n_vocab)) {
+      fail(self, s.key, "forward returned too few logits");
+      continue;
+    }
+    std::span<const float> logits(r.logits.data() + logits_row * r.n_vocab, r.n_vocab);
+    auto res = s.smp.sample(logits, s.tokens);
+    s.tokens.push_back(res.token);
+    token_batch out;
+    out.id = s.req.id;
+    out.tokens.push_back(res.token);
+    if (s.req.sampling.logprobs || s.req.sampling.n_logprobs > 0) {
+      out.logprobs.push_back(res.logprob);
+      if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
+    }
+    if (!s.reported) {
+      s.reported = true;
+      out.cached_tokens = s.prompt_cached;
+    }
+    out.finish = stop_reason(st, s, res.token);
+    if (out.finish != finish_reason::none)
+      finish(self, s.key, std::move(out));
+    else
+      self->send(s.req.sink, tokens_atom::value, std::move(out));
+  }
+  step(self);
+}
+
+std::string check_request(const instance_state& st, const sequence_request& r) {
+  if (!r.sink) return "no sink to stream to";
+  if (st.keys.count(r.id)) return "id is already in use";
+  if (r.prompt.empty()) return "empty prompt";
+  if (static_cast<int32_t>(r.prompt.size()) >= st.max_len)
+    return "prompt of " + std::to_string(r.prompt.size()) + " tokens leaves no room: at most " +
+           std::to_string(st.max_len - 1) + " fit";
+  for (int32_t t : r.prompt)
+    if (t < 0 || t >= st.info.n_vocab)
+      return "prompt token " + std::to_string(t) + " is outside the vocabulary";
+  if (r.max_tokens <= 0) return "max_tokens must be positive";
+  return validate(r.sampling);
+}
+
+instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev, device_info info,
+                                                instance_options opts) {
+  auto& st = self->state;
+  st.dev = std::move(dev);
+  st.info = std::move(info);
+  st.opts = std::move(opts);
+  st.opts.limits.page_size = st.info.page_size;
+  st.pool = std::make_unique<page_pool>(st.info.n_pages, st.info.page_size,
+                                        fingerprint_salt(st.info.model_fingerprint));
+  st.max_len = std::min(st.info.n_ctx, st.info.n_pages * st.info.page_size);
+  return {
+      [self](enqueue_atom, sequence_request& r) -> caf::result<int32_t> {
+        auto& st = self->state;
+        if (auto why = check_request(st, r); !why.empty())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "enqueue request " + std::to_string(r.id) + ": " + why);
+        int32_t ahead = 0;
+        for (const auto& [key, s] : st.seqs) ahead += s.running ? 0 : 1;
+        const uint64_t key = st.next_key++;
+        st.keys.emplace(r.id, key);
+        st.seqs.emplace(key, live_seq(std::move(r), key, key));
+        step(self);
+        return ahead;
+      },
+      [self](abort_atom, uint64_t id) {
+        auto it = self->state.keys.find(id);
+        if (it == self->state.keys.end()) return;
+        token_batch last;
+        last.id = id;
+        last.finish = finish_reason::aborted;
+        // Safe while a step runs: the pages freed here are handed out only
+        // when the next step is planned, after this one's result.
+        finish(self, it->second, std::move(last));
+      },
+      [self](stats_atom) {
+        auto& st = self->state;
+        instance_stats out = st.counters;
+        for (const auto& [key, s] : st.seqs) {
+          ++(s.running ? out.running : out.waiting);
+          out.swapped += s.swapped ? 1 : 0;
+        }
+        out.kv = st.pool->stats();
+        out.kv_check = st.pool->check_invariants();
+        return out;
+      },
+  };
+}
+
+}  // namespace
+
+instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts) {
+  device_info info;
+  std::string failure;
+  {
+    caf::scoped_actor self{sys};
+    self->request(dev, caf::infinite, info_atom::value)
+        .receive([&](device_info& i) { info = std::move(i); },
+                 [&](caf::error& e) { failure = sys.render(e); });
+  }
+  if (!failure.empty()) throw std::runtime_error("instance: device info: " + failure);
+  opts.limits.page_size = info.page_size;
+  if (auto why = validate(opts.limits); !why.empty())
+    throw std::invalid_argument("instance: " + why);
+  return sys.spawn(instance_behavior, std::move(dev), std::move(info), std::move(opts));
+}
+
+}  // namespace troupe

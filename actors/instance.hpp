@@ -1,0 +1,36 @@
+#pragma once
+// The instance actor: one engine replica over one device (DESIGN.md §3,
+// "Step loop").  It keeps the waiting and running sequences, plans each
+// step with runtime/scheduler, sends the step to the device, samples each
+// sequence's last row, and streams tokens to the sequences' sinks.
+//
+// The instance owns the page metadata of the device's whole KV arena (a
+// runtime/page_pool) rather than asking a kv_pool actor: the scheduler
+// needs the exact free-page count and the prefix match of each admission
+// before it can plan, which would cost several round trips per step.  So:
+// one instance per device arena.
+//
+// Event-based: it never blocks; the device (detached) does the waiting.
+#include <vector>
+
+#include "messages/device.hpp"
+#include "messages/instance.hpp"
+#include "runtime/scheduler.hpp"
+
+namespace troupe {
+
+struct instance_options {
+  // Step limits; page_size is taken from the device.
+  scheduler_limits limits;
+  preempt_mode preemption = preempt_mode::recompute;
+  // The model's end-of-generation ids (tokenizer::end_of_generation_ids()).
+  std::vector<int32_t> eog_tokens;
+  bool prefix_caching = true;
+};
+
+// Asks the device what it holds (blocking, before any actor exists), then
+// spawns the instance.  Throws std::invalid_argument for bad limits and
+// std::runtime_error when the device does not answer.
+instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts);
+
+}  // namespace troupe

@@ -1,0 +1,148 @@
+#pragma once
+// The instance protocol (DESIGN.md §2-3): an engine replica takes sequences,
+// runs them with continuous batching, and streams their tokens to the actor
+// each sequence names (the request side), fire-and-forget.
+#include <caf/all.hpp>
+#include <string>
+#include <vector>
+
+#include "messages/kv_pool.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/scheduler.hpp"
+
+namespace troupe {
+
+enum class finish_reason : uint8_t {
+  none,        // still generating
+  eos,         // an end-of-generation token (not with ignore_eos)
+  stop_token,  // one of the sequence's stop token ids
+  max_tokens,  // generated max_tokens
+  context,     // reached the model's context length (or the KV arena's size)
+  aborted,     // abort(id): cancel, timeout, disconnect
+  error,       // the device failed the step; the batch's `error` says why
+};
+inline const char* to_string(finish_reason r) {
+  switch (r) {
+    case finish_reason::none:
+      return "none";
+    case finish_reason::eos:
+      return "eos";
+    case finish_reason::stop_token:
+      return "stop_token";
+    case finish_reason::max_tokens:
+      return "max_tokens";
+    case finish_reason::context:
+      return "context";
+    case finish_reason::aborted:
+      return "aborted";
+    case finish_reason::error:
+      return "error";
+  }
+  return "?";
+}
+
+// One batch of new tokens of one sequence (usually one token per step).
+// The batch with finish != none is the sequence's last: after it the
+// instance holds nothing of the sequence.  The token that ended it (eos,
+// stop token) is included.
+struct token_batch {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;                  // one per token, when asked
+  std::vector<std::vector<token_logprob>> top;  // one per token, when n_logprobs > 0
+  finish_reason finish = finish_reason::none;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
+  std::string error;
+};
+
+using tokens_atom = caf::atom_constant<caf::atom("tokens")>;
+using preempted_atom = caf::atom_constant<caf::atom("preempted")>;
+
+// The request side of a sequence: token batches, and a notice when the
+// sequence was preempted (swapped: its KV went to host memory; else it is
+// recomputed).  Either way it resumes by itself; the client sees delay.
+using token_sink_actor =
+    caf::typed_actor<caf::reacts_to<tokens_atom, token_batch>,
+                     caf::reacts_to<preempted_atom, uint64_t /*id*/, bool /*swapped*/>>;
+
+struct sequence_request {
+  uint64_t id = 0;  // the request side's id, echoed in every token_batch
+  std::vector<int32_t> prompt;
+  sampling_params sampling;
+  int32_t max_tokens = 256;
+  std::vector<int32_t> stop_tokens;
+  bool ignore_eos = false;
+  seq_class cls = seq_class::online;
+  token_sink_actor sink;
+};
+
+enum class preempt_mode : uint8_t { recompute, swap };
+
+struct instance_stats {
+  int32_t waiting = 0;
+  int32_t running = 0;
+  int32_t swapped = 0;  // waiting with their KV in the host tier
+  uint64_t steps = 0;
+  uint64_t decode_tokens = 0;   // rows computed as decode
+  uint64_t prefill_tokens = 0;  // rows computed as prefill (prompt, recompute)
+  uint64_t cached_tokens = 0;   // prompt tokens skipped through the prefix cache
+  uint64_t admitted = 0;
+  uint64_t finished = 0;
+  uint64_t aborted = 0;
+  uint64_t preempted_recompute = 0;
+  uint64_t preempted_swap = 0;
+  uint64_t swap_bytes = 0;  // host-tier bytes held now
+  pool_stats kv;
+  std::string kv_check;  // page invariants: empty when they hold
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
+  return f(caf::meta::type_name("token_logprob"), x.token, x.logprob);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.penalty_last_n, x.seed,
+           x.logprobs, x.n_logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
+  return f(caf::meta::type_name("token_batch"), x.id, x.tokens, x.logprobs, x.top, x.finish,
+           x.cached_tokens, x.error);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
+  return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.sampling, x.max_tokens,
+           x.stop_tokens, x.ignore_eos, x.cls, x.sink);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
+  return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped, x.steps,
+           x.decode_tokens, x.prefill_tokens, x.cached_tokens, x.admitted, x.finished, x.aborted,
+           x.preempted_recompute, x.preempted_swap, x.swap_bytes, x.kv, x.kv_check);
+}
+
+using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+// stats_atom: messages/kv_pool.hpp
+
+// enqueue: admit a sequence to the waiting queue; replies with the number
+//          of sequences waiting before it was added, or an error
+//          (sec::invalid_argument) for a bad request: empty or too long
+//          prompt, bad sampling params, duplicate id, no sink.
+// abort:   end sequence `id` in whatever state it is: it leaves the
+//          scheduler, its sink gets a last batch (finish = aborted), then
+//          its pages are freed.  Unknown ids are ignored (finish and
+//          cancel may cross).
+// stats:   queue lengths, counters and the KV pages.
+using instance_actor =
+    caf::typed_actor<caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
+                     caf::reacts_to<abort_atom, uint64_t>,
+                     caf::replies_to<stats_atom>::with<instance_stats>>;
+
+}  // namespace troupe

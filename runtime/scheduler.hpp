@@ -1,0 +1,82 @@
+#pragma once
+// The instance's step policy (DESIGN.md §3, "Step loop" and "Preemption"):
+// which sequences compute how many tokens in the next forward pass, which
+// waiting sequences are admitted, and which running ones are preempted when
+// the KV arena runs short.  Pure: no actors, no pages, no device; the
+// instance actor describes its sequences and applies the plan.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+// Online requests are latency-bound clients; offline ones are batch jobs
+// that yield pages to online ones first.
+enum class seq_class : uint8_t { online = 0, offline = 1 };
+const char* to_string(seq_class c);
+
+// One sequence as the scheduler sees it.  Its tokens [0, computed) have KV
+// (in the arena when running, in the host tier when swapped); tokens
+// [computed, total) are still to compute: the prompt's rest while
+// prefilling, the last sampled token while decoding (total - computed == 1).
+struct sched_seq {
+  uint64_t id = 0;
+  seq_class cls = seq_class::online;
+  uint64_t order = 0;    // arrival order, smaller first; kept across preemption
+  int32_t computed = 0;  // a waiting sequence that is not swapped has 0
+  int32_t total = 0;     // > computed
+  int32_t pages = 0;     // pages its table holds now (0 while waiting)
+  bool swapped = false;  // waiting, its first `computed` tokens' KV in the host tier
+};
+
+struct scheduler_limits {
+  int32_t max_batch_tokens = 256;  // rows of one forward pass
+  int32_t max_seqs = 64;           // running sequences at once
+  int32_t chunk_size = 128;        // most prefill rows of one sequence in one step
+  int32_t page_size = 16;
+};
+
+// Returns an empty string when usable, else what is wrong.
+std::string validate(const scheduler_limits& lim);
+
+// Rows [start, start + n_tokens) of sequence `id`; `start` is its computed.
+struct step_chunk {
+  uint64_t id = 0;
+  int32_t start = 0;
+  int32_t n_tokens = 0;
+  bool sample = false;  // reaches total: the last row's logits give the next token
+};
+
+struct step_plan {
+  std::vector<uint64_t> preempted;  // running, to preempt before the step, victims in order
+  std::vector<uint64_t> admitted;   // waiting, to start now (match a prefix or swap in)
+  std::vector<step_chunk> decode;   // running sequences with one token to compute
+  std::vector<step_chunk> prefill;  // running prefill chunks, then the admitted ones'
+  int32_t tokens = 0;               // rows of the step
+  int32_t new_pages = 0;            // pages the step takes from the free ones (swap-ins too)
+
+  bool empty() const { return decode.empty() && prefill.empty(); }
+};
+
+// Plans one step.  Decode rows come first, then the running sequences'
+// prefill chunks, then new admissions, highest priority first (online
+// before offline, then arrival order), within max_batch_tokens rows,
+// chunk_size rows per prefill chunk and max_seqs running sequences.
+//
+// Pages: every scheduled decode row gets its page; when `free_pages` cannot
+// cover them, running sequences are preempted, the lowest priority first
+// (offline before online, then the most recently arrived), until they fit.
+// Prefill chunks shrink to the pages left.  When nothing at all could run,
+// victims are preempted until something can.  A plan that preempts admits
+// nobody.  Admission is first come first served within priority: it stops
+// at the first waiting sequence whose first chunk (and, when swapped, its
+// swapped-out pages) does not fit.  An admitted sequence that is not
+// swapped is planned from position 0; the instance maps its cached prefix
+// and plans again, so the final plan admits nobody and is exact.
+step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sched_seq>& waiting,
+                    const scheduler_limits& lim, int32_t free_pages);
+
+// True when `a` runs before `b` (and is preempted after it).
+bool runs_before(const sched_seq& a, const sched_seq& b);
+
+}  // namespace troupe

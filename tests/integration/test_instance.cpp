@@ -1,0 +1,442 @@
+// The instance actor on the real stories15M model: continuous batching
+// gives every sequence the tokens it gets alone (also with chunked
+// prefill), the prefix cache skips shared pages, preemption (recompute and
+// swap) is invisible in the outputs, and cancel at any point leaves every
+// page free or reusable.
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "actors/device.hpp"
+#include "actors/instance.hpp"
+#include "messages/actors.hpp"
+#include "runtime/model_registry.hpp"
+#include "runtime/tokenizer.hpp"
+
+namespace troupe {
+namespace {
+
+struct outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  finish_reason finish = finish_reason::none;
+  int final_batches = 0;
+  int preemptions = 0;
+  int32_t cached_tokens = 0;
+};
+
+using results = std::map<uint64_t, outcome>;
+
+struct instance_fixture {
+  caf::actor_system_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::shared_ptr<const model_file> model;
+  std::unique_ptr<tokenizer> tok;
+  std::vector<int32_t> story;  // the tokens prompts are cut from, BOS not included
+
+  instance_fixture() {
+    register_message_types(cfg);
+    sys = std::make_unique<caf::actor_system>(cfg);
+    auto r = resolve_model("stories15m");
+    model = model_file::open(r.model_path, r.tokenizer_path);
+    tok = tokenizer::create(model->vocab());
+    std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/../shared/golden/ppl_stories.txt");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    story = tok->encode(ss.str(), false, false);
+  }
+
+  device_actor device(int n_pages = 0) {
+    engine_options eo;
+    eo.n_pages = n_pages;
+    eo.max_batch_tokens = 128;
+    return spawn_device(*sys, model, eo);
+  }
+
+  instance_actor instance(device_actor dev, int32_t max_batch_tokens, int32_t chunk,
+                          preempt_mode mode = preempt_mode::recompute, bool caching = true) {
+    instance_options o;
+    o.limits.max_batch_tokens = max_batch_tokens;
+    o.limits.max_seqs = std::min<int32_t>(32, max_batch_tokens);
+    o.limits.chunk_size = chunk;
+    o.preemption = mode;
+    o.prefix_caching = caching;
+    o.eog_tokens = tok->end_of_generation_ids();
+    return spawn_instance(*sys, std::move(dev), o);
+  }
+
+  // BOS, then `len - 1` story tokens from `offset`.
+  std::vector<int32_t> prompt(size_t offset, size_t len) {
+    std::vector<int32_t> p{tok->bos()};
+    for (size_t i = 0; p.size() < len; ++i) p.push_back(story[(offset + i) % story.size()]);
+    return p;
+  }
+
+  static sequence_request request(uint64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+    sequence_request r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.max_tokens = max_tokens;
+    r.ignore_eos = true;
+    return r;
+  }
+
+  // Ways for a test to act while a run goes on (send aborts).
+  struct hooks {
+    std::function<void(caf::scoped_actor&, uint64_t)> enqueued;
+    std::function<void(caf::scoped_actor&, const token_batch&, const results&)> batch;
+    std::function<void(caf::scoped_actor&, uint64_t)> preempted;
+  };
+
+  // Enqueues every request, then collects token batches until each has
+  // its last one.
+  results run(instance_actor inst, std::vector<sequence_request> reqs, const hooks& on = {}) {
+    caf::scoped_actor self{*sys};
+    auto sink = caf::actor_cast<token_sink_actor>(self.ptr());
+    results out;
+    for (auto& r : reqs) {
+      r.sink = sink;
+      out[r.id];
+      self->request(inst, caf::infinite, enqueue_atom::value, r)
+          .receive([](int32_t) {},
+                   [&](caf::error& e) { ADD_FAILURE() << "enqueue: " << sys->render(e); });
+      if (on.enqueued) on.enqueued(self, r.id);
+    }
+    size_t open = reqs.size();
+    bool timed_out = false;
+    while (open > 0 && !timed_out) {
+      self->receive(
+          [&](tokens_atom, const token_batch& b) {
+            auto& o = out[b.id];
+            EXPECT_EQ(o.final_batches, 0) << "batch after the last one, request " << b.id;
+            o.tokens.insert(o.tokens.end(), b.tokens.begin(), b.tokens.end());
+            o.logprobs.insert(o.logprobs.end(), b.logprobs.begin(), b.logprobs.end());
+            if (b.cached_tokens > 0) o.cached_tokens = b.cached_tokens;
+            if (b.finish != finish_reason::none) {
+              o.finish = b.finish;
+              ++o.final_batches;
+              --open;
+            }
+            if (on.batch) on.batch(self, b, out);
+          },
+          [&](preempted_atom, uint64_t id, bool) {
+            ++out[id].preemptions;
+            if (on.preempted) on.preempted(self, id);
+          },
+          caf::after(std::chrono::seconds(120)) >> [&] { timed_out = true; });
+    }
+    EXPECT_FALSE(timed_out) << open << " requests never finished";
+    return out;
+  }
+
+  instance_stats stats(instance_actor inst) {
+    caf::scoped_actor self{*sys};
+    instance_stats out;
+    self->request(inst, caf::infinite, stats_atom::value)
+        .receive([&](instance_stats& s) { out = std::move(s); },
+                 [&](caf::error& e) { ADD_FAILURE() << sys->render(e); });
+    return out;
+  }
+
+  // Each request run by itself on an instance with a large arena and no
+  // prefix cache: the reference every batched run must reproduce.
+  std::map<uint64_t, std::vector<int32_t>> alone(const std::vector<sequence_request>& reqs) {
+    auto inst = instance(device(), 128, 128, preempt_mode::recompute, false);
+    std::map<uint64_t, std::vector<int32_t>> out;
+    for (const auto& r : reqs) out[r.id] = run(inst, {r}).at(r.id).tokens;
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+    return out;
+  }
+
+  static void expect_pages_released(const instance_stats& st) {
+    EXPECT_EQ(st.running, 0);
+    EXPECT_EQ(st.waiting, 0);
+    EXPECT_EQ(st.swap_bytes, 0u);
+    EXPECT_EQ(st.kv.sequences, 0);
+    EXPECT_EQ(st.kv.mapped, 0);
+    EXPECT_EQ(st.kv.allocated, 0);
+    EXPECT_EQ(st.kv.free + st.kv.reusable, st.kv.total);
+    EXPECT_EQ(st.kv_check, "");
+  }
+};
+
+// 32 prompts of 1 to ~150 tokens.
+std::vector<sequence_request> mixed_requests(instance_fixture& f, int n, int32_t max_tokens,
+                                             uint32_t seed, int max_len = 150) {
+  std::mt19937 rng(seed);
+  std::vector<sequence_request> reqs;
+  for (int i = 0; i < n; ++i) {
+    const size_t len = 1 + rng() % max_len;
+    reqs.push_back(
+        instance_fixture::request(100 + i, f.prompt(rng() % f.story.size(), len), max_tokens));
+  }
+  return reqs;
+}
+
+void expect_same(const results& got, const std::map<uint64_t, std::vector<int32_t>>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, tokens] : want) {
+    const auto& o = got.at(id);
+    EXPECT_EQ(o.tokens, tokens) << "request " << id;
+    EXPECT_EQ(o.final_batches, 1) << "request " << id;
+  }
+}
+
+TEST(Instance, BatchedRequestsMatchTheirRunsAlone) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 32, 16, 1);
+  reqs[3].sampling.logprobs = true;
+  auto want = f.alone(reqs);
+  for (const auto& [id, tokens] : want) ASSERT_EQ(tokens.size(), 16u) << id;
+
+  auto dev = f.device();
+  // Whole prompts up to 128 rows; then chunks of 8, so most prompts take
+  // several steps, next to the decodes of the others.
+  for (int32_t chunk : {128, 8}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    auto inst = f.instance(dev, chunk == 128 ? 256 : 64, chunk);
+    auto got = f.run(inst, reqs);
+    expect_same(got, want);
+    for (const auto& [id, o] : got) EXPECT_EQ(o.finish, finish_reason::max_tokens);
+    EXPECT_EQ(got.at(103).logprobs.size(), 16u);
+    for (float lp : got.at(103).logprobs) EXPECT_LE(lp, 0.0f);
+    EXPECT_TRUE(got.at(104).logprobs.empty());
+    auto st = f.stats(inst);
+    EXPECT_EQ(st.finished, 32u);
+    // Every token is computed once: prompts (less what the prefix cache
+    // had), and all generated tokens but the last.  (A prompt's one-token
+    // remainder is planned as a decode row.)
+    uint64_t prompt_tokens = 0;
+    for (const auto& r : reqs) prompt_tokens += r.prompt.size();
+    EXPECT_EQ(st.prefill_tokens + st.decode_tokens + st.cached_tokens, prompt_tokens + 32u * 15);
+    EXPECT_GE(st.decode_tokens, 32u * 15);
+    EXPECT_LT(st.steps, 32u * 16) << "sequences were not batched";
+    f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+}
+
+TEST(Instance, SharedPrefixIsComputedOnce) {
+  instance_fixture f;
+  const auto prefix = f.prompt(0, 100);  // 6 full pages of 16
+  auto first = prefix, second = prefix;
+  for (int i = 0; i < 12; ++i) first.push_back(f.story[200 + i]);
+  for (int i = 0; i < 20; ++i) second.push_back(f.story[300 + i]);
+  auto want = f.alone({instance_fixture::request(2, second, 16)});
+
+  auto inst = f.instance(f.device(), 64, 32);
+  auto r1 = f.run(inst, {instance_fixture::request(1, first, 16)});
+  EXPECT_EQ(r1.at(1).cached_tokens, 0);
+  const auto before = f.stats(inst);
+  auto r2 = f.run(inst, {instance_fixture::request(2, second, 16)});
+  const auto after = f.stats(inst);
+
+  EXPECT_EQ(r2.at(2).tokens, want.at(2));
+  EXPECT_EQ(r2.at(2).cached_tokens, 96);
+  EXPECT_EQ(after.cached_tokens - before.cached_tokens, 96u);
+  // Only the suffix is prefilled: the 120-token prompt minus 6 cached pages.
+  EXPECT_EQ(after.prefill_tokens - before.prefill_tokens, second.size() - 96);
+  EXPECT_EQ(after.decode_tokens - before.decode_tokens, 15u);
+  EXPECT_GE(after.kv.prefix_hit_tokens, 96u);
+  f.expect_pages_released(after);
+}
+
+// 12 requests of up to 90 tokens in an arena of 16 pages (256 tokens):
+// sequences are preempted and resumed; offline ones yield first.  Some
+// sample with a seed instead of greedily: their RNG survives preemption.
+void preemption_run(preempt_mode mode) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 12, 20, 3, 70);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    if (i % 3 == 0) reqs[i].cls = seq_class::offline;
+    if (i % 4 == 1) {
+      reqs[i].sampling.temperature = 0.8f;
+      reqs[i].sampling.seed = 42 + i;
+    }
+  }
+  auto want = f.alone(reqs);
+  auto inst = f.instance(f.device(16), 64, 32, mode);
+  auto got = f.run(inst, reqs);
+  expect_same(got, want);
+  auto st = f.stats(inst);
+  if (mode == preempt_mode::swap) {
+    EXPECT_GT(st.preempted_swap, 0u);
+  } else {
+    EXPECT_GT(st.preempted_recompute, 0u);
+    EXPECT_EQ(st.preempted_swap, 0u);
+  }
+  int notices = 0;
+  for (const auto& [id, o] : got) notices += o.preemptions;
+  EXPECT_EQ(uint64_t(notices), st.preempted_recompute + st.preempted_swap);
+  f.expect_pages_released(st);
+}
+
+TEST(Instance, PreemptionByRecomputeKeepsOutputs) {
+  preemption_run(preempt_mode::recompute);
+}
+
+TEST(Instance, PreemptionBySwapKeepsOutputs) {
+  preemption_run(preempt_mode::swap);
+}
+
+// Requests cancelled right after enqueue, after a random number of tokens,
+// or when preempted; the rest finish unchanged, every cancelled one gets
+// exactly one last batch, and afterwards no page is held.
+void cancel_run(preempt_mode mode) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 16, 20, 5, 70);
+  auto want = f.alone(reqs);
+  std::mt19937 rng(11);
+  std::map<uint64_t, int> cancel_at;  // -1 never, 0 at once, k after k tokens, 99 when preempted
+  for (size_t i = 0; i < reqs.size(); ++i)
+    cancel_at[reqs[i].id] = i % 4 == 0   ? -1
+                            : i % 4 == 1 ? 0
+                            : i % 4 == 2 ? 99
+                                         : 1 + int(rng() % 18);
+  auto inst = f.instance(f.device(16), 64, 32, mode);
+  caf::anon_send(inst, abort_atom::value, uint64_t(7));  // unknown: ignored
+  instance_fixture::hooks on;
+  on.enqueued = [&](caf::scoped_actor& self, uint64_t id) {
+    if (cancel_at.at(id) == 0) self->send(inst, abort_atom::value, id);
+  };
+  on.batch = [&](caf::scoped_actor& self, const token_batch& b, const results& out) {
+    const int at = cancel_at.at(b.id);
+    if (b.finish == finish_reason::none && at > 0 && at != 99 &&
+        int(out.at(b.id).tokens.size()) == at) {
+      self->send(inst, abort_atom::value, b.id);
+      self->send(inst, abort_atom::value, b.id);  // twice: the second is ignored
+    }
+  };
+  on.preempted = [&](caf::scoped_actor& self, uint64_t id) {
+    if (cancel_at.at(id) == 99) self->send(inst, abort_atom::value, id);
+  };
+  auto got = f.run(inst, reqs, on);
+  int cancelled = 0;
+  for (const auto& [id, o] : got) {
+    EXPECT_EQ(o.final_batches, 1) << "request " << id;
+    const auto& ref = want.at(id);
+    if (o.finish == finish_reason::aborted) {
+      ++cancelled;
+      ASSERT_LE(o.tokens.size(), ref.size());
+      EXPECT_TRUE(std::equal(o.tokens.begin(), o.tokens.end(), ref.begin())) << "request " << id;
+    } else {
+      EXPECT_EQ(o.tokens, ref) << "request " << id;
+      EXPECT_NE(cancel_at.at(id), 0) << "request " << id;
+    }
+  }
+  EXPECT_GT(cancelled, 0);
+  auto st = f.stats(inst);
+  EXPECT_EQ(st.aborted, uint64_t(cancelled));
+  EXPECT_EQ(st.finished + st.aborted, reqs.size());
+  f.expect_pages_released(st);
+
+  // The released pages serve new requests, which again match.
+  std::vector<sequence_request> again(reqs.begin(), reqs.begin() + 6);
+  expect_same(f.run(inst, again), [&] {
+    std::map<uint64_t, std::vector<int32_t>> w;
+    for (const auto& r : again) w[r.id] = want.at(r.id);
+    return w;
+  }());
+  f.expect_pages_released(f.stats(inst));
+}
+
+TEST(Instance, CancelAtAnyPointReleasesEverythingRecompute) {
+  cancel_run(preempt_mode::recompute);
+}
+
+TEST(Instance, CancelAtAnyPointReleasesEverythingSwap) {
+  cancel_run(preempt_mode::swap);
+}
+
+TEST(Instance, RefusesBadRequests) {
+  instance_fixture f;
+  auto inst = f.instance(f.device(), 64, 32);
+  caf::scoped_actor self{*f.sys};
+  auto sink = caf::actor_cast<token_sink_actor>(self.ptr());
+  auto refused = [&](sequence_request r, bool with_sink = true) {
+    if (with_sink) r.sink = sink;
+    bool err = false;
+    self->request(inst, caf::infinite, enqueue_atom::value, r)
+        .receive([](int32_t) {}, [&](caf::error&) { err = true; });
+    return err;
+  };
+  EXPECT_TRUE(refused(instance_fixture::request(1, {}, 4)));
+  EXPECT_TRUE(refused(instance_fixture::request(1, f.prompt(0, 300), 4)));  // context is 256
+  EXPECT_TRUE(refused(instance_fixture::request(1, {1, 99999}, 4)));
+  EXPECT_TRUE(refused(instance_fixture::request(1, {1, 2}, 0)));
+  EXPECT_TRUE(refused(instance_fixture::request(1, {1, 2}, 4), false));
+  auto bad = instance_fixture::request(1, {1, 2}, 4);
+  bad.sampling.top_p = 0.0f;
+  EXPECT_TRUE(refused(bad));
+
+  // Stop tokens and the context length end a sequence.
+  auto stop_on = instance_fixture::request(2, f.prompt(0, 20), 50);
+  auto ref = f.run(inst, {stop_on}).at(2).tokens;
+  ASSERT_EQ(ref.size(), 50u);
+  stop_on.stop_tokens = {ref[4]};
+  auto got = f.run(inst, {stop_on}).at(2);
+  EXPECT_EQ(got.finish, finish_reason::stop_token);
+  EXPECT_EQ(got.tokens.back(), ref[4]);
+  EXPECT_LE(got.tokens.size(), 5u);
+  auto long_one = instance_fixture::request(3, f.prompt(0, 250), 50);
+  got = f.run(inst, {long_one}).at(3);
+  EXPECT_EQ(got.finish, finish_reason::context);
+  EXPECT_EQ(got.tokens.size(), 6u);  // 250 + 6 = 256 positions
+  f.expect_pages_released(f.stats(inst));
+}
+
+// The device's page messages, which swap and copy-on-write rely on.
+TEST(DevicePages, ReadWriteCopyRoundTrip) {
+  instance_fixture f;
+  auto dev = f.device(8);
+  caf::scoped_actor self{*f.sys};
+  device_info info;
+  self->request(dev, caf::infinite, info_atom::value)
+      .receive([&](device_info& i) { info = i; }, [](caf::error&) {});
+  ASSERT_GT(info.kv_bytes_per_page, 0u);
+  const size_t per = info.kv_bytes_per_page;
+  std::vector<uint8_t> data(2 * per);
+  std::mt19937 rng(3);
+  for (auto& x : data) x = static_cast<uint8_t>(rng());
+  // Replies with a page count (write, copy): true unless an error came back.
+  auto ok = [&](auto... args) {
+    bool fine = false;
+    self->request(dev, caf::infinite, args...)
+        .receive([&](int32_t) { fine = true; }, [](caf::error&) {});
+    return fine;
+  };
+  auto read = [&](std::vector<int32_t> pages, std::vector<uint8_t>& out) {
+    bool fine = false;
+    self->request(dev, caf::infinite, read_pages_atom::value, std::move(pages))
+        .receive(
+            [&](std::vector<uint8_t>& d) {
+              out = std::move(d);
+              fine = true;
+            },
+            [](caf::error&) {});
+    return fine;
+  };
+  ASSERT_TRUE(ok(write_pages_atom::value, std::vector<int32_t>{3, 5}, data));
+  std::vector<uint8_t> back;
+  ASSERT_TRUE(read({5, 3}, back));
+  ASSERT_EQ(back.size(), 2 * per);
+  EXPECT_TRUE(std::equal(back.begin(), back.begin() + per, data.begin() + per));
+  EXPECT_TRUE(std::equal(back.begin() + per, back.end(), data.begin()));
+  ASSERT_TRUE(ok(copy_pages_atom::value, std::vector<int32_t>{5}, std::vector<int32_t>{6}));
+  ASSERT_TRUE(read({6}, back));
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin() + per));
+  // Misuse is an error reply, not a dead device.
+  EXPECT_FALSE(read({8}, back));
+  EXPECT_FALSE(ok(write_pages_atom::value, std::vector<int32_t>{1}, data));
+  EXPECT_FALSE(ok(copy_pages_atom::value, std::vector<int32_t>{1, 2}, std::vector<int32_t>{3}));
+  EXPECT_TRUE(read({0}, back));
+}
+
+}  // namespace
+}  // namespace troupe
