@@ -137,11 +137,15 @@
 
 #define TROUPE_MATMUL_FAMILY(T, LOAD)              \
   TROUPE_MATMUL(matmul_##T##_t1, LOAD, 1)          \
-  TROUPE_MATMUL(matmul_##T##_t4, LOAD, 4)          \
+  TROUPE_MATMUL(matmul_##T##_t4, LOAD, TROUPE_TILE) \
   TROUPE_MATMUL_GLU(matmul_glu_##T##_t1, LOAD, 1)  \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_t4, LOAD, 4)  \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_t4, LOAD, TROUPE_TILE) \
   TROUPE_MATMUL_QKV(matmul_qkv_##T##_t1, LOAD, 1)  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t4, LOAD, 4)
+  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t4, LOAD, TROUPE_TILE)
+
+#ifndef TROUPE_TILE
+#define TROUPE_TILE 4
+#endif
 
 TROUPE_MATMUL_FAMILY(f32, load_f32)
 TROUPE_MATMUL_FAMILY(f16, load_f16)

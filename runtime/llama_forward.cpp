@@ -25,9 +25,6 @@ int type_slot(tensor_type t) {
 
 const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
 
-// Tokens per work-item in the tiled matmul (must match kernels/matmul.cl).
-constexpr int kTile = 4;
-
 }  // namespace
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -58,8 +55,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     throw model_error(model_->path() + ": head count " + std::to_string(hp.n_head) +
                       " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
   if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
-  ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable") +
-             (opts_.kv_f16 ? " -DTROUPE_KV_F16" : ""));
+  ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
+             std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : ""));
   weights_ = upload_weights(ctx_, *model_);
 
   n_pages_ =
@@ -84,7 +81,7 @@ size_t llama_forward::kv_bytes_per_page() const {
 
 cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
   static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
-  const bool tiled = rows >= kTile;
+  const bool tiled = rows >= opts_.token_tile;
   auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][tiled ? 1 : 0];
   if (!k.get())
     k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) +
@@ -92,9 +89,10 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
   return k;
 }
 
-size_t llama_forward::token_groups(int rows) {
-  return rows >= kTile ? static_cast<size_t>((rows + kTile - 1) / kTile)
-                       : static_cast<size_t>(rows);
+size_t llama_forward::token_groups(int rows) const {
+  return rows >= opts_.token_tile
+             ? static_cast<size_t>((rows + opts_.token_tile - 1) / opts_.token_tile)
+             : static_cast<size_t>(rows);
 }
 
 void llama_forward::ensure_scratch(int rows, int logit_rows) {

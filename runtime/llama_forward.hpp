@@ -22,6 +22,7 @@ struct engine_options {
   int max_batch_tokens = 512;    // scratch is sized for this many rows (grown on demand)
   int rows_per_item = 16;        // matmul output rows per work-item (bench: best on PoCL)
   int group_size = 1;            // matmul work-items per work-group
+  int token_tile = 4;            // tokens per work-item in prefill matmuls
 };
 
 // (cos, sin) of every row's RoPE angle for each rotation pair,
@@ -60,7 +61,7 @@ class llama_forward {
               bool accumulate);
   enum class mm_family { plain, glu, qkv };
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows);
-  static size_t token_groups(int rows);
+  size_t token_groups(int rows) const;
   // Launch geometry of the matmul kernels: each work-item computes
   // rows_per_item output rows (or rotation pairs, or gate/up pairs).
   struct matmul_grid {

@@ -43,6 +43,7 @@ engine_options to_engine_options(const engine_flags& f) {
   // defaults are what bench/ measured best on PoCL).
   if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
   return o;
 }
 
