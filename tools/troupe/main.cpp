@@ -5,6 +5,11 @@
 
 #include "tools/troupe/common.hpp"
 
+namespace troupe::cli {
+void add_serve(CLI::App& app);   // cmd_serve.cpp
+void add_client(CLI::App& app);  // cmd_client.cpp
+}  // namespace troupe::cli
+
 int main(int argc, char** argv) {
   CLI::App app{"troupe: serve and run large language models with OpenCL kernels on CAF actors"};
   app.require_subcommand(1);
@@ -12,6 +17,8 @@ int main(int argc, char** argv) {
   troupe::cli::add_generate(app);
   troupe::cli::add_perplexity(app);
   troupe::cli::add_bench(app);
+  troupe::cli::add_serve(app);
+  troupe::cli::add_client(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,402 @@
+#include "actors/request.hpp"
+
+#include <chrono>
+#include <optional>
+
+#include "runtime/chat_template.hpp"
+#include "runtime/incremental_decoder.hpp"
+#include "runtime/sampler.hpp"
+#include "runtime/stop_matcher.hpp"
+
+namespace troupe {
+
+std::string encode_frame(wire::ServerMessage& msg) {
+  msg.set_protocol_version(wire::PROTOCOL_VERSION_CURRENT);
+  return msg.SerializeAsString();
+}
+
+std::string error_frame(wire::ErrorCode code, const std::string& message, uint64_t request_id,
+                        bool has_request_id) {
+  wire::ServerMessage m;
+  auto* e = m.mutable_error();
+  e->set_code(code);
+  e->set_message(message);
+  e->set_request_id(request_id);
+  e->set_has_request_id(has_request_id);
+  return encode_frame(m);
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+double ms_between(clock_type::time_point a, clock_type::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// A request the client got wrong: the code and what to tell it.
+struct rejection {
+  wire::ErrorCode code;
+  std::string message;
+};
+
+struct request_state {
+  std::shared_ptr<const serve_context> ctx;
+  gateway_actor gateway;
+  std::string client;
+  wire::Generate gen;
+  sequence_request seq;
+  bool stream = true;
+  bool accepted = false;  // the instance holds the sequence
+  bool done = false;
+  std::unique_ptr<incremental_decoder> detok;
+  std::unique_ptr<stop_matcher> stops;
+  std::vector<int32_t> generated;
+  wire::TokenChunk pending;  // non-streaming: everything, sent before Finished
+  request_trace trace;
+  clock_type::time_point arrival, enqueued, first_token, last_token;
+  static inline const char* name = "request";
+};
+
+using self_ptr = request_actor::stateful_pointer<request_state>;
+
+std::string hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+// The sequence the client asked for, or why not.
+std::optional<rejection> build_sequence(request_state& st) {
+  const auto& g = st.gen;
+  const auto& ctx = *st.ctx;
+  auto invalid = [](std::string m) { return rejection{wire::INVALID_ARGUMENT, std::move(m)}; };
+  std::vector<int32_t> prompt;
+  switch (g.prompt_case()) {
+    case wire::Generate::kText:
+      if (g.text().empty()) return invalid("empty prompt: text is \"\"");
+      prompt = ctx.tok->encode(g.text(), ctx.add_bos, false);
+      break;
+    case wire::Generate::kTokens:
+      prompt.assign(g.tokens().ids().begin(), g.tokens().ids().end());
+      for (int32_t t : prompt)
+        if (t < 0 || t >= ctx.tok->n_vocab())
+          return invalid("prompt token " + std::to_string(t) + " is outside the vocabulary of " +
+                         std::to_string(ctx.tok->n_vocab()));
+      break;
+    case wire::Generate::kChat: {
+      if (ctx.chat_template.empty()) return invalid("chat prompt: the model has no chat template");
+      if (g.chat().messages().empty()) return invalid("empty prompt: chat has no messages");
+      std::vector<chat_message> msgs;
+      for (const auto& m : g.chat().messages()) msgs.push_back({m.role(), m.content()});
+      std::string text;
+      try {
+        text = render_chat(ctx.chat_template, msgs, true);
+      } catch (const std::exception& e) {
+        return invalid(std::string("chat prompt: ") + e.what());
+      }
+      // A llama-2 prompt spells its own "<s>"; ChatML wants BOS only if the model does.
+      prompt = ctx.tok->encode(text, ctx.add_bos && text.rfind("<s>", 0) != 0, true);
+      break;
+    }
+    case wire::Generate::PROMPT_NOT_SET:
+      return invalid("empty prompt: give text, tokens or chat");
+  }
+  if (prompt.empty()) return invalid("empty prompt: it encodes to no tokens");
+
+  const auto n_prompt = static_cast<int32_t>(prompt.size());
+  const int32_t room = ctx.max_len - n_prompt;
+  if (room <= 0)
+    return rejection{wire::CONTEXT_OVERFLOW, "prompt of " + std::to_string(n_prompt) +
+                                                 " tokens does not fit the context of " +
+                                                 std::to_string(ctx.max_len)};
+  int32_t max_tokens = std::min(ctx.default_max_tokens, room);
+  if (g.has_max_tokens()) {
+    if (g.max_tokens() <= 0)
+      return invalid("max_tokens must be positive, got " + std::to_string(g.max_tokens()));
+    if (g.max_tokens() > room)
+      return rejection{wire::CONTEXT_OVERFLOW,
+                       "prompt of " + std::to_string(n_prompt) + " tokens + max_tokens " +
+                           std::to_string(g.max_tokens()) + " exceed the context of " +
+                           std::to_string(ctx.max_len)};
+    max_tokens = g.max_tokens();
+  }
+
+  sampling_params sp;
+  const auto& s = g.sampling();
+  if (s.has_temperature()) sp.temperature = s.temperature();
+  if (s.has_top_k()) sp.top_k = s.top_k();
+  if (s.has_top_p()) sp.top_p = s.top_p();
+  if (s.has_min_p()) sp.min_p = s.min_p();
+  if (s.has_repetition_penalty()) sp.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
+  if (s.has_penalty_last_n()) sp.penalty_last_n = s.penalty_last_n();
+  if (s.has_seed()) sp.seed = s.seed();
+  if (g.logprobs() < 0 || g.logprobs() > 20)
+    return invalid("logprobs must be in [0, 20], got " + std::to_string(g.logprobs()));
+  sp.n_logprobs = g.logprobs();
+  sp.logprobs = g.logprobs() > 0;
+  if (auto why = validate(sp); !why.empty()) return invalid("sampling: " + why);
+
+  for (const auto& stop : g.stop())
+    if (stop.empty()) return invalid("stop strings must not be empty");
+  for (int32_t t : g.stop_token_ids())
+    if (t < 0 || t >= ctx.tok->n_vocab())
+      return invalid("stop token " + std::to_string(t) + " is outside the vocabulary");
+
+  st.seq.prompt = std::move(prompt);
+  st.seq.sampling = sp;
+  st.seq.max_tokens = max_tokens;
+  st.seq.stop_tokens.assign(g.stop_token_ids().begin(), g.stop_token_ids().end());
+  st.seq.ignore_eos = g.ignore_eos();
+  st.seq.cls = g.request_class() == wire::OFFLINE ? seq_class::offline : seq_class::online;
+  st.stream = !g.has_stream() || g.stream();
+  st.stops =
+      std::make_unique<stop_matcher>(std::vector<std::string>(g.stop().begin(), g.stop().end()));
+  st.detok = std::make_unique<incremental_decoder>(*ctx.tok);
+  return std::nullopt;
+}
+
+void send_frame(self_ptr self, wire::ServerMessage& m, bool last) {
+  auto& st = self->state;
+  self->send(st.gateway, reply_atom::value, st.client, st.gen.request_id(), encode_frame(m), last);
+}
+
+// Ends the request with an Error instead of a Finished (nothing was generated).
+void reject(self_ptr self, wire::ErrorCode code, const std::string& message) {
+  auto& st = self->state;
+  st.done = true;
+  self->send(st.gateway, reply_atom::value, st.client, st.gen.request_id(),
+             error_frame(code, message, st.gen.request_id(), true), true);
+  st.trace.finish = "rejected";
+  st.trace.error = message;
+  st.trace.total_ms = ms_between(st.arrival, clock_type::now());
+  self->send(st.gateway, trace_atom::value, st.trace);
+  self->quit();
+}
+
+void send_chunk(self_ptr self, wire::TokenChunk& chunk) {
+  if (chunk.token_ids().empty() && chunk.text().empty()) return;
+  wire::ServerMessage m;
+  chunk.set_request_id(self->state.gen.request_id());
+  *m.mutable_chunk() = std::move(chunk);
+  send_frame(self, m, false);
+  chunk.Clear();
+}
+
+// Text still held back by the detokenizer and the stop matcher, into chunk.
+// Returns true when that text completed a stop string after all.
+bool flush_text(request_state& st, wire::TokenChunk& chunk) {
+  auto r = st.stops->push(st.detok->flush());
+  *chunk.mutable_text() += r.emit;
+  if (r.stopped) {
+    st.trace.stop_matched = r.matched;
+    return true;
+  }
+  *chunk.mutable_text() += st.stops->flush();
+  return false;
+}
+
+// Sends the last chunk and Finished, records the trace, and quits.  With
+// `abort`, the instance still runs the sequence: it is aborted first.
+void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, bool abort,
+            const std::string& error = {}) {
+  auto& st = self->state;
+  st.done = true;
+  if (abort && st.accepted) self->send(st.ctx->instance, abort_atom::value, st.seq.id);
+  if (!st.stops->stopped() && flush_text(st, chunk) && reason != wire::ERROR) reason = wire::STOP;
+  if (st.stream) {
+    send_chunk(self, chunk);
+  } else {
+    st.pending.mutable_token_ids()->MergeFrom(chunk.token_ids());
+    *st.pending.mutable_text() += chunk.text();
+    st.pending.mutable_logprobs()->MergeFrom(chunk.logprobs());
+    send_chunk(self, st.pending);
+  }
+  const auto now = clock_type::now();
+  auto& tr = st.trace;
+  tr.completion_tokens = static_cast<int32_t>(st.generated.size());
+  tr.total_ms = ms_between(st.arrival, now);
+  tr.queue_ms = st.accepted ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
+  tr.ttft_ms = st.generated.empty() ? 0.0 : ms_between(st.arrival, st.first_token);
+  tr.tpot_ms = st.generated.size() > 1
+                   ? ms_between(st.first_token, st.last_token) / (st.generated.size() - 1)
+                   : 0.0;
+  tr.error = error;
+  wire::ServerMessage m;
+  auto* f = m.mutable_finished();
+  f->set_request_id(st.gen.request_id());
+  f->set_reason(reason);
+  f->set_prompt_tokens(tr.prompt_tokens);
+  f->set_completion_tokens(tr.completion_tokens);
+  f->set_cached_tokens(tr.cached_tokens);
+  f->set_queue_ms(tr.queue_ms);
+  f->set_ttft_ms(tr.ttft_ms);
+  f->set_tpot_ms(tr.tpot_ms);
+  f->set_preemptions(tr.preemptions);
+  f->set_stop_matched(tr.stop_matched);
+  f->set_error(error);
+  tr.finish = wire::FinishReason_Name(reason);
+  for (auto& c : tr.finish) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  send_frame(self, m, true);
+  self->send(st.gateway, trace_atom::value, tr);
+  self->quit();
+}
+
+void on_tokens(self_ptr self, const token_batch& b) {
+  auto& st = self->state;
+  if (st.done) return;
+  const auto now = clock_type::now();
+  if (b.cached_tokens > 0) st.trace.cached_tokens = b.cached_tokens;
+  wire::TokenChunk chunk;
+  // The token that ended the sequence (eos, a stop token) is not output.
+  size_t n = b.tokens.size();
+  if (n > 0 && (b.finish == finish_reason::eos || b.finish == finish_reason::stop_token)) --n;
+  const bool want_logprobs = st.seq.sampling.logprobs;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t t = b.tokens[i];
+    if (st.generated.empty()) st.first_token = now;
+    st.last_token = now;
+    st.generated.push_back(t);
+    chunk.add_token_ids(t);
+    if (want_logprobs && i < b.logprobs.size()) {
+      auto* lp = chunk.add_logprobs();
+      lp->set_token(t);
+      lp->set_logprob(b.logprobs[i]);
+      if (i < b.top.size())
+        for (const auto& alt : b.top[i]) {
+          auto* a = lp->add_top();
+          a->set_token(alt.token);
+          a->set_logprob(alt.logprob);
+        }
+    }
+    auto r = st.stops->push(st.detok->push(t));
+    *chunk.mutable_text() += r.emit;
+    if (r.stopped) {
+      st.trace.stop_matched = r.matched;
+      // The instance may still be running the sequence: abort it.
+      finish(self, chunk, wire::STOP, b.finish == finish_reason::none);
+      return;
+    }
+  }
+  switch (b.finish) {
+    case finish_reason::none:
+      break;
+    case finish_reason::eos:
+      return finish(self, chunk, wire::EOS, false);
+    case finish_reason::stop_token:
+      return finish(self, chunk, wire::STOP, false);
+    case finish_reason::max_tokens:
+    case finish_reason::context:
+      return finish(self, chunk, wire::LENGTH, false);
+    case finish_reason::aborted:
+      return finish(self, chunk, wire::CANCELLED, false);
+    case finish_reason::error:
+      return finish(self, chunk, wire::ERROR, false, "engine: " + b.error);
+  }
+  if (st.stream) {
+    send_chunk(self, chunk);
+  } else {
+    st.pending.mutable_token_ids()->MergeFrom(chunk.token_ids());
+    *st.pending.mutable_text() += chunk.text();
+    st.pending.mutable_logprobs()->MergeFrom(chunk.logprobs());
+  }
+}
+
+request_actor::behavior_type request_behavior(self_ptr self,
+                                              std::shared_ptr<const serve_context> ctx,
+                                              gateway_actor gateway, std::string client,
+                                              wire::Generate gen) {
+  auto& st = self->state;
+  st.ctx = std::move(ctx);
+  st.gateway = std::move(gateway);
+  st.client = std::move(client);
+  st.gen = std::move(gen);
+  st.arrival = clock_type::now();
+  st.trace.request_id = st.gen.request_id();
+  st.trace.client = hex(st.client);
+  st.trace.priority = st.gen.priority();
+  // The instance's sequence id: unique across clients (the client's own
+  // ids are only unique per client).
+  st.seq.id = self->id();
+  std::optional<rejection> bad;
+  try {
+    bad = build_sequence(st);
+  } catch (const std::exception& e) {
+    bad = rejection{wire::INVALID_ARGUMENT, std::string("prompt: ") + e.what()};
+  }
+  st.trace.cls = st.seq.cls;
+  st.trace.prompt_tokens = static_cast<int32_t>(st.seq.prompt.size());
+  if (bad) {
+    reject(self, bad->code, bad->message);
+    return {[](tokens_atom, const token_batch&) {}, [](preempted_atom, uint64_t, bool) {},
+            [](cancel_atom) {}, [](deadline_atom) {}};
+  }
+  st.seq.sink = caf::actor_cast<token_sink_actor>(self);
+  self->monitor(st.ctx->instance);
+  self->set_down_handler([self](const caf::down_msg&) {
+    if (self->state.done) return;
+    self->state.accepted = false;
+    wire::TokenChunk chunk;
+    finish(self, chunk, wire::ERROR, false, "the instance serving this request went down");
+  });
+  if (st.gen.deadline_ms() > 0)
+    self->delayed_send(self, std::chrono::milliseconds(st.gen.deadline_ms()), deadline_atom::value);
+  self->request(st.ctx->instance, caf::infinite, enqueue_atom::value, st.seq)
+      .then(
+          [self](int32_t ahead) {
+            auto& st = self->state;
+            if (st.done) {  // cancelled while the enqueue was on its way
+              self->send(st.ctx->instance, abort_atom::value, st.seq.id);
+              return;
+            }
+            st.accepted = true;
+            st.enqueued = clock_type::now();
+            if (ahead >= st.ctx->max_queue) {
+              self->send(st.ctx->instance, abort_atom::value, st.seq.id);
+              st.accepted = false;
+              return reject(self, wire::OVERLOADED,
+                            "overloaded: " + std::to_string(ahead) +
+                                " requests are waiting (limit " +
+                                std::to_string(st.ctx->max_queue) + "); try again later");
+            }
+            wire::ServerMessage m;
+            m.mutable_accepted()->set_request_id(st.gen.request_id());
+            m.mutable_accepted()->set_prompt_tokens(static_cast<uint32_t>(st.seq.prompt.size()));
+            send_frame(self, m, false);
+          },
+          [self](caf::error& e) {
+            if (self->state.done) return;
+            reject(self, wire::INVALID_ARGUMENT,
+                   "the engine refused the request: " + self->system().render(e));
+          });
+  return {
+      [self](tokens_atom, const token_batch& b) { on_tokens(self, b); },
+      [self](preempted_atom, uint64_t, bool) { ++self->state.trace.preemptions; },
+      [self](cancel_atom) {
+        if (self->state.done) return;
+        wire::TokenChunk chunk;
+        finish(self, chunk, wire::CANCELLED, true);
+      },
+      [self](deadline_atom) {
+        if (self->state.done) return;
+        wire::TokenChunk chunk;
+        finish(self, chunk, wire::TIMEOUT, true);
+      },
+  };
+}
+
+}  // namespace
+
+request_actor spawn_request(caf::actor_system& sys, std::shared_ptr<const serve_context> ctx,
+                            gateway_actor gateway, std::string client, wire::Generate gen) {
+  return sys.spawn(request_behavior, std::move(ctx), std::move(gateway), std::move(client),
+                   std::move(gen));
+}
+
+}  // namespace troupe

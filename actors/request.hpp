@@ -1,0 +1,39 @@
+#pragma once
+// The request actor: one per client Generate (DESIGN.md §3, "Generate").
+// It turns the client's prompt into tokens (raw text, token ids, or chat
+// messages through the model's template), checks that the request fits,
+// enqueues the sequence on the instance with itself as the token sink,
+// detokenizes incrementally, applies stop strings, and hands the gateway
+// wire frames: Accepted, TokenChunks, then Finished (or one Error).  Cancel
+// and the deadline end it the way a normal finish does: the sequence leaves
+// the instance first, then the stream closes.
+#include <memory>
+#include <string>
+
+#include "messages/client.pb.h"
+#include "messages/gateway.hpp"
+#include "runtime/tokenizer.hpp"
+
+namespace troupe {
+
+// What every request of one service shares (read-only).
+struct serve_context {
+  instance_actor instance;
+  std::shared_ptr<const tokenizer> tok;
+  std::string model_name;
+  std::string chat_template;  // Jinja source from the model; empty: no chat
+  bool add_bos = false;
+  int32_t max_len = 0;               // prompt + generated tokens per sequence
+  int32_t default_max_tokens = 256;  // when the client gives none (cut to the context)
+  int32_t max_queue = 256;           // waiting sequences at most; beyond: "overloaded"
+};
+
+// A ServerMessage as one wire frame (protocol_version set).
+std::string encode_frame(wire::ServerMessage& msg);
+std::string error_frame(wire::ErrorCode code, const std::string& message, uint64_t request_id,
+                        bool has_request_id);
+
+request_actor spawn_request(caf::actor_system& sys, std::shared_ptr<const serve_context> ctx,
+                            gateway_actor gateway, std::string client, wire::Generate gen);
+
+}  // namespace troupe

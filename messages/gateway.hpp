@@ -1,0 +1,68 @@
+#pragma once
+// The gateway and request protocols (DESIGN.md §2-3, "Generate"): the
+// gateway owns a client socket and spawns one request actor per Generate;
+// each request actor speaks to an instance as its token sink and hands the
+// gateway finished wire frames (serialized troupe.wire.ServerMessage) to
+// send back to its client.
+#include <caf/all.hpp>
+#include <string>
+#include <vector>
+
+#include "messages/instance.hpp"
+
+namespace troupe {
+
+// What one request did, kept by the gateway for inspection (admin).
+struct request_trace {
+  uint64_t request_id = 0;  // the client's id
+  std::string client;       // the client's socket identity, hex
+  std::string finish;       // stop, length, eos, cancelled, timeout, error, rejected
+  std::string stop_matched;
+  std::string error;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+  int32_t preemptions = 0;
+  int32_t priority = 0;
+  seq_class cls = seq_class::online;
+  double queue_ms = 0;  // arrival until the instance took the sequence
+  double ttft_ms = 0;   // arrival until the first token
+  double tpot_ms = 0;   // mean time per output token after the first
+  double total_ms = 0;  // arrival until finish
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
+  return f(caf::meta::type_name("request_trace"), x.request_id, x.client, x.finish, x.stop_matched,
+           x.error, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.preemptions,
+           x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms);
+}
+
+using reply_atom = caf::atom_constant<caf::atom("reply")>;
+using trace_atom = caf::atom_constant<caf::atom("trace")>;
+using traces_atom = caf::atom_constant<caf::atom("traces")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+
+// reply:  (client identity, request id, frame, last) a frame for the
+//         client; `last` ends the request (Finished, or an Error for it).
+// trace:  a finished request's trace record.
+// traces: the most recent trace records, oldest first.
+// drain:  (cancel) stop taking new requests; with cancel, also cancel the
+//         ones in flight.  Replies with the number still in flight.
+// poll:   the gateway's own loop (socket, then mailbox, then again).
+using gateway_actor =
+    caf::typed_actor<caf::reacts_to<reply_atom, std::string, uint64_t, std::string, bool>,
+                     caf::reacts_to<trace_atom, request_trace>,
+                     caf::replies_to<traces_atom>::with<std::vector<request_trace>>,
+                     caf::replies_to<drain_atom, bool>::with<int32_t>, caf::reacts_to<poll_atom>>;
+
+// A request actor is the token sink of its sequence, and takes the
+// client's cancel and its own deadline.  Either ends the request at once:
+// the sequence is aborted in the instance, then Finished goes out.
+using request_actor =
+    token_sink_actor::extend<caf::reacts_to<cancel_atom>, caf::reacts_to<deadline_atom>>;
+
+}  // namespace troupe

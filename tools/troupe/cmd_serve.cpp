@@ -1,0 +1,348 @@
+// troupe serve: device, instance and gateway in one process, serving the
+// client protocol on the --listen endpoints until SIGINT/SIGTERM, then
+// draining within a grace period.  Settings come from a TOML file
+// (--config; [engine] and [service]) and the command line, which wins;
+// every key has a command-line flag, and a bad value stops the start with
+// the key's name.
+#include <pthread.h>
+#include <signal.h>
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "actors/device.hpp"
+#include "actors/gateway.hpp"
+#include "actors/instance.hpp"
+#include "runtime/tokenizer.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct serve_settings {
+  engine_flags engine;
+  int max_batch_tokens = 256;
+  int max_seqs = 64;
+  int chunk_size = 128;
+  std::string preemption = "recompute";
+  bool prefix_caching = true;
+  std::vector<std::string> listen;
+  int max_frame_bytes = 1 << 20;
+  int max_inflight = 1024;
+  int max_queue = 256;
+  int default_max_tokens = 256;
+  double grace_s = 10;
+  int poll_ms = 2;
+  int trace_history = 1024;
+};
+
+using setter = std::function<std::string(const std::string&)>;  // "" or why not
+
+// One config key: where it lives in the file, its flag, and how a text
+// value becomes the setting (with its checks).
+struct key_spec {
+  std::string section, key, help;
+  bool list = false;
+  setter set;
+  std::string cli_value;
+  std::vector<std::string> cli_values;
+  CLI::Option* opt = nullptr;
+  std::string flag() const {
+    std::string f = "--" + key;
+    for (auto& c : f)
+      if (c == '_') c = '-';
+    return f;
+  }
+  std::string name() const { return section + "." + key; }
+};
+
+setter int_key(int& dst, long lo, long hi) {
+  return [&dst, lo, hi](const std::string& v) -> std::string {
+    long x = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+      return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+             "], got '" + v + "'";
+    dst = static_cast<int>(x);
+    return {};
+  };
+}
+
+setter real_key(double& dst, double lo, double hi) {
+  return [&dst, lo, hi](const std::string& v) -> std::string {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < lo || x > hi)
+      return "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
+             v + "'";
+    dst = x;
+    return {};
+  };
+}
+
+setter bool_key(bool& dst) {
+  return [&dst](const std::string& v) -> std::string {
+    if (v == "true" || v == "1" || v == "yes")
+      dst = true;
+    else if (v == "false" || v == "0" || v == "no")
+      dst = false;
+    else
+      return "must be true or false, got '" + v + "'";
+    return {};
+  };
+}
+
+setter string_key(std::string& dst, std::vector<std::string> allowed = {}) {
+  return [&dst, allowed](const std::string& v) -> std::string {
+    if (v.empty()) return "must not be empty";
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+      std::string all;
+      for (const auto& a : allowed) all += (all.empty() ? "" : ", ") + a;
+      return "must be one of " + all + ", got '" + v + "'";
+    }
+    dst = v;
+    return {};
+  };
+}
+
+std::vector<key_spec> make_keys(serve_settings& s) {
+  auto& e = s.engine;
+  std::vector<key_spec> k;
+  auto add = [&](std::string section, std::string key, std::string help, setter set,
+                 bool list = false) {
+    key_spec spec;
+    spec.section = std::move(section);
+    spec.key = std::move(key);
+    spec.help = std::move(help);
+    spec.set = std::move(set);
+    spec.list = list;
+    k.push_back(std::move(spec));
+  };
+  add("engine", "model", "model name (smollm2-135m-instruct, stories15m) or .gguf / .bin path",
+      string_key(e.model));
+  add("engine", "tokenizer", "tokenizer.bin for a llama2.c model", string_key(e.tokenizer));
+  add("engine", "platform", "OpenCL platform index", int_key(e.platform, 0, 64));
+  add("engine", "device", "OpenCL device index", int_key(e.device, 0, 64));
+  add("engine", "page_size", "KV page size in tokens", int_key(e.page_size, 1, 4096));
+  add("engine", "kv_mb", "KV arena size in MiB", int_key(e.kv_mb, 1, 1 << 20));
+  add("engine", "kv_f32", "store the KV cache as F32 (true/false)", bool_key(e.kv_f32));
+  add("engine", "batch", "device scratch rows per forward call", int_key(e.batch, 1, 65536));
+  add("engine", "max_batch_tokens", "rows of one scheduler step",
+      int_key(s.max_batch_tokens, 1, 65536));
+  add("engine", "max_seqs", "sequences running at once", int_key(s.max_seqs, 1, 65536));
+  add("engine", "chunk_size", "prefill rows of one sequence per step",
+      int_key(s.chunk_size, 1, 65536));
+  add("engine", "preemption", "recompute or swap", string_key(s.preemption, {"recompute", "swap"}));
+  add("engine", "prefix_caching", "reuse KV pages of shared prompt prefixes (true/false)",
+      bool_key(s.prefix_caching));
+  add(
+      "service", "listen", "endpoint to serve on (tcp://host:port, port * picks one; ipc://path)",
+      [&s](const std::string& v) -> std::string {
+        if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
+          return "must be tcp://host:port or ipc://path, got '" + v + "'";
+        s.listen.push_back(v);
+        return {};
+      },
+      true);
+  add("service", "max_frame_bytes", "largest client frame",
+      int_key(s.max_frame_bytes, 64, 1 << 30));
+  add("service", "max_inflight", "requests in flight at once", int_key(s.max_inflight, 1, 1 << 20));
+  add("service", "max_queue", "waiting sequences before 'overloaded'",
+      int_key(s.max_queue, 1, 1 << 20));
+  add("service", "default_max_tokens", "max_tokens when a request gives none",
+      int_key(s.default_max_tokens, 1, 1 << 20));
+  add("service", "grace_s", "seconds in-flight requests get to finish at shutdown",
+      real_key(s.grace_s, 0, 3600));
+  add("service", "poll_ms", "gateway socket poll timeout", int_key(s.poll_ms, 0, 1000));
+  add("service", "trace_history", "finished requests' traces kept",
+      int_key(s.trace_history, 0, 1 << 20));
+  return k;
+}
+
+// A TOML value as the text the setters read.
+std::optional<std::string> scalar_text(const toml::node& n) {
+  if (auto v = n.value_exact<std::string>()) return *v;
+  if (auto v = n.value_exact<int64_t>()) return std::to_string(*v);
+  if (auto v = n.value_exact<bool>()) return std::string(*v ? "true" : "false");
+  if (auto v = n.value_exact<double>()) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.17g", *v);
+    return std::string(buf);
+  }
+  return std::nullopt;
+}
+
+void load_config(const std::string& path, std::vector<key_spec>& keys) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << "config " << path << ": " << e.description() << " (line " << e.source().begin.line << ")";
+    throw std::invalid_argument(os.str());
+  }
+  for (const auto& [section, node] : tbl) {
+    const std::string sec(section.str());
+    const auto* t = node.as_table();
+    if (!t || (sec != "engine" && sec != "service"))
+      throw std::invalid_argument("config " + path + ": unknown section [" + sec +
+                                  "] (known: [engine], [service])");
+    for (const auto& [key, value] : *t) {
+      const std::string name = sec + "." + std::string(key.str());
+      auto it = std::find_if(keys.begin(), keys.end(),
+                             [&](const key_spec& k) { return k.name() == name; });
+      if (it == keys.end()) throw std::invalid_argument("config " + path + ": unknown key " + name);
+      if (it->opt && it->opt->count() > 0) continue;  // the command line wins
+      std::vector<std::string> values;
+      if (const auto* arr = value.as_array(); arr && it->list) {
+        for (const auto& el : *arr) {
+          auto v = scalar_text(el);
+          if (!v)
+            throw std::invalid_argument("config " + path + ": " + name + ": not a list of values");
+          values.push_back(*v);
+        }
+      } else if (auto v = scalar_text(value)) {
+        values.push_back(*v);
+      } else {
+        throw std::invalid_argument("config " + path + ": " + name + ": not a value");
+      }
+      for (const auto& v : values)
+        if (auto why = it->set(v); !why.empty())
+          throw std::invalid_argument("config " + path + ": " + name + ": " + why);
+    }
+  }
+}
+
+int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string& config) {
+  if (!config.empty()) load_config(config, keys);
+  for (auto& k : keys) {
+    if (!k.opt || k.opt->count() == 0) continue;
+    std::vector<std::string> values = k.list ? k.cli_values : std::vector<std::string>{k.cli_value};
+    for (const auto& v : values)
+      if (auto why = k.set(v); !why.empty())
+        throw std::invalid_argument(k.flag() + " (" + k.name() + "): " + why);
+  }
+  if (s.engine.model.empty())
+    throw std::invalid_argument("engine.model: required (--model, or model in [engine])");
+  if (s.listen.empty())
+    throw std::invalid_argument("service.listen: required (--listen, or listen in [service])");
+  scheduler_limits lim;
+  lim.max_batch_tokens = s.max_batch_tokens;
+  lim.max_seqs = s.max_seqs;
+  lim.chunk_size = s.chunk_size;
+  lim.page_size = s.engine.page_size;
+  if (auto why = validate(lim); !why.empty())
+    throw std::invalid_argument("engine.max_batch_tokens/max_seqs/chunk_size: " + why);
+
+  // Signals go to the thread that waits for them, not to CAF's workers:
+  // block them before any thread starts.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto model = open_model(s.engine);
+  std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
+  actor_env env;
+  auto eo = to_engine_options(s.engine);
+  eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
+  auto dev = spawn_device(*env.sys, model, eo);
+  const auto info = query_info(*env.sys, dev);
+  instance_options io;
+  io.limits = lim;
+  io.preemption = s.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
+  io.eog_tokens = tok->end_of_generation_ids();
+  io.prefix_caching = s.prefix_caching;
+  auto inst = spawn_instance(*env.sys, dev, io);
+
+  auto ctx = std::make_shared<serve_context>();
+  ctx->instance = inst;
+  ctx->tok = tok;
+  ctx->model_name = s.engine.model;
+  ctx->chat_template = model->vocab().chat_template;
+  ctx->add_bos = model->vocab().add_bos;
+  ctx->max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
+  ctx->default_max_tokens = s.default_max_tokens;
+  ctx->max_queue = s.max_queue;
+  gateway_options go;
+  go.endpoints = s.listen;
+  go.max_frame_bytes = static_cast<size_t>(s.max_frame_bytes);
+  go.max_inflight = s.max_inflight;
+  go.poll_ms = s.poll_ms;
+  go.trace_history = static_cast<size_t>(s.trace_history);
+  auto gw = spawn_gateway(*env.sys, ctx, go);
+
+  std::string eps;
+  for (const auto& ep : gw.endpoints) eps += (eps.empty() ? "" : " ") + ep;
+  std::printf("troupe serve: listening on %s (model %s on %s, context %d tokens)\n", eps.c_str(),
+              s.engine.model.c_str(), info.device_name.c_str(), ctx->max_len);
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "troupe serve: %s, draining (grace %.1f s)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", s.grace_s);
+
+  // Stop taking requests, let those in flight finish, cancel the rest.
+  caf::scoped_actor self{*env.sys};
+  auto in_flight = [&](bool cancel) {
+    int32_t n = 0;
+    self->request(gw.actor, std::chrono::seconds(5), drain_atom::value, cancel)
+        .receive([&](int32_t k) { n = k; }, [&](caf::error&) { n = 0; });
+    return n;
+  };
+  const auto grace_end = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(static_cast<int64_t>(s.grace_s * 1000));
+  int32_t left = in_flight(false);
+  while (left > 0 && std::chrono::steady_clock::now() < grace_end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = in_flight(false);
+  }
+  if (left > 0) {
+    std::fprintf(stderr, "troupe serve: cancelling %d requests still in flight\n", left);
+    left = in_flight(true);
+    const auto cancel_end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (left > 0 && std::chrono::steady_clock::now() < cancel_end) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      left = in_flight(false);
+    }
+  }
+  self->send_exit(gw.actor, caf::exit_reason::user_shutdown);
+  self->send_exit(inst, caf::exit_reason::user_shutdown);
+  self->send_exit(dev, caf::exit_reason::user_shutdown);
+  std::fprintf(stderr, "troupe serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto s = std::make_shared<serve_settings>();
+  auto keys = std::make_shared<std::vector<key_spec>>(make_keys(*s));
+  auto config = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("serve", "serve a model to clients over ZeroMQ (client.proto)");
+  cmd->add_option("-c,--config", *config, "TOML config file ([engine], [service])")
+      ->check(CLI::ExistingFile);
+  for (auto& k : *keys) {
+    std::string flags = k.flag();
+    if (k.key == "model") flags = "-m," + flags;
+    if (k.key == "listen") flags = "-l," + flags;
+    const std::string help = k.help + " [" + k.name() + "]";
+    k.opt = k.list ? cmd->add_option(flags, k.cli_values, help)
+                   : cmd->add_option(flags, k.cli_value, help);
+  }
+  cmd->callback([s, keys, config] {
+    int rc = run_serve(*s, *keys, *config);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace troupe::cli
