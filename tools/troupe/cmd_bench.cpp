@@ -99,6 +99,8 @@ int run_bench(const bench_flags& f) {
 
 }  // namespace
 
+void add_bench_batch(CLI::App& bench);  // cmd_bench_batch.cpp
+
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -111,6 +113,7 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-r,--reps", f->reps, "repetitions")->default_val(3)->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->callback([f] { run_bench(*f); });
+  add_bench_batch(*bench);
 }
 
 }  // namespace troupe::cli
