@@ -1,0 +1,72 @@
+#pragma once
+// What a serving benchmark sends and when: datasets of requests and arrival
+// schedules, all seeded so that two runs (troupe and a peer) see the same
+// load.  Definitions follow `vllm bench serve`:
+//   - random dataset: input and output lengths uniform in
+//     [floor(L * (1 - r)), ceil(L * (1 + r))] for --random-range-ratio r,
+//     prompts of token ids (offset + i + j) % span, after an optional shared
+//     random prefix of --random-prefix-len tokens;
+//   - arrivals: gaps drawn from Gamma(shape = burstiness,
+//     scale = 1 / (rate * burstiness)), Poisson when burstiness is 1; an
+//     infinite rate sends everything at once; the first request goes at 0.
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace troupe::bench {
+
+struct bench_request {
+  size_t index = 0;
+  std::string prompt_text;             // a text prompt, or
+  std::vector<int32_t> prompt_tokens;  // token ids, sent as they are
+  int prompt_len = 0;                  // tokens when known (ids), else 0 (the server says)
+  int output_len = 0;                  // max_tokens; 0: the server's default
+  bool offline = false;                // request class
+};
+
+// Token ids are drawn from [first_id, vocab_size): low ids are often
+// special tokens (BOS, EOS, chat markers).
+struct token_space {
+  int32_t first_id = 256;
+  int32_t vocab_size = 32000;
+};
+
+struct random_spec {
+  int input_len = 1024;
+  int output_len = 128;
+  double range_ratio = 0.0;  // [0, 1)
+  int prefix_len = 0;
+  token_space tokens;
+};
+
+struct shared_prefix_spec {
+  int num_groups = 4;
+  int prefix_len = 512;
+  int suffix_len = 64;
+  int output_len = 128;
+  token_space tokens;
+};
+
+// All throw std::invalid_argument (bad spec) or std::runtime_error (a file).
+std::vector<bench_request> random_dataset(size_t n, const random_spec& spec, uint64_t seed);
+std::vector<bench_request> shared_prefix_dataset(size_t n, const shared_prefix_spec& spec,
+                                                 uint64_t seed);
+// One JSON object per line: "prompt" (a string or an array of token ids) and
+// optionally "output_tokens" (or "output_len", "max_tokens").  Lines are
+// taken in order and reused cyclically when n exceeds them; default_output
+// applies where a line gives no length.
+std::vector<bench_request> jsonl_dataset(const std::string& path, size_t n, int default_output);
+
+// Marks round(n * fraction) requests, chosen by the seed, offline.
+void assign_classes(std::vector<bench_request>& reqs, double offline_fraction, uint64_t seed);
+
+constexpr double infinite_rate = std::numeric_limits<double>::infinity();
+
+// Send offsets in seconds from the start, non-decreasing, first at 0.
+std::vector<double> gamma_arrivals(size_t n, double rate, double burstiness, uint64_t seed);
+// A trace file: one timestamp in seconds per line (a number, or a JSON object
+// with "timestamp"); shifted so the first is 0; must not decrease.
+std::vector<double> load_trace(const std::string& path);
+
+}  // namespace troupe::bench

@@ -1,0 +1,172 @@
+// Serving benchmark workloads (runtime/bench_workload.hpp): dataset lengths
+// and token ranges, seeding, shared prefixes, JSONL and trace files, class
+// mix, and the gamma arrival process's rate and burstiness.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+#include "runtime/bench_workload.hpp"
+
+namespace troupe::bench {
+namespace {
+
+std::string temp_file(const std::string& text) {
+  char name[] = "/tmp/troupe_bench_XXXXXX";
+  int fd = mkstemp(name);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(name) << text;
+  return name;
+}
+
+TEST(BenchWorkload, RandomLengthsFollowTheRangeRatio) {
+  random_spec spec;
+  spec.input_len = 100;
+  spec.output_len = 20;
+  spec.range_ratio = 0.5;
+  spec.tokens = {100, 1000};
+  auto reqs = random_dataset(500, spec, 7);
+  ASSERT_EQ(reqs.size(), 500u);
+  int in_min = 1 << 30, in_max = 0, out_min = 1 << 30, out_max = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& r = reqs[i];
+    EXPECT_EQ(r.index, i);
+    EXPECT_EQ(r.prompt_len, static_cast<int>(r.prompt_tokens.size()));
+    for (int32_t t : r.prompt_tokens) {
+      EXPECT_GE(t, 100);
+      EXPECT_LT(t, 1000);
+    }
+    in_min = std::min(in_min, r.prompt_len), in_max = std::max(in_max, r.prompt_len);
+    out_min = std::min(out_min, r.output_len), out_max = std::max(out_max, r.output_len);
+  }
+  // [floor(100 * 0.5), ceil(100 * 1.5)] and [10, 30]: 500 draws reach both ends' neighbourhood.
+  EXPECT_GE(in_min, 50);
+  EXPECT_LE(in_max, 150);
+  EXPECT_LT(in_min, 55);
+  EXPECT_GT(in_max, 145);
+  EXPECT_GE(out_min, 10);
+  EXPECT_LE(out_max, 30);
+}
+
+TEST(BenchWorkload, RandomIsSeededAndExactWithoutRange) {
+  random_spec spec;
+  spec.input_len = 32;
+  spec.output_len = 8;
+  spec.prefix_len = 5;
+  auto a = random_dataset(10, spec, 1), b = random_dataset(10, spec, 1),
+       c = random_dataset(10, spec, 2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].prompt_tokens, b[i].prompt_tokens);
+    EXPECT_EQ(a[i].prompt_len, 37);
+    EXPECT_EQ(a[i].output_len, 8);
+    // The random prefix is shared by all requests.
+    EXPECT_TRUE(std::equal(a[0].prompt_tokens.begin(), a[0].prompt_tokens.begin() + 5,
+                           a[i].prompt_tokens.begin()));
+  }
+  EXPECT_NE(a[0].prompt_tokens, c[0].prompt_tokens);
+  random_spec bad_ratio, bad_output, bad_tokens;
+  bad_ratio.range_ratio = 1.0;
+  bad_output.output_len = 0;
+  bad_tokens.tokens = {10, 5};
+  EXPECT_THROW(random_dataset(1, bad_ratio, 0), std::invalid_argument);
+  EXPECT_THROW(random_dataset(1, bad_output, 0), std::invalid_argument);
+  EXPECT_THROW(random_dataset(1, bad_tokens, 0), std::invalid_argument);
+}
+
+TEST(BenchWorkload, SharedPrefixGroups) {
+  shared_prefix_spec spec;
+  spec.num_groups = 3;
+  spec.prefix_len = 16;
+  spec.suffix_len = 4;
+  spec.output_len = 7;
+  auto reqs = shared_prefix_dataset(30, spec, 3);
+  std::map<std::vector<int32_t>, int> groups;
+  for (const auto& r : reqs) {
+    ASSERT_EQ(r.prompt_len, 20);
+    EXPECT_EQ(r.output_len, 7);
+    ++groups[std::vector<int32_t>(r.prompt_tokens.begin(), r.prompt_tokens.begin() + 16)];
+  }
+  ASSERT_EQ(groups.size(), 3u);
+  for (const auto& [prefix, count] : groups) EXPECT_EQ(count, 10);
+  spec.num_groups = 0;
+  EXPECT_THROW(shared_prefix_dataset(1, spec, 0), std::invalid_argument);
+}
+
+TEST(BenchWorkload, JsonlPrompts) {
+  auto path = temp_file(
+      "{\"prompt\": \"hello\", \"output_tokens\": 5}\n\n{\"prompt\": [1, 2, 3]}\n"
+      "{\"prompt\": \"x\", \"max_tokens\": 2}\n");
+  auto reqs = jsonl_dataset(path, 5, 9);
+  ASSERT_EQ(reqs.size(), 5u);
+  EXPECT_EQ(reqs[0].prompt_text, "hello");
+  EXPECT_EQ(reqs[0].output_len, 5);
+  EXPECT_EQ(reqs[0].prompt_len, 0);  // unknown until the server counts it
+  EXPECT_EQ(reqs[1].prompt_tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(reqs[1].prompt_len, 3);
+  EXPECT_EQ(reqs[1].output_len, 9);
+  EXPECT_EQ(reqs[2].output_len, 2);
+  EXPECT_EQ(reqs[3].prompt_text, "hello");  // cycles
+  EXPECT_EQ(reqs[4].index, 4u);
+  std::remove(path.c_str());
+
+  auto bad = temp_file("{\"prompt\": \"a\"}\n{\"text\": \"b\"}\n");
+  try {
+    jsonl_dataset(bad, 1, 1);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(":2:"), std::string::npos) << e.what();
+  }
+  std::remove(bad.c_str());
+  EXPECT_THROW(jsonl_dataset("/nonexistent/x.jsonl", 1, 1), std::runtime_error);
+}
+
+TEST(BenchWorkload, ClassMix) {
+  std::vector<bench_request> reqs(100);
+  assign_classes(reqs, 0.3, 5);
+  EXPECT_EQ(std::count_if(reqs.begin(), reqs.end(), [](auto& r) { return r.offline; }), 30);
+  assign_classes(reqs, 0.0, 5);
+  EXPECT_EQ(std::count_if(reqs.begin(), reqs.end(), [](auto& r) { return r.offline; }), 0);
+  EXPECT_THROW(assign_classes(reqs, 1.5, 5), std::invalid_argument);
+}
+
+// Mean gap 1/rate; coefficient of variation of the gaps 1/sqrt(burstiness).
+TEST(BenchWorkload, GammaArrivals) {
+  for (double burst : {1.0, 0.25, 4.0}) {
+    auto t = gamma_arrivals(20001, 50.0, burst, 11);
+    EXPECT_EQ(t[0], 0.0);
+    std::vector<double> gaps;
+    for (size_t i = 1; i < t.size(); ++i) gaps.push_back(t[i] - t[i - 1]);
+    const double mean = std::accumulate(gaps.begin(), gaps.end(), 0.0) / gaps.size();
+    double var = 0;
+    for (double g : gaps) var += (g - mean) * (g - mean);
+    const double cv = std::sqrt(var / gaps.size()) / mean;
+    EXPECT_NEAR(mean, 1.0 / 50, 0.03 / 50) << burst;
+    EXPECT_NEAR(cv, 1.0 / std::sqrt(burst), 0.05 / std::sqrt(burst)) << burst;
+  }
+  auto all_at_once = gamma_arrivals(5, infinite_rate, 1.0, 0);
+  EXPECT_EQ(all_at_once, std::vector<double>(5, 0.0));
+  EXPECT_EQ(gamma_arrivals(10, 3.0, 1.0, 4), gamma_arrivals(10, 3.0, 1.0, 4));
+  EXPECT_THROW(gamma_arrivals(1, 0.0, 1.0, 0), std::invalid_argument);
+  EXPECT_THROW(gamma_arrivals(1, 1.0, 0.0, 0), std::invalid_argument);
+}
+
+TEST(BenchWorkload, TraceReplay) {
+  auto path = temp_file("10.5\n{\"timestamp\": 11}\n\n12.25\n");
+  EXPECT_EQ(load_trace(path), (std::vector<double>{0.0, 0.5, 1.75}));
+  std::remove(path.c_str());
+  auto back = temp_file("2\n1\n");
+  EXPECT_THROW(load_trace(back), std::runtime_error);
+  std::remove(back.c_str());
+  auto junk = temp_file("soon\n");
+  EXPECT_THROW(load_trace(junk), std::runtime_error);
+  std::remove(junk.c_str());
+}
+
+}  // namespace
+}  // namespace troupe::bench
