@@ -1,0 +1,405 @@
+// troupe serve as users run it: a real server process on loopback, real
+// client processes and the client library.  Streamed answers match offline
+// greedy `troupe generate` token for token, cancel and deadlines end a
+// stream early, bad input gets an Error naming the problem while the server
+// keeps serving, and SIGTERM lets in-flight requests finish.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// `troupe serve` as a child process, started on a port the OS picks.
+class server_process {
+ public:
+  explicit server_process(const std::string& extra_args = "") {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    err_path_ = "/tmp/troupe_serve_" + std::to_string(::getpid()) + "_" +
+                std::to_string(counter_++) + ".err";
+    const std::string cmd = "exec " + troupe_bin() +
+                            " serve -m stories15m --listen 'tcp://127.0.0.1:*' " + extra_args +
+                            " 2>" + err_path_;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+    // The one line it prints when ready names the endpoint.
+    std::string line;
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[256];
+      const ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<size_t>(n));
+    }
+    const std::string prefix = "troupe serve: listening on ";
+    if (line.rfind(prefix, 0) != 0)
+      throw std::runtime_error("server did not get ready: '" + line + "' " + slurp(err_path_));
+    endpoint_ = line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size());
+  }
+
+  ~server_process() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(out_);
+    std::remove(err_path_.c_str());
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  std::string stderr_text() const { return slurp(err_path_); }
+
+  void signal(int sig) { ::kill(pid_, sig); }
+
+  // Waits for the exit; the exit code, or -1 if it did not exit in time.
+  int wait_exit(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    return -1;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string endpoint_;
+  std::string err_path_;
+};
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new server_process(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static const std::string& endpoint() { return server_->endpoint(); }
+  static inline server_process* server_ = nullptr;
+};
+
+wire::Generate text_request(uint64_t id, const std::string& text, int max_tokens) {
+  wire::Generate g;
+  g.set_request_id(id);
+  g.set_text(text);
+  g.set_max_tokens(max_tokens);
+  return g;
+}
+
+// The next message, failing the test when none comes in time.
+wire::ServerMessage next(client::connection& c, std::chrono::milliseconds t = 20s) {
+  auto m = c.receive(t);
+  if (!m) {
+    ADD_FAILURE() << "no message from the server in " << t.count() << " ms";
+    return {};
+  }
+  return *m;
+}
+
+// Waits for an Error; skips other messages (of requests still running).
+wire::Error expect_error(client::connection& c) {
+  for (int i = 0; i < 1000; ++i) {
+    auto m = next(c);
+    if (m.has_error()) return m.error();
+    if (m.body_case() == wire::ServerMessage::BODY_NOT_SET) break;
+  }
+  ADD_FAILURE() << "no Error came";
+  return {};
+}
+
+void expect_error_about(const wire::Error& e, wire::ErrorCode code, const std::string& what) {
+  EXPECT_EQ(e.code(), code) << wire::ErrorCode_Name(e.code()) << ": " << e.message();
+  EXPECT_NE(e.message().find(what), std::string::npos)
+      << "expected '" << what << "' in: " << e.message();
+}
+
+TEST_F(Serve, ThreeClientProcessesMatchOfflineGreedy) {
+  const std::vector<std::vector<std::string>> prompts = {
+      {"Once upon a time", "The little dog", "Tom and Anna went"},
+      {"One day, a bird", "The sun was", "Lily had a red ball"},
+      {"There was a big tree", "Mom said", "The cat"}};
+  const int n = 32;
+  // The references: each prompt alone through `troupe generate`.
+  std::map<std::string, nlohmann::json> want;
+  for (const auto& group : prompts)
+    for (const auto& p : group) {
+      auto r = run_process(troupe_bin() + " generate -m stories15m -n " + std::to_string(n) +
+                           " --json -p " + shell_quote(p));
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      want[p] = nlohmann::json::parse(r.out);
+    }
+  // Three client processes at once, three pipelined streamed requests each.
+  std::string cmd;
+  const std::string base = "/tmp/troupe_serve_clients_" + std::to_string(::getpid());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    cmd += troupe_bin() + " client --json -n " + std::to_string(n) + " --server " +
+           shell_quote(endpoint());
+    for (const auto& p : prompts[i]) cmd += " -p " + shell_quote(p);
+    cmd += " >" + base + "_" + std::to_string(i) + ".out 2>&1 & ";
+  }
+  cmd += "wait";
+  auto all = run_process(cmd);
+  ASSERT_EQ(all.exit_code, 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string path = base + "_" + std::to_string(i) + ".out";
+    std::istringstream lines(slurp(path));
+    std::remove(path.c_str());
+    for (const auto& p : prompts[i]) {
+      std::string line;
+      ASSERT_TRUE(std::getline(lines, line)) << "client " << i << ": no answer for " << p;
+      auto got = nlohmann::json::parse(line);
+      ASSERT_FALSE(got.contains("error")) << got.dump();
+      EXPECT_EQ(got["token_ids"], want[p]["token_ids"]) << "prompt '" << p << "'";
+      // The client's text is its streamed deltas concatenated.
+      EXPECT_EQ(got["text"], want[p]["text"]) << "prompt '" << p << "'";
+      EXPECT_EQ(got["finish_reason"], want[p]["finish_reason"]) << "prompt '" << p << "'";
+      EXPECT_GT(got["chunks"].get<int>(), 1) << "not streamed: " << line;
+      EXPECT_EQ(got["usage"]["prompt_tokens"], want[p]["usage"]["prompt_tokens"]);
+      EXPECT_GT(got["timing"]["ttft_ms"].get<double>(), 0.0);
+    }
+  }
+}
+
+TEST_F(Serve, StreamedDeltasConcatenateAndStopStringsCut) {
+  client::connection c(endpoint());
+  // Reference: the whole answer.
+  auto full = client::run(c, {text_request(1, "Once upon a time", 40)}, 30s).at(0);
+  ASSERT_FALSE(full.error) << full.error->message();
+  EXPECT_EQ(full.finished.reason(), wire::LENGTH);
+  EXPECT_EQ(full.token_ids.size(), 40u);
+  EXPECT_EQ(full.finished.completion_tokens(), 40u);
+  std::string joined;
+  for (const auto& d : full.deltas) joined += d;
+  EXPECT_EQ(joined, full.text);
+  // A stop string in the middle: output ends right before it.
+  const auto at = full.text.find("Lily");
+  ASSERT_NE(at, std::string::npos) << full.text;
+  auto g = text_request(2, "Once upon a time", 40);
+  g.add_stop("Lily");
+  auto cut = client::run(c, {g}, 30s).at(0);
+  ASSERT_FALSE(cut.error) << cut.error->message();
+  EXPECT_EQ(cut.finished.reason(), wire::STOP);
+  EXPECT_EQ(cut.finished.stop_matched(), "Lily");
+  EXPECT_EQ(cut.text, full.text.substr(0, at));
+  EXPECT_LT(cut.token_ids.size(), 40u);
+  // Non-streaming: one chunk with everything.
+  auto whole = text_request(3, "Once upon a time", 40);
+  whole.set_stream(false);
+  auto one = client::run(c, {whole}, 30s).at(0);
+  EXPECT_EQ(one.deltas.size(), 1u);
+  EXPECT_EQ(one.text, full.text);
+  EXPECT_EQ(one.token_ids, full.token_ids);
+}
+
+TEST_F(Serve, CancelMidStreamAndDeadline) {
+  client::connection c(endpoint());
+  auto g = text_request(5, "Once upon a time", 200);
+  g.set_ignore_eos(true);
+  c.generate(g);
+  client::result r;
+  auto find = [&](uint64_t id) { return id == 5 ? &r : nullptr; };
+  bool cancelled = false;
+  while (!r.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m) << "no answer";
+    client::apply(*m, find);
+    if (!cancelled && r.token_ids.size() >= 3) {
+      c.cancel(5);
+      cancelled = true;
+    }
+  }
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.finished.reason(), wire::CANCELLED);
+  EXPECT_LT(r.finished.completion_tokens(), 200u);
+  EXPECT_EQ(r.finished.completion_tokens(), r.token_ids.size());
+
+  // Cancel of a request that is not in flight.
+  c.cancel(5);
+  expect_error_about(expect_error(c), wire::UNKNOWN_REQUEST, "5");
+
+  auto d = text_request(6, "Once upon a time", 200);
+  d.set_ignore_eos(true);
+  d.set_deadline_ms(100);
+  auto t = client::run(c, {d}, 30s).at(0);
+  ASSERT_FALSE(t.error) << t.error->message();
+  EXPECT_EQ(t.finished.reason(), wire::TIMEOUT);
+  EXPECT_LT(t.finished.completion_tokens(), 200u);
+}
+
+TEST_F(Serve, BadInputGetsErrorsAndServingGoesOn) {
+  client::connection c(endpoint());
+  // Random bytes (an invalid wire type first, so they cannot parse).
+  std::string junk = "\xff\xff\xff\xff";
+  for (int i = 0; i < 60; ++i) junk += static_cast<char>((i * 73 + 11) & 0xff);
+  c.send_raw(junk);
+  expect_error_about(expect_error(c), wire::MALFORMED, "troupe.wire.ClientMessage");
+  // A truncated protobuf.
+  wire::ClientMessage full;
+  full.set_protocol_version(wire::PROTOCOL_VERSION_CURRENT);
+  *full.mutable_generate() = text_request(10, "Once upon a time there was a dog", 8);
+  const auto bytes = full.SerializeAsString();
+  c.send_raw(bytes.substr(0, bytes.size() / 2));
+  expect_error_about(expect_error(c), wire::MALFORMED, "do not parse");
+  // An unknown protocol version.
+  full.set_protocol_version(99);
+  c.send_raw(full.SerializeAsString());
+  expect_error_about(expect_error(c), wire::UNSUPPORTED_VERSION, "99");
+  // An empty prompt.
+  c.generate(text_request(11, "", 8));
+  auto e = expect_error(c);
+  expect_error_about(e, wire::INVALID_ARGUMENT, "empty prompt");
+  EXPECT_TRUE(e.has_request_id());
+  EXPECT_EQ(e.request_id(), 11u);
+  // NaN temperature.
+  auto nan = text_request(12, "Once", 8);
+  nan.mutable_sampling()->set_temperature(std::numeric_limits<float>::quiet_NaN());
+  c.generate(nan);
+  expect_error_about(expect_error(c), wire::INVALID_ARGUMENT, "temperature");
+  // A prompt longer than the context (256 tokens for stories15M).
+  std::string long_text;
+  for (int i = 0; i < 100; ++i) long_text += "Once upon a time ";
+  c.generate(text_request(13, long_text, 8));
+  expect_error_about(expect_error(c), wire::CONTEXT_OVERFLOW, "context");
+  // Prompt + max_tokens over the context.
+  c.generate(text_request(14, "Once upon a time", 1000));
+  expect_error_about(expect_error(c), wire::CONTEXT_OVERFLOW, "max_tokens 1000");
+  // A 10 MB frame.
+  c.send_raw(std::string(10 << 20, 'x'));
+  expect_error_about(expect_error(c), wire::FRAME_TOO_LARGE, "10485760");
+  // A duplicate request id while the first is in flight.
+  auto first = text_request(15, "Once upon a time", 60);
+  first.set_ignore_eos(true);
+  c.generate(first);
+  c.generate(text_request(15, "The cat", 8));
+  client::result r;
+  std::optional<wire::Error> dup;
+  while (!r.done() || !dup) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m) << "no answer";
+    if (m->has_error() && m->error().code() == wire::DUPLICATE_REQUEST_ID) {
+      dup = m->error();
+      continue;
+    }
+    client::apply(*m, [&](uint64_t id) { return id == 15 ? &r : nullptr; });
+  }
+  expect_error_about(*dup, wire::DUPLICATE_REQUEST_ID, "15");
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.finished.reason(), wire::LENGTH);
+  EXPECT_EQ(r.token_ids.size(), 60u);
+  // No body at all.
+  wire::ClientMessage empty;
+  c.send(empty);
+  expect_error_about(expect_error(c), wire::MALFORMED, "no body");
+  // Still serving, on this connection and on a new one.
+  auto ok = client::run(c, {text_request(16, "Once upon a time", 8)}, 30s).at(0);
+  ASSERT_FALSE(ok.error) << ok.error->message();
+  EXPECT_EQ(ok.token_ids.size(), 8u);
+  client::connection other(endpoint());
+  EXPECT_TRUE(other.ping(5s));
+}
+
+TEST_F(Serve, VanishedClientBothersNobody) {
+  {
+    client::connection gone(endpoint());
+    auto g = text_request(1, "Once upon a time", 200);
+    g.set_ignore_eos(true);
+    gone.generate(g);
+    ASSERT_TRUE(gone.receive(10s));  // accepted: it runs; then the client vanishes
+  }
+  client::connection c(endpoint());
+  auto ok = client::run(c, {text_request(1, "Once upon a time", 16)}, 30s).at(0);
+  ASSERT_FALSE(ok.error) << ok.error->message();
+  EXPECT_EQ(ok.token_ids.size(), 16u);
+}
+
+TEST_F(Serve, PingFromTheCommandLine) {
+  auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint()) + " ping");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("pong"), std::string::npos) << r.out;
+  // Nobody there: a clear error, not a hang.
+  auto none =
+      run_process(troupe_bin() + " client --server tcp://127.0.0.1:9 --timeout-ms 300 ping");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("no answer from tcp://127.0.0.1:9"), std::string::npos) << none.err;
+}
+
+TEST(ServeShutdown, SigtermLetsInFlightRequestsFinish) {
+  server_process server("--grace-s 30");
+  client::connection c(server.endpoint());
+  auto g = text_request(1, "Once upon a time", 100);
+  g.set_ignore_eos(true);
+  c.generate(g);
+  auto first = c.receive(20s);
+  ASSERT_TRUE(first && first->has_accepted());
+  server.signal(SIGTERM);
+  client::result r;
+  while (!r.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m) << "no answer after SIGTERM";
+    client::apply(*m, [&](uint64_t id) { return id == 1 ? &r : nullptr; });
+  }
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.finished.reason(), wire::LENGTH);
+  EXPECT_EQ(r.token_ids.size(), 100u);
+  EXPECT_EQ(server.wait_exit(20s), 0) << server.stderr_text();
+}
+
+TEST(ServeConfig, BadValuesAreRefusedByKey) {
+  auto r =
+      run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' --page-size 0");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("engine.page_size"), std::string::npos) << r.err;
+  const std::string path = "/tmp/troupe_serve_cfg_" + std::to_string(::getpid()) + ".toml";
+  {
+    std::ofstream f(path);
+    f << "[service]\nmax_queue = 0\n";
+  }
+  r = run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' --config " +
+                  path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("service.max_queue"), std::string::npos) << r.err;
+  {
+    std::ofstream f(path);
+    f << "[engine]\nmodle = \"x\"\n";
+  }
+  r = run_process(troupe_bin() + " serve --listen 'tcp://127.0.0.1:*' --config " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown key engine.modle"), std::string::npos) << r.err;
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace troupe::testing
