@@ -102,9 +102,25 @@ step_build() {
 }
 
 step_demo() {
-  log "demo: SmolLM2 answers a chat question"
-  "$BUILD_DIR/troupe" generate --model smollm2-135m-instruct \
-    --chat "What is the capital of France? Answer in one sentence." --max-tokens 48
+  log "demo: troupe serve with SmolLM2; troupe client asks it a chat question"
+  local out; out="$(mktemp)"
+  "$BUILD_DIR/troupe" serve --model smollm2-135m-instruct --listen 'tcp://127.0.0.1:*' >"$out" &
+  local pid=$! endpoint=""
+  for _ in $(seq 1 600); do  # up to 60 s for the ready line
+    endpoint="$(sed -n 's/^troupe serve: listening on \([^ ]*\).*/\1/p' "$out")"
+    [ -n "$endpoint" ] && break
+    kill -0 "$pid" 2>/dev/null || { log "troupe serve did not start"; rm -f "$out"; exit 1; }
+    sleep 0.1
+  done
+  [ -n "$endpoint" ] || { log "troupe serve did not get ready"; kill "$pid"; rm -f "$out"; exit 1; }
+  log "$(cat "$out")"
+  local rc=0
+  "$BUILD_DIR/troupe" client --server "$endpoint" \
+    --chat "What is the capital of France? Answer in one sentence." --max-tokens 48 || rc=$?
+  kill -TERM "$pid"
+  wait "$pid" || true
+  rm -f "$out"
+  return "$rc"
 }
 
 step_test() {
