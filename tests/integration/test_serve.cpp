@@ -319,6 +319,20 @@ TEST_F(Serve, BadInputGetsErrorsAndServingGoesOn) {
   ASSERT_FALSE(r.error) << r.error->message();
   EXPECT_EQ(r.finished.reason(), wire::LENGTH);
   EXPECT_EQ(r.token_ids.size(), 60u);
+  // Token ids outside the vocabulary; a chat prompt for a model without a template.
+  wire::Generate bad_ids;
+  bad_ids.set_request_id(17);
+  bad_ids.mutable_tokens()->add_ids(1);
+  bad_ids.mutable_tokens()->add_ids(1 << 30);
+  c.generate(bad_ids);
+  expect_error_about(expect_error(c), wire::INVALID_ARGUMENT, "outside the vocabulary");
+  wire::Generate chat;
+  chat.set_request_id(18);
+  auto* msg = chat.mutable_chat()->add_messages();
+  msg->set_role("user");
+  msg->set_content("hi");
+  c.generate(chat);
+  expect_error_about(expect_error(c), wire::INVALID_ARGUMENT, "chat template");
   // No body at all.
   wire::ClientMessage empty;
   c.send(empty);
@@ -354,6 +368,50 @@ TEST_F(Serve, PingFromTheCommandLine) {
       run_process(troupe_bin() + " client --server tcp://127.0.0.1:9 --timeout-ms 300 ping");
   EXPECT_NE(none.exit_code, 0);
   EXPECT_NE(none.err.find("no answer from tcp://127.0.0.1:9"), std::string::npos) << none.err;
+}
+
+TEST_F(Serve, TokenIdPromptsEqualTextPrompts) {
+  client::connection c(endpoint());
+  auto by_text = client::run(c, {text_request(1, "Once upon a time", 12)}, 30s).at(0);
+  ASSERT_FALSE(by_text.error) << by_text.error->message();
+  // stories15M: BOS, then "Once upon a time".
+  wire::Generate g;
+  g.set_request_id(2);
+  g.set_max_tokens(12);
+  for (int32_t t : {1, 9038, 2501, 263, 931}) g.mutable_tokens()->add_ids(t);
+  auto by_ids = client::run(c, {g}, 30s).at(0);
+  ASSERT_FALSE(by_ids.error) << by_ids.error->message();
+  EXPECT_EQ(by_ids.token_ids, by_text.token_ids);
+  EXPECT_EQ(by_ids.text, by_text.text);
+  EXPECT_EQ(by_ids.finished.prompt_tokens(), 5u);
+}
+
+TEST(ServeOverload, FullQueueIsRefusedAsOverloaded) {
+  server_process server("--max-seqs 1 --max-queue 1");
+  client::connection c(server.endpoint());
+  std::vector<wire::Generate> reqs;
+  for (uint64_t id = 1; id <= 4; ++id) {
+    auto g = text_request(id, "Once upon a time", 24);
+    g.set_ignore_eos(true);
+    reqs.push_back(g);
+  }
+  auto results = client::run(c, reqs, 30s);
+  int overloaded = 0, finished = 0;
+  for (const auto& r : results) {
+    if (r.error) {
+      expect_error_about(*r.error, wire::OVERLOADED, "overloaded");
+      ++overloaded;
+    } else {
+      EXPECT_EQ(r.finished.reason(), wire::LENGTH);
+      EXPECT_EQ(r.token_ids.size(), 24u);
+      ++finished;
+    }
+  }
+  EXPECT_GE(overloaded, 1);
+  EXPECT_GE(finished, 1);
+  // Once the queue drains, requests are taken again.
+  auto later = client::run(c, {text_request(9, "Once upon a time", 4)}, 30s).at(0);
+  EXPECT_FALSE(later.error) << later.error->message();
 }
 
 TEST(ServeShutdown, SigtermLetsInFlightRequestsFinish) {
