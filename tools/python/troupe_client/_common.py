@@ -1,0 +1,199 @@
+"""Shared pieces of the blocking and asyncio clients: building requests,
+decoding replies, result types and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import client_pb2 as pb
+
+PROTOCOL_VERSION = pb.PROTOCOL_VERSION_CURRENT
+
+# text, token ids, or chat messages ({"role", "content"} mappings or (role, content) pairs)
+Prompt = Union[str, Sequence[int], Sequence[Union[Mapping[str, str], Tuple[str, str]]]]
+
+
+class TroupeError(Exception):
+    """An Error reply from the server (or a protocol violation seen by the client)."""
+
+    def __init__(self, code: int, message: str, request_id: Optional[int] = None):
+        self.code = code
+        self.code_name = pb.ErrorCode.Name(code) if code in pb.ErrorCode.values() else str(code)
+        self.message = message
+        self.request_id = request_id
+        where = f" (request {request_id})" if request_id is not None else ""
+        super().__init__(f"{self.code_name}{where}: {message}")
+
+
+@dataclasses.dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: List[Tuple[int, float]]
+
+
+@dataclasses.dataclass
+class Chunk:
+    """One TokenChunk: generated token ids and the text delta they complete."""
+
+    request_id: int
+    token_ids: List[int]
+    text: str
+    logprobs: List[TokenLogprob]
+
+
+@dataclasses.dataclass
+class Result:
+    """A finished request: the whole output and the Finished message's fields."""
+
+    request_id: int
+    text: str = ""
+    token_ids: List[int] = dataclasses.field(default_factory=list)
+    logprobs: List[TokenLogprob] = dataclasses.field(default_factory=list)
+    finish_reason: str = ""  # stop, length, eos, cancelled, timeout, error
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queue_ms: float = 0.0
+    ttft_ms: float = 0.0
+    tpot_ms: float = 0.0
+    preemptions: int = 0
+    stop_matched: str = ""
+    error: str = ""
+    accepted: bool = False
+
+
+@dataclasses.dataclass
+class Pong:
+    nonce: int
+    model: str
+    protocol_version: int
+    rtt_ms: float
+
+
+def build_generate(
+    request_id: int,
+    prompt: Prompt,
+    *,
+    max_tokens: Optional[int] = None,
+    temperature: Optional[float] = None,
+    top_k: Optional[int] = None,
+    top_p: Optional[float] = None,
+    min_p: Optional[float] = None,
+    repetition_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    penalty_last_n: Optional[int] = None,
+    seed: Optional[int] = None,
+    stop: Iterable[str] = (),
+    stop_token_ids: Iterable[int] = (),
+    ignore_eos: bool = False,
+    stream: bool = True,
+    offline: bool = False,
+    priority: int = 0,
+    deadline_ms: int = 0,
+    logprobs: int = 0,
+) -> bytes:
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    g = msg.generate
+    g.request_id = request_id
+    if isinstance(prompt, str):
+        g.text = prompt
+    elif prompt is None:
+        pass  # no prompt: the server answers INVALID_ARGUMENT
+    else:
+        items = list(prompt)
+        if items and all(isinstance(t, int) for t in items):
+            g.tokens.ids.extend(items)
+        elif items:
+            for m in items:
+                role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
+                g.chat.messages.add(role=role, content=content)
+        else:
+            g.tokens.SetInParent()  # empty token prompt, refused by the server
+    s = g.sampling
+    for name, value in (
+        ("temperature", temperature),
+        ("top_k", top_k),
+        ("top_p", top_p),
+        ("min_p", min_p),
+        ("repetition_penalty", repetition_penalty),
+        ("presence_penalty", presence_penalty),
+        ("frequency_penalty", frequency_penalty),
+        ("penalty_last_n", penalty_last_n),
+        ("seed", seed),
+    ):
+        if value is not None:
+            setattr(s, name, value)
+    if max_tokens is not None:
+        g.max_tokens = max_tokens
+    g.stop.extend(stop)
+    g.stop_token_ids.extend(stop_token_ids)
+    g.ignore_eos = ignore_eos
+    g.stream = stream
+    g.request_class = pb.OFFLINE if offline else pb.ONLINE
+    g.priority = priority
+    g.deadline_ms = deadline_ms
+    g.logprobs = logprobs
+    return msg.SerializeToString()
+
+
+def build_cancel(request_id: int) -> bytes:
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    msg.cancel.request_id = request_id
+    return msg.SerializeToString()
+
+
+def build_ping(nonce: int) -> bytes:
+    msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
+    msg.ping.nonce = nonce
+    return msg.SerializeToString()
+
+
+def parse_server(frame: bytes) -> Any:
+    msg = pb.ServerMessage()
+    msg.ParseFromString(frame)
+    return msg
+
+
+def reply_request_id(msg: Any) -> Optional[int]:
+    """The request a ServerMessage belongs to, or None (Pong, unattributed Error)."""
+    kind = msg.WhichOneof("body")
+    if kind in ("accepted", "chunk", "finished"):
+        return getattr(msg, kind).request_id
+    if kind == "error" and msg.error.has_request_id:
+        return msg.error.request_id
+    return None
+
+
+def _logprobs(lps: Any) -> List[TokenLogprob]:
+    return [TokenLogprob(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top]) for lp in lps]
+
+
+def to_chunk(c: Any) -> Chunk:
+    return Chunk(c.request_id, list(c.token_ids), c.text, _logprobs(c.logprobs))
+
+
+def add_chunk(result: Result, chunk: Chunk) -> None:
+    result.token_ids.extend(chunk.token_ids)
+    result.text += chunk.text
+    result.logprobs.extend(chunk.logprobs)
+
+
+def apply_finished(result: Result, f: Any) -> None:
+    result.finish_reason = pb.FinishReason.Name(f.reason).lower()
+    result.prompt_tokens = f.prompt_tokens
+    result.completion_tokens = f.completion_tokens
+    result.cached_tokens = f.cached_tokens
+    result.queue_ms = f.queue_ms
+    result.ttft_ms = f.ttft_ms
+    result.tpot_ms = f.tpot_ms
+    result.preemptions = f.preemptions
+    result.stop_matched = f.stop_matched
+    result.error = f.error
+
+
+def error_of(msg: Any) -> TroupeError:
+    e = msg.error
+    return TroupeError(e.code, e.message, e.request_id if e.has_request_id else None)
