@@ -100,6 +100,7 @@ int run_bench(const bench_flags& f) {
 }  // namespace
 
 void add_bench_batch(CLI::App& bench);  // cmd_bench_batch.cpp
+void add_bench_serve(CLI::App& bench);  // cmd_bench_serve.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -114,6 +115,7 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->callback([f] { run_bench(*f); });
   add_bench_batch(*bench);
+  add_bench_serve(*bench);
 }
 
 }  // namespace troupe::cli
