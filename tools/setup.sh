@@ -126,7 +126,24 @@ step_demo() {
 step_test() {
   log "running the test suite"
   export TROUPE_MODEL_DIR="$MODEL_DIR"
-  ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 900
+  local ctest_rc=0 pytest_rc=0
+  ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 900 || ctest_rc=$?
+  # The Python client (tools/python) in its own venv, against the same binary.
+  local venv="${TROUPE_PY_VENV:-$BUILD_DIR/py-venv}"
+  if [ ! -x "$venv/bin/python" ]; then
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      rm -rf "$venv"
+      log "python3 -m venv failed: installing python3-venv"
+      as_root apt-get install -y -qq python3-venv >/dev/null
+      python3 -m venv "$venv"
+    fi
+  fi
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "$ROOT/tools/python[test]"
+  log "running the Python client tests"
+  (cd "$ROOT/tools/python" && TROUPE_BIN="${TROUPE_BIN:-$BUILD_DIR/troupe}" \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) || pytest_rc=$?
+  [ "$ctest_rc" -eq 0 ] || { log "ctest failed ($ctest_rc)"; return "$ctest_rc"; }
+  [ "$pytest_rc" -eq 0 ] || { log "pytest failed ($pytest_rc)"; return "$pytest_rc"; }
 }
 
 case "${1:-demo}" in
