@@ -9,20 +9,23 @@
 
 #ifdef TROUPE_KV_F16
 typedef half kv_t;
-#define KV_LOAD4(i, p) half_bits_to_float4(vload4(i, (__global const ushort*)(p)))
+#define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
 #define KV_STORE(v, i, p) vstore_half(v, i, p)
 #else
 typedef float kv_t;
-#define KV_LOAD4(i, p) vload4(i, p)
+#define KV_LOAD16(i, p) vload16(i, p)
 #define KV_STORE(v, i, p) ((p)[i] = (v))
 #endif
 
 #define HD_MAX 256
 
-inline float dot_hd(const float4* q, __global const kv_t* k, int hd4) {
-  float4 d = (float4)0.0f;
-  for (int i = 0; i < hd4; ++i) d = fma(q[i], KV_LOAD4(i, k), d);
-  return d.x + d.y + d.z + d.w;
+// Head vectors are handled 16 values at a time (head_dim % 16 == 0, checked
+// on the host), so K/V loads and their half conversion use full-width
+// vector instructions.
+inline float dot_hd(const float16* q, __global const kv_t* k, int hd16) {
+  float16 d = (float16)0.0f;
+  for (int i = 0; i < hd16; ++i) d = fma(q[i], KV_LOAD16(i, k), d);
+  return hsum16(d);
 }
 
 inline size_t kv_offset(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g,
@@ -43,12 +46,16 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
   const int t = get_global_id(1);
   if (h >= n_head) return;
   const int g = h / (n_head / n_kv);
-  const int hd4 = hd / 4;
+  const int hd16 = hd / 16;
   __global const float* q = qkv + (size_t)t * (n_head + 2 * n_kv) * hd + h * hd;
-  float4 qv[HD_MAX / 4], acc[HD_MAX / 4];
-  for (int i = 0; i < hd4; ++i) {
-    qv[i] = vload4(i, q) * scale;
-    acc[i] = (float4)0.0f;
+  float16 qv[HD_MAX / 16], acc[HD_MAX / 16];
+  for (int i = 0; i < hd16; ++i) {
+#ifdef TROUPE_KV_F16
+    qv[i] = round_to_half16(vload16(i, q));  // llama.cpp rounds q to half; scale after q.k
+#else
+    qv[i] = vload16(i, q) * scale;
+#endif
+    acc[i] = (float16)0.0f;
   }
   __global const int* table = pt + pt_off[row_seq[t]];
   const int last = pos[t];
@@ -57,12 +64,11 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
   // exactly: q is rounded to half before q.k, the scale applied after, and
   // the normalized probabilities are rounded to half before p.v.  This
   // needs the softmax denominator first, hence two passes.
-  for (int i = 0; i < hd4; ++i) qv[i] = round_to_half4(vload4(i, q));
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j <= last; ++j) {
     const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
                                j % page_size);
-    const float sc = dot_hd(qv, kc + o, hd4) * scale;
+    const float sc = dot_hd(qv, kc + o, hd16) * scale;
     const float m_new = fmax(m, sc);
     l = l * exp(m - m_new) + exp(sc - m_new);
     m = m_new;
@@ -71,9 +77,9 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
   for (int j = 0; j <= last; ++j) {
     const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
                                j % page_size);
-    const float p = round_to_half(exp(dot_hd(qv, kc + o, hd4) * scale - m) * inv_l);
+    const float p = round_to_half(exp(dot_hd(qv, kc + o, hd16) * scale - m) * inv_l);
     __global const kv_t* v = vc + o;
-    for (int i = 0; i < hd4; ++i) acc[i] = fma((float4)p, KV_LOAD4(i, v), acc[i]);
+    for (int i = 0; i < hd16; ++i) acc[i] = fma((float16)p, KV_LOAD16(i, v), acc[i]);
   }
   const float inv = 1.0f;
 #else
@@ -81,17 +87,17 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
   for (int j = 0; j <= last; ++j) {
     const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
                                j % page_size);
-    const float sc = dot_hd(qv, kc + o, hd4);
+    const float sc = dot_hd(qv, kc + o, hd16);
     const float m_new = fmax(m, sc);
     const float corr = exp(m - m_new);
     const float p = exp(sc - m_new);
     l = l * corr + p;
     __global const kv_t* v = vc + o;
-    for (int i = 0; i < hd4; ++i) acc[i] = fma((float4)p, KV_LOAD4(i, v), acc[i] * corr);
+    for (int i = 0; i < hd16; ++i) acc[i] = fma((float16)p, KV_LOAD16(i, v), acc[i] * corr);
     m = m_new;
   }
   const float inv = 1.0f / l;
 #endif
   __global float* o = out + (size_t)t * n_head * hd + h * hd;
-  for (int i = 0; i < hd4; ++i) vstore4(acc[i] * inv, i, o);
+  for (int i = 0; i < hd16; ++i) vstore16(acc[i] * inv, i, o);
 }

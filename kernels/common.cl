@@ -97,6 +97,10 @@ inline float round_to_half(float x) {
   return as_float(u & ~0x1FFFu);
 }
 
-inline float4 round_to_half4(float4 v) {
-  return (float4)(round_to_half(v.x), round_to_half(v.y), round_to_half(v.z), round_to_half(v.w));
+inline float16 round_to_half16(float16 v) {
+  const float16 sub = rint(v * 16777216.0f) / 16777216.0f;  // half subnormals: 2^-24 steps
+  uint16 u = as_uint16(v);
+  u += (uint16)0x0FFFu + ((u >> 13) & (uint16)1u);
+  const float16 nrm = as_float16(u & (uint16)~0x1FFFu);
+  return select(nrm, sub, isless(fabs(v), (float16)6.103515625e-05f));
 }

@@ -48,9 +48,9 @@ std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_di
 llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
     : model_(std::move(model)), opts_(opts), ctx_(opts.device) {
   const auto& hp = hparams();
-  if (hp.head_dim % 4 != 0 || hp.head_dim > 256)
+  if (hp.head_dim % 16 != 0 || hp.head_dim > 256)
     throw model_error(model_->path() + ": head dimension " + std::to_string(hp.head_dim) +
-                      " is not supported (needs a multiple of 4, at most 256)");
+                      " is not supported (needs a multiple of 16, at most 256)");
   if (hp.n_head % hp.n_head_kv != 0)
     throw model_error(model_->path() + ": head count " + std::to_string(hp.n_head) +
                       " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
