@@ -8,6 +8,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "actors/admin.hpp"
 #include "messages/client.pb.h"
 
 namespace troupe {
@@ -30,6 +31,7 @@ struct gateway_state {
   std::shared_ptr<zmq_endpoint> zmq;
   std::map<request_key, request_actor> inflight;
   std::unordered_map<caf::actor_addr, request_key> by_actor;
+  std::map<request_key, std::chrono::steady_clock::time_point> since;  // arrival, for admin
   std::deque<request_trace> traces;
   bool draining = false;
   static inline const char* name = "gateway";
@@ -82,6 +84,7 @@ void on_generate(self_ptr self, const std::string& client, wire::Generate& gen) 
   self->monitor(req);
   st.by_actor.emplace(req.address(), key);
   st.inflight.emplace(key, std::move(req));
+  st.since.emplace(key, std::chrono::steady_clock::now());
 }
 
 void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
@@ -176,6 +179,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
     const auto key = it->second;
     st.by_actor.erase(it);
     st.inflight.erase(key);
+    st.since.erase(key);
     send_error(self, key.first, wire::INTERNAL,
                "request " + std::to_string(key.second) +
                    " ended without finishing: " + self->system().render(dm.reason),
@@ -193,9 +197,11 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         self->demonitor(it->second.address());
         st.by_actor.erase(it->second.address());
         st.inflight.erase(it);
+        st.since.erase({client, id});
       },
       [self](trace_atom, request_trace& t) {
         auto& st = self->state;
+        if (st.ctx->metrics) record_request(*st.ctx->metrics, t);
         st.traces.push_back(std::move(t));
         while (st.traces.size() > st.opts.trace_history) st.traces.pop_front();
       },
@@ -209,6 +215,24 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         if (cancel)
           for (const auto& [key, req] : st.inflight) self->send(req, cancel_atom::value);
         return static_cast<int32_t>(st.inflight.size());
+      },
+      [self](requests_atom) {
+        auto& st = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        std::vector<inflight_request> out;
+        for (const auto& [key, since] : st.since)
+          out.push_back({key.second, hex_bytes(key.first),
+                         std::chrono::duration<double, std::milli>(now - since).count()});
+        return out;
+      },
+      [self](cancel_atom, uint64_t id) {
+        int32_t n = 0;
+        for (const auto& [key, req] : self->state.inflight)
+          if (key.second == id) {
+            self->send(req, cancel_atom::value);
+            ++n;
+          }
+        return n;
       },
       [self](poll_atom) {
         poll_once(self);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,7 +57,8 @@ struct instance_state {
   std::unordered_map<uint64_t, live_seq> seqs;  // by key
   std::unordered_map<uint64_t, uint64_t> keys;  // request id -> key
   uint64_t next_key = 1;
-  bool busy = false;  // a step is on the device
+  bool busy = false;                                 // a step is on the device
+  std::chrono::steady_clock::time_point step_start;  // of the step on the device
   instance_stats counters;
   static inline const char* name = "instance";
 };
@@ -278,6 +280,7 @@ void step(self_ptr self) {
     }
     st.busy = true;
     ++st.counters.steps;
+    st.step_start = std::chrono::steady_clock::now();
     self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
         .then([self, chunks, n_decode = plan.decode.size()](
                   forward_result& r) { on_result(self, chunks, n_decode, r); },
@@ -298,6 +301,9 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
                forward_result& r) {
   auto& st = self->state;
   st.busy = false;
+  st.counters.step_ms +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.step_start)
+          .count();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];

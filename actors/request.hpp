@@ -12,6 +12,7 @@
 
 #include "messages/client.pb.h"
 #include "messages/gateway.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/tokenizer.hpp"
 
 namespace troupe {
@@ -23,9 +24,10 @@ struct serve_context {
   std::string model_name;
   std::string chat_template;  // Jinja source from the model; empty: no chat
   bool add_bos = false;
-  int32_t max_len = 0;               // prompt + generated tokens per sequence
-  int32_t default_max_tokens = 256;  // when the client gives none (cut to the context)
-  int32_t max_queue = 256;           // waiting sequences at most; beyond: "overloaded"
+  int32_t max_len = 0;                        // prompt + generated tokens per sequence
+  int32_t default_max_tokens = 256;           // when the client gives none (cut to the context)
+  int32_t max_queue = 256;                    // waiting sequences at most; beyond: "overloaded"
+  std::shared_ptr<metrics_registry> metrics;  // finished requests are counted here (may be null)
 };
 
 // A ServerMessage as one wire frame (protocol_version set).

@@ -1,6 +1,7 @@
 #pragma once
 // Every actor interface of troupe, in one place, so the system's protocol
 // surface reads at a glance (one header per protocol, included here).
+#include "messages/admin.hpp"
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
@@ -27,6 +28,12 @@ void register_message_types(Config& cfg) {
   cfg.template add_message_type<sequence_request>("troupe.sequence_request");
   cfg.template add_message_type<token_batch>("troupe.token_batch");
   cfg.template add_message_type<instance_stats>("troupe.instance_stats");
+  cfg.template add_message_type<request_trace>("troupe.request_trace");
+  cfg.template add_message_type<std::vector<request_trace>>("troupe.request_traces");
+  cfg.template add_message_type<inflight_request>("troupe.inflight_request");
+  cfg.template add_message_type<std::vector<inflight_request>>("troupe.inflight_requests");
+  cfg.template add_message_type<instance_info>("troupe.instance_info");
+  cfg.template add_message_type<std::vector<instance_info>>("troupe.instance_infos");
 }
 
 }  // namespace troupe

@@ -38,6 +38,19 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
            x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms);
 }
 
+// A request in flight, as the gateway sees it (admin).
+struct inflight_request {
+  uint64_t request_id = 0;  // the client's id
+  std::string client;       // the client's socket identity, hex
+  double age_ms = 0;        // since the gateway took it
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, inflight_request& x) {
+  return f(caf::meta::type_name("inflight_request"), x.request_id, x.client, x.age_ms);
+}
+
+using requests_atom = caf::atom_constant<caf::atom("requests")>;
 using reply_atom = caf::atom_constant<caf::atom("reply")>;
 using trace_atom = caf::atom_constant<caf::atom("trace")>;
 using traces_atom = caf::atom_constant<caf::atom("traces")>;
@@ -53,11 +66,16 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 // drain:  (cancel) stop taking new requests; with cancel, also cancel the
 //         ones in flight.  Replies with the number still in flight.
 // poll:   the gateway's own loop (socket, then mailbox, then again).
+// requests: the requests in flight (admin).
+// cancel: (request id) cancels the in-flight requests with this id, of any
+//         client (admin); replies with how many.
 using gateway_actor =
     caf::typed_actor<caf::reacts_to<reply_atom, std::string, uint64_t, std::string, bool>,
                      caf::reacts_to<trace_atom, request_trace>,
                      caf::replies_to<traces_atom>::with<std::vector<request_trace>>,
-                     caf::replies_to<drain_atom, bool>::with<int32_t>, caf::reacts_to<poll_atom>>;
+                     caf::replies_to<drain_atom, bool>::with<int32_t>, caf::reacts_to<poll_atom>,
+                     caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
+                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>>;
 
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:

@@ -92,6 +92,7 @@ struct instance_stats {
   uint64_t preempted_recompute = 0;
   uint64_t preempted_swap = 0;
   uint64_t swap_bytes = 0;  // host-tier bytes held now
+  double step_ms = 0;       // wall time of all steps on the device
   pool_stats kv;
   std::string kv_check;  // page invariants: empty when they hold
 };
@@ -124,7 +125,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
   return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped, x.steps,
            x.decode_tokens, x.prefill_tokens, x.cached_tokens, x.admitted, x.finished, x.aborted,
-           x.preempted_recompute, x.preempted_swap, x.swap_bytes, x.kv, x.kv_check);
+           x.preempted_recompute, x.preempted_swap, x.swap_bytes, x.kv, x.kv_check, x.step_ms);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;

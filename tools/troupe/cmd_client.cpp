@@ -167,7 +167,9 @@ void add_client(CLI::App& app) {
   cmd->add_flag("--json", f->json,
                 "print one JSON object per prompt: token_ids, text, finish_reason, usage, timing");
   auto* ping = cmd->add_subcommand("ping", "check that the server answers (exit 0 if it does)");
-  cmd->callback([f, ping] {
+  auto* admin = add_client_admin(*cmd, f->json);
+  cmd->callback([f, ping, admin] {
+    if (admin->parsed()) return;  // its own subcommands ran
     int rc = ping->parsed() ? run_ping(*f) : run_client(*f);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

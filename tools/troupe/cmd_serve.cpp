@@ -9,6 +9,7 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <caf/io/all.hpp>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "actors/instance.hpp"
 #include "runtime/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
+#include "tools/troupe/serve_admin.hpp"
 
 namespace troupe::cli {
 
@@ -41,6 +43,9 @@ struct serve_settings {
   double grace_s = 10;
   int poll_ms = 2;
   int trace_history = 1024;
+  int admin_port = 0;    // 0: no admin endpoint
+  int metrics_port = 0;  // 0: no metrics endpoint
+  std::string admin_host = "127.0.0.1";
 };
 
 using setter = std::function<std::string(const std::string&)>;  // "" or why not
@@ -163,6 +168,13 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("service", "poll_ms", "gateway socket poll timeout", int_key(s.poll_ms, 0, 1000));
   add("service", "trace_history", "finished requests' traces kept",
       int_key(s.trace_history, 0, 1 << 20));
+  add("service", "admin_port",
+      "TCP port of the admin actor (troupe client admin --admin HOST:PORT); 0 = off",
+      int_key(s.admin_port, 0, 65535));
+  add("service", "admin_host", "address the admin and metrics endpoints listen on",
+      string_key(s.admin_host));
+  add("service", "metrics_port", "TCP port of the Prometheus endpoint GET /metrics; 0 = off",
+      int_key(s.metrics_port, 0, 65535));
   return k;
 }
 
@@ -251,7 +263,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   auto model = open_model(s.engine);
   std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
-  actor_env env;
+  actor_env env(s.admin_port > 0);
   auto eo = to_engine_options(s.engine);
   eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
   auto dev = spawn_device(*env.sys, model, eo);
@@ -272,6 +284,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ctx->max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
   ctx->default_max_tokens = s.default_max_tokens;
   ctx->max_queue = s.max_queue;
+  auto metrics = std::make_shared<metrics_registry>();
+  ctx->metrics = metrics;
   gateway_options go;
   go.endpoints = s.listen;
   go.max_frame_bytes = static_cast<size_t>(s.max_frame_bytes);
@@ -284,6 +298,23 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   for (const auto& ep : gw.endpoints) eps += (eps.empty() ? "" : " ") + ep;
   std::printf("troupe serve: listening on %s (model %s on %s, context %d tokens)\n", eps.c_str(),
               s.engine.model.c_str(), info.device_name.c_str(), ctx->max_len);
+  auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
+  if (s.admin_port > 0) {
+    auto port = env.sys->middleman().publish(admin, static_cast<uint16_t>(s.admin_port),
+                                             s.admin_host.c_str());
+    if (!port)
+      throw std::runtime_error("service.admin_port: cannot publish the admin actor on " +
+                               s.admin_host + ":" + std::to_string(s.admin_port) + ": " +
+                               env.sys->render(port.error()));
+    std::printf("troupe serve: admin on %s:%u\n", s.admin_host.c_str(), *port);
+  }
+  std::unique_ptr<metrics_server> metrics_http;
+  if (s.metrics_port > 0) {
+    metrics_http =
+        std::make_unique<metrics_server>(*env.sys, admin, metrics, s.admin_host, s.metrics_port);
+    std::printf("troupe serve: metrics on http://%s:%d/metrics\n", s.admin_host.c_str(),
+                s.metrics_port);
+  }
   std::fflush(stdout);
 
   int sig = 0;
@@ -315,6 +346,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       left = in_flight(false);
     }
   }
+  metrics_http.reset();
+  self->send_exit(admin, caf::exit_reason::user_shutdown);
   self->send_exit(gw.actor, caf::exit_reason::user_shutdown);
   self->send_exit(inst, caf::exit_reason::user_shutdown);
   self->send_exit(dev, caf::exit_reason::user_shutdown);

@@ -1,5 +1,6 @@
 #include "tools/troupe/common.hpp"
 
+#include <caf/io/all.hpp>
 #include <cstdlib>
 
 #include "runtime/model_registry.hpp"
@@ -52,8 +53,9 @@ std::shared_ptr<const model_file> open_model(const engine_flags& f) {
   return model_file::open(r.model_path, f.tokenizer.empty() ? r.tokenizer_path : f.tokenizer);
 }
 
-actor_env::actor_env() {
+actor_env::actor_env(bool network) {
   register_message_types(cfg);
+  if (network) cfg.load<caf::io::middleman>();
   sys = std::make_unique<caf::actor_system>(cfg);
 }
 

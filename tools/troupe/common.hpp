@@ -34,7 +34,8 @@ std::shared_ptr<const model_file> open_model(const engine_flags& f);
 struct actor_env {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
-  actor_env();
+  // With `network`, the middleman is loaded (publish, remote_actor).
+  explicit actor_env(bool network = false);
 };
 
 // A forward_fn that sends to the device actor and waits for the reply.
@@ -46,5 +47,7 @@ device_info query_info(caf::actor_system& sys, device_actor dev);
 void add_generate(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
+// `troupe client admin ...` under the client command (cmd_admin.cpp).
+CLI::App* add_client_admin(CLI::App& client, const bool& json);
 
 }  // namespace troupe::cli

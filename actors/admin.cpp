@@ -1,0 +1,221 @@
+#include "actors/admin.hpp"
+
+#include <memory>
+
+namespace troupe {
+
+namespace {
+
+struct admin_state {
+  admin_state() = default;  // not an aggregate: CAF would build it from the self pointer
+  gateway_actor gateway;
+  std::vector<named_instance> instances;
+  static inline const char* name = "admin";
+};
+
+using self_ptr = admin_actor::stateful_pointer<admin_state>;
+
+// Asks every instance for its stats; `done` gets them all, in order, or the
+// first error.
+template <class Done>
+void ask_instances(self_ptr self, Done done) {
+  const auto& insts = self->state.instances;
+  struct gather {
+    std::vector<instance_info> out;
+    size_t left = 0;
+    bool failed = false;
+  };
+  auto g = std::make_shared<gather>();
+  g->out.resize(insts.size());
+  g->left = insts.size();
+  if (insts.empty()) {
+    done(std::move(g->out), caf::error{});
+    return;
+  }
+  for (size_t i = 0; i < insts.size(); ++i) {
+    g->out[i].name = insts[i].name;
+    self->request(insts[i].actor, std::chrono::seconds(10), stats_atom::value)
+        .then(
+            [g, i, done](instance_stats& s) mutable {
+              g->out[i].stats = std::move(s);
+              if (--g->left == 0 && !g->failed) done(std::move(g->out), caf::error{});
+            },
+            [g, done](caf::error& e) mutable {
+              if (g->failed) return;
+              g->failed = true;
+              done({}, std::move(e));
+            });
+  }
+}
+
+admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
+                                          std::vector<named_instance> instances) {
+  self->state.gateway = std::move(gateway);
+  self->state.instances = std::move(instances);
+  return {
+      [self](instances_atom) {
+        auto rp = self->make_response_promise<std::vector<instance_info>>();
+        ask_instances(self, [rp](std::vector<instance_info> v, caf::error e) mutable {
+          if (e)
+            rp.deliver(std::move(e));
+          else
+            rp.deliver(std::move(v));
+        });
+        return rp;
+      },
+      [self](requests_atom) {
+        auto rp = self->make_response_promise<std::vector<inflight_request>>();
+        self->request(self->state.gateway, std::chrono::seconds(10), requests_atom::value)
+            .then([rp](std::vector<inflight_request>& v) mutable { rp.deliver(std::move(v)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self](trace_atom, uint64_t id) {
+        auto rp = self->make_response_promise<request_trace>();
+        auto gw = self->state.gateway;
+        self->request(gw, std::chrono::seconds(10), traces_atom::value)
+            .then(
+                [self, rp, gw, id](std::vector<request_trace>& ts) mutable {
+                  for (auto it = ts.rbegin(); it != ts.rend(); ++it)
+                    if (it->request_id == id) {
+                      rp.deliver(std::move(*it));
+                      return;
+                    }
+                  self->request(gw, std::chrono::seconds(10), requests_atom::value)
+                      .then(
+                          [rp, id](std::vector<inflight_request>& v) mutable {
+                            for (const auto& r : v)
+                              if (r.request_id == id) {
+                                request_trace t;
+                                t.request_id = id;
+                                t.client = r.client;
+                                t.finish = "in_flight";
+                                t.total_ms = r.age_ms;
+                                rp.deliver(std::move(t));
+                                return;
+                              }
+                            rp.deliver(caf::make_error(caf::sec::runtime_error,
+                                                       "no request with id " + std::to_string(id) +
+                                                           " in flight or in the trace history"));
+                          },
+                          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                },
+                [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self](kv_atom) {
+        auto rp = self->make_response_promise<pool_stats>();
+        ask_instances(self, [rp](std::vector<instance_info> v, caf::error e) mutable {
+          if (e) {
+            rp.deliver(std::move(e));
+            return;
+          }
+          pool_stats sum;
+          for (const auto& i : v) {
+            const auto& k = i.stats.kv;
+            sum.page_size = k.page_size;
+            sum.total += k.total;
+            sum.free += k.free;
+            sum.allocated += k.allocated;
+            sum.mapped += k.mapped;
+            sum.reusable += k.reusable;
+            sum.sequences += k.sequences;
+            sum.cached_tokens += k.cached_tokens;
+            sum.prefix_queries += k.prefix_queries;
+            sum.prefix_query_tokens += k.prefix_query_tokens;
+            sum.prefix_hit_tokens += k.prefix_hit_tokens;
+            sum.evictions += k.evictions;
+            sum.alloc_failures += k.alloc_failures;
+          }
+          rp.deliver(sum);
+        });
+        return rp;
+      },
+      [self](cancel_atom, uint64_t id) {
+        auto rp = self->make_response_promise<int32_t>();
+        self->request(self->state.gateway, std::chrono::seconds(10), cancel_atom::value, id)
+            .then([rp](int32_t n) mutable { rp.deliver(n); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
+}  // namespace
+
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
+                        std::vector<named_instance> instances) {
+  return sys.spawn(admin_behavior, std::move(gateway), std::move(instances));
+}
+
+void record_request(metrics_registry& m, const request_trace& t) {
+  m.counter_add("troupe_requests_total", "Finished requests by finish reason",
+                {{"finish", t.finish.empty() ? "unknown" : t.finish}});
+  m.counter_add("troupe_prompt_tokens_total", "Prompt tokens of finished requests", {},
+                t.prompt_tokens);
+  m.counter_add("troupe_generation_tokens_total", "Tokens generated for finished requests", {},
+                t.completion_tokens);
+  m.counter_add("troupe_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache",
+                {}, t.cached_tokens);
+  m.counter_add("troupe_request_preemptions_total", "Preemptions seen by finished requests", {},
+                t.preemptions);
+  if (t.finish == "rejected") return;
+  const auto& b = latency_buckets();
+  m.observe("troupe_queue_time_seconds", "Arrival until the instance took the sequence", b,
+            t.queue_ms / 1000);
+  m.observe("troupe_request_duration_seconds", "Arrival until finish", b, t.total_ms / 1000);
+  if (t.completion_tokens > 0)
+    m.observe("troupe_time_to_first_token_seconds", "Arrival until the first token", b,
+              t.ttft_ms / 1000);
+  if (t.completion_tokens > 1)
+    m.observe("troupe_time_per_output_token_seconds", "Mean time per output token after the first",
+              b, t.tpot_ms / 1000);
+}
+
+void record_service(metrics_registry& m, const std::vector<instance_info>& instances,
+                    size_t in_flight) {
+  m.gauge_set("troupe_requests_in_flight", "Requests the gateway holds", {},
+              static_cast<double>(in_flight));
+  for (const auto& i : instances) {
+    const auto& s = i.stats;
+    const metric_labels l{{"instance", i.name}};
+    auto state = [&](const char* st, double v) {
+      m.gauge_set("troupe_sequences", "Sequences in an instance by state",
+                  {{"instance", i.name}, {"state", st}}, v);
+    };
+    state("waiting", s.waiting);
+    state("running", s.running);
+    state("swapped", s.swapped);
+    m.gauge_set("troupe_queue_length", "Sequences waiting in an instance", l, s.waiting);
+    m.gauge_set("troupe_kv_pages_total", "KV pages of the arena", l, s.kv.total);
+    m.gauge_set("troupe_kv_pages_free", "KV pages free", l, s.kv.free);
+    m.gauge_set("troupe_kv_pages_used", "KV pages held by sequences", l, s.kv.used());
+    m.gauge_set("troupe_kv_pages_reusable", "KV pages kept for prefix reuse", l, s.kv.reusable);
+    m.gauge_set("troupe_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache", l,
+                s.kv.hit_rate());
+    m.counter_set("troupe_preemptions_total", "Sequences preempted",
+                  {{"instance", i.name}, {"mode", "recompute"}},
+                  static_cast<double>(s.preempted_recompute));
+    m.counter_set("troupe_preemptions_total", "Sequences preempted",
+                  {{"instance", i.name}, {"mode", "swap"}}, static_cast<double>(s.preempted_swap));
+    m.counter_set("troupe_steps_total", "Engine steps", l, static_cast<double>(s.steps));
+    m.counter_set("troupe_step_seconds_total", "Wall time of engine steps on the device", l,
+                  s.step_ms / 1000);
+    m.counter_set("troupe_prefill_tokens_total", "Rows computed as prefill", l,
+                  static_cast<double>(s.prefill_tokens));
+    m.counter_set("troupe_decode_tokens_total", "Rows computed as decode", l,
+                  static_cast<double>(s.decode_tokens));
+  }
+}
+
+std::string hex_bytes(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+}  // namespace troupe

@@ -1,0 +1,34 @@
+#pragma once
+// The admin actor (DESIGN.md §2): the inspection interface of a service.
+// It owns nothing and asks the gateway and the instances; `troupe serve`
+// publishes it with the middleman on service.admin_port.  Beside it, the
+// glue that turns what those actors report into metrics.
+#include <string>
+#include <vector>
+
+#include "messages/admin.hpp"
+#include "runtime/metrics.hpp"
+
+namespace troupe {
+
+struct named_instance {
+  std::string name;
+  instance_actor actor;
+};
+
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
+                        std::vector<named_instance> instances);
+
+// A finished request into the request metrics (counts by finish, tokens,
+// TTFT / TPOT / queue-time / duration histograms).
+void record_request(metrics_registry& m, const request_trace& t);
+
+// The instances' stats and the requests in flight into the gauges (queue
+// length, KV pages, prefix hit rate) and the engine counters.
+void record_service(metrics_registry& m, const std::vector<instance_info>& instances,
+                    size_t in_flight);
+
+// Bytes as lowercase hex (client identities).
+std::string hex_bytes(const std::string& bytes);
+
+}  // namespace troupe

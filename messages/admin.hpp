@@ -1,0 +1,44 @@
+#pragma once
+// The admin protocol (DESIGN.md §2, "admin"): inspection and control of a
+// running service.  The admin actor owns nothing; it asks the gateway and
+// the instances.  `troupe serve` publishes it on service.admin_port with
+// CAF's middleman; `troupe client admin ...` talks to it remotely.
+#include <caf/all.hpp>
+#include <string>
+#include <vector>
+
+#include "messages/gateway.hpp"
+
+namespace troupe {
+
+// One engine replica and its counters.
+struct instance_info {
+  std::string name;
+  instance_stats stats;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
+  return f(caf::meta::type_name("instance_info"), x.name, x.stats);
+}
+
+using instances_atom = caf::atom_constant<caf::atom("instances")>;
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
+// trace_atom, cancel_atom, requests_atom, inflight_request: messages/gateway.hpp
+
+// instances: every instance with its stats.
+// requests:  the requests in flight.
+// trace:     one request's trace by the client's request id (the newest
+//            finished one with that id; finish "in_flight" while it runs);
+//            an error when the id is unknown.
+// kv:        the KV pages of all instances together.
+// cancel:    cancels the in-flight requests with this request id (of any
+//            client); replies with how many there were.
+using admin_actor =
+    caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
+                     caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
+                     caf::replies_to<trace_atom, uint64_t>::with<request_trace>,
+                     caf::replies_to<kv_atom>::with<pool_stats>,
+                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>>;
+
+}  // namespace troupe

@@ -1,0 +1,268 @@
+// troupe serve's admin actor and metrics endpoint, as users reach them: a
+// real server process with --admin-port and --metrics-port, the `troupe
+// client admin` command, and plain HTTP GET /metrics.  Cancelling through
+// admin ends a stream mid-way and its KV pages come back; the kv --json
+// contract holds; the metrics name what they should and move with traffic.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A TCP port nobody listens on now (the OS picks it).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// `troupe serve` with the admin and metrics endpoints, as a child process.
+class admin_server {
+ public:
+  admin_server() : admin_port_(free_port()), metrics_port_(free_port()) {
+    int fds[2];
+    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    err_path_ = "/tmp/troupe_admin_" + std::to_string(::getpid()) + ".err";
+    const std::string cmd = "exec " + troupe_bin() +
+                            " serve -m stories15m --listen 'tcp://127.0.0.1:*' --admin-port " +
+                            std::to_string(admin_port_) + " --metrics-port " +
+                            std::to_string(metrics_port_) + " 2>" + err_path_;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+    // Ready when it has printed its three lines: listening, admin, metrics.
+    std::string text;
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (text.find("metrics on") == std::string::npos ||
+           text.find('\n', text.find("metrics on")) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > until) break;
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char buf[512];
+      const ssize_t n = ::read(out_, buf, sizeof buf);
+      if (n <= 0) break;
+      text.append(buf, static_cast<size_t>(n));
+    }
+    const std::string prefix = "troupe serve: listening on ";
+    if (text.rfind(prefix, 0) != 0 || text.find("admin on 127.0.0.1:") == std::string::npos ||
+        text.find("metrics on http://127.0.0.1:") == std::string::npos)
+      throw std::runtime_error("server did not get ready: '" + text + "' " + slurp(err_path_));
+    endpoint_ = text.substr(prefix.size(), text.find(' ', prefix.size()) - prefix.size());
+  }
+
+  ~admin_server() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(out_);
+    std::remove(err_path_.c_str());
+  }
+
+  const std::string& endpoint() const { return endpoint_; }
+  int metrics_port() const { return metrics_port_; }
+
+  // `troupe client admin ARGS --json`, its stdout as JSON.
+  nlohmann::json admin(const std::string& args) const {
+    auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint_) +
+                         " admin --admin 127.0.0.1:" + std::to_string(admin_port_) + " " + args +
+                         " --json");
+    if (r.exit_code != 0)
+      throw std::runtime_error("admin " + args + ": exit " + std::to_string(r.exit_code) + ": " +
+                               r.err);
+    return nlohmann::json::parse(r.out);
+  }
+
+ private:
+  int admin_port_, metrics_port_;
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string endpoint_;
+  std::string err_path_;
+};
+
+// GET path on 127.0.0.1:port over a plain socket; the whole response.
+std::string http_get(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot connect to port " + std::to_string(port));
+  }
+  const std::string req =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (::send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    throw std::runtime_error("send failed");
+  }
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// The value of one sample line "name{labels} value" (labels as written), or -1.
+double sample(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+class AdminMetrics : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new admin_server(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static inline admin_server* server_ = nullptr;
+};
+
+wire::Generate long_request(uint64_t id) {
+  wire::Generate g;
+  g.set_request_id(id);
+  g.set_text("Once upon a time");
+  g.set_max_tokens(240);
+  g.set_ignore_eos(true);
+  return g;
+}
+
+TEST_F(AdminMetrics, KvJsonContract) {
+  const auto kv = server_->admin("kv");
+  for (const char* key : {"used_pages", "free_pages", "reusable_pages", "total_pages"}) {
+    ASSERT_TRUE(kv.contains(key)) << key << " missing in " << kv.dump();
+    EXPECT_TRUE(kv[key].is_number_integer()) << key;
+  }
+  EXPECT_GT(kv["total_pages"].get<int>(), 0);
+  EXPECT_EQ(kv["used_pages"].get<int>(), 0);
+  EXPECT_EQ(
+      kv["total_pages"].get<int>(),
+      kv["free_pages"].get<int>() + kv["used_pages"].get<int>() + kv["reusable_pages"].get<int>());
+  const auto insts = server_->admin("instances");
+  ASSERT_EQ(insts.size(), 1u);
+  EXPECT_EQ(insts[0]["kv_check"], "");
+}
+
+TEST_F(AdminMetrics, CancelMidStreamThroughAdminGivesPagesBack) {
+  client::connection c(server_->endpoint());
+  c.generate(long_request(71));
+  c.generate(long_request(72));
+  client::result r71, r72;
+  auto find = [&](uint64_t id) { return id == 71 ? &r71 : id == 72 ? &r72 : nullptr; };
+  bool cancelled = false;
+  while (!r71.done() || !r72.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m) << "no answer";
+    client::apply(*m, find);
+    if (!cancelled && r71.token_ids.size() >= 3 && r72.token_ids.size() >= 3) {
+      // Both in flight, holding pages.
+      const auto reqs = server_->admin("requests");
+      std::vector<uint64_t> ids;
+      for (const auto& q : reqs) ids.push_back(q["request_id"].get<uint64_t>());
+      EXPECT_NE(std::find(ids.begin(), ids.end(), 71u), ids.end()) << reqs.dump();
+      EXPECT_NE(std::find(ids.begin(), ids.end(), 72u), ids.end()) << reqs.dump();
+      EXPECT_GT(server_->admin("kv")["used_pages"].get<int>(), 0);
+      EXPECT_EQ(server_->admin("trace 71")["finish"], "in_flight");
+      EXPECT_EQ(server_->admin("cancel 71")["cancelled"], 1);
+      EXPECT_EQ(server_->admin("cancel 72")["cancelled"], 1);
+      cancelled = true;
+    }
+  }
+  ASSERT_TRUE(cancelled);
+  for (auto* r : {&r71, &r72}) {
+    ASSERT_FALSE(r->error) << r->error->message();
+    EXPECT_EQ(r->finished.reason(), wire::CANCELLED);
+    EXPECT_LT(r->finished.completion_tokens(), 240u);
+  }
+  // The pages come back once the instance has let the sequences go.
+  int used = -1;
+  for (int i = 0; i < 50 && used != 0; ++i) {
+    used = server_->admin("kv")["used_pages"].get<int>();
+    if (used != 0) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(used, 0);
+  const auto t = server_->admin("trace 71");
+  EXPECT_EQ(t["finish"], "cancelled");
+  EXPECT_EQ(t["completion_tokens"].get<uint32_t>(), r71.finished.completion_tokens());
+
+  // Unknown ids: a cancel that finds nothing and a trace that does not exist fail.
+  auto bad = run_process(troupe_bin() + " client --server x admin --admin 127.0.0.1:1 kv");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THROW(server_->admin("cancel 99999"), std::runtime_error);
+  EXPECT_THROW(server_->admin("trace 99999"), std::runtime_error);
+}
+
+TEST_F(AdminMetrics, MetricsNameWhatTheyShouldAndMove) {
+  auto before = http_get(server_->metrics_port(), "/metrics");
+  ASSERT_NE(before.find("200 OK"), std::string::npos) << before;
+  const double length_before =
+      std::max(0.0, sample(before, "troupe_requests_total{finish=\"length\"}"));
+  const double gen_before = std::max(0.0, sample(before, "troupe_generation_tokens_total"));
+
+  client::connection c(server_->endpoint());
+  wire::Generate g;
+  g.set_request_id(1);
+  g.set_text("Once upon a time");
+  g.set_max_tokens(8);
+  g.set_ignore_eos(true);
+  auto r = client::run(c, {g}, 30s).at(0);
+  ASSERT_FALSE(r.error) << r.error->message();
+  ASSERT_EQ(r.finished.reason(), wire::LENGTH);
+
+  const auto text = http_get(server_->metrics_port(), "/metrics");
+  for (const char* name :
+       {"troupe_requests_total", "troupe_prompt_tokens_total", "troupe_generation_tokens_total",
+        "troupe_time_to_first_token_seconds", "troupe_time_per_output_token_seconds",
+        "troupe_queue_time_seconds", "troupe_kv_pages_used", "troupe_kv_pages_free",
+        "troupe_kv_pages_reusable", "troupe_kv_pages_total", "troupe_prefix_cache_hit_rate",
+        "troupe_preemptions_total", "troupe_queue_length", "troupe_step_seconds_total",
+        "troupe_steps_total", "troupe_requests_in_flight", "troupe_sequences"})
+    EXPECT_NE(text.find("# TYPE " + std::string(name) + " "), std::string::npos) << name;
+  EXPECT_EQ(sample(text, "troupe_requests_total{finish=\"length\"}"), length_before + 1);
+  EXPECT_EQ(sample(text, "troupe_generation_tokens_total"), gen_before + 8);
+  EXPECT_GE(sample(text, "troupe_time_to_first_token_seconds_count"), 1);
+  EXPECT_EQ(sample(text, "troupe_kv_pages_used{instance=\"instance-0\"}"), 0);
+  EXPECT_EQ(sample(text, "troupe_requests_in_flight"), 0);
+  EXPECT_GT(sample(text, "troupe_steps_total{instance=\"instance-0\"}"), 0);
+  EXPECT_NE(http_get(server_->metrics_port(), "/nothing").find("404"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe::testing

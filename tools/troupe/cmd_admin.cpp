@@ -1,0 +1,209 @@
+// troupe client admin: inspects a running `troupe serve` through its admin
+// actor (service.admin_port), reached with CAF's middleman:
+//   troupe client --server EP admin --admin HOST:PORT kv|instances|requests
+//   troupe client --server EP admin --admin HOST:PORT trace ID | cancel ID
+// --json prints one JSON object (or array) instead of text.
+#include <caf/io/all.hpp>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "actors/admin.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+nlohmann::json to_json(const pool_stats& k) {
+  return {{"page_size", k.page_size},
+          {"total_pages", k.total},
+          {"free_pages", k.free},
+          {"used_pages", k.used()},
+          {"allocated_pages", k.allocated},
+          {"mapped_pages", k.mapped},
+          {"reusable_pages", k.reusable},
+          {"sequences", k.sequences},
+          {"prefix_queries", k.prefix_queries},
+          {"prefix_query_tokens", k.prefix_query_tokens},
+          {"prefix_hit_tokens", k.prefix_hit_tokens},
+          {"prefix_hit_rate", k.hit_rate()},
+          {"evictions", k.evictions},
+          {"alloc_failures", k.alloc_failures}};
+}
+
+nlohmann::json to_json(const instance_info& i) {
+  const auto& s = i.stats;
+  return {{"name", i.name},
+          {"waiting", s.waiting},
+          {"running", s.running},
+          {"swapped", s.swapped},
+          {"steps", s.steps},
+          {"step_ms", s.step_ms},
+          {"prefill_tokens", s.prefill_tokens},
+          {"decode_tokens", s.decode_tokens},
+          {"cached_tokens", s.cached_tokens},
+          {"admitted", s.admitted},
+          {"finished", s.finished},
+          {"aborted", s.aborted},
+          {"preempted_recompute", s.preempted_recompute},
+          {"preempted_swap", s.preempted_swap},
+          {"kv", to_json(s.kv)},
+          {"kv_check", s.kv_check}};
+}
+
+nlohmann::json to_json(const request_trace& t) {
+  return {{"request_id", t.request_id},
+          {"client", t.client},
+          {"finish", t.finish},
+          {"stop_matched", t.stop_matched},
+          {"error", t.error},
+          {"prompt_tokens", t.prompt_tokens},
+          {"completion_tokens", t.completion_tokens},
+          {"cached_tokens", t.cached_tokens},
+          {"preemptions", t.preemptions},
+          {"priority", t.priority},
+          {"class", t.cls == seq_class::offline ? "offline" : "online"},
+          {"queue_ms", t.queue_ms},
+          {"ttft_ms", t.ttft_ms},
+          {"tpot_ms", t.tpot_ms},
+          {"total_ms", t.total_ms}};
+}
+
+// Text output: the JSON, one "key: value" a line (nested objects indented).
+void print_text(const nlohmann::json& j, const std::string& indent = "") {
+  if (j.is_array()) {
+    if (j.empty()) std::printf("%s(none)\n", indent.c_str());
+    for (const auto& el : j) {
+      print_text(el, indent);
+      std::printf("\n");
+    }
+    return;
+  }
+  for (const auto& [k, v] : j.items()) {
+    if (v.is_object()) {
+      std::printf("%s%s:\n", indent.c_str(), k.c_str());
+      print_text(v, indent + "  ");
+    } else {
+      const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+      std::printf("%s%s: %s\n", indent.c_str(), k.c_str(), s.c_str());
+    }
+  }
+}
+
+struct admin_flags {
+  std::string admin;  // HOST:PORT
+  std::string action;
+  uint64_t id = 0;
+  int timeout_ms = 10000;
+  const bool* json = nullptr;
+};
+
+int run_admin(const admin_flags& f) {
+  const auto colon = f.admin.rfind(':');
+  if (f.admin.empty() || colon == std::string::npos || colon == 0)
+    throw std::invalid_argument(
+        "--admin: give the server's admin endpoint as HOST:PORT "
+        "(service.admin_port of troupe serve), got '" +
+        f.admin + "'");
+  const std::string host = f.admin.substr(0, colon);
+  int port = 0;
+  try {
+    port = std::stoi(f.admin.substr(colon + 1));
+  } catch (const std::exception&) {
+  }
+  if (port <= 0 || port > 65535)
+    throw std::invalid_argument("--admin: bad port in '" + f.admin + "'");
+  actor_env env(true);
+  auto h = env.sys->middleman().remote_actor<admin_actor>(host, static_cast<uint16_t>(port));
+  if (!h) {
+    std::fprintf(stderr, "error: cannot reach the admin actor at %s: %s\n", f.admin.c_str(),
+                 env.sys->render(h.error()).c_str());
+    return 1;
+  }
+  caf::scoped_actor self{*env.sys};
+  const auto timeout = std::chrono::milliseconds(f.timeout_ms);
+  nlohmann::json out;
+  caf::error err;
+  auto on_error = [&](caf::error& e) { err = std::move(e); };
+  if (f.action == "kv") {
+    self->request(*h, timeout, kv_atom::value)
+        .receive([&](pool_stats& k) { out = to_json(k); }, on_error);
+  } else if (f.action == "instances") {
+    self->request(*h, timeout, instances_atom::value)
+        .receive(
+            [&](std::vector<instance_info>& v) {
+              out = nlohmann::json::array();
+              for (const auto& i : v) out.push_back(to_json(i));
+            },
+            on_error);
+  } else if (f.action == "requests") {
+    self->request(*h, timeout, requests_atom::value)
+        .receive(
+            [&](std::vector<inflight_request>& v) {
+              out = nlohmann::json::array();
+              for (const auto& r : v)
+                out.push_back(
+                    {{"request_id", r.request_id}, {"client", r.client}, {"age_ms", r.age_ms}});
+            },
+            on_error);
+  } else if (f.action == "trace") {
+    self->request(*h, timeout, trace_atom::value, f.id)
+        .receive([&](request_trace& t) { out = to_json(t); }, on_error);
+  } else if (f.action == "cancel") {
+    self->request(*h, timeout, cancel_atom::value, f.id)
+        .receive(
+            [&](int32_t n) {
+              out = {{"request_id", f.id}, {"cancelled", n}};
+            },
+            on_error);
+  }
+  if (err) {
+    std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), env.sys->render(err).c_str());
+    return 1;
+  }
+  if (*f.json)
+    std::cout << out.dump() << std::endl;
+  else
+    print_text(out);
+  if (f.action == "cancel" && out["cancelled"].get<int32_t>() == 0) {
+    std::fprintf(stderr, "error: no request with id %llu in flight\n",
+                 static_cast<unsigned long long>(f.id));
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+CLI::App* add_client_admin(CLI::App& client, const bool& json) {
+  auto f = std::make_shared<admin_flags>();
+  f->json = &json;
+  auto* cmd = client.add_subcommand("admin", "inspect the server through its admin actor");
+  cmd->fallthrough();
+  cmd->require_subcommand(1);
+  cmd->add_option("--admin", f->admin,
+                  "the server's admin endpoint HOST:PORT (troupe serve --admin-port)")
+      ->required();
+  cmd->add_option("--admin-timeout-ms", f->timeout_ms, "give up after this long")
+      ->default_val(10000)
+      ->check(CLI::Range(1, 1 << 30));
+  auto action = [&](const char* name, const char* help, bool with_id) {
+    auto* sub = cmd->add_subcommand(name, help);
+    sub->fallthrough();
+    if (with_id) sub->add_option("id", f->id, "the client's request id")->required();
+    sub->callback([f, name] {
+      f->action = name;
+      int rc = run_admin(*f);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  };
+  action("kv", "KV pages: total, free, used, reusable; prefix hit rate", false);
+  action("instances", "the instances with their queues and counters", false);
+  action("requests", "the requests in flight", false);
+  action("trace", "one request's trace (the newest with this id)", true);
+  action("cancel", "cancel the in-flight requests with this id", true);
+  return cmd;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,27 @@
+#pragma once
+// What `troupe serve` runs beside the gateway: the admin actor published on
+// service.admin_port, and the Prometheus endpoint on service.metrics_port.
+#include <memory>
+#include <string>
+
+#include "actors/admin.hpp"
+
+namespace troupe::cli {
+
+// GET /metrics on 127.0.0.1:port, served by its own thread; each scrape
+// polls the admin actor (instances, requests in flight) into the registry
+// before rendering it.  Throws std::runtime_error when the port is taken.
+class metrics_server {
+ public:
+  metrics_server(caf::actor_system& sys, admin_actor admin,
+                 std::shared_ptr<metrics_registry> registry, const std::string& host, int port);
+  ~metrics_server();
+  metrics_server(const metrics_server&) = delete;
+  metrics_server& operator=(const metrics_server&) = delete;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::cli
