@@ -72,7 +72,9 @@ TEST(Cli, EveryWeightTypeGenerates) {
     write_file(path, make_tiny_llama(o).bytes());
     auto r = generate(path, "--json");
     EXPECT_EQ(r.exit_code, 0) << traits_of(t).name << ": " << r.err;
-    if (r.exit_code == 0) EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 4u);
+    if (r.exit_code == 0) {
+      EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].size(), 4u);
+    }
     std::remove(path.c_str());
   }
 }
