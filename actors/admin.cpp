@@ -1,5 +1,6 @@
 #include "actors/admin.hpp"
 
+#include <iterator>
 #include <memory>
 
 namespace troupe {
@@ -148,28 +149,48 @@ admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
   return sys.spawn(admin_behavior, std::move(gateway), std::move(instances));
 }
 
+namespace {
+
+// The request metrics: name and help, declared and recorded alike.
+struct metric_name {
+  const char* name;
+  const char* help;
+};
+constexpr metric_name requests_total{"troupe_requests_total", "Finished requests by finish reason"};
+constexpr metric_name counters[] = {
+    {"troupe_prompt_tokens_total", "Prompt tokens of finished requests"},
+    {"troupe_generation_tokens_total", "Tokens generated for finished requests"},
+    {"troupe_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache"},
+    {"troupe_request_preemptions_total", "Preemptions seen by finished requests"}};
+constexpr metric_name histograms[] = {
+    {"troupe_queue_time_seconds", "Arrival until the instance took the sequence"},
+    {"troupe_request_duration_seconds", "Arrival until finish"},
+    {"troupe_time_to_first_token_seconds", "Arrival until the first token"},
+    {"troupe_time_per_output_token_seconds", "Mean time per output token after the first"}};
+
+}  // namespace
+
+void declare_request_metrics(metrics_registry& m) {
+  m.declare_counter(requests_total.name, requests_total.help, true);
+  for (const auto& c : counters) m.declare_counter(c.name, c.help, false);
+  for (const auto& h : histograms) m.declare_histogram(h.name, h.help, latency_buckets());
+}
+
 void record_request(metrics_registry& m, const request_trace& t) {
-  m.counter_add("troupe_requests_total", "Finished requests by finish reason",
+  m.counter_add(requests_total.name, requests_total.help,
                 {{"finish", t.finish.empty() ? "unknown" : t.finish}});
-  m.counter_add("troupe_prompt_tokens_total", "Prompt tokens of finished requests", {},
-                t.prompt_tokens);
-  m.counter_add("troupe_generation_tokens_total", "Tokens generated for finished requests", {},
-                t.completion_tokens);
-  m.counter_add("troupe_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache",
-                {}, t.cached_tokens);
-  m.counter_add("troupe_request_preemptions_total", "Preemptions seen by finished requests", {},
-                t.preemptions);
+  const double counts[] = {
+      static_cast<double>(t.prompt_tokens), static_cast<double>(t.completion_tokens),
+      static_cast<double>(t.cached_tokens), static_cast<double>(t.preemptions)};
+  for (size_t i = 0; i < std::size(counters); ++i)
+    m.counter_add(counters[i].name, counters[i].help, {}, counts[i]);
   if (t.finish == "rejected") return;
   const auto& b = latency_buckets();
-  m.observe("troupe_queue_time_seconds", "Arrival until the instance took the sequence", b,
-            t.queue_ms / 1000);
-  m.observe("troupe_request_duration_seconds", "Arrival until finish", b, t.total_ms / 1000);
-  if (t.completion_tokens > 0)
-    m.observe("troupe_time_to_first_token_seconds", "Arrival until the first token", b,
-              t.ttft_ms / 1000);
-  if (t.completion_tokens > 1)
-    m.observe("troupe_time_per_output_token_seconds", "Mean time per output token after the first",
-              b, t.tpot_ms / 1000);
+  auto observe = [&](const metric_name& h, double ms) { m.observe(h.name, h.help, b, ms / 1000); };
+  observe(histograms[0], t.queue_ms);
+  observe(histograms[1], t.total_ms);
+  if (t.completion_tokens > 0) observe(histograms[2], t.ttft_ms);
+  if (t.completion_tokens > 1) observe(histograms[3], t.tpot_ms);
 }
 
 void record_service(metrics_registry& m, const std::vector<instance_info>& instances,

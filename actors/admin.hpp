@@ -19,6 +19,9 @@ struct named_instance {
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
                         std::vector<named_instance> instances);
 
+// Lists the request metrics' families before the first request finishes.
+void declare_request_metrics(metrics_registry& m);
+
 // A finished request into the request metrics (counts by finish, tokens,
 // TTFT / TPOT / queue-time / duration histograms).
 void record_request(metrics_registry& m, const request_trace& t);

@@ -116,7 +116,7 @@ void metrics_registry::observe(const std::string& name, const std::string& help,
         throw std::invalid_argument("metrics: " + name + ": bounds must ascend");
     f.bounds = bounds;
   }
-  auto& s = f.by_labels[""];
+  auto& s = f.by_labels[""];  // declared (bounds fixed) or the first observation
   s.buckets.resize(f.bounds.size());
   for (size_t i = 0; i < f.bounds.size(); ++i)
     if (v <= f.bounds[i]) {
@@ -125,6 +125,25 @@ void metrics_registry::observe(const std::string& name, const std::string& help,
     }
   s.sum += v;
   ++s.count;
+}
+
+void metrics_registry::declare_counter(const std::string& name, const std::string& help,
+                                       bool labelled) {
+  std::lock_guard lock(mu_);
+  auto& f = get(name, kind::counter, help);
+  if (!labelled) f.by_labels[""];
+}
+
+void metrics_registry::declare_histogram(const std::string& name, const std::string& help,
+                                         const std::vector<double>& bounds) {
+  std::lock_guard lock(mu_);
+  auto& f = get(name, kind::histogram, help);
+  if (!f.by_labels.empty()) return;
+  for (size_t i = 1; i < bounds.size(); ++i)
+    if (!(bounds[i - 1] < bounds[i]))
+      throw std::invalid_argument("metrics: " + name + ": bounds must ascend");
+  f.bounds = bounds;
+  f.by_labels[""].buckets.resize(bounds.size());
 }
 
 std::string metrics_registry::render() const {

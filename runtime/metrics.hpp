@@ -29,6 +29,13 @@ class metrics_registry {
   void observe(const std::string& name, const std::string& help, const std::vector<double>& bounds,
                double v);
 
+  // Declares a family before anything is recorded, so it is listed (with
+  // zero samples: a histogram's buckets at 0; a counter family with no
+  // labels at 0, one with labels with no series yet).
+  void declare_counter(const std::string& name, const std::string& help, bool labelled);
+  void declare_histogram(const std::string& name, const std::string& help,
+                         const std::vector<double>& bounds);
+
   // Every family in the text format, version 0.0.4.
   std::string render() const;
 

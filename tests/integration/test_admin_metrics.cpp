@@ -232,6 +232,8 @@ TEST_F(AdminMetrics, CancelMidStreamThroughAdminGivesPagesBack) {
 TEST_F(AdminMetrics, MetricsNameWhatTheyShouldAndMove) {
   auto before = http_get(server_->metrics_port(), "/metrics");
   ASSERT_NE(before.find("200 OK"), std::string::npos) << before;
+  // Listed before any request of this test (and from the start).
+  EXPECT_NE(before.find("# TYPE troupe_time_to_first_token_seconds histogram"), std::string::npos);
   const double length_before =
       std::max(0.0, sample(before, "troupe_requests_total{finish=\"length\"}"));
   const double gen_before = std::max(0.0, sample(before, "troupe_generation_tokens_total"));

@@ -42,6 +42,22 @@ TEST(Metrics, HistogramBucketsAreCumulative) {
   EXPECT_EQ(m.value("troupe_ttft_seconds"), 5);
 }
 
+TEST(Metrics, DeclaredFamiliesAreListedBeforeAnyValue) {
+  metrics_registry m;
+  m.declare_counter("troupe_tokens_total", "tokens", false);
+  m.declare_counter("troupe_requests_total", "requests", true);
+  m.declare_histogram("troupe_ttft_seconds", "ttft", {0.1, 1});
+  const std::string text = m.render();
+  EXPECT_NE(text.find("# TYPE troupe_tokens_total counter\ntroupe_tokens_total 0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("# TYPE troupe_requests_total counter\n"), std::string::npos);
+  EXPECT_EQ(text.find("\ntroupe_requests_total"), std::string::npos);  // no sample yet
+  EXPECT_NE(text.find("troupe_ttft_seconds_bucket{le=\"1\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("troupe_ttft_seconds_count 0\n"), std::string::npos);
+  m.observe("troupe_ttft_seconds", "ttft", {5}, 0.5);  // the declared bounds stay
+  EXPECT_NE(m.render().find("troupe_ttft_seconds_bucket{le=\"1\"} 1\n"), std::string::npos);
+}
+
 TEST(Metrics, EscapesLabelValuesAndRefusesMisuse) {
   metrics_registry m;
   m.gauge_set("g", "a \\ help\nline", {{"k", "a\"b\\c\nd"}}, 1.5);

@@ -285,6 +285,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ctx->default_max_tokens = s.default_max_tokens;
   ctx->max_queue = s.max_queue;
   auto metrics = std::make_shared<metrics_registry>();
+  declare_request_metrics(*metrics);
   ctx->metrics = metrics;
   gateway_options go;
   go.endpoints = s.listen;
