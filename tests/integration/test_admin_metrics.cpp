@@ -266,5 +266,31 @@ TEST_F(AdminMetrics, MetricsNameWhatTheyShouldAndMove) {
   EXPECT_NE(http_get(server_->metrics_port(), "/nothing").find("404"), std::string::npos);
 }
 
+// A taken port stops the start with the key's name, and nothing hangs.
+TEST(AdminMetricsConfig, BusyOrBadPortIsRefusedWithTheKey) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string busy = std::to_string(ntohs(a.sin_port));
+  const std::string serve =
+      "timeout 60 " + troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' ";
+  for (const std::string key : {"metrics_port", "admin_port"}) {
+    std::string flag = "--" + key;
+    flag[flag.find('_')] = '-';
+    auto r = run_process(serve + flag + " " + busy);
+    EXPECT_EQ(r.exit_code, 1) << key << ": " << r.err;
+    EXPECT_NE(r.err.find("service." + key), std::string::npos) << r.err;
+    r = run_process(serve + flag + " 70000");
+    EXPECT_EQ(r.exit_code, 1) << key << ": " << r.err;
+    EXPECT_NE(r.err.find("service." + key), std::string::npos) << r.err;
+  }
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -295,27 +296,39 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   go.trace_history = static_cast<size_t>(s.trace_history);
   auto gw = spawn_gateway(*env.sys, ctx, go);
 
+  // The admin and metrics endpoints; if one cannot open, the actors are
+  // told to stop before the error leaves (the actor system waits for them).
+  auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
+  std::optional<uint16_t> admin_port;
+  std::unique_ptr<metrics_server> metrics_http;
+  try {
+    if (s.admin_port > 0) {
+      auto port = env.sys->middleman().publish(admin, static_cast<uint16_t>(s.admin_port),
+                                               s.admin_host.c_str());
+      if (!port)
+        throw std::runtime_error("service.admin_port: cannot publish the admin actor on " +
+                                 s.admin_host + ":" + std::to_string(s.admin_port) + ": " +
+                                 env.sys->render(port.error()));
+      admin_port = *port;
+    }
+    if (s.metrics_port > 0)
+      metrics_http =
+          std::make_unique<metrics_server>(*env.sys, admin, metrics, s.admin_host, s.metrics_port);
+  } catch (...) {
+    for (const auto& a : {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor),
+                          caf::actor_cast<caf::actor>(inst), caf::actor_cast<caf::actor>(dev)})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    throw;
+  }
+
   std::string eps;
   for (const auto& ep : gw.endpoints) eps += (eps.empty() ? "" : " ") + ep;
   std::printf("troupe serve: listening on %s (model %s on %s, context %d tokens)\n", eps.c_str(),
               s.engine.model.c_str(), info.device_name.c_str(), ctx->max_len);
-  auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
-  if (s.admin_port > 0) {
-    auto port = env.sys->middleman().publish(admin, static_cast<uint16_t>(s.admin_port),
-                                             s.admin_host.c_str());
-    if (!port)
-      throw std::runtime_error("service.admin_port: cannot publish the admin actor on " +
-                               s.admin_host + ":" + std::to_string(s.admin_port) + ": " +
-                               env.sys->render(port.error()));
-    std::printf("troupe serve: admin on %s:%u\n", s.admin_host.c_str(), *port);
-  }
-  std::unique_ptr<metrics_server> metrics_http;
-  if (s.metrics_port > 0) {
-    metrics_http =
-        std::make_unique<metrics_server>(*env.sys, admin, metrics, s.admin_host, s.metrics_port);
+  if (admin_port) std::printf("troupe serve: admin on %s:%u\n", s.admin_host.c_str(), *admin_port);
+  if (metrics_http)
     std::printf("troupe serve: metrics on http://%s:%d/metrics\n", s.admin_host.c_str(),
                 s.metrics_port);
-  }
   std::fflush(stdout);
 
   int sig = 0;
