@@ -4,10 +4,10 @@ namespace troupe {
 
 namespace {
 
-device_actor::behavior_type device_behavior(device_actor::stateful_pointer<device_state> self,
+device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
   return {
-      [self, engine](forward_atom, const forward_batch& batch) -> caf::result<forward_result> {
+      [engine](forward_atom, const forward_batch& batch) -> caf::result<forward_result> {
         try {
           return engine->run(batch);
         } catch (const std::exception& e) {
@@ -41,7 +41,8 @@ device_actor::behavior_type device_behavior(device_actor::stateful_pointer<devic
           engine->write_pages(pages, data);
           return static_cast<int32_t>(pages.size());
         } catch (const std::exception& e) {
-          return caf::make_error(caf::sec::invalid_argument, std::string("writepages: ") + e.what());
+          return caf::make_error(caf::sec::invalid_argument,
+                                 std::string("writepages: ") + e.what());
         }
       },
       [engine](copy_pages_atom, const std::vector<int32_t>& src,

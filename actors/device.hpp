@@ -9,11 +9,6 @@
 
 namespace troupe {
 
-struct device_state {
-  std::unique_ptr<llama_forward> engine;
-  static inline const char* name = "device";
-};
-
 // Loads the model onto the device in its constructor path; a failure to
 // load (bad OpenCL setup, unsupported model) is thrown to the caller of
 // spawn_device, before any actor exists.

@@ -22,20 +22,10 @@ inline float hsum16(float16 v) {
 inline float silu(float x) { return x / (1.0f + exp(-x)); }
 
 // Half -> float from the raw bits, branch-free: PoCL's vload_half is a
-// software routine with branches (no cl_khr_fp16 on its CPU device), which
-// dominated the quantized matmuls.  Shifting the 15 magnitude bits into a
+// software routine with branches (no cl_khr_fp16 on its CPU device), a
+// dozen instructions per value on the F16 weight and KV paths.  Shifting the 15 magnitude bits into a
 // float's position and scaling by 2^112 is exact for normal and subnormal
 // halves alike; inf and NaN do not occur in weights, scales or KV values.
-inline float half_bits_to_float(ushort h) {
-  const float f = as_float((uint)(h & 0x7fff) << 13) * 0x1.0p112f;
-  return as_float(as_uint(f) | ((uint)(h & 0x8000) << 16));
-}
-
-inline float4 half_bits_to_float4(ushort4 h) {
-  const float4 f = as_float4(convert_uint4(h & (ushort4)0x7fff) << 13) * 0x1.0p112f;
-  return as_float4(as_uint4(f) | (convert_uint4(h & (ushort4)0x8000) << 16));
-}
-
 inline float16 half_bits_to_float16(ushort16 h) {
   const float16 f = as_float16(convert_uint16(h & (ushort16)0x7fff) << 13) * 0x1.0p112f;
   return as_float16(as_uint16(f) | (convert_uint16(h & (ushort16)0x8000) << 16));

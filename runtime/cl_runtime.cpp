@@ -88,18 +88,6 @@ std::string info_string(cl_device_id d, cl_device_info what) {
 
 }  // namespace
 
-std::vector<std::string> list_devices() {
-  std::vector<std::string> out;
-  auto ps = platforms();
-  for (size_t p = 0; p < ps.size(); ++p) {
-    auto ds = devices_of(ps[p]);
-    for (size_t d = 0; d < ds.size(); ++d)
-      out.push_back("platform " + std::to_string(p) + " device " + std::to_string(d) + ": " +
-                    info_string(ds[d], CL_DEVICE_NAME));
-  }
-  return out;
-}
-
 buffer& buffer::operator=(buffer&& o) noexcept {
   if (this != &o) {
     if (mem_) clReleaseMemObject(mem_);
@@ -186,13 +174,6 @@ void context::read(const buffer& b, void* dst, size_t bytes, size_t offset) {
   if (bytes == 0) return;
   check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, offset, bytes, dst, 0, nullptr, nullptr),
         "clEnqueueReadBuffer");
-}
-
-void context::fill_zero(const buffer& b) {
-  const cl_uchar zero = 0;
-  check(clEnqueueFillBuffer(queue_, b.get(), &zero, 1, 0, b.bytes() == 0 ? 4 : b.bytes(), 0,
-                            nullptr, nullptr),
-        "clEnqueueFillBuffer");
 }
 
 void context::build(const std::string& options) {

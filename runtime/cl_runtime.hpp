@@ -27,9 +27,6 @@ struct device_choice {
   int device = 0;    // index into the platform's devices
 };
 
-// A listing line per available device, for --help and error messages.
-std::vector<std::string> list_devices();
-
 class buffer {
  public:
   buffer() = default;
@@ -96,7 +93,6 @@ class context {
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
              bool blocking = false);
   void read(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
-  void fill_zero(const buffer& b);
 
   // Builds (once) every embedded kernels/*.cl source into one program
   // with the given options and returns a kernel by name.
