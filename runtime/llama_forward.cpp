@@ -1,5 +1,6 @@
 #include "runtime/llama_forward.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -213,6 +214,10 @@ forward_result llama_forward::run(const forward_batch& b) {
   const int page_size = opts_.page_size;
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
+  // Rows of a prefill chunk share K/V loads in groups; a decode-only batch
+  // (one row per sequence) keeps one row per work-item for parallelism.
+  const int att_rows =
+      T > static_cast<int>(b.seqs.size()) ? std::clamp(opts_.attention_rows, 1, 64) : 1;
 
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT});
@@ -230,8 +235,9 @@ forward_result llama_forward::run(const forward_batch& b) {
       launch_grid(k, gq, T);
     }
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
-                 hp.n_head_kv, hd, page_size, l, n_pages_, scale);
-    ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head), uT});
+                 hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows);
+    ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
+                          static_cast<size_t>((T + att_rows - 1) / att_rows)});
     matmul(L.wo, att_, x_, T, D, true);
     k_rmsnorm_.args(x_, L.ffn_norm, xn_, row_seq_, 0, D, eps);
     ctx_.launch(k_rmsnorm_, {uT});

@@ -23,6 +23,7 @@ struct engine_options {
   int rows_per_item = 16;        // matmul output rows per work-item (bench: best on PoCL)
   int group_size = 1;            // matmul work-items per work-group
   int token_tile = 4;            // tokens per work-item in prefill matmuls
+  int attention_rows = 4;        // rows of one sequence per attention work-item (prefill)
 };
 
 // (cos, sin) of every row's RoPE angle for each rotation pair,

@@ -474,8 +474,11 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
 
 // Sequences of one decode row or a prefill chunk each, through shuffled
 // page tables; GQA with three query heads per KV head.
-void check_attention(cl::context& c, bool kv_f16, int hd) {
-  SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32"));
+// rows_per_item > 1 groups consecutive rows of one sequence in a
+// work-item; 3 makes groups cross sequence boundaries.
+void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
+  SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32") + ", " +
+               std::to_string(rows_per_item) + " rows per item");
   std::mt19937 rng(kv_f16 ? 300 + hd : 200 + hd);
   auto k = c.make_kernel("attention");
   const int n_kv = 2, n_head = 3 * n_kv, page_size = 4, n_layer = 2, layer = 1, n_pages = 40;
@@ -492,8 +495,9 @@ void check_attention(cl::context& c, bool kv_f16, int hd) {
   const size_t n_out = static_cast<size_t>(T) * n_head * hd;
   const auto outb = c.alloc(n_out * sizeof(float));
   k.args(qkvb, kcb, vcb, outb, posb, rsb, ptb, offb, n_head, n_kv, hd, page_size, layer, n_pages,
-         scale);
-  c.launch(k, {static_cast<size_t>(n_head), static_cast<size_t>(T)});
+         scale, T, rows_per_item);
+  c.launch(k, {static_cast<size_t>(n_head),
+               static_cast<size_t>((T + rows_per_item - 1) / rows_per_item)});
   const auto out = download<float>(c, outb, n_out);
 
   checker chk;
@@ -527,11 +531,13 @@ void check_attention(cl::context& c, bool kv_f16, int hd) {
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF32) {
-  for (const int hd : {48, 64}) check_attention(ctx(false), false, hd);
+  for (const int hd : {48, 64})
+    for (const int rows : {1, 3, 4, 8}) check_attention(ctx(false), false, hd, rows);
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16EmulatesLlamaCpp) {
-  for (const int hd : {48, 64}) check_attention(ctx(true), true, hd);
+  for (const int hd : {48, 64})
+    for (const int rows : {1, 3, 4, 8}) check_attention(ctx(true), true, hd, rows);
 }
 
 }  // namespace

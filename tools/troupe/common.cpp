@@ -45,6 +45,7 @@ engine_options to_engine_options(const engine_flags& f) {
   if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
   return o;
 }
 
