@@ -33,6 +33,7 @@ struct gateway_state {
   std::unordered_map<caf::actor_addr, request_key> by_actor;
   std::map<request_key, std::chrono::steady_clock::time_point> since;  // arrival, for admin
   std::deque<request_trace> traces;
+  uint32_t admin_port = 0;  // told to clients in Pong; 0: no admin endpoint
   bool draining = false;
   static inline const char* name = "gateway";
 };
@@ -130,6 +131,7 @@ void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
       p->set_nonce(msg.ping().nonce());
       p->set_model(st.ctx->model_name);
       p->set_protocol_version(wire::PROTOCOL_VERSION_CURRENT);
+      p->set_admin_port(st.admin_port);
       return send_to(self, client, encode_frame(m));
     }
     case wire::ClientMessage::BODY_NOT_SET:
@@ -233,6 +235,10 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
             ++n;
           }
         return n;
+      },
+      [self](admin_port_atom, uint32_t port) {
+        self->state.admin_port = port;
+        return port;
       },
       [self](poll_atom) {
         poll_once(self);

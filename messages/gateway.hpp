@@ -58,6 +58,7 @@ using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+using admin_port_atom = caf::atom_constant<caf::atom("adminport")>;
 
 // reply:  (client identity, request id, frame, last) a frame for the
 //         client; `last` ends the request (Finished, or an Error for it).
@@ -69,13 +70,17 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 // requests: the requests in flight (admin).
 // cancel: (request id) cancels the in-flight requests with this id, of any
 //         client (admin); replies with how many.
+// adminport: (port) the admin actor's TCP port, told to clients in Pong
+//         (0: none); published after the gateway exists, so set later.
+//         Replies with the port, once set.
 using gateway_actor =
     caf::typed_actor<caf::reacts_to<reply_atom, std::string, uint64_t, std::string, bool>,
                      caf::reacts_to<trace_atom, request_trace>,
                      caf::replies_to<traces_atom>::with<std::vector<request_trace>>,
                      caf::replies_to<drain_atom, bool>::with<int32_t>, caf::reacts_to<poll_atom>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
-                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>>;
+                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
+                     caf::replies_to<admin_port_atom, uint32_t>::with<uint32_t>>;
 
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:

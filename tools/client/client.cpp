@@ -61,6 +61,10 @@ void connection::cancel(uint64_t request_id) {
 }
 
 bool connection::ping(std::chrono::milliseconds timeout) {
+  return pong(timeout).has_value();
+}
+
+std::optional<wire::Pong> connection::pong(std::chrono::milliseconds timeout) {
   const uint64_t nonce =
       static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   wire::ClientMessage m;
@@ -70,10 +74,10 @@ bool connection::ping(std::chrono::milliseconds timeout) {
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         until - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
+    if (left.count() <= 0) return std::nullopt;
     auto r = receive(left);
-    if (!r) return false;
-    if (r->has_pong() && r->pong().nonce() == nonce) return true;
+    if (!r) return std::nullopt;
+    if (r->has_pong() && r->pong().nonce() == nonce) return r->pong();
   }
 }
 
@@ -81,7 +85,10 @@ std::optional<uint64_t> apply(const wire::ServerMessage& msg,
                               std::function<result*(uint64_t)> find) {
   switch (msg.body_case()) {
     case wire::ServerMessage::kAccepted:
-      if (auto* r = find(msg.accepted().request_id())) r->accepted = true;
+      if (auto* r = find(msg.accepted().request_id())) {
+        r->accepted = true;
+        r->accepted_unix_ms = unix_ms_now();
+      }
       return msg.accepted().request_id();
     case wire::ServerMessage::kChunk:
       if (auto* r = find(msg.chunk().request_id())) {
@@ -92,11 +99,17 @@ std::optional<uint64_t> apply(const wire::ServerMessage& msg,
       }
       return msg.chunk().request_id();
     case wire::ServerMessage::kFinished:
-      if (auto* r = find(msg.finished().request_id())) r->finished = msg.finished();
+      if (auto* r = find(msg.finished().request_id())) {
+        r->finished = msg.finished();
+        r->finished_unix_ms = unix_ms_now();
+      }
       return msg.finished().request_id();
     case wire::ServerMessage::kError:
       if (!msg.error().has_request_id()) return std::nullopt;
-      if (auto* r = find(msg.error().request_id())) r->error = msg.error();
+      if (auto* r = find(msg.error().request_id())) {
+        r->error = msg.error();
+        r->finished_unix_ms = unix_ms_now();
+      }
       return msg.error().request_id();
     default:
       return std::nullopt;
@@ -131,6 +144,7 @@ std::vector<result> run(connection& conn, const std::vector<wire::Generate>& req
           e.set_request_id(r.request_id);
           e.set_has_request_id(true);
           r.error = e;
+          r.finished_unix_ms = unix_ms_now();
         }
       break;
     }
@@ -140,6 +154,26 @@ std::vector<result> run(connection& conn, const std::vector<wire::Generate>& req
     if (msg->has_chunk() && on_chunk) on_chunk(msg->chunk());
   }
   return out;
+}
+
+std::string endpoint_host(const std::string& endpoint) {
+  const std::string local = "127.0.0.1";
+  const std::string tcp = "tcp://";
+  if (endpoint.rfind(tcp, 0) != 0) return local;  // ipc://, inproc://
+  std::string host = endpoint.substr(tcp.size());
+  if (const auto semi = host.find(';'); semi != std::string::npos)  // source;destination
+    host = host.substr(semi + 1);
+  if (const auto colon = host.rfind(':'); colon != std::string::npos) host = host.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "::") return local;
+  return host;
+}
+
+double unix_ms_now() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 std::string to_string(wire::FinishReason r) {

@@ -40,6 +40,8 @@ class connection {
   void cancel(uint64_t request_id);
   // Round trip to the server; false when it did not answer in time.
   bool ping(std::chrono::milliseconds timeout);
+  // The same, with the server's answer (model, version, admin port).
+  std::optional<wire::Pong> pong(std::chrono::milliseconds timeout);
 
  private:
   struct impl;
@@ -55,6 +57,12 @@ struct result {
   std::vector<std::string> deltas;
   wire::Finished finished;  // reason FINISH_UNSPECIFIED if it ended in an Error
   std::optional<wire::Error> error;
+  // When this client took the Accepted, and the last message (Finished or
+  // Error), in ms since the Unix epoch (system clock); 0 until then.  Clocks
+  // of processes on one machine agree, so requests of several clients can
+  // be lined up.
+  double accepted_unix_ms = 0;
+  double finished_unix_ms = 0;
   bool done() const { return error.has_value() || finished.reason() != wire::FINISH_UNSPECIFIED; }
 };
 
@@ -72,5 +80,14 @@ std::vector<result> run(connection& conn, const std::vector<wire::Generate>& req
                         const std::function<void(const wire::TokenChunk&)>& on_chunk = {});
 
 std::string to_string(wire::FinishReason r);  // "stop", "length", ...
+
+// The host a client dials to reach a server endpoint's machine:
+// tcp://HOST:PORT gives HOST (brackets of an IPv6 address dropped); a
+// wildcard (*, 0.0.0.0, ::) or an ipc:// / inproc:// endpoint gives
+// 127.0.0.1.  The admin actor is found there, on the port of the Pong.
+std::string endpoint_host(const std::string& endpoint);
+
+// Now on the system clock, in ms since the Unix epoch.
+double unix_ms_now();
 
 }  // namespace troupe::client

@@ -1,14 +1,18 @@
 // troupe client admin: inspects a running `troupe serve` through its admin
 // actor (service.admin_port), reached with CAF's middleman:
-//   troupe client --server EP admin --admin HOST:PORT kv|instances|requests
-//   troupe client --server EP admin --admin HOST:PORT trace ID | cancel ID
-// --json prints one JSON object (or array) instead of text.
+//   troupe client --server EP admin [--admin HOST:PORT] kv|instances|requests
+//   troupe client --server EP admin [--admin HOST:PORT] trace ID | cancel ID
+// Without --admin the server is pinged over the client protocol: its Pong
+// names the admin port, on the host of EP.  --json prints one JSON object
+// (or array) instead of text.
 #include <caf/io/all.hpp>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "actors/admin.hpp"
+#include "tools/client/client.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -92,32 +96,71 @@ void print_text(const nlohmann::json& j, const std::string& indent = "") {
 }
 
 struct admin_flags {
-  std::string admin;  // HOST:PORT
+  std::string admin;  // HOST:PORT; empty: ask the server
   std::string action;
   uint64_t id = 0;
   int timeout_ms = 10000;
+  const std::string* server = nullptr;
   const bool* json = nullptr;
 };
 
-int run_admin(const admin_flags& f) {
-  const auto colon = f.admin.rfind(':');
-  if (f.admin.empty() || colon == std::string::npos || colon == 0)
+struct admin_endpoint {
+  std::string host;
+  int port = 0;
+};
+
+// --admin HOST:PORT as given.
+admin_endpoint parse_admin(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0)
     throw std::invalid_argument(
         "--admin: give the server's admin endpoint as HOST:PORT "
         "(service.admin_port of troupe serve), got '" +
-        f.admin + "'");
-  const std::string host = f.admin.substr(0, colon);
-  int port = 0;
+        text + "'");
+  admin_endpoint a{text.substr(0, colon), 0};
   try {
-    port = std::stoi(f.admin.substr(colon + 1));
+    a.port = std::stoi(text.substr(colon + 1));
   } catch (const std::exception&) {
   }
-  if (port <= 0 || port > 65535)
-    throw std::invalid_argument("--admin: bad port in '" + f.admin + "'");
+  if (a.port <= 0 || a.port > 65535)
+    throw std::invalid_argument("--admin: bad port in '" + text + "'");
+  return a;
+}
+
+// The admin endpoint the server names in its Pong; nullopt (said why on
+// stderr) when it does not answer or has none.
+std::optional<admin_endpoint> ask_server(const std::string& server, int timeout_ms) {
+  client::connection conn(server);
+  auto pong = conn.pong(std::chrono::milliseconds(timeout_ms));
+  if (!pong) {
+    std::fprintf(stderr,
+                 "error: admin: no answer from %s within %d ms (is troupe serve running?)\n",
+                 server.c_str(), timeout_ms);
+    return std::nullopt;
+  }
+  if (pong->admin_port() == 0 || pong->admin_port() > 65535) {
+    std::fprintf(stderr,
+                 "error: admin: the server at %s has no admin endpoint (started with "
+                 "--admin-port -1); start it with --admin-port 0 or a port, or give --admin "
+                 "HOST:PORT\n",
+                 server.c_str());
+    return std::nullopt;
+  }
+  return admin_endpoint{client::endpoint_host(server), static_cast<int>(pong->admin_port())};
+}
+
+int run_admin(const admin_flags& f) {
+  std::optional<admin_endpoint> at;
+  if (!f.admin.empty())
+    at = parse_admin(f.admin);
+  else if (!(at = ask_server(*f.server, f.timeout_ms)))
+    return 1;
+  const std::string where = at->host + ":" + std::to_string(at->port);
   actor_env env(true);
-  auto h = env.sys->middleman().remote_actor<admin_actor>(host, static_cast<uint16_t>(port));
+  auto h =
+      env.sys->middleman().remote_actor<admin_actor>(at->host, static_cast<uint16_t>(at->port));
   if (!h) {
-    std::fprintf(stderr, "error: cannot reach the admin actor at %s: %s\n", f.admin.c_str(),
+    std::fprintf(stderr, "error: cannot reach the admin actor at %s: %s\n", where.c_str(),
                  env.sys->render(h.error()).c_str());
     return 1;
   }
@@ -176,16 +219,18 @@ int run_admin(const admin_flags& f) {
 
 }  // namespace
 
-CLI::App* add_client_admin(CLI::App& client, const bool& json) {
+CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bool& json) {
   auto f = std::make_shared<admin_flags>();
+  f->server = &server;
   f->json = &json;
   auto* cmd = client.add_subcommand("admin", "inspect the server through its admin actor");
   cmd->fallthrough();
   cmd->require_subcommand(1);
   cmd->add_option("--admin", f->admin,
-                  "the server's admin endpoint HOST:PORT (troupe serve --admin-port)")
-      ->required();
-  cmd->add_option("--admin-timeout-ms", f->timeout_ms, "give up after this long")
+                  "the server's admin endpoint HOST:PORT (troupe serve --admin-port); default: "
+                  "the port the server names in its Pong, on the host of --server");
+  cmd->add_option("--admin-timeout-ms", f->timeout_ms,
+                  "give up after this long (the ping, then each admin call)")
       ->default_val(10000)
       ->check(CLI::Range(1, 1 << 30));
   auto action = [&](const char* name, const char* help, bool with_id) {

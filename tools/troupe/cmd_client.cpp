@@ -85,6 +85,10 @@ int run_client(const client_flags& f) {
     if (f.json) {
       nlohmann::json j;
       j["request_id"] = r.request_id;
+      // When the Accepted and the last message arrived here (ms since the
+      // Unix epoch): lines of several clients can be lined up.
+      j["accepted_unix_ms"] = r.accepted ? nlohmann::json(r.accepted_unix_ms) : nlohmann::json();
+      j["finished_unix_ms"] = r.finished_unix_ms;
       if (r.error) {
         j["error"] = r.error->message();
         j["code"] = wire::ErrorCode_Name(r.error->code());
@@ -165,9 +169,10 @@ void add_client(CLI::App& app) {
       ->default_val(30000)
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_flag("--json", f->json,
-                "print one JSON object per prompt: token_ids, text, finish_reason, usage, timing");
+                "print one JSON object per prompt: token_ids, text, finish_reason, usage, timing, "
+                "accepted_unix_ms, finished_unix_ms");
   auto* ping = cmd->add_subcommand("ping", "check that the server answers (exit 0 if it does)");
-  auto* admin = add_client_admin(*cmd, f->json);
+  auto* admin = add_client_admin(*cmd, f->server, f->json);
   cmd->callback([f, ping, admin] {
     if (admin->parsed()) return;  // its own subcommands ran
     int rc = ping->parsed() ? run_ping(*f) : run_client(*f);

@@ -44,7 +44,7 @@ struct serve_settings {
   double grace_s = 10;
   int poll_ms = 2;
   int trace_history = 1024;
-  int admin_port = 0;    // 0: no admin endpoint
+  int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
   std::string admin_host = "127.0.0.1";
 };
@@ -170,8 +170,9 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("service", "trace_history", "finished requests' traces kept",
       int_key(s.trace_history, 0, 1 << 20));
   add("service", "admin_port",
-      "TCP port of the admin actor (troupe client admin --admin HOST:PORT); 0 = off",
-      int_key(s.admin_port, 0, 65535));
+      "TCP port of the admin actor (troupe client admin); 0 = one the OS picks, told to "
+      "clients in Pong; -1 = off",
+      int_key(s.admin_port, -1, 65535));
   add("service", "admin_host", "address the admin and metrics endpoints listen on",
       string_key(s.admin_host));
   add("service", "metrics_port", "TCP port of the Prometheus endpoint GET /metrics; 0 = off",
@@ -264,7 +265,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   auto model = open_model(s.engine);
   std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
-  actor_env env(s.admin_port > 0);
+  actor_env env(s.admin_port >= 0);
   auto eo = to_engine_options(s.engine);
   eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
   auto dev = spawn_device(*env.sys, model, eo);
@@ -298,11 +299,13 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   // The admin and metrics endpoints; if one cannot open, the actors are
   // told to stop before the error leaves (the actor system waits for them).
+  // The gateway learns the admin port before the ready line, so every Pong
+  // a client can get names it.
   auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
   std::optional<uint16_t> admin_port;
   std::unique_ptr<metrics_server> metrics_http;
   try {
-    if (s.admin_port > 0) {
+    if (s.admin_port >= 0) {
       auto port = env.sys->middleman().publish(admin, static_cast<uint16_t>(s.admin_port),
                                                s.admin_host.c_str());
       if (!port)
@@ -310,6 +313,14 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
                                  s.admin_host + ":" + std::to_string(s.admin_port) + ": " +
                                  env.sys->render(port.error()));
       admin_port = *port;
+      caf::scoped_actor self{*env.sys};
+      caf::error err;
+      self->request(gw.actor, std::chrono::seconds(10), admin_port_atom::value,
+                    static_cast<uint32_t>(*port))
+          .receive([](uint32_t) {}, [&](caf::error& e) { err = std::move(e); });
+      if (err)
+        throw std::runtime_error("service.admin_port: the gateway did not take the admin port: " +
+                                 env.sys->render(err));
     }
     if (s.metrics_port > 0)
       metrics_http =

@@ -47,7 +47,8 @@ device_info query_info(caf::actor_system& sys, device_actor dev);
 void add_generate(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
-// `troupe client admin ...` under the client command (cmd_admin.cpp).
-CLI::App* add_client_admin(CLI::App& client, const bool& json);
+// `troupe client admin ...` under the client command (cmd_admin.cpp);
+// `server` and `json` are the client command's --server and --json.
+CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bool& json);
 
 }  // namespace troupe::cli

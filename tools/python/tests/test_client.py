@@ -7,7 +7,7 @@ import zmq
 
 from troupe_client import AsyncClient, Client, TroupeError, client_pb2 as pb
 
-from conftest import offline_generate
+from conftest import Server, offline_generate
 
 PROMPT = "Once upon a time there was a dog"
 
@@ -23,7 +23,17 @@ def test_ping(client):
     assert p.protocol_version == pb.PROTOCOL_VERSION_CURRENT
     assert "stories15" in p.model.lower()
     assert p.rtt_ms >= 0
+    assert p.admin_port > 0  # troupe serve publishes its admin actor by default
     assert client.ping().nonce != p.nonce
+
+
+def test_ping_names_no_admin_port_when_admin_is_off():
+    s = Server("--admin-port=-1")
+    try:
+        with Client(s.endpoint, timeout=60) as cl:
+            assert cl.ping().admin_port == 0
+    finally:
+        s.stop()
 
 
 def test_greedy_equals_offline_generate(client):

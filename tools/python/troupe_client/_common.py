@@ -70,6 +70,7 @@ class Pong:
     model: str
     protocol_version: int
     rtt_ms: float
+    admin_port: int = 0  # the server's admin actor (CAF) port on its host; 0: none
 
 
 def build_generate(

@@ -108,7 +108,7 @@ class AsyncClient:
             p = await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
         finally:
             self._pongs.pop(nonce, None)
-        return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3)
+        return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3, p.admin_port)
 
     async def close(self) -> None:
         if self._reader is not None:

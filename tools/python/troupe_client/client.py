@@ -106,7 +106,7 @@ class Client:
         while nonce not in self._pongs:
             self._recv_one(timeout)
         p = self._pongs.pop(nonce)
-        return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3)
+        return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3, p.admin_port)
 
     def close(self) -> None:
         self._sock.close(0)
