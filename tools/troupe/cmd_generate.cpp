@@ -1,5 +1,7 @@
-// troupe generate: one prompt (raw or chat) through the device actor,
-// streamed to stdout or printed as one JSON object.
+// troupe generate: a prompt (raw or chat) through the device actor,
+// streamed to stdout or printed as one JSON object.  Several --prompt run
+// one after another on one loaded model (a JSON line, or an answer line,
+// each): the offline reference for many requests at the price of one load.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -18,7 +20,7 @@ namespace {
 
 struct generate_flags {
   engine_flags engine;
-  std::string prompt;
+  std::vector<std::string> prompts;
   std::string chat;
   std::string system;
   int max_tokens = 128;
@@ -28,39 +30,13 @@ struct generate_flags {
   bool no_bos = false;
 };
 
-int run_generate(const generate_flags& f) {
-  if (f.prompt.empty() == f.chat.empty())
-    throw std::invalid_argument("give exactly one of --prompt and --chat");
-  if (auto err = validate(f.sampling); !err.empty()) throw std::invalid_argument(err);
-  auto model = open_model(f.engine);
-  auto tok = tokenizer::create(model->vocab());
-
-  std::vector<int32_t> prompt;
-  if (!f.chat.empty()) {
-    std::vector<chat_message> msgs;
-    if (!f.system.empty()) msgs.push_back({"system", f.system});
-    msgs.push_back({"user", f.chat});
-    const auto text = render_chat(model->vocab().chat_template, msgs, true);
-    prompt = tok->encode(text, model->vocab().add_bos, true);
-  } else {
-    prompt = tok->encode(f.prompt, model->vocab().add_bos && !f.no_bos, false);
-  }
-  if (prompt.empty()) throw std::invalid_argument("the prompt encodes to no tokens");
-  const int n_ctx = model->hparams().n_ctx_train;
-  if (static_cast<int>(prompt.size()) >= n_ctx)
-    throw std::invalid_argument("prompt of " + std::to_string(prompt.size()) +
-                                " tokens does not fit the model's context of " +
-                                std::to_string(n_ctx));
-
-  actor_env env;
-  auto opts = to_engine_options(f.engine);
-  auto dev = spawn_device(*env.sys, model, opts);
-  auto fwd = blocking_forward(*env.sys, dev);
-  const auto info = query_info(*env.sys, dev);
+// One prompt to the end, from an empty KV arena.
+void generate_one(const generate_flags& f, const forward_fn& fwd, const device_info& info,
+                  const tokenizer& tok, int n_ctx, const std::vector<int32_t>& prompt) {
   linear_pages pages(info.n_pages, info.page_size);
   sequence_slot seq;
   sampler smp(f.sampling);
-  incremental_decoder detok(*tok);
+  incremental_decoder detok(tok);
 
   const auto t0 = std::chrono::steady_clock::now();
   auto logits = feed_tokens(fwd, pages, seq, prompt, f.engine.batch, false);
@@ -71,7 +47,7 @@ int run_generate(const generate_flags& f) {
   std::string text, finish = "length";
   while (static_cast<int>(out.size()) < f.max_tokens) {
     auto s = smp.sample(logits, history);
-    if (!f.ignore_eos && tok->is_end_of_generation(s.token)) {
+    if (!f.ignore_eos && tok.is_end_of_generation(s.token)) {
       finish = "eos";
       break;
     }
@@ -120,6 +96,44 @@ int run_generate(const generate_flags& f) {
                  info.device_name.c_str(), prompt.size(), pre_s, prompt.size() / pre_s, out.size(),
                  dec_s, out.empty() ? 0.0 : out.size() / dec_s, finish.c_str());
   }
+}
+
+int run_generate(const generate_flags& f) {
+  if (f.prompts.empty() == f.chat.empty())
+    throw std::invalid_argument("give --prompt (one or more) or --chat, not both");
+  if (auto err = validate(f.sampling); !err.empty()) throw std::invalid_argument(err);
+  auto model = open_model(f.engine);
+  auto tok = tokenizer::create(model->vocab());
+
+  // Every prompt is checked before the model goes to the device.
+  std::vector<std::vector<int32_t>> prompts;
+  if (!f.chat.empty()) {
+    std::vector<chat_message> msgs;
+    if (!f.system.empty()) msgs.push_back({"system", f.system});
+    msgs.push_back({"user", f.chat});
+    const auto text = render_chat(model->vocab().chat_template, msgs, true);
+    prompts.push_back(tok->encode(text, model->vocab().add_bos, true));
+  } else {
+    for (const auto& p : f.prompts)
+      prompts.push_back(tok->encode(p, model->vocab().add_bos && !f.no_bos, false));
+  }
+  const int n_ctx = model->hparams().n_ctx_train;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::string which = prompts.size() > 1 ? " " + std::to_string(i + 1) : "";
+    if (prompts[i].empty())
+      throw std::invalid_argument("the prompt" + which + " encodes to no tokens");
+    if (static_cast<int>(prompts[i].size()) >= n_ctx)
+      throw std::invalid_argument("prompt" + which + " of " + std::to_string(prompts[i].size()) +
+                                  " tokens does not fit the model's context of " +
+                                  std::to_string(n_ctx));
+  }
+
+  actor_env env;
+  auto opts = to_engine_options(f.engine);
+  auto dev = spawn_device(*env.sys, model, opts);
+  auto fwd = blocking_forward(*env.sys, dev);
+  const auto info = query_info(*env.sys, dev);
+  for (const auto& prompt : prompts) generate_one(f, fwd, info, *tok, n_ctx, prompt);
   anon_send_exit(dev, caf::exit_reason::user_shutdown);
   return 0;
 }
@@ -128,9 +142,11 @@ int run_generate(const generate_flags& f) {
 
 void add_generate(CLI::App& app) {
   auto f = std::make_shared<generate_flags>();
-  auto* cmd = app.add_subcommand("generate", "generate text for one prompt");
+  auto* cmd = app.add_subcommand("generate", "generate text for a prompt");
   add_engine_flags(*cmd, f->engine);
-  cmd->add_option("-p,--prompt", f->prompt, "raw prompt text (BOS added when the model wants it)");
+  cmd->add_option("-p,--prompt", f->prompts,
+                  "raw prompt text (BOS added when the model wants it); repeat for several, run "
+                  "one after another");
   cmd->add_option("--chat", f->chat, "a user message, rendered with the model's chat template");
   cmd->add_option("--system", f->system, "system message for --chat");
   cmd->add_option("-n,--max-tokens", f->max_tokens, "most tokens to generate")
@@ -151,7 +167,8 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--no-bos", f->no_bos, "do not add BOS to a raw prompt");
   cmd->add_flag("--json", f->json,
-                "print one JSON object: prompt_token_ids, token_ids, text, finish_reason");
+                "print one JSON object per prompt: prompt_token_ids, token_ids, text, "
+                "finish_reason");
   cmd->callback([f] {
     int rc = run_generate(*f);
     if (rc != 0) throw CLI::RuntimeError(rc);
