@@ -1,15 +1,14 @@
 // troupe serve's admin actor and metrics endpoint, as users reach them: a
-// real server process with --admin-port and --metrics-port, the `troupe
-// client admin` command, and plain HTTP GET /metrics.  Cancelling through
-// admin ends a stream mid-way and its KV pages come back; the kv --json
-// contract holds; the metrics name what they should and move with traffic.
+// real server process (its admin actor on a port it picks, --metrics-port),
+// the `troupe client admin` command, and plain HTTP GET /metrics.
+// Cancelling through admin ends a stream mid-way and its KV pages come
+// back; `troupe client --server EP admin kv --json` holds its contract with
+// nothing else given; --admin-port -1 makes admin fail clearly; the metrics
+// name what they should and move with traffic.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -17,6 +16,7 @@
 #include <thread>
 
 #include "process.hpp"
+#include "server_process.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::testing {
@@ -41,76 +41,30 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-// `troupe serve` with the admin and metrics endpoints, as a child process.
-class admin_server {
+// `troupe serve` with its admin actor (on a port it picks, as by default)
+// and the metrics endpoint, as a child process.
+class admin_server : public server_process {
  public:
-  admin_server() : admin_port_(free_port()), metrics_port_(free_port()) {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    err_path_ = "/tmp/troupe_admin_" + std::to_string(::getpid()) + ".err";
-    const std::string cmd = "exec " + troupe_bin() +
-                            " serve -m stories15m --listen 'tcp://127.0.0.1:*' --admin-port " +
-                            std::to_string(admin_port_) + " --metrics-port " +
-                            std::to_string(metrics_port_) + " 2>" + err_path_;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    // Ready when it has printed its three lines: listening, admin, metrics.
-    std::string text;
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (text.find("metrics on") == std::string::npos ||
-           text.find('\n', text.find("metrics on")) == std::string::npos) {
-      if (std::chrono::steady_clock::now() > until) break;
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char buf[512];
-      const ssize_t n = ::read(out_, buf, sizeof buf);
-      if (n <= 0) break;
-      text.append(buf, static_cast<size_t>(n));
-    }
-    const std::string prefix = "troupe serve: listening on ";
-    if (text.rfind(prefix, 0) != 0 || text.find("admin on 127.0.0.1:") == std::string::npos ||
-        text.find("metrics on http://127.0.0.1:") == std::string::npos)
-      throw std::runtime_error("server did not get ready: '" + text + "' " + slurp(err_path_));
-    endpoint_ = text.substr(prefix.size(), text.find(' ', prefix.size()) - prefix.size());
+  admin_server()
+      : server_process("--metrics-port " + std::to_string(free_port()),
+                       "troupe serve: metrics on ") {
+    if (admin_port() == 0 || metrics_port() == 0)
+      throw std::runtime_error("no admin or metrics line: " + startup_text());
   }
 
-  ~admin_server() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(out_);
-    std::remove(err_path_.c_str());
-  }
-
-  const std::string& endpoint() const { return endpoint_; }
-  int metrics_port() const { return metrics_port_; }
-
-  // `troupe client admin ARGS --json`, its stdout as JSON.
-  nlohmann::json admin(const std::string& args) const {
-    auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint_) +
-                         " admin --admin 127.0.0.1:" + std::to_string(admin_port_) + " " + args +
-                         " --json");
+  // `troupe client --server EP admin ARGS --json`, its stdout as JSON: the
+  // command-line contract, the admin endpoint found through the server's
+  // Pong; with `explicit_admin`, given as --admin HOST:PORT.
+  nlohmann::json admin(const std::string& args, bool explicit_admin = false) const {
+    const std::string at =
+        explicit_admin ? " --admin 127.0.0.1:" + std::to_string(admin_port()) : "";
+    auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint()) + " admin" +
+                         at + " " + args + " --json");
     if (r.exit_code != 0)
       throw std::runtime_error("admin " + args + ": exit " + std::to_string(r.exit_code) + ": " +
                                r.err);
     return nlohmann::json::parse(r.out);
   }
-
- private:
-  int admin_port_, metrics_port_;
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string endpoint_;
-  std::string err_path_;
 };
 
 // GET path on 127.0.0.1:port over a plain socket; the whole response.
@@ -178,6 +132,18 @@ TEST_F(AdminMetrics, KvJsonContract) {
   const auto insts = server_->admin("instances");
   ASSERT_EQ(insts.size(), 1u);
   EXPECT_EQ(insts[0]["kv_check"], "");
+}
+
+// The admin port the server printed is the one its Pong names, and
+// --admin HOST:PORT reaches the same actor.
+TEST_F(AdminMetrics, PongNamesTheAdminPortAndExplicitAdminWorks) {
+  client::connection c(server_->endpoint());
+  auto pong = c.pong(10s);
+  ASSERT_TRUE(pong);
+  EXPECT_EQ(static_cast<int>(pong->admin_port()), server_->admin_port());
+  const auto kv = server_->admin("kv", true);
+  EXPECT_EQ(kv["total_pages"], server_->admin("kv")["total_pages"]);
+  EXPECT_EQ(server_->admin("instances", true).size(), 1u);
 }
 
 TEST_F(AdminMetrics, CancelMidStreamThroughAdminGivesPagesBack) {
@@ -264,6 +230,29 @@ TEST_F(AdminMetrics, MetricsNameWhatTheyShouldAndMove) {
   EXPECT_EQ(sample(text, "troupe_requests_in_flight"), 0);
   EXPECT_GT(sample(text, "troupe_steps_total{instance=\"instance-0\"}"), 0);
   EXPECT_NE(http_get(server_->metrics_port(), "/nothing").find("404"), std::string::npos);
+}
+
+// With the admin endpoint off, the Pong says so and `admin` fails at once
+// with an error naming the cause (no hang, nonzero exit).
+TEST(AdminMetricsConfig, AdminOffMakesAdminFailClearly) {
+  server_process server("--admin-port -1");
+  EXPECT_EQ(server.admin_port(), 0) << server.startup_text();
+  client::connection c(server.endpoint());
+  auto pong = c.pong(10s);
+  ASSERT_TRUE(pong);
+  EXPECT_EQ(pong->admin_port(), 0u);
+  auto r = run_process("timeout 60 " + troupe_bin() + " client --server " +
+                       shell_quote(server.endpoint()) + " admin kv --json");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "admin kv hung";
+  EXPECT_NE(r.err.find("has no admin endpoint"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+  // Nobody at --server: a clear error too.
+  r = run_process("timeout 60 " + troupe_bin() +
+                  " client --server tcp://127.0.0.1:9 admin --admin-timeout-ms 300 kv");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, 124) << "admin kv hung";
+  EXPECT_NE(r.err.find("no answer from tcp://127.0.0.1:9"), std::string::npos) << r.err;
 }
 
 // A taken port stops the start with the key's name, and nothing hangs.

@@ -3,11 +3,8 @@
 // greedy `troupe generate` token for token, cancel and deadlines end a
 // stream early, bad input gets an Error naming the problem while the server
 // keeps serving, and SIGTERM lets in-flight requests finish.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -19,86 +16,13 @@
 #include <thread>
 
 #include "process.hpp"
+#include "server_process.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// `troupe serve` as a child process, started on a port the OS picks.
-class server_process {
- public:
-  explicit server_process(const std::string& extra_args = "") {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    err_path_ = "/tmp/troupe_serve_" + std::to_string(::getpid()) + "_" +
-                std::to_string(counter_++) + ".err";
-    const std::string cmd = "exec " + troupe_bin() +
-                            " serve -m stories15m --listen 'tcp://127.0.0.1:*' " + extra_args +
-                            " 2>" + err_path_;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    // The one line it prints when ready names the endpoint.
-    std::string line;
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (line.find('\n') == std::string::npos && std::chrono::steady_clock::now() < until) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char buf[256];
-      const ssize_t n = ::read(out_, buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<size_t>(n));
-    }
-    const std::string prefix = "troupe serve: listening on ";
-    if (line.rfind(prefix, 0) != 0)
-      throw std::runtime_error("server did not get ready: '" + line + "' " + slurp(err_path_));
-    endpoint_ = line.substr(prefix.size(), line.find(' ', prefix.size()) - prefix.size());
-  }
-
-  ~server_process() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(out_);
-    std::remove(err_path_.c_str());
-  }
-
-  const std::string& endpoint() const { return endpoint_; }
-  std::string stderr_text() const { return slurp(err_path_); }
-
-  void signal(int sig) { ::kill(pid_, sig); }
-
-  // Waits for the exit; the exit code, or -1 if it did not exit in time.
-  int wait_exit(std::chrono::milliseconds timeout) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return -1;
-  }
-
- private:
-  static inline int counter_ = 0;
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string endpoint_;
-  std::string err_path_;
-};
 
 class Serve : public ::testing::Test {
  protected:
@@ -384,34 +308,6 @@ TEST_F(Serve, TokenIdPromptsEqualTextPrompts) {
   EXPECT_EQ(by_ids.token_ids, by_text.token_ids);
   EXPECT_EQ(by_ids.text, by_text.text);
   EXPECT_EQ(by_ids.finished.prompt_tokens(), 5u);
-}
-
-TEST(ServeOverload, FullQueueIsRefusedAsOverloaded) {
-  server_process server("--max-seqs 1 --max-queue 1");
-  client::connection c(server.endpoint());
-  std::vector<wire::Generate> reqs;
-  for (uint64_t id = 1; id <= 4; ++id) {
-    auto g = text_request(id, "Once upon a time", 24);
-    g.set_ignore_eos(true);
-    reqs.push_back(g);
-  }
-  auto results = client::run(c, reqs, 30s);
-  int overloaded = 0, finished = 0;
-  for (const auto& r : results) {
-    if (r.error) {
-      expect_error_about(*r.error, wire::OVERLOADED, "overloaded");
-      ++overloaded;
-    } else {
-      EXPECT_EQ(r.finished.reason(), wire::LENGTH);
-      EXPECT_EQ(r.token_ids.size(), 24u);
-      ++finished;
-    }
-  }
-  EXPECT_GE(overloaded, 1);
-  EXPECT_GE(finished, 1);
-  // Once the queue drains, requests are taken again.
-  auto later = client::run(c, {text_request(9, "Once upon a time", 4)}, 30s).at(0);
-  EXPECT_FALSE(later.error) << later.error->message();
 }
 
 TEST(ServeShutdown, SigtermLetsInFlightRequestsFinish) {
