@@ -54,6 +54,34 @@ TEST(BenchWorkload, RandomLengthsFollowTheRangeRatio) {
   EXPECT_LE(out_max, 30);
 }
 
+// bench/serve_vs_llamaserver.py's workload: inputs uniform in [64, 512] from
+// L = 288, r = 224 / 288 and outputs in [32, 256] from L = 144, r = 112 / 144,
+// with r as the script prints it (17 significant digits).
+TEST(BenchWorkload, ComparisonLengthsAreExactlyTheIssueRanges) {
+  random_spec spec;
+  spec.input_len = 288;
+  spec.output_len = 144;
+  spec.range_ratio = std::stod("0.7777777777777778");
+  spec.tokens = {256, 32000};
+  auto reqs = random_dataset(4000, spec, 3);
+  int in_min = 1 << 30, in_max = 0, out_min = 1 << 30, out_max = 0;
+  for (const auto& r : reqs) {
+    in_min = std::min(in_min, r.prompt_len), in_max = std::max(in_max, r.prompt_len);
+    out_min = std::min(out_min, r.output_len), out_max = std::max(out_max, r.output_len);
+  }
+  EXPECT_EQ(in_min, 64);
+  EXPECT_EQ(in_max, 512);
+  EXPECT_EQ(out_min, 32);
+  EXPECT_EQ(out_max, 256);
+}
+
+// The sweep probes one seeded schedule at several rates: the same gaps, scaled.
+TEST(BenchWorkload, ArrivalsScaleWithTheRate) {
+  auto slow = gamma_arrivals(50, 0.25, 1.0, 9), fast = gamma_arrivals(50, 2.0, 1.0, 9);
+  ASSERT_EQ(slow.size(), fast.size());
+  for (size_t i = 0; i < slow.size(); ++i) EXPECT_NEAR(fast[i] * 8, slow[i], 1e-9 * (1 + slow[i]));
+}
+
 TEST(BenchWorkload, RandomIsSeededAndExactWithoutRange) {
   random_spec spec;
   spec.input_len = 32;

@@ -12,6 +12,7 @@
 
 #include "runtime/bench_driver.hpp"
 #include "runtime/bench_openai.hpp"
+#include "runtime/bench_sweep.hpp"
 #include "tools/client/client.hpp"
 #include "tools/troupe/common.hpp"
 
@@ -165,6 +166,8 @@ struct serve_flags {
   uint64_t seed = 0;
   std::string json_out;
   bool no_progress = false;
+  bool sweep = false;
+  bench::sweep_spec sweep_spec;
 };
 
 std::vector<bench_request> make_dataset(const serve_flags& f) {
@@ -185,38 +188,99 @@ std::vector<bench_request> make_dataset(const serve_flags& f) {
   return reqs;
 }
 
-void run_serve_bench(const serve_flags& f) {
+std::string rate_text(double rate) {
+  if (std::isinf(rate)) return "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", rate);
+  return buf;
+}
+
+nlohmann::json rate_json(double rate) {
+  return std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate);
+}
+
+nlohmann::json records_json(const std::vector<request_record>& records) {
+  auto per = nlohmann::json::array();
+  for (const auto& r : records)
+    per.push_back({{"send_time", r.send_time},
+                   {"ttft", r.ttft()},
+                   {"e2el", r.e2e()},
+                   {"prompt_tokens", r.prompt_tokens},
+                   {"output_tokens", r.output_tokens},
+                   {"itl", r.itls()},
+                   {"success", r.success},
+                   {"error", r.error_code},
+                   {"error_message", r.error_message}});
+  return per;
+}
+
+// The first few failures, with their messages.
+void show_failures(const std::vector<request_record>& records, int limit) {
+  int shown = 0;
+  for (size_t i = 0; i < records.size() && shown < limit; ++i)
+    if (const auto& r = records[i]; !r.success) {
+      std::fprintf(stderr, "request %zu failed: %s: %s\n", i, r.error_code.c_str(),
+                   r.error_message.c_str());
+      ++shown;
+    }
+}
+
+// What every run of one invocation shares: the workload, the backend and
+// the driver's options; only the arrival schedule changes with the rate.
+struct bench_setup {
   bench::slo goals;
   std::vector<bench_request> reqs;
+  std::vector<double> trace;  // when replaying one
   bench::driver_options opts;
+  std::unique_ptr<bench::bench_backend> backend;
+  std::string target;
+
+  struct outcome {
+    bench::driver_result result;
+    bench::metrics m;
+  };
+  // One full run; arrivals from the trace or the seeded gamma process at
+  // `rate` (the same seed: the same gaps, scaled by 1 / rate).
+  outcome run(const serve_flags& f, double rate) {
+    auto o = opts;
+    o.arrivals =
+        trace.empty() ? bench::gamma_arrivals(reqs.size(), rate, f.burstiness, f.seed) : trace;
+    outcome out;
+    out.result = bench::run_benchmark(*backend, reqs, o);
+    out.m = bench::compute_metrics(out.result.records, out.result.duration_s, goals);
+    return out;
+  }
+};
+
+bench_setup make_setup(const serve_flags& f) {
+  bench_setup s;
   try {
-    goals = bench::slo::parse(f.goodput);
-    reqs = make_dataset(f);
-    opts.arrivals = f.trace.empty()
-                        ? bench::gamma_arrivals(reqs.size(), f.request_rate, f.burstiness, f.seed)
-                        : bench::load_trace(f.trace);
+    s.goals = bench::slo::parse(f.goodput);
+    if (f.sweep) bench::check_sweep(f.sweep_spec, s.goals);
+    s.reqs = make_dataset(f);
+    if (!f.trace.empty()) s.trace = bench::load_trace(f.trace);
+    // Checks the rate and burstiness before anything connects.
+    bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
   } catch (const std::invalid_argument& e) {
     throw CLI::ValidationError(e.what());
   }
-  opts.max_concurrency = f.max_concurrency;
-  opts.duration_s = f.duration;
-  opts.num_warmups = f.num_warmups;
-  opts.progress = !f.no_progress;
-  opts.request.ignore_eos = f.ignore_eos;
-  opts.request.temperature = f.temperature;
-  opts.request.timeout =
+  s.opts.max_concurrency = f.max_concurrency;
+  s.opts.duration_s = f.duration;
+  s.opts.num_warmups = f.num_warmups;
+  s.opts.progress = !f.no_progress;
+  s.opts.request.ignore_eos = f.ignore_eos;
+  s.opts.request.temperature = f.temperature;
+  s.opts.request.timeout =
       std::chrono::milliseconds(static_cast<long>(std::llround(f.request_timeout * 1000)));
 
-  std::unique_ptr<bench::bench_backend> backend;
-  std::string target;
   if (f.backend == "openai") {
     bench::openai_options o;
     o.base_url = f.base_url;
     o.endpoint = f.endpoint;
     o.model = f.model;
     if (const char* key = std::getenv("OPENAI_API_KEY")) o.api_key = key;
-    backend = std::make_unique<bench::openai_backend>(o);
-    target = f.base_url + f.endpoint;
+    s.backend = std::make_unique<bench::openai_backend>(o);
+    s.target = f.base_url + f.endpoint;
   } else {
     // ZeroMQ connects lazily and would queue requests for a server that is
     // not there: ask first, so a wrong endpoint fails now, not after timeouts.
@@ -224,70 +288,160 @@ void run_serve_bench(const serve_flags& f) {
     if (!probe.ping(std::chrono::seconds(5)))
       throw std::runtime_error("no troupe server answers at " + f.server +
                                " (ping timed out after 5 s); no request was sent");
-    backend = std::make_unique<troupe_backend>(f.server);
-    target = f.server;
+    s.backend = std::make_unique<troupe_backend>(f.server);
+    s.target = f.server;
   }
+  return s;
+}
 
-  const size_t planned = std::min(reqs.size(), opts.arrivals.size());
+nlohmann::json config_json(const serve_flags& f, size_t planned) {
+  return {{"dataset", f.dataset},
+          {"num_requests", planned},
+          {"request_rate", rate_json(f.request_rate)},
+          {"burstiness", f.burstiness},
+          {"trace", f.trace},
+          {"max_concurrency", f.max_concurrency},
+          {"duration", f.duration},
+          {"num_warmups", f.num_warmups},
+          {"ignore_eos", f.ignore_eos},
+          {"offline_fraction", f.offline_fraction},
+          {"goodput", f.goodput},
+          {"seed", f.seed}};
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write " + path);
+  out << j.dump(2) << "\n";
+}
+
+void run_single(const serve_flags& f, bench_setup& s) {
+  const size_t planned = s.trace.empty() ? s.reqs.size() : std::min(s.reqs.size(), s.trace.size());
   std::fprintf(
       stderr, "bench serve: %s backend, %s, %zu requests, rate %s, burstiness %.2f%s\n",
-      backend->name().c_str(), target.c_str(), planned,
-      f.trace.empty()
-          ? (std::isinf(f.request_rate) ? "inf" : std::to_string(f.request_rate).c_str())
-          : "trace",
-      f.burstiness,
+      s.backend->name().c_str(), s.target.c_str(), planned,
+      s.trace.empty() ? rate_text(f.request_rate).c_str() : "trace", f.burstiness,
       f.max_concurrency ? (", max concurrency " + std::to_string(f.max_concurrency)).c_str() : "");
-  auto result = bench::run_benchmark(*backend, reqs, opts);
-  auto m = bench::compute_metrics(result.records, result.duration_s, goals);
-  std::cout << bench::format_summary(m, goals) << std::flush;
-
-  // The first few failures, with their messages.
-  int shown = 0;
-  for (size_t i = 0; i < result.records.size() && shown < 5; ++i)
-    if (const auto& r = result.records[i]; !r.success) {
-      std::fprintf(stderr, "request %zu failed: %s: %s\n", i, r.error_code.c_str(),
-                   r.error_message.c_str());
-      ++shown;
-    }
-
+  auto [result, m] = s.run(f, f.request_rate);
+  std::cout << bench::format_summary(m, s.goals) << std::flush;
+  show_failures(result.records, 5);
   if (!f.json_out.empty()) {
     auto j = bench::to_json(m);
-    j["backend"] = backend->name();
-    j["target"] = target;
-    j["config"] = {{"dataset", f.dataset},
-                   {"num_requests", planned},
-                   {"request_rate", std::isinf(f.request_rate) ? nlohmann::json("inf")
-                                                               : nlohmann::json(f.request_rate)},
-                   {"burstiness", f.burstiness},
-                   {"trace", f.trace},
-                   {"max_concurrency", f.max_concurrency},
-                   {"duration", f.duration},
-                   {"num_warmups", f.num_warmups},
-                   {"ignore_eos", f.ignore_eos},
-                   {"offline_fraction", f.offline_fraction},
-                   {"goodput", f.goodput},
-                   {"seed", f.seed}};
-    auto& per = j["requests"] = nlohmann::json::array();
-    for (const auto& r : result.records)
-      per.push_back({{"send_time", r.send_time},
-                     {"ttft", r.ttft()},
-                     {"e2el", r.e2e()},
-                     {"prompt_tokens", r.prompt_tokens},
-                     {"output_tokens", r.output_tokens},
-                     {"itl", r.itls()},
-                     {"success", r.success},
-                     {"error", r.error_code},
-                     {"error_message", r.error_message}});
-    std::ofstream out(f.json_out);
-    if (!out) throw std::runtime_error("cannot write " + f.json_out);
-    out << j.dump(2) << "\n";
+    j["backend"] = s.backend->name();
+    j["target"] = s.target;
+    j["config"] = config_json(f, planned);
+    j["requests"] = records_json(result.records);
+    write_json(f.json_out, j);
   }
   if (m.completed == 0 && m.requests > 0) throw CLI::RuntimeError("no request completed", 1);
+}
+
+std::string sweep_row(const bench::sweep_probe& p, const bench::metrics& m) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%10.4g %8.3f %-6s %8.3f %10.2f %9.1f %9.1f %9.1f %9.1f %6zu\n",
+                p.rate, p.goodput_fraction, p.pass ? "pass" : "fail", m.request_throughput,
+                m.output_throughput, m.ttft_ms.median, m.ttft_ms.p99, m.tpot_ms.median,
+                m.tpot_ms.p99, m.failed);
+  return buf;
+}
+
+// --sweep: probes chosen by bench::next_sweep_rate, one full run each.
+void run_sweep(const serve_flags& f, bench_setup& s) {
+  const auto& spec = f.sweep_spec;
+  std::fprintf(stderr,
+               "bench serve --sweep: %s backend, %s, %zu requests per probe, burstiness %.2f, "
+               "target %.3g of requests within %s, start %s req/s, max %s, %zu probes at most, "
+               "precision %.3g\n",
+               s.backend->name().c_str(), s.target.c_str(), s.reqs.size(), f.burstiness,
+               spec.target, CLI::detail::join(f.goodput, " ").c_str(),
+               rate_text(spec.start).c_str(),
+               spec.max > 0 ? (rate_text(spec.max) + " req/s").c_str() : "none", spec.max_probes,
+               spec.precision);
+  std::vector<bench::metrics> metrics;
+  auto probes_json = nlohmann::json::array();
+  size_t completed = 0;
+  auto probes = bench::run_sweep(spec, [&](double rate) {
+    const size_t k = metrics.size() + 1;
+    std::fprintf(stderr, "sweep probe %zu/%zu: %s req/s\n", k, spec.max_probes,
+                 rate_text(rate).c_str());
+    auto [result, m] = s.run(f, rate);
+    bench::sweep_probe p;
+    p.rate = rate;
+    p.goodput_fraction = m.requests ? static_cast<double>(m.good_completed) / m.requests : 0.0;
+    p.pass = bench::meets_target(m.good_completed, m.requests, spec.target);
+    std::fprintf(stderr,
+                 "sweep probe %zu/%zu: %s req/s: %zu of %zu requests good (%.3f, target %.3g): "
+                 "%s; %zu failed\n",
+                 k, spec.max_probes, rate_text(rate).c_str(), m.good_completed, m.requests,
+                 p.goodput_fraction, spec.target, p.pass ? "pass" : "fail", m.failed);
+    show_failures(result.records, 3);
+    completed += m.completed;
+    if (!f.json_out.empty()) {
+      auto j = bench::to_json(m);
+      j["request_rate"] = rate;
+      j["goodput_fraction"] = p.goodput_fraction;
+      j["pass"] = p.pass;
+      j["requests"] = records_json(result.records);
+      probes_json.push_back(std::move(j));
+    }
+    metrics.push_back(m);
+    return p;
+  });
+
+  std::cout << "============== Rate sweep (goodput target " << spec.target << ") ==============\n"
+            << "SLOs: " << CLI::detail::join(f.goodput, " ")
+            << "; goodput = share of sent requests within every SLO; times in ms\n";
+  std::printf("%10s %8s %-6s %8s %10s %9s %9s %9s %9s %6s\n", "rate req/s", "goodput", "result",
+              "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "errors");
+  std::fflush(stdout);
+  for (size_t i = 0; i < probes.size(); ++i) std::cout << sweep_row(probes[i], metrics[i]);
+  const auto answer = bench::sweep_answer(probes);
+  if (answer)
+    std::cout << "highest rate meeting the target: " << rate_text(*answer) << " req/s\n";
+  else
+    std::cout << "highest rate meeting the target: none (the start rate " << rate_text(spec.start)
+              << " req/s failed)\n";
+  std::cout << std::flush;
+
+  if (!f.json_out.empty()) {
+    nlohmann::json j;
+    j["backend"] = s.backend->name();
+    j["target"] = s.target;
+    j["config"] = config_json(f, s.reqs.size());
+    j["config"].erase("request_rate");
+    j["sweep"] = {{"goodput_target", spec.target},
+                  {"goodput", f.goodput},
+                  {"start", spec.start},
+                  {"max", spec.max > 0 ? nlohmann::json(spec.max) : nlohmann::json(nullptr)},
+                  {"max_probes", spec.max_probes},
+                  {"precision", spec.precision},
+                  {"highest_rate", answer ? nlohmann::json(*answer) : nlohmann::json(nullptr)}};
+    j["probes"] = std::move(probes_json);
+    write_json(f.json_out, j);
+  }
+  if (completed == 0) throw CLI::RuntimeError("no request completed in any probe", 1);
+}
+
+void run_serve_bench(const serve_flags& f) {
+  auto s = make_setup(f);
+  if (f.sweep)
+    run_sweep(f, s);
+  else
+    run_single(f, s);
 }
 
 }  // namespace
 
 void add_bench_serve(CLI::App& bench) {
+  // CLI::PositiveNumber refuses inf, the rate that sends everything at once.
+  const CLI::Validator positive_rate(
+      [](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !(v > 0))
+          return "request rate must be > 0 or inf (got " + text + ")";
+        return {};
+      },
+      "RATE > 0 or inf");
   auto f = std::make_shared<serve_flags>();
   auto* cmd = bench.add_subcommand(
       "serve", "load a running server (troupe or OpenAI-compatible) like `vllm bench serve`");
@@ -314,15 +468,17 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--num-requests,--num-prompts", f->num_requests, "requests to send")
       ->check(CLI::Range(size_t{1}, size_t{10000000}))
       ->capture_default_str();
-  cmd->add_option("--request-rate", f->request_rate, "requests per second (inf: all at once)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  auto* rate =
+      cmd->add_option("--request-rate", f->request_rate, "requests per second (inf: all at once)")
+          ->check(positive_rate)
+          ->capture_default_str();
   cmd->add_option("--burstiness", f->burstiness,
                   "gamma shape of the arrival gaps: 1 is Poisson, < 1 burstier, > 1 steadier")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--trace", f->trace, "replay send times: one timestamp (s) per line")
-      ->check(CLI::ExistingFile);
+  auto* trace =
+      cmd->add_option("--trace", f->trace, "replay send times: one timestamp (s) per line")
+          ->check(CLI::ExistingFile);
   cmd->add_option("--max-concurrency", f->max_concurrency,
                   "requests in flight at most (with rate inf: a closed loop)")
       ->capture_default_str();
@@ -383,6 +539,28 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--seed", f->seed, "seed of the dataset and the arrivals");
   cmd->add_option("--json-out", f->json_out, "write the metrics and per-request records as JSON");
   cmd->add_flag("--no-progress,--disable-tqdm", f->no_progress, "no live progress line");
+  auto* sweep =
+      cmd->add_flag("--sweep", f->sweep,
+                    "find the highest request rate meeting --goodput-target (needs --goodput)")
+          ->excludes(rate)
+          ->excludes(trace);
+  cmd->add_option("--goodput-target", f->sweep_spec.target,
+                  "sweep: share of sent requests that must finish within every --goodput SLO")
+      ->needs(sweep)
+      ->capture_default_str();
+  cmd->add_option("--sweep-start", f->sweep_spec.start, "sweep: first rate (req/s)")
+      ->needs(sweep)
+      ->capture_default_str();
+  cmd->add_option("--sweep-max", f->sweep_spec.max, "sweep: highest rate probed (req/s; 0: none)")
+      ->needs(sweep)
+      ->capture_default_str();
+  cmd->add_option("--sweep-steps", f->sweep_spec.max_probes, "sweep: probes at most")
+      ->needs(sweep)
+      ->capture_default_str();
+  cmd->add_option("--sweep-precision", f->sweep_spec.precision,
+                  "sweep: stop bisecting when lowest fail / highest pass - 1 is below this")
+      ->needs(sweep)
+      ->capture_default_str();
   cmd->callback([f] { run_serve_bench(*f); });
 }
 
