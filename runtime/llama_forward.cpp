@@ -82,16 +82,16 @@ size_t llama_forward::kv_bytes_per_page() const {
 
 cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
   static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
-  const bool tiled = rows >= opts_.token_tile;
+  const bool tiled = rows >= tiled_from();
   auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][tiled ? 1 : 0];
   if (!k.get())
     k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) +
-                         type_suffix[type_slot(t)] + (tiled ? "_t4" : "_t1"));
+                         type_suffix[type_slot(t)] + (tiled ? "_tiled" : "_t1"));
   return k;
 }
 
 size_t llama_forward::token_groups(int rows) const {
-  return rows >= opts_.token_tile
+  return rows >= tiled_from()
              ? static_cast<size_t>((rows + opts_.token_tile - 1) / opts_.token_tile)
              : static_cast<size_t>(rows);
 }
