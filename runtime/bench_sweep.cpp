@@ -59,8 +59,13 @@ std::optional<double> next_sweep_rate(const std::vector<sweep_probe>& probes,
   if (probes.empty()) return spec.start;
   if (probes.size() >= spec.max_probes) return std::nullopt;
   const auto lo = sweep_answer(probes);
-  if (!lo) return std::nullopt;  // even the start failed
-  std::optional<double> hi;      // the lowest fail above the highest pass
+  if (!lo) {
+    // Nothing passed yet: halve below the lowest fail.
+    double lowest = probes.front().rate;
+    for (const auto& p : probes) lowest = std::min(lowest, p.rate);
+    return lowest / 2;
+  }
+  std::optional<double> hi;  // the lowest fail above the highest pass
   for (const auto& p : probes)
     if (!p.pass && p.rate > *lo && (!hi || p.rate < *hi)) hi = p.rate;
   if (!hi) {

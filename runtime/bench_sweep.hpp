@@ -8,10 +8,10 @@
 //     maximum; a pass at the maximum ends the sweep);
 //   - once there is a fail above the highest pass, bisect geometrically
 //     (sqrt(lo * hi)) until hi / lo - 1 < precision;
-//   - a fail at the start rate ends the sweep with no answer;
+//   - while nothing has passed (the start rate failed), halve the rate;
 //   - never more than max_probes probes.
-// The answer is the highest passing rate.  Noisy, non-monotone results are
-// read with the highest pass as truth: fails below it are ignored.
+// The answer is the highest passing rate (none if every probe failed).  Noisy, non-monotone results
+// are read with the highest pass as truth: fails below it are ignored.
 #include <cstddef>
 #include <functional>
 #include <optional>

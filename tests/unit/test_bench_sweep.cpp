@@ -1,7 +1,7 @@
 // The rate sweep's policy (runtime/bench_sweep.hpp), driven by synthetic
 // monotone pass/fail functions: the threshold is found within the
-// precision, all-fail gives no answer, all-pass stops at the cap, the probe
-// limit holds; and the sweep's argument checks.
+// precision, a failing start halves the rate, all-fail gives no answer, all-pass stops at the cap,
+// the probe limit holds; and the sweep's argument checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,12 +57,32 @@ TEST(BenchSweep, BisectsGeometrically) {
   EXPECT_DOUBLE_EQ(*sweep_answer(probes), 1.0);
 }
 
-TEST(BenchSweep, AllFailGivesNoAnswerAfterOneProbe) {
+TEST(BenchSweep, AllFailHalvesUntilTheProbesRunOutWithNoAnswer) {
   sweep_spec spec;
+  spec.max_probes = 4;
   auto probes = sweep_with(spec, [](double) { return false; });
-  ASSERT_EQ(probes.size(), 1u);
-  EXPECT_DOUBLE_EQ(probes[0].rate, spec.start);
+  ASSERT_EQ(probes.size(), 4u);
+  for (size_t i = 0; i < probes.size(); ++i)
+    EXPECT_DOUBLE_EQ(probes[i].rate, spec.start / std::pow(2.0, static_cast<double>(i)));
   EXPECT_FALSE(sweep_answer(probes));
+}
+
+TEST(BenchSweep, FailingStartHalvesThenBisects) {
+  sweep_spec spec;
+  spec.start = 1;
+  spec.max_probes = 100;
+  spec.precision = 0.05;
+  const double threshold = 0.3;
+  auto probes = sweep_with(spec, [&](double r) { return r <= threshold; });
+  // 1 and 0.5 fail, 0.25 passes, then bisection between 0.25 and 0.5.
+  ASSERT_GE(probes.size(), 4u);
+  EXPECT_DOUBLE_EQ(probes[1].rate, 0.5);
+  EXPECT_DOUBLE_EQ(probes[2].rate, 0.25);
+  EXPECT_DOUBLE_EQ(probes[3].rate, std::sqrt(0.125));
+  auto best = sweep_answer(probes);
+  ASSERT_TRUE(best);
+  EXPECT_LE(*best, threshold);
+  EXPECT_GE(*best, threshold / 1.05);
 }
 
 TEST(BenchSweep, AllPassStopsAtTheCap) {

@@ -399,8 +399,8 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
   if (answer)
     std::cout << "highest rate meeting the target: " << rate_text(*answer) << " req/s\n";
   else
-    std::cout << "highest rate meeting the target: none (the start rate " << rate_text(spec.start)
-              << " req/s failed)\n";
+    std::cout << "highest rate meeting the target: none (every probe failed, down to "
+              << rate_text(probes.back().rate) << " req/s)\n";
   std::cout << std::flush;
 
   if (!f.json_out.empty()) {
