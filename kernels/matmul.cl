@@ -7,8 +7,9 @@
 //                 the paged KV cache (see attention.cl for its layout)
 // A work-item computes its output row(s) for a tile of TT consecutive
 // tokens, so each weight block is decoded once per TT tokens: the _tiled
-// kernels (TT = TROUPE_TILE, set by the host) serve prefill and larger
-// decode batches; the _t1 kernels (TT = 1) do no redundant arithmetic.
+// kernels (TT = TROUPE_TILE, set by the host) serve prefill and large
+// batches, _t4 small decode batches (2 rows or more), and _t1 (TT = 1) a
+// single row with no redundant arithmetic.
 
 // acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
 #define TROUPE_ROW_DOT(LOAD, TT, r, acc)                                  \
@@ -136,12 +137,17 @@
     }                                                                                        \
   }
 
-#define TROUPE_MATMUL_FAMILY(T, LOAD)              \
-  TROUPE_MATMUL(matmul_##T##_t1, LOAD, 1)          \
-  TROUPE_MATMUL(matmul_##T##_tiled, LOAD, TROUPE_TILE) \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_t1, LOAD, 1)  \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_tiled, LOAD, TROUPE_TILE) \
-  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t1, LOAD, 1)  \
+// Three token tiles per family: 1 (one decode row), 4 (small decode
+// batches) and TROUPE_TILE (prefill chunks and large batches).
+#define TROUPE_MATMUL_FAMILY(T, LOAD)                              \
+  TROUPE_MATMUL(matmul_##T##_t1, LOAD, 1)                          \
+  TROUPE_MATMUL(matmul_##T##_t4, LOAD, 4)                          \
+  TROUPE_MATMUL(matmul_##T##_tiled, LOAD, TROUPE_TILE)             \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_t1, LOAD, 1)                  \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_t4, LOAD, 4)                  \
+  TROUPE_MATMUL_GLU(matmul_glu_##T##_tiled, LOAD, TROUPE_TILE)     \
+  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t1, LOAD, 1)                  \
+  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t4, LOAD, 4)                  \
   TROUPE_MATMUL_QKV(matmul_qkv_##T##_tiled, LOAD, TROUPE_TILE)
 
 #ifndef TROUPE_TILE

@@ -80,20 +80,26 @@ size_t llama_forward::kv_bytes_per_page() const {
   return 2 * static_cast<size_t>(hp.n_layer) * hp.n_head_kv * opts_.page_size * hp.head_dim * elem;
 }
 
+int llama_forward::tile_for(int rows) const {
+  if (rows <= 1 || opts_.token_tile <= 1) return 1;
+  return rows >= opts_.token_tile ? opts_.token_tile : std::min(4, opts_.token_tile);
+}
+
 cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
   static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
-  const bool tiled = rows >= tiled_from();
-  auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][tiled ? 1 : 0];
+  const int tile = tile_for(rows);
+  const int slot = tile == 1 ? 0 : tile == opts_.token_tile ? 2 : 1;
+  static const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
+  auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) +
-                         type_suffix[type_slot(t)] + (tiled ? "_tiled" : "_t1"));
+                         type_suffix[type_slot(t)] + slot_suffix[slot]);
   return k;
 }
 
 size_t llama_forward::token_groups(int rows) const {
-  return rows >= tiled_from()
-             ? static_cast<size_t>((rows + opts_.token_tile - 1) / opts_.token_tile)
-             : static_cast<size_t>(rows);
+  const int tile = tile_for(rows);
+  return static_cast<size_t>((rows + tile - 1) / tile);
 }
 
 void llama_forward::ensure_scratch(int rows, int logit_rows) {

@@ -63,10 +63,11 @@ class llama_forward {
               bool accumulate);
   enum class mm_family { plain, glu, qkv };
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows);
-  // Batches of at least this many rows use the token-tiled matmuls: one
-  // weight pass for a whole tile beats a pass per row even when the tile's
-  // tail repeats the last row.
-  int tiled_from() const { return std::min(opts_.token_tile, 4); }
+  // Tokens per matmul work-item for a batch of `rows`: 1 for one row, 4 for
+  // small batches, token_tile from token_tile rows on.  One weight pass for
+  // a whole tile beats a pass per row even when the tile's tail repeats
+  // the last row.
+  int tile_for(int rows) const;
   size_t token_groups(int rows) const;
   // Launch geometry of the matmul kernels: each work-item computes
   // rows_per_item output rows (or rotation pairs, or gate/up pairs).
@@ -91,7 +92,7 @@ class llama_forward {
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
 
   cl::kernel k_embed_, k_rmsnorm_, k_attn_;
-  cl::kernel k_mm_[3][5][2];  // [family][type][tiled]
+  cl::kernel k_mm_[3][5][3];  // [family][type][t1, t4, tiled]
 };
 
 }  // namespace troupe

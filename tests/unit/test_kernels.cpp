@@ -96,13 +96,20 @@ tensor_view view_of(tensor_type t, int K, int N, const uint8_t* data) {
   return tensor_view{"w", t, {K, N}, data, row_bytes(t, K) * static_cast<size_t>(N)};
 }
 
-// Launch shapes of the matmul kernels: tokens per work-item (the _t1 and
-// _tiled kernels, built here with TROUPE_TILE 4) and output units (rows, gate/up pairs or rotation
-// pairs) per work-item; 3 leaves a partial last work-item for most unit counts.
+// Launch shapes of the matmul kernels: tokens per work-item (the _t1, _t4
+// and _tiled kernels, the last built here with TROUPE_TILE 4) and output
+// units (rows, gate/up pairs or rotation pairs) per work-item; 3 leaves a
+// partial last work-item for most unit counts.
 struct launch_shape {
   int tile, rows_per_item;
 };
 constexpr launch_shape k_launches[] = {{1, 1}, {1, 3}, {4, 1}, {4, 3}};
+
+// _t4 for rows_per_item 1 and _tiled (TROUPE_TILE 4 here) for 3, so both
+// 4-token kernels are checked.
+std::string kernel_suffix(const launch_shape& ls) {
+  return ls.tile == 1 ? "_t1" : ls.rows_per_item == 1 ? "_t4" : "_tiled";
+}
 
 std::string trace_of(const launch_shape& ls, int T) {
   return "tile " + std::to_string(ls.tile) + " rows_per_item " + std::to_string(ls.rows_per_item) +
@@ -152,7 +159,7 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
       ASSERT_EQ(dm.rows, N);
       ASSERT_EQ(dm.cols, K);
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_" + suffix(type) + (ls.tile == 1 ? "_t1" : "_tiled"));
+        auto k = c.make_kernel("matmul_" + suffix(type) + kernel_suffix(ls));
         for (const int T : {1, 3, 4, 7, 33}) {
           for (const int acc : {0, 1}) {
             SCOPED_TRACE(trace_of(ls, T) + " accumulate=" + std::to_string(acc));
@@ -210,7 +217,7 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
       ASSERT_EQ(dm.cols, K);
       checker chk;
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_glu_" + suffix(type) + (ls.tile == 1 ? "_t1" : "_tiled"));
+        auto k = c.make_kernel("matmul_glu_" + suffix(type) + kernel_suffix(ls));
         for (const int T : {1, 3, 4, 7, 33}) {
           SCOPED_TRACE(trace_of(ls, T));
           const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
@@ -380,7 +387,7 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       ASSERT_EQ(dm.cols, K);
       checker chk;
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_qkv_" + suffix(type) + (ls.tile == 1 ? "_t1" : "_tiled"));
+        auto k = c.make_kernel("matmul_qkv_" + suffix(type) + kernel_suffix(ls));
         for (const auto& sp : splits) {
           const auto b = ref::make_batch(sp.first_pos, sp.n_rows, page_size, n_pages, rng);
           const int T = b.rows();
