@@ -198,3 +198,23 @@ def apply_finished(result: Result, f: Any) -> None:
 def error_of(msg: Any) -> TroupeError:
     e = msg.error
     return TroupeError(e.code, e.message, e.request_id if e.has_request_id else None)
+
+
+def apply_reply(partial: Result, msg: Any) -> Tuple[Optional[Chunk], bool]:
+    """Folds one ServerMessage of a request into `partial`: returns the Chunk
+    it carried (None for other replies) and whether the request is over.
+    Raises TroupeError for an Error reply."""
+    kind = msg.WhichOneof("body")
+    if kind == "accepted":
+        partial.accepted = True
+        partial.prompt_tokens = msg.accepted.prompt_tokens
+    elif kind == "chunk":
+        chunk = to_chunk(msg.chunk)
+        add_chunk(partial, chunk)
+        return chunk, False
+    elif kind == "finished":
+        apply_finished(partial, msg.finished)
+        return None, True
+    elif kind == "error":
+        raise error_of(msg)
+    return None, False

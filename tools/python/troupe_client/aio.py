@@ -31,21 +31,16 @@ class AsyncStream:
             if isinstance(msg, BaseException):
                 self._client._done(self.request_id)
                 raise msg
-            kind = msg.WhichOneof("body")
-            if kind == "accepted":
-                self._partial.accepted = True
-                self._partial.prompt_tokens = msg.accepted.prompt_tokens
-            elif kind == "chunk":
-                chunk = c.to_chunk(msg.chunk)
-                c.add_chunk(self._partial, chunk)
-                yield chunk
-            elif kind == "finished":
-                c.apply_finished(self._partial, msg.finished)
+            try:
+                chunk, over = c.apply_reply(self._partial, msg)
+            except TroupeError:
+                self._client._done(self.request_id)
+                raise
+            if over:
                 self.result = self._partial
                 self._client._done(self.request_id)
-            elif kind == "error":
-                self._client._done(self.request_id)
-                raise c.error_of(msg)
+            if chunk is not None:
+                yield chunk
 
     async def cancel(self) -> bool:
         return await self._client.cancel(self.request_id)

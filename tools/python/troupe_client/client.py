@@ -29,21 +29,16 @@ class Stream:
     def __iter__(self) -> Iterator[Chunk]:
         while self.result is None:
             msg = self._client._next_for(self.request_id)
-            kind = msg.WhichOneof("body")
-            if kind == "accepted":
-                self._partial.accepted = True
-                self._partial.prompt_tokens = msg.accepted.prompt_tokens
-            elif kind == "chunk":
-                chunk = c.to_chunk(msg.chunk)
-                c.add_chunk(self._partial, chunk)
-                yield chunk
-            elif kind == "finished":
-                c.apply_finished(self._partial, msg.finished)
+            try:
+                chunk, over = c.apply_reply(self._partial, msg)
+            except TroupeError:
+                self._client._done(self.request_id)
+                raise
+            if over:
                 self.result = self._partial
                 self._client._done(self.request_id)
-            elif kind == "error":
-                self._client._done(self.request_id)
-                raise c.error_of(msg)
+            if chunk is not None:
+                yield chunk
 
     def cancel(self) -> bool:
         """Asks the server to end the request; iteration then ends with reason cancelled."""
