@@ -56,6 +56,13 @@ std::shared_ptr<const model_file> open_model(const engine_flags& f) {
 
 actor_env::actor_env(bool network) {
   register_message_types(cfg);
+  // CAF's default work-stealing workers poll for work (spinning, then 50 us
+  // sleeps) after every message; on 2 cores that steals time from PoCL's
+  // kernel threads.  The sharing policy's workers block on a condition
+  // variable: decode through the instance +30% (docs/bench_engine.md).
+  // TROUPE_CAF_POLICY=stealing restores CAF's default for comparison.
+  const char* policy = std::getenv("TROUPE_CAF_POLICY");
+  cfg.set("scheduler.policy", caf::atom_from_string(policy ? policy : "sharing"));
   if (network) cfg.load<caf::io::middleman>();
   sys = std::make_unique<caf::actor_system>(cfg);
 }
