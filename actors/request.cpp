@@ -3,6 +3,7 @@
 #include <chrono>
 #include <optional>
 
+#include "actors/admin.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/incremental_decoder.hpp"
 #include "runtime/sampler.hpp"
@@ -59,16 +60,6 @@ struct request_state {
 };
 
 using self_ptr = request_actor::stateful_pointer<request_state>;
-
-std::string hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
 
 // The sequence the client asked for, or why not.
 std::optional<rejection> build_sequence(request_state& st) {
@@ -319,7 +310,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   st.gen = std::move(gen);
   st.arrival = clock_type::now();
   st.trace.request_id = st.gen.request_id();
-  st.trace.client = hex(st.client);
+  st.trace.client = hex_bytes(st.client);
   st.trace.priority = st.gen.priority();
   // The instance's sequence id: unique across clients (the client's own
   // ids are only unique per client).

@@ -218,3 +218,28 @@ def apply_reply(partial: Result, msg: Any) -> Tuple[Optional[Chunk], bool]:
     elif kind == "error":
         raise error_of(msg)
     return None, False
+
+
+class StreamState:
+    """What the blocking and asyncio streams share: the request's partial
+    Result, folded one reply at a time.  Subclasses set _client, request_id,
+    result and _partial."""
+
+    _client: Any
+    request_id: int
+    result: Optional[Result]
+    _partial: Result
+
+    def _fold(self, msg: Any) -> Optional[Chunk]:
+        """Applies one reply; returns its Chunk, if any.  On Finished sets
+        `result`; on Finished or Error releases the request id (an Error
+        is raised as TroupeError)."""
+        try:
+            chunk, over = apply_reply(self._partial, msg)
+        except TroupeError:
+            self._client._done(self.request_id)
+            raise
+        if over:
+            self.result = self._partial
+            self._client._done(self.request_id)
+        return chunk

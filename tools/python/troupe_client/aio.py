@@ -15,7 +15,7 @@ from . import _common as c
 from ._common import Chunk, Pong, Prompt, Result, TroupeError
 
 
-class AsyncStream:
+class AsyncStream(c.StreamState):
     """A streaming request: `async for chunk in stream`; `result` when it ends."""
 
     def __init__(self, client: "AsyncClient", request_id: int, queue: "asyncio.Queue[Any]"):
@@ -31,14 +31,7 @@ class AsyncStream:
             if isinstance(msg, BaseException):
                 self._client._done(self.request_id)
                 raise msg
-            try:
-                chunk, over = c.apply_reply(self._partial, msg)
-            except TroupeError:
-                self._client._done(self.request_id)
-                raise
-            if over:
-                self.result = self._partial
-                self._client._done(self.request_id)
+            chunk = self._fold(msg)
             if chunk is not None:
                 yield chunk
 

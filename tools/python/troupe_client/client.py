@@ -15,7 +15,7 @@ from . import _common as c
 from ._common import Chunk, Pong, Prompt, Result, TroupeError
 
 
-class Stream:
+class Stream(c.StreamState):
     """A streaming request: iterate for Chunks; `result` is set once it ends.
 
     Iteration raises TroupeError if the server refuses the request."""
@@ -29,14 +29,7 @@ class Stream:
     def __iter__(self) -> Iterator[Chunk]:
         while self.result is None:
             msg = self._client._next_for(self.request_id)
-            try:
-                chunk, over = c.apply_reply(self._partial, msg)
-            except TroupeError:
-                self._client._done(self.request_id)
-                raise
-            if over:
-                self.result = self._partial
-                self._client._done(self.request_id)
+            chunk = self._fold(msg)
             if chunk is not None:
                 yield chunk
 
