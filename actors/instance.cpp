@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
@@ -195,17 +196,56 @@ void admit(self_ptr self, uint64_t key) {
   s.committed_pages = s.pages;
 }
 
-sched_seq describe(const live_seq& s) {
-  return {s.key,   s.req.cls, s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
-          s.pages, s.swapped};
+sched_seq describe(const instance_state& st, const live_seq& s) {
+  sched_seq d{s.key,   s.req.cls, s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
+              s.pages, s.swapped, {}};
+  // The real table, so the plan knows which pages are shared (a cached
+  // prefix) and are not freed by preempting this sequence alone.
+  if (s.running && st.pool->has_sequence(s.key)) d.table = st.pool->table(s.key);
+  return d;
 }
 
-// The lowest-priority running sequence, for a step the pool refused.
-uint64_t last_running(const instance_state& st) {
-  const live_seq* worst = nullptr;
+// Pages that preempting `key` gives back now: those no other table holds.
+int32_t own_pages(const page_pool& pool, uint64_t key) {
+  if (!pool.has_sequence(key)) return 0;
+  int32_t n = 0;
+  for (int32_t p : pool.table(key)) n += pool.refcount(p) == 1 ? 1 : 0;
+  return n;
+}
+
+// A step the pool refused (page copies the plan could not foresee): make
+// room without ever retrying unchanged.  Preempt the lowest-priority
+// running sequence that frees at least one page, never the highest-priority
+// one (it alone always fits); when none frees anything, fail the
+// lowest-priority sequence of the step with a clear error.  Either way one
+// sequence leaves the running set, so the step loop ends.
+void make_room(self_ptr self, const std::vector<step_chunk>& chunks, int32_t short_by,
+               std::unordered_set<uint64_t>& preempted_now) {
+  auto& st = self->state;
+  const live_seq* best = nullptr;
   for (const auto& [key, s] : st.seqs)
-    if (s.running && (!worst || runs_before(describe(*worst), describe(s)))) worst = &s;
-  return worst ? worst->key : 0;
+    if (s.running && (!best || runs_before(describe(st, s), describe(st, *best)))) best = &s;
+  const live_seq* victim = nullptr;
+  for (const auto& [key, s] : st.seqs)
+    if (s.running && &s != best && own_pages(*st.pool, key) > 0 &&
+        (!victim || runs_before(describe(st, *victim), describe(st, s))))
+      victim = &s;
+  if (victim) {
+    spdlog::warn("instance: step short of {} pages, preempting request {}", short_by,
+                 victim->req.id);
+    preempted_now.insert(victim->key);
+    preempt(self, victim->key);
+    return;
+  }
+  const live_seq* last = nullptr;
+  for (const auto& c : chunks) {
+    const live_seq& s = st.seqs.at(c.id);
+    if (!last || runs_before(describe(st, *last), describe(st, s))) last = &s;
+  }
+  fail(self, last->key,
+       "KV arena exhausted: the step needs " + std::to_string(short_by) +
+           " more pages and no other sequence can give one back (the rest are shared prefix "
+           "pages); raise --kv-mb");
 }
 
 void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
@@ -216,25 +256,43 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
 // and the step is planned again with what they really need, until a plan
 // admits nobody: each round moves a waiting sequence to running, and a
 // preempting plan admits nobody, so this ends.
+//
+// It cannot spin: a sequence preempted during this call is not admitted
+// again in it (it would map the same cached pages and be preempted again,
+// a loop that never returns to the mailbox), so every round moves a
+// sequence from waiting to running or out of the running set for good,
+// and the rounds are bounded by twice the sequences.
 void step(self_ptr self) {
   auto& st = self->state;
   if (st.busy) return;
+  std::unordered_set<uint64_t> preempted_now;
+  bool restarted = false;
   for (;;) {
     std::vector<sched_seq> running, waiting;
     for (const auto& [key, s] : st.seqs) {
       if (s.running)
-        running.push_back(describe(s));
-      else if (!s.blob_pending)
-        waiting.push_back(describe(s));
+        running.push_back(describe(st, s));
+      else if (!s.blob_pending && !preempted_now.count(key))
+        waiting.push_back(describe(st, s));
     }
     auto plan = plan_step(running, waiting, st.opts.limits, st.pool->available());
-    for (uint64_t v : plan.preempted) preempt(self, v);
+    for (uint64_t v : plan.preempted) {
+      preempted_now.insert(v);
+      preempt(self, v);
+    }
     if (!plan.admitted.empty()) {
       for (uint64_t a : plan.admitted) admit(self, a);
       continue;
     }
     if (plan.empty()) {
       if (!plan.preempted.empty()) continue;
+      if (running.empty() && !preempted_now.empty() && !restarted) {
+        // Everything was preempted (it cannot happen with exact page
+        // counts, but a stalled queue would be worse): start afresh once.
+        preempted_now.clear();
+        restarted = true;
+        continue;
+      }
       return;  // idle
     }
 
@@ -244,11 +302,7 @@ void step(self_ptr self) {
     for (const auto& c : chunks) reqs.push_back({c.id, c.start + c.n_tokens});
     auto alloc = st.pool->allocate_step(reqs);
     if (!alloc.ok) {
-      // Only page copies the plan could not foresee get here.
-      uint64_t victim = last_running(st);
-      if (victim == 0) return;
-      spdlog::warn("instance: step short of {} pages, preempting", alloc.pages_short);
-      preempt(self, victim);
+      make_room(self, chunks, alloc.pages_short, preempted_now);
       continue;
     }
     if (!alloc.copies.empty()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <unordered_map>
 
 namespace troupe {
 
@@ -53,10 +54,20 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
   int32_t free = free_pages;
   auto run = by_priority(running);
   size_t alive = run.size();  // run[alive..] are preempted: victims leave from the back
+  // Holders of each known page among the running sequences: a victim's
+  // page is free once its last holder is preempted.
+  std::unordered_map<int32_t, int32_t> holders;
+  for (const sched_seq* s : run)
+    for (int32_t p : s->table) ++holders[p];
   auto preempt_last = [&] {
     const sched_seq* v = run[--alive];
     plan.preempted.push_back(v->id);
-    free += v->pages;
+    if (v->table.empty()) {
+      free += v->pages;
+      return;
+    }
+    for (int32_t p : v->table)
+      if (--holders[p] == 0) ++free;
   };
 
   // Decode rows first: preempt until every one of them has its page.

@@ -27,6 +27,12 @@ struct sched_seq {
   int32_t total = 0;     // > computed
   int32_t pages = 0;     // pages its table holds now (0 while waiting)
   bool swapped = false;  // waiting, its first `computed` tokens' KV in the host tier
+  // The arena pages its table holds, when known.  Running sequences may
+  // share pages (a cached prefix): preempting one frees only the pages no
+  // other running sequence holds, and the plan must count exactly those, or
+  // it preempts a victim that frees nothing and the step comes up short.
+  // Empty: its `pages` are its own.
+  std::vector<int32_t> table;
 };
 
 struct scheduler_limits {
@@ -66,6 +72,8 @@ struct step_plan {
 // Pages: every scheduled decode row gets its page; when `free_pages` cannot
 // cover them, running sequences are preempted, the lowest priority first
 // (offline before online, then the most recently arrived), until they fit.
+// A victim gives back only the pages no surviving sequence shares (see
+// sched_seq::table).
 // Prefill chunks shrink to the pages left.  When nothing at all could run,
 // victims are preempted until something can.  A plan that preempts admits
 // nobody.  Admission is first come first served within priority: it stops

@@ -14,16 +14,16 @@ namespace {
 
 sched_seq decoding(uint64_t id, int32_t computed, int32_t pages, uint64_t order = 0,
                    seq_class cls = seq_class::online) {
-  return {id, cls, order == 0 ? id : order, computed, computed + 1, pages, false};
+  return {id, cls, order == 0 ? id : order, computed, computed + 1, pages, false, {}};
 }
 
 sched_seq prefilling(uint64_t id, int32_t computed, int32_t total, int32_t pages,
                      seq_class cls = seq_class::online) {
-  return {id, cls, id, computed, total, pages, false};
+  return {id, cls, id, computed, total, pages, false, {}};
 }
 
 sched_seq waiting_prompt(uint64_t id, int32_t total, seq_class cls = seq_class::online) {
-  return {id, cls, id, 0, total, 0, false};
+  return {id, cls, id, 0, total, 0, false, {}};
 }
 
 scheduler_limits limits(int32_t budget, int32_t max_seqs, int32_t chunk, int32_t page = 16) {
@@ -100,7 +100,7 @@ TEST(Scheduler, AdmitsOnlineBeforeOfflineThenByArrival) {
 
 TEST(Scheduler, AdmissionStopsAtTheFirstThatDoesNotFit) {
   // A swapped sequence needs its whole table back: 3 pages, 2 free.
-  sched_seq swapped{1, seq_class::online, 1, 40, 41, 0, true};
+  sched_seq swapped{1, seq_class::online, 1, 40, 41, 0, true, {}};
   auto plan = plan_step({}, {swapped, waiting_prompt(2, 5)}, limits(64, 8, 32), 2);
   EXPECT_TRUE(plan.admitted.empty());
   plan = plan_step({}, {swapped, waiting_prompt(2, 5)}, limits(64, 8, 32), 4);
@@ -244,6 +244,41 @@ TEST(Scheduler, RandomStatesKeepTheLimits) {
       EXPECT_FALSE(plan.empty());
     }
   }
+}
+
+// The livelock of issue 9: a re-admitted sequence mapped a cached prefix
+// page another running sequence also held; the plan counted that page as
+// freed by preempting it, the pool freed nothing, and the step came up
+// short forever.  With the tables known, the plan preempts until the pages
+// really freed cover the decode rows.
+TEST(Scheduler, SharedPrefixPagesAreNotCountedAsFreedByPreemption) {
+  auto lim = limits(64, 8, 32);
+  sched_seq a = decoding(1, 32, 2);  // needs a third page for position 32
+  a.table = {10, 11};
+  sched_seq c = prefilling(2, 16, 40, 1);  // its own page
+  c.table = {12};
+  sched_seq b = prefilling(3, 16, 40, 1);  // re-admitted: its one page is a's first
+  b.table = {10};
+  auto plan = plan_step({a, b, c}, {}, lim, 0);
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{3, 2}));
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{1}));
+  // Without the tables (each sequence's pages its own) one victim suffices.
+  a.table.clear(), b.table.clear(), c.table.clear();
+  EXPECT_EQ(plan_step({a, b, c}, {}, lim, 0).preempted, (std::vector<uint64_t>{3}));
+}
+
+// Two victims sharing a page free it together.
+TEST(Scheduler, APageSharedOnlyByVictimsIsFreedWithTheLast) {
+  auto lim = limits(64, 8, 32);
+  sched_seq a = decoding(1, 32, 2);
+  a.table = {1, 2};
+  sched_seq b = decoding(2, 15, 1);
+  b.table = {7};
+  sched_seq c = decoding(3, 15, 1);
+  c.table = {7};
+  auto plan = plan_step({a, b, c}, {}, lim, 0);
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{3, 2}));
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{1}));
 }
 
 }  // namespace
