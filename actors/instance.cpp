@@ -57,6 +57,10 @@ struct instance_state {
   int32_t max_len = 0;                          // tokens one sequence may reach: context and arena
   std::unordered_map<uint64_t, live_seq> seqs;  // by key
   std::unordered_map<uint64_t, uint64_t> keys;  // request id -> key
+  // Sinks the instance monitors, with their sequences' keys: a sink that
+  // dies (its request ended whatever the interleaving, or its node went)
+  // takes its sequences with it.
+  std::unordered_map<caf::actor_addr, std::vector<uint64_t>> by_sink;
   uint64_t next_key = 1;
   bool busy = false;                                 // a step is on the device
   std::chrono::steady_clock::time_point step_start;  // of the step on the device
@@ -68,6 +72,17 @@ using self_ptr = instance_actor::stateful_pointer<instance_state>;
 
 void step(self_ptr self);
 
+void forget_sink(self_ptr self, const caf::actor_addr& sink, uint64_t key) {
+  auto it = self->state.by_sink.find(sink);
+  if (it == self->state.by_sink.end()) return;
+  auto& keys = it->second;
+  keys.erase(std::remove(keys.begin(), keys.end(), key), keys.end());
+  if (keys.empty()) {
+    self->demonitor(sink);
+    self->state.by_sink.erase(it);
+  }
+}
+
 // Ends a sequence in the order DESIGN.md gives for finish and cancel alike:
 // out of the scheduler, then the stream's last batch, then its pages.
 void finish(self_ptr self, uint64_t key, token_batch last) {
@@ -77,6 +92,7 @@ void finish(self_ptr self, uint64_t key, token_batch last) {
   live_seq s = std::move(it->second);
   st.seqs.erase(it);
   st.keys.erase(s.req.id);
+  forget_sink(self, s.req.sink.address(), key);
   st.counters.swap_bytes -= s.blob.size();
   if (last.finish == finish_reason::aborted)
     ++st.counters.aborted;
@@ -423,6 +439,21 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
   st.pool = std::make_unique<page_pool>(st.info.n_pages, st.info.page_size,
                                         fingerprint_salt(st.info.model_fingerprint));
   st.max_len = std::min(st.info.n_ctx, st.info.n_pages * st.info.page_size);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto it = self->state.by_sink.find(dm.source);
+    if (it == self->state.by_sink.end()) return;
+    const auto keys = it->second;  // finish() edits the map
+    for (uint64_t key : keys) {
+      auto s = self->state.seqs.find(key);
+      if (s == self->state.seqs.end()) continue;
+      spdlog::debug("instance: request {} lost its sink, releasing it", s->second.req.id);
+      token_batch last;
+      last.id = s->second.req.id;
+      last.finish = finish_reason::aborted;
+      finish(self, key, std::move(last));
+    }
+    step(self);
+  });
   return {
       [self](enqueue_atom, sequence_request& r) -> caf::result<int32_t> {
         auto& st = self->state;
@@ -433,6 +464,9 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         for (const auto& [key, s] : st.seqs) ahead += s.running ? 0 : 1;
         const uint64_t key = st.next_key++;
         st.keys.emplace(r.id, key);
+        auto& sink_keys = st.by_sink[r.sink.address()];
+        if (sink_keys.empty()) self->monitor(r.sink);
+        sink_keys.push_back(key);
         st.seqs.emplace(key, live_seq(std::move(r), key, key));
         step(self);
         return ahead;

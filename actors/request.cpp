@@ -48,7 +48,8 @@ struct request_state {
   wire::Generate gen;
   sequence_request seq;
   bool stream = true;
-  bool accepted = false;  // the instance holds the sequence
+  bool accepted = false;       // the instance holds the sequence
+  bool enqueued_sent = false;  // the enqueue is on its way or answered
   bool done = false;
   std::unique_ptr<incremental_decoder> detok;
   std::unique_ptr<stop_matcher> stops;
@@ -199,7 +200,11 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
             const std::string& error = {}) {
   auto& st = self->state;
   st.done = true;
-  if (abort && st.accepted) self->send(st.ctx->instance, abort_atom::value, st.seq.id);
+  // The enqueue may still be unanswered: this actor quits now and would
+  // never see the reply, so the abort goes out regardless.  It reaches the
+  // instance after the enqueue (messages between two actors keep their
+  // order), and an abort of an id the instance does not hold is ignored.
+  if (abort && st.enqueued_sent) self->send(st.ctx->instance, abort_atom::value, st.seq.id);
   if (!st.stops->stopped() && flush_text(st, chunk) && reason != wire::ERROR) reason = wire::STOP;
   if (st.stream) {
     send_chunk(self, chunk);
@@ -338,6 +343,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   });
   if (st.gen.deadline_ms() > 0)
     self->delayed_send(self, std::chrono::milliseconds(st.gen.deadline_ms()), deadline_atom::value);
+  st.enqueued_sent = true;
   self->request(st.ctx->instance, caf::infinite, enqueue_atom::value, st.seq)
       .then(
           [self](int32_t ahead) {

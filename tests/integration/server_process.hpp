@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -76,6 +77,33 @@ class server_process {
   std::string stderr_text() const { return slurp(err_path_); }
 
   void signal(int sig) { ::kill(pid_, sig); }
+
+  // `troupe client --server EP admin ARGS --json`, its stdout as JSON (the
+  // command-line contract: the admin endpoint found through the server).
+  // Throws with the command's stderr when it fails.
+  nlohmann::json admin(const std::string& args, const std::string& client_flags = "") const {
+    auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint_) + " " +
+                         client_flags + " admin " + args + " --json");
+    if (r.exit_code != 0)
+      throw std::runtime_error("admin " + args + ": exit " + std::to_string(r.exit_code) + ": " +
+                               r.err);
+    return nlohmann::json::parse(r.out);
+  }
+
+  // Polls admin until no instance holds a sequence or a used page, up to
+  // `timeout`; returns the last `admin instances` answer.
+  nlohmann::json wait_engine_idle(std::chrono::milliseconds timeout) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    nlohmann::json last;
+    for (;;) {
+      last = admin("instances");
+      bool idle = true;
+      for (const auto& i : last)
+        idle = idle && i["running"] == 0 && i["waiting"] == 0 && i["kv"]["used_pages"] == 0;
+      if (idle || std::chrono::steady_clock::now() >= until) return last;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
 
   // Waits for the exit; the exit code, or -1 if it did not exit in time.
   int wait_exit(std::chrono::milliseconds timeout) {
