@@ -77,6 +77,14 @@ class server_process {
   std::string stderr_text() const { return slurp(err_path_); }
 
   void signal(int sig) { ::kill(pid_, sig); }
+  pid_t pid() const { return pid_; }
+
+  // Resident memory of the server now, in KiB (VmRSS), or -1.
+  long rss_kib() const {
+    const std::string status = slurp("/proc/" + std::to_string(pid_) + "/status");
+    const auto at = status.find("VmRSS:");
+    return at == std::string::npos ? -1 : std::stol(status.substr(at + 6));
+  }
 
   // `troupe client --server EP admin ARGS --json`, its stdout as JSON (the
   // command-line contract: the admin endpoint found through the server).

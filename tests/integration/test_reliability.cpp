@@ -1,12 +1,21 @@
 // Regression tests for the defects a hostile user found in a live
 // `troupe serve` (issue 9): each reproduces its defect against a real
 // server process on loopback and fails without its fix.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "process.hpp"
 #include "server_process.hpp"
@@ -95,6 +104,134 @@ TEST(Reliability, DeadlineRacingTheEnqueueEndsTheSequence) {
   for (uint64_t id : busy) c.cancel(id);
   EXPECT_EQ(terminals(c, busy).size(), busy.size());
   expect_idle(server.wait_engine_idle(5s));
+}
+
+}  // namespace
+}  // namespace troupe::testing
+
+namespace troupe::testing {
+namespace {
+
+// A TCP connection to 127.0.0.1:port, or -1.
+int connect_local(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void send_all(int fd, const std::string& bytes) {
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+}
+
+// Defect 3: a 32-byte CAF middleman (BASP) header announcing a 4 GiB
+// payload used to make the server allocate it; now the admin port speaks
+// ZeroMQ and a frame header announcing 1 GiB after a valid ZMTP greeting
+// is refused unread (ZMQ_MAXMSGSIZE).  The server's memory stays put while
+// the sockets are open, and it still answers.
+TEST(Reliability, ForgedHeadersOnTheAdminPortAllocateNothing) {
+  server_process server;
+  ASSERT_GT(server.admin_port(), 0);
+  expect_idle(server.admin("instances"));
+  const long before = server.rss_kib();
+  std::vector<int> fds;
+  for (int i = 0; i < 3; ++i) {
+    // BASP header: operation, flags, payload_len = 0xFFFFFFFF, the rest zero.
+    std::string basp(32, '\0');
+    basp[0] = 0;
+    basp[2] = basp[3] = basp[4] = basp[5] = '\xff';
+    const int a = connect_local(server.admin_port());
+    ASSERT_GE(a, 0);
+    send_all(a, basp);
+    fds.push_back(a);
+    // ZMTP 3.0 greeting (NULL mechanism), READY as a DEALER, then a long
+    // frame header announcing 1 GiB.
+    std::string greeting(64, '\0');
+    greeting[0] = '\xff';
+    greeting[9] = '\x7f';
+    greeting[10] = 3;
+    std::memcpy(&greeting[12], "NULL", 4);
+    std::string props =
+        std::string("\x05READY") + "\x0bSocket-Type" + std::string("\0\0\0\x06", 4) + "DEALER";
+    std::string ready = std::string("\x04") + static_cast<char>(props.size()) + props;
+    std::string frame = std::string("\x02") + std::string("\0\0\0\0\x40\0\0\0", 8);
+    const int z = connect_local(server.admin_port());
+    ASSERT_GE(z, 0);
+    send_all(z, greeting + ready + frame + std::string(4096, 'x'));
+    fds.push_back(z);
+  }
+  std::this_thread::sleep_for(1500ms);
+  const long after = server.rss_kib();
+  EXPECT_LT(after - before, 64 * 1024) << "RSS grew from " << before << " to " << after << " KiB";
+  expect_idle(server.admin("instances"));
+  for (int fd : fds) ::close(fd);
+}
+
+// Defect 4: admin needs a secret; the read-only one reads but may not
+// cancel; a wrong one is refused (and the refusal logged).
+TEST(Reliability, AdminNeedsTheSecretAndReadOnlyCannotControl) {
+  const std::string run_dir = "/tmp/troupe_run_" + std::to_string(::getpid());
+  ::setenv("TROUPE_RUN_DIR", run_dir.c_str(), 1);
+  server_process server;
+  ::unsetenv("TROUPE_RUN_DIR");
+  const std::string port = std::to_string(server.admin_port());
+  const std::string control = run_dir + "/admin-" + port + ".secret";
+  const std::string read = run_dir + "/admin-read-" + port + ".secret";
+  ASSERT_FALSE(slurp(control).empty());
+  ASSERT_FALSE(slurp(read).empty());
+  auto admin = [&](const std::string& env, const std::string& args) {
+    return run_process(env + " " + troupe_bin() + " client --server " +
+                       shell_quote(server.endpoint()) + " admin " + args + " --json");
+  };
+  // No secret at hand (another user's run folder is empty).
+  auto none = admin("TROUPE_RUN_DIR=/nonexistent", "kv");
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("unauthenticated"), std::string::npos) << none.err;
+  auto wrong = admin("TROUPE_RUN_DIR=/nonexistent TROUPE_ADMIN_SECRET=guess", "instances");
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_NE(wrong.err.find("unauthenticated"), std::string::npos) << wrong.err;
+  // Read-only: reads, may not cancel.
+  auto ro = admin("TROUPE_RUN_DIR=/nonexistent", "--secret-file " + read + " kv");
+  EXPECT_EQ(ro.exit_code, 0) << ro.err;
+  EXPECT_TRUE(nlohmann::json::parse(ro.out).contains("used_pages"));
+  auto ro_cancel = admin("TROUPE_RUN_DIR=/nonexistent", "--secret-file " + read + " cancel 7");
+  EXPECT_EQ(ro_cancel.exit_code, 1);
+  EXPECT_NE(ro_cancel.err.find("forbidden"), std::string::npos) << ro_cancel.err;
+  // The control secret, found in the run folder by the same user's tools.
+  auto ctl = admin("TROUPE_RUN_DIR=" + run_dir, "cancel 7");
+  EXPECT_EQ(ctl.exit_code, 1);  // authorized, but nothing with id 7 is in flight
+  EXPECT_NE(ctl.err.find("no request with id 7"), std::string::npos) << ctl.err;
+  EXPECT_NE(server.stderr_text().find("admin: refused"), std::string::npos);
+  server.signal(SIGTERM);
+  EXPECT_EQ(server.wait_exit(15s), 0);
+  EXPECT_TRUE(slurp(control).empty()) << "the server removes its secret files at exit";
+  std::filesystem::remove_all(run_dir);
+}
+
+// A secret file others may read is refused at start, naming the key.
+TEST(Reliability, ASecretFileOthersCanReadIsRefused) {
+  const std::string path = "/tmp/troupe_secret_" + std::to_string(::getpid());
+  { std::ofstream(path) << "s3cret\n"; }
+  ::chmod(path.c_str(), 0644);
+  auto r = run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' " +
+                       "--admin-secret-file " + path);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("service.admin_secret_file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("chmod 600"), std::string::npos) << r.err;
+  ::chmod(path.c_str(), 0600);
+  ::setenv("TROUPE_RUN_DIR", "/nonexistent-run", 1);
+  server_process server("--admin-secret-file " + path);
+  ::unsetenv("TROUPE_RUN_DIR");
+  auto ok = run_process("TROUPE_RUN_DIR=/nonexistent TROUPE_ADMIN_SECRET=s3cret " + troupe_bin() +
+                        " client --server " + shell_quote(server.endpoint()) + " admin kv --json");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -1,78 +1,27 @@
-// troupe client admin: inspects a running `troupe serve` through its admin
-// actor (service.admin_port), reached with CAF's middleman:
+// troupe client admin: inspects and steers a running `troupe serve` through
+// its admin endpoint (service.admin_port; JSON over ZeroMQ, docs/security.md):
 //   troupe client --server EP admin [--admin HOST:PORT] kv|instances|requests
 //   troupe client --server EP admin [--admin HOST:PORT] trace ID | cancel ID
 // Without --admin the server is pinged over the client protocol: its Pong
-// names the admin port, on the host of EP.  --json prints one JSON object
-// (or array) instead of text.
-#include <caf/io/all.hpp>
+// names the admin port, on the host of EP.  The secret comes from
+// --secret-file, else $TROUPE_ADMIN_SECRET, else the file the server left
+// for its user in the run folder.  --json prints one JSON object (or
+// array) instead of text.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <zmq.hpp>
 
-#include "actors/admin.hpp"
+#include "actors/admin_endpoint.hpp"
+#include "runtime/secret.hpp"
 #include "tools/client/client.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
 
 namespace {
-
-nlohmann::json to_json(const pool_stats& k) {
-  return {{"page_size", k.page_size},
-          {"total_pages", k.total},
-          {"free_pages", k.free},
-          {"used_pages", k.used()},
-          {"allocated_pages", k.allocated},
-          {"mapped_pages", k.mapped},
-          {"reusable_pages", k.reusable},
-          {"sequences", k.sequences},
-          {"prefix_queries", k.prefix_queries},
-          {"prefix_query_tokens", k.prefix_query_tokens},
-          {"prefix_hit_tokens", k.prefix_hit_tokens},
-          {"prefix_hit_rate", k.hit_rate()},
-          {"evictions", k.evictions},
-          {"alloc_failures", k.alloc_failures}};
-}
-
-nlohmann::json to_json(const instance_info& i) {
-  const auto& s = i.stats;
-  return {{"name", i.name},
-          {"waiting", s.waiting},
-          {"running", s.running},
-          {"swapped", s.swapped},
-          {"steps", s.steps},
-          {"step_ms", s.step_ms},
-          {"prefill_tokens", s.prefill_tokens},
-          {"decode_tokens", s.decode_tokens},
-          {"cached_tokens", s.cached_tokens},
-          {"admitted", s.admitted},
-          {"finished", s.finished},
-          {"aborted", s.aborted},
-          {"preempted_recompute", s.preempted_recompute},
-          {"preempted_swap", s.preempted_swap},
-          {"kv", to_json(s.kv)},
-          {"kv_check", s.kv_check}};
-}
-
-nlohmann::json to_json(const request_trace& t) {
-  return {{"request_id", t.request_id},
-          {"client", t.client},
-          {"finish", t.finish},
-          {"stop_matched", t.stop_matched},
-          {"error", t.error},
-          {"prompt_tokens", t.prompt_tokens},
-          {"completion_tokens", t.completion_tokens},
-          {"cached_tokens", t.cached_tokens},
-          {"preemptions", t.preemptions},
-          {"priority", t.priority},
-          {"class", t.cls == seq_class::offline ? "offline" : "online"},
-          {"queue_ms", t.queue_ms},
-          {"ttft_ms", t.ttft_ms},
-          {"tpot_ms", t.tpot_ms},
-          {"total_ms", t.total_ms}};
-}
 
 // Text output: the JSON, one "key: value" a line (nested objects indented).
 void print_text(const nlohmann::json& j, const std::string& indent = "") {
@@ -96,7 +45,8 @@ void print_text(const nlohmann::json& j, const std::string& indent = "") {
 }
 
 struct admin_flags {
-  std::string admin;  // HOST:PORT; empty: ask the server
+  std::string admin;        // HOST:PORT; empty: ask the server
+  std::string secret_file;  // empty: $TROUPE_ADMIN_SECRET, else the run folder's
   std::string action;
   uint64_t id = 0;
   int timeout_ms = 10000;
@@ -149,6 +99,21 @@ std::optional<admin_endpoint> ask_server(const std::string& server, int timeout_
   return admin_endpoint{client::endpoint_host(server), static_cast<int>(pong->admin_port())};
 }
 
+// The secret to send: --secret-file, $TROUPE_ADMIN_SECRET, else what the
+// server left in the run folder for this port (control first, then
+// read-only for read commands); empty when there is none.
+std::string find_secret(const admin_flags& f, int port) {
+  if (!f.secret_file.empty()) return read_secret_file(f.secret_file);
+  if (const char* env = std::getenv("TROUPE_ADMIN_SECRET"); env && *env) return env;
+  std::vector<std::string> kinds = {"admin"};
+  if (admin_command_is_read_only(f.action)) kinds.push_back("admin-read");
+  for (const auto& kind : kinds) try {
+      return read_secret_file(run_secret_path(kind, port));
+    } catch (const std::exception&) {
+    }
+  return {};
+}
+
 int run_admin(const admin_flags& f) {
   std::optional<admin_endpoint> at;
   if (!f.admin.empty())
@@ -156,60 +121,41 @@ int run_admin(const admin_flags& f) {
   else if (!(at = ask_server(*f.server, f.timeout_ms)))
     return 1;
   const std::string where = at->host + ":" + std::to_string(at->port);
-  actor_env env(true);
-  auto h =
-      env.sys->middleman().remote_actor<admin_actor>(at->host, static_cast<uint16_t>(at->port));
-  if (!h) {
-    std::fprintf(stderr, "error: cannot reach the admin actor at %s: %s\n", where.c_str(),
-                 env.sys->render(h.error()).c_str());
+  nlohmann::json req = {{"command", f.action}, {"secret", find_secret(f, at->port)}};
+  if (f.action == "trace" || f.action == "cancel") req["id"] = f.id;
+
+  zmq::context_t ctx(1);
+  zmq::socket_t sock(ctx, zmq::socket_type::dealer);
+  sock.set(zmq::sockopt::linger, 0);
+  sock.connect("tcp://" + where);
+  const std::string body = req.dump();
+  sock.send(zmq::buffer(body), zmq::send_flags::none);
+  zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0}};
+  zmq::poll(items, 1, std::chrono::milliseconds(f.timeout_ms));
+  zmq::message_t msg;
+  if (!(items[0].revents & ZMQ_POLLIN) || !sock.recv(msg, zmq::recv_flags::dontwait)) {
+    std::fprintf(stderr, "error: admin %s: no answer from the admin endpoint at %s within %d ms\n",
+                 f.action.c_str(), where.c_str(), f.timeout_ms);
     return 1;
   }
-  caf::scoped_actor self{*env.sys};
-  const auto timeout = std::chrono::milliseconds(f.timeout_ms);
-  nlohmann::json out;
-  caf::error err;
-  auto on_error = [&](caf::error& e) { err = std::move(e); };
-  if (f.action == "kv") {
-    self->request(*h, timeout, kv_atom::value)
-        .receive([&](pool_stats& k) { out = to_json(k); }, on_error);
-  } else if (f.action == "instances") {
-    self->request(*h, timeout, instances_atom::value)
-        .receive(
-            [&](std::vector<instance_info>& v) {
-              out = nlohmann::json::array();
-              for (const auto& i : v) out.push_back(to_json(i));
-            },
-            on_error);
-  } else if (f.action == "requests") {
-    self->request(*h, timeout, requests_atom::value)
-        .receive(
-            [&](std::vector<inflight_request>& v) {
-              out = nlohmann::json::array();
-              for (const auto& r : v)
-                out.push_back(
-                    {{"request_id", r.request_id}, {"client", r.client}, {"age_ms", r.age_ms}});
-            },
-            on_error);
-  } else if (f.action == "trace") {
-    self->request(*h, timeout, trace_atom::value, f.id)
-        .receive([&](request_trace& t) { out = to_json(t); }, on_error);
-  } else if (f.action == "cancel") {
-    self->request(*h, timeout, cancel_atom::value, f.id)
-        .receive(
-            [&](int32_t n) {
-              out = {{"request_id", f.id}, {"cancelled", n}};
-            },
-            on_error);
-  }
-  if (err) {
-    std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), env.sys->render(err).c_str());
+  auto reply = nlohmann::json::parse(msg.to_string(), nullptr, false);
+  if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
+    std::fprintf(stderr, "error: admin %s: %s does not answer like a troupe admin endpoint\n",
+                 f.action.c_str(), where.c_str());
     return 1;
   }
+  if (!reply["ok"].get<bool>()) {
+    const auto& e = reply["error"];
+    std::fprintf(stderr, "error: admin %s: %s: %s\n", f.action.c_str(),
+                 e.value("code", "?").c_str(), e.value("message", "").c_str());
+    return 1;
+  }
+  const nlohmann::json& out = reply["result"];
   if (*f.json)
     std::cout << out.dump() << std::endl;
   else
     print_text(out);
-  if (f.action == "cancel" && out["cancelled"].get<int32_t>() == 0) {
+  if (f.action == "cancel" && out.value("cancelled", 0) == 0) {
     std::fprintf(stderr, "error: no request with id %llu in flight\n",
                  static_cast<unsigned long long>(f.id));
     return 1;
@@ -223,12 +169,16 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   auto f = std::make_shared<admin_flags>();
   f->server = &server;
   f->json = &json;
-  auto* cmd = client.add_subcommand("admin", "inspect the server through its admin actor");
+  auto* cmd =
+      client.add_subcommand("admin", "inspect and steer the server through its admin endpoint");
   cmd->fallthrough();
   cmd->require_subcommand(1);
   cmd->add_option("--admin", f->admin,
                   "the server's admin endpoint HOST:PORT (troupe serve --admin-port); default: "
                   "the port the server names in its Pong, on the host of --server");
+  cmd->add_option("--secret-file", f->secret_file,
+                  "file with the admin secret (control or read-only); default: "
+                  "$TROUPE_ADMIN_SECRET, else the one the server left for this user");
   cmd->add_option("--admin-timeout-ms", f->timeout_ms,
                   "give up after this long (the ping, then each admin call)")
       ->default_val(10000)

@@ -18,9 +18,11 @@
 #include <sstream>
 #include <thread>
 
+#include "actors/admin_endpoint.hpp"
 #include "actors/device.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
+#include "runtime/secret.hpp"
 #include "runtime/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
 #include "tools/troupe/serve_admin.hpp"
@@ -47,6 +49,8 @@ struct serve_settings {
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
   std::string admin_host = "127.0.0.1";
+  std::string admin_secret_file;       // control secret; empty: made at start
+  std::string admin_read_secret_file;  // read-only secret; empty: made at start
 };
 
 using setter = std::function<std::string(const std::string&)>;  // "" or why not
@@ -170,9 +174,16 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("service", "trace_history", "finished requests' traces kept",
       int_key(s.trace_history, 0, 1 << 20));
   add("service", "admin_port",
-      "TCP port of the admin actor (troupe client admin); 0 = one the OS picks, told to "
+      "TCP port of the admin endpoint (troupe client admin); 0 = one the OS picks, told to "
       "clients in Pong; -1 = off",
       int_key(s.admin_port, -1, 65535));
+  add("service", "admin_secret_file",
+      "file holding the admin control secret (mode 600); empty = a fresh one, written to "
+      "the run folder for the same user's tools (docs/security.md)",
+      string_key(s.admin_secret_file));
+  add("service", "admin_read_secret_file",
+      "file holding the read-only admin secret (mode 600); empty = a fresh one in the run folder",
+      string_key(s.admin_read_secret_file));
   add("service", "admin_host", "address the admin and metrics endpoints listen on",
       string_key(s.admin_host));
   add("service", "metrics_port", "TCP port of the Prometheus endpoint GET /metrics; 0 = off",
@@ -265,7 +276,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   auto model = open_model(s.engine);
   std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
-  actor_env env(s.admin_port >= 0);
+  actor_env env;
   auto eo = to_engine_options(s.engine);
   eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
   auto dev = spawn_device(*env.sys, model, eo);
@@ -302,21 +313,37 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   // The gateway learns the admin port before the ready line, so every Pong
   // a client can get names it.
   auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
-  std::optional<uint16_t> admin_port;
+  std::optional<admin_endpoint_handle> admin_ep;
+  std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;
   try {
     if (s.admin_port >= 0) {
-      auto port = env.sys->middleman().publish(admin, static_cast<uint16_t>(s.admin_port),
-                                               s.admin_host.c_str());
-      if (!port)
-        throw std::runtime_error("service.admin_port: cannot publish the admin actor on " +
-                                 s.admin_host + ":" + std::to_string(s.admin_port) + ": " +
-                                 env.sys->render(port.error()));
-      admin_port = *port;
+      admin_endpoint_options ao;
+      ao.host = s.admin_host;
+      ao.port = s.admin_port;
+      // A given file, else a fresh secret; a bad file names its key.
+      auto secret = [](const std::string& file, const char* key) {
+        if (file.empty()) return make_secret();
+        try {
+          return read_secret_file(file);
+        } catch (const std::exception& e) {
+          throw std::runtime_error(std::string("service.") + key + ": " + e.what());
+        }
+      };
+      ao.control_secret = secret(s.admin_secret_file, "admin_secret_file");
+      ao.read_secret = secret(s.admin_read_secret_file, "admin_read_secret_file");
+      const std::string control = ao.control_secret, read = ao.read_secret;
+      admin_ep = spawn_admin_endpoint(*env.sys, admin, std::move(ao));
+      // The same user's tools find the secrets by port (docs/security.md).
+      for (const auto& [kind, secret] : {std::pair{"admin", control}, {"admin-read", read}}) {
+        const auto path = run_secret_path(kind, admin_ep->port);
+        write_secret_file(path, secret);
+        secret_files.push_back(path);
+      }
       caf::scoped_actor self{*env.sys};
       caf::error err;
       self->request(gw.actor, std::chrono::seconds(10), admin_port_atom::value,
-                    static_cast<uint32_t>(*port))
+                    static_cast<uint32_t>(admin_ep->port))
           .receive([](uint32_t) {}, [&](caf::error& e) { err = std::move(e); });
       if (err)
         throw std::runtime_error("service.admin_port: the gateway did not take the admin port: " +
@@ -329,6 +356,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     for (const auto& a : {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor),
                           caf::actor_cast<caf::actor>(inst), caf::actor_cast<caf::actor>(dev)})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    if (admin_ep) caf::anon_send_exit(admin_ep->actor, caf::exit_reason::user_shutdown);
+    for (const auto& f : secret_files) std::remove(f.c_str());
     throw;
   }
 
@@ -336,7 +365,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   for (const auto& ep : gw.endpoints) eps += (eps.empty() ? "" : " ") + ep;
   std::printf("troupe serve: listening on %s (model %s on %s, context %d tokens)\n", eps.c_str(),
               s.engine.model.c_str(), info.device_name.c_str(), ctx->max_len);
-  if (admin_port) std::printf("troupe serve: admin on %s:%u\n", s.admin_host.c_str(), *admin_port);
+  if (admin_ep) std::printf("troupe serve: admin on %s:%d\n", s.admin_host.c_str(), admin_ep->port);
   if (metrics_http)
     std::printf("troupe serve: metrics on http://%s:%d/metrics\n", s.admin_host.c_str(),
                 s.metrics_port);
@@ -372,6 +401,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     }
   }
   metrics_http.reset();
+  if (admin_ep) self->send_exit(admin_ep->actor, caf::exit_reason::user_shutdown);
+  for (const auto& f : secret_files) std::remove(f.c_str());
   self->send_exit(admin, caf::exit_reason::user_shutdown);
   self->send_exit(gw.actor, caf::exit_reason::user_shutdown);
   self->send_exit(inst, caf::exit_reason::user_shutdown);

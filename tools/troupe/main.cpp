@@ -1,5 +1,8 @@
 // troupe: an LLM serving runtime.  This is the command-line entry point;
 // each subcommand lives in its own file.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -11,6 +14,8 @@ void add_client(CLI::App& app);  // cmd_client.cpp
 }  // namespace troupe::cli
 
 int main(int argc, char** argv) {
+  // Logs go to stderr: stdout carries results (--json, ready lines).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("troupe"));
   CLI::App app{"troupe: serve and run large language models with OpenCL kernels on CAF actors"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "troupe 0.1.0");

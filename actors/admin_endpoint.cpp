@@ -1,0 +1,256 @@
+#include "actors/admin_endpoint.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <zmq.hpp>
+#include <zmq_addon.hpp>
+
+#include "runtime/secret.hpp"
+
+namespace troupe {
+
+namespace {
+
+using json = nlohmann::json;
+
+json to_json(const pool_stats& k) {
+  return {{"page_size", k.page_size},
+          {"total_pages", k.total},
+          {"free_pages", k.free},
+          {"used_pages", k.used()},
+          {"allocated_pages", k.allocated},
+          {"mapped_pages", k.mapped},
+          {"reusable_pages", k.reusable},
+          {"sequences", k.sequences},
+          {"prefix_queries", k.prefix_queries},
+          {"prefix_query_tokens", k.prefix_query_tokens},
+          {"prefix_hit_tokens", k.prefix_hit_tokens},
+          {"prefix_hit_rate", k.hit_rate()},
+          {"evictions", k.evictions},
+          {"alloc_failures", k.alloc_failures}};
+}
+
+json to_json(const instance_info& i) {
+  const auto& s = i.stats;
+  return {{"name", i.name},
+          {"waiting", s.waiting},
+          {"running", s.running},
+          {"swapped", s.swapped},
+          {"steps", s.steps},
+          {"step_ms", s.step_ms},
+          {"prefill_tokens", s.prefill_tokens},
+          {"decode_tokens", s.decode_tokens},
+          {"cached_tokens", s.cached_tokens},
+          {"admitted", s.admitted},
+          {"finished", s.finished},
+          {"aborted", s.aborted},
+          {"preempted_recompute", s.preempted_recompute},
+          {"preempted_swap", s.preempted_swap},
+          {"kv", to_json(s.kv)},
+          {"kv_check", s.kv_check}};
+}
+
+json to_json(const request_trace& t) {
+  return {{"request_id", t.request_id},
+          {"client", t.client},
+          {"finish", t.finish},
+          {"stop_matched", t.stop_matched},
+          {"error", t.error},
+          {"prompt_tokens", t.prompt_tokens},
+          {"completion_tokens", t.completion_tokens},
+          {"cached_tokens", t.cached_tokens},
+          {"preemptions", t.preemptions},
+          {"priority", t.priority},
+          {"class", to_string(t.cls)},
+          {"queue_ms", t.queue_ms},
+          {"ttft_ms", t.ttft_ms},
+          {"tpot_ms", t.tpot_ms},
+          {"total_ms", t.total_ms}};
+}
+
+json failure(const std::string& code, const std::string& message) {
+  return {{"ok", false}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+json success(json result) {
+  return {{"ok", true}, {"result", std::move(result)}};
+}
+
+struct zmq_socket_box {
+  zmq::context_t ctx{1};
+  zmq::socket_t sock{ctx, zmq::socket_type::router};
+  ~zmq_socket_box() { sock.close(); }
+};
+
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+
+struct endpoint_state {
+  admin_actor admin;
+  admin_endpoint_options opts;
+  std::shared_ptr<zmq_socket_box> zmq;
+  static inline const char* name = "admin_endpoint";
+};
+
+using self_ptr = caf::stateful_actor<endpoint_state>*;
+
+void reply(self_ptr self, const std::string& peer, const json& j) {
+  const std::string body = j.dump();
+  try {
+    self->state.zmq->sock.send(zmq::buffer(peer),
+                               zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    self->state.zmq->sock.send(zmq::buffer(body), zmq::send_flags::dontwait);
+  } catch (const zmq::error_t&) {
+    // The peer is gone; nothing to tell.
+  }
+}
+
+// Asks the admin actor and replies with what it says.
+template <class Result, class Convert, class... Ts>
+void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
+  self->request(self->state.admin, self->state.opts.call_timeout, args...)
+      .then([self, peer, convert](Result& result) { reply(self, peer, success(convert(result))); },
+            [self, peer](caf::error& e) {
+              reply(self, peer, failure("failed", self->system().render(e)));
+            });
+}
+
+void on_request(self_ptr self, const std::string& peer, const std::string& address,
+                const std::string& body) {
+  const auto& opts = self->state.opts;
+  json req = json::parse(body, nullptr, false);
+  if (req.is_discarded() || !req.is_object())
+    return reply(self, peer, failure("bad_request", "the request is not a JSON object"));
+  const std::string secret = req.value("secret", "");
+  const std::string command = req.value("command", "");
+  const bool control = !opts.control_secret.empty() && secrets_equal(secret, opts.control_secret);
+  const bool read =
+      control || (!opts.read_secret.empty() && secrets_equal(secret, opts.read_secret));
+  if (!read) {
+    spdlog::warn("admin: refused {} from {}: {}", command.empty() ? "a request" : command,
+                 address.empty() ? "an unknown peer" : address,
+                 secret.empty() ? "no secret" : "wrong secret");
+    return reply(self, peer,
+                 failure("unauthenticated",
+                         "admin needs the server's secret (--secret-file FILE or "
+                         "TROUPE_ADMIN_SECRET; the same user's tools find it by themselves)"));
+  }
+  if (!admin_command_is_read_only(command) && !control) {
+    spdlog::warn("admin: refused {} from {}: read-only secret", command, address);
+    return reply(self, peer,
+                 failure("forbidden", "'" + command +
+                                          "' needs the control secret; this one is "
+                                          "read-only"));
+  }
+  uint64_t id = 0;
+  if (command == "trace" || command == "cancel") {
+    const auto it = req.find("id");
+    if (it == req.end() || !it->is_number_unsigned())
+      return reply(self, peer,
+                   failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
+    id = it->get<uint64_t>();
+  }
+  if (command == "kv")
+    return call<pool_stats>(
+        self, peer, [](pool_stats& k) { return to_json(k); }, kv_atom::value);
+  if (command == "instances")
+    return call<std::vector<instance_info>>(
+        self, peer,
+        [](std::vector<instance_info>& v) {
+          json out = json::array();
+          for (const auto& i : v) out.push_back(to_json(i));
+          return out;
+        },
+        instances_atom::value);
+  if (command == "requests")
+    return call<std::vector<inflight_request>>(
+        self, peer,
+        [](std::vector<inflight_request>& v) {
+          json out = json::array();
+          for (const auto& r : v)
+            out.push_back(
+                {{"request_id", r.request_id}, {"client", r.client}, {"age_ms", r.age_ms}});
+          return out;
+        },
+        requests_atom::value);
+  if (command == "trace")
+    return call<request_trace>(
+        self, peer, [](request_trace& t) { return to_json(t); }, trace_atom::value, id);
+  if (command == "cancel")
+    return call<int32_t>(
+        self, peer,
+        [id](int32_t n) {
+          return json{{"request_id", id}, {"cancelled", n}};
+        },
+        cancel_atom::value, id);
+  reply(self, peer,
+        failure("unknown_command",
+                "unknown command '" + command + "' (instances, requests, trace, kv, cancel)"));
+}
+
+void poll_once(self_ptr self) {
+  auto& sock = self->state.zmq->sock;
+  zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0}};
+  zmq::poll(items, 1, std::chrono::milliseconds(self->state.opts.poll_ms));
+  for (int i = 0; i < 64; ++i) {
+    std::vector<zmq::message_t> parts;
+    std::optional<size_t> n;
+    try {
+      n = zmq::recv_multipart(sock, std::back_inserter(parts), zmq::recv_flags::dontwait);
+    } catch (const zmq::error_t& e) {
+      spdlog::warn("admin: receive failed: {}", e.what());
+      break;
+    }
+    if (!n) break;
+    if (parts.size() != 2) {
+      if (!parts.empty())
+        reply(self, parts[0].to_string(), failure("bad_request", "one frame per request"));
+      continue;
+    }
+    const char* addr = parts[1].gets("Peer-Address");
+    on_request(self, parts[0].to_string(), addr ? addr : "", parts[1].to_string());
+  }
+}
+
+}  // namespace
+
+bool admin_command_is_read_only(const std::string& command) {
+  return command == "instances" || command == "requests" || command == "trace" || command == "kv";
+}
+
+admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,
+                                           admin_endpoint_options opts) {
+  auto box = std::make_shared<zmq_socket_box>();
+  auto& s = box->sock;
+  s.set(zmq::sockopt::maxmsgsize, opts.max_message_bytes);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::router_mandatory, 0);
+  const std::string ep =
+      "tcp://" + opts.host + ":" + (opts.port == 0 ? std::string("*") : std::to_string(opts.port));
+  try {
+    s.bind(ep);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error("service.admin_port: cannot listen on " + opts.host + ":" +
+                             std::to_string(opts.port) + ": " + e.what());
+  }
+  const std::string bound = s.get(zmq::sockopt::last_endpoint);
+  admin_endpoint_handle h;
+  h.port = std::stoi(bound.substr(bound.rfind(':') + 1));
+  h.actor = sys.spawn<caf::detached>(
+      [box](caf::stateful_actor<endpoint_state>* self, admin_actor a,
+            admin_endpoint_options o) -> caf::behavior {
+        self->state.admin = std::move(a);
+        self->state.opts = std::move(o);
+        self->state.zmq = box;
+        self->send(self, poll_atom::value);
+        return {[self](poll_atom) {
+          poll_once(self);
+          self->send(self, poll_atom::value);
+        }};
+      },
+      std::move(admin), std::move(opts));
+  return h;
+}
+
+}  // namespace troupe

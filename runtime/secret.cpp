@@ -1,0 +1,89 @@
+#include "runtime/secret.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+namespace troupe {
+
+std::string make_secret() {
+  std::random_device rd;  // /dev/urandom on Linux
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 32; ++i) {
+    const unsigned b = rd() & 0xffu;
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+std::string read_secret_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw std::runtime_error("secret file " + path + ": cannot be read (does it exist?)");
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0)
+    throw std::runtime_error("secret file " + path +
+                             ": group or others may read it; chmod 600 it first");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("secret file " + path + ": cannot be opened");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  const auto first = s.find_first_not_of(" \t\r\n");
+  const auto last = s.find_last_not_of(" \t\r\n");
+  if (first == std::string::npos) throw std::runtime_error("secret file " + path + ": empty");
+  s = s.substr(first, last - first + 1);
+  if (s.size() > 4096) throw std::runtime_error("secret file " + path + ": over 4096 bytes");
+  return s;
+}
+
+void write_secret_file(const std::string& path, const std::string& secret) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  std::error_code ec;
+  if (p.has_parent_path() && !fs::exists(p.parent_path())) {
+    fs::create_directories(p.parent_path(), ec);
+    if (ec) throw std::runtime_error("secret file " + path + ": cannot make its folder");
+    fs::permissions(p.parent_path(), fs::perms::owner_all, ec);
+  }
+  const mode_t old = ::umask(077);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << secret << "\n";
+    if (!out) {
+      ::umask(old);
+      throw std::runtime_error("secret file " + path + ": cannot be written");
+    }
+  }
+  ::umask(old);
+  fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write, ec);
+}
+
+std::string run_secret_path(const std::string& kind, int port) {
+  std::string dir;
+  if (const char* d = std::getenv("TROUPE_RUN_DIR"); d && *d)
+    dir = d;
+  else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
+    dir = std::string(x) + "/troupe";
+  else if (const char* h = std::getenv("HOME"); h && *h)
+    dir = std::string(h) + "/.cache/troupe/run";
+  else
+    dir = "/tmp/troupe-run-" + std::to_string(::getuid());
+  return dir + "/" + kind + "-" + std::to_string(port) + ".secret";
+}
+
+bool secrets_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace troupe
