@@ -236,3 +236,92 @@ TEST(Reliability, ASecretFileOthersCanReadIsRefused) {
 
 }  // namespace
 }  // namespace troupe::testing
+
+namespace troupe::testing {
+namespace {
+
+// The whole HTTP response to GET path, or "" when none came in `timeout`.
+std::string http_get_within(int port, const std::string& path, std::chrono::milliseconds timeout) {
+  const int fd = connect_local(port);
+  if (fd < 0) return "";
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+size_t open_fds(pid_t pid) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd"))
+    ++n;
+  return n;
+}
+
+// Defect 5: a second server on a metrics port already in use used to share
+// it (SO_REUSEPORT); now it refuses to start, naming the port.
+TEST(Reliability, AMetricsPortInUseByAnotherServerIsRefused) {
+  // A port the OS picks for us, then given to the first server.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  server_process one("--metrics-port " + std::to_string(port), "troupe serve: metrics on ");
+  ASSERT_EQ(one.metrics_port(), port);
+  auto r = run_process("timeout 60 " + troupe_bin() +
+                       " serve -m stories15m --listen 'tcp://127.0.0.1:*' --metrics-port " +
+                       std::to_string(port));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("service.metrics_port"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(std::to_string(port)), std::string::npos) << r.err;
+  EXPECT_NE(http_get_within(port, "/metrics", 10s).find("troupe_"), std::string::npos);
+}
+
+// Defect 6: 1000 idle connections used to make /metrics time out.  Now the
+// endpoint holds a bounded number of sockets (the oldest idle one makes way)
+// and still answers; the process's fds stay bounded.
+TEST(Reliability, IdleConnectionsCannotExhaustTheMetricsEndpoint) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  server_process server("--metrics-port " + std::to_string(port), "troupe serve: metrics on ");
+  const size_t fds_before = open_fds(server.pid());
+  std::vector<int> idle;
+  for (int i = 0; i < 1000; ++i) {
+    const int c = connect_local(port);
+    if (c >= 0) idle.push_back(c);
+  }
+  EXPECT_GE(idle.size(), 900u);
+  const std::string res = http_get_within(port, "/metrics", 15s);
+  EXPECT_NE(res.find("200 OK"), std::string::npos) << res.substr(0, 200);
+  EXPECT_NE(res.find("troupe_requests_total"), std::string::npos);
+  EXPECT_LT(open_fds(server.pid()), fds_before + 100);
+  for (int c : idle) ::close(c);
+  // Serving goes on.
+  client::connection conn(server.endpoint());
+  wire::Generate g = long_request(1);
+  g.set_max_tokens(8);
+  auto results = client::run(conn, {g}, 30s);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].finished.reason(), wire::LENGTH);
+}
+
+}  // namespace
+}  // namespace troupe::testing

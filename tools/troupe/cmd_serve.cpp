@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include <sys/resource.h>
+
 #include "actors/admin_endpoint.hpp"
 #include "actors/device.hpp"
 #include "actors/gateway.hpp"
@@ -265,6 +267,14 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   lim.page_size = s.engine.page_size;
   if (auto why = validate(lim); !why.empty())
     throw std::invalid_argument("engine.max_batch_tokens/max_seqs/chunk_size: " + why);
+
+  // Every client connection and every PoCL kernel build takes fds: use all
+  // the process may have, so a connection flood meets the bounded
+  // endpoints' limits long before PoCL's dlopen fails.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
 
   // Signals go to the thread that waits for them, not to CAF's workers:
   // block them before any thread starts.

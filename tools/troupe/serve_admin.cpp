@@ -1,8 +1,8 @@
 #include "tools/troupe/serve_admin.hpp"
 
-#include <httplib.h>
 #include <stdexcept>
-#include <thread>
+
+#include "runtime/http_get_server.hpp"
 
 namespace troupe::cli {
 
@@ -10,8 +10,7 @@ struct metrics_server::impl {
   caf::actor_system& sys;
   admin_actor admin;
   std::shared_ptr<metrics_registry> registry;
-  httplib::Server http;
-  std::thread thread;
+  std::unique_ptr<http_get_server> http;
 
   impl(caf::actor_system& s, admin_actor a, std::shared_ptr<metrics_registry> r)
       : sys(s), admin(std::move(a)), registry(std::move(r)) {}
@@ -37,19 +36,21 @@ metrics_server::metrics_server(caf::actor_system& sys, admin_actor admin,
                                int port)
     : impl_(std::make_unique<impl>(sys, std::move(admin), std::move(registry))) {
   auto* p = impl_.get();
-  p->http.Get("/metrics", [p](const httplib::Request&, httplib::Response& res) {
-    p->poll();
-    res.set_content(p->registry->render(), "text/plain; version=0.0.4; charset=utf-8");
-  });
-  if (!p->http.bind_to_port(host.c_str(), port))
-    throw std::runtime_error("service.metrics_port: cannot listen on " + host + ":" +
-                             std::to_string(port));
-  p->thread = std::thread([p] { p->http.listen_after_bind(); });
+  http_get_options o;
+  o.host = host;
+  o.port = port;
+  try {
+    p->http = std::make_unique<http_get_server>(o, [p](const std::string& path) {
+      if (path != "/metrics" && path.rfind("/metrics?", 0) != 0)
+        return http_response{404, "text/plain; charset=utf-8", "not found: try /metrics\n"};
+      p->poll();
+      return http_response{200, "text/plain; version=0.0.4; charset=utf-8", p->registry->render()};
+    });
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("service.metrics_port: ") + e.what());
+  }
 }
 
-metrics_server::~metrics_server() {
-  impl_->http.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
+metrics_server::~metrics_server() = default;
 
 }  // namespace troupe::cli
