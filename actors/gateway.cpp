@@ -1,5 +1,7 @@
 #include "actors/gateway.hpp"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 #include <deque>
 #include <map>
@@ -10,6 +12,7 @@
 
 #include "actors/admin.hpp"
 #include "messages/client.pb.h"
+#include "runtime/unicode.hpp"
 
 namespace troupe {
 
@@ -33,6 +36,9 @@ struct gateway_state {
   std::unordered_map<caf::actor_addr, request_key> by_actor;
   std::map<request_key, std::chrono::steady_clock::time_point> since;  // arrival, for admin
   std::deque<request_trace> traces;
+  // Slow readers: clients whose queue hit the high-water mark, with the
+  // terminal frames (at most one per request) still to deliver.
+  std::map<std::string, std::deque<std::string>> stalled;
   uint32_t admin_port = 0;  // told to clients in Pong; 0: no admin endpoint
   bool draining = false;
   static inline const char* name = "gateway";
@@ -46,15 +52,65 @@ void cancel_client(gateway_state& st, self_ptr self, const std::string& client) 
     self->send(it->second, cancel_atom::value);
 }
 
-// Sends one frame to a client.  A client that is gone (ROUTER_MANDATORY
-// reports it) costs nobody else anything: its requests are cancelled.
-void send_to(self_ptr self, const std::string& client, const std::string& frame) {
+enum class sent { ok, gone, full };
+
+// One frame to a client, now or never.  A client that is gone
+// (ROUTER_MANDATORY reports it) costs nobody else anything: its requests
+// are cancelled.
+sent try_send(self_ptr self, const std::string& client, const std::string& frame) {
   auto& st = self->state;
   try {
-    st.zmq->sock.send(zmq::buffer(client), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    // With ROUTER_MANDATORY a full queue refuses the identity frame, so a
+    // frame is never half sent.
+    if (!st.zmq->sock.send(zmq::buffer(client),
+                           zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+      return sent::full;
     st.zmq->sock.send(zmq::buffer(frame), zmq::send_flags::dontwait);
+    return sent::ok;
   } catch (const zmq::error_t& e) {
-    if (e.num() == EHOSTUNREACH) cancel_client(st, self, client);
+    if (e.num() == EHOSTUNREACH) {
+      cancel_client(st, self, client);
+      return sent::gone;
+    }
+    return sent::full;
+  }
+}
+
+// Sends one frame; `last` marks a request's terminal frame.  A client whose
+// queue is full reads too slowly: its requests are cancelled (the reason
+// goes with their Finished) and, from then until it catches up, only
+// terminal frames are kept for it, so what it can make the server hold is
+// bounded by its requests in flight.
+void send_to(self_ptr self, const std::string& client, const std::string& frame, bool last = true) {
+  auto& st = self->state;
+  if (auto it = st.stalled.find(client); it != st.stalled.end()) {
+    if (last) it->second.push_back(frame);
+    return;
+  }
+  if (try_send(self, client, frame) != sent::full) return;
+  auto& backlog = st.stalled[client];
+  if (last) backlog.push_back(frame);
+  const std::string why = "slow reader: more than " + std::to_string(st.opts.client_backlog) +
+                          " frames waited for this client (service.client_backlog)";
+  spdlog::warn("gateway: client {} reads too slowly, cancelling its requests", hex_bytes(client));
+  for (auto it = st.inflight.lower_bound({client, 0});
+       it != st.inflight.end() && it->first.first == client; ++it)
+    self->send(it->second, cancel_atom::value, why);
+}
+
+// Retries the slow readers' terminal frames; a client whose backlog is
+// delivered is served normally again.
+void flush_stalled(self_ptr self) {
+  auto& st = self->state;
+  for (auto it = st.stalled.begin(); it != st.stalled.end();) {
+    auto& q = it->second;
+    while (!q.empty()) {
+      const sent r = try_send(self, it->first, q.front());
+      if (r == sent::full) break;
+      q.pop_front();
+      if (r == sent::gone) q.clear();
+    }
+    it = q.empty() ? st.stalled.erase(it) : std::next(it);
   }
 }
 
@@ -63,29 +119,99 @@ void send_error(self_ptr self, const std::string& client, wire::ErrorCode code,
   send_to(self, client, error_frame(code, message, request_id, has_request_id));
 }
 
+// A request refused before a request actor exists: counted with the
+// others (troupe_requests_total{finish="rejected"}).
+void count_refusal(self_ptr self, const std::string& why) {
+  if (!self->state.ctx->metrics) return;
+  request_trace t;
+  t.finish = "rejected";
+  t.error = why;
+  record_request(*self->state.ctx->metrics, t);
+}
+
 void on_generate(self_ptr self, const std::string& client, wire::Generate& gen) {
   auto& st = self->state;
   const uint64_t id = gen.request_id();
-  if (st.draining)
+  if (st.draining) {
+    count_refusal(self, "shutting down");
     return send_error(self, client, wire::SHUTTING_DOWN,
                       "the server is shutting down and takes no new requests", id, true);
+  }
   const request_key key{client, id};
-  if (st.inflight.count(key))
+  if (st.inflight.count(key)) {
+    // No request id on this Error: one with an id is that id's terminal
+    // message, and the request in flight with it goes on.
+    count_refusal(self, "duplicate request id");
     return send_error(self, client, wire::DUPLICATE_REQUEST_ID,
                       "duplicate request id " + std::to_string(id) +
-                          ": a request with this id is in flight on this connection",
-                      id, true);
-  if (static_cast<int32_t>(st.inflight.size()) >= st.opts.max_inflight)
+                          ": a request with this id is in flight on this connection; this "
+                          "Generate was dropped and the one in flight goes on");
+  }
+  if (static_cast<int32_t>(st.inflight.size()) >= st.opts.max_inflight) {
+    count_refusal(self, "overloaded");
     return send_error(self, client, wire::OVERLOADED,
                       "overloaded: " + std::to_string(st.inflight.size()) +
                           " requests in flight (limit " + std::to_string(st.opts.max_inflight) +
                           "); try again later",
                       id, true);
+  }
   auto req = spawn_request(self->system(), st.ctx, self, client, std::move(gen));
   self->monitor(req);
   st.by_actor.emplace(req.address(), key);
   st.inflight.emplace(key, std::move(req));
   st.since.emplace(key, std::chrono::steady_clock::now());
+}
+
+struct utf8_fault {
+  std::string field;
+  uint64_t id = 0;
+  bool has_id = false;
+};
+
+// A frame protobuf refused: when it parses with its text fields as bytes,
+// the field that is not UTF-8 and the request it belongs to.
+std::optional<utf8_fault> invalid_utf8_field(const void* data, size_t size) {
+  wire::LenientClientMessage m;
+  if (!m.ParseFromArray(data, static_cast<int>(size)) || !m.has_generate()) return std::nullopt;
+  const auto& g = m.generate();
+  utf8_fault f{"", g.request_id(), true};
+  if (!unicode::is_valid_utf8(g.text())) f.field = "generate.text";
+  for (int i = 0; f.field.empty() && i < g.stop_size(); ++i)
+    if (!unicode::is_valid_utf8(g.stop(i))) f.field = "generate.stop[" + std::to_string(i) + "]";
+  for (int i = 0; f.field.empty() && i < g.chat().messages_size(); ++i) {
+    const auto& cm = g.chat().messages(i);
+    if (!unicode::is_valid_utf8(cm.role()))
+      f.field = "generate.chat.messages[" + std::to_string(i) + "].role";
+    else if (!unicode::is_valid_utf8(cm.content()))
+      f.field = "generate.chat.messages[" + std::to_string(i) + "].content";
+  }
+  if (f.field.empty()) return std::nullopt;
+  return f;
+}
+
+// The request id of a Generate frame the gateway refuses unparsed (too
+// large, malformed), read from its first bytes: serializers write fields in
+// number order, so protocol_version (1), then generate (2) with request_id
+// (1) first.  The Error then belongs to that request, not to the connection.
+std::optional<uint64_t> peek_generate_id(const void* data, size_t size) {
+  google::protobuf::io::CodedInputStream in(static_cast<const uint8_t*>(data),
+                                            static_cast<int>(std::min<size_t>(size, 64)));
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    const int field = static_cast<int>(tag >> 3), type = static_cast<int>(tag & 7);
+    if (field == 1 && type == 0) {
+      uint32_t v;
+      if (!in.ReadVarint32(&v)) return std::nullopt;
+    } else if (field == 2 && type == 2) {
+      uint32_t len;
+      uint64_t id;
+      if (!in.ReadVarint32(&len) || in.ReadTag() != ((1u << 3) | 0u) || !in.ReadVarint64(&id))
+        return std::nullopt;
+      return id;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
 }
 
 void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
@@ -97,15 +223,27 @@ void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
         self, client, wire::MALFORMED,
         "malformed message: expected one frame, got " + std::to_string(parts.size() - 1));
   const auto& frame = parts[1];
-  if (frame.size() > st.opts.max_frame_bytes)
+  if (frame.size() > st.opts.max_frame_bytes) {
+    const auto id = peek_generate_id(frame.data(), frame.size());
     return send_error(self, client, wire::FRAME_TOO_LARGE,
                       "frame too large: " + std::to_string(frame.size()) + " bytes, the limit is " +
-                          std::to_string(st.opts.max_frame_bytes));
+                          std::to_string(st.opts.max_frame_bytes),
+                      id.value_or(0), id.has_value() && !st.inflight.count({client, *id}));
+  }
   wire::ClientMessage msg;
-  if (!msg.ParseFromArray(frame.data(), static_cast<int>(frame.size())))
+  if (!msg.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) {
+    if (auto bad = invalid_utf8_field(frame.data(), frame.size())) {
+      if (bad->has_id) count_refusal(self, "invalid UTF-8");
+      return send_error(self, client, wire::INVALID_ARGUMENT,
+                        bad->field + " is not valid UTF-8 (text fields must be)", bad->id,
+                        bad->has_id);
+    }
+    const auto id = peek_generate_id(frame.data(), frame.size());
     return send_error(self, client, wire::MALFORMED,
                       "malformed frame: " + std::to_string(frame.size()) +
-                          " bytes that do not parse as a troupe.wire.ClientMessage");
+                          " bytes that do not parse as a troupe.wire.ClientMessage",
+                      id.value_or(0), id.has_value() && !st.inflight.count({client, *id}));
+  }
   if (msg.protocol_version() != wire::PROTOCOL_VERSION_CURRENT)
     return send_error(self, client, wire::UNSUPPORTED_VERSION,
                       "unsupported protocol version " + std::to_string(msg.protocol_version()) +
@@ -192,7 +330,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
       [self](reply_atom, const std::string& client, uint64_t id, const std::string& frame,
              bool last) {
         auto& st = self->state;
-        send_to(self, client, frame);
+        send_to(self, client, frame, last);
         if (!last) return;
         auto it = st.inflight.find({client, id});
         if (it == st.inflight.end()) return;
@@ -241,6 +379,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         return port;
       },
       [self](poll_atom) {
+        if (!self->state.stalled.empty()) flush_stalled(self);
         poll_once(self);
         self->send(self, poll_atom::value);
       },
@@ -252,11 +391,19 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
 gateway_handle spawn_gateway(caf::actor_system& sys, std::shared_ptr<const serve_context> ctx,
                              gateway_options opts) {
   if (opts.endpoints.empty()) throw std::runtime_error("gateway: no endpoint to listen on");
+  // A client's bad frame is answered with an Error; libprotobuf's own
+  // "String field contains invalid UTF-8" line per frame would let any
+  // client fill the log.
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel level, const char* file, int line, const std::string& message) {
+        spdlog::debug("libprotobuf {}:{}: {}", file, line, message);
+      });
   auto zmq = std::make_shared<zmq_endpoint>();
   auto& s = zmq->sock;
   s.set(zmq::sockopt::router_mandatory, 1);  // tells us when a client is gone
-  s.set(zmq::sockopt::sndhwm, 0);            // never drop a frame of a stream
-  s.set(zmq::sockopt::linger, 1000);         // flush the last frames at shutdown
+  // A bounded queue per client: a full one marks a slow reader (send_to).
+  s.set(zmq::sockopt::sndhwm, std::max(16, opts.client_backlog));
+  s.set(zmq::sockopt::linger, 1000);  // flush the last frames at shutdown
   // Oversized frames are refused with an Error by us; the socket only drops
   // peers that send absurd ones (ZeroMQ disconnects them, no reply).
   const int64_t hard_limit = std::max<int64_t>(int64_t{64} << 20, 16 * opts.max_frame_bytes);

@@ -21,6 +21,11 @@ struct gateway_options {
   int32_t max_inflight = 1024;         // requests in flight, all clients together
   int poll_ms = 2;                     // socket poll timeout between mailbox rounds
   size_t trace_history = 1024;         // finished requests' traces kept for inspection
+  // Frames queued for one client (ZeroMQ's send high-water mark, beyond
+  // what the kernel's socket buffers hold) before it counts as a slow
+  // reader: its requests are then cancelled, and only their terminal
+  // frames wait for it.
+  int32_t client_backlog = 10000;
 };
 
 struct gateway_handle {

@@ -331,7 +331,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   if (bad) {
     reject(self, bad->code, bad->message);
     return {[](tokens_atom, const token_batch&) {}, [](preempted_atom, uint64_t, bool) {},
-            [](cancel_atom) {}, [](deadline_atom) {}};
+            [](cancel_atom) {}, [](cancel_atom, const std::string&) {}, [](deadline_atom) {}};
   }
   st.seq.sink = caf::actor_cast<token_sink_actor>(self);
   self->monitor(st.ctx->instance);
@@ -379,6 +379,11 @@ request_actor::behavior_type request_behavior(self_ptr self,
         if (self->state.done) return;
         wire::TokenChunk chunk;
         finish(self, chunk, wire::CANCELLED, true);
+      },
+      [self](cancel_atom, const std::string& why) {
+        if (self->state.done) return;
+        wire::TokenChunk chunk;
+        finish(self, chunk, wire::CANCELLED, true, why);
       },
       [self](deadline_atom) {
         if (self->state.done) return;

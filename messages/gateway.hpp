@@ -85,7 +85,10 @@ using gateway_actor =
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:
 // the sequence is aborted in the instance, then Finished goes out.
+// cancel with a reason: the server ended it (a slow reader); the reason
+// goes to the client in Finished.error.
 using request_actor =
-    token_sink_actor::extend<caf::reacts_to<cancel_atom>, caf::reacts_to<deadline_atom>>;
+    token_sink_actor::extend<caf::reacts_to<cancel_atom>, caf::reacts_to<cancel_atom, std::string>,
+                             caf::reacts_to<deadline_atom>>;
 
 }  // namespace troupe

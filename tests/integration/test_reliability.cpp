@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include <zmq.hpp>
 #include "process.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
@@ -321,6 +322,127 @@ TEST(Reliability, IdleConnectionsCannotExhaustTheMetricsEndpoint) {
   auto results = client::run(conn, {g}, 30s);
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].finished.reason(), wire::LENGTH);
+}
+
+}  // namespace
+}  // namespace troupe::testing
+
+namespace troupe::testing {
+namespace {
+
+double metric_sample(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size() + 2));
+}
+
+int pick_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Defect 8: a duplicate id's Error names no request (an Error with an id
+// is that id's terminal message, and the first request goes on); refusals
+// at the gateway are counted; invalid UTF-8 gets INVALID_ARGUMENT naming
+// the field and the request, and no libprotobuf line in the log.
+TEST(Reliability, RefusalsAreCountedAndNameTheRightRequest) {
+  const int port = pick_port();
+  server_process server("--max-inflight 2 --metrics-port " + std::to_string(port),
+                        "troupe serve: metrics on ");
+  client::connection c(server.endpoint());
+  c.generate(long_request(1));
+  c.generate(long_request(1));  // duplicate
+  c.generate(long_request(2));
+  c.generate(long_request(3));  // over max_inflight
+  std::optional<wire::Error> dup, over;
+  for (int i = 0; i < 2000 && (!dup || !over); ++i) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m);
+    if (m->has_error() && m->error().code() == wire::DUPLICATE_REQUEST_ID) dup = m->error();
+    if (m->has_error() && m->error().code() == wire::OVERLOADED) over = m->error();
+  }
+  ASSERT_TRUE(dup && over);
+  EXPECT_FALSE(dup->has_request_id()) << dup->message();
+  EXPECT_NE(dup->message().find("duplicate request id 1"), std::string::npos);
+  EXPECT_TRUE(over->has_request_id());
+  EXPECT_EQ(over->request_id(), 3u);
+  // Request 1 (the first) goes on to its end.
+  c.cancel(1);
+  c.cancel(2);
+  auto got = terminals(c, {1, 2});
+  EXPECT_EQ(got[1], "CANCELLED");
+  EXPECT_EQ(got[2], "CANCELLED");
+  // Invalid UTF-8 in the prompt text.
+  wire::LenientClientMessage bad;
+  bad.set_protocol_version(1);
+  bad.mutable_generate()->set_request_id(9);
+  bad.mutable_generate()->set_text("Once \xff\xfe upon");
+  c.send_raw(bad.SerializeAsString());
+  auto m = c.receive(10s);
+  ASSERT_TRUE(m && m->has_error());
+  EXPECT_EQ(m->error().code(), wire::INVALID_ARGUMENT);
+  EXPECT_TRUE(m->error().has_request_id());
+  EXPECT_EQ(m->error().request_id(), 9u);
+  EXPECT_NE(m->error().message().find("UTF-8"), std::string::npos) << m->error().message();
+  EXPECT_NE(m->error().message().find("generate.text"), std::string::npos);
+  EXPECT_EQ(server.stderr_text().find("libprotobuf"), std::string::npos) << server.stderr_text();
+  const std::string metrics = http_get_within(port, "/metrics", 10s);
+  EXPECT_GE(metric_sample(metrics, "troupe_requests_total{finish=\"rejected\"}"), 3)
+      << metrics.substr(0, 2000);
+}
+
+// Defect 8: a client that stops reading used to make the server queue its
+// frames without bound.  Past service.client_backlog its requests are
+// cancelled with a reason; each still gets exactly one terminal message.
+TEST(Reliability, ASlowReaderIsCancelledWithAReason) {
+  server_process server("--client-backlog 16");
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::rcvbuf, 1024);
+  s.set(zmq::sockopt::rcvhwm, 16);
+  s.connect(server.endpoint());
+  std::set<uint64_t> ids;
+  for (uint64_t id = 1; id <= 48; ++id) {
+    wire::ClientMessage msg;
+    msg.set_protocol_version(1);
+    *msg.mutable_generate() = long_request(id);
+    msg.mutable_generate()->set_logprobs(20);  // fat frames fill the buffers sooner
+    const std::string b = msg.SerializeAsString();
+    s.send(zmq::buffer(b), zmq::send_flags::none);
+    ids.insert(id);
+  }
+  // Not reading while the server streams (bounded: the engine decodes all
+  // 48 in well under a minute; the check below does not depend on timing).
+  std::this_thread::sleep_for(4s);
+  std::map<uint64_t, int> terminal;
+  std::map<uint64_t, std::string> how;
+  const auto until = std::chrono::steady_clock::now() + 120s;
+  while (terminal.size() < ids.size() && std::chrono::steady_clock::now() < until) {
+    zmq::message_t f;
+    if (!s.recv(f, zmq::recv_flags::dontwait)) {
+      std::this_thread::sleep_for(5ms);
+      continue;
+    }
+    wire::ServerMessage m;
+    ASSERT_TRUE(m.ParseFromArray(f.data(), static_cast<int>(f.size())));
+    if (m.has_finished()) {
+      ++terminal[m.finished().request_id()];
+      how[m.finished().request_id()] = m.finished().error();
+    }
+    if (m.has_error() && m.error().has_request_id()) ++terminal[m.error().request_id()];
+  }
+  ASSERT_EQ(terminal.size(), ids.size());
+  for (const auto& [id, n] : terminal) EXPECT_EQ(n, 1) << "request " << id;
+  int slow = 0;
+  for (const auto& [id, why] : how) slow += why.find("slow reader") != std::string::npos;
+  EXPECT_GT(slow, 0);
+  expect_idle(server.wait_engine_idle(10s));
 }
 
 }  // namespace

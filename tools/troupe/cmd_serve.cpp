@@ -48,6 +48,7 @@ struct serve_settings {
   double grace_s = 10;
   int poll_ms = 2;
   int trace_history = 1024;
+  int client_backlog = 10000;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
   std::string admin_host = "127.0.0.1";
@@ -173,6 +174,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("service", "grace_s", "seconds in-flight requests get to finish at shutdown",
       real_key(s.grace_s, 0, 3600));
   add("service", "poll_ms", "gateway socket poll timeout", int_key(s.poll_ms, 0, 1000));
+  add("service", "client_backlog",
+      "frames queued for one client before it counts as a slow reader and its requests are "
+      "cancelled",
+      int_key(s.client_backlog, 16, 1 << 24));
   add("service", "trace_history", "finished requests' traces kept",
       int_key(s.trace_history, 0, 1 << 20));
   add("service", "admin_port",
@@ -316,6 +321,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   go.max_inflight = s.max_inflight;
   go.poll_ms = s.poll_ms;
   go.trace_history = static_cast<size_t>(s.trace_history);
+  go.client_backlog = s.client_backlog;
   auto gw = spawn_gateway(*env.sys, ctx, go);
 
   // The admin and metrics endpoints; if one cannot open, the actors are

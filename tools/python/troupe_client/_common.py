@@ -70,7 +70,46 @@ class Pong:
     model: str
     protocol_version: int
     rtt_ms: float
-    admin_port: int = 0  # the server's admin actor (CAF) port on its host; 0: none
+    admin_port: int = 0  # the server's admin endpoint port on its host; 0: none
+
+
+def check_timeout(timeout: Optional[float], name: str = "timeout") -> Optional[float]:
+    """None (wait forever) or a positive number of seconds; anything else is refused."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, or None to wait forever; got {timeout!r}")
+    return float(timeout)
+
+
+def _is_token_id(t: Any) -> bool:
+    return isinstance(t, int) and not isinstance(t, bool)
+
+
+def _chat_pair(m: Any, i: int) -> Tuple[str, str]:
+    if isinstance(m, Mapping):
+        missing = [k for k in ("role", "content") if k not in m]
+        if missing:
+            raise ValueError(f"prompt: chat message {i} has no {' or '.join(repr(k) for k in missing)}")
+        role, content = m["role"], m["content"]
+    elif isinstance(m, (tuple, list)) and len(m) == 2:
+        role, content = m
+    else:
+        raise TypeError(
+            f"prompt: item {i} is {type(m).__name__}; a list prompt holds token ids (int) or chat "
+            "messages ({'role': ..., 'content': ...} or (role, content) pairs)"
+        )
+    if not isinstance(role, str) or not isinstance(content, str):
+        raise TypeError(f"prompt: chat message {i}: role and content must be str")
+    return role, content
+
+
+def _set_field(target: Any, field: str, value: Any, name: str) -> None:
+    """setattr on a protobuf message, with errors that name the parameter."""
+    try:
+        setattr(target, field, value)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{name}: {value!r} does not fit ({e})") from None
 
 
 def build_generate(
@@ -87,7 +126,7 @@ def build_generate(
     frequency_penalty: Optional[float] = None,
     penalty_last_n: Optional[int] = None,
     seed: Optional[int] = None,
-    stop: Iterable[str] = (),
+    stop: Union[str, Iterable[str]] = (),
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
     stream: bool = True,
@@ -96,20 +135,30 @@ def build_generate(
     deadline_ms: int = 0,
     logprobs: int = 0,
 ) -> bytes:
+    """The Generate frame; arguments are checked here, and a bad one raises
+    ValueError or TypeError naming it (nothing is sent)."""
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     g = msg.generate
-    g.request_id = request_id
+    _set_field(g, "request_id", request_id, "request_id")
     if isinstance(prompt, str):
         g.text = prompt
+    elif isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise TypeError("prompt: bytes are not a prompt; give text (str), token ids (list of int) or chat messages")
     elif prompt is None:
         pass  # no prompt: the server answers INVALID_ARGUMENT
     else:
-        items = list(prompt)
-        if items and all(isinstance(t, int) for t in items):
+        try:
+            items = list(prompt)
+        except TypeError:
+            raise TypeError(f"prompt: {type(prompt).__name__} is not a prompt (str, token ids or chat messages)") from None
+        if items and all(_is_token_id(t) for t in items):
+            for i, t in enumerate(items):
+                if not 0 <= t < 2**31:
+                    raise ValueError(f"prompt: token id {t} (item {i}) is not in [0, 2**31)")
             g.tokens.ids.extend(items)
         elif items:
-            for m in items:
-                role, content = (m["role"], m["content"]) if isinstance(m, Mapping) else m
+            for i, m in enumerate(items):
+                role, content = _chat_pair(m, i)
                 g.chat.messages.add(role=role, content=content)
         else:
             g.tokens.SetInParent()  # empty token prompt, refused by the server
@@ -126,17 +175,29 @@ def build_generate(
         ("seed", seed),
     ):
         if value is not None:
-            setattr(s, name, value)
+            _set_field(s, name, value, name)
     if max_tokens is not None:
-        g.max_tokens = max_tokens
-    g.stop.extend(stop)
-    g.stop_token_ids.extend(stop_token_ids)
-    g.ignore_eos = ignore_eos
-    g.stream = stream
+        _set_field(g, "max_tokens", max_tokens, "max_tokens")
+    # One stop string is a str, not a sequence of one-character stops.
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    for i, x in enumerate(stops):
+        if not isinstance(x, str):
+            raise TypeError(f"stop: item {i} is {type(x).__name__}; stop strings must be str")
+    g.stop.extend(stops)
+    ids = list(stop_token_ids)
+    for i, t in enumerate(ids):
+        if not _is_token_id(t):
+            raise TypeError(f"stop_token_ids: item {i} is {type(t).__name__}, not int")
+    try:
+        g.stop_token_ids.extend(ids)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"stop_token_ids: {ids!r} does not fit ({e})") from None
+    g.ignore_eos = bool(ignore_eos)
+    g.stream = bool(stream)
     g.request_class = pb.OFFLINE if offline else pb.ONLINE
-    g.priority = priority
-    g.deadline_ms = deadline_ms
-    g.logprobs = logprobs
+    _set_field(g, "priority", priority, "priority")
+    _set_field(g, "deadline_ms", deadline_ms, "deadline_ms")
+    _set_field(g, "logprobs", logprobs, "logprobs")
     return msg.SerializeToString()
 
 

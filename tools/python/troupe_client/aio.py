@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from typing import Any, AsyncIterator, Dict, Optional
+from typing import Any, AsyncIterator, Dict, List, Optional
 
 import zmq
 import zmq.asyncio
@@ -54,7 +54,9 @@ class AsyncClient:
 
     def __init__(self, endpoint: str, timeout: Optional[float] = 120.0, context: Optional[zmq.asyncio.Context] = None):
         self.endpoint = endpoint
-        self.timeout = timeout
+        self.timeout = c.check_timeout(timeout)
+        self.connection_errors: List[TroupeError] = []  # Errors naming no request
+        self._closed = False
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -67,6 +69,7 @@ class AsyncClient:
 
     async def generate(self, prompt: Prompt, *, stream: bool = True, request_id: Optional[int] = None, **options: Any):
         """stream=True: an AsyncStream; stream=False: the Result.  Options as Client.generate."""
+        self._check_open()
         if request_id is None:
             request_id = next(self._ids)
             while request_id in self._queues:
@@ -82,10 +85,13 @@ class AsyncClient:
         return s if stream else await s.wait()
 
     async def cancel(self, request_id: int) -> bool:
+        self._check_open()
         await self._sock.send(c.build_cancel(request_id))
         return request_id in self._queues
 
     async def ping(self, timeout: Optional[float] = None) -> Pong:
+        self._check_open()
+        t = self.timeout if timeout is None else c.check_timeout(timeout)
         nonce = next(self._nonces)
         fut = asyncio.get_running_loop().create_future()
         self._pongs[nonce] = fut
@@ -93,12 +99,15 @@ class AsyncClient:
         start = time.monotonic()
         await self._sock.send(c.build_ping(nonce))
         try:
-            p = await asyncio.wait_for(fut, self.timeout if timeout is None else timeout)
+            p = await asyncio.wait_for(fut, t)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"no pong from {self.endpoint} in {t} s") from None
         finally:
             self._pongs.pop(nonce, None)
         return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3, p.admin_port)
 
     async def close(self) -> None:
+        self._closed = True
         if self._reader is not None:
             self._reader.cancel()
             try:
@@ -115,6 +124,10 @@ class AsyncClient:
         await self.close()
 
     # -- internals ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the client of {self.endpoint} is closed")
 
     def _done(self, request_id: int) -> None:
         self._queues.pop(request_id, None)
@@ -147,8 +160,10 @@ class AsyncClient:
                         f.set_result(msg.pong)
                     continue
                 rid = c.reply_request_id(msg)
-                if rid is None:  # an Error naming no request: everyone waiting hears it
-                    self._fail_all(c.error_of(msg) if kind == "error" else TroupeError(0, f"unexpected reply {kind}"))
+                if rid is None:  # the connection's, not any one stream's
+                    self.connection_errors.append(
+                        c.error_of(msg) if kind == "error" else TroupeError(0, f"unexpected reply {kind}")
+                    )
                     continue
                 q = self._queues.get(rid)
                 if q is not None:

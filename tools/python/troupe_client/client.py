@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from typing import Any, Deque, Dict, Iterator, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional
 
 import zmq
 
@@ -55,7 +55,9 @@ class Client:
 
     def __init__(self, endpoint: str, timeout: Optional[float] = 120.0, context: Optional[zmq.Context] = None):
         self.endpoint = endpoint
-        self.timeout = timeout  # seconds to wait for any one reply; None: forever
+        self.timeout = c.check_timeout(timeout)  # seconds to wait for any one reply; None: forever
+        self.connection_errors: List[TroupeError] = []  # Errors naming no request
+        self._closed = False
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -74,6 +76,7 @@ class Client:
         repetition_penalty, presence_penalty, frequency_penalty,
         penalty_last_n, seed, stop, stop_token_ids, ignore_eos, offline,
         priority, deadline_ms, logprobs."""
+        self._check_open()
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)
         self._queues[rid] = collections.deque()
@@ -84,10 +87,13 @@ class Client:
     def cancel(self, request_id: int) -> bool:
         """Sends a Cancel.  True if the request is in flight on this client;
         otherwise the server's UNKNOWN_REQUEST reply is ignored, False."""
+        self._check_open()
         self._sock.send(c.build_cancel(request_id))
         return request_id in self._queues
 
     def ping(self, timeout: Optional[float] = None) -> Pong:
+        self._check_open()
+        timeout = c.check_timeout(timeout) if timeout is not None else None
         nonce = next(self._nonces)
         start = time.monotonic()
         self._sock.send(c.build_ping(nonce))
@@ -97,6 +103,7 @@ class Client:
         return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3, p.admin_port)
 
     def close(self) -> None:
+        self._closed = True
         self._sock.close(0)
 
     def __enter__(self) -> "Client":
@@ -106,6 +113,10 @@ class Client:
         self.close()
 
     # -- internals ---------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the client of {self.endpoint} is closed")
 
     def _new_id(self, request_id: Optional[int]) -> int:
         if request_id is None:
@@ -123,6 +134,7 @@ class Client:
         q = self._queues.get(request_id)
         if q is None:
             raise RuntimeError(f"request {request_id} is not in flight")
+        self._check_open()
         while not q:
             self._recv_one(None)
         return q.popleft()
@@ -138,7 +150,12 @@ class Client:
             return
         rid = c.reply_request_id(msg)
         if rid is None:
-            raise c.error_of(msg) if kind == "error" else TroupeError(0, f"unexpected reply {kind}")
+            # An Error naming no request is the connection's, not the
+            # stream's that happens to be reading: keep it for the caller.
+            self.connection_errors.append(
+                c.error_of(msg) if kind == "error" else TroupeError(0, f"unexpected reply {kind}")
+            )
+            return
         q = self._queues.get(rid)
         if q is not None:
             q.append(msg)
