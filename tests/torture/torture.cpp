@@ -1,0 +1,480 @@
+// troupe_torture: a randomized, seeded torture test of a live `troupe serve`
+// (issue 9).  Each round starts a real server process with a random tiny
+// KV arena and engine settings (prefix caching on or off, swap or recompute
+// preemption, few sequences, small chunks), then drives it from several
+// sockets with a seeded mix of what broke before and its neighbours:
+// pipelined greedy and sampled requests over shared prefixes, online and
+// offline, cancels and deadlines at random moments (right behind the
+// Generate, mid-stream), disconnects with requests in flight, and bad
+// frames (random bytes, oversized, invalid UTF-8, bad values, duplicate
+// ids).  After every round it checks:
+//   - every request on a live socket got exactly one terminal message;
+//   - greedy requests that ran to their length equal offline greedy
+//     (`troupe generate`);
+//   - the engine holds no sequence and no used page, and its page
+//     invariants hold (admin instances);
+//   - the server answers a ping and exits 0 on SIGTERM within its grace.
+// The decisions come from --seed (timing does not), so a failing seed is
+// the first thing to rerun.  Exit 0 when every round was clean.
+//
+//   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../integration/process.hpp"
+#include "../integration/server_process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::torture {
+
+using namespace std::chrono_literals;
+using testing::server_process;
+using clock_type = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+constexpr int kGreedyTokens = 40;
+
+// Prompts with shared prefixes (the prefix cache's pages are shared between
+// running sequences, the livelock's ingredient) and a few unrelated ones.
+const std::vector<std::string> kPrompts = {
+    "Once upon a time, there was a little girl named Lily. She loved to play outside",
+    "Once upon a time, there was a little girl named Lily. She had a red ball",
+    "Once upon a time, there was a little girl named Lily. She was very sad",
+    "Once upon a time",
+    "The cat sat on the mat and looked at the bird in the tree",
+    "One day, Tim went to the park with his mom",
+    "Sam and Anna were best friends. They liked to build towers with blocks",
+};
+
+struct options {
+  uint64_t seed = 1;
+  double duration_s = 60;
+  double round_s = 12;
+  std::string json_out;
+};
+
+struct tally {
+  uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
+           disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
+           violations = 0;
+  std::map<std::string, uint64_t> terminals;  // by finish reason or error code
+};
+
+enum class kind { greedy, sampled, refused };
+
+struct tracked {
+  kind k = kind::greedy;
+  size_t prompt = 0;
+  std::vector<int32_t> tokens;
+  int terminals = 0;
+  // Generates sent again with this id while it looked in flight: each is
+  // refused (DUPLICATE_REQUEST_ID, naming no request) or, when the first
+  // had ended on its way to us, served as a new request with its own
+  // terminal message.
+  int duplicates = 0;
+  std::string how;
+};
+
+tracked track(kind k, size_t prompt) {
+  tracked t;
+  t.k = k;
+  t.prompt = prompt;
+  return t;
+}
+
+struct client_socket {
+  std::unique_ptr<client::connection> conn;
+  std::map<uint64_t, tracked> reqs;
+  uint64_t next_id = 1;
+};
+
+class round_driver {
+ public:
+  round_driver(std::mt19937_64& rng, const std::vector<std::vector<int32_t>>& reference, tally& t)
+      : rng_(rng), reference_(reference), t_(t) {}
+
+  // One server, one round; returns the violations found (also printed).
+  std::vector<std::string> run(double round_s) {
+    const std::string args = pick_server_args();
+    std::printf("round %llu: troupe serve %s\n", static_cast<unsigned long long>(t_.rounds),
+                args.c_str());
+    std::fflush(stdout);
+    server_process server(args);
+    endpoint_ = server.endpoint();
+    const int n_sockets = 2 + pick(4);
+    for (int i = 0; i < n_sockets; ++i) sockets_.push_back(new_socket());
+    const auto end = clock_type::now() + std::chrono::milliseconds(int64_t(round_s * 1000));
+    while (clock_type::now() < end) {
+      act();
+      pump(std::chrono::milliseconds(pick(15)));
+    }
+    settle(server);
+    return std::move(violations_);
+  }
+
+ private:
+  size_t pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
+  template <class T>
+  const T& one_of(const std::vector<T>& v) {
+    return v[pick(v.size())];
+  }
+
+  std::string pick_server_args() {
+    const int kv_mb = one_of<int>({2, 3, 4, 8});
+    const int max_seqs = one_of<int>({2, 4, 8, 16});
+    return "--kv-mb " + std::to_string(kv_mb) + " --prefix-caching " +
+           (chance(0.7) ? "true" : "false") + " --preemption " +
+           (chance(0.5) ? "swap" : "recompute") + " --max-seqs " + std::to_string(max_seqs) +
+           " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) + " --max-batch-tokens " +
+           std::to_string(one_of<int>({64, 128})) + " --max-queue " +
+           std::to_string(one_of<int>({16, 64, 256})) + " --client-backlog " +
+           std::to_string(one_of<int>({64, 10000})) + " --max-frame-bytes 65536 --grace-s 5";
+  }
+
+  client_socket new_socket() {
+    client_socket s;
+    s.conn = std::make_unique<client::connection>(endpoint_);
+    return s;
+  }
+
+  wire::Generate greedy(client_socket& s, uint64_t id, size_t prompt) {
+    wire::Generate g;
+    g.set_request_id(id);
+    g.set_text(kPrompts[prompt]);
+    g.set_max_tokens(kGreedyTokens);
+    g.set_ignore_eos(true);
+    g.set_stream(!chance(0.2));
+    if (chance(0.3)) g.set_request_class(wire::OFFLINE);
+    s.reqs[id] = track(kind::greedy, prompt);
+    return g;
+  }
+
+  wire::Generate sampled(client_socket& s, uint64_t id) {
+    wire::Generate g;
+    g.set_request_id(id);
+    const size_t prompt = pick(kPrompts.size());
+    g.set_text(kPrompts[prompt]);
+    g.set_max_tokens(8 + static_cast<int>(pick(120)));
+    g.set_ignore_eos(chance(0.5));
+    g.mutable_sampling()->set_temperature(0.5f + static_cast<float>(pick(100)) / 100.0f);
+    g.mutable_sampling()->set_seed(id);
+    if (chance(0.5)) g.mutable_sampling()->set_top_k(1 + static_cast<int>(pick(50)));
+    if (chance(0.3)) g.mutable_sampling()->set_top_p(0.5f + static_cast<float>(pick(50)) / 100.0f);
+    g.set_logprobs(static_cast<int>(pick(21)));
+    if (chance(0.2)) g.set_request_class(wire::OFFLINE);
+    s.reqs[id] = track(kind::sampled, prompt);
+    ++t_.sampled;
+    return g;
+  }
+
+  void act() {
+    client_socket& s = sockets_[pick(sockets_.size())];
+    const size_t roll = pick(100);
+    const uint64_t id = s.next_id++;
+    if (roll < 30) {
+      s.conn->generate(greedy(s, id, pick(kPrompts.size())));
+      ++t_.requests;
+    } else if (roll < 45) {
+      s.conn->generate(sampled(s, id));
+      ++t_.requests;
+    } else if (roll < 57) {
+      // Cancel right behind the Generate: the enqueue race.
+      s.conn->generate(chance(0.5) ? greedy(s, id, pick(kPrompts.size())) : sampled(s, id));
+      s.conn->cancel(id);
+      ++t_.requests;
+      ++t_.cancels;
+    } else if (roll < 66) {
+      // Cancel one in flight, at whatever point it has reached.
+      std::vector<uint64_t> open;
+      for (const auto& [rid, r] : s.reqs)
+        if (r.terminals == 0) open.push_back(rid);
+      if (!open.empty()) {
+        s.conn->cancel(one_of(open));
+        ++t_.cancels;
+      }
+    } else if (roll < 74) {
+      auto g = chance(0.5) ? greedy(s, id, pick(kPrompts.size())) : sampled(s, id);
+      g.set_deadline_ms(1 + static_cast<uint32_t>(pick(chance(0.5) ? 5 : 400)));
+      s.conn->generate(g);
+      ++t_.requests;
+      ++t_.deadlines;
+    } else if (roll < 77) {
+      // Disconnect with requests in flight; a new socket takes its place.
+      ++t_.disconnects;
+      s = new_socket();
+    } else if (roll < 87) {
+      bad_frame(s, id);
+    } else if (roll < 90) {
+      ++t_.pings;
+      s.conn->ping(0ms);  // the Pong is drained with everything else
+    }
+  }
+
+  void bad_frame(client_socket& s, uint64_t id) {
+    ++t_.bad_frames;
+    const size_t which = pick(6);
+    if (which == 0) {  // random bytes (a frame naming no request)
+      std::string junk(1 + pick(64), '\0');
+      for (auto& ch : junk) ch = static_cast<char>(pick(256));
+      junk[0] = '\0';  // no valid field tag: junk that cannot parse as a request
+      s.conn->send_raw(junk);
+      return;
+    }
+    wire::Generate g;
+    g.set_request_id(id);
+    g.set_text(kPrompts[pick(kPrompts.size())]);
+    g.set_max_tokens(16);
+    s.reqs[id] = track(kind::refused, 0);
+    ++t_.requests;
+    switch (which) {
+      case 1: {  // over max_frame_bytes (the id is read from the frame's head)
+        g.set_text(std::string(70000, 'a'));
+        wire::ClientMessage m;
+        m.set_protocol_version(1);
+        *m.mutable_generate() = g;
+        s.conn->send_raw(m.SerializeAsString());
+        return;
+      }
+      case 2: {  // invalid UTF-8 in the text
+        wire::LenientClientMessage m;
+        m.set_protocol_version(1);
+        m.mutable_generate()->set_request_id(id);
+        m.mutable_generate()->set_text("Once \xc3\x28 upon");
+        s.conn->send_raw(m.SerializeAsString());
+        return;
+      }
+      case 3:
+        g.mutable_sampling()->set_temperature(-1);
+        break;
+      case 4:
+        g.clear_text();
+        g.mutable_tokens()->add_ids(1);
+        g.mutable_tokens()->add_ids(1 << 30);
+        break;
+      default: {  // a duplicate of an id in flight: refused without its id
+        std::vector<uint64_t> open;
+        for (const auto& [rid, r] : s.reqs)
+          if (r.terminals == 0 && r.k != kind::refused) open.push_back(rid);
+        s.reqs.erase(id);
+        --t_.requests;
+        if (open.empty()) return;
+        g.set_request_id(one_of(open));
+        ++s.reqs[g.request_id()].duplicates;
+        s.conn->generate(g);
+        return;
+      }
+    }
+    s.conn->generate(g);
+  }
+
+  // Takes every message that has come (waiting up to `wait` for the first).
+  void pump(std::chrono::milliseconds wait) {
+    for (auto& s : sockets_) {
+      auto m = s.conn->receive(wait);
+      wait = 0ms;
+      while (m) {
+        take(s, *m);
+        m = s.conn->receive(0ms);
+      }
+    }
+  }
+
+  void take(client_socket& s, const wire::ServerMessage& m) {
+    uint64_t id = 0;
+    std::string how;
+    if (m.has_chunk()) {
+      auto it = s.reqs.find(m.chunk().request_id());
+      if (it == s.reqs.end()) return violation("a chunk for an unknown request");
+      if (it->second.terminals > 0) return violation("a chunk after the terminal message");
+      it->second.tokens.insert(it->second.tokens.end(), m.chunk().token_ids().begin(),
+                               m.chunk().token_ids().end());
+      return;
+    }
+    if (m.has_finished()) {
+      id = m.finished().request_id();
+      how = wire::FinishReason_Name(m.finished().reason());
+    } else if (m.has_error()) {
+      if (!m.error().has_request_id()) {
+        ++t_.terminals["error_without_id:" + wire::ErrorCode_Name(m.error().code())];
+        return;
+      }
+      id = m.error().request_id();
+      how = wire::ErrorCode_Name(m.error().code());
+    } else {
+      return;  // Accepted, Pong
+    }
+    auto it = s.reqs.find(id);
+    if (it == s.reqs.end()) {
+      // A Cancel of a request that had ended: UNKNOWN_REQUEST is its answer.
+      if (how == "UNKNOWN_REQUEST") return;
+      return violation("a terminal message for unknown request " + std::to_string(id) + ": " + how +
+                       (m.has_error() ? " (" + m.error().message() + ")" : ""));
+    }
+    tracked& r = it->second;
+    if (how == "UNKNOWN_REQUEST") return;  // a late cancel's answer, not a terminal
+    if (++r.terminals > 1 + r.duplicates)
+      violation("request " + std::to_string(id) + " ended twice: " + r.how + ", then " + how +
+                (m.has_error() ? " (" + m.error().message() + ")" : ""));
+    r.how = how;
+    ++t_.terminals[how];
+    if (r.k == kind::refused && m.has_finished())
+      violation("bad request " + std::to_string(id) + " was served (" + how + ")");
+    if (r.k == kind::greedy && how == "LENGTH" && r.duplicates == 0) {
+      ++t_.greedy_checked;
+      if (r.tokens != reference_[r.prompt])
+        violation("greedy request " + std::to_string(id) + " (prompt " + std::to_string(r.prompt) +
+                  ") differs from offline greedy");
+    }
+  }
+
+  void settle(server_process& server) {
+    const auto until = clock_type::now() + 120s;
+    auto open = [&] {
+      size_t n = 0;
+      for (const auto& s : sockets_)
+        for (const auto& [id, r] : s.reqs) n += r.terminals == 0 ? 1 : 0;
+      return n;
+    };
+    while (open() > 0 && clock_type::now() < until) pump(20ms);
+    if (size_t n = open(); n > 0)
+      violation(std::to_string(n) + " requests got no terminal message");
+    try {
+      auto inst = server.wait_engine_idle(30s);
+      for (const auto& i : inst) {
+        if (i["running"] != 0 || i["waiting"] != 0 || i["kv"]["used_pages"] != 0)
+          violation("engine not idle after the round: " + i.dump());
+        if (!i["kv_check"].get<std::string>().empty())
+          violation("page invariants: " + i["kv_check"].get<std::string>());
+        t_.preempted_recompute += i["preempted_recompute"].get<uint64_t>();
+        t_.preempted_swap += i["preempted_swap"].get<uint64_t>();
+      }
+    } catch (const std::exception& e) {
+      violation(std::string("admin: ") + e.what());
+    }
+    client::connection probe(endpoint_);
+    if (!probe.ping(10s)) violation("no answer to ping after the round");
+    sockets_.clear();
+    server.signal(SIGTERM);
+    const int rc = server.wait_exit(20s);
+    if (rc != 0) violation("exit code " + std::to_string(rc) + " on SIGTERM (-1: did not exit)");
+  }
+
+  void violation(const std::string& what) {
+    std::printf("  VIOLATION: %s\n", what.c_str());
+    std::fflush(stdout);
+    violations_.push_back(what);
+  }
+
+  std::mt19937_64& rng_;
+  const std::vector<std::vector<int32_t>>& reference_;
+  tally& t_;
+  std::string endpoint_;
+  std::vector<client_socket> sockets_;
+  std::vector<std::string> violations_;
+};
+
+// Offline greedy tokens of every prompt, from one `troupe generate` run.
+std::vector<std::vector<int32_t>> offline_reference() {
+  std::string cmd = testing::troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
+                    std::to_string(kGreedyTokens);
+  for (const auto& p : kPrompts) cmd += " -p " + testing::shell_quote(p);
+  auto r = testing::run_process(cmd);
+  if (r.exit_code != 0) throw std::runtime_error("troupe generate failed: " + r.err);
+  std::vector<std::vector<int32_t>> out;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) out.push_back(json::parse(line)["token_ids"].get<std::vector<int32_t>>());
+  if (out.size() != kPrompts.size()) throw std::runtime_error("troupe generate: wrong line count");
+  return out;
+}
+
+int run(const options& o) {
+  std::mt19937_64 rng(o.seed);
+  tally t;
+  const auto reference = offline_reference();
+  const auto start = clock_type::now();
+  const auto end = start + std::chrono::milliseconds(int64_t(o.duration_s * 1000));
+  std::vector<std::string> all;
+  while (t.rounds == 0 || clock_type::now() < end) {
+    const double left = std::chrono::duration<double>(end - clock_type::now()).count();
+    round_driver d(rng, reference, t);
+    auto v = d.run(std::max(3.0, std::min(o.round_s, left)));
+    for (auto& s : v) all.push_back("round " + std::to_string(t.rounds) + ": " + s);
+    ++t.rounds;
+    t.violations += v.size();
+  }
+  const double secs = std::chrono::duration<double>(clock_type::now() - start).count();
+  json j = {{"seed", o.seed},
+            {"seconds", secs},
+            {"rounds", t.rounds},
+            {"requests", t.requests},
+            {"greedy_checked", t.greedy_checked},
+            {"sampled", t.sampled},
+            {"cancels", t.cancels},
+            {"deadlines", t.deadlines},
+            {"disconnects", t.disconnects},
+            {"bad_frames", t.bad_frames},
+            {"pings", t.pings},
+            {"preempted_recompute", t.preempted_recompute},
+            {"preempted_swap", t.preempted_swap},
+            {"terminals", t.terminals},
+            {"violations", all}};
+  std::printf("%s\n", j.dump(2).c_str());
+  if (!o.json_out.empty()) std::ofstream(o.json_out) << j.dump(2) << "\n";
+  std::printf("troupe_torture: seed %llu, %llu rounds, %llu requests, %s\n",
+              static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(t.rounds),
+              static_cast<unsigned long long>(t.requests),
+              all.empty() ? "clean" : (std::to_string(all.size()) + " violations").c_str());
+  return all.empty() ? 0 : 1;
+}
+
+}  // namespace troupe::torture
+
+int main(int argc, char** argv) {
+  troupe::torture::options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "troupe_torture: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--seed")
+      o.seed = std::stoull(value());
+    else if (a == "--duration")
+      o.duration_s = std::stod(value());
+    else if (a == "--round")
+      o.round_s = std::stod(value());
+    else if (a == "--json-out")
+      o.json_out = value();
+    else {
+      std::fprintf(
+          stderr,
+          "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
+          "Drives live troupe serve processes (stories15m) with a seeded random mix of\n"
+          "requests, cancels, deadlines, disconnects and bad frames; exit 0 when clean.\n");
+      return a == "--help" || a == "-h" ? 0 : 2;
+    }
+  }
+  try {
+    return troupe::torture::run(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe_torture: %s\n", e.what());
+    return 1;
+  }
+}
