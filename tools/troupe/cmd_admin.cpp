@@ -7,8 +7,15 @@
 // --secret-file, else $TROUPE_ADMIN_SECRET, else the file the server left
 // for its user in the run folder.  --json prints one JSON object (or
 // array) instead of text.
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -114,6 +121,40 @@ std::string find_secret(const admin_flags& f, int port) {
   return {};
 }
 
+// ZeroMQ retries a refused connection quietly until the timeout; a plain
+// TCP connect first says at once that nothing listens there.
+std::string reachable(const admin_endpoint& at, int timeout_ms) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (int rc = ::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &res);
+      rc != 0)
+    return ::gai_strerror(rc);
+  std::string why = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
+    if (rc != 0 && errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      rc = ::poll(&p, 1, timeout_ms) == 1 &&
+                   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0
+               ? 0
+               : -1;
+      errno = err ? err : ETIMEDOUT;
+    }
+    if (rc != 0) why = std::strerror(errno);
+    ::close(fd);
+    if (rc == 0) {
+      ::freeaddrinfo(res);
+      return {};
+    }
+  }
+  ::freeaddrinfo(res);
+  return why;
+}
+
 int run_admin(const admin_flags& f) {
   std::optional<admin_endpoint> at;
   if (!f.admin.empty())
@@ -121,6 +162,11 @@ int run_admin(const admin_flags& f) {
   else if (!(at = ask_server(*f.server, f.timeout_ms)))
     return 1;
   const std::string where = at->host + ":" + std::to_string(at->port);
+  if (auto why = reachable(*at, f.timeout_ms); !why.empty()) {
+    std::fprintf(stderr, "error: admin %s: cannot reach the admin endpoint at %s: %s\n",
+                 f.action.c_str(), where.c_str(), why.c_str());
+    return 1;
+  }
   nlohmann::json req = {{"command", f.action}, {"secret", find_secret(f, at->port)}};
   if (f.action == "trace" || f.action == "cancel") req["id"] = f.id;
 
