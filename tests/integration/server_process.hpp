@@ -2,7 +2,10 @@
 // `troupe serve` as a child process for the integration tests: started on a
 // port the OS picks (and an admin port it picks), ready once it has printed
 // its start-up lines, killed when the object goes.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +20,22 @@
 #include "process.hpp"
 
 namespace troupe::testing {
+
+// A TCP port on 127.0.0.1 nobody listens on now (the OS picks it).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 class server_process {
  public:

@@ -24,23 +24,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A TCP port nobody listens on now (the OS picks it).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    ::close(fd);
-    throw std::runtime_error("no free port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // `troupe serve` with its admin actor (on a port it picks, as by default)
 // and the metrics endpoint, as a child process.
 class admin_server : public server_process {

@@ -269,15 +269,7 @@ size_t open_fds(pid_t pid) {
 // it (SO_REUSEPORT); now it refuses to start, naming the port.
 TEST(Reliability, AMetricsPortInUseByAnotherServerIsRefused) {
   // A port the OS picks for us, then given to the first server.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
+  const int port = free_port();
   server_process one("--metrics-port " + std::to_string(port), "troupe serve: metrics on ");
   ASSERT_EQ(one.metrics_port(), port);
   auto r = run_process("timeout 60 " + troupe_bin() +
@@ -293,15 +285,7 @@ TEST(Reliability, AMetricsPortInUseByAnotherServerIsRefused) {
 // endpoint holds a bounded number of sockets (the oldest idle one makes way)
 // and still answers; the process's fds stay bounded.
 TEST(Reliability, IdleConnectionsCannotExhaustTheMetricsEndpoint) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
+  const int port = free_port();
   server_process server("--metrics-port " + std::to_string(port), "troupe serve: metrics on ");
   const size_t fds_before = open_fds(server.pid());
   std::vector<int> idle;
@@ -335,24 +319,12 @@ double metric_sample(const std::string& text, const std::string& series) {
   return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size() + 2));
 }
 
-int pick_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Defect 8: a duplicate id's Error names no request (an Error with an id
 // is that id's terminal message, and the first request goes on); refusals
 // at the gateway are counted; invalid UTF-8 gets INVALID_ARGUMENT naming
 // the field and the request, and no libprotobuf line in the log.
 TEST(Reliability, RefusalsAreCountedAndNameTheRightRequest) {
-  const int port = pick_port();
+  const int port = free_port();
   server_process server("--max-inflight 2 --metrics-port " + std::to_string(port),
                         "troupe serve: metrics on ");
   client::connection c(server.endpoint());

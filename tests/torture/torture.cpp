@@ -298,7 +298,11 @@ class round_driver {
     if (m.has_chunk()) {
       auto it = s.reqs.find(m.chunk().request_id());
       if (it == s.reqs.end()) return violation("a chunk for an unknown request");
-      if (it->second.terminals > 0) return violation("a chunk after the terminal message");
+      // (After a duplicate was served as a new request, its chunks follow
+      // the first one's terminal message.)
+      if (it->second.terminals > it->second.duplicates)
+        return violation("a chunk after the terminal message of request " +
+                         std::to_string(it->first));
       it->second.tokens.insert(it->second.tokens.end(), m.chunk().token_ids().begin(),
                                m.chunk().token_ids().end());
       return;
