@@ -1,5 +1,8 @@
 #include "runtime/sampler.hpp"
 
+#include <sstream>
+#include <stdexcept>
+
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
@@ -25,6 +28,20 @@ std::string validate(const sampling_params& p) {
 }
 
 sampler::sampler(const sampling_params& p) : params_(p), rng_(p.seed) {}
+
+std::string sampler::rng_state() const {
+  std::ostringstream out;
+  out << rng_;
+  return out.str();
+}
+
+void sampler::set_rng_state(const std::string& state) {
+  std::istringstream in(state);
+  std::mt19937_64 r;
+  in >> r;
+  if (in.fail()) throw std::invalid_argument("sampler: not an RNG state");
+  rng_ = r;
+}
 
 namespace {
 

@@ -47,6 +47,13 @@ class sampler {
 
   const sampling_params& params() const { return params_; }
 
+  // The RNG's state as text, and setting it back: a sequence that moves to
+  // another instance (runtime/kv_blob) draws there exactly what it would
+  // have drawn here.  set_rng_state throws std::invalid_argument for text
+  // that is not such a state.
+  std::string rng_state() const;
+  void set_rng_state(const std::string& state);
+
  private:
   sampling_params params_;
   std::mt19937_64 rng_;
