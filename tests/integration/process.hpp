@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -43,7 +44,10 @@ inline process_result run_process(const std::string& command) {
   return r;
 }
 
+// The troupe binary the tests run: $TROUPE_BIN when set (to check a test
+// against another build, e.g. one from before a fix), else this build's.
 inline std::string troupe_bin() {
+  if (const char* b = std::getenv("TROUPE_BIN"); b && *b) return b;
   return std::string(TROUPE_BINARY_DIR) + "/troupe";
 }
 
