@@ -25,6 +25,12 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         info.page_size = engine->page_size();
         info.weight_bytes = engine->weight_bytes();
         info.kv_bytes_per_page = engine->kv_bytes_per_page();
+        const auto& hp = engine->hparams();
+        info.n_layers = hp.n_layer;
+        info.n_kv_heads = hp.n_head_kv;
+        info.head_dim = hp.head_dim;
+        const uint64_t elems = 2ull * hp.n_layer * hp.n_head_kv * hp.head_dim * info.page_size;
+        info.kv_dtype = info.kv_bytes_per_page == 2 * elems ? "f16" : "f32";
         return info;
       },
       [engine](read_pages_atom,

@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/kv_blob.hpp"
 #include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
 
@@ -42,6 +43,7 @@ struct live_seq {
       : req(std::move(r)), key(k), order(o), smp(req.sampling) {
     tokens = req.prompt;
     n_prompt = static_cast<int32_t>(tokens.size());
+    tokens.insert(tokens.end(), req.generated.begin(), req.generated.end());
   }
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
 };
@@ -85,15 +87,24 @@ void forget_sink(self_ptr self, const caf::actor_addr& sink, uint64_t key) {
 
 // Ends a sequence in the order DESIGN.md gives for finish and cancel alike:
 // out of the scheduler, then the stream's last batch, then its pages.
-void finish(self_ptr self, uint64_t key, token_batch last) {
+//
+// take_out is the first part: the sequence leaves the maps (the scheduler
+// no longer sees it); its pages stay until the caller frees them.
+live_seq take_out(self_ptr self, uint64_t key) {
   auto& st = self->state;
   auto it = st.seqs.find(key);
-  if (it == st.seqs.end()) return;
   live_seq s = std::move(it->second);
   st.seqs.erase(it);
   st.keys.erase(s.req.id);
   forget_sink(self, s.req.sink.address(), key);
   st.counters.swap_bytes -= s.blob.size();
+  return s;
+}
+
+void finish(self_ptr self, uint64_t key, token_batch last) {
+  auto& st = self->state;
+  if (!st.seqs.count(key)) return;
+  live_seq s = take_out(self, key);
   if (last.finish == finish_reason::aborted)
     ++st.counters.aborted;
   else
@@ -419,14 +430,131 @@ std::string check_request(const instance_state& st, const sequence_request& r) {
   if (!r.sink) return "no sink to stream to";
   if (st.keys.count(r.id)) return "id is already in use";
   if (r.prompt.empty()) return "empty prompt";
-  if (static_cast<int32_t>(r.prompt.size()) >= st.max_len)
-    return "prompt of " + std::to_string(r.prompt.size()) + " tokens leaves no room: at most " +
+  const size_t total = r.prompt.size() + r.generated.size();
+  if (static_cast<int32_t>(total) >= st.max_len)
+    return "prompt of " + std::to_string(total) + " tokens leaves no room: at most " +
            std::to_string(st.max_len - 1) + " fit";
-  for (int32_t t : r.prompt)
-    if (t < 0 || t >= st.info.n_vocab)
-      return "prompt token " + std::to_string(t) + " is outside the vocabulary";
+  for (const auto* part : {&r.prompt, &r.generated})
+    for (int32_t t : *part)
+      if (t < 0 || t >= st.info.n_vocab)
+        return "prompt token " + std::to_string(t) + " is outside the vocabulary";
   if (r.max_tokens <= 0) return "max_tokens must be positive";
+  if (static_cast<int32_t>(r.generated.size()) >= r.max_tokens)
+    return "the " + std::to_string(r.generated.size()) +
+           " tokens generated already reach max_tokens";
   return validate(r.sampling);
+}
+
+// A new sequence in the waiting queue, its sink monitored.
+live_seq& add_sequence(self_ptr self, sequence_request r) {
+  auto& st = self->state;
+  const uint64_t key = st.next_key++;
+  st.keys.emplace(r.id, key);
+  auto& sink_keys = st.by_sink[r.sink.address()];
+  if (sink_keys.empty()) self->monitor(r.sink);
+  sink_keys.push_back(key);
+  return st.seqs.emplace(key, live_seq(std::move(r), key, key)).first->second;
+}
+
+kv_geometry arena_geometry(const instance_state& st) {
+  return {st.info.model_fingerprint, st.info.n_layers,  st.info.n_kv_heads,
+          st.info.head_dim,          st.info.page_size, st.info.kv_dtype};
+}
+
+caf::error refuse(const std::string& what) {
+  return caf::make_error(caf::sec::invalid_argument, what);
+}
+
+// Takes the sequence out like a swap-out (its pages are free at once: the
+// device serves the read before any later step that reuses them) and
+// replies with its blob once the page data is read.
+caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto k = st.keys.find(id);
+  if (k == st.keys.end())
+    return refuse("export: no sequence of request " + std::to_string(id) + " here");
+  const uint64_t key = k->second;
+  if (st.seqs.at(key).blob_pending)
+    return refuse("export: request " + std::to_string(id) +
+                  " is being swapped out right now; ask again");
+  live_seq s = take_out(self, key);
+  ++st.counters.exported;
+  kv_blob b;
+  b.geometry = arena_geometry(st);
+  b.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
+  b.n_prompt = std::min(s.n_prompt, s.computed);
+  b.sampler_state = s.smp.rng_state();
+  std::vector<int32_t> pages;
+  if (s.swapped)
+    b.pages = std::move(s.blob);
+  else if (s.running && s.computed > 0 && st.pool->has_sequence(key)) {
+    pages = st.pool->export_pages(key).pages;
+    pages.resize(st.pool->pages_for(s.computed));
+  } else {
+    b.tokens.clear();  // nothing computed: the importer starts afresh
+    b.n_prompt = 0;
+  }
+  st.pool->free_sequence(key);
+  if (pages.empty()) {
+    step(self);
+    return encode_kv_blob(b);
+  }
+  auto rp = self->make_response_promise<std::vector<uint8_t>>();
+  self->request(st.dev, caf::infinite, read_pages_atom::value, std::move(pages))
+      .then(
+          [rp, b](std::vector<uint8_t>& data) mutable {
+            b.pages = std::move(data);
+            rp.deliver(encode_kv_blob(b));
+          },
+          [rp, id, self](caf::error& e) mutable {
+            rp.deliver(refuse("export request " + std::to_string(id) +
+                              ": reading its pages failed: " + self->system().render(e)));
+          });
+  step(self);
+  return rp;
+}
+
+caf::result<int32_t> import_sequence(self_ptr self, sequence_request r,
+                                     const std::vector<uint8_t>& bytes) {
+  auto& st = self->state;
+  const std::string who = "import request " + std::to_string(r.id) + ": ";
+  if (auto why = check_request(st, r); !why.empty()) return refuse(who + why);
+  kv_blob b;
+  try {
+    b = decode_kv_blob(bytes);
+  } catch (const kv_blob_error& e) {
+    return refuse(who + e.what());
+  }
+  if (auto m = geometry_mismatch(b.geometry, arena_geometry(st)); !m.empty())
+    return refuse(who + "the blob does not fit this instance: " + m);
+  std::vector<int32_t> all = r.prompt;
+  all.insert(all.end(), r.generated.begin(), r.generated.end());
+  if (b.tokens.size() > all.size() || !std::equal(b.tokens.begin(), b.tokens.end(), all.begin()))
+    return refuse(who + "the blob's tokens are not the start of this request's tokens");
+  sampler probe(r.sampling);
+  if (!b.sampler_state.empty()) try {
+      probe.set_rng_state(b.sampler_state);
+    } catch (const std::exception&) {
+      return refuse(who + "the blob's sampler state does not read");
+    }
+  // At least the last token is computed here, for the logits of the next.
+  const int32_t n_kv = std::min<int32_t>(static_cast<int32_t>(b.tokens.size()),
+                                         static_cast<int32_t>(all.size()) - 1);
+  live_seq& s = add_sequence(self, std::move(r));
+  s.first_admission = false;
+  if (!b.sampler_state.empty()) s.smp.set_rng_state(b.sampler_state);
+  if (n_kv > 0) {
+    // It waits as a swapped-out sequence does: admission reserves pages and
+    // writes the data in (the swap-in path).
+    b.pages.resize(size_t(st.pool->pages_for(n_kv)) * st.info.kv_bytes_per_page);
+    s.computed = n_kv;
+    s.swapped = true;
+    s.blob = std::move(b.pages);
+    st.counters.swap_bytes += s.blob.size();
+  }
+  ++st.counters.imported;
+  step(self);
+  return n_kv;
 }
 
 instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev, device_info info,
@@ -462,15 +590,15 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
                                  "enqueue request " + std::to_string(r.id) + ": " + why);
         int32_t ahead = 0;
         for (const auto& [key, s] : st.seqs) ahead += s.running ? 0 : 1;
-        const uint64_t key = st.next_key++;
-        st.keys.emplace(r.id, key);
-        auto& sink_keys = st.by_sink[r.sink.address()];
-        if (sink_keys.empty()) self->monitor(r.sink);
-        sink_keys.push_back(key);
-        st.seqs.emplace(key, live_seq(std::move(r), key, key));
+        add_sequence(self, std::move(r));
         step(self);
         return ahead;
       },
+      [self](export_atom, uint64_t id) -> caf::result<std::vector<uint8_t>> {
+        return export_sequence(self, id);
+      },
+      [self](import_atom, sequence_request& r, std::vector<uint8_t>& bytes)
+          -> caf::result<int32_t> { return import_sequence(self, std::move(r), bytes); },
       [self](abort_atom, uint64_t id) {
         auto it = self->state.keys.find(id);
         if (it == self->state.keys.end()) return;

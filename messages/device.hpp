@@ -17,6 +17,11 @@ struct device_info {
   int32_t page_size = 0;
   uint64_t weight_bytes = 0;
   uint64_t kv_bytes_per_page = 0;
+  // The KV geometry, for blobs that move between arenas (runtime/kv_blob).
+  int32_t n_layers = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  std::string kv_dtype;  // "f16" or "f32"
 };
 
 template <class Inspector>
@@ -37,7 +42,8 @@ typename Inspector::result_type inspect(Inspector& f, forward_result& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_info& x) {
   return f(caf::meta::type_name("device_info"), x.device_name, x.model_path, x.model_fingerprint,
-           x.n_vocab, x.n_ctx, x.n_pages, x.page_size, x.weight_bytes, x.kv_bytes_per_page);
+           x.n_vocab, x.n_ctx, x.n_pages, x.page_size, x.weight_bytes, x.kv_bytes_per_page,
+           x.n_layers, x.n_kv_heads, x.head_dim, x.kv_dtype);
 }
 
 using forward_atom = caf::atom_constant<caf::atom("forward")>;

@@ -68,6 +68,10 @@ using token_sink_actor =
 struct sequence_request {
   uint64_t id = 0;  // the request side's id, echoed in every token_batch
   std::vector<int32_t> prompt;
+  // Tokens already generated for this request elsewhere: a sequence that
+  // resumes (migration, recovery) continues after them.  They count toward
+  // max_tokens and were streamed already.
+  std::vector<int32_t> generated;
   sampling_params sampling;
   int32_t max_tokens = 256;
   std::vector<int32_t> stop_tokens;
@@ -91,6 +95,8 @@ struct instance_stats {
   uint64_t aborted = 0;
   uint64_t preempted_recompute = 0;
   uint64_t preempted_swap = 0;
+  uint64_t exported = 0;    // sequences sent away as KV blobs
+  uint64_t imported = 0;    // sequences taken in from KV blobs
   uint64_t swap_bytes = 0;  // host-tier bytes held now
   double step_ms = 0;       // wall time of all steps on the device
   pool_stats kv;
@@ -117,19 +123,22 @@ typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
-  return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.sampling, x.max_tokens,
-           x.stop_tokens, x.ignore_eos, x.cls, x.sink);
+  return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
+           x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
   return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped, x.steps,
            x.decode_tokens, x.prefill_tokens, x.cached_tokens, x.admitted, x.finished, x.aborted,
-           x.preempted_recompute, x.preempted_swap, x.swap_bytes, x.kv, x.kv_check, x.step_ms);
+           x.preempted_recompute, x.preempted_swap, x.exported, x.imported, x.swap_bytes, x.kv,
+           x.kv_check, x.step_ms);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
+using import_atom = caf::atom_constant<caf::atom("import")>;
 // stats_atom: messages/kv_pool.hpp
 
 // enqueue: admit a sequence to the waiting queue; replies with the number
@@ -140,10 +149,23 @@ using abort_atom = caf::atom_constant<caf::atom("abort")>;
 //          scheduler, its sink gets a last batch (finish = aborted), then
 //          its pages are freed.  Unknown ids are ignored (finish and
 //          cancel may cross).
+// export:  (id) takes sequence `id` out, whatever its state, and replies
+//          with its KV blob (runtime/kv_blob: the KV of its computed tokens,
+//          its sampler state).  The sink gets no last batch: whoever asked
+//          moves the sequence on.  A batch the sink may still receive was
+//          sent before the reply.
+// import:  (request, blob) admits a sequence that resumes from a blob: the
+//          request's prompt + generated tokens must start with the blob's
+//          tokens, and the blob's geometry must be this arena's (an error
+//          names the mismatch).  It waits like a swapped-out sequence and
+//          streams from the next token.  Replies with the tokens whose KV
+//          came with it.
 // stats:   queue lengths, counters and the KV pages.
-using instance_actor =
-    caf::typed_actor<caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
-                     caf::reacts_to<abort_atom, uint64_t>,
-                     caf::replies_to<stats_atom>::with<instance_stats>>;
+using instance_actor = caf::typed_actor<
+    caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
+    caf::reacts_to<abort_atom, uint64_t>,
+    caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,
+    caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,
+    caf::replies_to<stats_atom>::with<instance_stats>>;
 
 }  // namespace troupe

@@ -16,6 +16,7 @@
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
 #include "messages/actors.hpp"
+#include "runtime/kv_blob.hpp"
 #include "runtime/model_registry.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -436,6 +437,129 @@ TEST(DevicePages, ReadWriteCopyRoundTrip) {
   EXPECT_FALSE(ok(write_pages_atom::value, std::vector<int32_t>{1}, data));
   EXPECT_FALSE(ok(copy_pages_atom::value, std::vector<int32_t>{1, 2}, std::vector<int32_t>{3}));
   EXPECT_TRUE(read({0}, back));
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Runs `r` on `from`; once `after` tokens have come, exports it, imports
+// it into `to` with the tokens streamed so far, and collects the rest.
+// Returns every token the sink saw, in order.
+std::vector<int32_t> run_migrating(instance_fixture& f, instance_actor from, instance_actor to,
+                                   sequence_request r, size_t after) {
+  caf::scoped_actor self{*f.sys};
+  r.sink = caf::actor_cast<token_sink_actor>(self.ptr());
+  self->request(from, caf::infinite, enqueue_atom::value, r)
+      .receive([](int32_t) {}, [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  std::vector<int32_t> got;
+  bool moved = false, done = false;
+  auto take = [&](const token_batch& b) {
+    EXPECT_FALSE(done) << "a batch after the last one";
+    got.insert(got.end(), b.tokens.begin(), b.tokens.end());
+    done = done || b.finish != finish_reason::none;
+  };
+  while (!done) {
+    self->receive(
+        [&](tokens_atom, const token_batch& b) {
+          take(b);
+          if (moved || done || got.size() < after) return;
+          moved = true;
+          std::vector<uint8_t> blob;
+          self->request(from, caf::infinite, export_atom::value, r.id)
+              .receive([&](std::vector<uint8_t>& x) { blob = std::move(x); },
+                       [&](caf::error& e) { ADD_FAILURE() << "export: " << f.sys->render(e); });
+          // Batches sent before the reply are in the mailbox already.
+          bool more = true;
+          while (more)
+            self->receive([&](tokens_atom, const token_batch& b2) { take(b2); },
+                          caf::after(std::chrono::milliseconds(0)) >> [&] { more = false; });
+          if (done) return;
+          sequence_request resumed = r;
+          resumed.generated = got;
+          self->request(to, caf::infinite, import_atom::value, resumed, blob)
+              .receive([&](int32_t n_kv) { EXPECT_GT(n_kv, 0); },
+                       [&](caf::error& e) { ADD_FAILURE() << "import: " << f.sys->render(e); });
+        },
+        [](preempted_atom, uint64_t, bool) {},
+        caf::after(std::chrono::seconds(120)) >>
+            [&] {
+              ADD_FAILURE() << "no batch in 120 s";
+              done = true;
+            });
+  }
+  EXPECT_TRUE(moved);
+  return got;
+}
+
+// Issue 10's export and import: a sequence taken out of one instance
+// mid-stream continues on another with the tokens it would have had;
+// seeded sampling too (the RNG state travels); the source's pages return.
+TEST(Instance, ExportedMidStreamItContinuesIdenticallyElsewhere) {
+  instance_fixture f;
+  auto a = f.instance(f.device(), 64, 32);
+  auto b = f.instance(f.device(), 64, 32);
+  auto greedy = instance_fixture::request(1, f.prompt(10, 40), 48);
+  auto sampled = instance_fixture::request(2, f.prompt(200, 25), 48);
+  sampled.sampling.temperature = 1.0f;
+  sampled.sampling.seed = 7;
+  const auto want = f.alone({greedy, sampled});
+  for (auto r : {greedy, sampled}) {
+    EXPECT_EQ(run_migrating(f, a, b, r, 9), want.at(r.id)) << "request " << r.id << ", A to B";
+    EXPECT_EQ(run_migrating(f, b, a, r, 30), want.at(r.id)) << "request " << r.id << ", B to A";
+  }
+  const auto sa = f.stats(a), sb = f.stats(b);
+  EXPECT_EQ(sa.exported, 2u);
+  EXPECT_EQ(sa.imported, 2u);
+  EXPECT_EQ(sb.exported, 2u);
+  instance_fixture::expect_pages_released(sa);
+  instance_fixture::expect_pages_released(sb);
+  for (auto i : {a, b}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
+}
+
+// A blob for another geometry (an f32 KV arena), or damaged, is refused
+// with the reason, and nothing is admitted.
+TEST(Instance, ABlobThatDoesNotFitIsRefusedByName) {
+  instance_fixture f;
+  auto a = f.instance(f.device(), 64, 32);
+  engine_options eo;
+  eo.max_batch_tokens = 128;
+  eo.kv_f16 = false;
+  instance_options io;
+  io.eog_tokens = f.tok->end_of_generation_ids();
+  auto f32 = spawn_instance(*f.sys, spawn_device(*f.sys, f.model, eo), io);
+  caf::scoped_actor self{*f.sys};
+  auto r = instance_fixture::request(5, f.prompt(0, 30), 40);
+  r.sink = caf::actor_cast<token_sink_actor>(self.ptr());
+  self->request(a, caf::infinite, enqueue_atom::value, r)
+      .receive([](int32_t) {}, [](caf::error&) {});
+  // Wait for a few tokens, then export.
+  size_t seen = 0;
+  while (seen < 3)
+    self->receive([&](tokens_atom, const token_batch& b) { seen += b.tokens.size(); });
+  std::vector<uint8_t> blob;
+  self->request(a, caf::infinite, export_atom::value, r.id)
+      .receive([&](std::vector<uint8_t>& x) { blob = std::move(x); },
+               [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  auto refused = [&](instance_actor to, const std::vector<uint8_t>& bytes) {
+    std::string why;
+    self->request(to, caf::infinite, import_atom::value, r, bytes)
+        .receive([&](int32_t) { ADD_FAILURE() << "imported"; },
+                 [&](caf::error& e) { why = f.sys->render(e); });
+    return why;
+  };
+  EXPECT_NE(refused(f32, blob).find("dtype: the blob has 'f16', this instance 'f32'"),
+            std::string::npos)
+      << refused(f32, blob);
+  auto other = decode_kv_blob(blob);
+  other.geometry.model_fingerprint = "another-model";
+  EXPECT_NE(refused(a, encode_kv_blob(other)).find("model fingerprint"), std::string::npos);
+  std::vector<uint8_t> damaged(blob.begin(), blob.begin() + blob.size() / 3);
+  EXPECT_NE(refused(a, damaged).find("KV blob"), std::string::npos) << refused(a, damaged);
+  EXPECT_EQ(f.stats(f32).imported, 0u);
+  for (auto i : {a, f32}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -1,0 +1,82 @@
+#pragma once
+// Where the router places a request (issue 10; DESIGN.md §8 "Policies are
+// functions of snapshots"): plain functions over the instances' load
+// snapshots, so the router actor and the cluster simulator call the same
+// code, and tests feed them synthetic snapshots.
+//
+//   round-robin  each serving instance in turn
+//   least-load   vLLM's score 4 x waiting + running, lowest first
+//   prefix       the longest run of the prompt's full-page hashes an
+//                instance holds in its prefix cache; ties by load
+//   slo          predicted TTFT = the instance's queued prefill work plus
+//                this prompt's, from a prefill-time model fitted online;
+//                the least-loaded instance predicted to meet the target,
+//                else the one with the lowest prediction
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+namespace troupe {
+
+// One instance as the router last heard of it.
+struct instance_snapshot {
+  uint64_t instance = 0;  // the router's id for it
+  bool serving = true;    // false: starting, draining or down; never placed on
+  int32_t waiting = 0;
+  int32_t running = 0;
+  int64_t queued_prefill_tokens = 0;  // prompt tokens admitted or waiting, not computed yet
+  int32_t free_pages = 0;
+  int32_t total_pages = 0;
+  std::unordered_set<uint64_t> prefix_hashes;  // chained hashes of its cached full pages
+};
+
+enum class placement_policy { round_robin, least_load, prefix, slo };
+const char* to_string(placement_policy p);
+std::optional<placement_policy> parse_placement_policy(std::string_view name);
+
+// Prefill time as a function of prompt length, t(L) = a L^2 + b L + c in
+// ms, fitted online by recursive least squares from measured prefills
+// (attention makes it quadratic).  Before any sample it predicts 0.
+class prefill_model {
+ public:
+  explicit prefill_model(double forgetting = 0.999);
+  void observe(double tokens, double ms);
+  double predict_ms(double tokens) const;  // 0 for 0 tokens
+  uint64_t samples() const { return samples_; }
+  const double* coefficients() const { return theta_; }  // a, b, c
+
+ private:
+  double lambda_;
+  double theta_[3] = {0, 0, 0};
+  double p_[3][3];
+  uint64_t samples_ = 0;
+};
+
+struct placement_request {
+  int32_t prompt_tokens = 0;
+  std::vector<uint64_t> page_hashes;  // the prompt's full pages, chained (page_pool's page_hash)
+};
+
+struct placement {
+  uint64_t instance = 0;  // 0: no serving instance
+  std::string why;        // for the request's trace
+  int32_t prefix_pages = 0;
+  double predicted_ttft_ms = 0;
+};
+
+// The round-robin cursor; the router keeps one.
+struct placement_cursor {
+  uint64_t next = 0;
+};
+
+placement place(placement_policy policy, const placement_request& req,
+                const std::vector<instance_snapshot>& instances, placement_cursor& cursor,
+                const prefill_model& model, double ttft_target_ms);
+
+// vLLM's load score: 4 x waiting + running.
+int64_t load_score(const instance_snapshot& s);
+
+}  // namespace troupe

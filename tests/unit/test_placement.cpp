@@ -1,0 +1,113 @@
+// The router's placement policies (runtime/placement.hpp) on synthetic
+// snapshots, and the online prefill-time model.
+#include <gtest/gtest.h>
+
+#include "runtime/placement.hpp"
+
+namespace troupe {
+namespace {
+
+instance_snapshot inst(uint64_t id, int32_t waiting, int32_t running, int64_t queued = 0,
+                       std::unordered_set<uint64_t> hashes = {}) {
+  instance_snapshot s;
+  s.instance = id;
+  s.waiting = waiting;
+  s.running = running;
+  s.queued_prefill_tokens = queued;
+  s.free_pages = 100;
+  s.total_pages = 100;
+  s.prefix_hashes = std::move(hashes);
+  return s;
+}
+
+TEST(Placement, PolicyNamesRoundTrip) {
+  for (auto p : {placement_policy::round_robin, placement_policy::least_load,
+                 placement_policy::prefix, placement_policy::slo})
+    EXPECT_EQ(parse_placement_policy(to_string(p)), p);
+  EXPECT_FALSE(parse_placement_policy("random"));
+}
+
+TEST(Placement, RoundRobinVisitsEveryServingInstanceInTurn) {
+  std::vector<instance_snapshot> s = {inst(1, 0, 0), inst(2, 9, 9), inst(3, 0, 0)};
+  s[2].serving = false;  // draining: skipped
+  placement_cursor c;
+  prefill_model m;
+  std::vector<uint64_t> got;
+  for (int i = 0; i < 4; ++i)
+    got.push_back(place(placement_policy::round_robin, {}, s, c, m, 0).instance);
+  EXPECT_EQ(got, (std::vector<uint64_t>{1, 2, 1, 2}));
+}
+
+TEST(Placement, LeastLoadUsesVllmsScore) {
+  // 4 x waiting + running: 4x1+0 = 4 beats 4x0+5 = 5.
+  std::vector<instance_snapshot> s = {inst(1, 0, 5), inst(2, 1, 0), inst(3, 2, 0)};
+  placement_cursor c;
+  prefill_model m;
+  auto p = place(placement_policy::least_load, {}, s, c, m, 0);
+  EXPECT_EQ(p.instance, 2u);
+  EXPECT_NE(p.why.find("4x1+0=4"), std::string::npos) << p.why;
+}
+
+TEST(Placement, PrefixTakesTheLongestLeadingRunThenLoad) {
+  placement_request r;
+  r.page_hashes = {11, 12, 13, 14};
+  std::vector<instance_snapshot> s = {
+      inst(1, 0, 0, 0, {11, 12}), inst(2, 3, 3, 0, {11, 12, 13}),  // longest run, though busier
+      inst(3, 0, 0, 0, {12, 13, 14}),  // holds 3 pages but not the first: no run
+  };
+  placement_cursor c;
+  prefill_model m;
+  auto p = place(placement_policy::prefix, r, s, c, m, 0);
+  EXPECT_EQ(p.instance, 2u);
+  EXPECT_EQ(p.prefix_pages, 3);
+  // Equal runs: the lighter one.
+  s[0].prefix_hashes = {11, 12, 13};
+  EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 1u);
+  // No run anywhere: least load.
+  r.page_hashes = {99};
+  s[0].waiting = 5;
+  EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 3u);
+}
+
+TEST(Placement, SloPrefersTheLightestThatMeetsTheTargetElseTheFastest) {
+  prefill_model m;
+  for (int l = 16; l <= 2048; l *= 2) m.observe(l, 0.5 * l + 0.0001 * double(l) * l + 3);
+  placement_request r;
+  r.prompt_tokens = 200;
+  std::vector<instance_snapshot> s = {inst(1, 0, 1, 4000), inst(2, 2, 2, 100), inst(3, 1, 9, 300)};
+  placement_cursor c;
+  // Target 400 ms: 1 is predicted far above it (4000 queued tokens); 2 and
+  // 3 meet it; 3 has load 4+9 = 13, 2 has 8 + 2 = 10.
+  auto p = place(placement_policy::slo, r, s, c, m, 400);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_LE(p.predicted_ttft_ms, 400);
+  // Target 10 ms: nobody meets it; the lowest prediction wins.
+  p = place(placement_policy::slo, r, s, c, m, 10);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_NE(p.why.find("none meets it"), std::string::npos);
+}
+
+TEST(Placement, NoServingInstanceGivesNone) {
+  std::vector<instance_snapshot> s = {inst(1, 0, 0)};
+  s[0].serving = false;
+  placement_cursor c;
+  prefill_model m;
+  EXPECT_EQ(place(placement_policy::least_load, {}, s, c, m, 0).instance, 0u);
+  EXPECT_EQ(place(placement_policy::least_load, {}, {}, c, m, 0).instance, 0u);
+}
+
+TEST(PrefillModel, RecoversAQuadraticFromSamples) {
+  prefill_model m;
+  EXPECT_EQ(m.predict_ms(100), 0);
+  auto truth = [](double l) { return 2e-4 * l * l + 0.7 * l + 5; };
+  for (int i = 0; i < 200; ++i) {
+    const double l = 16 + (i * 37) % 2000;
+    m.observe(l, truth(l));
+  }
+  for (double l : {64.0, 512.0, 1024.0, 3000.0})
+    EXPECT_NEAR(m.predict_ms(l), truth(l), 0.02 * truth(l)) << "L = " << l;
+  EXPECT_EQ(m.predict_ms(0), 0);
+}
+
+}  // namespace
+}  // namespace troupe
