@@ -10,49 +10,50 @@ namespace {
 struct admin_state {
   admin_state() = default;  // not an aggregate: CAF would build it from the self pointer
   gateway_actor gateway;
-  std::vector<named_instance> instances;
+  router_actor router;
   static inline const char* name = "admin";
 };
 
 using self_ptr = admin_actor::stateful_pointer<admin_state>;
 
-// Asks every instance for its stats; `done` gets them all, in order, or the
-// first error.
+// Asks the router for the instances, then each for its stats; `done` gets
+// them all, in the router's order, or the router's error.  An instance that
+// does not answer (down) is listed with empty stats.
 template <class Done>
 void ask_instances(self_ptr self, Done done) {
-  const auto& insts = self->state.instances;
-  struct gather {
-    std::vector<instance_info> out;
-    size_t left = 0;
-    bool failed = false;
-  };
-  auto g = std::make_shared<gather>();
-  g->out.resize(insts.size());
-  g->left = insts.size();
-  if (insts.empty()) {
-    done(std::move(g->out), caf::error{});
-    return;
-  }
-  for (size_t i = 0; i < insts.size(); ++i) {
-    g->out[i].name = insts[i].name;
-    self->request(insts[i].actor, std::chrono::seconds(10), stats_atom::value)
-        .then(
-            [g, i, done](instance_stats& s) mutable {
-              g->out[i].stats = std::move(s);
-              if (--g->left == 0 && !g->failed) done(std::move(g->out), caf::error{});
-            },
-            [g, done](caf::error& e) mutable {
-              if (g->failed) return;
-              g->failed = true;
-              done({}, std::move(e));
-            });
-  }
+  self->request(self->state.router, std::chrono::seconds(10), registry_atom::value)
+      .then(
+          [self, done](std::vector<router_instance>& reg) mutable {
+            struct gather {
+              std::vector<instance_info> out;
+              size_t left = 0;
+            };
+            auto g = std::make_shared<gather>();
+            g->left = reg.size();
+            for (const auto& r : reg)
+              g->out.push_back(
+                  {"instance-" + std::to_string(r.id), r.id, r.node, r.role, r.state, {}});
+            if (reg.empty()) return done(std::move(g->out), caf::error{});
+            for (size_t i = 0; i < reg.size(); ++i) {
+              auto finish_one = [g, done]() mutable {
+                if (--g->left == 0) done(std::move(g->out), caf::error{});
+              };
+              self->request(reg[i].actor, std::chrono::seconds(10), stats_atom::value)
+                  .then(
+                      [g, i, finish_one](instance_stats& s) mutable {
+                        g->out[i].stats = std::move(s);
+                        finish_one();
+                      },
+                      [finish_one](caf::error&) mutable { finish_one(); });
+            }
+          },
+          [done](caf::error& e) mutable { done({}, std::move(e)); });
 }
 
 admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
-                                          std::vector<named_instance> instances) {
+                                          router_actor router) {
   self->state.gateway = std::move(gateway);
-  self->state.instances = std::move(instances);
+  self->state.router = std::move(router);
   return {
       [self](instances_atom) {
         auto rp = self->make_response_promise<std::vector<instance_info>>();
@@ -139,14 +140,28 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      [self](migrate_atom, uint64_t id, uint64_t instance) {
+        auto rp = self->make_response_promise<uint64_t>();
+        self->request(self->state.gateway, std::chrono::seconds(60), migrate_atom::value, id,
+                      instance)
+            .then([rp](uint64_t to) mutable { rp.deliver(to); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self](drain_instance_atom, uint64_t instance) {
+        auto rp = self->make_response_promise<uint64_t>();
+        self->request(self->state.router, caf::infinite, drain_instance_atom::value, instance)
+            .then([rp](uint64_t i) mutable { rp.deliver(i); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
   };
 }
 
 }  // namespace
 
-admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
-                        std::vector<named_instance> instances) {
-  return sys.spawn(admin_behavior, std::move(gateway), std::move(instances));
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router) {
+  return sys.spawn(admin_behavior, std::move(gateway), std::move(router));
 }
 
 namespace {

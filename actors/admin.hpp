@@ -11,13 +11,7 @@
 
 namespace troupe {
 
-struct named_instance {
-  std::string name;
-  instance_actor actor;
-};
-
-admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway,
-                        std::vector<named_instance> instances);
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router);
 
 // Lists the request metrics' families before the first request finishes.
 void declare_request_metrics(metrics_registry& m);

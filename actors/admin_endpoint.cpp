@@ -35,6 +35,14 @@ json to_json(const pool_stats& k) {
 json to_json(const instance_info& i) {
   const auto& s = i.stats;
   return {{"name", i.name},
+          {"id", i.id},
+          {"node", i.node},
+          {"role", i.role},
+          {"state", i.state},
+          {"used_pages", s.kv.used()},
+          {"queued_prefill_tokens", s.queued_prefill_tokens},
+          {"exported", s.exported},
+          {"imported", s.imported},
           {"waiting", s.waiting},
           {"running", s.running},
           {"swapped", s.swapped},
@@ -67,7 +75,12 @@ json to_json(const request_trace& t) {
           {"queue_ms", t.queue_ms},
           {"ttft_ms", t.ttft_ms},
           {"tpot_ms", t.tpot_ms},
-          {"total_ms", t.total_ms}};
+          {"total_ms", t.total_ms},
+          {"instances", t.instances},
+          {"placement", t.placement},
+          {"migrations", t.migrations},
+          {"migrated_bytes", t.migrated_bytes},
+          {"recoveries", t.recoveries}};
 }
 
 json failure(const std::string& code, const std::string& message) {
@@ -143,14 +156,20 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
                                           "' needs the control secret; this one is "
                                           "read-only"));
   }
-  uint64_t id = 0;
-  if (command == "trace" || command == "cancel") {
-    const auto it = req.find("id");
-    if (it == req.end() || !it->is_number_unsigned())
-      return reply(self, peer,
-                   failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
-    id = it->get<uint64_t>();
-  }
+  auto number = [&](const char* key, uint64_t& out) {
+    const auto it = req.find(key);
+    if (it == req.end() || !it->is_number_unsigned()) return false;
+    out = it->get<uint64_t>();
+    return true;
+  };
+  uint64_t id = 0, instance = 0;
+  if ((command == "trace" || command == "cancel" || command == "migrate") && !number("id", id))
+    return reply(self, peer,
+                 failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
+  if ((command == "migrate" || command == "drain") && !number("instance", instance))
+    return reply(
+        self, peer,
+        failure("bad_request", command + " needs \"instance\": an instance id (unsigned)"));
   if (command == "kv")
     return call<pool_stats>(
         self, peer, [](pool_stats& k) { return to_json(k); }, kv_atom::value);
@@ -184,9 +203,24 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"request_id", id}, {"cancelled", n}};
         },
         cancel_atom::value, id);
-  reply(self, peer,
-        failure("unknown_command",
-                "unknown command '" + command + "' (instances, requests, trace, kv, cancel)"));
+  if (command == "migrate")
+    return call<uint64_t>(
+        self, peer,
+        [id](uint64_t to) {
+          return json{{"request_id", id}, {"instance", to}};
+        },
+        migrate_atom::value, id, instance);
+  if (command == "drain")
+    return call<uint64_t>(
+        self, peer,
+        [](uint64_t i) {
+          return json{{"instance", i}, {"drained", true}};
+        },
+        drain_instance_atom::value, instance);
+  reply(
+      self, peer,
+      failure("unknown_command", "unknown command '" + command +
+                                     "' (instances, requests, trace, kv, cancel, migrate, drain)"));
 }
 
 void poll_once(self_ptr self) {

@@ -374,6 +374,22 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
           }
         return n;
       },
+      [self](migrate_atom, uint64_t id, uint64_t instance) -> caf::result<uint64_t> {
+        std::vector<request_actor> found;
+        for (const auto& [key, req] : self->state.inflight)
+          if (key.second == id) found.push_back(req);
+        if (found.size() != 1)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 found.empty()
+                                     ? "no request with id " + std::to_string(id) + " is in flight"
+                                     : std::to_string(found.size()) +
+                                           " requests in flight have id " + std::to_string(id));
+        auto rp = self->make_response_promise<uint64_t>();
+        self->request(found[0], std::chrono::seconds(60), migrate_atom::value, instance)
+            .then([rp](uint64_t to) mutable { rp.deliver(to); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
       [self](admin_port_atom, uint32_t port) {
         self->state.admin_port = port;
         return port;

@@ -615,6 +615,8 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         for (const auto& [key, s] : st.seqs) {
           ++(s.running ? out.running : out.waiting);
           out.swapped += s.swapped ? 1 : 0;
+          const int64_t left = int64_t(s.tokens.size()) - s.computed;
+          if (left > 1) out.queued_prefill_tokens += left;
         }
         out.kv = st.pool->stats();
         out.kv_check = st.pool->check_invariants();

@@ -50,6 +50,11 @@ struct request_state {
   bool stream = true;
   bool accepted = false;       // the instance holds the sequence
   bool enqueued_sent = false;  // the enqueue is on its way or answered
+  bool announced = false;      // Accepted went out (once, whatever moves follow)
+  bool migrating = false;      // an export/import is under way
+  int placements_failed = 0;   // in a row, while recovering
+  instance_actor instance;     // where the sequence runs now
+  uint64_t instance_id = 0;
   bool done = false;
   std::unique_ptr<incremental_decoder> detok;
   std::unique_ptr<stop_matcher> stops;
@@ -204,7 +209,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   // never see the reply, so the abort goes out regardless.  It reaches the
   // instance after the enqueue (messages between two actors keep their
   // order), and an abort of an id the instance does not hold is ignored.
-  if (abort && st.enqueued_sent) self->send(st.ctx->instance, abort_atom::value, st.seq.id);
+  if (abort && st.enqueued_sent) self->send(st.instance, abort_atom::value, st.seq.id);
   if (!st.stops->stopped() && flush_text(st, chunk) && reason != wire::ERROR) reason = wire::STOP;
   if (st.stream) {
     send_chunk(self, chunk);
@@ -237,6 +242,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   f->set_preemptions(tr.preemptions);
   f->set_stop_matched(tr.stop_matched);
   f->set_error(error);
+  for (uint64_t i : tr.instances) f->add_instances(i);
   tr.finish = wire::FinishReason_Name(reason);
   for (auto& c : tr.finish) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   send_frame(self, m, true);
@@ -304,6 +310,157 @@ void on_tokens(self_ptr self, const token_batch& b) {
   }
 }
 
+// The sequence as an instance should take it now: after a move or a loss
+// it resumes after the tokens streamed so far.
+sequence_request current_sequence(const request_state& st) {
+  sequence_request seq = st.seq;
+  seq.generated = st.generated;
+  return seq;
+}
+
+// From now on the sequence runs on `p` (monitored; the trace says where).
+void attach(self_ptr self, const placement_reply& p) {
+  auto& st = self->state;
+  if (st.instance) self->demonitor(st.instance.address());
+  st.instance = p.actor;
+  st.instance_id = p.instance;
+  self->monitor(st.instance);
+  st.trace.instances.push_back(p.instance);
+  if (st.trace.placement.empty()) st.trace.placement = p.why;
+}
+
+void place_and_enqueue(self_ptr self);
+
+// Enqueues the sequence on the instance it is attached to.
+void enqueue(self_ptr self) {
+  auto& st = self->state;
+  st.enqueued_sent = true;
+  auto on = st.instance;
+  self->request(on, caf::infinite, enqueue_atom::value, current_sequence(st))
+      .then(
+          [self, on](int32_t ahead) {
+            auto& st = self->state;
+            if (st.done) {  // cancelled while the enqueue was on its way
+              self->send(on, abort_atom::value, st.seq.id);
+              return;
+            }
+            st.accepted = true;
+            st.placements_failed = 0;
+            if (st.announced) return;  // a resumed sequence: the client knows it
+            st.enqueued = clock_type::now();
+            if (ahead >= st.ctx->max_queue) {
+              self->send(on, abort_atom::value, st.seq.id);
+              st.accepted = false;
+              return reject(self, wire::OVERLOADED,
+                            "overloaded: " + std::to_string(ahead) +
+                                " requests are waiting (limit " +
+                                std::to_string(st.ctx->max_queue) + "); try again later");
+            }
+            st.announced = true;
+            wire::ServerMessage m;
+            m.mutable_accepted()->set_request_id(st.gen.request_id());
+            m.mutable_accepted()->set_prompt_tokens(static_cast<uint32_t>(st.seq.prompt.size()));
+            send_frame(self, m, false);
+          },
+          [self](caf::error& e) {
+            auto& st = self->state;
+            if (st.done) return;
+            if (!st.announced)
+              return reject(self, wire::INVALID_ARGUMENT,
+                            "the engine refused the request: " + self->system().render(e));
+            // Resuming on an instance that died meanwhile: place again.
+            ++st.placements_failed;
+            place_and_enqueue(self);
+          });
+}
+
+// Asks the router where the sequence goes, then enqueues it there.  While
+// recovering, a failed placement is retried for a while (the router may
+// not have heard of the loss yet); with no instance left, the request ends
+// with UNAVAILABLE.
+void place_and_enqueue(self_ptr self) {
+  auto& st = self->state;
+  if (st.placements_failed > 40)
+    return reject(self, wire::UNAVAILABLE, "no instance is serving: the request cannot go on");
+  const auto n = static_cast<int32_t>(st.seq.prompt.size() + st.generated.size());
+  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n,
+                std::vector<uint64_t>{})
+      .then(
+          [self](placement_reply& p) {
+            if (self->state.done) return;
+            attach(self, p);
+            enqueue(self);
+          },
+          [self](caf::error& e) {
+            auto& st = self->state;
+            if (st.done) return;
+            if (!st.announced)
+              return reject(self, wire::UNAVAILABLE,
+                            "no instance can take the request: " + self->system().render(e));
+            ++st.placements_failed;
+            self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
+          });
+}
+
+// Live migration (issue 10): export from where it runs, import at
+// `target`, re-point.  Token batches the source sent before the export's
+// reply are handled before it (message order), so the import resumes
+// exactly after the last token streamed: none lost, none repeated.
+caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
+  auto& st = self->state;
+  auto fail = [](const std::string& why) {
+    return caf::make_error(caf::sec::invalid_argument, why);
+  };
+  if (st.done) return fail("the request has finished");
+  if (!st.accepted) return fail("the request is not running yet; try again");
+  if (st.migrating) return fail("the request is moving already");
+  if (target == st.instance_id) return target;
+  st.migrating = true;
+  auto rp = self->make_response_promise<uint64_t>();
+  self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
+      .then(
+          [self, rp, target](placement_reply& to) mutable {
+            auto& st = self->state;
+            const auto from = st.instance;
+            self->request(from, caf::infinite, export_atom::value, st.seq.id)
+                .then(
+                    [self, rp, to, target](std::vector<uint8_t>& blob) mutable {
+                      auto& st = self->state;
+                      if (st.done) {
+                        rp.deliver(caf::make_error(caf::sec::invalid_argument,
+                                                   "the request finished meanwhile"));
+                        return;
+                      }
+                      attach(self, to);
+                      ++st.trace.migrations;
+                      st.trace.migrated_bytes += blob.size();
+                      st.enqueued_sent = true;
+                      self->request(to.actor, caf::infinite, import_atom::value,
+                                    current_sequence(st), std::move(blob))
+                          .then(
+                              [self, rp, target](int32_t) mutable {
+                                self->state.migrating = false;
+                                rp.deliver(target);
+                              },
+                              [self, rp](caf::error& e) mutable {
+                                // The blob did not fit there: recompute instead.
+                                self->state.migrating = false;
+                                enqueue(self);
+                                rp.deliver(std::move(e));
+                              });
+                    },
+                    [self, rp](caf::error& e) mutable {
+                      self->state.migrating = false;
+                      rp.deliver(std::move(e));
+                    });
+          },
+          [self, rp](caf::error& e) mutable {
+            self->state.migrating = false;
+            rp.deliver(std::move(e));
+          });
+  return rp;
+}
+
 request_actor::behavior_type request_behavior(self_ptr self,
                                               std::shared_ptr<const serve_context> ctx,
                                               gateway_actor gateway, std::string client,
@@ -330,48 +487,31 @@ request_actor::behavior_type request_behavior(self_ptr self,
   st.trace.prompt_tokens = static_cast<int32_t>(st.seq.prompt.size());
   if (bad) {
     reject(self, bad->code, bad->message);
-    return {[](tokens_atom, const token_batch&) {}, [](preempted_atom, uint64_t, bool) {},
-            [](cancel_atom) {}, [](cancel_atom, const std::string&) {}, [](deadline_atom) {}};
+    return {[](tokens_atom, const token_batch&) {},
+            [](preempted_atom, uint64_t, bool) {},
+            [](cancel_atom) {},
+            [](cancel_atom, const std::string&) {},
+            [](deadline_atom) {},
+            [](migrate_atom, uint64_t) -> caf::result<uint64_t> {
+              return caf::make_error(caf::sec::invalid_argument, "the request was refused");
+            },
+            [](retry_atom) {}};
   }
   st.seq.sink = caf::actor_cast<token_sink_actor>(self);
-  self->monitor(st.ctx->instance);
-  self->set_down_handler([self](const caf::down_msg&) {
-    if (self->state.done) return;
-    self->state.accepted = false;
-    wire::TokenChunk chunk;
-    finish(self, chunk, wire::ERROR, false, "the instance serving this request went down");
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& st = self->state;
+    if (st.done || dm.source != st.instance.address()) return;
+    // Recovery (DESIGN.md §3 "Failure"): the request holds its prompt and
+    // every token streamed; it is placed again and recomputes from there.
+    // The client sees a delay, not an error, while any instance lives.
+    ++st.trace.recoveries;
+    st.accepted = false;
+    st.enqueued_sent = false;
+    place_and_enqueue(self);
   });
   if (st.gen.deadline_ms() > 0)
     self->delayed_send(self, std::chrono::milliseconds(st.gen.deadline_ms()), deadline_atom::value);
-  st.enqueued_sent = true;
-  self->request(st.ctx->instance, caf::infinite, enqueue_atom::value, st.seq)
-      .then(
-          [self](int32_t ahead) {
-            auto& st = self->state;
-            if (st.done) {  // cancelled while the enqueue was on its way
-              self->send(st.ctx->instance, abort_atom::value, st.seq.id);
-              return;
-            }
-            st.accepted = true;
-            st.enqueued = clock_type::now();
-            if (ahead >= st.ctx->max_queue) {
-              self->send(st.ctx->instance, abort_atom::value, st.seq.id);
-              st.accepted = false;
-              return reject(self, wire::OVERLOADED,
-                            "overloaded: " + std::to_string(ahead) +
-                                " requests are waiting (limit " +
-                                std::to_string(st.ctx->max_queue) + "); try again later");
-            }
-            wire::ServerMessage m;
-            m.mutable_accepted()->set_request_id(st.gen.request_id());
-            m.mutable_accepted()->set_prompt_tokens(static_cast<uint32_t>(st.seq.prompt.size()));
-            send_frame(self, m, false);
-          },
-          [self](caf::error& e) {
-            if (self->state.done) return;
-            reject(self, wire::INVALID_ARGUMENT,
-                   "the engine refused the request: " + self->system().render(e));
-          });
+  place_and_enqueue(self);
   return {
       [self](tokens_atom, const token_batch& b) { on_tokens(self, b); },
       [self](preempted_atom, uint64_t, bool) { ++self->state.trace.preemptions; },
@@ -389,6 +529,12 @@ request_actor::behavior_type request_behavior(self_ptr self,
         if (self->state.done) return;
         wire::TokenChunk chunk;
         finish(self, chunk, wire::TIMEOUT, true);
+      },
+      [self](migrate_atom, uint64_t target) -> caf::result<uint64_t> {
+        return migrate(self, target);
+      },
+      [self](retry_atom) {
+        if (!self->state.done) place_and_enqueue(self);
       },
   };
 }

@@ -12,6 +12,7 @@
 
 #include "messages/client.pb.h"
 #include "messages/gateway.hpp"
+#include "messages/router.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/tokenizer.hpp"
 
@@ -19,7 +20,7 @@ namespace troupe {
 
 // What every request of one service shares (read-only).
 struct serve_context {
-  instance_actor instance;
+  router_actor router;  // places each request on an instance
   std::shared_ptr<const tokenizer> tok;
   std::string model_name;
   std::string chat_template;  // Jinja source from the model; empty: no chat

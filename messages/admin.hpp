@@ -8,22 +8,28 @@
 #include <vector>
 
 #include "messages/gateway.hpp"
+#include "messages/router.hpp"
 
 namespace troupe {
 
 // One engine replica and its counters.
 struct instance_info {
   std::string name;
+  uint64_t id = 0;
+  std::string node;
+  std::string role;
+  std::string state;  // serving, draining, down
   instance_stats stats;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
-  return f(caf::meta::type_name("instance_info"), x.name, x.stats);
+  return f(caf::meta::type_name("instance_info"), x.name, x.id, x.node, x.role, x.state, x.stats);
 }
 
 using instances_atom = caf::atom_constant<caf::atom("instances")>;
 using kv_atom = caf::atom_constant<caf::atom("kv")>;
+// migrate_atom: messages/gateway.hpp; drain_instance_atom: messages/router.hpp
 // trace_atom, cancel_atom, requests_atom, inflight_request: messages/gateway.hpp
 
 // instances: every instance with its stats.
@@ -34,11 +40,17 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 // kv:        the KV pages of all instances together.
 // cancel:    cancels the in-flight requests with this request id (of any
 //            client); replies with how many there were.
+// migrate:   (request id, instance id) moves that in-flight request there;
+//            replies with the instance once the request runs there.
+// draininst: (instance id) no new placements on it; replies once it holds
+//            no sequence.
 using admin_actor =
     caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
                      caf::replies_to<trace_atom, uint64_t>::with<request_trace>,
                      caf::replies_to<kv_atom>::with<pool_stats>,
-                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>>;
+                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
+                     caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
+                     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>>;
 
 }  // namespace troupe

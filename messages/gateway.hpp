@@ -25,17 +25,23 @@ struct request_trace {
   int32_t preemptions = 0;
   int32_t priority = 0;
   seq_class cls = seq_class::online;
-  double queue_ms = 0;  // arrival until the instance took the sequence
-  double ttft_ms = 0;   // arrival until the first token
-  double tpot_ms = 0;   // mean time per output token after the first
-  double total_ms = 0;  // arrival until finish
+  double queue_ms = 0;              // arrival until the instance took the sequence
+  double ttft_ms = 0;               // arrival until the first token
+  double tpot_ms = 0;               // mean time per output token after the first
+  double total_ms = 0;              // arrival until finish
+  std::vector<uint64_t> instances;  // the instances that served it, in order
+  std::string placement;            // why the first one (the router's policy)
+  int32_t migrations = 0;
+  uint64_t migrated_bytes = 0;  // KV blob bytes moved
+  int32_t recoveries = 0;       // times its instance was lost and it was placed again
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
   return f(caf::meta::type_name("request_trace"), x.request_id, x.client, x.finish, x.stop_matched,
            x.error, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.preemptions,
-           x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms);
+           x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms, x.instances,
+           x.placement, x.migrations, x.migrated_bytes, x.recoveries);
 }
 
 // A request in flight, as the gateway sees it (admin).
@@ -59,6 +65,8 @@ using poll_atom = caf::atom_constant<caf::atom("poll")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 using admin_port_atom = caf::atom_constant<caf::atom("adminport")>;
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
 
 // reply:  (client identity, request id, frame, last) a frame for the
 //         client; `last` ends the request (Finished, or an Error for it).
@@ -70,6 +78,9 @@ using admin_port_atom = caf::atom_constant<caf::atom("adminport")>;
 // requests: the requests in flight (admin).
 // cancel: (request id) cancels the in-flight requests with this id, of any
 //         client (admin); replies with how many.
+// migrate: (request id, instance id) moves the in-flight request with this
+//         id (of any client; an error when none or several) to that
+//         instance; replies with the instance once it runs there.
 // adminport: (port) the admin actor's TCP port, told to clients in Pong
 //         (0: none); published after the gateway exists, so set later.
 //         Replies with the port, once set.
@@ -80,15 +91,21 @@ using gateway_actor =
                      caf::replies_to<drain_atom, bool>::with<int32_t>, caf::reacts_to<poll_atom>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
                      caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
-                     caf::replies_to<admin_port_atom, uint32_t>::with<uint32_t>>;
+                     caf::replies_to<admin_port_atom, uint32_t>::with<uint32_t>,
+                     caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>>;
 
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:
 // the sequence is aborted in the instance, then Finished goes out.
 // cancel with a reason: the server ended it (a slow reader); the reason
 // goes to the client in Finished.error.
+// migrate: (instance id) move the sequence there (export, import,
+// re-point); replies with the instance.  retry: its own timer while it
+// looks for an instance after a loss.
 using request_actor =
     token_sink_actor::extend<caf::reacts_to<cancel_atom>, caf::reacts_to<cancel_atom, std::string>,
-                             caf::reacts_to<deadline_atom>>;
+                             caf::reacts_to<deadline_atom>,
+                             caf::replies_to<migrate_atom, uint64_t>::with<uint64_t>,
+                             caf::reacts_to<retry_atom>>;
 
 }  // namespace troupe

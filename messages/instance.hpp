@@ -85,7 +85,8 @@ enum class preempt_mode : uint8_t { recompute, swap };
 struct instance_stats {
   int32_t waiting = 0;
   int32_t running = 0;
-  int32_t swapped = 0;  // waiting with their KV in the host tier
+  int32_t swapped = 0;                // waiting with their KV in the host tier
+  int64_t queued_prefill_tokens = 0;  // tokens of waiting and prefilling sequences not computed yet
   uint64_t steps = 0;
   uint64_t decode_tokens = 0;   // rows computed as decode
   uint64_t prefill_tokens = 0;  // rows computed as prefill (prompt, recompute)
@@ -129,10 +130,10 @@ typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
-  return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped, x.steps,
-           x.decode_tokens, x.prefill_tokens, x.cached_tokens, x.admitted, x.finished, x.aborted,
-           x.preempted_recompute, x.preempted_swap, x.exported, x.imported, x.swap_bytes, x.kv,
-           x.kv_check, x.step_ms);
+  return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped,
+           x.queued_prefill_tokens, x.steps, x.decode_tokens, x.prefill_tokens, x.cached_tokens,
+           x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
+           x.imported, x.swap_bytes, x.kv, x.kv_check, x.step_ms);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;

@@ -209,9 +209,9 @@ TEST_F(AdminMetrics, MetricsNameWhatTheyShouldAndMove) {
   EXPECT_EQ(sample(text, "troupe_requests_total{finish=\"length\"}"), length_before + 1);
   EXPECT_EQ(sample(text, "troupe_generation_tokens_total"), gen_before + 8);
   EXPECT_GE(sample(text, "troupe_time_to_first_token_seconds_count"), 1);
-  EXPECT_EQ(sample(text, "troupe_kv_pages_used{instance=\"instance-0\"}"), 0);
+  EXPECT_EQ(sample(text, "troupe_kv_pages_used{instance=\"instance-1\"}"), 0);
   EXPECT_EQ(sample(text, "troupe_requests_in_flight"), 0);
-  EXPECT_GT(sample(text, "troupe_steps_total{instance=\"instance-0\"}"), 0);
+  EXPECT_GT(sample(text, "troupe_steps_total{instance=\"instance-1\"}"), 0);
   EXPECT_NE(http_get(server_->metrics_port(), "/nothing").find("404"), std::string::npos);
 }
 

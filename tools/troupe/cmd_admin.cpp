@@ -56,6 +56,7 @@ struct admin_flags {
   std::string secret_file;  // empty: $TROUPE_ADMIN_SECRET, else the run folder's
   std::string action;
   uint64_t id = 0;
+  uint64_t instance = 0;
   int timeout_ms = 10000;
   const std::string* server = nullptr;
   const bool* json = nullptr;
@@ -168,7 +169,8 @@ int run_admin(const admin_flags& f) {
     return 1;
   }
   nlohmann::json req = {{"command", f.action}, {"secret", find_secret(f, at->port)}};
-  if (f.action == "trace" || f.action == "cancel") req["id"] = f.id;
+  if (f.action == "trace" || f.action == "cancel" || f.action == "migrate") req["id"] = f.id;
+  if (f.action == "migrate" || f.action == "drain") req["instance"] = f.instance;
 
   zmq::context_t ctx(1);
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
@@ -229,10 +231,12 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
                   "give up after this long (the ping, then each admin call)")
       ->default_val(10000)
       ->check(CLI::Range(1, 1 << 30));
-  auto action = [&](const char* name, const char* help, bool with_id) {
+  auto action = [&](const char* name, const char* help, bool with_id, bool with_instance = false) {
     auto* sub = cmd->add_subcommand(name, help);
     sub->fallthrough();
     if (with_id) sub->add_option("id", f->id, "the client's request id")->required();
+    if (with_instance)
+      sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
     sub->callback([f, name] {
       f->action = name;
       int rc = run_admin(*f);
@@ -244,6 +248,8 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("requests", "the requests in flight", false);
   action("trace", "one request's trace (the newest with this id)", true);
   action("cancel", "cancel the in-flight requests with this id", true);
+  action("migrate", "move an in-flight request to another instance (KV and all)", true, true);
+  action("drain", "stop placing on an instance; returns once it holds no request", false, true);
   return cmd;
 }
 

@@ -99,7 +99,9 @@ int run_client(const client_flags& f) {
         j["chunks"] = r.deltas.size();
         j["usage"] = {{"prompt_tokens", r.finished.prompt_tokens()},
                       {"completion_tokens", r.finished.completion_tokens()},
-                      {"cached_tokens", r.finished.cached_tokens()}};
+                      {"cached_tokens", r.finished.cached_tokens()},
+                      {"instances", std::vector<uint64_t>(r.finished.instances().begin(),
+                                                          r.finished.instances().end())}};
         j["timing"] = {{"queue_ms", r.finished.queue_ms()},
                        {"ttft_ms", r.finished.ttft_ms()},
                        {"tpot_ms", r.finished.tpot_ms()}};

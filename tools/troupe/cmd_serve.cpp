@@ -24,6 +24,7 @@
 #include "actors/device.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
+#include "actors/router.hpp"
 #include "runtime/secret.hpp"
 #include "runtime/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
@@ -49,6 +50,9 @@ struct serve_settings {
   int poll_ms = 2;
   int trace_history = 1024;
   int client_backlog = 10000;
+  int local_instances = 1;
+  std::string router = "least-load";
+  double ttft_target_ms = 1000;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
   std::string admin_host = "127.0.0.1";
@@ -174,6 +178,14 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("service", "grace_s", "seconds in-flight requests get to finish at shutdown",
       real_key(s.grace_s, 0, 3600));
   add("service", "poll_ms", "gateway socket poll timeout", int_key(s.poll_ms, 0, 1000));
+  add("service", "local_instances",
+      "engine instances in this process, each with its own device and KV arena of --kv-mb",
+      int_key(s.local_instances, 1, 64));
+  add("service", "router",
+      "placement policy: round-robin, least-load (4 x waiting + running), prefix, slo",
+      string_key(s.router, {"round-robin", "least-load", "prefix", "slo"}));
+  add("service", "ttft_target_ms", "the slo policy's TTFT target",
+      real_key(s.ttft_target_ms, 1, 1e7));
   add("service", "client_backlog",
       "frames queued for one client before it counts as a slow reader and its requests are "
       "cancelled",
@@ -294,17 +306,34 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   actor_env env;
   auto eo = to_engine_options(s.engine);
   eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
-  auto dev = spawn_device(*env.sys, model, eo);
-  const auto info = query_info(*env.sys, dev);
   instance_options io;
   io.limits = lim;
   io.preemption = s.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
   io.eog_tokens = tok->end_of_generation_ids();
   io.prefix_caching = s.prefix_caching;
-  auto inst = spawn_instance(*env.sys, dev, io);
+  // Each instance owns a device actor (its queue, its KV arena).
+  std::vector<device_actor> devs;
+  std::vector<router_instance> registry;
+  device_info info;
+  for (int i = 0; i < s.local_instances; ++i) {
+    devs.push_back(spawn_device(*env.sys, model, eo));
+    info = query_info(*env.sys, devs.back());
+    router_instance ri;
+    ri.id = static_cast<uint64_t>(i + 1);
+    ri.actor = spawn_instance(*env.sys, devs.back(), io);
+    registry.push_back(std::move(ri));
+  }
+  router_options ro;
+  ro.policy = *parse_placement_policy(s.router);
+  ro.ttft_target_ms = s.ttft_target_ms;
+  auto router = spawn_router(*env.sys, registry, ro);
+  // Everything spawned here, told to stop at the end (or when start fails).
+  std::vector<caf::actor> owned = {caf::actor_cast<caf::actor>(router)};
+  for (const auto& r : registry) owned.push_back(caf::actor_cast<caf::actor>(r.actor));
+  for (const auto& d : devs) owned.push_back(caf::actor_cast<caf::actor>(d));
 
   auto ctx = std::make_shared<serve_context>();
-  ctx->instance = inst;
+  ctx->router = router;
   ctx->tok = tok;
   ctx->model_name = s.engine.model;
   ctx->chat_template = model->vocab().chat_template;
@@ -328,7 +357,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   // told to stop before the error leaves (the actor system waits for them).
   // The gateway learns the admin port before the ready line, so every Pong
   // a client can get names it.
-  auto admin = spawn_admin(*env.sys, gw.actor, {{"instance-0", inst}});
+  auto admin = spawn_admin(*env.sys, gw.actor, router);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;
@@ -369,9 +398,10 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       metrics_http =
           std::make_unique<metrics_server>(*env.sys, admin, metrics, s.admin_host, s.metrics_port);
   } catch (...) {
-    for (const auto& a : {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor),
-                          caf::actor_cast<caf::actor>(inst), caf::actor_cast<caf::actor>(dev)})
+    for (const auto& a :
+         {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor)})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     if (admin_ep) caf::anon_send_exit(admin_ep->actor, caf::exit_reason::user_shutdown);
     for (const auto& f : secret_files) std::remove(f.c_str());
     throw;
@@ -421,8 +451,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   for (const auto& f : secret_files) std::remove(f.c_str());
   self->send_exit(admin, caf::exit_reason::user_shutdown);
   self->send_exit(gw.actor, caf::exit_reason::user_shutdown);
-  self->send_exit(inst, caf::exit_reason::user_shutdown);
-  self->send_exit(dev, caf::exit_reason::user_shutdown);
+  for (const auto& a : owned) self->send_exit(a, caf::exit_reason::user_shutdown);
   std::fprintf(stderr, "troupe serve: stopped\n");
   return 0;
 }

@@ -1,0 +1,149 @@
+#include "actors/router.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+namespace troupe {
+
+namespace {
+
+struct drain_wait {
+  uint64_t instance;
+  caf::typed_response_promise<uint64_t> promise;
+};
+
+struct router_state {
+  router_state() = default;
+  router_options opts;
+  std::vector<router_instance> instances;
+  std::map<uint64_t, instance_stats> last;  // by instance id
+  std::vector<drain_wait> drains;
+  placement_cursor cursor;
+  prefill_model model;
+  static inline const char* name = "router";
+};
+
+using self_ptr = router_actor::stateful_pointer<router_state>;
+
+router_instance* find(router_state& st, uint64_t id) {
+  for (auto& i : st.instances)
+    if (i.id == id) return &i;
+  return nullptr;
+}
+
+std::vector<instance_snapshot> snapshots(const router_state& st) {
+  std::vector<instance_snapshot> out;
+  for (const auto& i : st.instances) {
+    instance_snapshot s;
+    s.instance = i.id;
+    s.serving = i.state == "serving";
+    if (auto it = st.last.find(i.id); it != st.last.end()) {
+      s.waiting = it->second.waiting;
+      s.running = it->second.running;
+      s.queued_prefill_tokens = it->second.queued_prefill_tokens;
+      s.free_pages = it->second.kv.free + it->second.kv.reusable;
+      s.total_pages = it->second.kv.total;
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void settle_drains(self_ptr self) {
+  auto& st = self->state;
+  for (auto it = st.drains.begin(); it != st.drains.end();) {
+    auto s = st.last.find(it->instance);
+    const auto* inst = find(st, it->instance);
+    const bool empty = !inst || inst->state == "down" ||
+                       (s != st.last.end() && s->second.running + s->second.waiting == 0);
+    if (empty) {
+      it->promise.deliver(it->instance);
+      it = st.drains.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void poll(self_ptr self) {
+  for (const auto& i : self->state.instances) {
+    if (i.state == "down") continue;
+    const uint64_t id = i.id;
+    self->request(i.actor, std::chrono::seconds(5), stats_atom::value)
+        .then(
+            [self, id](instance_stats& s) {
+              auto& st = self->state;
+              st.last[id] = std::move(s);
+              settle_drains(self);
+            },
+            [](caf::error&) {});
+  }
+}
+
+}  // namespace
+
+router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,
+                          router_options opts) {
+  return sys.spawn([instances = std::move(instances),
+                    opts](self_ptr self) mutable -> router_actor::behavior_type {
+    auto& st = self->state;
+    st.opts = opts;
+    st.instances = std::move(instances);
+    for (const auto& i : st.instances) self->monitor(i.actor);
+    self->set_down_handler([self](const caf::down_msg& dm) {
+      for (auto& i : self->state.instances)
+        if (i.actor.address() == dm.source && i.state != "down") {
+          spdlog::warn("router: instance {} on {} is down: {}", i.id, i.node,
+                       self->system().render(dm.reason));
+          i.state = "down";
+        }
+      settle_drains(self);
+    });
+    self->send(self, tick_atom::value);
+    return {
+        [self](tick_atom) {
+          poll(self);
+          self->delayed_send(self, self->state.opts.poll, tick_atom::value);
+        },
+        [self](place_atom, int32_t prompt_tokens,
+               std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
+          auto& st = self->state;
+          placement_request req{prompt_tokens, std::move(hashes)};
+          auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
+                         st.opts.ttft_target_ms);
+          if (p.instance == 0)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "no instance is serving (" + p.why + ")");
+          // Count the placement now, so a burst does not all go to the
+          // instance the last snapshot showed idle.
+          ++st.last[p.instance].waiting;
+          st.last[p.instance].queued_prefill_tokens += prompt_tokens;
+          return placement_reply{p.instance, find(st, p.instance)->actor, p.why};
+        },
+        [self](lookup_atom, uint64_t id) -> caf::result<placement_reply> {
+          auto* i = find(self->state, id);
+          if (!i)
+            return caf::make_error(caf::sec::invalid_argument, "no instance " + std::to_string(id));
+          if (i->state != "serving")
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "instance " + std::to_string(id) + " is " + i->state);
+          return placement_reply{i->id, i->actor, "asked for"};
+        },
+        [self](registry_atom) { return self->state.instances; },
+        [self](drain_instance_atom, uint64_t id) -> caf::result<uint64_t> {
+          auto& st = self->state;
+          auto* i = find(st, id);
+          if (!i)
+            return caf::make_error(caf::sec::invalid_argument, "no instance " + std::to_string(id));
+          if (i->state == "serving") i->state = "draining";
+          auto rp = self->make_response_promise<uint64_t>();
+          st.drains.push_back({id, rp});
+          poll(self);
+          return rp;
+        },
+    };
+  });
+}
+
+}  // namespace troupe

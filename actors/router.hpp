@@ -1,0 +1,23 @@
+#pragma once
+// The router actor (DESIGN.md §2-3, issue 10): one per service.  It keeps
+// the registry of instances, refreshes their load snapshots (instance
+// stats) every `poll`, places each request with runtime/placement, marks
+// an instance down when it dies (it monitors them) and drains on request.
+#include <chrono>
+#include <vector>
+
+#include "messages/router.hpp"
+#include "runtime/placement.hpp"
+
+namespace troupe {
+
+struct router_options {
+  placement_policy policy = placement_policy::least_load;
+  double ttft_target_ms = 1000;  // for the slo policy
+  std::chrono::milliseconds poll{100};
+};
+
+router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,
+                          router_options opts);
+
+}  // namespace troupe

@@ -1,0 +1,61 @@
+#pragma once
+// The router protocol (DESIGN.md §2 "router", issue 10): the registry of a
+// service's instances, where each request goes (runtime/placement), and
+// the instances' states.  Request actors ask it for a placement; admin for
+// the registry; drain takes an instance out of placement.
+#include <caf/all.hpp>
+#include <string>
+#include <vector>
+
+#include "messages/instance.hpp"
+
+namespace troupe {
+
+// One instance as the router knows it.
+struct router_instance {
+  uint64_t id = 0;
+  std::string node = "local";  // where it runs
+  std::string role = "mixed";
+  std::string state = "serving";  // serving, draining, down
+  instance_actor actor;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, router_instance& x) {
+  return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor);
+}
+
+// Where a request goes, and why (for its trace).
+struct placement_reply {
+  uint64_t instance = 0;
+  instance_actor actor;
+  std::string why;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
+  return f(caf::meta::type_name("placement_reply"), x.instance, x.actor, x.why);
+}
+
+using place_atom = caf::atom_constant<caf::atom("place")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
+using registry_atom = caf::atom_constant<caf::atom("registry")>;
+using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+
+// place:    (prompt tokens, the prompt's full-page hashes) an instance for
+//           a new request, by the service's policy; an error when no
+//           instance is serving.
+// lookup:   (instance id) that instance, for a migration; an error when it
+//           is unknown or not serving.
+// registry: every instance with its node, role and state.
+// draininst: (instance id) no new placements on it; replies once it holds
+//           no sequence (its requests finish or move), with its id.
+// tick:     its own timer: refresh the instances' load snapshots.
+using router_actor = caf::typed_actor<
+    caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
+    caf::replies_to<lookup_atom, uint64_t>::with<placement_reply>,
+    caf::replies_to<registry_atom>::with<std::vector<router_instance>>,
+    caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>>;
+
+}  // namespace troupe

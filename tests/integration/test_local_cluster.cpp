@@ -1,0 +1,140 @@
+// Several engine instances in one `troupe serve` (--local-instances) behind
+// the router (issue 10, in one process): round-robin places on each;
+// a streaming request moved between instances through admin keeps its
+// tokens identical to offline greedy and the sources' pages come back;
+// drain stops placements on an instance until it holds nothing.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "process.hpp"
+#include "server_process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kPrompt = "Once upon a time, there was a little girl named Lily";
+
+std::vector<int32_t> offline_greedy(const std::string& prompt, int n) {
+  auto r = run_process(troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
+                       std::to_string(n) + " -p " + shell_quote(prompt));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return nlohmann::json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
+}
+
+wire::Generate greedy(uint64_t id, int n) {
+  wire::Generate g;
+  g.set_request_id(id);
+  g.set_text(kPrompt);
+  g.set_max_tokens(n);
+  g.set_ignore_eos(true);
+  return g;
+}
+
+TEST(LocalCluster, RoundRobinPlacesOnEveryInstanceAndMatchesOffline) {
+  server_process server("--local-instances 2 --router round-robin");
+  const auto want = offline_greedy(kPrompt, 24);
+  client::connection c(server.endpoint());
+  std::vector<wire::Generate> reqs;
+  for (uint64_t id = 1; id <= 6; ++id) reqs.push_back(greedy(id, 24));
+  std::set<uint64_t> used;
+  for (const auto& r : client::run(c, reqs, 60s)) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want) << "request " << r.request_id;
+    ASSERT_EQ(r.finished.instances_size(), 1);
+    used.insert(r.finished.instances(0));
+  }
+  EXPECT_EQ(used, (std::set<uint64_t>{1, 2}));
+  const auto inst = server.admin("instances");
+  ASSERT_EQ(inst.size(), 2u);
+  for (const auto& i : inst) {
+    for (const char* k : {"id", "node", "role", "state", "running", "waiting", "used_pages"})
+      EXPECT_TRUE(i.contains(k)) << k << " in " << i.dump();
+    EXPECT_EQ(i["state"], "serving");
+  }
+}
+
+// Five moves of one streaming request, alternating instances, while three
+// others keep the engine busy (so it streams long enough).
+TEST(LocalCluster, AStreamMovedFiveTimesKeepsItsTokens) {
+  server_process server("--local-instances 2");
+  const auto want = offline_greedy(kPrompt, 200);
+  client::connection busy(server.endpoint());
+  for (uint64_t id = 100; id < 103; ++id) busy.generate(greedy(id, 200));
+  client::connection c(server.endpoint());
+  c.generate(greedy(7, 200));
+  client::result r;
+  auto find = [&](uint64_t id) { return id == 7 ? &r : nullptr; };
+  while (r.token_ids.empty() && !r.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m);
+    client::apply(*m, find);
+  }
+  int moved = 0;
+  for (int i = 0; i < 6 && !r.done(); ++i) {
+    const std::string target = i % 2 == 0 ? "2" : "1";
+    auto res = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
+                           " admin migrate 7 " + target + " --json");
+    if (res.exit_code == 0) ++moved;
+    while (auto m = c.receive(0ms)) client::apply(*m, find);
+  }
+  while (!r.done()) {
+    auto m = c.receive(60s);
+    ASSERT_TRUE(m);
+    client::apply(*m, find);
+  }
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.token_ids, want);
+  EXPECT_GE(moved, 5);
+  const auto t = server.admin("trace 7");
+  EXPECT_GE(t["migrations"].get<int>(), 5) << t.dump();
+  EXPECT_GE(t["instances"].size(), 6u) << t.dump();
+  EXPECT_GT(t["migrated_bytes"].get<uint64_t>(), 0u);
+  for (uint64_t id = 100; id < 103; ++id) busy.cancel(id);
+  const auto inst = server.wait_engine_idle(15s);
+  for (const auto& i : inst) EXPECT_EQ(i["used_pages"], 0) << i.dump();
+}
+
+// Drain under load: it returns once instance 1 holds nothing; meanwhile
+// and after, every new request goes to instance 2; all finish.
+TEST(LocalCluster, DrainStopsPlacementsAndWaitsForTheInstance) {
+  server_process server("--local-instances 2 --router round-robin");
+  client::connection c(server.endpoint());
+  for (uint64_t id = 1; id <= 4; ++id) c.generate(greedy(id, 60));
+  auto drain = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
+                           " admin drain 1 --json");
+  EXPECT_EQ(drain.exit_code, 0) << drain.err;
+  std::vector<wire::Generate> later;
+  for (uint64_t id = 11; id <= 14; ++id) later.push_back(greedy(id, 8));
+  client::connection c2(server.endpoint());
+  for (const auto& r : client::run(c2, later, 60s)) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    ASSERT_EQ(r.finished.instances_size(), 1);
+    EXPECT_EQ(r.finished.instances(0), 2u) << "request " << r.request_id;
+  }
+  std::vector<client::result> first(4);
+  auto find = [&](uint64_t id) { return id >= 1 && id <= 4 ? &first[id - 1] : nullptr; };
+  auto all_done = [&] {
+    for (const auto& f : first)
+      if (!f.done()) return false;
+    return true;
+  };
+  while (!all_done()) {
+    auto m = c.receive(60s);
+    ASSERT_TRUE(m);
+    client::apply(*m, find);
+  }
+  for (const auto& f : first) EXPECT_EQ(f.finished.reason(), wire::LENGTH);
+  const auto inst = server.admin("instances");
+  EXPECT_EQ(inst[0]["state"], "draining");
+  EXPECT_EQ(inst[0]["used_pages"], 0);
+}
+
+}  // namespace
+}  // namespace troupe::testing
