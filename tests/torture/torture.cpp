@@ -7,7 +7,8 @@
 // offline, cancels and deadlines at random moments (right behind the
 // Generate, mid-stream), disconnects with requests in flight, and bad
 // frames (random bytes, oversized, invalid UTF-8, bad values, duplicate
-// ids).  After every round it checks:
+// ids); with two local instances behind the router, live migrations of
+// random requests through admin.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -68,7 +69,7 @@ struct options {
 struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
-           violations = 0;
+           migrations = 0, migrations_refused = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -97,7 +98,7 @@ tracked track(kind k, size_t prompt) {
 struct client_socket {
   std::unique_ptr<client::connection> conn;
   std::map<uint64_t, tracked> reqs;
-  uint64_t next_id = 1;
+  uint64_t next_id = 1;  // ids differ across sockets, so admin can name one request
 };
 
 class round_driver {
@@ -107,6 +108,7 @@ class round_driver {
 
   // One server, one round; returns the violations found (also printed).
   std::vector<std::string> run(double round_s) {
+    instances_ = chance(0.5) ? 2 : 1;
     const std::string args = pick_server_args();
     std::printf("round %llu: troupe serve %s\n", static_cast<unsigned long long>(t_.rounds),
                 args.c_str());
@@ -135,11 +137,12 @@ class round_driver {
   std::string pick_server_args() {
     const int kv_mb = one_of<int>({2, 3, 4, 8});
     const int max_seqs = one_of<int>({2, 4, 8, 16});
-    return "--kv-mb " + std::to_string(kv_mb) + " --prefix-caching " +
-           (chance(0.7) ? "true" : "false") + " --preemption " +
-           (chance(0.5) ? "swap" : "recompute") + " --max-seqs " + std::to_string(max_seqs) +
-           " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) + " --max-batch-tokens " +
-           std::to_string(one_of<int>({64, 128})) + " --max-queue " +
+    return "--local-instances " + std::to_string(instances_) + " --router " +
+           one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
+           std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
+           " --preemption " + (chance(0.5) ? "swap" : "recompute") + " --max-seqs " +
+           std::to_string(max_seqs) + " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) +
+           " --max-batch-tokens " + std::to_string(one_of<int>({64, 128})) + " --max-queue " +
            std::to_string(one_of<int>({16, 64, 256})) + " --client-backlog " +
            std::to_string(one_of<int>({64, 10000})) + " --max-frame-bytes 65536 --grace-s 5";
   }
@@ -147,7 +150,23 @@ class round_driver {
   client_socket new_socket() {
     client_socket s;
     s.conn = std::make_unique<client::connection>(endpoint_);
+    s.next_id = ++sockets_made_ * 1000000;
     return s;
+  }
+
+  // A live migration of a random request in flight, through admin (it may
+  // have ended meanwhile: then admin refuses, which is fine).
+  void migrate(client_socket& s) {
+    std::vector<uint64_t> open;
+    for (const auto& [rid, r] : s.reqs)
+      if (r.terminals == 0 && r.k != kind::refused && r.duplicates == 0) open.push_back(rid);
+    if (open.empty()) return;
+    const uint64_t id = one_of(open);
+    const std::string to = std::to_string(1 + pick(instances_));
+    auto r = testing::run_process(testing::troupe_bin() + " client --server " +
+                                  testing::shell_quote(endpoint_) + " admin migrate " +
+                                  std::to_string(id) + " " + to + " --json");
+    ++(r.exit_code == 0 ? t_.migrations : t_.migrations_refused);
   }
 
   wire::Generate greedy(client_socket& s, uint64_t id, size_t prompt) {
@@ -220,6 +239,8 @@ class round_driver {
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
+    } else if (roll < 95 && instances_ > 1) {
+      migrate(s);
     }
   }
 
@@ -386,6 +407,8 @@ class round_driver {
   const std::vector<std::vector<int32_t>>& reference_;
   tally& t_;
   std::string endpoint_;
+  int instances_ = 1;
+  uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
   std::vector<std::string> violations_;
 };
@@ -434,6 +457,8 @@ int run(const options& o) {
             {"pings", t.pings},
             {"preempted_recompute", t.preempted_recompute},
             {"preempted_swap", t.preempted_swap},
+            {"migrations", t.migrations},
+            {"migrations_refused", t.migrations_refused},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());
