@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "process.hpp"
+#include "requests.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
 
@@ -91,15 +92,6 @@ class AdminMetrics : public ::testing::Test {
   }
   static inline admin_server* server_ = nullptr;
 };
-
-wire::Generate long_request(uint64_t id) {
-  wire::Generate g;
-  g.set_request_id(id);
-  g.set_text("Once upon a time");
-  g.set_max_tokens(240);
-  g.set_ignore_eos(true);
-  return g;
-}
 
 TEST_F(AdminMetrics, KvJsonContract) {
   const auto kv = server_->admin("kv");

@@ -19,6 +19,7 @@
 
 #include <zmq.hpp>
 #include "process.hpp"
+#include "requests.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
 
@@ -26,15 +27,6 @@ namespace troupe::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-wire::Generate long_request(uint64_t id) {
-  wire::Generate g;
-  g.set_request_id(id);
-  g.set_text("Once upon a time");
-  g.set_max_tokens(240);
-  g.set_ignore_eos(true);
-  return g;
-}
 
 // Reads until every id in `ids` has its terminal message (Finished, or an
 // Error naming it); returns each one's finish reason name or error code name.
