@@ -148,6 +148,14 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      [self](kill_instance_atom, uint64_t instance) {
+        auto rp = self->make_response_promise<uint64_t>();
+        self->request(self->state.router, std::chrono::seconds(10), kill_instance_atom::value,
+                      instance)
+            .then([rp](uint64_t i) mutable { rp.deliver(i); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
       [self](drain_instance_atom, uint64_t instance) {
         auto rp = self->make_response_promise<uint64_t>();
         self->request(self->state.router, caf::infinite, drain_instance_atom::value, instance)

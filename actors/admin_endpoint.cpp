@@ -166,7 +166,8 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
   if ((command == "trace" || command == "cancel" || command == "migrate") && !number("id", id))
     return reply(self, peer,
                  failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
-  if ((command == "migrate" || command == "drain") && !number("instance", instance))
+  if ((command == "migrate" || command == "drain" || command == "kill") &&
+      !number("instance", instance))
     return reply(
         self, peer,
         failure("bad_request", command + " needs \"instance\": an instance id (unsigned)"));
@@ -217,10 +218,17 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", i}, {"drained", true}};
         },
         drain_instance_atom::value, instance);
-  reply(
-      self, peer,
-      failure("unknown_command", "unknown command '" + command +
-                                     "' (instances, requests, trace, kv, cancel, migrate, drain)"));
+  if (command == "kill")
+    return call<uint64_t>(
+        self, peer,
+        [](uint64_t i) {
+          return json{{"instance", i}, {"killed", true}};
+        },
+        kill_instance_atom::value, instance);
+  reply(self, peer,
+        failure("unknown_command",
+                "unknown command '" + command +
+                    "' (instances, requests, trace, kv, cancel, migrate, drain, kill)"));
 }
 
 void poll_once(self_ptr self) {

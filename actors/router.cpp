@@ -131,6 +131,14 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           return placement_reply{i->id, i->actor, "asked for"};
         },
         [self](registry_atom) { return self->state.instances; },
+        [self](kill_instance_atom, uint64_t id) -> caf::result<uint64_t> {
+          auto* i = find(self->state, id);
+          if (!i)
+            return caf::make_error(caf::sec::invalid_argument, "no instance " + std::to_string(id));
+          spdlog::warn("router: killing instance {} (fault injection)", id);
+          self->send_exit(i->actor, caf::exit_reason::kill);
+          return id;
+        },
         [self](drain_instance_atom, uint64_t id) -> caf::result<uint64_t> {
           auto& st = self->state;
           auto* i = find(st, id);

@@ -44,6 +44,8 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 //            replies with the instance once the request runs there.
 // draininst: (instance id) no new placements on it; replies once it holds
 //            no sequence.
+// killinst:  (instance id) fault injection: kill the instance (its requests
+//            recover elsewhere).
 using admin_actor =
     caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
@@ -51,6 +53,7 @@ using admin_actor =
                      caf::replies_to<kv_atom>::with<pool_stats>,
                      caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
-                     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>>;
+                     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
+                     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>>;
 
 }  // namespace troupe

@@ -42,6 +42,7 @@ using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
 using registry_atom = caf::atom_constant<caf::atom("registry")>;
 using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
 
 // place:    (prompt tokens, the prompt's full-page hashes) an instance for
 //           a new request, by the service's policy; an error when no
@@ -51,11 +52,15 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 // registry: every instance with its node, role and state.
 // draininst: (instance id) no new placements on it; replies once it holds
 //           no sequence (its requests finish or move), with its id.
+// killinst: (instance id) fault injection: the instance actor is killed
+//           as a crash would; its requests recover elsewhere.  Replies
+//           with the id.
 // tick:     its own timer: refresh the instances' load snapshots.
 using router_actor = caf::typed_actor<
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
     caf::replies_to<lookup_atom, uint64_t>::with<placement_reply>,
     caf::replies_to<registry_atom>::with<std::vector<router_instance>>,
-    caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>>;
+    caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
+    caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>>;
 
 }  // namespace troupe

@@ -136,5 +136,76 @@ TEST(LocalCluster, DrainStopsPlacementsAndWaitsForTheInstance) {
   EXPECT_EQ(inst[0]["used_pages"], 0);
 }
 
+// Recovery: an instance killed mid-stream (admin kill, fault injection);
+// every request it served is placed again and resumes from the tokens it
+// streamed: all finish, greedy tokens identical, no client sees an error.
+// With no instance left, requests end promptly with UNAVAILABLE.
+TEST(LocalCluster, KilledInstanceRequestsFinishElsewhereUnchanged) {
+  server_process server("--local-instances 2 --router round-robin");
+  const auto want = offline_greedy(kPrompt, 120);
+  client::connection c(server.endpoint());
+  std::vector<client::result> rs(6);
+  auto find = [&](uint64_t id) { return id >= 1 && id <= 6 ? &rs[id - 1] : nullptr; };
+  for (uint64_t id = 1; id <= 6; ++id) c.generate(greedy(id, 120));
+  // Once every request streams, kill instance 1.
+  auto streaming = [&] {
+    for (const auto& r : rs)
+      if (r.token_ids.size() < 4 && !r.done()) return false;
+    return true;
+  };
+  while (!streaming()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m);
+    client::apply(*m, find);
+  }
+  auto kill = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
+                          " admin kill 1 --json");
+  ASSERT_EQ(kill.exit_code, 0) << kill.err;
+  auto all_done = [&] {
+    for (const auto& r : rs)
+      if (!r.done()) return false;
+    return true;
+  };
+  while (!all_done()) {
+    auto m = c.receive(60s);
+    ASSERT_TRUE(m) << "requests stopped after the kill";
+    client::apply(*m, find);
+  }
+  int recovered = 0;
+  for (const auto& r : rs) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.finished.reason(), wire::LENGTH);
+    EXPECT_EQ(r.token_ids, want) << "request " << r.request_id;
+    if (r.finished.instances_size() > 1) {
+      ++recovered;
+      EXPECT_EQ(r.finished.instances(0), 1u);
+      EXPECT_EQ(r.finished.instances(1), 2u);
+    }
+  }
+  EXPECT_EQ(recovered, 3);  // round-robin put three on instance 1
+  const auto inst = server.admin("instances");
+  EXPECT_EQ(inst[0]["state"], "down");
+  EXPECT_EQ(inst[1]["state"], "serving");
+  // The last instance goes too: requests end with UNAVAILABLE, not silence.
+  c.generate(greedy(20, 200));
+  client::result last;
+  while (last.token_ids.empty() && !last.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m);
+    client::apply(*m, [&](uint64_t id) { return id == 20 ? &last : nullptr; });
+  }
+  ASSERT_EQ(run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
+                        " admin kill 2 --json")
+                .exit_code,
+            0);
+  while (!last.done()) {
+    auto m = c.receive(30s);
+    ASSERT_TRUE(m) << "no terminal message with every instance down";
+    client::apply(*m, [&](uint64_t id) { return id == 20 ? &last : nullptr; });
+  }
+  ASSERT_TRUE(last.error);
+  EXPECT_EQ(last.error->code(), wire::UNAVAILABLE) << last.error->message();
+}
+
 }  // namespace
 }  // namespace troupe::testing

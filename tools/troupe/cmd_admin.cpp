@@ -170,7 +170,8 @@ int run_admin(const admin_flags& f) {
   }
   nlohmann::json req = {{"command", f.action}, {"secret", find_secret(f, at->port)}};
   if (f.action == "trace" || f.action == "cancel" || f.action == "migrate") req["id"] = f.id;
-  if (f.action == "migrate" || f.action == "drain") req["instance"] = f.instance;
+  if (f.action == "migrate" || f.action == "drain" || f.action == "kill")
+    req["instance"] = f.instance;
 
   zmq::context_t ctx(1);
   zmq::socket_t sock(ctx, zmq::socket_type::dealer);
@@ -250,6 +251,8 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("cancel", "cancel the in-flight requests with this id", true);
   action("migrate", "move an in-flight request to another instance (KV and all)", true, true);
   action("drain", "stop placing on an instance; returns once it holds no request", false, true);
+  action("kill", "fault injection: kill an instance as a crash would (its requests recover)", false,
+         true);
   return cmd;
 }
 
