@@ -8,7 +8,8 @@
 // Generate, mid-stream), disconnects with requests in flight, and bad
 // frames (random bytes, oversized, invalid UTF-8, bad values, duplicate
 // ids); with two local instances behind the router, live migrations of
-// random requests through admin.  After every round it checks:
+// random requests through admin, and at most one instance killed per
+// round (its requests must recover on the other).  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -69,7 +70,7 @@ struct options {
 struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
-           migrations = 0, migrations_refused = 0, violations = 0;
+           migrations = 0, migrations_refused = 0, kills = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -241,6 +242,17 @@ class round_driver {
       s.conn->ping(0ms);  // the Pong is drained with everything else
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
+    } else if (roll == 95 && instances_ > 1 && !killed_ && chance(0.05)) {
+      // Fault injection: one instance dies mid-round; its requests recover
+      // on the other (greedy ones still equal offline greedy).
+      killed_ = true;
+      auto r = testing::run_process(testing::troupe_bin() + " client --server " +
+                                    testing::shell_quote(endpoint_) + " admin kill " +
+                                    std::to_string(1 + pick(2)) + " --json");
+      if (r.exit_code == 0)
+        ++t_.kills;
+      else
+        violation("admin kill failed: " + r.err);
     }
   }
 
@@ -408,6 +420,7 @@ class round_driver {
   tally& t_;
   std::string endpoint_;
   int instances_ = 1;
+  bool killed_ = false;
   uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
   std::vector<std::string> violations_;
@@ -459,6 +472,7 @@ int run(const options& o) {
             {"preempted_swap", t.preempted_swap},
             {"migrations", t.migrations},
             {"migrations_refused", t.migrations_refused},
+            {"kills", t.kills},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());
