@@ -620,6 +620,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         }
         out.kv = st.pool->stats();
         out.kv_check = st.pool->check_invariants();
+        if (st.opts.prefix_caching) out.prefix_hashes = st.pool->indexed_hashes();
         return out;
       },
   };

@@ -6,6 +6,7 @@
 #include "actors/admin.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/incremental_decoder.hpp"
+#include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stop_matcher.hpp"
 
@@ -382,9 +383,19 @@ void place_and_enqueue(self_ptr self) {
   auto& st = self->state;
   if (st.placements_failed > 40)
     return reject(self, wire::UNAVAILABLE, "no instance is serving: the request cannot go on");
-  const auto n = static_cast<int32_t>(st.seq.prompt.size() + st.generated.size());
-  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n,
-                std::vector<uint64_t>{})
+  // The chained hashes of the full pages, as the instances index them, so
+  // the prefix policy can find who caches the longest part of it.
+  std::vector<int32_t> tokens = st.seq.prompt;
+  tokens.insert(tokens.end(), st.generated.begin(), st.generated.end());
+  std::vector<uint64_t> hashes;
+  const size_t ps = static_cast<size_t>(st.ctx->page_size);
+  for (uint64_t prev = 0; ps > 0 && (hashes.size() + 1) * ps < tokens.size();) {
+    prev = page_hash(prev, tokens.data() + hashes.size() * ps, static_cast<int>(ps),
+                     st.ctx->prefix_salt);
+    hashes.push_back(prev);
+  }
+  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
+                static_cast<int32_t>(tokens.size()), std::move(hashes))
       .then(
           [self](placement_reply& p) {
             if (self->state.done) return;

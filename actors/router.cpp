@@ -44,6 +44,7 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
       s.queued_prefill_tokens = it->second.queued_prefill_tokens;
       s.free_pages = it->second.kv.free + it->second.kv.reusable;
       s.total_pages = it->second.kv.total;
+      s.prefix_hashes.insert(it->second.prefix_hashes.begin(), it->second.prefix_hashes.end());
     }
     out.push_back(std::move(s));
   }

@@ -101,7 +101,8 @@ struct instance_stats {
   uint64_t swap_bytes = 0;  // host-tier bytes held now
   double step_ms = 0;       // wall time of all steps on the device
   pool_stats kv;
-  std::string kv_check;  // page invariants: empty when they hold
+  std::string kv_check;                 // page invariants: empty when they hold
+  std::vector<uint64_t> prefix_hashes;  // of its cached full pages (for prefix placement)
 };
 
 template <class Inspector>

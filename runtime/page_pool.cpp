@@ -384,6 +384,13 @@ int32_t page_pool::unreserve(const std::vector<int32_t>& pages) {
   return static_cast<int32_t>(pages.size());
 }
 
+std::vector<uint64_t> page_pool::indexed_hashes() const {
+  std::vector<uint64_t> out;
+  out.reserve(index_.size());
+  for (const auto& [hash, page] : index_) out.push_back(hash);
+  return out;
+}
+
 pool_stats page_pool::stats() const {
   pool_stats st = counters_;
   st.total = n_pages();

@@ -140,6 +140,9 @@ class page_pool {
   int page_size() const { return page_size_; }
   int32_t pages_for(int64_t tokens) const;
   int32_t available() const;  // free + reusable: what allocation can take
+  // The chained hashes of every indexed (cached) full page: what a router
+  // compares a prompt's page hashes with (runtime/placement, prefix).
+  std::vector<uint64_t> indexed_hashes() const;
   bool has_sequence(uint64_t seq) const { return seqs_.count(seq) != 0; }
   const std::vector<int32_t>& table(uint64_t seq) const;
   page_state state(int32_t page) const;

@@ -207,5 +207,43 @@ TEST(LocalCluster, KilledInstanceRequestsFinishElsewhereUnchanged) {
   EXPECT_EQ(last.error->code(), wire::UNAVAILABLE) << last.error->message();
 }
 
+// Prefix-aware placement: once an instance caches a group's shared
+// prefix, every later request of that group goes there (the router
+// compares the prompt's full-page hashes with the instances' cached ones),
+// and the prefix cache serves those pages.
+TEST(LocalCluster, PrefixPolicySendsEachSharedPrefixGroupToOneInstance) {
+  server_process server("--local-instances 2 --router prefix");
+  const std::vector<std::string> groups = {
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her friends. One day, she saw a big red ball under a tree and ran to get it.",
+      "Tom had a small dog called Max. Every morning they walked to the river and looked at the "
+      "ducks. Max liked to bark at the ducks, and Tom laughed every time the ducks flew away.",
+      "The sun was hot and the sky was blue. Sara and her mom went to the beach with a big bag of "
+      "toys. Sara built a castle with a tall tower and a deep hole for the water to come in."};
+  client::connection c(server.endpoint());
+  auto ask = [&](uint64_t id, const std::string& text) {
+    wire::Generate g;
+    g.set_request_id(id);
+    g.set_text(text);
+    g.set_max_tokens(4);
+    auto r = client::run(c, {g}, 60s);
+    EXPECT_FALSE(r.at(0).error);
+    EXPECT_EQ(r.at(0).finished.instances_size(), 1);
+    return r.at(0).finished.instances(0);
+  };
+  std::vector<uint64_t> home;
+  for (size_t g = 0; g < groups.size(); ++g) home.push_back(ask(100 + g, groups[g]));
+  std::this_thread::sleep_for(500ms);  // the router's snapshots (every 100 ms) see the pages
+  uint64_t id = 200;
+  for (int round = 0; round < 3; ++round)
+    for (size_t g = 0; g < groups.size(); ++g)
+      EXPECT_EQ(ask(id++, groups[g] + " Then " + std::to_string(round) + " more."), home[g])
+          << "group " << g << ", round " << round;
+  EXPECT_GT(server.admin("kv")["prefix_hit_rate"].get<double>(), 0.3);
+  const auto t = server.admin("trace 200");
+  EXPECT_NE(t["placement"].get<std::string>().find("cached prefix pages"), std::string::npos)
+      << t.dump();
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -25,6 +25,7 @@
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
 #include "actors/router.hpp"
+#include "runtime/page_pool.hpp"
 #include "runtime/secret.hpp"
 #include "runtime/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
@@ -339,6 +340,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ctx->chat_template = model->vocab().chat_template;
   ctx->add_bos = model->vocab().add_bos;
   ctx->max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
+  ctx->page_size = info.page_size;
+  ctx->prefix_salt = fingerprint_salt(info.model_fingerprint);
   ctx->default_max_tokens = s.default_max_tokens;
   ctx->max_queue = s.max_queue;
   auto metrics = std::make_shared<metrics_registry>();
