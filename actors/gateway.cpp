@@ -46,10 +46,17 @@ struct gateway_state {
 
 using self_ptr = gateway_actor::stateful_pointer<gateway_state>;
 
-void cancel_client(gateway_state& st, self_ptr self, const std::string& client) {
+// Cancels every request of one client; a reason, when given, goes to the
+// client in each Finished.error (the server ended it, not the client).
+void cancel_client(gateway_state& st, self_ptr self, const std::string& client,
+                   const std::string& why = {}) {
   for (auto it = st.inflight.lower_bound({client, 0});
-       it != st.inflight.end() && it->first.first == client; ++it)
-    self->send(it->second, cancel_atom::value);
+       it != st.inflight.end() && it->first.first == client; ++it) {
+    if (why.empty())
+      self->send(it->second, cancel_atom::value);
+    else
+      self->send(it->second, cancel_atom::value, why);
+  }
 }
 
 enum class sent { ok, gone, full };
@@ -93,9 +100,7 @@ void send_to(self_ptr self, const std::string& client, const std::string& frame,
   const std::string why = "slow reader: more than " + std::to_string(st.opts.client_backlog) +
                           " frames waited for this client (service.client_backlog)";
   spdlog::warn("gateway: client {} reads too slowly, cancelling its requests", hex_bytes(client));
-  for (auto it = st.inflight.lower_bound({client, 0});
-       it != st.inflight.end() && it->first.first == client; ++it)
-    self->send(it->second, cancel_atom::value, why);
+  cancel_client(st, self, client, why);
 }
 
 // Retries the slow readers' terminal frames; a client whose backlog is

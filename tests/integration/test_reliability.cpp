@@ -18,6 +18,7 @@
 #include <thread>
 
 #include <zmq.hpp>
+#include "net.hpp"
 #include "process.hpp"
 #include "requests.hpp"
 #include "server_process.hpp"
@@ -106,24 +107,6 @@ TEST(Reliability, DeadlineRacingTheEnqueueEndsTheSequence) {
 
 namespace troupe::testing {
 namespace {
-
-// A TCP connection to 127.0.0.1:port, or -1.
-int connect_local(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-void send_all(int fd, const std::string& bytes) {
-  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-}
 
 // Defect 3: a 32-byte CAF middleman (BASP) header announcing a 1 GiB
 // payload used to make the server allocate it (checked against the old
@@ -239,22 +222,6 @@ TEST(Reliability, ASecretFileOthersCanReadIsRefused) {
 namespace troupe::testing {
 namespace {
 
-// The whole HTTP response to GET path, or "" when none came in `timeout`.
-std::string http_get_within(int port, const std::string& path, std::chrono::milliseconds timeout) {
-  const int fd = connect_local(port);
-  if (fd < 0) return "";
-  timeval tv{static_cast<time_t>(timeout.count() / 1000),
-             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
-}
-
 size_t open_fds(pid_t pid) {
   size_t n = 0;
   for ([[maybe_unused]] const auto& e :
@@ -276,7 +243,7 @@ TEST(Reliability, AMetricsPortInUseByAnotherServerIsRefused) {
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("service.metrics_port"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find(std::to_string(port)), std::string::npos) << r.err;
-  EXPECT_NE(http_get_within(port, "/metrics", 10s).find("troupe_"), std::string::npos);
+  EXPECT_NE(http_get(port, "/metrics", 10s).find("troupe_"), std::string::npos);
 }
 
 // Defect 6: 1000 idle connections used to make /metrics time out.  Now the
@@ -292,7 +259,7 @@ TEST(Reliability, IdleConnectionsCannotExhaustTheMetricsEndpoint) {
     if (c >= 0) idle.push_back(c);
   }
   EXPECT_GE(idle.size(), 900u);
-  const std::string res = http_get_within(port, "/metrics", 15s);
+  const std::string res = http_get(port, "/metrics", 15s);
   EXPECT_NE(res.find("200 OK"), std::string::npos) << res.substr(0, 200);
   EXPECT_NE(res.find("troupe_requests_total"), std::string::npos);
   EXPECT_LT(open_fds(server.pid()), fds_before + 100);
@@ -311,11 +278,6 @@ TEST(Reliability, IdleConnectionsCannotExhaustTheMetricsEndpoint) {
 
 namespace troupe::testing {
 namespace {
-
-double metric_sample(const std::string& text, const std::string& series) {
-  const auto at = text.find("\n" + series + " ");
-  return at == std::string::npos ? 0 : std::stod(text.substr(at + series.size() + 2));
-}
 
 // Defect 8: a duplicate id's Error names no request (an Error with an id
 // is that id's terminal message, and the first request goes on); refusals
@@ -362,8 +324,8 @@ TEST(Reliability, RefusalsAreCountedAndNameTheRightRequest) {
   EXPECT_NE(m->error().message().find("UTF-8"), std::string::npos) << m->error().message();
   EXPECT_NE(m->error().message().find("generate.text"), std::string::npos);
   EXPECT_EQ(server.stderr_text().find("libprotobuf"), std::string::npos) << server.stderr_text();
-  const std::string metrics = http_get_within(port, "/metrics", 10s);
-  EXPECT_GE(metric_sample(metrics, "troupe_requests_total{finish=\"rejected\"}"), 3)
+  const std::string metrics = http_get(port, "/metrics", 10s);
+  EXPECT_GE(sample(metrics, "troupe_requests_total{finish=\"rejected\"}"), 3)
       << metrics.substr(0, 2000);
 }
 
