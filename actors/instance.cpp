@@ -609,6 +609,10 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         // when the next step is planned, after this one's result.
         finish(self, it->second, std::move(last));
       },
+      [self](relocate_atom) {
+        for (const auto& [key, s] : self->state.seqs)
+          self->send(s.req.sink, relocate_atom::value, s.req.id);
+      },
       [self](stats_atom) {
         auto& st = self->state;
         instance_stats out = st.counters;

@@ -1,6 +1,7 @@
 #include "actors/request.hpp"
 
 #include <chrono>
+#include <functional>
 #include <optional>
 
 #include "actors/admin.hpp"
@@ -417,30 +418,35 @@ void place_and_enqueue(self_ptr self) {
 // `target`, re-point.  Token batches the source sent before the export's
 // reply are handled before it (message order), so the import resumes
 // exactly after the last token streamed: none lost, none repeated.
-caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
+// `done` gets the instance it runs on now, or why it could not move.
+using migration_done = std::function<void(caf::expected<uint64_t>)>;
+
+void start_migration(self_ptr self, uint64_t target, migration_done done) {
   auto& st = self->state;
   auto fail = [](const std::string& why) {
     return caf::make_error(caf::sec::invalid_argument, why);
   };
-  if (st.done) return fail("the request has finished");
-  if (!st.accepted) return fail("the request is not running yet; try again");
-  if (st.migrating) return fail("the request is moving already");
-  if (target == st.instance_id) return target;
+  if (st.done) return done(fail("the request has finished"));
+  if (!st.accepted) return done(fail("the request is not running yet; try again"));
+  if (st.migrating) return done(fail("the request is moving already"));
+  if (target == st.instance_id) return done(target);
   st.migrating = true;
-  auto rp = self->make_response_promise<uint64_t>();
+  auto give_up = [self, done](caf::error& e) {
+    self->state.migrating = false;
+    done(std::move(e));
+  };
   self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
       .then(
-          [self, rp, target](placement_reply& to) mutable {
+          [self, done, give_up, target](placement_reply& to) {
             auto& st = self->state;
-            const auto from = st.instance;
-            self->request(from, caf::infinite, export_atom::value, st.seq.id)
+            self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
                 .then(
-                    [self, rp, to, target](std::vector<uint8_t>& blob) mutable {
+                    [self, done, to, target](std::vector<uint8_t>& blob) {
                       auto& st = self->state;
                       if (st.done) {
-                        rp.deliver(caf::make_error(caf::sec::invalid_argument,
-                                                   "the request finished meanwhile"));
-                        return;
+                        st.migrating = false;
+                        return done(caf::make_error(caf::sec::invalid_argument,
+                                                    "the request finished meanwhile"));
                       }
                       attach(self, to);
                       ++st.trace.migrations;
@@ -449,27 +455,50 @@ caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
                       self->request(to.actor, caf::infinite, import_atom::value,
                                     current_sequence(st), std::move(blob))
                           .then(
-                              [self, rp, target](int32_t) mutable {
+                              [self, done, target](int32_t) {
                                 self->state.migrating = false;
-                                rp.deliver(target);
+                                done(target);
                               },
-                              [self, rp](caf::error& e) mutable {
+                              [self, done](caf::error& e) {
                                 // The blob did not fit there: recompute instead.
                                 self->state.migrating = false;
                                 enqueue(self);
-                                rp.deliver(std::move(e));
+                                done(std::move(e));
                               });
                     },
-                    [self, rp](caf::error& e) mutable {
-                      self->state.migrating = false;
-                      rp.deliver(std::move(e));
-                    });
+                    give_up);
           },
-          [self, rp](caf::error& e) mutable {
-            self->state.migrating = false;
-            rp.deliver(std::move(e));
-          });
+          give_up);
+}
+
+caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
+  auto rp = self->make_response_promise<uint64_t>();
+  start_migration(self, target, [rp](caf::expected<uint64_t> r) mutable {
+    if (r)
+      rp.deliver(*r);
+    else
+      rp.deliver(std::move(r.error()));
+  });
   return rp;
+}
+
+// The instance drains: move the sequence wherever the router would place
+// it now (a draining instance is not a candidate).  If nothing else
+// serves, or it is not running yet, it stays; the instance asks again.
+void relocate(self_ptr self) {
+  auto& st = self->state;
+  if (st.done || st.migrating || !st.accepted) return;
+  const uint64_t from = st.instance_id;
+  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
+                static_cast<int32_t>(st.seq.prompt.size() + st.generated.size()),
+                std::vector<uint64_t>{})
+      .then(
+          [self, from](placement_reply& p) {
+            auto& st = self->state;
+            if (st.done || st.instance_id != from || p.instance == from) return;
+            start_migration(self, p.instance, [](caf::expected<uint64_t>) {});
+          },
+          [](caf::error&) {});
 }
 
 request_actor::behavior_type request_behavior(self_ptr self,
@@ -487,7 +516,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   st.trace.priority = st.gen.priority();
   // The instance's sequence id: unique across clients (the client's own
   // ids are only unique per client).
-  st.seq.id = self->id();
+  st.seq.id = st.ctx->seq_id_tag | (self->id() & ((uint64_t{1} << 40) - 1));
   std::optional<rejection> bad;
   try {
     bad = build_sequence(st);
@@ -500,6 +529,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
     reject(self, bad->code, bad->message);
     return {[](tokens_atom, const token_batch&) {},
             [](preempted_atom, uint64_t, bool) {},
+            [](relocate_atom, uint64_t) {},
             [](cancel_atom) {},
             [](cancel_atom, const std::string&) {},
             [](deadline_atom) {},
@@ -526,6 +556,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   return {
       [self](tokens_atom, const token_batch& b) { on_tokens(self, b); },
       [self](preempted_atom, uint64_t, bool) { ++self->state.trace.preemptions; },
+      [self](relocate_atom, uint64_t) { relocate(self); },
       [self](cancel_atom) {
         if (self->state.done) return;
         wire::TokenChunk chunk;

@@ -30,6 +30,11 @@ struct serve_context {
   uint64_t prefix_salt = 0;                   // fingerprint_salt of the model (page hashes)
   int32_t default_max_tokens = 256;           // when the client gives none (cut to the context)
   int32_t max_queue = 256;                    // waiting sequences at most; beyond: "overloaded"
+  // Sequence ids are unique across the cluster (several services may share
+  // instances): this service's random tag in the top 24 bits, the request
+  // actor's id below.  An instance refuses a duplicate id, so even a tag
+  // collision yields an error, never two requests mixed.
+  uint64_t seq_id_tag = 0;
   std::shared_ptr<metrics_registry> metrics;  // finished requests are counted here (may be null)
 };
 

@@ -21,6 +21,9 @@ struct router_state {
   std::vector<drain_wait> drains;
   placement_cursor cursor;
   prefill_model model;
+  std::map<std::pair<std::string, int32_t>, uint64_t> slot_ids;  // (node, slot) -> id
+  uint64_t next_id = 1;
+  std::map<std::string, link_status> nodes;  // by address
   static inline const char* name = "router";
 };
 
@@ -70,6 +73,12 @@ void settle_drains(self_ptr self) {
 void poll(self_ptr self) {
   for (const auto& i : self->state.instances) {
     if (i.state == "down") continue;
+    // A draining instance with sequences asks their requests to move.
+    if (i.state == "draining" && self->state.opts.drain_migrates) {
+      auto s = self->state.last.find(i.id);
+      if (s == self->state.last.end() || s->second.running + s->second.waiting > 0)
+        self->send(i.actor, relocate_atom::value);
+    }
     const uint64_t id = i.id;
     self->request(i.actor, std::chrono::seconds(5), stats_atom::value)
         .then(
@@ -91,7 +100,10 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
     auto& st = self->state;
     st.opts = opts;
     st.instances = std::move(instances);
-    for (const auto& i : st.instances) self->monitor(i.actor);
+    for (const auto& i : st.instances) {
+      self->monitor(i.actor);
+      st.next_id = std::max(st.next_id, i.id + 1);
+    }
     self->set_down_handler([self](const caf::down_msg& dm) {
       for (auto& i : self->state.instances)
         if (i.actor.address() == dm.source && i.state != "down") {
@@ -132,6 +144,40 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           return placement_reply{i->id, i->actor, "asked for"};
         },
         [self](registry_atom) { return self->state.instances; },
+        [self](nodes_atom, link_status& s) { self->state.nodes[s.address] = std::move(s); },
+        [self](nodes_atom) {
+          std::vector<link_status> out;
+          for (const auto& [addr, s] : self->state.nodes) out.push_back(s);
+          return out;
+        },
+        [self](add_instances_atom, const std::string& node,
+               const std::vector<hosted_instance>& hosted) {
+          auto& st = self->state;
+          std::vector<uint64_t> ids;
+          for (const auto& h : hosted) {
+            auto key = std::make_pair(node, h.slot);
+            auto known = st.slot_ids.find(key);
+            const uint64_t id = known != st.slot_ids.end() ? known->second : st.next_id++;
+            st.slot_ids[key] = id;
+            router_instance* ri = find(st, id);
+            if (!ri) {
+              st.instances.push_back(router_instance{});
+              ri = &st.instances.back();
+              ri->id = id;
+            }
+            if (ri->actor && ri->actor != h.actor) self->demonitor(ri->actor.address());
+            const bool back = ri->state == "down";
+            ri->node = node;
+            ri->actor = h.actor;
+            ri->state = "serving";
+            st.last.erase(id);
+            self->monitor(h.actor);
+            spdlog::info("router: instance {} on {} {}", id, node, back ? "is back" : "joined");
+            ids.push_back(id);
+          }
+          poll(self);
+          return ids;
+        },
         [self](kill_instance_atom, uint64_t id) -> caf::result<uint64_t> {
           auto* i = find(self->state, id);
           if (!i)

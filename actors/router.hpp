@@ -15,6 +15,9 @@ struct router_options {
   placement_policy policy = placement_policy::least_load;
   double ttft_target_ms = 1000;  // for the slo policy
   std::chrono::milliseconds poll{100};
+  // drain: ask the sequences to move elsewhere (true) or let them finish
+  // where they are (false).
+  bool drain_migrates = true;
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

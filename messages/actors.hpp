@@ -5,6 +5,8 @@
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
+#include "messages/node.hpp"
+#include "messages/router.hpp"
 
 namespace troupe {
 
@@ -34,6 +36,18 @@ void register_message_types(Config& cfg) {
   cfg.template add_message_type<std::vector<inflight_request>>("troupe.inflight_requests");
   cfg.template add_message_type<instance_info>("troupe.instance_info");
   cfg.template add_message_type<std::vector<instance_info>>("troupe.instance_infos");
+  cfg.template add_message_type<std::vector<uint64_t>>("troupe.uint64s");
+  cfg.template add_message_type<instance_spec>("troupe.instance_spec");
+  cfg.template add_message_type<std::vector<instance_spec>>("troupe.instance_specs");
+  cfg.template add_message_type<hosted_instance>("troupe.hosted_instance");
+  cfg.template add_message_type<std::vector<hosted_instance>>("troupe.hosted_instances");
+  cfg.template add_message_type<node_resources>("troupe.node_resources");
+  cfg.template add_message_type<link_status>("troupe.link_status");
+  cfg.template add_message_type<node_link_actor>("troupe.node_link_actor");
+  cfg.template add_message_type<std::vector<link_status>>("troupe.link_statuses");
+  cfg.template add_message_type<router_instance>("troupe.router_instance");
+  cfg.template add_message_type<std::vector<router_instance>>("troupe.router_instances");
+  cfg.template add_message_type<placement_reply>("troupe.placement_reply");
 }
 
 }  // namespace troupe

@@ -57,13 +57,17 @@ struct token_batch {
 
 using tokens_atom = caf::atom_constant<caf::atom("tokens")>;
 using preempted_atom = caf::atom_constant<caf::atom("preempted")>;
+using relocate_atom = caf::atom_constant<caf::atom("relocate")>;
 
 // The request side of a sequence: token batches, and a notice when the
 // sequence was preempted (swapped: its KV went to host memory; else it is
 // recomputed).  Either way it resumes by itself; the client sees delay.
+// relocate: the instance is draining; the request side should move the
+// sequence elsewhere (migrate) if it can, else it finishes where it is.
 using token_sink_actor =
     caf::typed_actor<caf::reacts_to<tokens_atom, token_batch>,
-                     caf::reacts_to<preempted_atom, uint64_t /*id*/, bool /*swapped*/>>;
+                     caf::reacts_to<preempted_atom, uint64_t /*id*/, bool /*swapped*/>,
+                     caf::reacts_to<relocate_atom, uint64_t /*id*/>>;
 
 struct sequence_request {
   uint64_t id = 0;  // the request side's id, echoed in every token_batch
@@ -163,7 +167,9 @@ using import_atom = caf::atom_constant<caf::atom("import")>;
 //          streams from the next token.  Replies with the tokens whose KV
 //          came with it.
 // stats:   queue lengths, counters and the KV pages.
+// relocate: (drain) asks each sequence's sink to move it elsewhere.
 using instance_actor = caf::typed_actor<
+    caf::reacts_to<relocate_atom>,
     caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,

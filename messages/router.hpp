@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "messages/instance.hpp"
+#include "messages/node.hpp"
 
 namespace troupe {
 
@@ -43,6 +44,8 @@ using registry_atom = caf::atom_constant<caf::atom("registry")>;
 using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
+using add_instances_atom = caf::atom_constant<caf::atom("addinst")>;
+using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 
 // place:    (prompt tokens, the prompt's full-page hashes) an instance for
 //           a new request, by the service's policy; an error when no
@@ -50,13 +53,22 @@ using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
 // lookup:   (instance id) that instance, for a migration; an error when it
 //           is unknown or not serving.
 // registry: every instance with its node, role and state.
-// draininst: (instance id) no new placements on it; replies once it holds
-//           no sequence (its requests finish or move), with its id.
+// draininst: (instance id) no new placements on it; its sequences move to
+//           other instances (router_options::drain_migrates) or finish
+//           there; replies once it holds no sequence, with its id.
 // killinst: (instance id) fault injection: the instance actor is killed
 //           as a crash would; its requests recover elsewhere.  Replies
 //           with the id.
+// addinst:  (node, instances) a node link's instances, up now: new ones
+//           get fresh ids, a slot seen before (the node came back) gets its
+//           old id and serves again.  Replies with the ids, slot order.
+// nodes:    (status) a node link's news; () every node's last status.
 // tick:     its own timer: refresh the instances' load snapshots.
 using router_actor = caf::typed_actor<
+    caf::reacts_to<nodes_atom, link_status>,
+    caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
+    caf::replies_to<add_instances_atom, std::string,
+                    std::vector<hosted_instance>>::with<std::vector<uint64_t>>,
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
     caf::replies_to<lookup_atom, uint64_t>::with<placement_reply>,
     caf::replies_to<registry_atom>::with<std::vector<router_instance>>,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 namespace troupe {
@@ -27,6 +28,13 @@ int type_slot(tensor_type t) {
 const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
 
 }  // namespace
+
+void apply_tuning_env(engine_options& o) {
+  if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
+}
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
                               float theta_base) {

@@ -27,6 +27,11 @@ struct engine_options {
   int attention_rows = 4;        // rows of one sequence per attention work-item (prefill)
 };
 
+// The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
+// TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS), for
+// experiments; not flags, since the defaults are what bench/ measured best.
+void apply_tuning_env(engine_options& o);
+
 // (cos, sin) of every row's RoPE angle for each rotation pair,
 // [rows][rope_dims / 2][2]: computed once per step, read by every layer.
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -66,17 +67,28 @@ void write_secret_file(const std::string& path, const std::string& secret) {
   fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write, ec);
 }
 
+std::string run_dir() {
+  if (const char* d = std::getenv("TROUPE_RUN_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x) return std::string(x) + "/troupe";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/troupe/run";
+  return "/tmp/troupe-run-" + std::to_string(::getuid());
+}
+
 std::string run_secret_path(const std::string& kind, int port) {
-  std::string dir;
-  if (const char* d = std::getenv("TROUPE_RUN_DIR"); d && *d)
-    dir = d;
-  else if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
-    dir = std::string(x) + "/troupe";
-  else if (const char* h = std::getenv("HOME"); h && *h)
-    dir = std::string(h) + "/.cache/troupe/run";
-  else
-    dir = "/tmp/troupe-run-" + std::to_string(::getuid());
-  return dir + "/" + kind + "-" + std::to_string(port) + ".secret";
+  return run_dir() + "/" + kind + "-" + std::to_string(port) + ".secret";
+}
+
+std::string read_or_make_secret_file(const std::string& path) {
+  if (::access(path.c_str(), F_OK) == 0) return read_secret_file(path);
+  // Written aside, then linked into place: link() fails when the file
+  // appeared meanwhile, so processes starting together agree on one secret.
+  const std::string tmp = path + ".new-" + std::to_string(::getpid());
+  write_secret_file(tmp, make_secret());
+  const int rc = ::link(tmp.c_str(), path.c_str());
+  ::unlink(tmp.c_str());
+  if (rc != 0 && errno != EEXIST)
+    throw std::runtime_error("secret file " + path + ": cannot be made");
+  return read_secret_file(path);
 }
 
 bool secrets_equal(const std::string& a, const std::string& b) {

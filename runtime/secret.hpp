@@ -20,11 +20,18 @@ std::string read_secret_file(const std::string& path);
 // Throws std::runtime_error naming the file when it cannot.
 void write_secret_file(const std::string& path, const std::string& secret);
 
+// The folder for one user's secrets: $TROUPE_RUN_DIR, else
+// $XDG_RUNTIME_DIR/troupe, else ~/.cache/troupe/run.
+std::string run_dir();
+
 // Where `troupe serve` leaves the secrets it made for an endpoint on
-// `port`, for the same user's `troupe client` / `troupe shell`:
-// $TROUPE_RUN_DIR, else $XDG_RUNTIME_DIR/troupe, else ~/.cache/troupe/run.
-// `kind` is "admin" (control) or "admin-read" (read-only).
+// `port`, for the same user's `troupe client` / `troupe shell`, in
+// run_dir().  `kind` is "admin" (control) or "admin-read" (read-only).
 std::string run_secret_path(const std::string& kind, int port);
+
+// The secret in `path`, made there first if the file does not exist (so a
+// user's nodes and services on one machine share it with no set-up).
+std::string read_or_make_secret_file(const std::string& path);
 
 // a == b, in time that depends on the lengths only.
 bool secrets_equal(const std::string& a, const std::string& b);

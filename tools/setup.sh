@@ -17,7 +17,7 @@ JOBS="${TROUPE_JOBS:-$(nproc)}"
 
 APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 unzip
-  libcaf-dev libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev
+  libcaf-dev libssl-dev libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
   nlohmann-json3-dev libcpp-httplib-dev libedit-dev libgtest-dev libbenchmark-dev

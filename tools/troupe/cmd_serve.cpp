@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -24,6 +25,8 @@
 #include "actors/device.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
+#include "actors/node.hpp"
+#include "actors/node_link.hpp"
 #include "actors/router.hpp"
 #include "runtime/page_pool.hpp"
 #include "runtime/secret.hpp"
@@ -35,8 +38,20 @@ namespace troupe::cli {
 
 namespace {
 
+// One [[cluster.node]] table: a node, how many instances it runs for this
+// service, and engine settings that differ there.
+struct node_entry {
+  std::string address;
+  int instances = 1;
+  std::map<std::string, int64_t> overrides;  // engine key -> value (kv_f32: 0/1)
+};
+
 struct serve_settings {
   engine_flags engine;
+  cluster_flags cluster;
+  std::vector<std::string> nodes;  // --nodes: one instance each
+  std::vector<node_entry> node_entries;
+  std::string drain = "migrate";
   int max_batch_tokens = 256;
   int max_seqs = 64;
   int chunk_size = 128;
@@ -51,7 +66,7 @@ struct serve_settings {
   int poll_ms = 2;
   int trace_history = 1024;
   int client_backlog = 10000;
-  int local_instances = 1;
+  int local_instances = -1;  // -1: 1 without nodes, 0 with
   std::string router = "least-load";
   double ttft_target_ms = 1000;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
@@ -72,7 +87,9 @@ struct key_spec {
   std::string cli_value;
   std::vector<std::string> cli_values;
   CLI::Option* opt = nullptr;
+  std::string flag_name;  // when not --key
   std::string flag() const {
+    if (!flag_name.empty()) return flag_name;
     std::string f = "--" + key;
     for (auto& c : f)
       if (c == '_') c = '-';
@@ -180,8 +197,40 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       real_key(s.grace_s, 0, 3600));
   add("service", "poll_ms", "gateway socket poll timeout", int_key(s.poll_ms, 0, 1000));
   add("service", "local_instances",
-      "engine instances in this process, each with its own device and KV arena of --kv-mb",
-      int_key(s.local_instances, 1, 64));
+      "engine instances in this process, each with its own device and KV arena of --kv-mb "
+      "(default 1, or 0 when nodes are given)",
+      int_key(s.local_instances, 0, 64));
+  add("service", "drain",
+      "what draining an instance does to its sequences: migrate (move them elsewhere) or "
+      "finish (let them finish there)",
+      string_key(s.drain, {"migrate", "finish"}));
+  add(
+      "cluster", "nodes",
+      "troupe node addresses HOST:PORT (comma-separated or repeated): one instance on each",
+      [&s](const std::string& v) -> std::string {
+        std::stringstream ss(v);
+        std::string a;
+        while (std::getline(ss, a, ',')) {
+          if (a.empty()) continue;
+          try {
+            split_address(a, "node");
+          } catch (const std::exception& e) {
+            return e.what();
+          }
+          s.nodes.push_back(a);
+        }
+        return {};
+      },
+      true);
+  add("cluster", "secret_file",
+      "file holding the cluster secret (mode 600); default: cluster.secret in the run folder",
+      string_key(s.cluster.secret_file));
+  k.back().flag_name = "--cluster-secret-file";
+  add("cluster", "heartbeat_ms", "heartbeat between cluster processes",
+      int_key(s.cluster.heartbeat_ms, 10, 60000));
+  add("cluster", "connection_timeout_ms",
+      "a node silent this long is lost: its requests recover elsewhere",
+      int_key(s.cluster.connection_timeout_ms, 100, 600000));
   add("service", "router",
       "placement policy: round-robin, least-load (4 x waiting + running), prefix, slo",
       string_key(s.router, {"round-robin", "least-load", "prefix", "slo"}));
@@ -224,7 +273,53 @@ std::optional<std::string> scalar_text(const toml::node& n) {
   return std::nullopt;
 }
 
-void load_config(const std::string& path, std::vector<key_spec>& keys) {
+// [[cluster.node]] tables: address = "HOST:PORT", instances = N, and
+// engine keys that differ on that node.
+std::vector<node_entry> parse_node_entries(const std::string& path, const toml::node& value) {
+  static const std::vector<std::string> engine_keys = {
+      "kv_mb",      "batch",  "max_seqs", "max_batch_tokens",
+      "chunk_size", "kv_f32", "platform", "device"};
+  const auto* arr = value.as_array();
+  auto bad = [&](const std::string& why) {
+    return std::invalid_argument("config " + path + ": cluster.node: " + why);
+  };
+  if (!arr) throw bad("must be [[cluster.node]] tables");
+  std::vector<node_entry> out;
+  for (const auto& el : *arr) {
+    const auto* t = el.as_table();
+    if (!t) throw bad("must be [[cluster.node]] tables");
+    node_entry e;
+    for (const auto& [k, v] : *t) {
+      const std::string key(k.str());
+      if (key == "address") {
+        auto a = v.value_exact<std::string>();
+        if (!a) throw bad("address must be a string HOST:PORT");
+        split_address(*a, "cluster.node.address");
+        e.address = *a;
+      } else if (key == "instances") {
+        auto n = v.value_exact<int64_t>();
+        if (!n || *n < 1 || *n > 64) throw bad("instances must be an integer in [1, 64]");
+        e.instances = static_cast<int>(*n);
+      } else if (std::find(engine_keys.begin(), engine_keys.end(), key) != engine_keys.end()) {
+        if (auto b = v.value_exact<bool>())
+          e.overrides[key] = *b ? 1 : 0;
+        else if (auto n = v.value_exact<int64_t>(); n && *n >= 0)
+          e.overrides[key] = *n;
+        else
+          throw bad(key + " must be a non-negative integer (kv_f32: true/false)");
+      } else {
+        std::string known = "address, instances";
+        for (const auto& x : engine_keys) known += ", " + x;
+        throw bad("unknown key " + key + " (known: " + known + ")");
+      }
+    }
+    if (e.address.empty()) throw bad("a [[cluster.node]] needs an address");
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void load_config(const std::string& path, std::vector<key_spec>& keys, serve_settings& s) {
   toml::table tbl;
   try {
     tbl = toml::parse_file(path);
@@ -236,11 +331,15 @@ void load_config(const std::string& path, std::vector<key_spec>& keys) {
   for (const auto& [section, node] : tbl) {
     const std::string sec(section.str());
     const auto* t = node.as_table();
-    if (!t || (sec != "engine" && sec != "service"))
+    if (!t || (sec != "engine" && sec != "service" && sec != "cluster"))
       throw std::invalid_argument("config " + path + ": unknown section [" + sec +
-                                  "] (known: [engine], [service])");
+                                  "] (known: [engine], [service], [cluster])");
     for (const auto& [key, value] : *t) {
       const std::string name = sec + "." + std::string(key.str());
+      if (name == "cluster.node") {
+        s.node_entries = parse_node_entries(path, value);
+        continue;
+      }
       auto it = std::find_if(keys.begin(), keys.end(),
                              [&](const key_spec& k) { return k.name() == name; });
       if (it == keys.end()) throw std::invalid_argument("config " + path + ": unknown key " + name);
@@ -266,7 +365,7 @@ void load_config(const std::string& path, std::vector<key_spec>& keys) {
 }
 
 int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string& config) {
-  if (!config.empty()) load_config(config, keys);
+  if (!config.empty()) load_config(config, keys, s);
   for (auto& k : keys) {
     if (!k.opt || k.opt->count() == 0) continue;
     std::vector<std::string> values = k.list ? k.cli_values : std::vector<std::string>{k.cli_value};
@@ -304,34 +403,110 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   auto model = open_model(s.engine);
   std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
-  actor_env env;
-  auto eo = to_engine_options(s.engine);
-  eo.max_batch_tokens = std::max(eo.max_batch_tokens, s.max_batch_tokens);
-  instance_options io;
-  io.limits = lim;
-  io.preemption = s.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
-  io.eog_tokens = tok->end_of_generation_ids();
-  io.prefix_caching = s.prefix_caching;
-  // Each instance owns a device actor (its queue, its KV arena).
-  std::vector<device_actor> devs;
+
+  // Where the instances run: --nodes (one each), [[cluster.node]] tables,
+  // and --local-instances in this process.
+  std::vector<node_entry> nodes = s.node_entries;
+  for (const auto& a : s.nodes) nodes.push_back(node_entry{a, 1, {}});
+  const int local = s.local_instances >= 0 ? s.local_instances : (nodes.empty() ? 1 : 0);
+  if (local == 0 && nodes.empty())
+    throw std::invalid_argument(
+        "service.local_instances: 0 and no nodes (--nodes, [[cluster.node]]): no instance "
+        "would serve");
+  std::unique_ptr<actor_env> envp =
+      nodes.empty() ? std::make_unique<actor_env>()
+                    : std::make_unique<actor_env>(load_cluster_secret(s.cluster), s.cluster);
+  actor_env& env = *envp;
+
+  instance_spec base;
+  base.model = s.engine.model;
+  base.tokenizer = s.engine.tokenizer;
+  base.platform = s.engine.platform;
+  base.device = s.engine.device;
+  base.page_size = s.engine.page_size;
+  base.kv_mb = s.engine.kv_mb;
+  base.kv_f32 = s.engine.kv_f32;
+  base.batch = s.engine.batch;
+  base.max_batch_tokens = s.max_batch_tokens;
+  base.max_seqs = s.max_seqs;
+  base.chunk_size = s.chunk_size;
+  base.preemption = s.preemption;
+  base.prefix_caching = s.prefix_caching;
+
+  // Local instances: each owns a device actor (its queue, its KV arena).
+  std::vector<caf::actor> owned;  // told to stop at the end (or when start fails)
   std::vector<router_instance> registry;
-  device_info info;
-  for (int i = 0; i < s.local_instances; ++i) {
-    devs.push_back(spawn_device(*env.sys, model, eo));
-    info = query_info(*env.sys, devs.back());
+  std::vector<device_info> infos;
+  for (int i = 0; i < local; ++i) {
+    auto h = spawn_engine(*env.sys, i, base);
+    owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
+    owned.push_back(caf::actor_cast<caf::actor>(h.device));
+    infos.push_back(h.hosted.info);
     router_instance ri;
     ri.id = static_cast<uint64_t>(i + 1);
-    ri.actor = spawn_instance(*env.sys, devs.back(), io);
+    ri.actor = h.hosted.actor;
     registry.push_back(std::move(ri));
   }
   router_options ro;
   ro.policy = *parse_placement_policy(s.router);
   ro.ttft_target_ms = s.ttft_target_ms;
+  ro.drain_migrates = s.drain == "migrate";
   auto router = spawn_router(*env.sys, registry, ro);
-  // Everything spawned here, told to stop at the end (or when start fails).
-  std::vector<caf::actor> owned = {caf::actor_cast<caf::actor>(router)};
-  for (const auto& r : registry) owned.push_back(caf::actor_cast<caf::actor>(r.actor));
-  for (const auto& d : devs) owned.push_back(caf::actor_cast<caf::actor>(d));
+  owned.push_back(caf::actor_cast<caf::actor>(router));
+
+  // Remote instances: a link per node; each reports how its start went.
+  const std::string service_id = make_secret().substr(0, 16);
+  std::vector<node_link_full_actor> links;
+  for (const auto& n : nodes) {
+    node_link_options lo;
+    std::tie(lo.host, lo.port) = split_address(n.address, "node");
+    lo.service_id = service_id;
+    lo.model_fingerprint = model->fingerprint();
+    lo.router = router;
+    instance_spec spec = base;
+    for (const auto& [key, v] : n.overrides) {
+      const auto x = static_cast<int32_t>(v);
+      if (key == "kv_mb") spec.kv_mb = x;
+      if (key == "batch") spec.batch = x;
+      if (key == "max_seqs") spec.max_seqs = x;
+      if (key == "max_batch_tokens") spec.max_batch_tokens = x;
+      if (key == "chunk_size") spec.chunk_size = x;
+      if (key == "kv_f32") spec.kv_f32 = x != 0;
+      if (key == "platform") spec.platform = x;
+      if (key == "device") spec.device = x;
+    }
+    lo.specs.assign(static_cast<size_t>(n.instances), spec);
+    links.push_back(spawn_node_link(*env.sys, std::move(lo)));
+    owned.push_back(caf::actor_cast<caf::actor>(links.back()));
+  }
+  {
+    caf::scoped_actor self{*env.sys};
+    for (size_t i = 0; i < links.size(); ++i) {
+      link_status ls;
+      ls.address = nodes[i].address;
+      ls.state = "down";
+      ls.error = "no answer during start-up";
+      self->request(links[i], std::chrono::minutes(11), settled_atom::value)
+          .receive([&](link_status& x) { ls = std::move(x); }, [](caf::error&) {});
+      if (ls.state == "up") {
+        infos.push_back(ls.info);
+        std::fprintf(stderr, "troupe serve: node %s: up, %zu instances, %d cores, %.1f GiB\n",
+                     ls.address.c_str(), ls.instances.size(), ls.resources.cores,
+                     static_cast<double>(ls.resources.mem_total) / (1u << 30));
+      } else {
+        std::fprintf(stderr, "troupe serve: node %s: %s: %s\n", ls.address.c_str(),
+                     ls.state.c_str(), ls.error.c_str());
+      }
+    }
+  }
+  if (infos.empty()) {
+    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    throw std::runtime_error("no instance: every node failed to start (see above)");
+  }
+  device_info info = infos.front();
+  int32_t max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
+  for (const auto& i : infos)
+    max_len = std::min(max_len, std::min(i.n_ctx, i.n_pages * i.page_size));
 
   auto ctx = std::make_shared<serve_context>();
   ctx->router = router;
@@ -339,9 +514,13 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ctx->model_name = s.engine.model;
   ctx->chat_template = model->vocab().chat_template;
   ctx->add_bos = model->vocab().add_bos;
-  ctx->max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
+  ctx->max_len = max_len;
   ctx->page_size = info.page_size;
   ctx->prefix_salt = fingerprint_salt(info.model_fingerprint);
+  {
+    uint64_t tag = std::stoull(make_secret().substr(0, 6), nullptr, 16);
+    ctx->seq_id_tag = tag << 40;
+  }
   ctx->default_max_tokens = s.default_max_tokens;
   ctx->max_queue = s.max_queue;
   auto metrics = std::make_shared<metrics_registry>();

@@ -1,9 +1,11 @@
 #include "tools/troupe/common.hpp"
 
 #include <caf/io/all.hpp>
+#include <caf/openssl/manager.hpp>
 #include <cstdlib>
 
 #include "runtime/model_registry.hpp"
+#include "runtime/secret.hpp"
 
 namespace troupe::cli {
 
@@ -40,12 +42,7 @@ engine_options to_engine_options(const engine_flags& f) {
   o.kv_bytes = static_cast<size_t>(f.kv_mb) << 20;
   o.kv_f16 = !f.kv_f32;
   o.max_batch_tokens = f.batch;
-  // Tuning knobs for experiments with launch geometry (not flags: the
-  // defaults are what bench/ measured best on PoCL).
-  if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
+  apply_tuning_env(o);
   return o;
 }
 
@@ -54,7 +51,7 @@ std::shared_ptr<const model_file> open_model(const engine_flags& f) {
   return model_file::open(r.model_path, f.tokenizer.empty() ? r.tokenizer_path : f.tokenizer);
 }
 
-actor_env::actor_env(bool network) {
+void actor_env::configure() {
   register_message_types(cfg);
   // CAF's default work-stealing workers poll for work (spinning, then 50 us
   // sleeps) after every message; on 2 cores that steals time from PoCL's
@@ -63,8 +60,60 @@ actor_env::actor_env(bool network) {
   // TROUPE_CAF_POLICY=stealing restores CAF's default for comparison.
   const char* policy = std::getenv("TROUPE_CAF_POLICY");
   cfg.set("scheduler.policy", caf::atom_from_string(policy ? policy : "sharing"));
-  if (network) cfg.load<caf::io::middleman>();
+}
+
+actor_env::actor_env() {
+  configure();
   sys = std::make_unique<caf::actor_system>(cfg);
+}
+
+actor_env::actor_env(const std::string& secret, const cluster_flags& c) {
+  configure();
+  identity = write_cluster_identity(secret);
+  cfg.load<caf::io::middleman>();
+  cfg.load<caf::openssl::manager>();
+  cfg.openssl_certificate = identity->cert;
+  cfg.openssl_key = identity->key;
+  cfg.openssl_cafile = identity->cert;
+  // A peer that stops answering without closing its connection (hung,
+  // cut off) is declared lost after the timeout: its proxies go down and
+  // every actor monitoring them hears of it (DESIGN.md §8 "Failure").
+  cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(c.heartbeat_ms)});
+  cfg.set("middleman.connection-timeout",
+          caf::timespan{std::chrono::milliseconds(c.connection_timeout_ms)});
+  try {
+    sys = std::make_unique<caf::actor_system>(cfg);
+  } catch (...) {
+    remove_cluster_identity(*identity);
+    throw;
+  }
+}
+
+actor_env::~actor_env() {
+  sys.reset();
+  if (identity) remove_cluster_identity(*identity);
+}
+
+// "host:port" -> (host, port); the host may be empty for all interfaces.
+std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what) {
+  const auto colon = a.rfind(':');
+  if (colon == std::string::npos)
+    throw std::invalid_argument(std::string(what) + ": '" + a + "' is not HOST:PORT");
+  const std::string port = a.substr(colon + 1);
+  char* end = nullptr;
+  const long p = std::strtol(port.c_str(), &end, 10);
+  if (port.empty() || *end != '\0' || p < 0 || p > 65535)
+    throw std::invalid_argument(std::string(what) + ": '" + a + "' has no port in [0, 65535]");
+  return {a.substr(0, colon), static_cast<uint16_t>(p)};
+}
+
+std::string load_cluster_secret(const cluster_flags& c) {
+  try {
+    return c.secret_file.empty() ? read_or_make_secret_file(run_dir() + "/cluster.secret")
+                                 : read_secret_file(c.secret_file);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("--cluster-secret-file: ") + e.what());
+  }
 }
 
 forward_fn blocking_forward(caf::actor_system& sys, device_actor dev) {

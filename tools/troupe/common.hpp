@@ -4,9 +4,11 @@
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "messages/actors.hpp"
+#include "runtime/cluster_tls.hpp"
 #include "runtime/llama_forward.hpp"
 #include "runtime/model_file.hpp"
 #include "runtime/sequence_runner.hpp"
@@ -30,12 +32,37 @@ engine_options to_engine_options(const engine_flags& f);
 // Resolves a model name or path and opens it (throws model_error).
 std::shared_ptr<const model_file> open_model(const engine_flags& f);
 
+// How a process joins the cluster (troupe node, troupe serve --nodes).
+struct cluster_flags {
+  std::string secret_file;           // empty: run_dir()/cluster.secret, made if missing
+  int heartbeat_ms = 250;            // CAF's BASP heartbeat between nodes
+  int connection_timeout_ms = 2000;  // no message for this long: the peer is lost
+};
+
+// The cluster secret the flags name (a bad file names the flag).
+std::string load_cluster_secret(const cluster_flags& c);
+
+// --cluster-secret-file, --heartbeat-ms, --connection-timeout-ms.
+void add_cluster_flags(CLI::App& cmd, cluster_flags& c);
+
+// "host:port" -> (host, port); throws naming `what` when it is not one.
+std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what);
+
 // An actor system configured with troupe's message types.
 struct actor_env {
   caf::actor_system_config cfg;
   std::unique_ptr<caf::actor_system> sys;
-  // With `network`, the middleman is loaded (publish, remote_actor).
-  explicit actor_env(bool network = false);
+  std::optional<cluster_identity> identity;  // removed at exit
+  actor_env();
+  // With the middleman on the cluster's TLS: only peers holding `secret`
+  // get past the handshake (runtime/cluster_tls.hpp).
+  actor_env(const std::string& secret, const cluster_flags& c);
+  ~actor_env();
+  actor_env(const actor_env&) = delete;
+  actor_env& operator=(const actor_env&) = delete;
+
+ private:
+  void configure();
 };
 
 // A forward_fn that sends to the device actor and waits for the reply.
@@ -45,6 +72,7 @@ device_info query_info(caf::actor_system& sys, device_actor dev);
 
 // Subcommands
 void add_generate(CLI::App& app);
+void add_node(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
 // `troupe client admin ...` under the client command (cmd_admin.cpp);

@@ -1,0 +1,287 @@
+#include "actors/node.hpp"
+
+#include <CL/cl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "actors/device.hpp"
+#include "actors/instance.hpp"
+#include "runtime/model_file.hpp"
+#include "runtime/model_registry.hpp"
+#include "runtime/tokenizer.hpp"
+
+namespace troupe {
+
+engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec) {
+  auto where = resolve_model(spec.model);
+  auto model = model_file::open(where.model_path,
+                                spec.tokenizer.empty() ? where.tokenizer_path : spec.tokenizer);
+  auto tok = tokenizer::create(model->vocab());
+  engine_options eo;
+  eo.device = {spec.platform, spec.device};
+  eo.page_size = spec.page_size;
+  eo.kv_bytes = static_cast<size_t>(spec.kv_mb) << 20;
+  eo.kv_f16 = !spec.kv_f32;
+  eo.max_batch_tokens = std::max(spec.batch, spec.max_batch_tokens);
+  apply_tuning_env(eo);
+  instance_options io;
+  io.limits.max_batch_tokens = spec.max_batch_tokens;
+  io.limits.max_seqs = spec.max_seqs;
+  io.limits.chunk_size = spec.chunk_size;
+  io.limits.page_size = spec.page_size;
+  io.preemption = spec.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
+  io.eog_tokens = tok->end_of_generation_ids();
+  io.prefix_caching = spec.prefix_caching;
+  engine_handles h;
+  h.device = spawn_device(sys, std::move(model), eo);
+  try {
+    h.hosted.actor = spawn_instance(sys, h.device, io);
+  } catch (...) {
+    caf::anon_send_exit(h.device, caf::exit_reason::user_shutdown);
+    throw;
+  }
+  h.hosted.slot = slot;
+  // The instance answers from its own copy; this is the device's view.
+  caf::scoped_actor self{sys};
+  self->request(h.device, std::chrono::seconds(30), info_atom::value)
+      .receive([&](device_info& i) { h.hosted.info = std::move(i); }, [](caf::error&) {});
+  return h;
+}
+
+node_resources local_resources() {
+  node_resources r;
+  char host[256] = "";
+  if (::gethostname(host, sizeof host - 1) == 0) r.host = host;
+  r.cores = static_cast<int32_t>(::sysconf(_SC_NPROCESSORS_ONLN));
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:") r.mem_total = kib << 10;
+    if (key == "MemAvailable:") r.mem_available = kib << 10;
+  }
+  cl_uint np = 0;
+  if (clGetPlatformIDs(0, nullptr, &np) == CL_SUCCESS && np > 0) {
+    std::vector<cl_platform_id> plats(np);
+    clGetPlatformIDs(np, plats.data(), nullptr);
+    for (cl_uint p = 0; p < np; ++p) {
+      cl_uint nd = 0;
+      if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 0, nullptr, &nd) != CL_SUCCESS) continue;
+      std::vector<cl_device_id> devs(nd);
+      clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, nd, devs.data(), nullptr);
+      for (cl_uint d = 0; d < nd; ++d) {
+        char name[256] = "";
+        clGetDeviceInfo(devs[d], CL_DEVICE_NAME, sizeof name - 1, name, nullptr);
+        r.opencl_devices.push_back(std::to_string(p) + "/" + std::to_string(d) + ": " + name);
+      }
+    }
+  }
+  return r;
+}
+
+namespace {
+
+// The detached builder: one model load at a time (two at once would only
+// share the same cores), never on CAF's scheduler threads.
+node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer self) {
+  return {
+      [self](spawn_instance_atom, int32_t slot,
+             const instance_spec& spec) -> caf::result<hosted_instance> {
+        try {
+          auto h = spawn_engine(self->system(), slot, spec);
+          // The device lives as long as its instance.
+          auto dev = h.device;
+          h.hosted.actor->attach_functor([dev](const caf::error&) {
+            caf::anon_send_exit(dev, caf::exit_reason::user_shutdown);
+          });
+          return h.hosted;
+        } catch (const std::exception& e) {
+          return caf::make_error(
+              caf::sec::runtime_error,
+              "instance " + std::to_string(slot) + " (model " + spec.model + "): " + e.what());
+        }
+      },
+  };
+}
+
+// One service the node hosts instances for.
+struct hosted_service {
+  node_link_actor link;
+  bool link_alive = false;
+  std::map<int32_t, hosted_instance> slots;  // by slot
+  std::map<int32_t, instance_spec> specs;
+};
+
+using reap_atom = caf::atom_constant<caf::atom("reap")>;
+
+struct node_state {
+  node_options opts;
+  node_spawner_actor spawner;
+  std::map<std::string, hosted_service> services;  // by service id
+  bool leaving = false;
+  static inline const char* name = "node";
+};
+
+using node_impl = node_control_actor::extend<caf::reacts_to<reap_atom, std::string>>;
+using self_ptr = node_impl::stateful_pointer<node_state>;
+
+bool same_spec(const instance_spec& a, const instance_spec& b) {
+  return caf::deep_to_string(a) == caf::deep_to_string(b);
+}
+
+// Spawns the missing slots of `svc` one after the other, then delivers.
+void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_t next,
+                caf::typed_response_promise<std::vector<hosted_instance>> rp) {
+  auto& st = self->state;
+  auto it = st.services.find(svc);
+  if (it == st.services.end()) {
+    rp.deliver(caf::make_error(caf::sec::runtime_error, "the service went away"));
+    return;
+  }
+  if (next == todo.size()) {
+    std::vector<hosted_instance> out;
+    for (auto& [slot, h] : it->second.slots) out.push_back(h);
+    rp.deliver(std::move(out));
+    return;
+  }
+  const int32_t slot = todo[next];
+  self->request(st.spawner, caf::infinite, spawn_instance_atom::value, slot, it->second.specs[slot])
+      .then(
+          [self, svc, todo, next, rp](hosted_instance& h) mutable {
+            auto& st = self->state;
+            auto it = st.services.find(svc);
+            if (it == st.services.end()) {
+              caf::anon_send_exit(h.actor, caf::exit_reason::user_shutdown);
+            } else {
+              spdlog::info("node: instance {} of service {} is up ({} pages of {} tokens)", h.slot,
+                           svc, h.info.n_pages, h.info.page_size);
+              self->monitor(h.actor);
+              it->second.slots[h.slot] = h;
+            }
+            fill_slots(self, svc, std::move(todo), next + 1, rp);
+          },
+          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+}
+
+}  // namespace
+
+node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
+  auto spawner = sys.spawn<caf::detached>(spawner_behavior);
+  auto impl = sys.spawn([opts, spawner](self_ptr self) -> node_impl::behavior_type {
+    auto& st = self->state;
+    st.opts = opts;
+    st.spawner = spawner;
+    self->link_to(spawner);
+    self->set_down_handler([self](const caf::down_msg& dm) {
+      auto& st = self->state;
+      for (auto& [svc, hs] : st.services) {
+        if (hs.link && dm.source == hs.link.address() && hs.link_alive) {
+          hs.link_alive = false;
+          spdlog::warn("node: lost service {} ({}); keeping its {} instances for {} s", svc,
+                       self->system().render(dm.reason), hs.slots.size(),
+                       st.opts.reap_after.count());
+          self->delayed_send(self, st.opts.reap_after, reap_atom::value, svc);
+        }
+        for (auto it = hs.slots.begin(); it != hs.slots.end();)
+          if (it->second.actor.address() == dm.source) {
+            spdlog::warn("node: instance {} of service {} is down: {}", it->first, svc,
+                         self->system().render(dm.reason));
+            it = hs.slots.erase(it);
+          } else {
+            ++it;
+          }
+      }
+    });
+    return {
+        [self](
+            host_atom, const std::string& svc, node_link_actor link,
+            const std::vector<instance_spec>& specs) -> caf::result<std::vector<hosted_instance>> {
+          auto& st = self->state;
+          if (st.leaving) return caf::make_error(caf::sec::runtime_error, "the node is stopping");
+          auto& hs = st.services[svc];
+          if (hs.link != link) {
+            hs.link = link;
+            self->monitor(link);
+          }
+          hs.link_alive = true;
+          std::vector<int32_t> todo;
+          for (size_t i = 0; i < specs.size(); ++i) {
+            const auto slot = static_cast<int32_t>(i);
+            auto have = hs.specs.find(slot);
+            if (have != hs.specs.end() && !same_spec(have->second, specs[i])) {
+              // A different engine in this slot: the old one goes.
+              if (auto h = hs.slots.find(slot); h != hs.slots.end()) {
+                self->send_exit(h->second.actor, caf::exit_reason::user_shutdown);
+                hs.slots.erase(h);
+              }
+            }
+            hs.specs[slot] = specs[i];
+            if (!hs.slots.count(slot)) todo.push_back(slot);
+          }
+          for (auto it = hs.slots.begin(); it != hs.slots.end();)
+            if (it->first >= static_cast<int32_t>(specs.size())) {
+              self->send_exit(it->second.actor, caf::exit_reason::user_shutdown);
+              it = hs.slots.erase(it);
+            } else {
+              ++it;
+            }
+          spdlog::info("node: service {} asks for {} instances ({} to start)", svc, specs.size(),
+                       todo.size());
+          auto rp = self->make_response_promise<std::vector<hosted_instance>>();
+          fill_slots(self, svc, std::move(todo), 0, rp);
+          return rp;
+        },
+        [self](resources_atom) {
+          auto r = local_resources();
+          for (const auto& [svc, hs] : self->state.services)
+            r.instances += static_cast<int32_t>(hs.slots.size());
+          return r;
+        },
+        [self](stop_atom) -> caf::result<int32_t> {
+          auto& st = self->state;
+          if (!st.leaving) {
+            st.leaving = true;
+            for (auto& [svc, hs] : st.services)
+              if (hs.link_alive) self->send(hs.link, leaving_atom::value);
+          }
+          // The sequences still held, summed over every instance.
+          std::vector<instance_actor> all;
+          for (auto& [svc, hs] : st.services)
+            for (auto& [slot, h] : hs.slots) all.push_back(h.actor);
+          if (all.empty()) return 0;
+          auto rp = self->make_response_promise<int32_t>();
+          auto total = std::make_shared<int32_t>(0);
+          auto left = std::make_shared<size_t>(all.size());
+          for (const auto& a : all)
+            self->request(a, std::chrono::seconds(2), stats_atom::value)
+                .then(
+                    [rp, total, left](const instance_stats& s) mutable {
+                      *total += s.waiting + s.running;
+                      if (--*left == 0) rp.deliver(*total);
+                    },
+                    [rp, total, left](caf::error&) mutable {
+                      if (--*left == 0) rp.deliver(*total);
+                    });
+          return rp;
+        },
+        [self](reap_atom, const std::string& svc) {
+          auto& st = self->state;
+          auto it = st.services.find(svc);
+          if (it == st.services.end() || it->second.link_alive) return;
+          spdlog::warn("node: service {} did not come back; stopping its {} instances", svc,
+                       it->second.slots.size());
+          for (auto& [slot, h] : it->second.slots)
+            self->send_exit(h.actor, caf::exit_reason::user_shutdown);
+          st.services.erase(it);
+        },
+    };
+  });
+  return caf::actor_cast<node_control_actor>(impl);
+}
+
+}  // namespace troupe

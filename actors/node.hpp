@@ -1,0 +1,42 @@
+#pragma once
+// The node actor (DESIGN.md §2 "node", issue 10): one per `troupe node`
+// process.  It hosts engine instances for services (messages/node.hpp):
+// builds them from specs on a detached spawner, keeps them while their
+// service's link lives (and for `reap_after` once it is gone, so a service
+// that reconnects finds its instances and sequences still there), and
+// tells the services when the node is about to stop.
+//
+// spawn_engine is the one way an engine is built, for `troupe serve`'s
+// local instances as for a node's.
+#include <chrono>
+
+#include "messages/node.hpp"
+
+namespace troupe {
+
+struct engine_handles {
+  hosted_instance hosted;
+  device_actor device;  // exit it after the instance
+};
+
+// Opens the model the spec names, loads it on the device and spawns the
+// device and instance actors.  Blocks while the model loads (call it from a
+// detached actor or before serving).  Throws with the reason when it cannot.
+engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec);
+
+// What this machine has (cores, memory, OpenCL devices).
+node_resources local_resources();
+
+struct node_options {
+  std::chrono::seconds reap_after{60};  // a lost service's instances are kept this long
+};
+
+// `stop_atom` on the node: the node is stopping; replies with the
+// sequences its instances still hold.  The first call tells every service
+// (leaving), which moves its sequences elsewhere; the caller polls until 0.
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using node_control_actor = node_actor::extend<caf::replies_to<stop_atom>::with<int32_t>>;
+
+node_control_actor spawn_node(caf::actor_system& sys, node_options opts);
+
+}  // namespace troupe

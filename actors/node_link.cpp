@@ -1,0 +1,151 @@
+#include "actors/node_link.hpp"
+
+#include <spdlog/spdlog.h>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
+
+namespace troupe {
+
+namespace {
+
+struct link_state {
+  node_link_options opts;
+  link_status status;
+  node_actor node;
+  bool settled = false;
+  bool leaving = false;  // the node said it stops: no reconnect to it
+  std::vector<caf::typed_response_promise<link_status>> waiting;  // for settled
+  static inline const char* name = "node_link";
+};
+
+using self_ptr = node_link_full_actor::stateful_pointer<link_state>;
+
+void settle(self_ptr self) {
+  auto& st = self->state;
+  self->send(st.opts.router, nodes_atom::value, st.status);
+  st.settled = true;
+  for (auto& rp : st.waiting) rp.deliver(st.status);
+  st.waiting.clear();
+}
+
+// Not up: say why, and try again later.
+void failed(self_ptr self, const std::string& state, const std::string& why) {
+  auto& st = self->state;
+  const bool first = st.status.state != state || st.status.error != why;
+  st.status.state = state;
+  st.status.error = why;
+  st.status.instances.clear();
+  if (first) spdlog::warn("cluster: node {} {}: {}", st.opts.address(), state, why);
+  settle(self);
+  if (!st.leaving) self->delayed_send(self, st.opts.retry, connect_now_atom::value);
+}
+
+void host(self_ptr self) {
+  auto& st = self->state;
+  self->request(st.node, std::chrono::seconds(10), resources_atom::value)
+      .then([self](node_resources& r) { self->state.status.resources = std::move(r); },
+            [](caf::error&) {});
+  self->request(st.node, st.opts.host_timeout, host_atom::value, st.opts.service_id,
+                caf::actor_cast<node_link_actor>(self), st.opts.specs)
+      .then(
+          [self](std::vector<hosted_instance>& hosted) {
+            auto& st = self->state;
+            for (const auto& h : hosted)
+              if (h.info.model_fingerprint != st.opts.model_fingerprint)
+                return failed(self, "refused",
+                              "its instance " + std::to_string(h.slot) + " serves model " +
+                                  h.info.model_path + ", not the service's (fingerprints differ)");
+            auto first = hosted.empty() ? device_info{} : hosted[0].info;
+            self->request(st.opts.router, std::chrono::seconds(10), add_instances_atom::value,
+                          st.opts.address(), std::move(hosted))
+                .then(
+                    [self, info = std::move(first)](std::vector<uint64_t>& ids) {
+                      auto& st = self->state;
+                      st.status.info = info;
+                      st.status.state = "up";
+                      st.status.error.clear();
+                      st.status.instances = std::move(ids);
+                      spdlog::info("cluster: node {} is up with {} instances", st.opts.address(),
+                                   st.status.instances.size());
+                      settle(self);
+                    },
+                    [self](caf::error& e) {
+                      failed(self, "down",
+                             "the router did not take its instances: " + self->system().render(e));
+                    });
+          },
+          [self](caf::error& e) {
+            failed(self, "refused", "it cannot host the instances: " + self->system().render(e));
+          });
+}
+
+void connect(self_ptr self) {
+  auto& st = self->state;
+  if (st.leaving || st.status.state == "up" || st.status.state == "connecting") return;
+  st.status.state = "connecting";
+  ++st.status.attempts;
+  auto mm = self->system().openssl_manager().actor_handle();
+  self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, st.opts.host, st.opts.port)
+      .then(
+          [self](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            auto& st = self->state;
+            if (!ptr) return failed(self, "refused", "it publishes no node actor at that port");
+            st.node = caf::actor_cast<node_actor>(ptr);
+            self->monitor(st.node);
+            host(self);
+          },
+          [self](caf::error& e) {
+            // A TLS refusal shows here as a closed connection; the log line
+            // of the handshake says more (runtime/cluster_tls.cpp).
+            auto why = self->system().render(e);
+            if (why.find("disconnect_during_handshake") != std::string::npos)
+              why +=
+                  " (the TLS handshake failed: not the same cluster secret, or not a troupe "
+                  "node)";
+            failed(self, "down", "cannot connect: " + why);
+          });
+}
+
+}  // namespace
+
+node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options opts) {
+  return sys.spawn([opts = std::move(opts)](self_ptr self) -> node_link_full_actor::behavior_type {
+    auto& st = self->state;
+    st.opts = opts;
+    st.status.address = opts.address();
+    st.status.state = "down";
+    self->set_down_handler([self](const caf::down_msg& dm) {
+      auto& st = self->state;
+      if (!st.node || dm.source != st.node.address()) return;
+      st.node = nullptr;
+      // The router and the request actors saw the instances go down too.
+      // A node that left may be started again: keep trying.
+      st.leaving = false;
+      failed(self, "down", "lost: " + self->system().render(dm.reason));
+    });
+    self->send(self, connect_now_atom::value);
+    return {
+        [self](connect_now_atom) { connect(self); },
+        [self](leaving_atom) {
+          auto& st = self->state;
+          st.leaving = true;
+          st.status.state = "leaving";
+          self->send(st.opts.router, nodes_atom::value, st.status);
+          spdlog::warn("cluster: node {} is stopping; draining its instances", st.opts.address());
+          for (uint64_t id : st.status.instances)
+            self->request(st.opts.router, std::chrono::minutes(10), drain_instance_atom::value, id)
+                .then([](uint64_t) {}, [](caf::error&) {});
+        },
+        [self](status_atom) { return self->state.status; },
+        [self](settled_atom) -> caf::result<link_status> {
+          auto& st = self->state;
+          if (st.settled) return st.status;
+          auto rp = self->make_response_promise<link_status>();
+          st.waiting.push_back(rp);
+          return rp;
+        },
+    };
+  });
+}
+
+}  // namespace troupe

@@ -1,0 +1,113 @@
+#pragma once
+// The node protocol (DESIGN.md §2 "node", §8; issue 10): a `troupe node`
+// process hosts engine instances for services.  A service's node link asks
+// it to host instances built from plain, serializable specs; the node
+// spawns each one (device actor + instance actor) and hands back their
+// handles, which the service then uses exactly as local ones.  Everything
+// here crosses processes, over CAF's middleman on the cluster's TLS.
+#include <caf/all.hpp>
+#include <string>
+#include <vector>
+
+#include "messages/device.hpp"
+#include "messages/instance.hpp"
+
+namespace troupe {
+
+// What a node needs to build one engine instance.  Paths and names are as
+// the node sees them; no pointer, no open file (DESIGN.md §8 "Spawning").
+struct instance_spec {
+  std::string model;      // a registry name or a path on the node
+  std::string tokenizer;  // llama2.c models: tokenizer.bin; empty: beside the model
+  int32_t platform = 0;
+  int32_t device = 0;
+  int32_t page_size = 16;
+  int32_t kv_mb = 256;
+  bool kv_f32 = false;
+  int32_t batch = 512;  // device rows per forward call
+  int32_t max_batch_tokens = 256;
+  int32_t max_seqs = 64;
+  int32_t chunk_size = 128;
+  std::string preemption = "recompute";  // or "swap"
+  bool prefix_caching = true;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
+  return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
+           x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
+           x.preemption, x.prefix_caching);
+}
+
+// One instance a node runs for a service: its slot (the index of its spec
+// in the service's request, stable across reconnects) and what its device
+// holds (the service checks the model fingerprint).
+struct hosted_instance {
+  int32_t slot = 0;
+  instance_actor actor;
+  device_info info;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hosted_instance& x) {
+  return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info);
+}
+
+// What a node has to offer.
+struct node_resources {
+  std::string host;        // its hostname
+  int32_t cores = 0;       // online CPUs
+  uint64_t mem_total = 0;  // bytes
+  uint64_t mem_available = 0;
+  std::vector<std::string> opencl_devices;  // "platform/device: name"
+  int32_t instances = 0;                    // hosted now, for all services
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_resources& x) {
+  return f(caf::meta::type_name("node_resources"), x.host, x.cores, x.mem_total, x.mem_available,
+           x.opencl_devices, x.instances);
+}
+
+// A node as the service's link to it knows it (admin `nodes`).
+struct link_status {
+  std::string address;
+  std::string state;  // connecting, up, down, refused, leaving
+  std::string error;  // why it is not up (empty when it is)
+  int32_t attempts = 0;
+  std::vector<uint64_t> instances;  // router ids
+  node_resources resources;
+  device_info info;  // of its first instance, once up
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, link_status& x) {
+  return f(caf::meta::type_name("link_status"), x.address, x.state, x.error, x.attempts,
+           x.instances, x.resources, x.info);
+}
+
+using host_atom = caf::atom_constant<caf::atom("host")>;
+using resources_atom = caf::atom_constant<caf::atom("resources")>;
+using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
+
+// The service side of one node (actors/node_link): told when the node is
+// about to stop, so the service moves its sequences off first.
+using node_link_actor = caf::typed_actor<caf::reacts_to<leaving_atom>>;
+
+// host:      (service id, link, specs) the instances this service runs on
+//            the node, one per spec: the ones it runs already (a link that
+//            reconnects gets the same actors back), else spawned now.  The
+//            reply comes once all are up; an error names the spec that
+//            failed and why (unknown model, no OpenCL device, ...).
+// resources: cores, memory, OpenCL devices, instances hosted.
+using node_actor = caf::typed_actor<
+    caf::replies_to<host_atom, std::string, node_link_actor,
+                    std::vector<instance_spec>>::with<std::vector<hosted_instance>>,
+    caf::replies_to<resources_atom>::with<node_resources>>;
+
+// The node's one-at-a-time builder (detached: loading a model blocks).
+using spawn_instance_atom = caf::atom_constant<caf::atom("spawninst")>;
+using node_spawner_actor = caf::typed_actor<
+    caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>>;
+
+}  // namespace troupe

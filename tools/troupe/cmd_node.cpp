@@ -1,0 +1,116 @@
+// troupe node: a process that hosts engine instances for services (issue
+// 10, DESIGN.md §8).  It publishes its node actor on --listen over CAF's
+// middleman on the cluster's TLS (only peers with the cluster secret get
+// in), builds instances when a service asks, and serves until SIGTERM;
+// then it tells its services, which move their sequences elsewhere, and
+// stops once its instances hold none (or the grace period ends).
+#include <pthread.h>
+#include <signal.h>
+
+#include <caf/openssl/publish.hpp>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "actors/node.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct node_flags {
+  std::string listen = "127.0.0.1:0";
+  cluster_flags cluster;
+  double grace_s = 30;
+  int reap_after_s = 60;
+};
+
+int run_node(const node_flags& f) {
+  auto [host, port] = split_address(f.listen, "--listen");
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  const std::string secret = load_cluster_secret(f.cluster);
+  actor_env env(secret, f.cluster);
+  node_options no;
+  no.reap_after = std::chrono::seconds(f.reap_after_s);
+  auto node = spawn_node(*env.sys, no);
+  auto bound = caf::openssl::publish(caf::actor_cast<node_actor>(node), port,
+                                     host.empty() ? nullptr : host.c_str(), true);
+  if (!bound) {
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    throw std::runtime_error("--listen " + f.listen +
+                             ": cannot listen: " + env.sys->render(bound.error()));
+  }
+  const auto res = local_resources();
+  std::fprintf(stderr, "troupe node: %d cores, %.1f GiB memory, cluster %s\n", res.cores,
+               static_cast<double>(res.mem_total) / (1u << 30),
+               cluster_fingerprint(secret).substr(0, 16).c_str());
+  for (const auto& d : res.opencl_devices)
+    std::fprintf(stderr, "troupe node: OpenCL %s\n", d.c_str());
+  std::printf("troupe node: listening on %s:%u\n", host.empty() ? "0.0.0.0" : host.c_str(),
+              static_cast<unsigned>(*bound));
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  std::fprintf(stderr, "troupe node: %s, handing sequences back (grace %.1f s)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s);
+  caf::scoped_actor self{*env.sys};
+  const auto end = std::chrono::steady_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(f.grace_s * 1000));
+  for (;;) {
+    int32_t held = 0;
+    self->request(node, std::chrono::seconds(5), stop_atom::value)
+        .receive([&](int32_t n) { held = n; }, [&](caf::error&) { held = 0; });
+    if (held == 0) break;
+    if (std::chrono::steady_clock::now() >= end) {
+      std::fprintf(stderr, "troupe node: %d sequences still here at the end of the grace period\n",
+                   held);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  self->send_exit(node, caf::exit_reason::user_shutdown);
+  std::fprintf(stderr, "troupe node: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_cluster_flags(CLI::App& cmd, cluster_flags& c) {
+  cmd.add_option("--cluster-secret-file", c.secret_file,
+                 "file holding the cluster secret (mode 600); default: cluster.secret in the run "
+                 "folder, made on first use (docs/security.md)");
+  cmd.add_option("--heartbeat-ms", c.heartbeat_ms, "heartbeat between cluster processes")
+      ->check(CLI::Range(10, 60000));
+  cmd.add_option("--connection-timeout-ms", c.connection_timeout_ms,
+                 "a peer silent this long is lost (its instances go down)")
+      ->check(CLI::Range(100, 600000));
+}
+
+void add_node(CLI::App& app) {
+  auto f = std::make_shared<node_flags>();
+  auto* cmd = app.add_subcommand(
+      "node", "host engine instances for troupe services (troupe serve --nodes HOST:PORT)");
+  cmd->add_option("-l,--listen", f->listen,
+                  "HOST:PORT to listen on (default 127.0.0.1:0: loopback, a port the OS picks)");
+  add_cluster_flags(*cmd, f->cluster);
+  cmd->add_option("--grace-s", f->grace_s,
+                  "at SIGTERM: seconds to wait for the services to move their sequences away")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--reap-after-s", f->reap_after_s,
+                  "a service that lost its connection gets its instances back if it returns "
+                  "within this many seconds")
+      ->check(CLI::Range(1, 86400));
+  cmd->callback([f] {
+    int rc = run_node(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace troupe::cli
