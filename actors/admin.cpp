@@ -18,7 +18,7 @@ using self_ptr = admin_actor::stateful_pointer<admin_state>;
 
 // Asks the router for the instances, then each for its stats; `done` gets
 // them all, in the router's order, or the router's error.  An instance that
-// does not answer (down) is listed with empty stats.
+// is down, or does not answer within 3 s, is listed with empty stats.
 template <class Done>
 void ask_instances(self_ptr self, Done done) {
   self->request(self->state.router, std::chrono::seconds(10), registry_atom::value)
@@ -38,7 +38,13 @@ void ask_instances(self_ptr self, Done done) {
               auto finish_one = [g, done]() mutable {
                 if (--g->left == 0) done(std::move(g->out), caf::error{});
               };
-              self->request(reg[i].actor, std::chrono::seconds(10), stats_atom::value)
+              // A lost remote instance does not answer at all (its proxy
+              // drops messages): ask only the live ones, briefly.
+              if (reg[i].state == "down") {
+                finish_one();
+                continue;
+              }
+              self->request(reg[i].actor, std::chrono::seconds(3), stats_atom::value)
                   .then(
                       [g, i, finish_one](instance_stats& s) mutable {
                         g->out[i].stats = std::move(s);
@@ -63,6 +69,13 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
           else
             rp.deliver(std::move(v));
         });
+        return rp;
+      },
+      [self](nodes_atom) {
+        auto rp = self->make_response_promise<std::vector<link_status>>();
+        self->request(self->state.router, std::chrono::seconds(10), nodes_atom::value)
+            .then([rp](std::vector<link_status>& v) mutable { rp.deliver(std::move(v)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
       [self](requests_atom) {

@@ -183,6 +183,25 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return out;
         },
         instances_atom::value);
+  if (command == "nodes")
+    return call<std::vector<link_status>>(
+        self, peer,
+        [](std::vector<link_status>& v) {
+          json out = json::array();
+          for (const auto& n : v)
+            out.push_back({{"address", n.address},
+                           {"state", n.state},
+                           {"error", n.error},
+                           {"attempts", n.attempts},
+                           {"instances", n.instances},
+                           {"cores", n.resources.cores},
+                           {"mem_total", n.resources.mem_total},
+                           {"mem_available", n.resources.mem_available},
+                           {"opencl_devices", n.resources.opencl_devices},
+                           {"hosted", n.resources.instances}});
+          return out;
+        },
+        nodes_atom::value);
   if (command == "requests")
     return call<std::vector<inflight_request>>(
         self, peer,
@@ -228,7 +247,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
   reply(self, peer,
         failure("unknown_command",
                 "unknown command '" + command +
-                    "' (instances, requests, trace, kv, cancel, migrate, drain, kill)"));
+                    "' (instances, nodes, requests, trace, kv, cancel, migrate, drain, kill)"));
 }
 
 void poll_once(self_ptr self) {
@@ -258,7 +277,8 @@ void poll_once(self_ptr self) {
 }  // namespace
 
 bool admin_command_is_read_only(const std::string& command) {
-  return command == "instances" || command == "requests" || command == "trace" || command == "kv";
+  return command == "instances" || command == "nodes" || command == "requests" ||
+         command == "trace" || command == "kv";
 }
 
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,

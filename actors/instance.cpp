@@ -483,7 +483,6 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   b.geometry = arena_geometry(st);
   b.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
   b.n_prompt = std::min(s.n_prompt, s.computed);
-  b.sampler_state = s.smp.rng_state();
   std::vector<int32_t> pages;
   if (s.swapped)
     b.pages = std::move(s.blob);
@@ -531,18 +530,11 @@ caf::result<int32_t> import_sequence(self_ptr self, sequence_request r,
   all.insert(all.end(), r.generated.begin(), r.generated.end());
   if (b.tokens.size() > all.size() || !std::equal(b.tokens.begin(), b.tokens.end(), all.begin()))
     return refuse(who + "the blob's tokens are not the start of this request's tokens");
-  sampler probe(r.sampling);
-  if (!b.sampler_state.empty()) try {
-      probe.set_rng_state(b.sampler_state);
-    } catch (const std::exception&) {
-      return refuse(who + "the blob's sampler state does not read");
-    }
   // At least the last token is computed here, for the logits of the next.
   const int32_t n_kv = std::min<int32_t>(static_cast<int32_t>(b.tokens.size()),
                                          static_cast<int32_t>(all.size()) - 1);
   live_seq& s = add_sequence(self, std::move(r));
   s.first_admission = false;
-  if (!b.sampler_state.empty()) s.smp.set_rng_state(b.sampler_state);
   if (n_kv > 0) {
     // It waits as a swapped-out sequence does: admission reserves pages and
     // writes the data in (the swap-in path).

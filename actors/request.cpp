@@ -429,7 +429,8 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
   if (st.done) return done(fail("the request has finished"));
   if (!st.accepted) return done(fail("the request is not running yet; try again"));
   if (st.migrating) return done(fail("the request is moving already"));
-  if (target == st.instance_id) return done(target);
+  if (target == st.instance_id)
+    return done(fail("the request runs on instance " + std::to_string(target) + " already"));
   st.migrating = true;
   auto give_up = [self, done](caf::error& e) {
     self->state.migrating = false;

@@ -25,11 +25,11 @@ struct serve_context {
   std::string model_name;
   std::string chat_template;  // Jinja source from the model; empty: no chat
   bool add_bos = false;
-  int32_t max_len = 0;                        // prompt + generated tokens per sequence
-  int32_t page_size = 16;                     // the instances' KV page size
-  uint64_t prefix_salt = 0;                   // fingerprint_salt of the model (page hashes)
-  int32_t default_max_tokens = 256;           // when the client gives none (cut to the context)
-  int32_t max_queue = 256;                    // waiting sequences at most; beyond: "overloaded"
+  int32_t max_len = 0;               // prompt + generated tokens per sequence
+  int32_t page_size = 16;            // the instances' KV page size
+  uint64_t prefix_salt = 0;          // fingerprint_salt of the model (page hashes)
+  int32_t default_max_tokens = 256;  // when the client gives none (cut to the context)
+  int32_t max_queue = 256;           // waiting sequences at most; beyond: "overloaded"
   // Sequence ids are unique across the cluster (several services may share
   // instances): this service's random tag in the top 24 bits, the request
   // actor's id below.  An instance refuses a duplicate id, so even a tag

@@ -46,6 +46,7 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 //            no sequence.
 // killinst:  (instance id) fault injection: kill the instance (its requests
 //            recover elsewhere).
+// nodes:     the cluster's nodes as the service's links know them.
 using admin_actor =
     caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
@@ -54,6 +55,7 @@ using admin_actor =
                      caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
                      caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
-                     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>>;
+                     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>,
+                     caf::replies_to<nodes_atom>::with<std::vector<link_status>>>;
 
 }  // namespace troupe

@@ -138,7 +138,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
   return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped,
            x.queued_prefill_tokens, x.steps, x.decode_tokens, x.prefill_tokens, x.cached_tokens,
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
-           x.imported, x.swap_bytes, x.kv, x.kv_check, x.step_ms);
+           x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
@@ -169,8 +169,7 @@ using import_atom = caf::atom_constant<caf::atom("import")>;
 // stats:   queue lengths, counters and the KV pages.
 // relocate: (drain) asks each sequence's sink to move it elsewhere.
 using instance_actor = caf::typed_actor<
-    caf::reacts_to<relocate_atom>,
-    caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
+    caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,
     caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,

@@ -7,7 +7,7 @@ namespace troupe {
 namespace {
 
 constexpr const char* kMagic = "troupe.kv";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: no sampler state (draws derive from seed and position)
 
 template <class T>
 std::string mismatch(const char* field, const T& blob, const T& here) {
@@ -32,8 +32,8 @@ uint64_t kv_geometry::page_bytes() const {
 std::vector<uint8_t> encode_kv_blob(const kv_blob& b) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
-  // [magic, version, {header}, tokens, n_prompt, sampler_state, pages]
-  pk.pack_array(7);
+  // [magic, version, {header}, tokens, n_prompt, pages]
+  pk.pack_array(6);
   pk.pack(std::string(kMagic));
   pk.pack(kVersion);
   const auto& g = b.geometry;
@@ -46,7 +46,6 @@ std::vector<uint8_t> encode_kv_blob(const kv_blob& b) {
   pk.pack(std::string("dtype")), pk.pack(g.dtype);
   pk.pack(b.tokens);
   pk.pack(b.n_prompt);
-  pk.pack(b.sampler_state);
   pk.pack_bin(static_cast<uint32_t>(b.pages.size()));
   pk.pack_bin_body(reinterpret_cast<const char*>(b.pages.data()),
                    static_cast<uint32_t>(b.pages.size()));
@@ -62,8 +61,8 @@ kv_blob decode_kv_blob(std::span<const uint8_t> bytes) {
     throw kv_blob_error(std::string("KV blob: not msgpack (") + e.what() + ")");
   }
   const msgpack::object& o = oh.get();
-  if (o.type != msgpack::type::ARRAY || o.via.array.size != 7)
-    throw kv_blob_error("KV blob: not a troupe KV blob (expected an array of 7)");
+  if (o.type != msgpack::type::ARRAY || o.via.array.size != 6)
+    throw kv_blob_error("KV blob: not a troupe KV blob (expected an array of 6)");
   const msgpack::object* f = o.via.array.ptr;
   kv_blob b;
   const char* at = "magic";
@@ -99,11 +98,9 @@ kv_blob decode_kv_blob(std::span<const uint8_t> bytes) {
     b.tokens = f[3].as<std::vector<int32_t>>();
     at = "n_prompt";
     b.n_prompt = f[4].as<int32_t>();
-    at = "sampler_state";
-    b.sampler_state = f[5].as<std::string>();
     at = "pages";
-    if (f[6].type != msgpack::type::BIN) throw kv_blob_error("KV blob: pages are not binary");
-    b.pages.assign(f[6].via.bin.ptr, f[6].via.bin.ptr + f[6].via.bin.size);
+    if (f[5].type != msgpack::type::BIN) throw kv_blob_error("KV blob: pages are not binary");
+    b.pages.assign(f[5].via.bin.ptr, f[5].via.bin.ptr + f[5].via.bin.size);
   } catch (const kv_blob_error&) {
     throw;
   } catch (const std::exception& e) {

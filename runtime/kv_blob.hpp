@@ -32,7 +32,6 @@ struct kv_blob {
   kv_geometry geometry;
   std::vector<int32_t> tokens;  // the tokens whose KV the pages hold, from position 0
   int32_t n_prompt = 0;         // how many of them are the prompt
-  std::string sampler_state;    // sampler::rng_state(); empty: none (greedy)
   std::vector<uint8_t> pages;   // ceil(tokens / page_size) pages, as read_pages returns them
 };
 

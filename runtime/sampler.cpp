@@ -27,20 +27,17 @@ std::string validate(const sampling_params& p) {
   return {};
 }
 
-sampler::sampler(const sampling_params& p) : params_(p), rng_(p.seed) {}
+sampler::sampler(const sampling_params& p) : params_(p) {}
 
-std::string sampler::rng_state() const {
-  std::ostringstream out;
-  out << rng_;
-  return out.str();
-}
-
-void sampler::set_rng_state(const std::string& state) {
-  std::istringstream in(state);
-  std::mt19937_64 r;
-  in >> r;
-  if (in.fail()) throw std::invalid_argument("sampler: not an RNG state");
-  rng_ = r;
+double seeded_uniform(uint64_t seed, uint64_t position) {
+  auto mix = [](uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  const uint64_t bits = mix(mix(seed) ^ position);
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 bits: [0, 1)
 }
 
 namespace {
@@ -121,8 +118,7 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     }
     double total = 0.0;
     for (size_t i = 0; i < keep; ++i) total += probs[i];
-    std::uniform_real_distribution<double> u(0.0, total);
-    double r = u(rng_), acc = 0.0;
+    double r = total * seeded_uniform(p.seed, history.size()), acc = 0.0;
     res.token = cand_[keep - 1].second;
     for (size_t i = 0; i < keep; ++i) {
       acc += probs[i];

@@ -1,7 +1,13 @@
 #pragma once
 // Per-sequence token sampling over one row of logits: penalties, then
-// temperature, top-k, top-p, min-p, then a draw from a seeded RNG (or
-// argmax when temperature is 0).  Pure: no device, no actors.
+// temperature, top-k, top-p, min-p, then a seeded draw (or argmax when
+// temperature is 0).  Pure: no device, no actors.
+//
+// Each draw is a function of the seed and the position being sampled
+// alone (a counter-based generator), not of a state carried from draw to
+// draw: a sequence that moves to another instance, or is recomputed there
+// after its instance died, draws exactly what it would have drawn where it
+// was, with nothing to carry.
 #include <cstdint>
 #include <random>
 #include <span>
@@ -38,6 +44,10 @@ struct sample_result {
   std::vector<token_logprob> top;  // n_logprobs best, highest first
 };
 
+// The uniform draw in [0, 1) for `position` under `seed` (splitmix64 of
+// both): the same pair gives the same number on every machine.
+double seeded_uniform(uint64_t seed, uint64_t position);
+
 class sampler {
  public:
   explicit sampler(const sampling_params& p);
@@ -47,16 +57,8 @@ class sampler {
 
   const sampling_params& params() const { return params_; }
 
-  // The RNG's state as text, and setting it back: a sequence that moves to
-  // another instance (runtime/kv_blob) draws there exactly what it would
-  // have drawn here.  set_rng_state throws std::invalid_argument for text
-  // that is not such a state.
-  std::string rng_state() const;
-  void set_rng_state(const std::string& state);
-
  private:
   sampling_params params_;
-  std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
 };
 

@@ -46,9 +46,13 @@ std::vector<double> restricted(const std::vector<double>& probs, const std::set<
 
 std::vector<int> draw_counts(const sampling_params& p, const std::vector<float>& logits, int n,
                              const std::vector<int32_t>& history = {}) {
-  sampler s(p);
+  // A draw depends on the seed and the position only, so the draws come
+  // from n seeds at one position.
   std::vector<int> counts(logits.size(), 0);
   for (int i = 0; i < n; ++i) {
+    auto pi = p;
+    pi.seed = p.seed + static_cast<uint64_t>(i);
+    sampler s(pi);
     const int32_t t = s.sample(logits, history).token;
     EXPECT_GE(t, 0);
     EXPECT_LT(t, int32_t(logits.size()));

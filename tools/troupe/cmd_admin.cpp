@@ -246,6 +246,7 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   };
   action("kv", "KV pages: total, free, used, reusable; prefix hit rate", false);
   action("instances", "the instances with their queues and counters", false);
+  action("nodes", "the cluster's nodes: address, state, resources, instances", false);
   action("requests", "the requests in flight", false);
   action("trace", "one request's trace (the newest with this id)", true);
   action("cancel", "cancel the in-flight requests with this id", true);
