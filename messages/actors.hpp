@@ -10,44 +10,55 @@
 
 namespace troupe {
 
-// Registers every user type that crosses an actor boundary, so sends work
-// between nodes too (CAF 0.17 needs this for serialization).
+// Every user type that crosses an actor boundary, with its registered
+// name: `f.template operator()<T>(name)` for each.  One list serves the
+// registration below and the test that round-trips every type
+// (tests/unit/test_message_types.cpp), so a type cannot be registered
+// without being tested.
+template <class F>
+void for_each_message_type(F&& f) {
+  f.template operator()<forward_seq>("troupe.forward_seq");
+  f.template operator()<std::vector<forward_seq>>("troupe.forward_seqs");
+  f.template operator()<forward_batch>("troupe.forward_batch");
+  f.template operator()<forward_result>("troupe.forward_result");
+  f.template operator()<device_info>("troupe.device_info");
+  f.template operator()<std::vector<int32_t>>("troupe.int32s");
+  f.template operator()<alloc_request>("troupe.alloc_request");
+  f.template operator()<page_copy>("troupe.page_copy");
+  f.template operator()<seq_pages>("troupe.seq_pages");
+  f.template operator()<step_allocation>("troupe.step_allocation");
+  f.template operator()<prefix_match>("troupe.prefix_match");
+  f.template operator()<pool_stats>("troupe.pool_stats");
+  f.template operator()<std::vector<uint8_t>>("troupe.bytes");
+  f.template operator()<sequence_request>("troupe.sequence_request");
+  f.template operator()<token_batch>("troupe.token_batch");
+  f.template operator()<instance_stats>("troupe.instance_stats");
+  f.template operator()<request_trace>("troupe.request_trace");
+  f.template operator()<std::vector<request_trace>>("troupe.request_traces");
+  f.template operator()<inflight_request>("troupe.inflight_request");
+  f.template operator()<std::vector<inflight_request>>("troupe.inflight_requests");
+  f.template operator()<instance_info>("troupe.instance_info");
+  f.template operator()<std::vector<instance_info>>("troupe.instance_infos");
+  f.template operator()<std::vector<uint64_t>>("troupe.uint64s");
+  f.template operator()<instance_spec>("troupe.instance_spec");
+  f.template operator()<std::vector<instance_spec>>("troupe.instance_specs");
+  f.template operator()<hosted_instance>("troupe.hosted_instance");
+  f.template operator()<std::vector<hosted_instance>>("troupe.hosted_instances");
+  f.template operator()<node_resources>("troupe.node_resources");
+  f.template operator()<link_status>("troupe.link_status");
+  f.template operator()<node_link_actor>("troupe.node_link_actor");
+  f.template operator()<std::vector<link_status>>("troupe.link_statuses");
+  f.template operator()<router_instance>("troupe.router_instance");
+  f.template operator()<std::vector<router_instance>>("troupe.router_instances");
+  f.template operator()<placement_reply>("troupe.placement_reply");
+}
+
+// Registers them all, so sends work between nodes too (CAF 0.17 needs
+// this for serialization).
 template <class Config>
 void register_message_types(Config& cfg) {
-  cfg.template add_message_type<forward_seq>("troupe.forward_seq");
-  cfg.template add_message_type<std::vector<forward_seq>>("troupe.forward_seqs");
-  cfg.template add_message_type<forward_batch>("troupe.forward_batch");
-  cfg.template add_message_type<forward_result>("troupe.forward_result");
-  cfg.template add_message_type<device_info>("troupe.device_info");
-  cfg.template add_message_type<std::vector<int32_t>>("troupe.int32s");
-  cfg.template add_message_type<alloc_request>("troupe.alloc_request");
-  cfg.template add_message_type<page_copy>("troupe.page_copy");
-  cfg.template add_message_type<seq_pages>("troupe.seq_pages");
-  cfg.template add_message_type<step_allocation>("troupe.step_allocation");
-  cfg.template add_message_type<prefix_match>("troupe.prefix_match");
-  cfg.template add_message_type<pool_stats>("troupe.pool_stats");
-  cfg.template add_message_type<std::vector<uint8_t>>("troupe.bytes");
-  cfg.template add_message_type<sequence_request>("troupe.sequence_request");
-  cfg.template add_message_type<token_batch>("troupe.token_batch");
-  cfg.template add_message_type<instance_stats>("troupe.instance_stats");
-  cfg.template add_message_type<request_trace>("troupe.request_trace");
-  cfg.template add_message_type<std::vector<request_trace>>("troupe.request_traces");
-  cfg.template add_message_type<inflight_request>("troupe.inflight_request");
-  cfg.template add_message_type<std::vector<inflight_request>>("troupe.inflight_requests");
-  cfg.template add_message_type<instance_info>("troupe.instance_info");
-  cfg.template add_message_type<std::vector<instance_info>>("troupe.instance_infos");
-  cfg.template add_message_type<std::vector<uint64_t>>("troupe.uint64s");
-  cfg.template add_message_type<instance_spec>("troupe.instance_spec");
-  cfg.template add_message_type<std::vector<instance_spec>>("troupe.instance_specs");
-  cfg.template add_message_type<hosted_instance>("troupe.hosted_instance");
-  cfg.template add_message_type<std::vector<hosted_instance>>("troupe.hosted_instances");
-  cfg.template add_message_type<node_resources>("troupe.node_resources");
-  cfg.template add_message_type<link_status>("troupe.link_status");
-  cfg.template add_message_type<node_link_actor>("troupe.node_link_actor");
-  cfg.template add_message_type<std::vector<link_status>>("troupe.link_statuses");
-  cfg.template add_message_type<router_instance>("troupe.router_instance");
-  cfg.template add_message_type<std::vector<router_instance>>("troupe.router_instances");
-  cfg.template add_message_type<placement_reply>("troupe.placement_reply");
+  for_each_message_type(
+      [&cfg]<class T>(const char* name) { cfg.template add_message_type<T>(name); });
 }
 
 }  // namespace troupe

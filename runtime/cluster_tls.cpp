@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace troupe {
 
@@ -180,31 +181,57 @@ Fn real_fn(const char* name) {
   return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
 }
 
+// The peer of a handshake in progress, taken on its first step: by the
+// time a handshake fails the peer may have closed, and getpeername with it.
+// CAF drives each connection's handshake on one thread (the multiplexer's).
+std::unordered_map<SSL*, std::string>& handshake_peers() {
+  thread_local std::unordered_map<SSL*, std::string> peers;
+  return peers;
+}
+
+void handshake_peer_forget(SSL* ssl) {
+  handshake_peers().erase(ssl);
+}
+
+std::string& handshake_peer(SSL* ssl) {
+  auto [it, fresh] = handshake_peers().try_emplace(ssl);
+  if (fresh) it->second = troupe::peer_of(SSL_get_fd(ssl));
+  return it->second;
+}
+
+void handshake_done(SSL* ssl, int ret, const char* format) {
+  const std::string peer = handshake_peer(ssl);
+  if (ret == 1) {
+    handshake_peer_forget(ssl);
+    return;
+  }
+  auto why = troupe::handshake_failure(ssl, ret);
+  if (why.empty()) return;  // wants more I/O
+  handshake_peer_forget(ssl);
+  spdlog::warn(fmt::runtime(format), peer, why);
+}
+
 }  // namespace
 
 extern "C" int SSL_accept(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
+  handshake_peer(ssl);
   const int ret = real(ssl);
-  if (ret != 1)
-    if (auto why = troupe::handshake_failure(ssl, ret); !why.empty())
-      spdlog::warn(
-          "cluster: refused a peer at {}: TLS handshake failed ({}); a peer must hold "
-          "the cluster secret",
-          troupe::peer_of(SSL_get_fd(ssl)), why);
+  handshake_done(ssl, ret,
+                 "cluster: refused a peer at {}: TLS handshake failed ({}); a peer must hold the "
+                 "cluster secret");
   return ret;
 }
 
 extern "C" int SSL_connect(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_connect");
   ERR_clear_error();
+  handshake_peer(ssl);
   const int ret = real(ssl);
-  if (ret != 1)
-    if (auto why = troupe::handshake_failure(ssl, ret); !why.empty())
-      spdlog::warn(
-          "cluster: TLS handshake with {} failed ({}); does it hold the same cluster "
-          "secret?",
-          troupe::peer_of(SSL_get_fd(ssl)), why);
+  handshake_done(ssl, ret,
+                 "cluster: TLS handshake with {} failed ({}); does it hold the same cluster "
+                 "secret?");
   return ret;
 }
 
