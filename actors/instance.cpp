@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,20 @@ namespace troupe {
 
 namespace {
 
+// Where a sequence is, one place at a time (DESIGN.md §3).  Running means
+// prefilling or decoding; the scheduler sees running and queued sequences
+// (waiting, swapped, importing) and never those whose KV is in flight.
+enum class seq_state : uint8_t {
+  waiting,       // queued with no KV of its own: new, or preempted to be recomputed
+  prefilling,    // running, more than one token left to compute
+  decoding,      // running, one token a step
+  swapping_out,  // preempted, its KV being read into the host tier
+  swapped,       // queued, its KV in the host tier (`blob`)
+  exporting,     // its KV being read for another instance; leaves when read
+  importing,     // queued, its KV from another instance (`blob`)
+  finished,      // out of the instance, its last batch sent
+};
+
 // A sequence the instance holds.  Its key (not the request id, which a
 // client may reuse after a cancel) names it to the scheduler, the page pool
 // and in-flight steps.
@@ -30,13 +45,11 @@ struct live_seq {
   int32_t computed = 0;         // tokens whose KV is stored (arena, or host tier when swapped)
   int32_t pages = 0;            // its page table's size
   int32_t committed_pages = 0;  // full pages offered to the prefix index
-  bool running = false;
+  seq_state state = seq_state::waiting;
   bool first_admission = true;
   int32_t prompt_cached = 0;  // prompt tokens the first admission found cached
   bool reported = false;      // the first batch (which carries prompt_cached) went out
-  bool swapped = false;       // waiting, its KV in `blob`
-  bool blob_pending = false;  // swapped, the device read not answered yet
-  std::vector<uint8_t> blob;
+  std::vector<uint8_t> blob;  // its KV while swapped or importing
   sampler smp;
 
   live_seq(sequence_request r, uint64_t k, uint64_t o)
@@ -46,6 +59,17 @@ struct live_seq {
     tokens.insert(tokens.end(), req.generated.begin(), req.generated.end());
   }
   int32_t generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  bool running() const { return state == seq_state::prefilling || state == seq_state::decoding; }
+  bool has_blob() const { return state == seq_state::swapped || state == seq_state::importing; }
+  bool schedulable() const {
+    return state != seq_state::swapping_out && state != seq_state::exporting;
+  }
+  // Running: prefilling until only the last token (whose logits give the
+  // next one) is left.
+  void run() {
+    state = computed + 1 >= static_cast<int32_t>(tokens.size()) ? seq_state::decoding
+                                                                : seq_state::prefilling;
+  }
 };
 
 struct instance_state {
@@ -67,6 +91,8 @@ struct instance_state {
   bool busy = false;                                 // a step is on the device
   std::chrono::steady_clock::time_point step_start;  // of the step on the device
   instance_stats counters;
+  std::deque<step_timing> recent_steps;  // the last kept_steps
+  static constexpr size_t kept_steps = 16;
   static inline const char* name = "instance";
 };
 
@@ -98,6 +124,7 @@ live_seq take_out(self_ptr self, uint64_t key) {
   st.keys.erase(s.req.id);
   forget_sink(self, s.req.sink.address(), key);
   st.counters.swap_bytes -= s.blob.size();
+  s.state = seq_state::finished;
   return s;
 }
 
@@ -124,6 +151,17 @@ void fail(self_ptr self, uint64_t key, const std::string& why) {
   finish(self, key, std::move(last));
 }
 
+// Runs one sequence's bookkeeping; an exception in it ends that sequence
+// with an error naming what failed, and the instance goes on with the rest.
+template <class F>
+void guarded(self_ptr self, uint64_t key, const char* what, F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    fail(self, key, std::string(what) + ": " + e.what());
+  }
+}
+
 finish_reason stop_reason(const instance_state& st, const live_seq& s, int32_t token) {
   const auto& eog = st.opts.eog_tokens;
   if (!s.req.ignore_eos && std::find(eog.begin(), eog.end(), token) != eog.end())
@@ -146,8 +184,7 @@ void preempt(self_ptr self, uint64_t key) {
   if (swap) {
     auto table = st.pool->export_pages(key);
     table.pages.resize(st.pool->pages_for(s.computed));
-    s.swapped = true;
-    s.blob_pending = true;
+    s.state = seq_state::swapping_out;
     // The device serves messages in order: this read sees the pages before
     // any later step reuses them.
     self->request(st.dev, caf::infinite, read_pages_atom::value, table.pages)
@@ -157,7 +194,7 @@ void preempt(self_ptr self, uint64_t key) {
               if (it == self->state.seqs.end()) return;  // aborted meanwhile
               self->state.counters.swap_bytes += data.size();
               it->second.blob = std::move(data);
-              it->second.blob_pending = false;
+              it->second.state = seq_state::swapped;
               step(self);
             },
             [self, key](caf::error& e) {
@@ -166,17 +203,17 @@ void preempt(self_ptr self, uint64_t key) {
               if (it == self->state.seqs.end()) return;
               spdlog::warn("instance: swap-out of request {} failed ({}), recomputing",
                            it->second.req.id, self->system().render(e));
-              it->second.swapped = it->second.blob_pending = false;
+              it->second.state = seq_state::waiting;
               it->second.computed = 0;
               step(self);
             });
     ++st.counters.preempted_swap;
   } else {
     s.computed = 0;
+    s.state = seq_state::waiting;
     ++st.counters.preempted_recompute;
   }
   st.pool->free_sequence(key);
-  s.running = false;
   s.pages = 0;
   s.committed_pages = 0;
   self->send(s.req.sink, preempted_atom::value, s.req.id, swap);
@@ -187,12 +224,12 @@ void preempt(self_ptr self, uint64_t key) {
 void admit(self_ptr self, uint64_t key) {
   auto& st = self->state;
   live_seq& s = st.seqs.at(key);
-  if (s.swapped) {
+  if (s.has_blob()) {
     // Short only when an earlier admission of this round mapped more
     // reusable pages than its first chunk needed: it waits for the next plan.
     auto pages = st.pool->reserve(st.pool->pages_for(s.computed));
     if (pages.empty()) return;
-    s.running = true;
+    s.run();
     ++st.counters.admitted;
     st.pool->attach({key, s.computed, pages});
     s.pages = static_cast<int32_t>(pages.size());
@@ -205,10 +242,8 @@ void admit(self_ptr self, uint64_t key) {
                 fail(self, key, "swap-in: " + self->system().render(e));
               });
     s.blob.clear();
-    s.swapped = false;
     return;
   }
-  s.running = true;
   ++st.counters.admitted;
   s.computed = 0;
   s.pages = 0;
@@ -221,14 +256,15 @@ void admit(self_ptr self, uint64_t key) {
   if (s.first_admission) s.prompt_cached = s.computed;
   s.first_admission = false;
   s.committed_pages = s.pages;
+  s.run();
 }
 
 sched_seq describe(const instance_state& st, const live_seq& s) {
-  sched_seq d{s.key,   s.req.cls, s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
-              s.pages, s.swapped, {}};
+  sched_seq d{s.key,   s.req.cls,    s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
+              s.pages, s.has_blob(), {}};
   // The real table, so the plan knows which pages are shared (a cached
   // prefix) and are not freed by preempting this sequence alone.
-  if (s.running && st.pool->has_sequence(s.key)) d.table = st.pool->table(s.key);
+  if (s.running() && st.pool->has_sequence(s.key)) d.table = st.pool->table(s.key);
   return d;
 }
 
@@ -251,10 +287,10 @@ void make_room(self_ptr self, const std::vector<step_chunk>& chunks, int32_t sho
   auto& st = self->state;
   const live_seq* best = nullptr;
   for (const auto& [key, s] : st.seqs)
-    if (s.running && (!best || runs_before(describe(st, s), describe(st, *best)))) best = &s;
+    if (s.running() && (!best || runs_before(describe(st, s), describe(st, *best)))) best = &s;
   const live_seq* victim = nullptr;
   for (const auto& [key, s] : st.seqs)
-    if (s.running && &s != best && own_pages(*st.pool, key) > 0 &&
+    if (s.running() && &s != best && own_pages(*st.pool, key) > 0 &&
         (!victim || runs_before(describe(st, *victim), describe(st, s))))
       victim = &s;
   if (victim) {
@@ -277,6 +313,8 @@ void make_room(self_ptr self, const std::vector<step_chunk>& chunks, int32_t sho
 
 void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
                forward_result& r);
+void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
+             size_t logits_row);
 
 // Plans the next step and sends it to the device, unless one is running.
 // Admitted sequences are matched against the prefix cache (or swapped in)
@@ -297,18 +335,18 @@ void step(self_ptr self) {
   for (;;) {
     std::vector<sched_seq> running, waiting;
     for (const auto& [key, s] : st.seqs) {
-      if (s.running)
+      if (s.running())
         running.push_back(describe(st, s));
-      else if (!s.blob_pending && !preempted_now.count(key))
+      else if (s.schedulable() && !preempted_now.count(key))
         waiting.push_back(describe(st, s));
     }
     auto plan = plan_step(running, waiting, st.opts.limits, st.pool->available());
     for (uint64_t v : plan.preempted) {
       preempted_now.insert(v);
-      preempt(self, v);
+      guarded(self, v, "preempt", [&] { preempt(self, v); });
     }
     if (!plan.admitted.empty()) {
-      for (uint64_t a : plan.admitted) admit(self, a);
+      for (uint64_t a : plan.admitted) guarded(self, a, "admit", [&] { admit(self, a); });
       continue;
     }
     if (plan.empty()) {
@@ -327,21 +365,35 @@ void step(self_ptr self) {
     chunks.insert(chunks.end(), plan.prefill.begin(), plan.prefill.end());
     std::vector<alloc_request> reqs;
     for (const auto& c : chunks) reqs.push_back({c.id, c.start + c.n_tokens});
-    auto alloc = st.pool->allocate_step(reqs);
+    step_allocation alloc;
+    try {
+      alloc = st.pool->allocate_step(reqs);
+    } catch (const std::exception& e) {
+      // The pool refused the step as a whole (a bookkeeping bug): its
+      // sequences end with the reason; the others go on.
+      for (const auto& c : chunks) fail(self, c.id, std::string("page allocation: ") + e.what());
+      continue;
+    }
     if (!alloc.ok) {
       make_room(self, chunks, alloc.pages_short, preempted_now);
       continue;
     }
     if (!alloc.copies.empty()) {
       std::vector<int32_t> src, dst;
+      std::vector<uint64_t> owners;
       for (const auto& c : alloc.copies) {
         src.push_back(c.src);
         dst.push_back(c.dst);
+        owners.push_back(c.seq);
       }
+      // A failed copy leaves the new pages' heads unwritten: the sequences
+      // that own them fail now, before the step's result (the device
+      // answers in order), instead of decoding from garbage.
       self->request(st.dev, caf::infinite, copy_pages_atom::value, src, dst)
           .then([](int32_t) {},
-                [self](caf::error& e) {
-                  spdlog::warn("instance: page copy failed: {}", self->system().render(e));
+                [self, owners](caf::error& e) {
+                  const std::string why = "page copy failed: " + self->system().render(e);
+                  for (uint64_t key : owners) fail(self, key, why);
                 });
     }
 
@@ -382,48 +434,63 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
                forward_result& r) {
   auto& st = self->state;
   st.busy = false;
-  st.counters.step_ms +=
+  const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.step_start)
           .count();
+  st.counters.step_ms += ms;
+  int32_t rows = 0;
+  for (const auto& c : chunks) rows += c.n_tokens;
+  st.recent_steps.push_back({st.counters.steps, rows, ms});
+  if (st.recent_steps.size() > instance_state::kept_steps) st.recent_steps.pop_front();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
     const size_t logits_row = c.sample ? row++ : 0;
-    auto it = st.seqs.find(c.id);
-    if (it == st.seqs.end()) continue;
-    live_seq& s = it->second;
-    s.computed += c.n_tokens;
-    (i < n_decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
-    if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
-      st.pool->commit_full_pages(s.key, s.tokens);
-      s.committed_pages = s.computed / st.info.page_size;
-    }
-    if (!c.sample) continue;
-    if (r.logits.size() < (logits_row + 1) * size_t(r.n_vocab)) {
-      fail(self, s.key, "forward returned too few logits");
-      continue;
-    }
-    std::span<const float> logits(r.logits.data() + logits_row * r.n_vocab, r.n_vocab);
-    auto res = s.smp.sample(logits, s.tokens);
-    s.tokens.push_back(res.token);
-    token_batch out;
-    out.id = s.req.id;
-    out.tokens.push_back(res.token);
-    if (s.req.sampling.logprobs || s.req.sampling.n_logprobs > 0) {
-      out.logprobs.push_back(res.logprob);
-      if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
-    }
-    if (!s.reported) {
-      s.reported = true;
-      out.cached_tokens = s.prompt_cached;
-    }
-    out.finish = stop_reason(st, s, res.token);
-    if (out.finish != finish_reason::none)
-      finish(self, s.key, std::move(out));
-    else
-      self->send(s.req.sink, tokens_atom::value, std::move(out));
+    // Aborted, or being exported, while the step ran: its part is dropped
+    // (an export carries the KV it had when it began).
+    auto it = self->state.seqs.find(c.id);
+    if (it == self->state.seqs.end() || !it->second.running()) continue;
+    guarded(self, c.id, "step result", [&] { advance(self, c, i < n_decode, r, logits_row); });
   }
   step(self);
+}
+
+// One sequence's part of a step's result.
+void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
+             size_t logits_row) {
+  auto& st = self->state;
+  live_seq& s = st.seqs.at(c.id);
+  s.computed += c.n_tokens;
+  (decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
+  if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
+    st.pool->commit_full_pages(s.key, s.tokens);
+    s.committed_pages = s.computed / st.info.page_size;
+  }
+  s.run();
+  if (!c.sample) return;
+  if (r.n_vocab != st.info.n_vocab || r.logits.size() < (logits_row + 1) * size_t(r.n_vocab))
+    throw std::runtime_error("the forward pass returned " + std::to_string(r.logits.size()) +
+                             " logits of vocabulary " + std::to_string(r.n_vocab));
+  std::span<const float> logits(r.logits.data() + logits_row * r.n_vocab, r.n_vocab);
+  auto res = s.smp.sample(logits, s.tokens);
+  s.tokens.push_back(res.token);
+  s.run();
+  token_batch out;
+  out.id = s.req.id;
+  out.tokens.push_back(res.token);
+  if (s.req.sampling.logprobs || s.req.sampling.n_logprobs > 0) {
+    out.logprobs.push_back(res.logprob);
+    if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
+  }
+  if (!s.reported) {
+    s.reported = true;
+    out.cached_tokens = s.prompt_cached;
+  }
+  out.finish = stop_reason(st, s, res.token);
+  if (out.finish != finish_reason::none)
+    finish(self, s.key, std::move(out));
+  else
+    self->send(s.req.sink, tokens_atom::value, std::move(out));
 }
 
 std::string check_request(const instance_state& st, const sequence_request& r) {
@@ -465,47 +532,61 @@ caf::error refuse(const std::string& what) {
   return caf::make_error(caf::sec::invalid_argument, what);
 }
 
-// Takes the sequence out like a swap-out (its pages are free at once: the
-// device serves the read before any later step that reuses them) and
-// replies with its blob once the page data is read.
+// An export frees the sequence's pages at once, as a swap-out does (the
+// device serves the read before any later step that reuses them); the
+// sequence stays, exporting, until the read answers, then leaves with its
+// blob.
 caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   auto& st = self->state;
   auto k = st.keys.find(id);
   if (k == st.keys.end())
     return refuse("export: no sequence of request " + std::to_string(id) + " here");
   const uint64_t key = k->second;
-  if (st.seqs.at(key).blob_pending)
-    return refuse("export: request " + std::to_string(id) +
-                  " is being swapped out right now; ask again");
-  live_seq s = take_out(self, key);
+  live_seq& s = st.seqs.at(key);
+  if (!s.schedulable())
+    return refuse("export: the KV of request " + std::to_string(id) +
+                  " is being read right now; ask again");
   ++st.counters.exported;
   kv_blob b;
   b.geometry = arena_geometry(st);
   b.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
   b.n_prompt = std::min(s.n_prompt, s.computed);
   std::vector<int32_t> pages;
-  if (s.swapped)
-    b.pages = std::move(s.blob);
-  else if (s.running && s.computed > 0 && st.pool->has_sequence(key)) {
+  if (s.running() && s.computed > 0 && st.pool->has_sequence(key)) {
     pages = st.pool->export_pages(key).pages;
     pages.resize(st.pool->pages_for(s.computed));
-  } else {
+  } else if (!s.has_blob()) {
     b.tokens.clear();  // nothing computed: the importer starts afresh
     b.n_prompt = 0;
   }
   st.pool->free_sequence(key);
   if (pages.empty()) {
+    b.pages = take_out(self, key).blob;
     step(self);
     return encode_kv_blob(b);
   }
+  s.state = seq_state::exporting;
+  s.pages = 0;
   auto rp = self->make_response_promise<std::vector<uint8_t>>();
+  auto exported = [self, key] {
+    auto it = self->state.seqs.find(key);
+    if (it == self->state.seqs.end() || it->second.state != seq_state::exporting) return false;
+    take_out(self, key);
+    return true;
+  };
   self->request(st.dev, caf::infinite, read_pages_atom::value, std::move(pages))
       .then(
-          [rp, b](std::vector<uint8_t>& data) mutable {
+          [rp, b, exported, id](std::vector<uint8_t>& data) mutable {
+            if (!exported()) {
+              rp.deliver(refuse("export request " + std::to_string(id) +
+                                ": it ended while its pages were read"));
+              return;
+            }
             b.pages = std::move(data);
             rp.deliver(encode_kv_blob(b));
           },
-          [rp, id, self](caf::error& e) mutable {
+          [rp, exported, id, self](caf::error& e) mutable {
+            exported();
             rp.deliver(refuse("export request " + std::to_string(id) +
                               ": reading its pages failed: " + self->system().render(e)));
           });
@@ -540,7 +621,7 @@ caf::result<int32_t> import_sequence(self_ptr self, sequence_request r,
     // writes the data in (the swap-in path).
     b.pages.resize(size_t(st.pool->pages_for(n_kv)) * st.info.kv_bytes_per_page);
     s.computed = n_kv;
-    s.swapped = true;
+    s.state = seq_state::importing;
     s.blob = std::move(b.pages);
     st.counters.swap_bytes += s.blob.size();
   }
@@ -581,7 +662,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
           return caf::make_error(caf::sec::invalid_argument,
                                  "enqueue request " + std::to_string(r.id) + ": " + why);
         int32_t ahead = 0;
-        for (const auto& [key, s] : st.seqs) ahead += s.running ? 0 : 1;
+        for (const auto& [key, s] : st.seqs) ahead += s.running() ? 0 : 1;
         add_sequence(self, std::move(r));
         step(self);
         return ahead;
@@ -609,14 +690,17 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         auto& st = self->state;
         instance_stats out = st.counters;
         for (const auto& [key, s] : st.seqs) {
-          ++(s.running ? out.running : out.waiting);
-          out.swapped += s.swapped ? 1 : 0;
+          ++(s.running() ? out.running : out.waiting);
+          const bool host_tier =
+              s.state == seq_state::swapping_out || s.state == seq_state::swapped;
+          out.swapped += host_tier ? 1 : 0;
           const int64_t left = int64_t(s.tokens.size()) - s.computed;
           if (left > 1) out.queued_prefill_tokens += left;
         }
         out.kv = st.pool->stats();
         out.kv_check = st.pool->check_invariants();
         if (st.opts.prefix_caching) out.prefix_hashes = st.pool->indexed_hashes();
+        out.recent_steps.assign(st.recent_steps.begin(), st.recent_steps.end());
         return out;
       },
   };

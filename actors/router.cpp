@@ -20,7 +20,8 @@ struct router_state {
   std::map<uint64_t, instance_stats> last;  // by instance id
   std::vector<drain_wait> drains;
   placement_cursor cursor;
-  prefill_model model;
+  prefill_model model;                   // step time by rows, from every instance's steps
+  std::map<uint64_t, uint64_t> modeled;  // instance id -> the last step fed to `model`
   std::map<std::pair<std::string, int32_t>, uint64_t> slot_ids;  // (node, slot) -> id
   uint64_t next_id = 1;
   std::map<std::string, link_status> nodes;  // by address
@@ -70,6 +71,17 @@ void settle_drains(self_ptr self) {
   }
 }
 
+// Feeds the instance's steps not seen yet to the prefill-time model.  A
+// restarted instance (its node came back) counts steps from 0 again.
+void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& steps) {
+  if (steps.empty()) return;
+  uint64_t& seen = st.modeled[id];
+  if (steps.back().step < seen) seen = 0;
+  for (const auto& t : steps)
+    if (t.step > seen && t.rows > 0) st.model.observe(t.rows, t.ms);
+  seen = steps.back().step;
+}
+
 void poll(self_ptr self) {
   for (const auto& i : self->state.instances) {
     if (i.state == "down") continue;
@@ -84,6 +96,7 @@ void poll(self_ptr self) {
         .then(
             [self, id](instance_stats& s) {
               auto& st = self->state;
+              learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
               settle_drains(self);
             },

@@ -32,6 +32,8 @@ void for_each_message_type(F&& f) {
   f.template operator()<std::vector<uint8_t>>("troupe.bytes");
   f.template operator()<sequence_request>("troupe.sequence_request");
   f.template operator()<token_batch>("troupe.token_batch");
+  f.template operator()<step_timing>("troupe.step_timing");
+  f.template operator()<std::vector<step_timing>>("troupe.step_timings");
   f.template operator()<instance_stats>("troupe.instance_stats");
   f.template operator()<request_trace>("troupe.request_trace");
   f.template operator()<std::vector<request_trace>>("troupe.request_traces");

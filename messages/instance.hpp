@@ -86,6 +86,14 @@ struct sequence_request {
 
 enum class preempt_mode : uint8_t { recompute, swap };
 
+// One forward pass: its rows and its wall time on the device.  The router
+// fits its prefill-time model (runtime/placement) from these.
+struct step_timing {
+  uint64_t step = 0;  // the instance's step counter, to take each sample once
+  int32_t rows = 0;
+  double ms = 0;
+};
+
 struct instance_stats {
   int32_t waiting = 0;
   int32_t running = 0;
@@ -105,9 +113,15 @@ struct instance_stats {
   uint64_t swap_bytes = 0;  // host-tier bytes held now
   double step_ms = 0;       // wall time of all steps on the device
   pool_stats kv;
-  std::string kv_check;                 // page invariants: empty when they hold
-  std::vector<uint64_t> prefix_hashes;  // of its cached full pages (for prefix placement)
+  std::string kv_check;                   // page invariants: empty when they hold
+  std::vector<uint64_t> prefix_hashes;    // of its cached full pages (for prefix placement)
+  std::vector<step_timing> recent_steps;  // the last steps, oldest first (the router's model)
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, step_timing& x) {
+  return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms);
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
@@ -138,7 +152,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
   return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped,
            x.queued_prefill_tokens, x.steps, x.decode_tokens, x.prefill_tokens, x.cached_tokens,
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
-           x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes);
+           x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;

@@ -215,7 +215,7 @@ step_allocation page_pool::allocate_step(const std::vector<alloc_request>& reqs)
       if (needs_copy(s, released_from(s))) {
         int32_t src = s.pages.back();
         int32_t dst = take_page(page_state::mapped);
-        out.copies.push_back({src, dst, s.n_tokens % page_size_});
+        out.copies.push_back({r.seq, src, dst, s.n_tokens % page_size_});
         s.pages.back() = dst;
         ++released[src];
         replaced.push_back(src);

@@ -34,6 +34,7 @@ struct alloc_request {
 // Copy-on-write: before the step's forward pass writes anything, copy the
 // first `tokens` token slots (all layers, K and V) of page `src` to `dst`.
 struct page_copy {
+  uint64_t seq = 0;  // whose table gets `dst`: a failed copy fails this sequence
   int32_t src = 0;
   int32_t dst = 0;
   int32_t tokens = 0;

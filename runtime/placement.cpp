@@ -1,6 +1,7 @@
 #include "runtime/placement.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
 
 namespace troupe {
@@ -143,8 +144,10 @@ placement place(placement_policy policy, const placement_request& req,
       const auto* s = meet.empty() ? fastest : least_loaded(meet);
       out.predicted_ttft_ms = model.predict_ms(double(s->queued_prefill_tokens)) +
                               model.predict_ms(double(req.prompt_tokens));
-      const std::string t = "predicted TTFT " + std::to_string(int64_t(out.predicted_ttft_ms)) +
-                            " ms (target " + std::to_string(int64_t(ttft_target_ms)) + ")";
+      char t_ms[32];
+      std::snprintf(t_ms, sizeof t_ms, "%.1f", out.predicted_ttft_ms);
+      const std::string t = "predicted TTFT " + std::string(t_ms) + " ms (target " +
+                            std::to_string(int64_t(ttft_target_ms)) + ")";
       return pick(s, meet.empty() ? t + ", none meets it: the fastest" : t + ", " + load_text(*s));
     }
   }

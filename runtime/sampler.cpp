@@ -61,8 +61,15 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
   const int32_t n = static_cast<int32_t>(logits.size());
   sample_result res;
 
+  // A broken forward pass (or a malformed reply from a remote device) must
+  // end this sequence with an error, not pick an arbitrary token.
+  if (n == 0) throw std::invalid_argument("sample: no logits");
   cand_.resize(n);
-  for (int32_t i = 0; i < n; ++i) cand_[i] = {logits[i], i};
+  for (int32_t i = 0; i < n; ++i) {
+    if (std::isnan(logits[i]))
+      throw std::invalid_argument("sample: logit " + std::to_string(i) + " is NaN");
+    cand_[i] = {logits[i], i};
+  }
 
   // Penalties over the recent window (llama.cpp semantics).
   const bool penalize =

@@ -53,6 +53,7 @@ class sampler {
   explicit sampler(const sampling_params& p);
 
   // history: the sequence's tokens so far (prompt and generated), for penalties.
+  // Throws std::invalid_argument when the logits are empty or hold a NaN.
   sample_result sample(std::span<const float> logits, std::span<const int32_t> history);
 
   const sampling_params& params() const { return params_; }

@@ -7,6 +7,7 @@
 
 #include <caf/all.hpp>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -30,6 +31,7 @@ struct outcome {
   int final_batches = 0;
   int preemptions = 0;
   int32_t cached_tokens = 0;
+  std::string error;
 };
 
 using results = std::map<uint64_t, outcome>;
@@ -119,6 +121,7 @@ struct instance_fixture {
             o.tokens.insert(o.tokens.end(), b.tokens.begin(), b.tokens.end());
             o.logprobs.insert(o.logprobs.end(), b.logprobs.begin(), b.logprobs.end());
             if (b.cached_tokens > 0) o.cached_tokens = b.cached_tokens;
+            if (!b.error.empty()) o.error = b.error;
             if (b.finish != finish_reason::none) {
               o.finish = b.finish;
               ++o.final_batches;
@@ -560,6 +563,122 @@ TEST(Instance, ABlobThatDoesNotFitIsRefusedByName) {
   EXPECT_NE(refused(a, damaged).find("KV blob"), std::string::npos) << refused(a, damaged);
   EXPECT_EQ(f.stats(f32).imported, 0u);
   for (auto i : {a, f32}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
+}
+
+// Faults a real device does not produce on demand, injected between the
+// instance and a real device: the logits row of one position comes back
+// holding a NaN (a numerically broken pass, or a malformed reply from a
+// remote node), or every page write fails.
+struct fault_plan {
+  int32_t nan_at_position = -1;
+  bool fail_writes = false;
+};
+
+template <class T, class... Ts>
+caf::result<T> relay(device_actor::pointer self, const device_actor& real, Ts&&... xs) {
+  auto rp = self->make_response_promise<T>();
+  self->request(real, caf::infinite, std::forward<Ts>(xs)...)
+      .then([rp](T& x) mutable { rp.deliver(std::move(x)); },
+            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
+}
+
+device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan plan) {
+  return sys.spawn([real, plan](device_actor::pointer self) -> device_actor::behavior_type {
+    return {
+        [=](forward_atom a, forward_batch& b) -> caf::result<forward_result> {
+          std::vector<size_t> poisoned;  // logits rows of the poisoned position
+          for (size_t i = 0; i < b.logit_rows.size(); ++i)
+            if (b.positions[b.logit_rows[i]] == plan.nan_at_position) poisoned.push_back(i);
+          auto rp = self->make_response_promise<forward_result>();
+          self->request(real, caf::infinite, a, std::move(b))
+              .then(
+                  [rp, poisoned](forward_result& r) mutable {
+                    for (size_t i : poisoned) r.logits[i * r.n_vocab + 7] = std::nanf("");
+                    rp.deliver(std::move(r));
+                  },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
+        },
+        [=](info_atom a) { return relay<device_info>(self, real, a); },
+        [=](read_pages_atom a, std::vector<int32_t>& p) {
+          return relay<std::vector<uint8_t>>(self, real, a, std::move(p));
+        },
+        [=](write_pages_atom a, std::vector<int32_t>& p,
+            std::vector<uint8_t>& d) -> caf::result<int32_t> {
+          if (plan.fail_writes) return caf::make_error(caf::sec::runtime_error, "injected fault");
+          return relay<int32_t>(self, real, a, std::move(p), std::move(d));
+        },
+        [=](copy_pages_atom a, std::vector<int32_t>& src, std::vector<int32_t>& dst) {
+          return relay<int32_t>(self, real, a, std::move(src), std::move(dst));
+        },
+    };
+  });
+}
+
+// Issue 10, item 9: an exception in one sequence's bookkeeping (here the
+// sampler refusing a NaN logit) ends that sequence with an error; the
+// instance and its other sequences go on untouched.
+TEST(Instance, AnExceptionInOneSequenceEndsOnlyThatSequence) {
+  instance_fixture f;
+  fault_plan plan;
+  plan.nan_at_position = 20;
+  auto inst = f.instance(faulty_device(*f.sys, f.device(), plan), 64, 32);
+  // `hit` samples at position 20 (prompt 6, then decodes); `spared` never
+  // does (its prompt's last row is 24).
+  auto hit = instance_fixture::request(1, f.prompt(0, 6), 30);
+  auto spared = instance_fixture::request(2, f.prompt(300, 25), 20);
+  auto after = instance_fixture::request(3, f.prompt(600, 25), 10);
+  const auto want = f.alone({spared, after});
+  auto got = f.run(inst, {hit, spared});
+  EXPECT_EQ(got.at(1).finish, finish_reason::error);
+  EXPECT_NE(got.at(1).error.find("NaN"), std::string::npos) << got.at(1).error;
+  EXPECT_EQ(got.at(1).tokens.size(), 15u) << "the tokens of positions 5 to 19";
+  EXPECT_EQ(got.at(2).tokens, want.at(2));
+  EXPECT_EQ(f.run(inst, {after}).at(3).tokens, want.at(3)) << "the instance serves on";
+  instance_fixture::expect_pages_released(f.stats(inst));
+  caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+}
+
+// Item 9: a failed page write (an imported sequence's KV copied into the
+// arena) fails that sequence, not the others, and leaves the page pool
+// consistent.  (Copy-on-write copies, whose failure is handled the same
+// way, do not arise on the instance's path: a prefix match maps full pages
+// only.)
+TEST(Instance, AFailedPageWriteFailsThatSequenceOnly) {
+  instance_fixture f;
+  fault_plan plan;
+  plan.fail_writes = true;
+  auto src = f.instance(f.device(), 64, 32);
+  auto inst = f.instance(faulty_device(*f.sys, f.device(), plan), 64, 32);
+  auto moved = instance_fixture::request(1, f.prompt(0, 30), 40);
+  auto other = instance_fixture::request(2, f.prompt(500, 40), 12);
+  const auto want = f.alone({other});
+
+  caf::scoped_actor self{*f.sys};
+  moved.sink = caf::actor_cast<token_sink_actor>(self.ptr());
+  self->request(src, caf::infinite, enqueue_atom::value, moved)
+      .receive([](int32_t) {}, [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  while (moved.generated.size() < 5)
+    self->receive([&](tokens_atom, const token_batch& b) {
+      moved.generated.insert(moved.generated.end(), b.tokens.begin(), b.tokens.end());
+    });
+  std::vector<uint8_t> blob;
+  self->request(src, caf::infinite, export_atom::value, moved.id)
+      .receive([&](std::vector<uint8_t>& x) { blob = std::move(x); },
+               [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  self->request(inst, caf::infinite, import_atom::value, moved, blob)
+      .receive([](int32_t n_kv) { EXPECT_GT(n_kv, 0); },
+               [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  EXPECT_EQ(f.run(inst, {other}).at(2).tokens, want.at(2));
+  token_batch last;
+  self->receive([&](tokens_atom, token_batch& b) { last = std::move(b); },
+                caf::after(std::chrono::seconds(30)) >> [] { ADD_FAILURE() << "no last batch"; });
+  EXPECT_EQ(last.finish, finish_reason::error);
+  EXPECT_NE(last.error.find("injected fault"), std::string::npos) << last.error;
+  EXPECT_TRUE(last.tokens.empty());
+  instance_fixture::expect_pages_released(f.stats(inst));
+  for (auto i : {src, inst}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -245,5 +245,26 @@ TEST(LocalCluster, PrefixPolicySendsEachSharedPrefixGroupToOneInstance) {
       << t.dump();
 }
 
+// The slo policy's prefill-time model is fitted from the steps the
+// instances measure (their stats carry the last steps' rows and times):
+// before any step it predicts nothing, after some traffic it predicts a
+// positive TTFT and says so in the placement's trace.
+TEST(LocalCluster, SloPolicyLearnsStepTimesFromTheInstances) {
+  server_process server("--local-instances 2 --router slo");
+  client::connection c(server.endpoint());
+  auto predicted = [&](uint64_t id) {
+    auto r = client::run(c, {greedy(id, 8)}, 60s);
+    EXPECT_FALSE(r.at(0).error);
+    const auto why = server.admin("trace " + std::to_string(id))["placement"].get<std::string>();
+    const auto at = why.find("predicted TTFT ");
+    EXPECT_NE(at, std::string::npos) << why;
+    return at == std::string::npos ? -1.0 : std::stod(why.substr(at + 15));
+  };
+  EXPECT_EQ(predicted(1), 0.0) << "no step measured yet";
+  for (uint64_t id = 2; id < 6; ++id) predicted(id);
+  std::this_thread::sleep_for(500ms);  // the router's snapshots (every 100 ms) carry the steps
+  EXPECT_GT(predicted(6), 0.0);
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -232,6 +232,7 @@ TEST(PagePool, ForkSharesPagesAndCopiesOnWrite) {
   auto c = pool.allocate_step({{2, 7}});
   ASSERT_TRUE(c.ok);
   ASSERT_EQ(c.copies.size(), 1u);
+  EXPECT_EQ(c.copies[0].seq, 2u);
   EXPECT_EQ(c.copies[0].src, shared);
   EXPECT_EQ(c.copies[0].tokens, 2);
   EXPECT_EQ(c.copies[0].dst, pool.table(2)[1]);
