@@ -12,6 +12,9 @@ struct link_state {
   node_link_options opts;
   link_status status;
   node_actor node;
+  uint64_t connection = 0;
+  std::string logged;  // the last failure logged: a node down for long logs it once  // counts
+                       // connects: answers to an earlier one are dropped
   bool settled = false;
   bool leaving = false;  // the node said it stops: no reconnect to it
   std::vector<caf::typed_response_promise<link_status>> waiting;  // for settled
@@ -31,24 +34,30 @@ void settle(self_ptr self) {
 // Not up: say why, and try again later.
 void failed(self_ptr self, const std::string& state, const std::string& why) {
   auto& st = self->state;
-  const bool first = st.status.state != state || st.status.error != why;
   st.status.state = state;
   st.status.error = why;
   st.status.instances.clear();
-  if (first) spdlog::warn("cluster: node {} {}: {}", st.opts.address(), state, why);
+  if (st.logged != state + ": " + why) {
+    st.logged = state + ": " + why;
+    spdlog::warn("cluster: node {} {}: {}", st.opts.address(), state, why);
+  }
   settle(self);
   if (!st.leaving) self->delayed_send(self, st.opts.retry, connect_now_atom::value);
 }
 
 void host(self_ptr self) {
   auto& st = self->state;
+  // An answer from before the node was lost (it died while building the
+  // instances) must not overwrite what the loss said.
+  auto current = [self, conn = st.connection] { return self->state.connection == conn; };
   self->request(st.node, std::chrono::seconds(10), resources_atom::value)
       .then([self](node_resources& r) { self->state.status.resources = std::move(r); },
             [](caf::error&) {});
   self->request(st.node, st.opts.host_timeout, host_atom::value, st.opts.service_id,
                 caf::actor_cast<node_link_actor>(self), st.opts.specs)
       .then(
-          [self](std::vector<hosted_instance>& hosted) {
+          [self, current](std::vector<hosted_instance>& hosted) {
+            if (!current()) return;
             auto& st = self->state;
             for (const auto& h : hosted)
               if (h.info.model_fingerprint != st.opts.model_fingerprint)
@@ -59,22 +68,26 @@ void host(self_ptr self) {
             self->request(st.opts.router, std::chrono::seconds(10), add_instances_atom::value,
                           st.opts.address(), std::move(hosted))
                 .then(
-                    [self, info = std::move(first)](std::vector<uint64_t>& ids) {
+                    [self, current, info = std::move(first)](std::vector<uint64_t>& ids) {
+                      if (!current()) return;
                       auto& st = self->state;
                       st.status.info = info;
                       st.status.state = "up";
                       st.status.error.clear();
                       st.status.instances = std::move(ids);
+                      st.logged.clear();
                       spdlog::info("cluster: node {} is up with {} instances", st.opts.address(),
                                    st.status.instances.size());
                       settle(self);
                     },
-                    [self](caf::error& e) {
+                    [self, current](caf::error& e) {
+                      if (!current()) return;
                       failed(self, "down",
                              "the router did not take its instances: " + self->system().render(e));
                     });
           },
-          [self](caf::error& e) {
+          [self, current](caf::error& e) {
+            if (!current()) return;
             failed(self, "refused", "it cannot host the instances: " + self->system().render(e));
           });
 }
@@ -118,6 +131,7 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
       auto& st = self->state;
       if (!st.node || dm.source != st.node.address()) return;
       st.node = nullptr;
+      ++st.connection;
       // The router and the request actors saw the instances go down too.
       // A node that left may be started again: keep trying.
       st.leaving = false;

@@ -4,11 +4,7 @@
 // its start-up lines, killed when the object goes.
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "child_process.hpp"
 #include "process.hpp"
 
 namespace troupe::testing {
@@ -46,73 +43,50 @@ class server_process {
   // metrics endpoint too).  Throws with the server's stderr if it is not
   // ready within 60 s or exits.
   explicit server_process(const std::string& extra_args = "",
-                          const std::string& ready_line = "troupe serve: listening on ") {
-    int fds[2];
-    if (::pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    err_path_ = "/tmp/troupe_serve_" + std::to_string(::getpid()) + "_" +
-                std::to_string(counter_++) + ".err";
-    const std::string cmd = "exec " + troupe_bin() +
-                            " serve -m stories15m --listen 'tcp://127.0.0.1:*' " + extra_args +
-                            " 2>" + err_path_;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the test, however it ends
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::close(fds[0]);
-      ::close(fds[1]);
-      ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    while (!has_line(ready_line) && std::chrono::steady_clock::now() < until) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char buf[512];
-      const ssize_t n = ::read(out_, buf, sizeof buf);
-      if (n <= 0) break;
-      text_.append(buf, static_cast<size_t>(n));
-    }
+                          const std::string& ready_line = "troupe serve: listening on ")
+      : child_(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' " + extra_args,
+               "serve") {
     const std::string listening = "troupe serve: listening on ";
-    if (!has_line(ready_line) || text_.rfind(listening, 0) != 0) {
-      const std::string why = "server did not get ready: '" + text_ + "' " + stderr_text();
-      stop();
-      throw std::runtime_error(why);
-    }
-    endpoint_ = field_after(listening, " ");
-    if (has_line("troupe serve: admin on "))
-      admin_port_ = std::stoi(field_after("troupe serve: admin on 127.0.0.1:", "\n"));
-    if (has_line("troupe serve: metrics on "))
-      metrics_port_ = std::stoi(field_after("troupe serve: metrics on http://127.0.0.1:", "/"));
+    if (!child_.wait_line(ready_line, std::chrono::seconds(60)) ||
+        child_.stdout_text().rfind(listening, 0) != 0)
+      throw std::runtime_error("server did not get ready: '" + child_.stdout_text() + "' " +
+                               child_.stderr_text());
+    endpoint_ = child_.field_after(listening, " ");
+    if (child_.has_line("troupe serve: admin on "))
+      admin_port_ = std::stoi(child_.field_after("troupe serve: admin on 127.0.0.1:", "\n"));
+    if (child_.has_line("troupe serve: metrics on "))
+      metrics_port_ =
+          std::stoi(child_.field_after("troupe serve: metrics on http://127.0.0.1:", "/"));
   }
-
-  ~server_process() { stop(); }
-  server_process(const server_process&) = delete;
-  server_process& operator=(const server_process&) = delete;
 
   const std::string& endpoint() const { return endpoint_; }
   int admin_port() const { return admin_port_; }      // 0: none printed
   int metrics_port() const { return metrics_port_; }  // 0: none printed
-  const std::string& startup_text() const { return text_; }
-  std::string stderr_text() const { return slurp(err_path_); }
+  const std::string& startup_text() const { return child_.stdout_text(); }
+  std::string stderr_text() const { return child_.stderr_text(); }
 
-  void signal(int sig) { ::kill(pid_, sig); }
-  pid_t pid() const { return pid_; }
+  void signal(int sig) { child_.signal(sig); }
+  pid_t pid() const { return child_.pid(); }
 
   // Resident memory of the server now, in KiB (VmRSS), or -1.
   long rss_kib() const {
-    const std::string status = slurp("/proc/" + std::to_string(pid_) + "/status");
+    const std::string status = slurp("/proc/" + std::to_string(pid()) + "/status");
     const auto at = status.find("VmRSS:");
     return at == std::string::npos ? -1 : std::stol(status.substr(at + 6));
   }
 
-  // `troupe client --server EP admin ARGS --json`, its stdout as JSON (the
-  // command-line contract: the admin endpoint found through the server).
-  // Throws with the command's stderr when it fails.
+  // `troupe client --server EP admin ARGS --json` (the command-line
+  // contract: the admin endpoint found through the server), as it ended.
+  process_result admin_command(const std::string& args,
+                               const std::string& client_flags = "") const {
+    return run_process(troupe_bin() + " client --server " + shell_quote(endpoint_) + " " +
+                       client_flags + " admin " + args + " --json");
+  }
+
+  // The same, its stdout as JSON.  Throws with the command's stderr when it
+  // fails.
   nlohmann::json admin(const std::string& args, const std::string& client_flags = "") const {
-    auto r = run_process(troupe_bin() + " client --server " + shell_quote(endpoint_) + " " +
-                         client_flags + " admin " + args + " --json");
+    auto r = admin_command(args, client_flags);
     if (r.exit_code != 0)
       throw std::runtime_error("admin " + args + ": exit " + std::to_string(r.exit_code) + ": " +
                                r.err);
@@ -135,58 +109,12 @@ class server_process {
   }
 
   // Waits for the exit; the exit code, or -1 if it did not exit in time.
-  int wait_exit(std::chrono::milliseconds timeout) {
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
+  int wait_exit(std::chrono::milliseconds timeout) { return child_.wait_exit(timeout); }
 
  private:
-  // A whole line (newline included) starting with `prefix` has come.
-  bool has_line(const std::string& prefix) const {
-    for (size_t at = 0; at < text_.size();) {
-      const auto end = text_.find('\n', at);
-      if (end == std::string::npos) return false;
-      if (text_.compare(at, prefix.size(), prefix) == 0) return true;
-      at = end + 1;
-    }
-    return false;
-  }
-
-  // The text after `prefix` up to `stop` (or the end of the line).
-  std::string field_after(const std::string& prefix, const std::string& stop) const {
-    const auto at = text_.find(prefix);
-    if (at == std::string::npos) return {};
-    const auto from = at + prefix.size();
-    const auto to = std::min(text_.find(stop, from), text_.find('\n', from));
-    return text_.substr(from, to - from);
-  }
-
-  void stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-    if (out_ >= 0) ::close(out_);
-    out_ = -1;
-    std::remove(err_path_.c_str());
-  }
-
-  static inline int counter_ = 0;
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string text_;  // what it printed to stdout until ready
+  child_process child_;
   std::string endpoint_;
   int admin_port_ = 0, metrics_port_ = 0;
-  std::string err_path_;
 };
 
 }  // namespace troupe::testing

@@ -17,6 +17,7 @@
 #include "net.hpp"
 #include "node_process.hpp"
 #include "process.hpp"
+#include "requests.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
 
@@ -67,11 +68,7 @@ void drain_results(client::connection& c, std::vector<client::result>& rs, uint6
       if (!r.done()) return false;
     return true;
   };
-  while (!all_done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m) << "no message for a minute";
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(c, find, all_done, 60s)) << "no message for a minute";
 }
 
 // The spdlog time of the first stderr line containing `what`, in ms since
@@ -215,11 +212,7 @@ TEST(ClusterNodes, KillNineOfANodeLosesNoRequest) {
       if (r.token_ids.size() < 4 && !r.done()) return false;
     return true;
   };
-  while (!streaming()) {
-    auto m = c.receive(30s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(c, find, streaming, 30s));
   std::vector<size_t> at_kill;
   for (const auto& r : rs) at_kill.push_back(r.token_ids.size());
   const double kill_ms = now_unix_ms();
@@ -329,25 +322,18 @@ TEST(ClusterNodes, MigrationsBetweenNodesKeepTheStream) {
   c.generate(greedy(7, 200));
   client::result r;
   auto find = [&](uint64_t id) { return id == 7 ? &r : nullptr; };
-  while (r.token_ids.empty() && !r.done()) {
-    auto m = c.receive(30s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return !r.token_ids.empty() || r.done(); }, 30s));
   int moved = 0;
   // A move to where it runs already is refused: alternate from there.
   for (int i = 0; i < 9 && moved < 5 && !r.done(); ++i) {
     const std::string target = i % 2 == 0 ? "2" : "1";
-    auto res = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
-                           " admin migrate 7 " + target + " --json");
+    auto res = server.admin_command("migrate 7 " + target);
     if (res.exit_code == 0) ++moved;
     while (auto m = c.receive(0ms)) client::apply(*m, find);
   }
-  while (!r.done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return r.done(); }, 60s));
   ASSERT_FALSE(r.error) << r.error->message();
   EXPECT_EQ(r.token_ids, want);
   EXPECT_GE(moved, 5);
@@ -367,23 +353,16 @@ TEST(ClusterNodes, MigrationsBetweenNodesKeepTheStream) {
   c.generate(sampled(21));
   client::result s;
   auto find_s = [&](uint64_t id) { return id == 21 ? &s : nullptr; };
-  while (s.token_ids.size() < 10 && !s.done()) {
-    auto m = c.receive(30s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find_s);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find_s, [&] { return s.token_ids.size() >= 10 || s.done(); }, 30s));
   auto migrate_to = [&](int to) {
-    return run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
-                       " admin migrate 21 " + std::to_string(to) + " --json");
+    return server.admin_command("migrate 21 " + std::to_string(to));
   };
   auto res = migrate_to(1);
   if (res.exit_code != 0 && res.err.find("already") != std::string::npos) res = migrate_to(2);
   EXPECT_EQ(res.exit_code, 0) << res.err;
-  while (!s.done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find_s);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find_s, [&] { return s.done(); }, 60s));
   ASSERT_FALSE(s.error);
   EXPECT_EQ(s.token_ids, plain.token_ids);
   EXPECT_EQ(server.admin("trace 21")["migrations"].get<int>(), 1);
@@ -407,8 +386,7 @@ TEST(ClusterNodes, DrainMovesRequestsOffANode) {
     ASSERT_TRUE(m);
     client::apply(*m, [&](uint64_t id) { return id >= 1 && id <= 4 ? &rs[id - 1] : nullptr; });
   }
-  auto drain = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
-                           " admin drain 1 --json");
+  auto drain = server.admin_command("drain 1");
   EXPECT_EQ(drain.exit_code, 0) << drain.err;
   const auto inst = server.admin("instances");
   EXPECT_EQ(inst[0]["state"], "draining");
@@ -472,6 +450,50 @@ TEST(ClusterNodes, PeersWithoutTheSecretAndDeadNodesAreRefusedAndReported) {
   client::connection c(server.endpoint());
   auto res = client::run(c, {greedy(1, 8)}, 60s);
   EXPECT_FALSE(res.at(0).error);
+}
+
+// A node that dies while the service is starting on it (killed while it
+// builds the service's instance): the service reports it by address with
+// the reason, starts with the node it has, and serves.
+TEST(ClusterNodes, ANodeDyingDuringStartUpIsReported) {
+  secret_file secret("cluster-test-secret-startup");
+  node_process n1(secret.path()), n2(secret.path());
+  // The watcher kills node 2 from another thread while this one starts the
+  // service (the service is this thread's child: PR_SET_PDEATHSIG ties it
+  // to the thread that forked it).
+  bool asked = false;
+  std::thread watcher([&] {
+    const auto until = clock_type::now() + 60s;
+    while (!(asked = n2.stderr_text().find("asks for 1 instances") != std::string::npos) &&
+           clock_type::now() < until)
+      std::this_thread::sleep_for(2ms);
+    n2.kill9();
+  });
+  std::unique_ptr<server_process> server;
+  try {
+    server = std::make_unique<server_process>("--nodes " + nodes_flag({&n1, &n2}) +
+                                              " --cluster-secret-file " + secret.path());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
+  watcher.join();
+  ASSERT_TRUE(asked) << "the service never asked node 2 for its instance";
+  ASSERT_TRUE(server);
+  const auto err = server->stderr_text();
+  EXPECT_NE(err.find("troupe serve: node " + n2.address() + ": down: lost"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("troupe serve: node " + n1.address() + ": up"), std::string::npos) << err;
+  const auto inst = server->admin("instances");
+  ASSERT_EQ(inst.size(), 1u) << inst.dump();
+  EXPECT_EQ(inst[0]["node"], n1.address());
+  client::connection c(server->endpoint());
+  auto res = client::run(c, {greedy(1, 8)}, 60s);
+  EXPECT_FALSE(res.at(0).error);
+  const auto nodes = server->admin("nodes");
+  bool reported = false;
+  for (const auto& n : nodes)
+    reported = reported || (n["address"] == n2.address() && n["state"] == "down");
+  EXPECT_TRUE(reported) << nodes.dump();
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "process.hpp"
+#include "requests.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
 
@@ -71,24 +72,17 @@ TEST(LocalCluster, AStreamMovedFiveTimesKeepsItsTokens) {
   c.generate(greedy(7, 200));
   client::result r;
   auto find = [&](uint64_t id) { return id == 7 ? &r : nullptr; };
-  while (r.token_ids.empty() && !r.done()) {
-    auto m = c.receive(30s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return !r.token_ids.empty() || r.done(); }, 30s));
   int moved = 0;
   for (int i = 0; i < 6 && !r.done(); ++i) {
     const std::string target = i % 2 == 0 ? "2" : "1";
-    auto res = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
-                           " admin migrate 7 " + target + " --json");
+    auto res = server.admin_command("migrate 7 " + target);
     if (res.exit_code == 0) ++moved;
     while (auto m = c.receive(0ms)) client::apply(*m, find);
   }
-  while (!r.done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return r.done(); }, 60s));
   ASSERT_FALSE(r.error) << r.error->message();
   EXPECT_EQ(r.token_ids, want);
   EXPECT_GE(moved, 5);
@@ -107,8 +101,7 @@ TEST(LocalCluster, DrainStopsPlacementsAndWaitsForTheInstance) {
   server_process server("--local-instances 2 --router round-robin");
   client::connection c(server.endpoint());
   for (uint64_t id = 1; id <= 4; ++id) c.generate(greedy(id, 60));
-  auto drain = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
-                           " admin drain 1 --json");
+  auto drain = server.admin_command("drain 1");
   EXPECT_EQ(drain.exit_code, 0) << drain.err;
   std::vector<wire::Generate> later;
   for (uint64_t id = 11; id <= 14; ++id) later.push_back(greedy(id, 8));
@@ -125,11 +118,7 @@ TEST(LocalCluster, DrainStopsPlacementsAndWaitsForTheInstance) {
       if (!f.done()) return false;
     return true;
   };
-  while (!all_done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(c, find, all_done, 60s));
   for (const auto& f : first) EXPECT_EQ(f.finished.reason(), wire::LENGTH);
   const auto inst = server.admin("instances");
   EXPECT_EQ(inst[0]["state"], "draining");
@@ -153,11 +142,7 @@ TEST(LocalCluster, KilledInstanceRequestsFinishElsewhereUnchanged) {
       if (r.token_ids.size() < 4 && !r.done()) return false;
     return true;
   };
-  while (!streaming()) {
-    auto m = c.receive(30s);
-    ASSERT_TRUE(m);
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(c, find, streaming, 30s));
   auto kill = run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) +
                           " admin kill 1 --json");
   ASSERT_EQ(kill.exit_code, 0) << kill.err;
@@ -166,11 +151,7 @@ TEST(LocalCluster, KilledInstanceRequestsFinishElsewhereUnchanged) {
       if (!r.done()) return false;
     return true;
   };
-  while (!all_done()) {
-    auto m = c.receive(60s);
-    ASSERT_TRUE(m) << "requests stopped after the kill";
-    client::apply(*m, find);
-  }
+  ASSERT_TRUE(receive_until(c, find, all_done, 60s)) << "requests stopped after the kill";
   int recovered = 0;
   for (const auto& r : rs) {
     ASSERT_FALSE(r.error) << r.error->message();
