@@ -9,7 +9,10 @@
 // frames (random bytes, oversized, invalid UTF-8, bad values, duplicate
 // ids); with two local instances behind the router, live migrations of
 // random requests through admin, and at most one instance killed per
-// round (its requests must recover on the other).  After every round it checks:
+// round (its requests must recover on the other); or, in some rounds, two
+// real `troupe node` processes host the instances (no local one) over the
+// cluster's TLS, with the same migrations, drains, and at most one node
+// killed with SIGKILL per round.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -35,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "../integration/node_process.hpp"
 #include "../integration/process.hpp"
 #include "../integration/server_process.hpp"
 #include "tools/client/client.hpp"
@@ -70,7 +74,8 @@ struct options {
 struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
-           migrations = 0, migrations_refused = 0, kills = 0, violations = 0;
+           migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
+           drains = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -110,6 +115,14 @@ class round_driver {
   // One server, one round; returns the violations found (also printed).
   std::vector<std::string> run(double round_s) {
     instances_ = chance(0.5) ? 2 : 1;
+    if (chance(0.35)) {
+      // Two nodes, one instance each, no local instance.
+      instances_ = 2;
+      ++t_.node_rounds;
+      secret_ = std::make_unique<testing::secret_file>("torture-cluster-" + std::to_string(rng_()));
+      for (int i = 0; i < 2; ++i)
+        nodes_.push_back(std::make_unique<testing::node_process>(secret_->path()));
+    }
     const std::string args = pick_server_args();
     std::printf("round %llu: troupe serve %s\n", static_cast<unsigned long long>(t_.rounds),
                 args.c_str());
@@ -138,8 +151,11 @@ class round_driver {
   std::string pick_server_args() {
     const int kv_mb = one_of<int>({2, 3, 4, 8});
     const int max_seqs = one_of<int>({2, 4, 8, 16});
-    return "--local-instances " + std::to_string(instances_) + " --router " +
-           one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
+    const std::string where = nodes_.empty()
+                                  ? "--local-instances " + std::to_string(instances_)
+                                  : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
+                                        " --cluster-secret-file " + secret_->path();
+    return where + " --router " + one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
            std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
            " --preemption " + (chance(0.5) ? "swap" : "recompute") + " --max-seqs " +
            std::to_string(max_seqs) + " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) +
@@ -242,7 +258,23 @@ class round_driver {
       s.conn->ping(0ms);  // the Pong is drained with everything else
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
-    } else if (roll == 95 && instances_ > 1 && !killed_ && chance(0.05)) {
+    } else if (roll == 97 && instances_ > 1 && !drained_ && !killed_ && chance(0.1)) {
+      // Drain one instance (migrating its sequences); the other serves on.
+      drained_ = true;
+      auto r = testing::run_process(testing::troupe_bin() + " client --server " +
+                                    testing::shell_quote(endpoint_) + " admin drain " +
+                                    std::to_string(1 + pick(2)) + " --json");
+      if (r.exit_code == 0)
+        ++t_.drains;
+      else
+        violation("admin drain failed: " + r.err);
+    } else if (roll == 96 && !nodes_.empty() && !killed_ && !drained_ && chance(0.1)) {
+      // A node dies as a crash would; its requests recover on the other.
+      killed_ = true;
+      nodes_[pick(2)]->kill9();
+      ++t_.node_kills;
+    } else if (roll == 95 && nodes_.empty() && instances_ > 1 && !killed_ && !drained_ &&
+               chance(0.05)) {
       // Fault injection: one instance dies mid-round; its requests recover
       // on the other (greedy ones still equal offline greedy).
       killed_ = true;
@@ -421,6 +453,9 @@ class round_driver {
   std::string endpoint_;
   int instances_ = 1;
   bool killed_ = false;
+  bool drained_ = false;
+  std::unique_ptr<testing::secret_file> secret_;
+  std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
   uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
   std::vector<std::string> violations_;
@@ -473,6 +508,9 @@ int run(const options& o) {
             {"migrations", t.migrations},
             {"migrations_refused", t.migrations_refused},
             {"kills", t.kills},
+            {"node_rounds", t.node_rounds},
+            {"node_kills", t.node_kills},
+            {"drains", t.drains},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());
