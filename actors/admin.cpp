@@ -96,24 +96,15 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
                       rp.deliver(std::move(*it));
                       return;
                     }
-                  self->request(gw, std::chrono::seconds(10), requests_atom::value)
+                  // Not finished: the live trace from its request actor.
+                  self->request(gw, std::chrono::seconds(10), trace_atom::value, id)
                       .then(
-                          [rp, id](std::vector<inflight_request>& v) mutable {
-                            for (const auto& r : v)
-                              if (r.request_id == id) {
-                                request_trace t;
-                                t.request_id = id;
-                                t.client = r.client;
-                                t.finish = "in_flight";
-                                t.total_ms = r.age_ms;
-                                rp.deliver(std::move(t));
-                                return;
-                              }
+                          [rp](request_trace& t) mutable { rp.deliver(std::move(t)); },
+                          [rp, id](caf::error&) mutable {
                             rp.deliver(caf::make_error(caf::sec::runtime_error,
                                                        "no request with id " + std::to_string(id) +
                                                            " in flight or in the trace history"));
-                          },
-                          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                          });
                 },
                 [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
@@ -197,7 +188,11 @@ constexpr metric_name counters[] = {
     {"troupe_prompt_tokens_total", "Prompt tokens of finished requests"},
     {"troupe_generation_tokens_total", "Tokens generated for finished requests"},
     {"troupe_cached_prompt_tokens_total", "Prompt tokens served from the prefix cache"},
-    {"troupe_request_preemptions_total", "Preemptions seen by finished requests"}};
+    {"troupe_request_preemptions_total", "Preemptions seen by finished requests"},
+    {"troupe_migrations_total", "Live migrations of finished requests"},
+    {"troupe_migrated_bytes_total", "KV blob bytes the migrations of finished requests moved"},
+    {"troupe_recoveries_total",
+     "Times finished requests were placed again after losing their instance"}};
 constexpr metric_name histograms[] = {
     {"troupe_queue_time_seconds", "Arrival until the instance took the sequence"},
     {"troupe_request_duration_seconds", "Arrival until finish"},
@@ -217,7 +212,10 @@ void record_request(metrics_registry& m, const request_trace& t) {
                 {{"finish", t.finish.empty() ? "unknown" : t.finish}});
   const double counts[] = {
       static_cast<double>(t.prompt_tokens), static_cast<double>(t.completion_tokens),
-      static_cast<double>(t.cached_tokens), static_cast<double>(t.preemptions)};
+      static_cast<double>(t.cached_tokens), static_cast<double>(t.preemptions),
+      static_cast<double>(t.migrations),    static_cast<double>(t.migrated_bytes),
+      static_cast<double>(t.recoveries)};
+  static_assert(sizeof(counts) / sizeof(counts[0]) == std::size(counters));
   for (size_t i = 0; i < std::size(counters); ++i)
     m.counter_add(counters[i].name, counters[i].help, {}, counts[i]);
   if (t.finish == "rejected") return;
@@ -262,6 +260,10 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   static_cast<double>(s.prefill_tokens));
     m.counter_set("troupe_decode_tokens_total", "Rows computed as decode", l,
                   static_cast<double>(s.decode_tokens));
+    m.counter_set("troupe_sequences_exported_total", "Sequences sent away as KV blobs", l,
+                  static_cast<double>(s.exported));
+    m.counter_set("troupe_sequences_imported_total", "Sequences taken in from KV blobs", l,
+                  static_cast<double>(s.imported));
   }
 }
 

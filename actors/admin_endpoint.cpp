@@ -64,6 +64,7 @@ json to_json(const request_trace& t) {
   return {{"request_id", t.request_id},
           {"client", t.client},
           {"finish", t.finish},
+          {"state", t.state.empty() ? "finished" : t.state},
           {"stop_matched", t.stop_matched},
           {"error", t.error},
           {"prompt_tokens", t.prompt_tokens},
@@ -80,6 +81,7 @@ json to_json(const request_trace& t) {
           {"placement", t.placement},
           {"migrations", t.migrations},
           {"migrated_bytes", t.migrated_bytes},
+          {"migration_ms", t.migration_ms},
           {"recoveries", t.recoveries}};
 }
 
@@ -171,6 +173,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
     return reply(
         self, peer,
         failure("bad_request", command + " needs \"instance\": an instance id (unsigned)"));
+  if (command == "config") return reply(self, peer, success(opts.config));
   if (command == "kv")
     return call<pool_stats>(
         self, peer, [](pool_stats& k) { return to_json(k); }, kv_atom::value);
@@ -207,9 +210,22 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         self, peer,
         [](std::vector<inflight_request>& v) {
           json out = json::array();
-          for (const auto& r : v)
-            out.push_back(
-                {{"request_id", r.request_id}, {"client", r.client}, {"age_ms", r.age_ms}});
+          for (const auto& r : v) {
+            const auto& t = r.live;
+            out.push_back({{"id", r.request_id},
+                           {"request_id", r.request_id},
+                           {"client", r.client},
+                           {"age_ms", r.age_ms},
+                           {"state", t.state.empty() ? "unknown" : t.state},
+                           {"class", to_string(t.cls)},
+                           {"instance", t.instances.empty() ? 0 : t.instances.back()},
+                           {"instances", t.instances},
+                           {"prompt_tokens", t.prompt_tokens},
+                           {"completion_tokens", t.completion_tokens},
+                           {"ttft_ms", t.ttft_ms},
+                           {"migrations", t.migrations},
+                           {"recoveries", t.recoveries}});
+          }
           return out;
         },
         requests_atom::value);
@@ -245,9 +261,10 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         kill_instance_atom::value, instance);
   reply(self, peer,
-        failure("unknown_command",
-                "unknown command '" + command +
-                    "' (instances, nodes, requests, trace, kv, cancel, migrate, drain, kill)"));
+        failure(
+            "unknown_command",
+            "unknown command '" + command +
+                "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill)"));
 }
 
 void poll_once(self_ptr self) {
@@ -278,7 +295,7 @@ void poll_once(self_ptr self) {
 
 bool admin_command_is_read_only(const std::string& command) {
   return command == "instances" || command == "nodes" || command == "requests" ||
-         command == "trace" || command == "kv";
+         command == "trace" || command == "kv" || command == "config";
 }
 
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,

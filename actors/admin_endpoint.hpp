@@ -11,6 +11,7 @@
 // unauthenticated peer can make this endpoint hold is bounded.
 #include <caf/all.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "messages/admin.hpp"
@@ -24,7 +25,8 @@ struct admin_endpoint_options {
   std::string read_secret;               // read commands only (instances, requests, trace, kv)
   int64_t max_message_bytes = 64 << 10;  // larger frames drop the peer unread
   int poll_ms = 20;
-  std::chrono::milliseconds call_timeout{10000};  // per admin-actor call
+  std::chrono::milliseconds call_timeout{10000};     // per admin-actor call
+  nlohmann::json config = nlohmann::json::object();  // the service's effective config (`config`)
 };
 
 struct admin_endpoint_handle {

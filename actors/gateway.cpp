@@ -361,14 +361,42 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
           for (const auto& [key, req] : st.inflight) self->send(req, cancel_atom::value);
         return static_cast<int32_t>(st.inflight.size());
       },
-      [self](requests_atom) {
+      [self](requests_atom) -> caf::result<std::vector<inflight_request>> {
+        // Each request actor is asked for its trace so far (where it runs,
+        // its state, its tokens); one that does not answer in 2 s is listed
+        // without it.
         auto& st = self->state;
         const auto now = std::chrono::steady_clock::now();
-        std::vector<inflight_request> out;
-        for (const auto& [key, since] : st.since)
-          out.push_back({key.second, hex_bytes(key.first),
-                         std::chrono::duration<double, std::milli>(now - since).count()});
-        return out;
+        struct gathering {
+          std::vector<inflight_request> out;
+          size_t left = 0;
+          caf::typed_response_promise<std::vector<inflight_request>> rp;
+        };
+        auto g = std::make_shared<gathering>();
+        std::vector<request_actor> actors;
+        for (const auto& [key, req] : st.inflight) {
+          auto since = st.since.find(key);
+          const double age =
+              since == st.since.end()
+                  ? 0
+                  : std::chrono::duration<double, std::milli>(now - since->second).count();
+          g->out.push_back({key.second, hex_bytes(key.first), age, {}});
+          actors.push_back(req);
+        }
+        if (actors.empty()) return g->out;
+        g->left = actors.size();
+        g->rp = self->make_response_promise<std::vector<inflight_request>>();
+        for (size_t i = 0; i < actors.size(); ++i)
+          self->request(actors[i], std::chrono::seconds(2), trace_atom::value)
+              .then(
+                  [g, i](request_trace& t) {
+                    g->out[i].live = std::move(t);
+                    if (--g->left == 0) g->rp.deliver(std::move(g->out));
+                  },
+                  [g](caf::error&) {
+                    if (--g->left == 0) g->rp.deliver(std::move(g->out));
+                  });
+        return g->rp;
       },
       [self](cancel_atom, uint64_t id) {
         int32_t n = 0;
@@ -378,6 +406,19 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
             ++n;
           }
         return n;
+      },
+      [self](trace_atom, uint64_t id) -> caf::result<request_trace> {
+        // The live trace of a request in flight, from its request actor.
+        for (const auto& [key, req] : self->state.inflight)
+          if (key.second == id) {
+            auto rp = self->make_response_promise<request_trace>();
+            self->request(req, std::chrono::seconds(5), trace_atom::value)
+                .then([rp](request_trace& t) mutable { rp.deliver(std::move(t)); },
+                      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+            return rp;
+          }
+        return caf::make_error(caf::sec::invalid_argument,
+                               "no request with id " + std::to_string(id) + " is in flight");
       },
       [self](migrate_atom, uint64_t id, uint64_t instance) -> caf::result<uint64_t> {
         std::vector<request_actor> found;

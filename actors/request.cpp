@@ -224,6 +224,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   const auto now = clock_type::now();
   auto& tr = st.trace;
   tr.completion_tokens = static_cast<int32_t>(st.generated.size());
+  tr.state = "finished";
   tr.total_ms = ms_between(st.arrival, now);
   tr.queue_ms = st.accepted ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
   tr.ttft_ms = st.generated.empty() ? 0.0 : ms_between(st.arrival, st.first_token);
@@ -432,17 +433,18 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
   if (target == st.instance_id)
     return done(fail("the request runs on instance " + std::to_string(target) + " already"));
   st.migrating = true;
+  const auto started = std::chrono::steady_clock::now();
   auto give_up = [self, done](caf::error& e) {
     self->state.migrating = false;
     done(std::move(e));
   };
   self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
       .then(
-          [self, done, give_up, target](placement_reply& to) {
+          [self, done, give_up, target, started](placement_reply& to) {
             auto& st = self->state;
             self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
                 .then(
-                    [self, done, to, target](std::vector<uint8_t>& blob) {
+                    [self, done, to, target, started](std::vector<uint8_t>& blob) {
                       auto& st = self->state;
                       if (st.done) {
                         st.migrating = false;
@@ -456,8 +458,12 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
                       self->request(to.actor, caf::infinite, import_atom::value,
                                     current_sequence(st), std::move(blob))
                           .then(
-                              [self, done, target](int32_t) {
+                              [self, done, target, started](int32_t) {
                                 self->state.migrating = false;
+                                self->state.trace.migration_ms +=
+                                    std::chrono::duration<double, std::milli>(
+                                        std::chrono::steady_clock::now() - started)
+                                        .count();
                                 done(target);
                               },
                               [self, done](caf::error& e) {
@@ -537,7 +543,8 @@ request_actor::behavior_type request_behavior(self_ptr self,
             [](migrate_atom, uint64_t) -> caf::result<uint64_t> {
               return caf::make_error(caf::sec::invalid_argument, "the request was refused");
             },
-            [](retry_atom) {}};
+            [](retry_atom) {},
+            [self](trace_atom) { return self->state.trace; }};
   }
   st.seq.sink = caf::actor_cast<token_sink_actor>(self);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -578,6 +585,19 @@ request_actor::behavior_type request_behavior(self_ptr self,
       },
       [self](retry_atom) {
         if (!self->state.done) place_and_enqueue(self);
+      },
+      [self](trace_atom) {
+        const auto& st = self->state;
+        request_trace t = st.trace;
+        t.finish = "in_flight";
+        t.completion_tokens = static_cast<int32_t>(st.generated.size());
+        if (!st.generated.empty()) t.ttft_ms = ms_between(st.arrival, st.first_token);
+        t.state = st.migrating       ? "migrating"
+                  : st.accepted      ? "running"
+                  : t.recoveries > 0 ? "recovering"
+                                     : "queued";
+        t.total_ms = ms_between(self->state.arrival, clock_type::now());
+        return t;
       },
   };
 }

@@ -33,7 +33,11 @@ struct request_trace {
   std::string placement;            // why the first one (the router's policy)
   int32_t migrations = 0;
   uint64_t migrated_bytes = 0;  // KV blob bytes moved
+  double migration_ms = 0;      // export asked to import answered, summed over migrations
   int32_t recoveries = 0;       // times its instance was lost and it was placed again
+  // queued (not on an instance yet), running, migrating, recovering (its
+  // instance was lost; being placed again), finished
+  std::string state;
 };
 
 template <class Inspector>
@@ -41,7 +45,7 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
   return f(caf::meta::type_name("request_trace"), x.request_id, x.client, x.finish, x.stop_matched,
            x.error, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.preemptions,
            x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms, x.instances,
-           x.placement, x.migrations, x.migrated_bytes, x.recoveries);
+           x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state);
 }
 
 // A request in flight, as the gateway sees it (admin).
@@ -49,11 +53,12 @@ struct inflight_request {
   uint64_t request_id = 0;  // the client's id
   std::string client;       // the client's socket identity, hex
   double age_ms = 0;        // since the gateway took it
+  request_trace live;       // its trace so far, from its request actor (empty if it did not answer)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, inflight_request& x) {
-  return f(caf::meta::type_name("inflight_request"), x.request_id, x.client, x.age_ms);
+  return f(caf::meta::type_name("inflight_request"), x.request_id, x.client, x.age_ms, x.live);
 }
 
 using requests_atom = caf::atom_constant<caf::atom("requests")>;
@@ -92,7 +97,8 @@ using gateway_actor =
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
                      caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<admin_port_atom, uint32_t>::with<uint32_t>,
-                     caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>>;
+                     caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
+                     caf::replies_to<trace_atom, uint64_t>::with<request_trace>>;
 
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:
@@ -101,11 +107,11 @@ using gateway_actor =
 // goes to the client in Finished.error.
 // migrate: (instance id) move the sequence there (export, import,
 // re-point); replies with the instance.  retry: its own timer while it
-// looks for an instance after a loss.
-using request_actor =
-    token_sink_actor::extend<caf::reacts_to<cancel_atom>, caf::reacts_to<cancel_atom, std::string>,
-                             caf::reacts_to<deadline_atom>,
-                             caf::replies_to<migrate_atom, uint64_t>::with<uint64_t>,
-                             caf::reacts_to<retry_atom>>;
+// looks for an instance after a loss.  trace: its trace so far (finish
+// "in_flight"; instances: where it has run, the last where it runs now).
+using request_actor = token_sink_actor::extend<
+    caf::reacts_to<cancel_atom>, caf::reacts_to<cancel_atom, std::string>,
+    caf::reacts_to<deadline_atom>, caf::replies_to<migrate_atom, uint64_t>::with<uint64_t>,
+    caf::reacts_to<retry_atom>, caf::replies_to<trace_atom>::with<request_trace>>;
 
 }  // namespace troupe

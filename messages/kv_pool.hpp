@@ -16,7 +16,7 @@ typename Inspector::result_type inspect(Inspector& f, alloc_request& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, page_copy& x) {
-  return f(caf::meta::type_name("page_copy"), x.src, x.dst, x.tokens);
+  return f(caf::meta::type_name("page_copy"), x.seq, x.src, x.dst, x.tokens);
 }
 
 template <class Inspector>

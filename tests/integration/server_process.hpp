@@ -37,14 +37,16 @@ inline int free_port() {
 
 class server_process {
  public:
-  // `extra_args` go to `troupe serve -m stories15m --listen tcp://127.0.0.1:*`.
+  // `extra_args` go to `troupe serve -m MODEL --listen tcp://127.0.0.1:*` (stories15m unless
+  // `model` says otherwise).
   // Ready when a whole stdout line starting with `ready_line` has come (the
   // listening line by default; "troupe serve: metrics on " waits for the
   // metrics endpoint too).  Throws with the server's stderr if it is not
   // ready within 60 s or exits.
   explicit server_process(const std::string& extra_args = "",
-                          const std::string& ready_line = "troupe serve: listening on ")
-      : child_(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' " + extra_args,
+                          const std::string& ready_line = "troupe serve: listening on ",
+                          const std::string& model = "stories15m")
+      : child_(troupe_bin() + " serve -m " + model + " --listen 'tcp://127.0.0.1:*' " + extra_args,
                "serve") {
     const std::string listening = "troupe serve: listening on ";
     if (!child_.wait_line(ready_line, std::chrono::seconds(60)) ||

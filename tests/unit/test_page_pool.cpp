@@ -554,7 +554,7 @@ TEST(KvPoolActor, MessagesSerialize) {
   caf::actor_system_config cfg;
   register_message_types(cfg);
   caf::actor_system sys{cfg};
-  step_allocation a{true, 0, {{7, 9, {3, 1, 4}}}, {{1, 5, 2}}};
+  step_allocation a{true, 0, {{7, 9, {3, 1, 4}}}, {{7, 1, 5, 2}}};
   pool_stats st;
   st.total = 8;
   st.prefix_hit_tokens = 12;
@@ -568,6 +568,7 @@ TEST(KvPoolActor, MessagesSerialize) {
   EXPECT_TRUE(a2.ok);
   ASSERT_EQ(a2.tables.size(), 1u);
   EXPECT_EQ(a2.tables[0].pages, (std::vector<int32_t>{3, 1, 4}));
+  EXPECT_EQ(a2.copies.at(0).seq, 7u);
   EXPECT_EQ(a2.copies.at(0).dst, 5);
   EXPECT_EQ(st2.total, 8);
   EXPECT_EQ(st2.prefix_hit_tokens, 12u);

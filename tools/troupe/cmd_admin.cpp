@@ -7,23 +7,11 @@
 // --secret-file, else $TROUPE_ADMIN_SECRET, else the file the server left
 // for its user in the run folder.  --json prints one JSON object (or
 // array) instead of text.
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <zmq.hpp>
 
-#include "actors/admin_endpoint.hpp"
-#include "runtime/secret.hpp"
-#include "tools/client/client.hpp"
+#include "tools/troupe/admin_link.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -52,154 +40,35 @@ void print_text(const nlohmann::json& j, const std::string& indent = "") {
 }
 
 struct admin_flags {
-  std::string admin;        // HOST:PORT; empty: ask the server
-  std::string secret_file;  // empty: $TROUPE_ADMIN_SECRET, else the run folder's
+  admin_target target;
   std::string action;
   uint64_t id = 0;
   uint64_t instance = 0;
-  int timeout_ms = 10000;
   const std::string* server = nullptr;
   const bool* json = nullptr;
 };
 
-struct admin_endpoint {
-  std::string host;
-  int port = 0;
-};
-
-// --admin HOST:PORT as given.
-admin_endpoint parse_admin(const std::string& text) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0)
-    throw std::invalid_argument(
-        "--admin: give the server's admin endpoint as HOST:PORT "
-        "(service.admin_port of troupe serve), got '" +
-        text + "'");
-  admin_endpoint a{text.substr(0, colon), 0};
-  try {
-    a.port = std::stoi(text.substr(colon + 1));
-  } catch (const std::exception&) {
-  }
-  if (a.port <= 0 || a.port > 65535)
-    throw std::invalid_argument("--admin: bad port in '" + text + "'");
-  return a;
-}
-
-// The admin endpoint the server names in its Pong; nullopt (said why on
-// stderr) when it does not answer or has none.
-std::optional<admin_endpoint> ask_server(const std::string& server, int timeout_ms) {
-  client::connection conn(server);
-  auto pong = conn.pong(std::chrono::milliseconds(timeout_ms));
-  if (!pong) {
-    std::fprintf(stderr,
-                 "error: admin: no answer from %s within %d ms (is troupe serve running?)\n",
-                 server.c_str(), timeout_ms);
-    return std::nullopt;
-  }
-  if (pong->admin_port() == 0 || pong->admin_port() > 65535) {
-    std::fprintf(stderr,
-                 "error: admin: the server at %s has no admin endpoint (started with "
-                 "--admin-port -1); start it with --admin-port 0 or a port, or give --admin "
-                 "HOST:PORT\n",
-                 server.c_str());
-    return std::nullopt;
-  }
-  return admin_endpoint{client::endpoint_host(server), static_cast<int>(pong->admin_port())};
-}
-
-// The secret to send: --secret-file, $TROUPE_ADMIN_SECRET, else what the
-// server left in the run folder for this port (control first, then
-// read-only for read commands); empty when there is none.
-std::string find_secret(const admin_flags& f, int port) {
-  if (!f.secret_file.empty()) return read_secret_file(f.secret_file);
-  if (const char* env = std::getenv("TROUPE_ADMIN_SECRET"); env && *env) return env;
-  std::vector<std::string> kinds = {"admin"};
-  if (admin_command_is_read_only(f.action)) kinds.push_back("admin-read");
-  for (const auto& kind : kinds) try {
-      return read_secret_file(run_secret_path(kind, port));
-    } catch (const std::exception&) {
-    }
-  return {};
-}
-
-// ZeroMQ retries a refused connection quietly until the timeout; a plain
-// TCP connect first says at once that nothing listens there.
-std::string reachable(const admin_endpoint& at, int timeout_ms) {
-  addrinfo hints{}, *res = nullptr;
-  hints.ai_socktype = SOCK_STREAM;
-  if (int rc = ::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &res);
-      rc != 0)
-    return ::gai_strerror(rc);
-  std::string why = "no address";
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
-    if (fd < 0) continue;
-    int rc = ::connect(fd, a->ai_addr, a->ai_addrlen);
-    if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      int err = 0;
-      socklen_t len = sizeof err;
-      rc = ::poll(&p, 1, timeout_ms) == 1 &&
-                   ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0
-               ? 0
-               : -1;
-      errno = err ? err : ETIMEDOUT;
-    }
-    if (rc != 0) why = std::strerror(errno);
-    ::close(fd);
-    if (rc == 0) {
-      ::freeaddrinfo(res);
-      return {};
-    }
-  }
-  ::freeaddrinfo(res);
-  return why;
-}
-
-int run_admin(const admin_flags& f) {
-  std::optional<admin_endpoint> at;
-  if (!f.admin.empty())
-    at = parse_admin(f.admin);
-  else if (!(at = ask_server(*f.server, f.timeout_ms)))
-    return 1;
-  const std::string where = at->host + ":" + std::to_string(at->port);
-  if (auto why = reachable(*at, f.timeout_ms); !why.empty()) {
-    std::fprintf(stderr, "error: admin %s: cannot reach the admin endpoint at %s: %s\n",
-                 f.action.c_str(), where.c_str(), why.c_str());
-    return 1;
-  }
-  nlohmann::json req = {{"command", f.action}, {"secret", find_secret(f, at->port)}};
-  if (f.action == "trace" || f.action == "cancel" || f.action == "migrate") req["id"] = f.id;
+int run_admin(admin_flags& f) {
+  f.target.server = *f.server;
+  admin_link link(f.target);
+  nlohmann::json args = nlohmann::json::object();
+  if (f.action == "trace" || f.action == "cancel" || f.action == "migrate") args["id"] = f.id;
   if (f.action == "migrate" || f.action == "drain" || f.action == "kill")
-    req["instance"] = f.instance;
-
-  zmq::context_t ctx(1);
-  zmq::socket_t sock(ctx, zmq::socket_type::dealer);
-  sock.set(zmq::sockopt::linger, 0);
-  sock.connect("tcp://" + where);
-  const std::string body = req.dump();
-  sock.send(zmq::buffer(body), zmq::send_flags::none);
-  zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0}};
-  zmq::poll(items, 1, std::chrono::milliseconds(f.timeout_ms));
-  zmq::message_t msg;
-  if (!(items[0].revents & ZMQ_POLLIN) || !sock.recv(msg, zmq::recv_flags::dontwait)) {
-    std::fprintf(stderr, "error: admin %s: no answer from the admin endpoint at %s within %d ms\n",
-                 f.action.c_str(), where.c_str(), f.timeout_ms);
+    args["instance"] = f.instance;
+  if (!link.connect()) {
+    std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
     return 1;
   }
-  auto reply = nlohmann::json::parse(msg.to_string(), nullptr, false);
-  if (reply.is_discarded() || !reply.is_object() || !reply.contains("ok")) {
-    std::fprintf(stderr, "error: admin %s: %s does not answer like a troupe admin endpoint\n",
-                 f.action.c_str(), where.c_str());
+  auto reply = link.call(f.action, args);
+  if (!reply.ok) {
+    if (reply.code == "timeout" || reply.code == "protocol" || reply.code == "unreachable")
+      std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), reply.message.c_str());
+    else
+      std::fprintf(stderr, "error: admin %s: %s: %s\n", f.action.c_str(), reply.code.c_str(),
+                   reply.message.c_str());
     return 1;
   }
-  if (!reply["ok"].get<bool>()) {
-    const auto& e = reply["error"];
-    std::fprintf(stderr, "error: admin %s: %s: %s\n", f.action.c_str(),
-                 e.value("code", "?").c_str(), e.value("message", "").c_str());
-    return 1;
-  }
-  const nlohmann::json& out = reply["result"];
+  const nlohmann::json& out = reply.result;
   if (*f.json)
     std::cout << out.dump() << std::endl;
   else
@@ -222,13 +91,13 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
       client.add_subcommand("admin", "inspect and steer the server through its admin endpoint");
   cmd->fallthrough();
   cmd->require_subcommand(1);
-  cmd->add_option("--admin", f->admin,
+  cmd->add_option("--admin", f->target.admin,
                   "the server's admin endpoint HOST:PORT (troupe serve --admin-port); default: "
                   "the port the server names in its Pong, on the host of --server");
-  cmd->add_option("--secret-file", f->secret_file,
+  cmd->add_option("--secret-file", f->target.secret_file,
                   "file with the admin secret (control or read-only); default: "
                   "$TROUPE_ADMIN_SECRET, else the one the server left for this user");
-  cmd->add_option("--admin-timeout-ms", f->timeout_ms,
+  cmd->add_option("--admin-timeout-ms", f->target.timeout_ms,
                   "give up after this long (the ping, then each admin call)")
       ->default_val(10000)
       ->check(CLI::Range(1, 1 << 30));

@@ -77,6 +77,13 @@ struct serve_settings {
 };
 
 using setter = std::function<std::string(const std::string&)>;  // "" or why not
+using getter = std::function<nlohmann::json()>;                 // the value now
+
+// How a key reads and writes its setting.
+struct key_access {
+  setter set;
+  getter get;
+};
 
 // One config key: where it lives in the file, its flag, and how a text
 // value becomes the setting (with its checks).
@@ -84,6 +91,7 @@ struct key_spec {
   std::string section, key, help;
   bool list = false;
   setter set;
+  getter get;  // for the effective config (admin config)
   std::string cli_value;
   std::vector<std::string> cli_values;
   CLI::Option* opt = nullptr;
@@ -98,65 +106,70 @@ struct key_spec {
   std::string name() const { return section + "." + key; }
 };
 
-setter int_key(int& dst, long lo, long hi) {
-  return [&dst, lo, hi](const std::string& v) -> std::string {
-    long x = 0;
-    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-    if (ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
-      return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-             "], got '" + v + "'";
-    dst = static_cast<int>(x);
-    return {};
-  };
+key_access int_key(int& dst, long lo, long hi) {
+  return {[&dst, lo, hi](const std::string& v) -> std::string {
+            long x = 0;
+            auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+            if (ec != std::errc() || p != v.data() + v.size() || x < lo || x > hi)
+              return "must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got '" + v + "'";
+            dst = static_cast<int>(x);
+            return {};
+          },
+          [&dst] { return nlohmann::json(dst); }};
 }
 
-setter real_key(double& dst, double lo, double hi) {
-  return [&dst, lo, hi](const std::string& v) -> std::string {
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < lo || x > hi)
-      return "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
-             v + "'";
-    dst = x;
-    return {};
-  };
+key_access real_key(double& dst, double lo, double hi) {
+  return {[&dst, lo, hi](const std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < lo || x > hi)
+              return "must be a number in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                     "], got '" + v + "'";
+            dst = x;
+            return {};
+          },
+          [&dst] { return nlohmann::json(dst); }};
 }
 
-setter bool_key(bool& dst) {
-  return [&dst](const std::string& v) -> std::string {
-    if (v == "true" || v == "1" || v == "yes")
-      dst = true;
-    else if (v == "false" || v == "0" || v == "no")
-      dst = false;
-    else
-      return "must be true or false, got '" + v + "'";
-    return {};
-  };
+key_access bool_key(bool& dst) {
+  return {[&dst](const std::string& v) -> std::string {
+            if (v == "true" || v == "1" || v == "yes")
+              dst = true;
+            else if (v == "false" || v == "0" || v == "no")
+              dst = false;
+            else
+              return "must be true or false, got '" + v + "'";
+            return {};
+          },
+          [&dst] { return nlohmann::json(dst); }};
 }
 
-setter string_key(std::string& dst, std::vector<std::string> allowed = {}) {
-  return [&dst, allowed](const std::string& v) -> std::string {
-    if (v.empty()) return "must not be empty";
-    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
-      std::string all;
-      for (const auto& a : allowed) all += (all.empty() ? "" : ", ") + a;
-      return "must be one of " + all + ", got '" + v + "'";
-    }
-    dst = v;
-    return {};
-  };
+key_access string_key(std::string& dst, std::vector<std::string> allowed = {}) {
+  return {[&dst, allowed](const std::string& v) -> std::string {
+            if (v.empty()) return "must not be empty";
+            if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), v) == allowed.end()) {
+              std::string all;
+              for (const auto& a : allowed) all += (all.empty() ? "" : ", ") + a;
+              return "must be one of " + all + ", got '" + v + "'";
+            }
+            dst = v;
+            return {};
+          },
+          [&dst] { return nlohmann::json(dst); }};
 }
 
 std::vector<key_spec> make_keys(serve_settings& s) {
   auto& e = s.engine;
   std::vector<key_spec> k;
-  auto add = [&](std::string section, std::string key, std::string help, setter set,
+  auto add = [&](std::string section, std::string key, std::string help, key_access access,
                  bool list = false) {
     key_spec spec;
     spec.section = std::move(section);
     spec.key = std::move(key);
     spec.help = std::move(help);
-    spec.set = std::move(set);
+    spec.set = std::move(access.set);
+    spec.get = std::move(access.get);
     spec.list = list;
     k.push_back(std::move(spec));
   };
@@ -177,14 +190,14 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("engine", "preemption", "recompute or swap", string_key(s.preemption, {"recompute", "swap"}));
   add("engine", "prefix_caching", "reuse KV pages of shared prompt prefixes (true/false)",
       bool_key(s.prefix_caching));
-  add(
-      "service", "listen", "endpoint to serve on (tcp://host:port, port * picks one; ipc://path)",
-      [&s](const std::string& v) -> std::string {
-        if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
-          return "must be tcp://host:port or ipc://path, got '" + v + "'";
-        s.listen.push_back(v);
-        return {};
-      },
+  add("service", "listen", "endpoint to serve on (tcp://host:port, port * picks one; ipc://path)",
+      {[&s](const std::string& v) -> std::string {
+         if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
+           return "must be tcp://host:port or ipc://path, got '" + v + "'";
+         s.listen.push_back(v);
+         return {};
+       },
+       [&s] { return nlohmann::json(s.listen); }},
       true);
   add("service", "max_frame_bytes", "largest client frame",
       int_key(s.max_frame_bytes, 64, 1 << 30));
@@ -204,23 +217,23 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "what draining an instance does to its sequences: migrate (move them elsewhere) or "
       "finish (let them finish there)",
       string_key(s.drain, {"migrate", "finish"}));
-  add(
-      "cluster", "nodes",
+  add("cluster", "nodes",
       "troupe node addresses HOST:PORT (comma-separated or repeated): one instance on each",
-      [&s](const std::string& v) -> std::string {
-        std::stringstream ss(v);
-        std::string a;
-        while (std::getline(ss, a, ',')) {
-          if (a.empty()) continue;
-          try {
-            split_address(a, "node");
-          } catch (const std::exception& e) {
-            return e.what();
-          }
-          s.nodes.push_back(a);
-        }
-        return {};
-      },
+      {[&s](const std::string& v) -> std::string {
+         std::stringstream ss(v);
+         std::string a;
+         while (std::getline(ss, a, ',')) {
+           if (a.empty()) continue;
+           try {
+             split_address(a, "node");
+           } catch (const std::exception& e) {
+             return e.what();
+           }
+           s.nodes.push_back(a);
+         }
+         return {};
+       },
+       [&s] { return nlohmann::json(s.nodes); }},
       true);
   add("cluster", "secret_file",
       "file holding the cluster secret (mode 600); default: cluster.secret in the run folder",
@@ -557,6 +570,13 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
           throw std::runtime_error(std::string("service.") + key + ": " + e.what());
         }
       };
+      // The effective config, for `admin config` (values, never secrets:
+      // the secret keys name files).
+      nlohmann::json effective = nlohmann::json::object();
+      for (const auto& k : keys)
+        if (k.get) effective[k.section][k.key] = k.get();
+      if (!config.empty()) effective["config_file"] = config;
+      ao.config = effective;
       ao.control_secret = secret(s.admin_secret_file, "admin_secret_file");
       ao.read_secret = secret(s.admin_read_secret_file, "admin_read_secret_file");
       const std::string control = ao.control_secret, read = ao.read_secret;
