@@ -160,6 +160,20 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      [self](preempt_atom, uint64_t id) {
+        auto rp = self->make_response_promise<int32_t>();
+        self->request(self->state.gateway, std::chrono::seconds(10), preempt_atom::value, id)
+            .then([rp](int32_t n) mutable { rp.deliver(n); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [self](set_atom, const std::string& key, const std::string& value) {
+        auto rp = self->make_response_promise<std::string>();
+        self->request(self->state.router, std::chrono::seconds(10), set_atom::value, key, value)
+            .then([rp](std::string& s) mutable { rp.deliver(std::move(s)); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
       [self](drain_instance_atom, uint64_t instance) {
         auto rp = self->make_response_promise<uint64_t>();
         self->request(self->state.router, caf::infinite, drain_instance_atom::value, instance)

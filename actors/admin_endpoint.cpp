@@ -165,7 +165,8 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
     return true;
   };
   uint64_t id = 0, instance = 0;
-  if ((command == "trace" || command == "cancel" || command == "migrate") && !number("id", id))
+  if ((command == "trace" || command == "cancel" || command == "migrate" || command == "preempt") &&
+      !number("id", id))
     return reply(self, peer,
                  failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
   if ((command == "migrate" || command == "drain" || command == "kill") &&
@@ -253,6 +254,24 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", i}, {"drained", true}};
         },
         drain_instance_atom::value, instance);
+  if (command == "preempt")
+    return call<int32_t>(
+        self, peer,
+        [id](int32_t) {
+          return json{{"request_id", id}, {"preempted", true}};
+        },
+        preempt_atom::value, id);
+  if (command == "set") {
+    const std::string key = req.value("key", ""), value = req.value("value", "");
+    if (key.empty() || value.empty())
+      return reply(self, peer, failure("bad_request", "set needs \"key\" and \"value\" (strings)"));
+    return call<std::string>(
+        self, peer,
+        [](std::string& what) {
+          return json{{"changed", what}};
+        },
+        set_atom::value, key, value);
+  }
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -260,11 +279,12 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", i}, {"killed", true}};
         },
         kill_instance_atom::value, instance);
-  reply(self, peer,
-        failure(
-            "unknown_command",
-            "unknown command '" + command +
-                "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill)"));
+  reply(
+      self, peer,
+      failure("unknown_command",
+              "unknown command '" + command +
+                  "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
+                  "preempt, set)"));
 }
 
 void poll_once(self_ptr self) {

@@ -407,6 +407,18 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
           }
         return n;
       },
+      [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
+        for (const auto& [key, req] : self->state.inflight)
+          if (key.second == id) {
+            auto rp = self->make_response_promise<int32_t>();
+            self->request(req, std::chrono::seconds(5), preempt_atom::value)
+                .then([rp](int32_t n) mutable { rp.deliver(n); },
+                      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+            return rp;
+          }
+        return caf::make_error(caf::sec::invalid_argument,
+                               "no request with id " + std::to_string(id) + " is in flight");
+      },
       [self](trace_atom, uint64_t id) -> caf::result<request_trace> {
         // The live trace of a request in flight, from its request actor.
         for (const auto& [key, req] : self->state.inflight)

@@ -686,6 +686,39 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         for (const auto& [key, s] : self->state.seqs)
           self->send(s.req.sink, relocate_atom::value, s.req.id);
       },
+      [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
+        auto& st = self->state;
+        auto k = st.keys.find(id);
+        if (k == st.keys.end())
+          return refuse("preempt: no sequence of request " + std::to_string(id) + " here");
+        if (!st.seqs.at(k->second).running())
+          return refuse("preempt: request " + std::to_string(id) +
+                        " is not running (it waits for its turn already)");
+        // (During a step, its part of the step is dropped: on_result skips
+        // sequences that are not running.)
+        preempt(self, k->second);
+        step(self);
+        return 1;
+      },
+      [self](set_atom, const std::string& key, int32_t value) -> caf::result<int32_t> {
+        auto& lim = self->state.opts.limits;
+        auto field = [&key](scheduler_limits& l) -> int32_t* {
+          return key == "max_seqs"           ? &l.max_seqs
+                 : key == "max_batch_tokens" ? &l.max_batch_tokens
+                 : key == "chunk_size"       ? &l.chunk_size
+                                             : nullptr;
+        };
+        scheduler_limits next = lim;
+        if (!field(next))
+          return refuse("set: '" + key +
+                        "' cannot change live (max_seqs, max_batch_tokens, chunk_size can)");
+        *field(next) = value;
+        if (auto why = validate(next); !why.empty()) return refuse("set " + key + ": " + why);
+        const int32_t old = *field(lim);
+        lim = next;
+        step(self);
+        return old;
+      },
       [self](stats_atom) {
         auto& st = self->state;
         instance_stats out = st.counters;

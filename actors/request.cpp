@@ -544,7 +544,10 @@ request_actor::behavior_type request_behavior(self_ptr self,
               return caf::make_error(caf::sec::invalid_argument, "the request was refused");
             },
             [](retry_atom) {},
-            [self](trace_atom) { return self->state.trace; }};
+            [self](trace_atom) { return self->state.trace; },
+            [](preempt_atom) -> caf::result<int32_t> {
+              return caf::make_error(caf::sec::invalid_argument, "the request was refused");
+            }};
   }
   st.seq.sink = caf::actor_cast<token_sink_actor>(self);
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -585,6 +588,17 @@ request_actor::behavior_type request_behavior(self_ptr self,
       },
       [self](retry_atom) {
         if (!self->state.done) place_and_enqueue(self);
+      },
+      [self](preempt_atom) -> caf::result<int32_t> {
+        auto& st = self->state;
+        if (st.done || !st.accepted || !st.instance)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "the request is not on an instance now");
+        auto rp = self->make_response_promise<int32_t>();
+        self->request(st.instance, std::chrono::seconds(5), preempt_atom::value, st.seq.id)
+            .then([rp](int32_t n) mutable { rp.deliver(n); },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
       },
       [self](trace_atom) {
         const auto& st = self->state;

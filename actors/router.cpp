@@ -199,6 +199,67 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           self->send_exit(i->actor, caf::exit_reason::kill);
           return id;
         },
+        [self](set_atom, const std::string& key,
+               const std::string& value) -> caf::result<std::string> {
+          auto& st = self->state;
+          if (key == "router") {
+            auto p = parse_placement_policy(value);
+            if (!p)
+              return caf::make_error(
+                  caf::sec::invalid_argument,
+                  "set router: '" + value +
+                      "' is not a policy (round-robin, least-load, prefix, slo)");
+            const std::string old = to_string(st.opts.policy);
+            st.opts.policy = *p;
+            spdlog::info("router: placement policy {} -> {}", old, value);
+            return "router: " + old + " -> " + value;
+          }
+          int32_t v = 0;
+          try {
+            size_t used = 0;
+            v = std::stoi(value, &used);
+            if (used != value.size()) throw std::invalid_argument(value);
+          } catch (const std::exception&) {
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "set " + key + ": '" + value + "' is not an integer");
+          }
+          // Every instance that serves takes the limit; the first refusal
+          // (a bad key or value) is the answer.
+          struct gathering {
+            size_t left = 0, changed = 0;
+            std::string error, old;
+            caf::typed_response_promise<std::string> rp;
+          };
+          auto g = std::make_shared<gathering>();
+          std::vector<instance_actor> targets;
+          for (const auto& i : st.instances)
+            if (i.state != "down") targets.push_back(i.actor);
+          if (targets.empty())
+            return caf::make_error(caf::sec::invalid_argument, "set " + key + ": no instance");
+          g->left = targets.size();
+          g->rp = self->make_response_promise<std::string>();
+          auto done = [g, key, value] {
+            if (--g->left > 0) return;
+            if (!g->error.empty())
+              g->rp.deliver(caf::make_error(caf::sec::invalid_argument, g->error));
+            else
+              g->rp.deliver(key + ": " + g->old + " -> " + value + " on " +
+                            std::to_string(g->changed) + " instances");
+          };
+          for (const auto& t : targets)
+            self->request(t, std::chrono::seconds(5), set_atom::value, key, v)
+                .then(
+                    [g, done](int32_t old) {
+                      ++g->changed;
+                      g->old = std::to_string(old);
+                      done();
+                    },
+                    [self, g, done](caf::error& e) {
+                      if (g->error.empty()) g->error = self->system().render(e);
+                      done();
+                    });
+          return g->rp;
+        },
         [self](drain_instance_atom, uint64_t id) -> caf::result<uint64_t> {
           auto& st = self->state;
           auto* i = find(st, id);

@@ -98,7 +98,8 @@ using gateway_actor =
                      caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<admin_port_atom, uint32_t>::with<uint32_t>,
                      caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
-                     caf::replies_to<trace_atom, uint64_t>::with<request_trace>>;
+                     caf::replies_to<trace_atom, uint64_t>::with<request_trace>,
+                     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>>;
 
 // A request actor is the token sink of its sequence, and takes the
 // client's cancel and its own deadline.  Either ends the request at once:
@@ -112,6 +113,7 @@ using gateway_actor =
 using request_actor = token_sink_actor::extend<
     caf::reacts_to<cancel_atom>, caf::reacts_to<cancel_atom, std::string>,
     caf::reacts_to<deadline_atom>, caf::replies_to<migrate_atom, uint64_t>::with<uint64_t>,
-    caf::reacts_to<retry_atom>, caf::replies_to<trace_atom>::with<request_trace>>;
+    caf::reacts_to<retry_atom>, caf::replies_to<trace_atom>::with<request_trace>,
+    caf::replies_to<preempt_atom>::with<int32_t>>;
 
 }  // namespace troupe

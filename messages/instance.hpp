@@ -159,6 +159,8 @@ using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;
 using import_atom = caf::atom_constant<caf::atom("import")>;
+using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
+using set_atom = caf::atom_constant<caf::atom("set")>;
 // stats_atom: messages/kv_pool.hpp
 
 // enqueue: admit a sequence to the waiting queue; replies with the number
@@ -182,11 +184,19 @@ using import_atom = caf::atom_constant<caf::atom("import")>;
 //          came with it.
 // stats:   queue lengths, counters and the KV pages.
 // relocate: (drain) asks each sequence's sink to move it elsewhere.
+// preempt: (id) preempts running sequence `id` as the scheduler does when
+//          KV runs short (swap or recompute, per the instance's mode);
+//          replies 1, or an error when it is not running.
+// set:     (key, value) changes a scheduler limit live: max_seqs,
+//          max_batch_tokens or chunk_size; replies with the old value, or
+//          an error naming what is wrong (the limits must stay valid).
 using instance_actor = caf::typed_actor<
     caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,
     caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,
-    caf::replies_to<stats_atom>::with<instance_stats>>;
+    caf::replies_to<stats_atom>::with<instance_stats>,
+    caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
+    caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>>;
 
 }  // namespace troupe

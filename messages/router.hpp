@@ -73,6 +73,7 @@ using router_actor = caf::typed_actor<
     caf::replies_to<lookup_atom, uint64_t>::with<placement_reply>,
     caf::replies_to<registry_atom>::with<std::vector<router_instance>>,
     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
-    caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>>;
+    caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>,
+    caf::replies_to<set_atom, std::string, std::string>::with<std::string>>;
 
 }  // namespace troupe

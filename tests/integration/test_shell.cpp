@@ -111,7 +111,11 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("kv 42", "no instance 42");
   expect_error("watch bogus", "no view 'bogus'");
   expect_error("role 1 prefill", "not available yet");
-  expect_error("set max_seqs 4", "not available yet");
+  expect_error("spawn 127.0.0.1:1 2", "not available yet");
+  expect_error("set max_seqs 100000", "max_seqs must not exceed max_batch_tokens");
+  expect_error("set page_size 8", "cannot change live");
+  expect_error("set router fastest", "'fastest' is not a policy");
+  expect_error("preempt 31337", "no request with id 31337");
   // One failing command fails the run; the others still ran.
   auto mixed = shell(server, "--exec 'kv --json; bogus'");
   EXPECT_NE(mixed.exit_code, 0);
@@ -136,6 +140,41 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   EXPECT_NE(gone.exit_code, 0);
   EXPECT_NE(gone.err.find("no answer"), std::string::npos) << gone.err;
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 15s);
+}
+
+// preempt and set change the live service: the preempted request still
+// streams the tokens of offline greedy; the limits and the policy change
+// on every instance.
+TEST(Shell, PreemptAndSetTakeEffect) {
+  server_process server("--local-instances 2 --router least-load");
+  const auto want = [] {
+    auto r = run_process(
+        troupe_bin() + " generate -m stories15m --ignore-eos --json -n 240 -p 'Once upon a time'");
+    return json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
+  }();
+  client::connection c(server.endpoint());
+  c.generate(long_request(9));
+  client::result r;
+  wait_tokens(c, r, 9, 3);
+  auto res =
+      shell(server, "--exec 'preempt 9 --json; set max_seqs 8 --json; set router prefix --json'");
+  ASSERT_EQ(res.exit_code, 0) << res.err;
+  auto docs = json_lines(res.out);
+  ASSERT_EQ(docs.size(), 3u) << res.out;
+  EXPECT_EQ(docs[0]["preempted"], true);
+  EXPECT_NE(docs[1]["changed"].get<std::string>().find("-> 8 on 2 instances"), std::string::npos)
+      << docs[1];
+  EXPECT_EQ(docs[2]["changed"], "router: least-load -> prefix");
+  auto find = [&](uint64_t x) { return x == 9 ? &r : nullptr; };
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return r.done(); }, 60s));
+  ASSERT_FALSE(r.error);
+  EXPECT_EQ(r.token_ids, want);
+  EXPECT_GE(server.admin("trace 9")["preemptions"].get<int>(), 1);
+  // A request placed now says the new policy.
+  auto next = client::run(c, {long_request(10)}, 60s);
+  EXPECT_NE(server.admin("trace 10")["placement"].get<std::string>().find("prefix"),
+            std::string::npos);
 }
 
 // The shell on a pseudo-terminal, typed into as a person would.

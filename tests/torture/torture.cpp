@@ -12,7 +12,9 @@
 // round (its requests must recover on the other); or, in some rounds, two
 // real `troupe node` processes host the instances (no local one) over the
 // cluster's TLS, with the same migrations, drains, and at most one node
-// killed with SIGKILL per round.  After every round it checks:
+// killed with SIGKILL per round; and requests preempted and scheduler
+// limits and the router policy changed live through `troupe shell`.
+// After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -75,7 +77,7 @@ struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
-           drains = 0, violations = 0;
+           drains = 0, preempts = 0, preempts_refused = 0, sets = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -186,6 +188,23 @@ class round_driver {
     ++(r.exit_code == 0 ? t_.migrations : t_.migrations_refused);
   }
 
+  testing::process_result shell(const std::string& commands) {
+    return testing::run_process(testing::troupe_bin() + " shell --server " +
+                                testing::shell_quote(endpoint_) + " --exec " +
+                                testing::shell_quote(commands));
+  }
+
+  // Preempts a random request in flight through troupe shell (it may not
+  // be running, or have ended: then the shell refuses, which is fine).
+  void preempt(client_socket& s) {
+    std::vector<uint64_t> open;
+    for (const auto& [rid, r] : s.reqs)
+      if (r.terminals == 0 && r.k != kind::refused && r.duplicates == 0) open.push_back(rid);
+    if (open.empty()) return;
+    auto r = shell("preempt " + std::to_string(one_of(open)));
+    ++(r.exit_code == 0 ? t_.preempts : t_.preempts_refused);
+  }
+
   wire::Generate greedy(client_socket& s, uint64_t id, size_t prompt) {
     wire::Generate g;
     g.set_request_id(id);
@@ -258,6 +277,21 @@ class round_driver {
       s.conn->ping(0ms);  // the Pong is drained with everything else
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
+    } else if (roll == 98) {
+      preempt(s);
+    } else if (roll == 99 && chance(0.3)) {
+      // A live limit or policy change on every instance (troupe shell).
+      const size_t what = pick(3);
+      const std::string cmd =
+          what == 0 ? "set max_seqs " + std::to_string(one_of<int>({2, 4, 8, 16}))
+          : what == 1
+              ? "set chunk_size " + std::to_string(one_of<int>({16, 32, 64}))
+              : "set router " + one_of<std::string>({"round-robin", "least-load", "prefix"});
+      auto r = shell(cmd);
+      if (r.exit_code == 0)
+        ++t_.sets;
+      else
+        violation(cmd + " failed: " + r.err);
     } else if (roll == 97 && instances_ > 1 && !drained_ && !killed_ && chance(0.1)) {
       // Drain one instance (migrating its sequences); the other serves on.
       drained_ = true;
@@ -511,6 +545,9 @@ int run(const options& o) {
             {"node_rounds", t.node_rounds},
             {"node_kills", t.node_kills},
             {"drains", t.drains},
+            {"preempts", t.preempts},
+            {"preempts_refused", t.preempts_refused},
+            {"sets", t.sets},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());

@@ -44,6 +44,7 @@ struct admin_flags {
   std::string action;
   uint64_t id = 0;
   uint64_t instance = 0;
+  std::string key, value;  // set
   const std::string* server = nullptr;
   const bool* json = nullptr;
 };
@@ -52,7 +53,12 @@ int run_admin(admin_flags& f) {
   f.target.server = *f.server;
   admin_link link(f.target);
   nlohmann::json args = nlohmann::json::object();
-  if (f.action == "trace" || f.action == "cancel" || f.action == "migrate") args["id"] = f.id;
+  if (f.action == "trace" || f.action == "cancel" || f.action == "migrate" || f.action == "preempt")
+    args["id"] = f.id;
+  if (f.action == "set") {
+    args["key"] = f.key;
+    args["value"] = f.value;
+  }
   if (f.action == "migrate" || f.action == "drain" || f.action == "kill")
     args["instance"] = f.instance;
   if (!link.connect()) {
@@ -123,6 +129,19 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("drain", "stop placing on an instance; returns once it holds no request", false, true);
   action("kill", "fault injection: kill an instance as a crash would (its requests recover)", false,
          true);
+  action("preempt", "preempt a running request (it runs again when its turn comes)", true);
+  {
+    auto* sub = cmd->add_subcommand(
+        "set", "change a scheduler limit on every instance, or the router policy, live");
+    sub->fallthrough();
+    sub->add_option("key", f->key, "max_seqs, max_batch_tokens, chunk_size or router")->required();
+    sub->add_option("value", f->value, "the new value")->required();
+    sub->callback([f] {
+      f->action = "set";
+      int rc = run_admin(*f);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
   return cmd;
 }
 

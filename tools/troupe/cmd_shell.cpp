@@ -147,6 +147,9 @@ class shell {
         ((cmd == "drain" || cmd == "kill" || cmd == "kv" || cmd == "role") && index == 1))
       return ids("instances", "id");
     if (cmd == "role" && index == 2) return {"prefill", "decode", "mixed"};
+    if (cmd == "set" && index == 1) return {"max_seqs", "max_batch_tokens", "chunk_size", "router"};
+    if (cmd == "set" && index == 2 && words.args.size() >= 1 && words.args[0] == "router")
+      return {"round-robin", "least-load", "prefix", "slo"};
     if (cmd == "spawn" && index == 1) return strings("nodes", "address");
     return {};
   }
@@ -212,11 +215,11 @@ class shell {
         [self](const command_line& l) {
           self->control(l, "kill", {{"instance", self->id_arg(l, 0, "an instance id")}});
         });
-    add("preempt", "preempt ID", "preempt a running request (not available yet)",
-        [](const command_line&) {
-          throw failure{
-              "preempt: not available yet: the admin endpoint has no preempt command (the "
-              "scheduler preempts by itself when the KV arena runs short)"};
+    add("preempt", "preempt ID",
+        "preempt a running request as the scheduler does when KV runs short (swap or "
+        "recompute); it runs again when its turn comes",
+        [self](const command_line& l) {
+          self->control(l, "preempt", {{"id", self->id_arg(l, 0, "a request id")}});
         });
     add("role", "role INSTANCE prefill|decode|mixed", "set an instance's role (not available yet)",
         [](const command_line&) {
@@ -230,12 +233,12 @@ class shell {
               "spawn: not available yet: instances are placed on nodes at start from the "
               "config ([[cluster.node]] instances = N)"};
         });
-    add("set", "set KEY VALUE", "change a live scheduler limit (not available yet)",
-        [](const command_line&) {
-          throw failure{
-              "set: not available yet: scheduler limits and the router policy are fixed at "
-              "start (config keys engine.max_seqs, engine.max_batch_tokens, "
-              "engine.chunk_size, service.router)"};
+    add("set", "set max_seqs|max_batch_tokens|chunk_size|router VALUE",
+        "change a scheduler limit on every instance, or the router's policy, live",
+        [self](const command_line& l) {
+          if (l.args.size() != 2)
+            throw failure{"set: give a key and a value (" + self->usage_of("set") + ")"};
+          self->control(l, "set", {{"key", l.args[0]}, {"value", l.args[1]}});
         });
     add("reconnect", "reconnect", "find the server's admin endpoint again",
         [self](const command_line&) {
