@@ -121,13 +121,21 @@ void reply(self_ptr self, const std::string& peer, const json& j) {
   }
 }
 
+// An error's own words when it carries them (make_error(code, "why")),
+// else CAF's rendering.
+std::string error_text(caf::actor_system& sys, const caf::error& e) {
+  const auto& ctx = e.context();
+  if (ctx.size() == 1 && ctx.match_element<std::string>(0)) return ctx.get_as<std::string>(0);
+  return sys.render(e);
+}
+
 // Asks the admin actor and replies with what it says.
 template <class Result, class Convert, class... Ts>
 void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
   self->request(self->state.admin, self->state.opts.call_timeout, args...)
       .then([self, peer, convert](Result& result) { reply(self, peer, success(convert(result))); },
             [self, peer](caf::error& e) {
-              reply(self, peer, failure("failed", self->system().render(e)));
+              reply(self, peer, failure("failed", error_text(self->system(), e)));
             });
 }
 

@@ -13,8 +13,10 @@ std::string text(const json& v) {
   if (v.is_null()) return "-";
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number_float()) {
+    // Shares and rates (below 10) keep three decimals, times one.
+    const double x = v.get<double>();
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.1f", v.get<double>());
+    std::snprintf(buf, sizeof buf, x > -10 && x < 10 ? "%.3f" : "%.1f", x);
     return buf;
   }
   return v.dump();
@@ -26,7 +28,8 @@ std::string field(const json& row, const char* key) {
 }
 
 bool numeric(const std::string& s) {
-  return !s.empty() && s.find_first_not_of("0123456789.-/%") == std::string::npos;
+  return s.find_first_of("0123456789") != std::string::npos &&
+         s.find_first_not_of("0123456789.-/%") == std::string::npos;
 }
 
 std::string fixed(double x, int digits) {
