@@ -3,6 +3,8 @@
 #include <iterator>
 #include <memory>
 
+#include "actors/relay.hpp"
+
 namespace troupe {
 
 namespace {
@@ -72,18 +74,12 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
         return rp;
       },
       [self](nodes_atom) {
-        auto rp = self->make_response_promise<std::vector<link_status>>();
-        self->request(self->state.router, std::chrono::seconds(10), nodes_atom::value)
-            .then([rp](std::vector<link_status>& v) mutable { rp.deliver(std::move(v)); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<std::vector<link_status>>(self, self->state.router, std::chrono::seconds(10),
+                                               nodes_atom::value);
       },
       [self](requests_atom) {
-        auto rp = self->make_response_promise<std::vector<inflight_request>>();
-        self->request(self->state.gateway, std::chrono::seconds(10), requests_atom::value)
-            .then([rp](std::vector<inflight_request>& v) mutable { rp.deliver(std::move(v)); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<std::vector<inflight_request>>(self, self->state.gateway,
+                                                    std::chrono::seconds(10), requests_atom::value);
       },
       [self](trace_atom, uint64_t id) {
         auto rp = self->make_response_promise<request_trace>();
@@ -138,48 +134,28 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
         return rp;
       },
       [self](cancel_atom, uint64_t id) {
-        auto rp = self->make_response_promise<int32_t>();
-        self->request(self->state.gateway, std::chrono::seconds(10), cancel_atom::value, id)
-            .then([rp](int32_t n) mutable { rp.deliver(n); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
+                              cancel_atom::value, id);
       },
       [self](migrate_atom, uint64_t id, uint64_t instance) {
-        auto rp = self->make_response_promise<uint64_t>();
-        self->request(self->state.gateway, std::chrono::seconds(60), migrate_atom::value, id,
-                      instance)
-            .then([rp](uint64_t to) mutable { rp.deliver(to); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<uint64_t>(self, self->state.gateway, std::chrono::seconds(60),
+                               migrate_atom::value, id, instance);
       },
       [self](kill_instance_atom, uint64_t instance) {
-        auto rp = self->make_response_promise<uint64_t>();
-        self->request(self->state.router, std::chrono::seconds(10), kill_instance_atom::value,
-                      instance)
-            .then([rp](uint64_t i) mutable { rp.deliver(i); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<uint64_t>(self, self->state.router, std::chrono::seconds(10),
+                               kill_instance_atom::value, instance);
       },
       [self](preempt_atom, uint64_t id) {
-        auto rp = self->make_response_promise<int32_t>();
-        self->request(self->state.gateway, std::chrono::seconds(10), preempt_atom::value, id)
-            .then([rp](int32_t n) mutable { rp.deliver(n); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
+                              preempt_atom::value, id);
       },
       [self](set_atom, const std::string& key, const std::string& value) {
-        auto rp = self->make_response_promise<std::string>();
-        self->request(self->state.router, std::chrono::seconds(10), set_atom::value, key, value)
-            .then([rp](std::string& s) mutable { rp.deliver(std::move(s)); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
+                                  set_atom::value, key, value);
       },
       [self](drain_instance_atom, uint64_t instance) {
-        auto rp = self->make_response_promise<uint64_t>();
-        self->request(self->state.router, caf::infinite, drain_instance_atom::value, instance)
-            .then([rp](uint64_t i) mutable { rp.deliver(i); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<uint64_t>(self, self->state.router, caf::infinite, drain_instance_atom::value,
+                               instance);
       },
   };
 }

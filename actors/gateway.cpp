@@ -3,12 +3,14 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
+
 #include <deque>
 #include <map>
 #include <optional>
 #include <unordered_map>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
+#include "actors/relay.hpp"
 
 #include "actors/admin.hpp"
 #include "messages/client.pb.h"
@@ -410,11 +412,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
       [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
         for (const auto& [key, req] : self->state.inflight)
           if (key.second == id) {
-            auto rp = self->make_response_promise<int32_t>();
-            self->request(req, std::chrono::seconds(5), preempt_atom::value)
-                .then([rp](int32_t n) mutable { rp.deliver(n); },
-                      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-            return rp;
+            return relay<int32_t>(self, req, std::chrono::seconds(5), preempt_atom::value);
           }
         return caf::make_error(caf::sec::invalid_argument,
                                "no request with id " + std::to_string(id) + " is in flight");
@@ -423,11 +421,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         // The live trace of a request in flight, from its request actor.
         for (const auto& [key, req] : self->state.inflight)
           if (key.second == id) {
-            auto rp = self->make_response_promise<request_trace>();
-            self->request(req, std::chrono::seconds(5), trace_atom::value)
-                .then([rp](request_trace& t) mutable { rp.deliver(std::move(t)); },
-                      [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-            return rp;
+            return relay<request_trace>(self, req, std::chrono::seconds(5), trace_atom::value);
           }
         return caf::make_error(caf::sec::invalid_argument,
                                "no request with id " + std::to_string(id) + " is in flight");
@@ -442,11 +436,8 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
                                      ? "no request with id " + std::to_string(id) + " is in flight"
                                      : std::to_string(found.size()) +
                                            " requests in flight have id " + std::to_string(id));
-        auto rp = self->make_response_promise<uint64_t>();
-        self->request(found[0], std::chrono::seconds(60), migrate_atom::value, instance)
-            .then([rp](uint64_t to) mutable { rp.deliver(to); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<uint64_t>(self, found[0], std::chrono::seconds(60), migrate_atom::value,
+                               instance);
       },
       [self](admin_port_atom, uint32_t port) {
         self->state.admin_port = port;

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "actors/admin.hpp"
+#include "actors/relay.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/incremental_decoder.hpp"
 #include "runtime/page_pool.hpp"
@@ -594,11 +595,8 @@ request_actor::behavior_type request_behavior(self_ptr self,
         if (st.done || !st.accepted || !st.instance)
           return caf::make_error(caf::sec::invalid_argument,
                                  "the request is not on an instance now");
-        auto rp = self->make_response_promise<int32_t>();
-        self->request(st.instance, std::chrono::seconds(5), preempt_atom::value, st.seq.id)
-            .then([rp](int32_t n) mutable { rp.deliver(n); },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return relay<int32_t>(self, st.instance, std::chrono::seconds(5), preempt_atom::value,
+                              st.seq.id);
       },
       [self](trace_atom) {
         const auto& st = self->state;

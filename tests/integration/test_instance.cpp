@@ -16,6 +16,7 @@
 
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
+#include "actors/relay.hpp"
 #include "messages/actors.hpp"
 #include "runtime/kv_blob.hpp"
 #include "runtime/model_registry.hpp"
@@ -574,15 +575,6 @@ struct fault_plan {
   bool fail_writes = false;
 };
 
-template <class T, class... Ts>
-caf::result<T> relay(device_actor::pointer self, const device_actor& real, Ts&&... xs) {
-  auto rp = self->make_response_promise<T>();
-  self->request(real, caf::infinite, std::forward<Ts>(xs)...)
-      .then([rp](T& x) mutable { rp.deliver(std::move(x)); },
-            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-  return rp;
-}
-
 device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan plan) {
   return sys.spawn([real, plan](device_actor::pointer self) -> device_actor::behavior_type {
     return {
@@ -600,17 +592,17 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
           return rp;
         },
-        [=](info_atom a) { return relay<device_info>(self, real, a); },
+        [=](info_atom a) { return relay<device_info>(self, real, caf::infinite, a); },
         [=](read_pages_atom a, std::vector<int32_t>& p) {
-          return relay<std::vector<uint8_t>>(self, real, a, std::move(p));
+          return relay<std::vector<uint8_t>>(self, real, caf::infinite, a, std::move(p));
         },
         [=](write_pages_atom a, std::vector<int32_t>& p,
             std::vector<uint8_t>& d) -> caf::result<int32_t> {
           if (plan.fail_writes) return caf::make_error(caf::sec::runtime_error, "injected fault");
-          return relay<int32_t>(self, real, a, std::move(p), std::move(d));
+          return relay<int32_t>(self, real, caf::infinite, a, std::move(p), std::move(d));
         },
         [=](copy_pages_atom a, std::vector<int32_t>& src, std::vector<int32_t>& dst) {
-          return relay<int32_t>(self, real, a, std::move(src), std::move(dst));
+          return relay<int32_t>(self, real, caf::infinite, a, std::move(src), std::move(dst));
         },
     };
   });

@@ -182,10 +182,22 @@ class round_driver {
     if (open.empty()) return;
     const uint64_t id = one_of(open);
     const std::string to = std::to_string(1 + pick(instances_));
-    auto r = testing::run_process(testing::troupe_bin() + " client --server " +
-                                  testing::shell_quote(endpoint_) + " admin migrate " +
-                                  std::to_string(id) + " " + to + " --json");
+    auto r = admin("migrate " + std::to_string(id) + " " + to);
     ++(r.exit_code == 0 ? t_.migrations : t_.migrations_refused);
+  }
+
+  // `troupe client --server EP admin ARGS --json`, as it ended.
+  testing::process_result admin(const std::string& args) {
+    return testing::run_process(testing::troupe_bin() + " client --server " +
+                                testing::shell_quote(endpoint_) + " admin " + args + " --json");
+  }
+
+  // Counts a command that must succeed, or records its failure.
+  void must(const testing::process_result& r, const std::string& what, uint64_t& counter) {
+    if (r.exit_code == 0)
+      ++counter;
+    else
+      violation(what + " failed: " + r.err);
   }
 
   testing::process_result shell(const std::string& commands) {
@@ -287,21 +299,11 @@ class round_driver {
           : what == 1
               ? "set chunk_size " + std::to_string(one_of<int>({16, 32, 64}))
               : "set router " + one_of<std::string>({"round-robin", "least-load", "prefix"});
-      auto r = shell(cmd);
-      if (r.exit_code == 0)
-        ++t_.sets;
-      else
-        violation(cmd + " failed: " + r.err);
+      must(shell(cmd), cmd, t_.sets);
     } else if (roll == 97 && instances_ > 1 && !drained_ && !killed_ && chance(0.1)) {
       // Drain one instance (migrating its sequences); the other serves on.
       drained_ = true;
-      auto r = testing::run_process(testing::troupe_bin() + " client --server " +
-                                    testing::shell_quote(endpoint_) + " admin drain " +
-                                    std::to_string(1 + pick(2)) + " --json");
-      if (r.exit_code == 0)
-        ++t_.drains;
-      else
-        violation("admin drain failed: " + r.err);
+      must(admin("drain " + std::to_string(1 + pick(2))), "admin drain", t_.drains);
     } else if (roll == 96 && !nodes_.empty() && !killed_ && !drained_ && chance(0.1)) {
       // A node dies as a crash would; its requests recover on the other.
       killed_ = true;
@@ -312,13 +314,7 @@ class round_driver {
       // Fault injection: one instance dies mid-round; its requests recover
       // on the other (greedy ones still equal offline greedy).
       killed_ = true;
-      auto r = testing::run_process(testing::troupe_bin() + " client --server " +
-                                    testing::shell_quote(endpoint_) + " admin kill " +
-                                    std::to_string(1 + pick(2)) + " --json");
-      if (r.exit_code == 0)
-        ++t_.kills;
-      else
-        violation("admin kill failed: " + r.err);
+      must(admin("kill " + std::to_string(1 + pick(2))), "admin kill", t_.kills);
     }
   }
 

@@ -89,6 +89,20 @@ struct admin_link::impl {
   }
 };
 
+void add_admin_target_flags(CLI::App& cmd, admin_target& t, int default_timeout_ms) {
+  cmd.add_option("--admin", t.admin,
+                 "the server's admin endpoint HOST:PORT (troupe serve --admin-port); default: "
+                 "the port the server names in its Pong, on the host of --server");
+  cmd.add_option("--secret-file", t.secret_file,
+                 "file with the admin secret (control or read-only); default: "
+                 "$TROUPE_ADMIN_SECRET, else the one the server left for this user");
+  cmd.add_option("--admin-timeout-ms", t.timeout_ms,
+                 "give up after this long (the ping, then each admin call); a gone server "
+                 "never hangs the command")
+      ->default_val(default_timeout_ms)
+      ->check(CLI::Range(1, 1 << 30));
+}
+
 admin_link::admin_link(admin_target t) : target_(std::move(t)) {}
 admin_link::~admin_link() = default;
 

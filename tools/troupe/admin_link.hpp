@@ -4,6 +4,7 @@
 // shell`: finds the endpoint (the server names its admin port in its Pong,
 // or --admin HOST:PORT), finds the secret, and makes calls that never hang
 // (each has a timeout; a call that timed out leaves no stale reply behind).
+#include <CLI/CLI.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +26,10 @@ struct admin_reply {
   std::string code;     // when !ok: the endpoint's code, or "unreachable" / "timeout"
   std::string message;  // when !ok: what went wrong, for people
 };
+
+// --admin, --secret-file and --admin-timeout-ms on `cmd` (troupe client
+// admin and troupe shell say the same).
+void add_admin_target_flags(CLI::App& cmd, admin_target& t, int default_timeout_ms);
 
 class admin_link {
  public:

@@ -97,16 +97,7 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
       client.add_subcommand("admin", "inspect and steer the server through its admin endpoint");
   cmd->fallthrough();
   cmd->require_subcommand(1);
-  cmd->add_option("--admin", f->target.admin,
-                  "the server's admin endpoint HOST:PORT (troupe serve --admin-port); default: "
-                  "the port the server names in its Pong, on the host of --server");
-  cmd->add_option("--secret-file", f->target.secret_file,
-                  "file with the admin secret (control or read-only); default: "
-                  "$TROUPE_ADMIN_SECRET, else the one the server left for this user");
-  cmd->add_option("--admin-timeout-ms", f->target.timeout_ms,
-                  "give up after this long (the ping, then each admin call)")
-      ->default_val(10000)
-      ->check(CLI::Range(1, 1 << 30));
+  add_admin_target_flags(*cmd, f->target, 10000);
   auto action = [&](const char* name, const char* help, bool with_id, bool with_instance = false) {
     auto* sub = cmd->add_subcommand(name, help);
     sub->fallthrough();

@@ -513,15 +513,7 @@ void add_shell(CLI::App& app) {
   cmd->add_option("-s,--server", f->target.server,
                   "the server's client endpoint; its Pong names the admin port")
       ->default_val("tcp://127.0.0.1:5555");
-  cmd->add_option("--admin", f->target.admin,
-                  "the admin endpoint HOST:PORT, instead of asking the server");
-  cmd->add_option("--secret-file", f->target.secret_file,
-                  "file with the admin secret (control or read-only); default: "
-                  "$TROUPE_ADMIN_SECRET, else the one the server left for this user");
-  cmd->add_option("--admin-timeout-ms", f->target.timeout_ms,
-                  "give up on a call after this long (the shell never hangs on a gone server)")
-      ->default_val(5000)
-      ->check(CLI::Range(1, 1 << 30));
+  add_admin_target_flags(*cmd, f->target, 5000);
   cmd->add_option("-e,--exec", f->exec,
                   "run these commands (separated by ';') and exit: non-zero when one fails");
   cmd->add_flag("--json", f->json, "JSON output for every command (one document a line)");
