@@ -9,6 +9,7 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <atomic>
 #include <caf/io/all.hpp>
 #include <charconv>
 #include <cmath>
@@ -32,6 +33,7 @@
 #include "runtime/secret.hpp"
 #include "runtime/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
+#include "tools/troupe/http_front.hpp"
 #include "tools/troupe/serve_admin.hpp"
 
 namespace troupe::cli {
@@ -71,6 +73,8 @@ struct serve_settings {
   double ttft_target_ms = 1000;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
+  int http_port = 0;     // 0: no OpenAI-compatible HTTP API
+  std::string http_host = "127.0.0.1";
   std::string admin_host = "127.0.0.1";
   std::string admin_secret_file;       // control secret; empty: made at start
   std::string admin_read_secret_file;  // read-only secret; empty: made at start
@@ -270,6 +274,11 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       string_key(s.admin_host));
   add("service", "metrics_port", "TCP port of the Prometheus endpoint GET /metrics; 0 = off",
       int_key(s.metrics_port, 0, 65535));
+  add("service", "http_port",
+      "TCP port of the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+      "/v1/models, /health); 0 = off",
+      int_key(s.http_port, 0, 65535));
+  add("service", "http_host", "address the HTTP API listens on", string_key(s.http_host));
   return k;
 }
 
@@ -556,6 +565,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;
+  std::unique_ptr<http_front> http;
+  auto draining = std::make_shared<std::atomic<bool>>(false);
   try {
     if (s.admin_port >= 0) {
       admin_endpoint_options ao;
@@ -599,6 +610,16 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     if (s.metrics_port > 0)
       metrics_http =
           std::make_unique<metrics_server>(*env.sys, admin, metrics, s.admin_host, s.metrics_port);
+    if (s.http_port > 0) {
+      http_front_options ho;
+      ho.host = s.http_host;
+      ho.port = s.http_port;
+      ho.model = s.engine.model;
+      ho.endpoint = gw.endpoints.at(0);
+      ho.token_text = [tok](int32_t id) { return tok->decode({id}); };
+      ho.draining = [draining] { return draining->load(); };
+      http = std::make_unique<http_front>(std::move(ho));
+    }
   } catch (...) {
     for (const auto& a :
          {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor)})
@@ -617,12 +638,15 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   if (metrics_http)
     std::printf("troupe serve: metrics on http://%s:%d/metrics\n", s.admin_host.c_str(),
                 s.metrics_port);
+  if (http)
+    std::printf("troupe serve: http on http://%s:%d/v1\n", s.http_host.c_str(), http->port());
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "troupe serve: %s, draining (grace %.1f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", s.grace_s);
+  draining->store(true);
 
   // Stop taking requests, let those in flight finish, cancel the rest.
   caf::scoped_actor self{*env.sys};
@@ -649,6 +673,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     }
   }
   metrics_http.reset();
+  http.reset();
   if (admin_ep) self->send_exit(admin_ep->actor, caf::exit_reason::user_shutdown);
   for (const auto& f : secret_files) std::remove(f.c_str());
   self->send_exit(admin, caf::exit_reason::user_shutdown);

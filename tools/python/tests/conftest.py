@@ -29,10 +29,10 @@ def troupe_bin() -> str:
 class Server:
     READY = "troupe serve: listening on "
 
-    def __init__(self, *extra: str):
+    def __init__(self, *extra: str, model: str = MODEL):
         self.err = tempfile.NamedTemporaryFile(prefix="troupe_py_serve_", suffix=".err", delete=False)
         self.proc = subprocess.Popen(
-            [troupe_bin(), "serve", "-m", MODEL, "--listen", "tcp://127.0.0.1:*", *extra],
+            [troupe_bin(), "serve", "-m", model, "--listen", "tcp://127.0.0.1:*", *extra],
             stdout=subprocess.PIPE,
             stderr=self.err,
         )

@@ -1,0 +1,399 @@
+#include "tools/client/openai_api.hpp"
+
+#include <cmath>
+#include <random>
+
+namespace troupe::openai {
+
+namespace {
+
+using json = nlohmann::json;
+
+api_error bad(const std::string& param, const std::string& message) {
+  api_error e;
+  e.status = 400;
+  e.param = param;
+  e.message = message;
+  return e;
+}
+
+// A number field in [lo, hi] (absent: nullopt, no error).
+std::optional<api_error> number(const json& body, const char* key, double lo, double hi,
+                                std::optional<double>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number())
+    return bad(key, std::string("'") + key + "' must be a number, got " + it->dump());
+  const double x = it->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    return bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " +
+                        json(hi).dump() + "], got " + it->dump());
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<api_error> integer(const json& body, const char* key, int64_t lo, int64_t hi,
+                                 std::optional<int64_t>& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number_integer())
+    return bad(key, std::string("'") + key + "' must be an integer, got " + it->dump());
+  const int64_t x = it->get<int64_t>();
+  if (x < lo || x > hi)
+    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
+                        std::to_string(hi) + "], got " + it->dump());
+  out = x;
+  return std::nullopt;
+}
+
+std::optional<api_error> boolean(const json& body, const char* key, bool& out) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean())
+    return bad(key, std::string("'") + key + "' must be true or false, got " + it->dump());
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+// A chat message's content: a string, or text parts.
+std::optional<std::string> content_text(const json& c) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) return std::nullopt;
+  std::string out;
+  for (const auto& part : c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      return std::nullopt;
+    out += part["text"].get<std::string>();
+  }
+  return out;
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char ch : s) b.push_back(int(ch));
+  return b;
+}
+
+json completion_logprobs(const std::vector<wire::TokenLogprob>& lps,
+                         const token_text_fn& token_text, size_t offset) {
+  json tokens = json::array(), lp = json::array(), top = json::array(), off = json::array();
+  for (const auto& t : lps) {
+    const std::string s = token_text(t.token());
+    tokens.push_back(s);
+    lp.push_back(t.logprob());
+    json alts = json::object();
+    for (const auto& a : t.top()) alts[token_text(a.token())] = a.logprob();
+    top.push_back(alts);
+    off.push_back(offset);
+    offset += s.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lp}, {"top_logprobs", top}, {"text_offset", off}};
+}
+
+json chat_logprobs(const std::vector<wire::TokenLogprob>& lps, const token_text_fn& token_text,
+                   int top_n) {
+  json content = json::array();
+  for (const auto& t : lps) {
+    const std::string s = token_text(t.token());
+    json alts = json::array();
+    for (int i = 0; i < t.top_size() && i < top_n; ++i) {
+      const std::string a = token_text(t.top(i).token());
+      alts.push_back({{"token", a}, {"logprob", t.top(i).logprob()}, {"bytes", bytes_of(a)}});
+    }
+    content.push_back(
+        {{"token", s}, {"logprob", t.logprob()}, {"bytes", bytes_of(s)}, {"top_logprobs", alts}});
+  }
+  return {{"content", content}};
+}
+
+}  // namespace
+
+json error_body(const api_error& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+std::optional<api_error> parse(const json& body, bool chat, const std::string& served, call& out) {
+  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  out = call{};
+  out.chat = chat;
+  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("model", "'model' must be a string");
+    if (it->get<std::string>() != served) {
+      api_error e;
+      e.status = 404;
+      e.type = "NotFoundError";
+      e.param = "model";
+      e.code = "model_not_found";
+      e.message = "The model '" + it->get<std::string>() +
+                  "' does not exist (this server serves '" + served + "')";
+      return e;
+    }
+  }
+
+  // The prompts.
+  std::vector<wire::Generate> prompts;
+  if (chat) {
+    auto it = body.find("messages");
+    if (it == body.end() || !it->is_array() || it->empty())
+      return bad("messages", "'messages' must be a non-empty array of {role, content}");
+    wire::Generate g;
+    for (const auto& m : *it) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        return bad("messages", "each message needs a 'role' string");
+      std::string role = m["role"].get<std::string>();
+      if (role == "developer") role = "system";
+      if (role != "system" && role != "user" && role != "assistant")
+        return bad("messages", "unsupported role '" + role + "' (system, user, assistant)");
+      auto text = content_text(m.value("content", json(nullptr)));
+      if (!text) return bad("messages", "a message's 'content' must be a string or text parts");
+      auto* cm = g.mutable_chat()->add_messages();
+      cm->set_role(role);
+      cm->set_content(*text);
+    }
+    prompts.push_back(std::move(g));
+  } else {
+    auto it = body.find("prompt");
+    if (it == body.end() || it->is_null()) return bad("prompt", "'prompt' is required");
+    auto add_text = [&](const std::string& s) {
+      wire::Generate g;
+      g.set_text(s);
+      prompts.push_back(std::move(g));
+      out.echo_text.push_back(s);
+    };
+    auto add_ids = [&](const json& ids) -> bool {
+      wire::Generate g;
+      auto* t = g.mutable_tokens();
+      for (const auto& x : ids) {
+        if (!x.is_number_integer()) return false;
+        t->add_ids(x.get<int32_t>());
+      }
+      prompts.push_back(std::move(g));
+      out.echo_text.emplace_back();
+      return true;
+    };
+    if (it->is_string()) {
+      add_text(it->get<std::string>());
+    } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
+      if (!add_ids(*it)) return bad("prompt", "a token prompt must hold integers only");
+    } else if (it->is_array() && !it->empty()) {
+      for (const auto& p : *it) {
+        if (p.is_string())
+          add_text(p.get<std::string>());
+        else if (p.is_array() && !add_ids(p))
+          return bad("prompt", "a token prompt must hold integers only");
+        else if (!p.is_string() && !p.is_array())
+          return bad("prompt", "'prompt' must be a string, strings, token ids, or lists of them");
+      }
+    } else {
+      return bad("prompt", "'prompt' must be a string, strings, token ids, or lists of them");
+    }
+    if (prompts.size() > 64) return bad("prompt", "at most 64 prompts in one request");
+  }
+
+  // The sampling and the rest.
+  wire::Generate base;
+  auto* s = base.mutable_sampling();
+  std::optional<double> x;
+  std::optional<int64_t> i;
+  if (auto e = integer(body, "max_tokens", 1, 1 << 20, i)) return e;
+  if (i) base.set_max_tokens(static_cast<int32_t>(*i));
+  i.reset();
+  if (auto e = integer(body, "max_completion_tokens", 1, 1 << 20, i)) return e;
+  if (i) base.set_max_tokens(static_cast<int32_t>(*i));
+  if (auto e = number(body, "temperature", 0, 2, x)) return e;
+  if (x) s->set_temperature(static_cast<float>(*x));
+  x.reset();
+  if (auto e = number(body, "top_p", 1e-9, 1, x)) return e;
+  if (x) s->set_top_p(static_cast<float>(*x));
+  x.reset();
+  if (auto e = number(body, "min_p", 0, 1, x)) return e;
+  if (x) s->set_min_p(static_cast<float>(*x));
+  x.reset();
+  if (auto e = number(body, "presence_penalty", -2, 2, x)) return e;
+  if (x) s->set_presence_penalty(static_cast<float>(*x));
+  x.reset();
+  if (auto e = number(body, "frequency_penalty", -2, 2, x)) return e;
+  if (x) s->set_frequency_penalty(static_cast<float>(*x));
+  x.reset();
+  if (auto e = number(body, "repetition_penalty", 1e-9, 10, x)) return e;
+  if (x) s->set_repetition_penalty(static_cast<float>(*x));
+  i.reset();
+  if (auto e = integer(body, "top_k", -1, 1 << 20, i)) return e;
+  if (i && *i > 0) s->set_top_k(static_cast<int32_t>(*i));
+  i.reset();
+  std::optional<uint64_t> seed;
+  if (auto e = integer(body, "seed", 0, INT64_MAX, i)) return e;
+  if (i) seed = static_cast<uint64_t>(*i);
+  i.reset();
+  if (auto e = integer(body, "n", 1, 16, i)) return e;
+  out.n = i ? static_cast<int>(*i) : 1;
+  if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      base.add_stop(it->get<std::string>());
+    } else if (it->is_array() && it->size() <= 16) {
+      for (const auto& st : *it) {
+        if (!st.is_string() || st.get<std::string>().empty())
+          return bad("stop", "'stop' must be a string or up to 16 non-empty strings");
+        base.add_stop(st.get<std::string>());
+      }
+    } else {
+      return bad("stop", "'stop' must be a string or up to 16 non-empty strings");
+    }
+  }
+  bool ignore_eos = false;
+  if (auto e = boolean(body, "ignore_eos", ignore_eos)) return e;
+  base.set_ignore_eos(ignore_eos);
+  if (auto e = boolean(body, "stream", out.stream)) return e;
+  if (auto it = body.find("stream_options"); it != body.end() && it->is_object())
+    if (auto e = boolean(*it, "include_usage", out.include_usage)) return e;
+  if (chat) {
+    if (auto e = boolean(body, "logprobs", out.logprobs)) return e;
+    i.reset();
+    if (auto e = integer(body, "top_logprobs", 0, 20, i)) return e;
+    out.top_logprobs = i ? static_cast<int>(*i) : 0;
+    if (out.top_logprobs > 0 && !out.logprobs)
+      return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  } else {
+    i.reset();
+    if (auto e = integer(body, "logprobs", 0, 20, i)) return e;
+    out.logprobs = i.has_value();
+    out.top_logprobs = i ? static_cast<int>(*i) : 0;
+    if (auto e = boolean(body, "echo", out.echo)) return e;
+  }
+  // The wire asks for "each token's logprob and the top n" with n > 0.
+  if (out.logprobs) base.set_logprobs(std::max(1, out.top_logprobs));
+
+  // One Generate per prompt and sample; samples of one prompt differ by
+  // seed (seed, seed + 1, ...: reproducible when a seed is given).
+  std::random_device rd;
+  uint64_t id = 1;
+  for (const auto& p : prompts)
+    for (int k = 0; k < out.n; ++k) {
+      wire::Generate g = base;
+      g.MergeFrom(p);
+      g.set_request_id(id++);
+      if (seed)
+        g.mutable_sampling()->set_seed(*seed + static_cast<uint64_t>(k));
+      else if (out.n > 1)
+        g.mutable_sampling()->set_seed((uint64_t(rd()) << 32) | rd());
+      out.generates.push_back(std::move(g));
+    }
+  return std::nullopt;
+}
+
+api_error from_wire(const wire::Error& e) {
+  api_error out;
+  out.message = e.message();
+  out.code = wire::ErrorCode_Name(e.code());
+  switch (e.code()) {
+    case wire::INVALID_ARGUMENT:
+    case wire::CONTEXT_OVERFLOW:
+    case wire::FRAME_TOO_LARGE:
+    case wire::MALFORMED:
+      out.status = 400;
+      break;
+    case wire::OVERLOADED:
+      out.status = 429;
+      out.type = "rate_limit_error";
+      break;
+    case wire::SHUTTING_DOWN:
+    case wire::UNAVAILABLE:
+      out.status = 503;
+      out.type = "service_unavailable";
+      break;
+    default:
+      out.status = 500;
+      out.type = "server_error";
+  }
+  return out;
+}
+
+std::optional<std::string> finish_reason(wire::FinishReason r) {
+  switch (r) {
+    case wire::STOP:
+    case wire::EOS:
+      return "stop";
+    case wire::LENGTH:
+      return "length";
+    default:
+      return std::nullopt;
+  }
+}
+
+json response(const call& c, const std::string& id, const std::string& model, int64_t created,
+              const std::vector<choice>& choices, const token_text_fn& token_text) {
+  json out_choices = json::array();
+  uint64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const auto& ch = choices[i];
+    if (i % size_t(c.n) == 0) prompt += ch.prompt_tokens;
+    completion += ch.completion_tokens;
+    json one = {{"index", i}, {"finish_reason", ch.finish}};
+    if (c.chat) {
+      one["message"] = {{"role", "assistant"}, {"content", ch.text}};
+      one["logprobs"] =
+          c.logprobs ? chat_logprobs(ch.logprobs, token_text, c.top_logprobs) : json(nullptr);
+    } else {
+      const std::string head = c.echo ? c.echo_text[i / size_t(c.n)] : "";
+      one["text"] = head + ch.text;
+      one["logprobs"] =
+          c.logprobs ? completion_logprobs(ch.logprobs, token_text, head.size()) : json(nullptr);
+    }
+    out_choices.push_back(std::move(one));
+  }
+  return {{"id", id},
+          {"object", c.chat ? "chat.completion" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", out_choices},
+          {"usage",
+           {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion}}}};
+}
+
+json stream_chunk(const call& c, const std::string& id, const std::string& model, int64_t created,
+                  size_t index, const std::string& text,
+                  const std::vector<wire::TokenLogprob>& logprobs,
+                  const std::optional<std::string>& finish, bool first,
+                  const token_text_fn& token_text) {
+  json one = {{"index", index}, {"finish_reason", finish ? json(*finish) : json(nullptr)}};
+  if (c.chat) {
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (!text.empty() || (!finish && !first)) delta["content"] = text;
+    one["delta"] = delta;
+    one["logprobs"] = c.logprobs && !logprobs.empty()
+                          ? chat_logprobs(logprobs, token_text, c.top_logprobs)
+                          : json(nullptr);
+  } else {
+    one["text"] = text;
+    one["logprobs"] = c.logprobs && !logprobs.empty() ? completion_logprobs(logprobs, token_text, 0)
+                                                      : json(nullptr);
+  }
+  return {{"id", id},
+          {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array({one})}};
+}
+
+json usage_chunk(const call& c, const std::string& id, const std::string& model, int64_t created,
+                 uint64_t prompt_tokens, uint64_t completion_tokens) {
+  return {{"id", id},
+          {"object", c.chat ? "chat.completion.chunk" : "text_completion"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array()},
+          {"usage",
+           {{"prompt_tokens", prompt_tokens},
+            {"completion_tokens", completion_tokens},
+            {"total_tokens", prompt_tokens + completion_tokens}}}};
+}
+
+}  // namespace troupe::openai

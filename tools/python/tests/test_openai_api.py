@@ -1,0 +1,222 @@
+"""troupe serve's OpenAI-compatible HTTP API (issue 13), driven by the
+official `openai` package against a live server: completions and chat
+completions, streamed and not; greedy output equal to offline `troupe
+generate`; n samples reproducible with a seed; logprobs consistent with the
+tokens; OpenAI's error objects with the right statuses."""
+
+import json
+import math
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import Server, troupe_bin
+
+PROMPT = "Once upon a time"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HttpServer(Server):
+    def __init__(self, *extra, model="stories15m"):
+        self.port = free_port()
+        super().__init__("--http-port", str(self.port), *extra, model=model)
+        self.base = f"http://127.0.0.1:{self.port}"
+        until = time.monotonic() + 30
+        while time.monotonic() < until:
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        pytest.fail("the HTTP API did not answer /health")
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="none", max_retries=0, **kw)
+
+
+@pytest.fixture(scope="module")
+def stories():
+    s = HttpServer()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def smol():
+    s = HttpServer(model="smollm2-135m-instruct")
+    yield s
+    s.stop()
+
+
+def offline(model: str, prompt: str, n: int) -> dict:
+    r = subprocess.run([troupe_bin(), "generate", "-m", model, "--ignore-eos", "--json", "-n", str(n),
+                        "-p", prompt], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_models_lists_the_served_name(stories):
+    models = stories.client().models.list()
+    assert [m.id for m in models.data] == ["stories15m"]
+
+
+def test_greedy_completion_equals_offline_generate(stories):
+    want = offline("stories15m", PROMPT, 24)
+    c = stories.client()
+    r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=24, temperature=0,
+                             extra_body={"ignore_eos": True})
+    assert r.choices[0].text == want["text"]
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 24
+    assert r.usage.prompt_tokens > 0
+    # Streamed: the deltas concatenate to the same text; the usage comes last.
+    stream = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=24, temperature=0,
+                                  stream=True, stream_options={"include_usage": True},
+                                  extra_body={"ignore_eos": True})
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            text += ch.text
+            finish = ch.finish_reason or finish
+    assert text == want["text"]
+    assert finish == "length"
+    assert usage is not None and usage.completion_tokens == 24
+    # Token-id prompts and echo.
+    r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=4, temperature=0,
+                             echo=True)
+    assert r.choices[0].text.startswith(PROMPT)
+
+
+def test_chat_completions_streamed_and_not(smol):
+    c = smol.client()
+    msgs = [{"role": "system", "content": "You are brief."},
+            {"role": "user", "content": "Name a colour."}]
+    r = c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=16,
+                                  temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    stream = c.chat.completions.create(model="smollm2-135m-instruct", messages=msgs, max_tokens=16,
+                                       temperature=0, stream=True)
+    roles, text = [], ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.role:
+                roles.append(ch.delta.role)
+            text += ch.delta.content or ""
+    assert roles == ["assistant"]
+    assert text == r.choices[0].message.content
+
+
+def test_n_samples_are_reproducible_with_a_seed(stories):
+    c = stories.client()
+    def sample():
+        r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=16, temperature=1.0,
+                                 n=4, seed=7)
+        assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+        return [ch.text for ch in r.choices]
+    first, again = sample(), sample()
+    assert first == again
+    assert len(set(first)) > 1, "four samples with different seeds should not all agree"
+
+
+def test_logprobs_match_the_sampled_tokens(stories, smol):
+    c = stories.client()
+    r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=8, temperature=0,
+                             logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 8 and "".join(lp.tokens) == r.choices[0].text
+    for tok, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0
+        assert len(top) == 3
+        # Greedy: the token is the most likely one.
+        assert math.isclose(max(top.values()), logprob, abs_tol=1e-5)
+        assert top[tok] == logprob
+    r = smol.client().chat.completions.create(
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 2
+        assert math.isclose(t.top_logprobs[0].logprob, t.logprob, abs_tol=1e-5)
+
+
+def test_errors_get_openai_statuses_and_objects(stories):
+    c = stories.client()
+    with pytest.raises(openai.NotFoundError) as e:
+        c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert e.value.status_code == 404
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="stories15m", prompt="x", max_tokens=2, temperature=7)
+    assert e.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model="stories15m", prompt="x", max_tokens=2, extra_body={"n": 99})
+    assert e.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model="stories15m", prompt=[1, 2, 1 << 30], max_tokens=2)
+    # Not JSON at all: an error object, not a dropped connection.
+    req = urllib.request.Request(stories.base + "/v1/completions", data=b"{nope",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400
+    assert "error" in json.loads(e.value.read())
+
+
+def test_overload_is_429_and_draining_is_503():
+    s = HttpServer("--max-inflight", "1", "--grace-s", "20")
+    try:
+        c = s.client()
+        hold = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=200,
+                                    temperature=0, stream=True, extra_body={"ignore_eos": True})
+        it = iter(hold)
+        next(it)
+        with pytest.raises(openai.RateLimitError) as e:
+            c.completions.create(model="stories15m", prompt="x", max_tokens=2)
+        assert e.value.status_code == 429
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model="stories15m", prompt="x", max_tokens=2)
+        assert e.value.status_code == 503
+        with urllib.request.urlopen(s.base + "/health", timeout=5) as r:
+            pytest.fail(f"/health answered {r.status} while draining")
+    except urllib.error.HTTPError as e:
+        assert e.code == 503
+    finally:
+        s.stop()
+
+
+def test_a_client_leaving_mid_stream_cancels_its_request(stories):
+    c = stories.client(timeout=30)
+    stream = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=200,
+                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    stream.close()  # the connection goes
+    # The server cancels it: nothing stays in flight.
+    admin = [troupe_bin(), "client", "--server", stories.endpoint, "admin", "requests", "--json"]
+    until = time.monotonic() + 10
+    while time.monotonic() < until:
+        left = json.loads(subprocess.run(admin, capture_output=True, text=True).stdout)
+        if not left:
+            break
+        time.sleep(0.1)
+    assert left == []

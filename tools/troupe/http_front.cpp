@@ -1,0 +1,291 @@
+#include "tools/troupe/http_front.hpp"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <ctime>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "tools/client/client.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// One choice as its messages arrive.
+struct progress {
+  openai::choice got;
+  bool accepted = false;
+  bool ended = false;
+  std::optional<openai::api_error> error;
+};
+
+struct call_state {
+  openai::call c;
+  std::vector<progress> choices;
+  std::unique_ptr<client::connection> conn;
+  std::string id;
+  int64_t created = 0;
+
+  bool all(bool progress::*flag) const {
+    for (const auto& p : choices)
+      if (!(p.*flag) && !p.error) return false;
+    return true;
+  }
+  const openai::api_error* first_error() const {
+    for (const auto& p : choices)
+      if (p.error) return &*p.error;
+    return nullptr;
+  }
+  void cancel_open() {
+    for (size_t i = 0; i < choices.size(); ++i)
+      if (!choices[i].ended && !choices[i].error) conn->cancel(i + 1);
+  }
+};
+
+// Folds one server message into its choice; the index, or -1.
+int fold(call_state& s, const wire::ServerMessage& m) {
+  auto at = [&](uint64_t id) -> progress* {
+    return id >= 1 && id <= s.choices.size() ? &s.choices[id - 1] : nullptr;
+  };
+  if (m.has_accepted()) {
+    if (auto* p = at(m.accepted().request_id())) {
+      p->accepted = true;
+      p->got.prompt_tokens = m.accepted().prompt_tokens();
+      return int(m.accepted().request_id() - 1);
+    }
+  } else if (m.has_chunk()) {
+    if (auto* p = at(m.chunk().request_id())) {
+      const auto& ch = m.chunk();
+      p->got.text += ch.text();
+      p->got.token_ids.insert(p->got.token_ids.end(), ch.token_ids().begin(), ch.token_ids().end());
+      p->got.logprobs.insert(p->got.logprobs.end(), ch.logprobs().begin(), ch.logprobs().end());
+      return int(ch.request_id() - 1);
+    }
+  } else if (m.has_finished()) {
+    if (auto* p = at(m.finished().request_id())) {
+      const auto& f = m.finished();
+      p->accepted = p->ended = true;
+      p->got.prompt_tokens = f.prompt_tokens();
+      p->got.completion_tokens = f.completion_tokens();
+      if (auto r = openai::finish_reason(f.reason())) {
+        p->got.finish = *r;
+      } else {
+        openai::api_error e;
+        e.status = f.reason() == wire::CANCELLED ? 503 : 500;
+        e.type = "server_error";
+        e.message = "the request ended: " + wire::FinishReason_Name(f.reason()) +
+                    (f.error().empty() ? "" : ": " + f.error());
+        p->error = e;
+      }
+      return int(f.request_id() - 1);
+    }
+  } else if (m.has_error() && m.error().has_request_id()) {
+    if (auto* p = at(m.error().request_id())) {
+      p->error = openai::from_wire(m.error());
+      return int(m.error().request_id() - 1);
+    }
+  }
+  return -1;
+}
+
+// Receives until `done` holds; false after `quiet` of silence.
+template <class Done, class Each>
+bool pump(call_state& s, Done done, Each each, std::chrono::milliseconds quiet) {
+  auto last = std::chrono::steady_clock::now();
+  while (!done()) {
+    auto m = s.conn->receive(50ms);
+    if (!m) {
+      if (std::chrono::steady_clock::now() - last > quiet) return false;
+      if (!each(-1)) return true;  // the caller gave up (its client left)
+      continue;
+    }
+    last = std::chrono::steady_clock::now();
+    if (!each(fold(s, *m))) return true;
+  }
+  return true;
+}
+
+void send_error(httplib::Response& res, const openai::api_error& e) {
+  res.status = e.status;
+  res.set_content(openai::error_body(e).dump(), "application/json");
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
+  return std::string(prefix) + buf;
+}
+
+bool write_event(httplib::DataSink& sink, const std::string& data) {
+  const std::string ev = "data: " + data + "\n\n";
+  return sink.write(ev.data(), ev.size());
+}
+
+}  // namespace
+
+struct http_front::impl {
+  http_front_options opts;
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+    auto body = json::parse(req.body, nullptr, false);
+    if (body.is_discarded())
+      return send_error(res,
+                        {400, "the request body is not JSON", "invalid_request_error", "", ""});
+    auto s = std::make_shared<call_state>();
+    if (auto e = openai::parse(body, chat, opts.model, s->c)) return send_error(res, *e);
+    s->choices.resize(s->c.generates.size());
+    s->id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    s->created = static_cast<int64_t>(std::time(nullptr));
+    s->conn = std::make_unique<client::connection>(opts.endpoint);
+    for (const auto& g : s->c.generates) s->conn->generate(g);
+    // Admission first: a refusal (overloaded, bad value, shutting down)
+    // is an HTTP error status, before any event is streamed.
+    if (!pump(
+            *s, [&] { return s->all(&progress::accepted); }, [](int) { return true; }, 60s))
+      return send_error(
+          res, {504, "the server did not take the request in 60 s", "server_error", "", "timeout"});
+    if (const auto* e = s->first_error()) {
+      s->cancel_open();
+      return send_error(res, *e);
+    }
+    if (s->c.stream) return stream(s, res);
+    if (!pump(
+            *s, [&] { return s->all(&progress::ended); }, [](int) { return true; }, 600s)) {
+      s->cancel_open();
+      return send_error(res, {504, "no progress in 600 s", "server_error", "", "timeout"});
+    }
+    if (const auto* e = s->first_error()) return send_error(res, *e);
+    std::vector<openai::choice> choices;
+    for (const auto& p : s->choices) choices.push_back(p.got);
+    res.set_content(
+        openai::response(s->c, s->id, opts.model, s->created, choices, opts.token_text).dump(),
+        "application/json");
+  }
+
+  // Server-sent events: deltas as they come, each choice's end, the usage
+  // when asked, then [DONE].  A client that goes away cancels the rest.
+  void stream(std::shared_ptr<call_state> s, httplib::Response& res) {
+    const auto token_text = opts.token_text;
+    const std::string model = opts.model;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [s, token_text, model](
+                                                              size_t, httplib::DataSink& sink) {
+      auto& c = s->c;
+      // What came before the stream began (with the acceptance).
+      std::vector<size_t> shown(s->choices.size(), 0), lp_shown(s->choices.size(), 0);
+      std::vector<bool> closed(s->choices.size(), false);
+      bool ok = true;
+      auto flush = [&](size_t i) {
+        auto& p = s->choices[i];
+        const std::string delta = p.got.text.substr(shown[i]);
+        std::vector<wire::TokenLogprob> lps(p.got.logprobs.begin() + lp_shown[i],
+                                            p.got.logprobs.end());
+        if (!delta.empty() || !lps.empty())
+          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, delta,
+                                                            lps, std::nullopt, false, token_text)
+                                           .dump());
+        shown[i] = p.got.text.size();
+        lp_shown[i] = p.got.logprobs.size();
+        if (!closed[i] && (p.ended || p.error)) {
+          closed[i] = true;
+          if (p.error)
+            ok = ok && write_event(sink, openai::error_body(*p.error).dump());
+          else
+            ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, "",
+                                                              {}, p.got.finish, false, token_text)
+                                             .dump());
+        }
+      };
+      for (size_t i = 0; i < s->choices.size(); ++i) {
+        if (c.chat)
+          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, "", {},
+                                                            std::nullopt, true, token_text)
+                                           .dump());
+        else if (c.echo && !c.echo_text[i / size_t(c.n)].empty())
+          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i,
+                                                            c.echo_text[i / size_t(c.n)], {},
+                                                            std::nullopt, false, token_text)
+                                           .dump());
+        flush(i);
+      }
+      const bool finished = pump(
+          *s, [&] { return s->all(&progress::ended); },
+          [&](int i) {
+            if (i >= 0) flush(size_t(i));
+            return ok && sink.is_writable();
+          },
+          600s);
+      if (!ok || !sink.is_writable() || !finished || !s->all(&progress::ended)) {
+        s->cancel_open();  // the client left (or the server went quiet)
+        return false;
+      }
+      if (c.include_usage) {
+        uint64_t prompt = 0, completion = 0;
+        for (size_t i = 0; i < s->choices.size(); ++i) {
+          if (i % size_t(c.n) == 0) prompt += s->choices[i].got.prompt_tokens;
+          completion += s->choices[i].got.completion_tokens;
+        }
+        write_event(sink,
+                    openai::usage_chunk(c, s->id, model, s->created, prompt, completion).dump());
+      }
+      write_event(sink, "[DONE]");
+      sink.done();
+      return true;
+    });
+  }
+};
+
+http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
+  auto* p = impl_.get();
+  p->opts = std::move(o);
+  auto& svr = p->server;
+  svr.set_payload_max_length(p->opts.max_body_bytes);
+  svr.Get("/health", [p](const httplib::Request&, httplib::Response& res) {
+    const bool draining = p->opts.draining && p->opts.draining();
+    res.status = draining ? 503 : 200;
+    res.set_content(json{{"status", draining ? "draining" : "ok"}}.dump(), "application/json");
+  });
+  svr.Get("/v1/models", [p](const httplib::Request&, httplib::Response& res) {
+    json m = {{"id", p->opts.model},
+              {"object", "model"},
+              {"created", static_cast<int64_t>(std::time(nullptr))},
+              {"owned_by", "troupe"}};
+    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+                    "application/json");
+  });
+  svr.Post("/v1/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    p->completions(req, res, false);
+  });
+  svr.Post("/v1/chat/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    p->completions(req, res, true);
+  });
+  const int bound = p->opts.port == 0
+                        ? svr.bind_to_any_port(p->opts.host)
+                        : (svr.bind_to_port(p->opts.host, p->opts.port) ? p->opts.port : -1);
+  if (bound <= 0)
+    throw std::runtime_error("service.http_port: cannot listen on " + p->opts.host + ":" +
+                             std::to_string(p->opts.port) + " (in use?)");
+  p->port = bound;
+  p->thread = std::thread([p] { p->server.listen_after_bind(); });
+}
+
+http_front::~http_front() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int http_front::port() const {
+  return impl_->port;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,42 @@
+#pragma once
+// troupe serve's OpenAI-compatible HTTP front (issue 13): GET /health,
+// GET /v1/models, POST /v1/completions and /v1/chat/completions, streamed
+// as server-sent events or whole.  A thin adapter: each HTTP request is a
+// client of the server's own ZeroMQ endpoint (tools/client/openai_api.hpp
+// translates), so it goes through the same gateway, admission control,
+// request actors, router and metrics as every other client.  A client that
+// disconnects mid-stream has its requests cancelled (their pages freed).
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "tools/client/openai_api.hpp"
+
+namespace troupe::cli {
+
+struct http_front_options {
+  std::string host = "127.0.0.1";
+  int port = 0;                      // 0: one the OS picks
+  std::string model;                 // the name /v1/models lists and requests must name
+  std::string endpoint;              // the server's own ZeroMQ endpoint (tcp://127.0.0.1:PORT)
+  openai::token_text_fn token_text;  // a token id's text (logprobs)
+  std::function<bool()> draining;    // /health says 503 once true
+  size_t max_body_bytes = 8 << 20;
+};
+
+class http_front {
+ public:
+  // Binds (throws naming service.http_port when it cannot) and serves on
+  // a thread of its own.
+  explicit http_front(http_front_options o);
+  ~http_front();
+  http_front(const http_front&) = delete;
+  http_front& operator=(const http_front&) = delete;
+  int port() const;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::cli
