@@ -14,7 +14,9 @@
 // cluster's TLS, with the same migrations, drains, and at most one node
 // killed with SIGKILL per round; and requests preempted and scheduler
 // limits and the router policy changed live through `troupe shell`.
-// After every round it checks:
+// Every round also serves the OpenAI HTTP API, driven with greedy
+// completions (equal to offline greedy), streams left after their first
+// event, and bad values.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -26,6 +28,8 @@
 //
 //   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]
 #include <signal.h>
+
+#include <httplib.h>
 
 #include <chrono>
 #include <cstdio>
@@ -77,7 +81,8 @@ struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
-           drains = 0, preempts = 0, preempts_refused = 0, sets = 0, violations = 0;
+           drains = 0, preempts = 0, preempts_refused = 0, sets = 0, http_requests = 0,
+           http_checked = 0, http_disconnects = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -111,8 +116,9 @@ struct client_socket {
 
 class round_driver {
  public:
-  round_driver(std::mt19937_64& rng, const std::vector<std::vector<int32_t>>& reference, tally& t)
-      : rng_(rng), reference_(reference), t_(t) {}
+  round_driver(std::mt19937_64& rng, const std::vector<std::vector<int32_t>>& reference,
+               const std::vector<std::string>& reference_text, tally& t)
+      : rng_(rng), reference_(reference), reference_text_(reference_text), t_(t) {}
 
   // One server, one round; returns the violations found (also printed).
   std::vector<std::string> run(double round_s) {
@@ -157,7 +163,9 @@ class round_driver {
                                   ? "--local-instances " + std::to_string(instances_)
                                   : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
                                         " --cluster-secret-file " + secret_->path();
-    return where + " --router " + one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
+    http_port_ = testing::free_port();
+    return where + " --http-port " + std::to_string(http_port_) + " --router " +
+           one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
            std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
            " --preemption " + (chance(0.5) ? "swap" : "recompute") + " --max-seqs " +
            std::to_string(max_seqs) + " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) +
@@ -284,6 +292,8 @@ class round_driver {
       s = new_socket();
     } else if (roll < 87) {
       bad_frame(s, id);
+    } else if (roll < 89) {
+      http_call();
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
@@ -315,6 +325,54 @@ class round_driver {
       // on the other (greedy ones still equal offline greedy).
       killed_ = true;
       must(admin("kill " + std::to_string(1 + pick(2))), "admin kill", t_.kills);
+    }
+  }
+
+  // The OpenAI HTTP API: a greedy completion that must equal offline
+  // greedy, a stream the client leaves after its first event (the server
+  // cancels it), or a bad value that must get 400 naming it.
+  void http_call() {
+    httplib::Client http("127.0.0.1", http_port_);
+    http.set_read_timeout(60, 0);
+    const size_t which = pick(3);
+    const size_t prompt = pick(kPrompts.size());
+    json body = {{"model", "stories15m"},
+                 {"prompt", kPrompts[prompt]},
+                 {"max_tokens", kGreedyTokens},
+                 {"temperature", 0},
+                 {"ignore_eos", true}};
+    ++t_.http_requests;
+    if (which == 0) {
+      auto r = http.Post("/v1/completions", body.dump(), "application/json");
+      if (!r) return violation("HTTP completion: no answer");
+      if (r->status != 200) {
+        // Admission control may refuse (429) under this load; nothing else.
+        if (r->status != 429) violation("HTTP completion: status " + std::to_string(r->status));
+        return;
+      }
+      auto j = json::parse(r->body, nullptr, false);
+      if (j.is_discarded() || j["choices"][0]["text"] != reference_text_[prompt])
+        return violation("HTTP greedy completion differs from offline greedy: " + r->body);
+      ++t_.http_checked;
+    } else if (which == 1) {
+      body["stream"] = true;
+      size_t events = 0;
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.body = body.dump();
+      req.set_header("Content-Type", "application/json");
+      // Leave after the first event: the server must cancel the request.
+      req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++events < 2; };
+      http.send(req);
+      ++t_.http_disconnects;
+    } else {
+      body["temperature"] = 7;
+      auto r = http.Post("/v1/completions", body.dump(), "application/json");
+      if (!r) return violation("HTTP bad value: no answer");
+      auto j = json::parse(r->body, nullptr, false);
+      if (r->status != 400 || j.is_discarded() || j["error"]["param"] != "temperature")
+        violation("HTTP bad value: status " + std::to_string(r->status) + ": " + r->body);
     }
   }
 
@@ -479,6 +537,8 @@ class round_driver {
 
   std::mt19937_64& rng_;
   const std::vector<std::vector<int32_t>>& reference_;
+  const std::vector<std::string>& reference_text_;
+  int http_port_ = 0;
   tally& t_;
   std::string endpoint_;
   int instances_ = 1;
@@ -492,7 +552,7 @@ class round_driver {
 };
 
 // Offline greedy tokens of every prompt, from one `troupe generate` run.
-std::vector<std::vector<int32_t>> offline_reference() {
+std::vector<std::vector<int32_t>> offline_reference(std::vector<std::string>& texts) {
   std::string cmd = testing::troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
                     std::to_string(kGreedyTokens);
   for (const auto& p : kPrompts) cmd += " -p " + testing::shell_quote(p);
@@ -501,7 +561,11 @@ std::vector<std::vector<int32_t>> offline_reference() {
   std::vector<std::vector<int32_t>> out;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) out.push_back(json::parse(line)["token_ids"].get<std::vector<int32_t>>());
+    if (!line.empty()) {
+      auto j = json::parse(line);
+      out.push_back(j["token_ids"].get<std::vector<int32_t>>());
+      texts.push_back(j["text"].get<std::string>());
+    }
   if (out.size() != kPrompts.size()) throw std::runtime_error("troupe generate: wrong line count");
   return out;
 }
@@ -509,13 +573,14 @@ std::vector<std::vector<int32_t>> offline_reference() {
 int run(const options& o) {
   std::mt19937_64 rng(o.seed);
   tally t;
-  const auto reference = offline_reference();
+  std::vector<std::string> reference_text;
+  const auto reference = offline_reference(reference_text);
   const auto start = clock_type::now();
   const auto end = start + std::chrono::milliseconds(int64_t(o.duration_s * 1000));
   std::vector<std::string> all;
   while (t.rounds == 0 || clock_type::now() < end) {
     const double left = std::chrono::duration<double>(end - clock_type::now()).count();
-    round_driver d(rng, reference, t);
+    round_driver d(rng, reference, reference_text, t);
     auto v = d.run(std::max(3.0, std::min(o.round_s, left)));
     for (auto& s : v) all.push_back("round " + std::to_string(t.rounds) + ": " + s);
     ++t.rounds;
@@ -544,6 +609,9 @@ int run(const options& o) {
             {"preempts", t.preempts},
             {"preempts_refused", t.preempts_refused},
             {"sets", t.sets},
+            {"http_requests", t.http_requests},
+            {"http_checked", t.http_checked},
+            {"http_disconnects", t.http_disconnects},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());
