@@ -1,0 +1,156 @@
+// The OpenAI request and response translation (tools/client/openai_api):
+// parameters become Generate fields, samples get distinct reproducible
+// seeds, bad values name their parameter, and responses carry OpenAI's
+// shapes.
+#include <gtest/gtest.h>
+
+#include "tools/client/openai_api.hpp"
+
+namespace troupe::openai {
+namespace {
+
+using json = nlohmann::json;
+
+std::string text_of(int32_t id) {
+  std::string s = "<";
+  s += std::to_string(id);
+  s += '>';
+  return s;
+}
+
+TEST(OpenAiApi, CompletionParametersBecomeGenerateFields) {
+  call c;
+  auto e = parse(json{{"model", "m"},
+                      {"prompt", "hello"},
+                      {"max_tokens", 7},
+                      {"temperature", 0.5},
+                      {"top_p", 0.9},
+                      {"top_k", 40},
+                      {"seed", 3},
+                      {"stop", {"a", "b"}},
+                      {"n", 3},
+                      {"logprobs", 2},
+                      {"user", "ignored"},
+                      {"some_future_field", true}},
+                 false, "m", c);
+  ASSERT_FALSE(e) << e->message;
+  ASSERT_EQ(c.generates.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const auto& g = c.generates[i];
+    EXPECT_EQ(g.request_id(), i + 1);
+    EXPECT_EQ(g.text(), "hello");
+    EXPECT_EQ(g.max_tokens(), 7);
+    EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+    EXPECT_EQ(g.sampling().top_k(), 40);
+    EXPECT_EQ(g.sampling().seed(), 3 + i) << "samples differ by seed, reproducibly";
+    EXPECT_EQ(g.stop_size(), 2);
+    EXPECT_EQ(g.logprobs(), 2);
+  }
+  EXPECT_TRUE(c.logprobs);
+}
+
+TEST(OpenAiApi, PromptsOfEveryShape) {
+  call c;
+  ASSERT_FALSE(parse(json{{"prompt", {1, 2, 3}}}, false, "m", c));
+  ASSERT_EQ(c.generates.size(), 1u);
+  EXPECT_EQ(c.generates[0].tokens().ids_size(), 3);
+  ASSERT_FALSE(parse(json{{"prompt", {"a", "b"}}, {"n", 2}}, false, "m", c));
+  ASSERT_EQ(c.generates.size(), 4u);
+  EXPECT_EQ(c.generates[2].text(), "b");
+  ASSERT_FALSE(parse(json{{"prompt", {{1, 2}, {3}}}}, false, "m", c));
+  EXPECT_EQ(c.generates.size(), 2u);
+  ASSERT_FALSE(parse(
+      json{{"messages",
+            {{{"role", "developer"}, {"content", "be brief"}},
+             {{"role", "user"},
+              {"content",
+               {{{"type", "text"}, {"text", "hi "}}, {{"type", "text"}, {"text", "there"}}}}}}}},
+      true, "m", c));
+  ASSERT_EQ(c.generates[0].chat().messages_size(), 2);
+  EXPECT_EQ(c.generates[0].chat().messages(0).role(), "system");
+  EXPECT_EQ(c.generates[0].chat().messages(1).content(), "hi there");
+}
+
+TEST(OpenAiApi, BadValuesNameTheirParameter) {
+  call c;
+  auto param = [&](const json& body, bool chat = false) {
+    auto e = parse(body, chat, "m", c);
+    return e ? std::to_string(e->status) + " " + e->param : std::string("accepted");
+  };
+  EXPECT_EQ(param({{"model", "other"}, {"prompt", "x"}}), "404 model");
+  EXPECT_EQ(param({{"prompt", "x"}, {"temperature", 3}}), "400 temperature");
+  EXPECT_EQ(param({{"prompt", "x"}, {"temperature", "hot"}}), "400 temperature");
+  EXPECT_EQ(param({{"prompt", "x"}, {"max_tokens", 0}}), "400 max_tokens");
+  EXPECT_EQ(param({{"prompt", "x"}, {"n", 17}}), "400 n");
+  EXPECT_EQ(param({{"prompt", "x"}, {"stop", {1}}}), "400 stop");
+  EXPECT_EQ(param({{"prompt", json::object()}}), "400 prompt");
+  EXPECT_EQ(param(json{{"max_tokens", 3}}), "400 prompt");
+  EXPECT_EQ(param({{"messages", json::array()}}, true), "400 messages");
+  EXPECT_EQ(param({{"messages", {{{"role", "robot"}, {"content", "x"}}}}}, true), "400 messages");
+  EXPECT_EQ(
+      param({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}}, true),
+      "400 top_logprobs");
+  EXPECT_EQ(param({{"prompt", "x"}, {"seed", -1}}), "400 seed");
+}
+
+TEST(OpenAiApi, WireErrorsMapToHttpStatuses) {
+  wire::Error e;
+  e.set_code(wire::OVERLOADED);
+  EXPECT_EQ(from_wire(e).status, 429);
+  e.set_code(wire::SHUTTING_DOWN);
+  EXPECT_EQ(from_wire(e).status, 503);
+  e.set_code(wire::INVALID_ARGUMENT);
+  EXPECT_EQ(from_wire(e).status, 400);
+  e.set_code(wire::INTERNAL);
+  EXPECT_EQ(from_wire(e).status, 500);
+  EXPECT_EQ(finish_reason(wire::EOS), "stop");
+  EXPECT_EQ(finish_reason(wire::LENGTH), "length");
+  EXPECT_FALSE(finish_reason(wire::CANCELLED));
+}
+
+TEST(OpenAiApi, ResponsesHaveOpenAisShapes) {
+  call c;
+  ASSERT_FALSE(parse(json{{"prompt", "hi"}, {"logprobs", 1}, {"echo", true}}, false, "m", c));
+  choice ch;
+  ch.text = "AB";
+  ch.finish = "length";
+  ch.prompt_tokens = 2;
+  ch.completion_tokens = 2;
+  for (int32_t t : {5, 6}) {
+    wire::TokenLogprob lp;
+    lp.set_token(t);
+    lp.set_logprob(-0.5f);
+    auto* top = lp.add_top();
+    top->set_token(t);
+    top->set_logprob(-0.5f);
+    ch.logprobs.push_back(lp);
+  }
+  auto r = response(c, "cmpl-1", "m", 42, {ch}, text_of);
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], "hiAB") << "echo puts the prompt first";
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], json({"<5>", "<6>"}));
+  EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], json({2, 5}));
+  EXPECT_EQ(r["usage"]["total_tokens"], 4);
+
+  call chat;
+  ASSERT_FALSE(parse(json{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                          {"logprobs", true},
+                          {"top_logprobs", 1},
+                          {"stream", true}},
+                     true, "m", chat));
+  auto first = stream_chunk(chat, "c", "m", 1, 0, "", {}, std::nullopt, true, text_of);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"], json({{"role", "assistant"}}));
+  auto delta =
+      stream_chunk(chat, "c", "m", 1, 0, "A", {ch.logprobs[0]}, std::nullopt, false, text_of);
+  EXPECT_EQ(delta["choices"][0]["delta"]["content"], "A");
+  EXPECT_EQ(delta["choices"][0]["logprobs"]["content"][0]["token"], "<5>");
+  auto last = stream_chunk(chat, "c", "m", 1, 0, "", {}, std::string("stop"), false, text_of);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(usage_chunk(chat, "c", "m", 1, 3, 4)["usage"]["total_tokens"], 7);
+  EXPECT_EQ(error_body({429, "busy", "rate_limit_error", "", "OVERLOADED"})["error"]["type"],
+            "rate_limit_error");
+}
+
+}  // namespace
+}  // namespace troupe::openai
