@@ -13,6 +13,7 @@ struct admin_state {
   admin_state() = default;  // not an aggregate: CAF would build it from the self pointer
   gateway_actor gateway;
   router_actor router;
+  std::map<std::string, node_grow_actor> nodes;  // node links by address
   static inline const char* name = "admin";
 };
 
@@ -58,10 +59,11 @@ void ask_instances(self_ptr self, Done done) {
           [done](caf::error& e) mutable { done({}, std::move(e)); });
 }
 
-admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
-                                          router_actor router) {
+admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, router_actor router,
+                                          std::map<std::string, node_grow_actor> nodes) {
   self->state.gateway = std::move(gateway);
   self->state.router = std::move(router);
+  self->state.nodes = std::move(nodes);
   return {
       [self](instances_atom) {
         auto rp = self->make_response_promise<std::vector<instance_info>>();
@@ -153,6 +155,14 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
                                   set_atom::value, key, value);
       },
+      [self](grow_atom, const std::string& node, int32_t n) -> caf::result<std::vector<uint64_t>> {
+        auto it = self->state.nodes.find(node);
+        if (it == self->state.nodes.end())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "no node " + node + " in this service (nodes lists them)");
+        return relay<std::vector<uint64_t>>(self, it->second, std::chrono::minutes(10),
+                                            grow_atom::value, n);
+      },
       [self](drain_instance_atom, uint64_t instance) {
         return relay<uint64_t>(self, self->state.router, caf::infinite, drain_instance_atom::value,
                                instance);
@@ -162,8 +172,9 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway,
 
 }  // namespace
 
-admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router) {
-  return sys.spawn(admin_behavior, std::move(gateway), std::move(router));
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
+                        std::map<std::string, node_grow_actor> nodes) {
+  return sys.spawn(admin_behavior, std::move(gateway), std::move(router), std::move(nodes));
 }
 
 namespace {

@@ -3,6 +3,7 @@
 // It owns nothing and asks the gateway and the instances; `troupe serve`
 // publishes it with the middleman on service.admin_port.  Beside it, the
 // glue that turns what those actors report into metrics.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,9 @@
 
 namespace troupe {
 
-admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router);
+// `nodes`: the service's node links by node address (spawn on a node).
+admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
+                        std::map<std::string, node_grow_actor> nodes = {});
 
 // Lists the request metrics' families before the first request finishes.
 void declare_request_metrics(metrics_registry& m);

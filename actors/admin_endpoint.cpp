@@ -280,6 +280,19 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         set_atom::value, key, value);
   }
+  if (command == "spawn") {
+    const std::string node = req.value("node", "");
+    const auto count = req.find("count");
+    if (node.empty() || count == req.end() || !count->is_number_integer())
+      return reply(self, peer,
+                   failure("bad_request", "spawn needs \"node\" (HOST:PORT) and \"count\""));
+    return call<std::vector<uint64_t>>(
+        self, peer,
+        [node](std::vector<uint64_t>& ids) {
+          return json{{"node", node}, {"instances", ids}};
+        },
+        grow_atom::value, node, count->get<int32_t>());
+  }
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -292,7 +305,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       failure("unknown_command",
               "unknown command '" + command +
                   "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set)"));
+                  "preempt, set, spawn)"));
 }
 
 void poll_once(self_ptr self) {

@@ -17,7 +17,8 @@ struct link_state {
                        // connects: answers to an earlier one are dropped
   bool settled = false;
   bool leaving = false;  // the node said it stops: no reconnect to it
-  std::vector<caf::typed_response_promise<link_status>> waiting;  // for settled
+  std::vector<caf::typed_response_promise<link_status>> waiting;            // for settled
+  std::vector<caf::typed_response_promise<std::vector<uint64_t>>> growing;  // grow asked
   static inline const char* name = "node_link";
 };
 
@@ -37,6 +38,10 @@ void failed(self_ptr self, const std::string& state, const std::string& why) {
   st.status.state = state;
   st.status.error = why;
   st.status.instances.clear();
+  for (auto& rp : st.growing)
+    rp.deliver(caf::make_error(caf::sec::runtime_error,
+                               "node " + st.opts.address() + " " + state + ": " + why));
+  st.growing.clear();
   if (st.logged != state + ": " + why) {
     st.logged = state + ": " + why;
     spdlog::warn("cluster: node {} {}: {}", st.opts.address(), state, why);
@@ -76,6 +81,8 @@ void host(self_ptr self) {
                       st.status.error.clear();
                       st.status.instances = std::move(ids);
                       st.logged.clear();
+                      for (auto& rp : st.growing) rp.deliver(st.status.instances);
+                      st.growing.clear();
                       spdlog::info("cluster: node {} is up with {} instances", st.opts.address(),
                                    st.status.instances.size());
                       settle(self);
@@ -151,6 +158,26 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
                 .then([](uint64_t) {}, [](caf::error&) {});
         },
         [self](status_atom) { return self->state.status; },
+        [self](grow_atom, int32_t n) -> caf::result<std::vector<uint64_t>> {
+          auto& st = self->state;
+          auto refuse = [&](const std::string& why) {
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "node " + st.opts.address() + ": " + why);
+          };
+          if (n < 1 || n > 64) return refuse("give 1 to 64 instances");
+          if (st.status.state != "up")
+            return refuse("it is " + st.status.state +
+                          (st.status.error.empty() ? "" : " (" + st.status.error + ")"));
+          if (!st.growing.empty()) return refuse("it is starting instances already");
+          if (st.opts.specs.empty()) return refuse("it hosts no instance to copy");
+          // The node hosts what the link asks for (host is declarative):
+          // the same specs plus n copies of the last.
+          for (int32_t i = 0; i < n; ++i) st.opts.specs.push_back(st.opts.specs.back());
+          auto rp = self->make_response_promise<std::vector<uint64_t>>();
+          st.growing.push_back(rp);
+          host(self);
+          return rp;
+        },
         [self](settled_atom) -> caf::result<link_status> {
           auto& st = self->state;
           if (st.settled) return st.status;

@@ -38,7 +38,8 @@ using connect_now_atom = caf::atom_constant<caf::atom("connectnow")>;
 using node_link_full_actor =
     node_link_actor::extend<caf::replies_to<status_atom>::with<link_status>,
                             caf::replies_to<settled_atom>::with<link_status>,
-                            caf::reacts_to<connect_now_atom>>;
+                            caf::reacts_to<connect_now_atom>,
+                            caf::replies_to<grow_atom, int32_t>::with<std::vector<uint64_t>>>;
 
 node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options opts);
 

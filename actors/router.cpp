@@ -178,6 +178,12 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
               ri = &st.instances.back();
               ri->id = id;
             }
+            if (ri->actor == h.actor && ri->state != "down") {
+              // Already here (a node that grew lists its old instances too):
+              // it keeps its state, draining included.
+              ids.push_back(id);
+              continue;
+            }
             if (ri->actor && ri->actor != h.actor) self->demonitor(ri->actor.address());
             const bool back = ri->state == "down";
             ri->node = node;

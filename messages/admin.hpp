@@ -58,6 +58,7 @@ using admin_actor =
                      caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>,
                      caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
                      caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
-                     caf::replies_to<set_atom, std::string, std::string>::with<std::string>>;
+                     caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
+                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
 
 }  // namespace troupe

@@ -89,10 +89,16 @@ typename Inspector::result_type inspect(Inspector& f, link_status& x) {
 using host_atom = caf::atom_constant<caf::atom("host")>;
 using resources_atom = caf::atom_constant<caf::atom("resources")>;
 using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
+using grow_atom = caf::atom_constant<caf::atom("grow")>;
 
 // The service side of one node (actors/node_link): told when the node is
 // about to stop, so the service moves its sequences off first.
 using node_link_actor = caf::typed_actor<caf::reacts_to<leaving_atom>>;
+
+// grow: (n) a service's node link hosts n more instances on its node, like
+// the ones it has; replies with the ids of all its instances there.
+using node_grow_actor =
+    caf::typed_actor<caf::replies_to<grow_atom, int32_t>::with<std::vector<uint64_t>>>;
 
 // host:      (service id, link, specs) the instances this service runs on
 //            the node, one per spec: the ones it runs already (a link that

@@ -496,5 +496,38 @@ TEST(ClusterNodes, ANodeDyingDuringStartUpIsReported) {
   EXPECT_TRUE(reported) << nodes.dump();
 }
 
+// `spawn NODE N` through troupe shell: the node starts more instances for
+// the service at run time; they join the router and serve.
+TEST(ClusterNodes, SpawnStartsMoreInstancesOnANode) {
+  secret_file secret("cluster-test-secret-spawn");
+  node_process n1(secret.path());
+  server_process server("--nodes " + n1.address() + " --cluster-secret-file " + secret.path() +
+                        " --router round-robin");
+  auto r = run_process(troupe_bin() + " shell --server " + shell_quote(server.endpoint()) +
+                       " --exec " + shell_quote("spawn " + n1.address() + " 2 --json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto got = nlohmann::json::parse(r.out);
+  EXPECT_EQ(got["instances"].size(), 3u) << got.dump();
+  const auto inst = server.admin("instances");
+  ASSERT_EQ(inst.size(), 3u) << inst.dump();
+  for (const auto& i : inst) {
+    EXPECT_EQ(i["node"], n1.address());
+    EXPECT_EQ(i["state"], "serving");
+  }
+  // Round-robin puts three requests on the three instances.
+  client::connection c(server.endpoint());
+  std::set<uint64_t> used;
+  for (uint64_t id = 1; id <= 3; ++id) {
+    auto res = client::run(c, {greedy(id, 8)}, 60s);
+    ASSERT_FALSE(res.at(0).error);
+    used.insert(res.at(0).finished.instances(0));
+  }
+  EXPECT_EQ(used.size(), 3u);
+  auto bad = run_process(troupe_bin() + " shell --server " + shell_quote(server.endpoint()) +
+                         " --exec 'spawn " + n1.address() + " 0'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("give 1 to 64 instances"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -111,7 +111,7 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("kv 42", "no instance 42");
   expect_error("watch bogus", "no view 'bogus'");
   expect_error("role 1 prefill", "not available yet");
-  expect_error("spawn 127.0.0.1:1 2", "not available yet");
+  expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
   expect_error("set max_seqs 100000", "max_seqs must not exceed max_batch_tokens");
   expect_error("set page_size 8", "cannot change live");
   expect_error("set router fastest", "'fastest' is not a policy");

@@ -561,7 +561,10 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   // told to stop before the error leaves (the actor system waits for them).
   // The gateway learns the admin port before the ready line, so every Pong
   // a client can get names it.
-  auto admin = spawn_admin(*env.sys, gw.actor, router);
+  std::map<std::string, node_grow_actor> node_links;
+  for (size_t i = 0; i < links.size(); ++i)
+    node_links[nodes[i].address] = caf::actor_cast<node_grow_actor>(links[i]);
+  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links));
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;

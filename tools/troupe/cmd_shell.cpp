@@ -227,11 +227,15 @@ class shell {
               "role: not available yet: instance roles arrive with prefill/decode "
               "disaggregation (issue 11); every instance is mixed"};
         });
-    add("spawn", "spawn NODE [N]", "start N more instances on a node (not available yet)",
-        [](const command_line&) {
-          throw failure{
-              "spawn: not available yet: instances are placed on nodes at start from the "
-              "config ([[cluster.node]] instances = N)"};
+    add("spawn", "spawn NODE [N]",
+        "start N more instances (default 1) on a node, like the ones the service has there",
+        [self](const command_line& l) {
+          if (l.args.empty())
+            throw failure{"spawn: give a node address (" + self->usage_of("spawn") + ")"};
+          uint64_t n = 1;
+          if (l.args.size() > 1 && !parse_id(l.args[1], n))
+            throw failure{"spawn: N must be a count, not '" + l.args[1] + "'"};
+          self->control(l, "spawn", {{"node", l.args[0]}, {"count", n}});
         });
     add("set", "set max_seqs|max_batch_tokens|chunk_size|router VALUE",
         "change a scheduler limit on every instance, or the router's policy, live",
