@@ -82,7 +82,7 @@ struct tally {
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
            drains = 0, preempts = 0, preempts_refused = 0, sets = 0, http_requests = 0,
-           http_checked = 0, http_disconnects = 0, violations = 0;
+           http_checked = 0, http_disconnects = 0, spawns = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -299,6 +299,12 @@ class round_driver {
       s.conn->ping(0ms);  // the Pong is drained with everything else
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
+    } else if (roll == 98 && !nodes_.empty() && !spawned_ && chance(0.2)) {
+      // One more instance on a live node, at run time (troupe shell spawn).
+      spawned_ = true;
+      const size_t n = killed_node_ == 0 ? 1 : 0;
+      must(shell("spawn " + nodes_[n]->address() + " 1"), "spawn", t_.spawns);
+      ++instances_;
     } else if (roll == 98) {
       preempt(s);
     } else if (roll == 99 && chance(0.3)) {
@@ -317,7 +323,8 @@ class round_driver {
     } else if (roll == 96 && !nodes_.empty() && !killed_ && !drained_ && chance(0.1)) {
       // A node dies as a crash would; its requests recover on the other.
       killed_ = true;
-      nodes_[pick(2)]->kill9();
+      killed_node_ = static_cast<int>(pick(2));
+      nodes_[killed_node_]->kill9();
       ++t_.node_kills;
     } else if (roll == 95 && nodes_.empty() && instances_ > 1 && !killed_ && !drained_ &&
                chance(0.05)) {
@@ -544,6 +551,8 @@ class round_driver {
   int instances_ = 1;
   bool killed_ = false;
   bool drained_ = false;
+  bool spawned_ = false;
+  int killed_node_ = -1;
   std::unique_ptr<testing::secret_file> secret_;
   std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
   uint64_t sockets_made_ = 0;
@@ -610,6 +619,7 @@ int run(const options& o) {
             {"preempts_refused", t.preempts_refused},
             {"sets", t.sets},
             {"http_requests", t.http_requests},
+            {"spawns", t.spawns},
             {"http_checked", t.http_checked},
             {"http_disconnects", t.http_disconnects},
             {"terminals", t.terminals},
