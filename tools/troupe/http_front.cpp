@@ -147,7 +147,29 @@ struct http_front::impl {
     s->id = random_id(chat ? "chatcmpl-" : "cmpl-");
     s->created = static_cast<int64_t>(std::time(nullptr));
     s->conn = std::make_unique<client::connection>(opts.endpoint);
-    for (const auto& g : s->c.generates) s->conn->generate(g);
+    // n samples of a prompt: the first goes alone, the others once it has
+    // its first token.  By then its prompt's full KV pages are in the
+    // prefix cache, so the other samples map those pages instead of
+    // computing the prompt again.
+    const size_t n = static_cast<size_t>(s->c.n);
+    for (size_t i = 0; i < s->c.generates.size(); i += n) s->conn->generate(s->c.generates[i]);
+    if (n > 1) {
+      auto leaders_started = [&] {
+        for (size_t i = 0; i < s->choices.size(); i += n) {
+          const auto& p = s->choices[i];
+          if (p.got.token_ids.empty() && !p.ended && !p.error) return false;
+        }
+        return true;
+      };
+      if (!pump(
+              *s, leaders_started, [](int) { return true; }, 60s)) {
+        s->cancel_open();
+        return send_error(res, {504, "the server did not start the request in 60 s", "server_error",
+                                "", "timeout"});
+      }
+      for (size_t i = 0; i < s->c.generates.size(); ++i)
+        if (i % n != 0) s->conn->generate(s->c.generates[i]);
+    }
     // Admission first: a refusal (overloaded, bad value, shutting down)
     // is an HTTP error status, before any event is streamed.
     if (!pump(

@@ -124,16 +124,34 @@ def test_chat_completions_streamed_and_not(smol):
     assert text == r.choices[0].message.content
 
 
-def test_n_samples_are_reproducible_with_a_seed(stories):
+LONG = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park with her friends. One day, she saw a big red ball under a tree and ran to get it.")
+
+
+def kv(server) -> dict:
+    r = subprocess.run([troupe_bin(), "client", "--server", server.endpoint, "admin", "kv",
+                        "--json"], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)
+
+
+def test_n_samples_are_reproducible_with_a_seed_and_share_the_prompt(stories):
     c = stories.client()
-    def sample():
-        r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=16, temperature=1.0,
-                                 n=4, seed=7)
+    def sample(prompt):
+        r = c.completions.create(model="stories15m", prompt=prompt, max_tokens=16,
+                                 temperature=1.0, n=4, seed=7)
         assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
-        return [ch.text for ch in r.choices]
-    first, again = sample(), sample()
+        return [ch.text for ch in r.choices], r.usage.prompt_tokens
+    first, _ = sample(PROMPT)
+    again, _ = sample(PROMPT)
     assert first == again
     assert len(set(first)) > 1, "four samples with different seeds should not all agree"
+    # The prompt's full pages are computed once: the other three samples
+    # find them in the prefix cache (16-token pages).
+    before = kv(stories)["prefix_hit_tokens"]
+    _, prompt_tokens = sample(LONG)
+    full = (prompt_tokens - 1) // 16 * 16
+    assert full >= 32
+    assert kv(stories)["prefix_hit_tokens"] - before >= 3 * full
 
 
 def test_logprobs_match_the_sampled_tokens(stories, smol):
