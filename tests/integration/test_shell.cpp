@@ -146,10 +146,13 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
 // streams the tokens of offline greedy; the limits and the policy change
 // on every instance.
 TEST(Shell, PreemptAndSetTakeEffect) {
-  server_process server("--local-instances 2 --router least-load");
-  const auto want = [] {
-    auto r = run_process(
-        troupe_bin() + " generate -m stories15m --ignore-eos --json -n 240 -p 'Once upon a time'");
+  // SmolLM2: the request must still stream when the shell comes.
+  const std::string model = "smollm2-135m-instruct";
+  server_process server("--local-instances 2 --router least-load", "troupe serve: listening on ",
+                        model);
+  const auto want = [&] {
+    auto r = run_process(troupe_bin() + " generate -m " + model +
+                         " --ignore-eos --json -n 240 -p 'Once upon a time'");
     return json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
   }();
   client::connection c(server.endpoint());
