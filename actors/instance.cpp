@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
 #include <memory>
 #include <stdexcept>
@@ -14,6 +15,7 @@
 #include "runtime/kv_blob.hpp"
 #include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/token_constraint.hpp"
 
 namespace troupe {
 
@@ -51,6 +53,10 @@ struct live_seq {
   bool reported = false;      // the first batch (which carries prompt_cached) went out
   std::vector<uint8_t> blob;  // its KV while swapped or importing
   sampler smp;
+  // Structured output: the compiled constraint and where the output is in
+  // it (the instance shares one per pattern among its sequences).
+  std::shared_ptr<token_constraint> constraint;
+  int constraint_state = -1;
 
   live_seq(sequence_request r, uint64_t k, uint64_t o)
       : req(std::move(r)), key(k), order(o), smp(req.sampling) {
@@ -92,6 +98,7 @@ struct instance_state {
   std::chrono::steady_clock::time_point step_start;  // of the step on the device
   instance_stats counters;
   std::deque<step_timing> recent_steps;  // the last kept_steps
+  std::unordered_map<std::string, std::shared_ptr<token_constraint>> constraints;  // by pattern
   static constexpr size_t kept_steps = 16;
   static inline const char* name = "instance";
 };
@@ -164,7 +171,9 @@ void guarded(self_ptr self, uint64_t key, const char* what, F&& f) {
 
 finish_reason stop_reason(const instance_state& st, const live_seq& s, int32_t token) {
   const auto& eog = st.opts.eog_tokens;
-  if (!s.req.ignore_eos && std::find(eog.begin(), eog.end(), token) != eog.end())
+  // A constraint lets the end through only where the output may end, so
+  // there it ends the output even with ignore_eos.
+  if ((!s.req.ignore_eos || s.constraint) && std::find(eog.begin(), eog.end(), token) != eog.end())
     return finish_reason::eos;
   const auto& stop = s.req.stop_tokens;
   if (std::find(stop.begin(), stop.end(), token) != stop.end()) return finish_reason::stop_token;
@@ -472,7 +481,26 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     throw std::runtime_error("the forward pass returned " + std::to_string(r.logits.size()) +
                              " logits of vocabulary " + std::to_string(r.n_vocab));
   std::span<const float> logits(r.logits.data() + logits_row * r.n_vocab, r.n_vocab);
+  std::vector<float> masked;  // structured output: only tokens that keep the output valid
+  if (s.constraint) {
+    const auto& allow = s.constraint->allowed(s.constraint_state);
+    masked.assign(logits.begin(), logits.end());
+    bool any = false;
+    for (size_t t = 0; t < masked.size(); ++t) {
+      const bool ok = t < allow.size() && allow[t];
+      if (!ok) masked[t] = -INFINITY;
+      any = any || ok;
+    }
+    if (!any) throw std::runtime_error("the output constraint allows no token here");
+    logits = masked;
+  }
   auto res = s.smp.sample(logits, s.tokens);
+  if (s.constraint) {
+    s.constraint_state = s.constraint->advance(s.constraint_state, res.token);
+    if (s.constraint_state < 0)
+      throw std::runtime_error("token " + std::to_string(res.token) +
+                               " left the output constraint");
+  }
   s.tokens.push_back(res.token);
   s.run();
   token_batch out;
@@ -510,6 +538,30 @@ std::string check_request(const instance_state& st, const sequence_request& r) {
     return "the " + std::to_string(r.generated.size()) +
            " tokens generated already reach max_tokens";
   return validate(r.sampling);
+}
+
+// The compiled constraint of a request (cached by pattern) and its state
+// after the tokens generated so far; "" or why it cannot be applied.
+std::string constrain(instance_state& st, const sequence_request& r,
+                      std::shared_ptr<token_constraint>& c, int& state) {
+  if (r.constraint.empty()) return {};
+  if (!st.opts.token_bytes) return "this instance cannot apply output constraints";
+  auto it = st.constraints.find(r.constraint);
+  if (it == st.constraints.end()) {
+    try {
+      if (st.constraints.size() >= 64) st.constraints.clear();  // a bounded cache
+      it = st.constraints
+               .emplace(r.constraint, std::make_shared<token_constraint>(
+                                          r.constraint, st.opts.token_bytes, st.opts.eog_tokens))
+               .first;
+    } catch (const std::exception& e) {
+      return std::string("output constraint: ") + e.what();
+    }
+  }
+  c = it->second;
+  state = c->replay(r.generated);
+  if (state < 0) return "the tokens generated so far do not match the output constraint";
+  return {};
 }
 
 // A new sequence in the waiting queue, its sink monitored.
@@ -611,11 +663,16 @@ caf::result<int32_t> import_sequence(self_ptr self, sequence_request r,
   all.insert(all.end(), r.generated.begin(), r.generated.end());
   if (b.tokens.size() > all.size() || !std::equal(b.tokens.begin(), b.tokens.end(), all.begin()))
     return refuse(who + "the blob's tokens are not the start of this request's tokens");
+  std::shared_ptr<token_constraint> c;
+  int c_state = -1;
+  if (auto why = constrain(st, r, c, c_state); !why.empty()) return refuse(who + why);
   // At least the last token is computed here, for the logits of the next.
   const int32_t n_kv = std::min<int32_t>(static_cast<int32_t>(b.tokens.size()),
                                          static_cast<int32_t>(all.size()) - 1);
   live_seq& s = add_sequence(self, std::move(r));
   s.first_admission = false;
+  s.constraint = std::move(c);
+  s.constraint_state = c_state;
   if (n_kv > 0) {
     // It waits as a swapped-out sequence does: admission reserves pages and
     // writes the data in (the swap-in path).
@@ -661,9 +718,16 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         if (auto why = check_request(st, r); !why.empty())
           return caf::make_error(caf::sec::invalid_argument,
                                  "enqueue request " + std::to_string(r.id) + ": " + why);
+        std::shared_ptr<token_constraint> c;
+        int state = -1;
+        if (auto why = constrain(st, r, c, state); !why.empty())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "enqueue request " + std::to_string(r.id) + ": " + why);
         int32_t ahead = 0;
         for (const auto& [key, s] : st.seqs) ahead += s.running() ? 0 : 1;
-        add_sequence(self, std::move(r));
+        auto& added = add_sequence(self, std::move(r));
+        added.constraint = std::move(c);
+        added.constraint_state = state;
         step(self);
         return ahead;
       },

@@ -11,6 +11,8 @@
 // one instance per device arena.
 //
 // Event-based: it never blocks; the device (detached) does the waiting.
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "messages/device.hpp"
@@ -26,6 +28,9 @@ struct instance_options {
   // The model's end-of-generation ids (tokenizer::end_of_generation_ids()).
   std::vector<int32_t> eog_tokens;
   bool prefix_caching = true;
+  // Each token's bytes (tokenizer::token_bytes), for constrained
+  // decoding; without them a constrained request is refused.
+  std::shared_ptr<const std::vector<std::string>> token_bytes;
 };
 
 // Asks the device what it holds (blocking, before any actor exists), then

@@ -35,6 +35,11 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.limits.page_size = spec.page_size;
   io.preemption = spec.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
   io.eog_tokens = tok->end_of_generation_ids();
+  {
+    auto bytes = std::make_shared<std::vector<std::string>>();
+    for (int32_t id = 0; id < tok->n_vocab(); ++id) bytes->push_back(tok->token_bytes(id));
+    io.token_bytes = std::move(bytes);
+  }
   io.prefix_caching = spec.prefix_caching;
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);

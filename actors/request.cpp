@@ -2,13 +2,16 @@
 
 #include <chrono>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "actors/admin.hpp"
 #include "actors/relay.hpp"
 #include "runtime/chat_template.hpp"
 #include "runtime/incremental_decoder.hpp"
+#include "runtime/json_schema_regex.hpp"
 #include "runtime/page_pool.hpp"
+#include "runtime/regex_dfa.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/stop_matcher.hpp"
 
@@ -148,6 +151,34 @@ std::optional<rejection> build_sequence(request_state& st) {
   for (int32_t t : g.stop_token_ids())
     if (t < 0 || t >= ctx.tok->n_vocab())
       return invalid("stop token " + std::to_string(t) + " is outside the vocabulary");
+
+  // Structured output as one regular expression (runtime/json_schema_regex);
+  // it is compiled here too, so a bad one is refused before placement.
+  try {
+    switch (g.constraint_case()) {
+      case wire::Generate::kGuidedRegex:
+        st.seq.constraint = g.guided_regex();
+        break;
+      case wire::Generate::kGuidedJson: {
+        auto schema = nlohmann::ordered_json::parse(g.guided_json(), nullptr, false);
+        if (schema.is_discarded()) return invalid("guided_json: the schema is not JSON");
+        st.seq.constraint = schema_regex(schema);
+        break;
+      }
+      case wire::Generate::kGuidedChoice:
+        st.seq.constraint = choice_regex(std::vector<std::string>(
+            g.guided_choice().choices().begin(), g.guided_choice().choices().end()));
+        break;
+      case wire::Generate::kJsonObject:
+        if (g.json_object()) st.seq.constraint = json_object_regex();
+        break;
+      case wire::Generate::CONSTRAINT_NOT_SET:
+        break;
+    }
+    if (!st.seq.constraint.empty()) regex_dfa check(st.seq.constraint);
+  } catch (const std::exception& e) {
+    return invalid(std::string("output constraint: ") + e.what());
+  }
 
   st.seq.prompt = std::move(prompt);
   st.seq.sampling = sp;

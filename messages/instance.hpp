@@ -82,6 +82,9 @@ struct sequence_request {
   bool ignore_eos = false;
   seq_class cls = seq_class::online;
   token_sink_actor sink;
+  // Structured output: the whole generated text must match this regular
+  // expression (runtime/regex_dfa); empty: free.
+  std::string constraint;
 };
 
 enum class preempt_mode : uint8_t { recompute, swap };
@@ -144,7 +147,7 @@ typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
-           x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink);
+           x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint);
 }
 
 template <class Inspector>

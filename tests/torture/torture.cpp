@@ -16,7 +16,7 @@
 // limits and the router policy changed live through `troupe shell`.
 // Every round also serves the OpenAI HTTP API, driven with greedy
 // completions (equal to offline greedy), streams left after their first
-// event, and bad values.  After every round it checks:
+// event, choice-constrained completions, and bad values.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -341,7 +341,7 @@ class round_driver {
   void http_call() {
     httplib::Client http("127.0.0.1", http_port_);
     http.set_read_timeout(60, 0);
-    const size_t which = pick(3);
+    const size_t which = pick(4);
     const size_t prompt = pick(kPrompts.size());
     json body = {{"model", "stories15m"},
                  {"prompt", kPrompts[prompt]},
@@ -373,6 +373,21 @@ class round_driver {
       req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++events < 2; };
       http.send(req);
       ++t_.http_disconnects;
+    } else if (which == 2) {
+      // Structured output: the answer must be one of the choices.
+      body["guided_choice"] = {"the cat", "a dog", "Lily"};
+      body["temperature"] = 1.0;
+      body["max_tokens"] = 8;
+      auto r = http.Post("/v1/completions", body.dump(), "application/json");
+      if (!r) return violation("HTTP guided completion: no answer");
+      if (r->status == 429) return;
+      auto j = json::parse(r->body, nullptr, false);
+      const std::string text =
+          j.is_discarded() ? "" : j["choices"][0].value("text", std::string("?"));
+      if (r->status != 200 || (text != "the cat" && text != "a dog" && text != "Lily"))
+        violation("HTTP guided completion: status " + std::to_string(r->status) + ": " + r->body);
+      else
+        ++t_.http_checked;
     } else {
       body["temperature"] = 7;
       auto r = http.Post("/v1/completions", body.dump(), "application/json");

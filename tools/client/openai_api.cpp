@@ -8,6 +8,7 @@ namespace troupe::openai {
 namespace {
 
 using json = nlohmann::json;
+using in_json = nlohmann::ordered_json;  // request bodies: keys in their order
 
 api_error bad(const std::string& param, const std::string& message) {
   api_error e;
@@ -18,7 +19,7 @@ api_error bad(const std::string& param, const std::string& message) {
 }
 
 // A number field in [lo, hi] (absent: nullopt, no error).
-std::optional<api_error> number(const json& body, const char* key, double lo, double hi,
+std::optional<api_error> number(const in_json& body, const char* key, double lo, double hi,
                                 std::optional<double>& out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -32,7 +33,7 @@ std::optional<api_error> number(const json& body, const char* key, double lo, do
   return std::nullopt;
 }
 
-std::optional<api_error> integer(const json& body, const char* key, int64_t lo, int64_t hi,
+std::optional<api_error> integer(const in_json& body, const char* key, int64_t lo, int64_t hi,
                                  std::optional<int64_t>& out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
@@ -46,7 +47,7 @@ std::optional<api_error> integer(const json& body, const char* key, int64_t lo, 
   return std::nullopt;
 }
 
-std::optional<api_error> boolean(const json& body, const char* key, bool& out) {
+std::optional<api_error> boolean(const in_json& body, const char* key, bool& out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean())
@@ -56,7 +57,7 @@ std::optional<api_error> boolean(const json& body, const char* key, bool& out) {
 }
 
 // A chat message's content: a string, or text parts.
-std::optional<std::string> content_text(const json& c) {
+std::optional<std::string> content_text(const in_json& c) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array()) return std::nullopt;
   std::string out;
@@ -117,7 +118,8 @@ json error_body(const api_error& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
-std::optional<api_error> parse(const json& body, bool chat, const std::string& served, call& out) {
+std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
+                               call& out) {
   if (!body.is_object()) return bad("", "the request body must be a JSON object");
   out = call{};
   out.chat = chat;
@@ -149,7 +151,7 @@ std::optional<api_error> parse(const json& body, bool chat, const std::string& s
       if (role == "developer") role = "system";
       if (role != "system" && role != "user" && role != "assistant")
         return bad("messages", "unsupported role '" + role + "' (system, user, assistant)");
-      auto text = content_text(m.value("content", json(nullptr)));
+      auto text = content_text(m.value("content", in_json(nullptr)));
       if (!text) return bad("messages", "a message's 'content' must be a string or text parts");
       auto* cm = g.mutable_chat()->add_messages();
       cm->set_role(role);
@@ -165,7 +167,7 @@ std::optional<api_error> parse(const json& body, bool chat, const std::string& s
       prompts.push_back(std::move(g));
       out.echo_text.push_back(s);
     };
-    auto add_ids = [&](const json& ids) -> bool {
+    auto add_ids = [&](const in_json& ids) -> bool {
       wire::Generate g;
       auto* t = g.mutable_tokens();
       for (const auto& x : ids) {
@@ -264,6 +266,43 @@ std::optional<api_error> parse(const json& body, bool chat, const std::string& s
     out.logprobs = i.has_value();
     out.top_logprobs = i ? static_cast<int>(*i) : 0;
     if (auto e = boolean(body, "echo", out.echo)) return e;
+  }
+  // Structured output: OpenAI's response_format, or vLLM's guided_* extras.
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    const std::string type = it->is_object() ? it->value("type", "") : "";
+    if (type == "json_object") {
+      base.set_json_object(true);
+    } else if (type == "json_schema") {
+      const in_json js = it->value("json_schema", in_json::object());
+      if (!js.is_object() || !js.contains("schema") || !js["schema"].is_object())
+        return bad("response_format", "json_schema needs {\"json_schema\": {\"schema\": {...}}}");
+      base.set_guided_json(js["schema"].dump());
+    } else if (type != "text") {
+      return bad("response_format",
+                 "'response_format' type must be text, json_object or json_schema");
+    }
+  }
+  if (auto it = body.find("guided_choice"); it != body.end() && !it->is_null()) {
+    if (!it->is_array() || it->empty())
+      return bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+    auto* list = base.mutable_guided_choice();
+    for (const auto& x : *it) {
+      if (!x.is_string() || x.get<std::string>().empty())
+        return bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+      list->add_choices(x.get<std::string>());
+    }
+  }
+  if (auto it = body.find("guided_regex"); it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return bad("guided_regex", "'guided_regex' must be a string");
+    base.set_guided_regex(it->get<std::string>());
+  }
+  if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
+    if (it->is_string())
+      base.set_guided_json(it->get<std::string>());
+    else if (it->is_object())
+      base.set_guided_json(it->dump());
+    else
+      return bad("guided_json", "'guided_json' must be a JSON schema (an object or its text)");
   }
   // The wire asks for "each token's logprob and the top n" with n > 0.
   if (out.logprobs) base.set_logprobs(std::max(1, out.top_logprobs));

@@ -38,9 +38,10 @@ struct call {
   std::vector<std::string> echo_text;     // per prompt, when echo
 };
 
-// Parses a request body; `served` is the model name the server answers to.
+// Parses a request body (ordered: a JSON schema keeps its properties'
+// order); `served` is the model name the server answers to.
 // Unknown fields are ignored; a bad value is an api_error naming it.
-std::optional<api_error> parse(const nlohmann::json& body, bool chat, const std::string& served,
+std::optional<api_error> parse(const nlohmann::ordered_json& body, bool chat, const std::string& served,
                                call& out);
 
 // The HTTP status and OpenAI error for a server Error message.

@@ -137,7 +137,7 @@ struct http_front::impl {
   int port = 0;
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-    auto body = json::parse(req.body, nullptr, false);
+    auto body = nlohmann::ordered_json::parse(req.body, nullptr, false);
     if (body.is_discarded())
       return send_error(res,
                         {400, "the request body is not JSON", "invalid_request_error", "", ""});

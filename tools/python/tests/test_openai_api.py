@@ -238,3 +238,72 @@ def test_a_client_leaving_mid_stream_cancels_its_request(stories):
             break
         time.sleep(0.1)
     assert left == []
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 16},
+        "age": {"type": "integer"},
+        "height": {"type": "number"},
+        "role": {"enum": ["admin", "user", "guest"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 3},
+        "address": {"type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 16},
+                                   "zip": {"type": "integer"}}},
+    },
+}
+
+
+def valid_person(p) -> bool:
+    if list(p) != ["name", "age", "height", "role", "tags", "address"]:
+        return False
+    ok = (isinstance(p["name"], str) and 1 <= len(p["name"]) <= 16
+          and isinstance(p["age"], int) and not isinstance(p["age"], bool)
+          and isinstance(p["height"], (int, float)) and not isinstance(p["height"], bool)
+          and p["role"] in ("admin", "user", "guest")
+          and isinstance(p["tags"], list) and len(p["tags"]) <= 3
+          and all(isinstance(t, str) and len(t) <= 10 for t in p["tags"])
+          and list(p["address"]) == ["city", "zip"]
+          and isinstance(p["address"]["city"], str) and len(p["address"]["city"]) <= 16
+          and isinstance(p["address"]["zip"], int))
+    return ok
+
+
+def fifty(server, messages, **kw):
+    """50 sampled outputs: 5 requests of n = 10 at once, seeds 0 to 4."""
+    from concurrent.futures import ThreadPoolExecutor
+    c = server.client(timeout=600)
+    def one(seed):
+        r = c.chat.completions.create(model="smollm2-135m-instruct", messages=messages,
+                                      max_tokens=300, temperature=1.0, n=10, seed=seed, **kw)
+        return [(ch.message.content, ch.finish_reason) for ch in r.choices]
+    with ThreadPoolExecutor(5) as ex:
+        return [x for part in ex.map(one, range(5)) for x in part]
+
+
+def test_structured_output_always_parses_and_validates(smol):
+    import re
+    people = fifty(smol, [{"role": "user", "content": "Describe a person as JSON."}],
+                   response_format={"type": "json_schema",
+                                    "json_schema": {"name": "person", "schema": PERSON}})
+    assert len(people) == 50
+    for text, finish in people:
+        assert finish == "stop", text
+        assert valid_person(json.loads(text)), text
+    phones = fifty(smol, [{"role": "user", "content": "Give me a phone number."}],
+                   extra_body={"guided_regex": r"\(\d{3}\) \d{3}-\d{4}"})
+    for text, finish in phones:
+        assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", text), text
+    colours = fifty(smol, [{"role": "user", "content": "Name a colour."}],
+                    extra_body={"guided_choice": ["red", "green", "blue"]})
+    for text, finish in colours:
+        assert text in ("red", "green", "blue"), text
+    assert len({t for t, _ in colours}) > 1
+    # An unsupported schema feature is refused by name, up front.
+    with pytest.raises(openai.BadRequestError) as e:
+        smol.client().chat.completions.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": "x"}],
+            max_tokens=8, response_format={"type": "json_schema", "json_schema": {
+                "name": "x", "schema": {"type": "string", "pattern": "a+"}}})
+    assert "'pattern' is not supported" in str(e.value)

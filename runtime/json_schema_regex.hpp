@@ -1,0 +1,32 @@
+#pragma once
+// Structured output (issue 13) as a regular expression over the output's
+// bytes (runtime/regex_dfa): a JSON schema, a JSON object of any shape, or
+// one of a list of choices.  The JSON is compact (no whitespace between
+// tokens) and an object's properties come in the schema's order, all of
+// them.  Supported: type (one or a list), properties, items, minItems,
+// maxItems, enum, const, minLength, maxLength, anyOf / oneOf (as
+// alternatives), and the string, integer, number, boolean, null, array and
+// object types; title, description, required, additionalProperties,
+// default, examples, $schema and $id are accepted and have no effect.
+// Anything else (pattern, format, $ref, allOf, not, ...) is refused with
+// an error naming it.
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+struct schema_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+std::string schema_regex(const nlohmann::ordered_json& schema);
+
+// Any JSON object (response_format json_object), nested two levels deep.
+std::string json_object_regex();
+
+// Exactly one of the choices.
+std::string choice_regex(const std::vector<std::string>& choices);
+
+}  // namespace troupe

@@ -1,0 +1,64 @@
+#pragma once
+// A byte-level regular expression as a DFA, for constrained decoding
+// (issue 13, structured output): the whole output must match.  The NFA is
+// Thompson's; the DFA is built lazily (a state is a set of NFA states,
+// made the first time a byte leads there), so only the states generation
+// visits are ever built.
+//
+// The syntax: literals; escapes \xHH \d \w \s \D \W \S \n \t \r and \ before any
+// punctuation; classes [a-z_] and [^"\\]; . (any byte but \n); groups
+// ( ) and (?: ); alternation |; quantifiers * + ? {m} {m,} {m,n}.  No
+// anchors (the match is always whole), no backreferences, no lookaround.
+#include <array>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace troupe {
+
+struct regex_error : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+class regex_dfa {
+ public:
+  // Throws regex_error naming what it cannot read, or when the pattern is
+  // too large (max_nfa_states).
+  explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = 200000);
+
+  int start() const { return 0; }
+  // The state after `byte`, or -1: no match can continue.
+  int step(int state, uint8_t byte);
+  int step(int state, const std::string& bytes);  // -1 when any byte is dead
+  bool accepting(int state) const { return accept_.at(size_t(state)); }
+  // True when no byte continues from `state` (only the end may follow).
+  bool final(int state);
+  size_t states() const { return sets_.size(); }
+
+ private:
+  struct nfa_state {
+    // Byte transitions: [lo, hi] -> to.
+    std::vector<std::array<int, 3>> edges;
+    std::vector<int> eps;
+  };
+  std::vector<nfa_state> nfa_;
+  int nfa_start_ = 0, nfa_accept_ = 0;
+  size_t max_states_;
+
+  std::vector<std::vector<int>> sets_;      // DFA state -> sorted NFA states
+  std::vector<std::array<int, 256>> next_;  // -2: not built yet
+  std::vector<bool> accept_;
+  std::map<std::vector<int>, int> ids_;
+
+  int dfa_state(std::vector<int> set);
+  void closure(std::vector<int>& set) const;
+
+  friend struct regex_parser;
+};
+
+// A regex matching exactly the literal text.
+std::string regex_escape(const std::string& text);
+
+}  // namespace troupe

@@ -1,0 +1,156 @@
+// Structured output (issue 13): the byte-level regex DFA, JSON schemas and
+// choices as regexes, and the token mask built from a vocabulary's bytes.
+// A random walk over the tokens the mask allows must always find a token
+// and always end in a valid output.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "runtime/json_schema_regex.hpp"
+#include "runtime/regex_dfa.hpp"
+#include "runtime/token_constraint.hpp"
+
+namespace troupe {
+namespace {
+
+bool matches(regex_dfa& d, const std::string& s) {
+  const int st = d.step(d.start(), s);
+  return st >= 0 && d.accepting(st);
+}
+
+TEST(RegexDfa, MatchesWholeOutputsOnly) {
+  regex_dfa phone(R"(\([0-9]{3}\) [0-9]{3}-[0-9]{4})");
+  EXPECT_TRUE(matches(phone, "(123) 456-7890"));
+  EXPECT_FALSE(matches(phone, "(123) 456-789"));
+  EXPECT_FALSE(matches(phone, "(123) 456-78901"));
+  regex_dfa words("(cat|dog)s?|[^a-z]+");
+  EXPECT_TRUE(matches(words, "dogs"));
+  EXPECT_TRUE(matches(words, "cat"));
+  EXPECT_TRUE(matches(words, "42!"));
+  EXPECT_FALSE(matches(words, "cow"));
+  regex_dfa classes(R"(\d+\.\w*\s?\x41{2,})");
+  EXPECT_TRUE(matches(classes, "12.ab_ AAA"));
+  EXPECT_FALSE(matches(classes, "12.ab_ A"));
+  for (const char* bad : {"(ab", "a{3,1}", "*a", "[b-a]", "^a", R"(\q)"})
+    EXPECT_THROW(regex_dfa{bad}, regex_error) << bad;
+}
+
+TEST(JsonSchemaRegex, AcceptsValidAndRefusesInvalidJson) {
+  auto schema = nlohmann::ordered_json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "maxLength": 8},
+      "age": {"type": "integer"},
+      "score": {"type": "number"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+      "pet": {"type": "object", "properties": {"kind": {"const": "cat"}, "ok": {"type": "boolean"}}},
+      "note": {"type": ["string", "null"]}
+    }})");
+  regex_dfa d(schema_regex(schema));
+  EXPECT_TRUE(matches(
+      d,
+      R"({"name":"Al","age":-3,"score":1.5e3,"tags":["a","b"],"pet":{"kind":"cat","ok":true},"note":null})"));
+  EXPECT_TRUE(matches(
+      d,
+      R"({"name":"","age":0,"score":2,"tags":[],"pet":{"kind":"cat","ok":false},"note":"x\"y"})"));
+  // Order, lengths, enums and types are enforced.
+  EXPECT_FALSE(matches(d, R"({"age":1,"name":"Al"})"));
+  EXPECT_FALSE(matches(
+      d,
+      R"({"name":"123456789","age":1,"score":1,"tags":[],"pet":{"kind":"cat","ok":true},"note":null})"));
+  EXPECT_FALSE(matches(
+      d,
+      R"({"name":"A","age":1.5,"score":1,"tags":[],"pet":{"kind":"cat","ok":true},"note":null})"));
+  EXPECT_FALSE(matches(
+      d,
+      R"({"name":"A","age":1,"score":1,"tags":["c"],"pet":{"kind":"cat","ok":true},"note":null})"));
+  EXPECT_FALSE(matches(
+      d,
+      R"({"name":"A","age":01,"score":1,"tags":[],"pet":{"kind":"cat","ok":true},"note":null})"));
+  for (const char* unsupported : {R"({"type":"string","pattern":"a+"})", R"({"$ref":"#/x"})",
+                                  R"({"allOf":[]})", R"({"type":"string","format":"date"})"}) {
+    try {
+      schema_regex(nlohmann::ordered_json::parse(unsupported));
+      ADD_FAILURE() << unsupported << " was accepted";
+    } catch (const schema_error& e) {
+      const std::string key =
+          nlohmann::ordered_json::parse(unsupported).items().begin().key() == "type"
+              ? std::next(nlohmann::ordered_json::parse(unsupported).items().begin()).key()
+              : nlohmann::ordered_json::parse(unsupported).items().begin().key();
+      EXPECT_NE(std::string(e.what()).find("'" + key + "'"), std::string::npos) << e.what();
+    }
+  }
+  regex_dfa obj(json_object_regex());
+  EXPECT_TRUE(matches(obj, R"({"a":1,"b":{"c":"d"},"e":[1,"x",null]})"));
+  EXPECT_TRUE(matches(obj, "{}"));
+  EXPECT_FALSE(matches(obj, "[1]"));
+  regex_dfa choice(choice_regex({"yes", "no", "a.b"}));
+  EXPECT_TRUE(matches(choice, "a.b"));
+  EXPECT_FALSE(matches(choice, "axb"));
+  EXPECT_FALSE(matches(choice, "yesno"));
+}
+
+// A vocabulary of every single byte, some longer pieces, a control token
+// with no bytes, and an end token.
+std::shared_ptr<std::vector<std::string>> vocabulary() {
+  auto v = std::make_shared<std::vector<std::string>>();
+  for (int b = 0; b < 256; ++b) v->push_back(std::string(1, char(b)));
+  for (const char* piece : {"{\"", "\":", "\",\"", "true", "false", "null", "name", "12", "\"}",
+                            "ab", "cat", "},", "\"a\"", "[\"", "\"]"})
+    v->push_back(piece);
+  v->push_back("");  // a control token
+  v->push_back("");  // the end token
+  return v;
+}
+
+TEST(TokenConstraint, TheMaskNeverRemovesEveryTokenAndWalksEndValid) {
+  auto vocab = vocabulary();
+  const int32_t end = int32_t(vocab->size() - 1);
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6},
+      "n": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "cat"]}, "maxItems": 2},
+      "ok": {"type": "boolean"}}})");
+  for (const std::string& pattern :
+       {schema_regex(schema), json_object_regex(), choice_regex({"yes", "no"}),
+        std::string(R"(\([0-9]{3}\) [0-9]{3}-[0-9]{4})")}) {
+    token_constraint c(pattern, vocab, {end});
+    regex_dfa check(pattern);
+    std::mt19937 rng(7);
+    for (int walk = 0; walk < 200; ++walk) {
+      int state = c.start();
+      std::string out;
+      bool ended = false;
+      for (int step = 0; step < 400 && !ended; ++step) {
+        const auto& allow = c.allowed(state);
+        std::vector<int32_t> ok;
+        for (size_t t = 0; t < allow.size(); ++t)
+          if (allow[t]) ok.push_back(int32_t(t));
+        ASSERT_FALSE(ok.empty()) << "no token allowed after '" << out << "' for " << pattern;
+        EXPECT_FALSE(allow[vocab->size() - 2]) << "a control token was allowed";
+        // Prefer to go on, so walks reach deep states; end when asked to.
+        int32_t t = ok[rng() % ok.size()];
+        if (c.may_end(state) && rng() % 4 == 0) t = end;
+        if (t == end) {
+          ASSERT_TRUE(c.may_end(state));
+          ended = true;
+          break;
+        }
+        out += (*vocab)[size_t(t)];
+        state = c.advance(state, t);
+        ASSERT_GE(state, 0);
+      }
+      if (!ended) continue;  // a long walk: fine, it was valid at every step
+      EXPECT_TRUE(matches(check, out)) << out;
+      if (pattern == schema_regex(schema) || pattern == json_object_regex())
+        EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
+    }
+  }
+  token_constraint c(choice_regex({"yes", "no"}), vocab, {end});
+  EXPECT_EQ(c.replay({int32_t('n'), int32_t('o')}) >= 0, true);
+  EXPECT_LT(c.replay({int32_t('x')}), 0);
+}
+
+}  // namespace
+}  // namespace troupe
