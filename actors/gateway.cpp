@@ -48,6 +48,21 @@ struct gateway_state {
 
 using self_ptr = gateway_actor::stateful_pointer<gateway_state>;
 
+// The request actors in flight under client request id `id` (admin names a
+// request by the id its client chose; clients choose freely, so several
+// connections may use one).
+std::vector<request_actor> requests_with_id(const gateway_state& st, uint64_t id) {
+  std::vector<request_actor> out;
+  for (const auto& [key, req] : st.inflight)
+    if (key.second == id) out.push_back(req);
+  return out;
+}
+
+caf::error not_in_flight(uint64_t id) {
+  return caf::make_error(caf::sec::invalid_argument,
+                         "no request with id " + std::to_string(id) + " is in flight");
+}
+
 // Cancels every request of one client; a reason, when given, goes to the
 // client in each Finished.error (the server ended it, not the client).
 void cancel_client(gateway_state& st, self_ptr self, const std::string& client,
@@ -401,41 +416,28 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         return g->rp;
       },
       [self](cancel_atom, uint64_t id) {
-        int32_t n = 0;
-        for (const auto& [key, req] : self->state.inflight)
-          if (key.second == id) {
-            self->send(req, cancel_atom::value);
-            ++n;
-          }
-        return n;
+        const auto found = requests_with_id(self->state, id);
+        for (const auto& req : found) self->send(req, cancel_atom::value);
+        return static_cast<int32_t>(found.size());
       },
       [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
-        for (const auto& [key, req] : self->state.inflight)
-          if (key.second == id) {
-            return relay<int32_t>(self, req, std::chrono::seconds(5), preempt_atom::value);
-          }
-        return caf::make_error(caf::sec::invalid_argument,
-                               "no request with id " + std::to_string(id) + " is in flight");
+        const auto found = requests_with_id(self->state, id);
+        if (found.empty()) return not_in_flight(id);
+        return relay<int32_t>(self, found[0], std::chrono::seconds(5), preempt_atom::value);
       },
       [self](trace_atom, uint64_t id) -> caf::result<request_trace> {
         // The live trace of a request in flight, from its request actor.
-        for (const auto& [key, req] : self->state.inflight)
-          if (key.second == id) {
-            return relay<request_trace>(self, req, std::chrono::seconds(5), trace_atom::value);
-          }
-        return caf::make_error(caf::sec::invalid_argument,
-                               "no request with id " + std::to_string(id) + " is in flight");
+        const auto found = requests_with_id(self->state, id);
+        if (found.empty()) return not_in_flight(id);
+        return relay<request_trace>(self, found[0], std::chrono::seconds(5), trace_atom::value);
       },
       [self](migrate_atom, uint64_t id, uint64_t instance) -> caf::result<uint64_t> {
-        std::vector<request_actor> found;
-        for (const auto& [key, req] : self->state.inflight)
-          if (key.second == id) found.push_back(req);
-        if (found.size() != 1)
-          return caf::make_error(caf::sec::invalid_argument,
-                                 found.empty()
-                                     ? "no request with id " + std::to_string(id) + " is in flight"
-                                     : std::to_string(found.size()) +
-                                           " requests in flight have id " + std::to_string(id));
+        const auto found = requests_with_id(self->state, id);
+        if (found.empty()) return not_in_flight(id);
+        if (found.size() > 1)
+          return caf::make_error(
+              caf::sec::invalid_argument,
+              std::to_string(found.size()) + " requests in flight have id " + std::to_string(id));
         return relay<uint64_t>(self, found[0], std::chrono::seconds(60), migrate_atom::value,
                                instance);
       },

@@ -33,11 +33,8 @@ const std::vector<std::string> kPrompts = {
     "The sun was hot and the sky was blue",
 };
 
-std::vector<int32_t> offline(const std::string& prompt, int n, const std::string& extra = "") {
-  auto r = run_process(troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
-                       std::to_string(n) + " -p " + shell_quote(prompt) + " " + extra);
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return nlohmann::json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
+std::vector<int32_t> offline(const std::string& prompt, int n) {
+  return offline_tokens("stories15m", prompt, n);
 }
 
 wire::Generate greedy(uint64_t id, int n, const std::string& text = kPrompts[0]) {
@@ -324,14 +321,7 @@ TEST(ClusterNodes, MigrationsBetweenNodesKeepTheStream) {
   auto find = [&](uint64_t id) { return id == 7 ? &r : nullptr; };
   ASSERT_TRUE(receive_until(
       c, find, [&] { return !r.token_ids.empty() || r.done(); }, 30s));
-  int moved = 0;
-  // A move to where it runs already is refused: alternate from there.
-  for (int i = 0; i < 9 && moved < 5 && !r.done(); ++i) {
-    const std::string target = i % 2 == 0 ? "2" : "1";
-    auto res = server.admin_command("migrate 7 " + target);
-    if (res.exit_code == 0) ++moved;
-    while (auto m = c.receive(0ms)) client::apply(*m, find);
-  }
+  const int moved = migrate_back_and_forth(server, c, r, find, 7, 9, 5);
   ASSERT_TRUE(receive_until(
       c, find, [&] { return r.done(); }, 60s));
   ASSERT_FALSE(r.error) << r.error->message();

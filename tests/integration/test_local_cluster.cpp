@@ -23,10 +23,7 @@ using namespace std::chrono_literals;
 const std::string kPrompt = "Once upon a time, there was a little girl named Lily";
 
 std::vector<int32_t> offline_greedy(const std::string& prompt, int n) {
-  auto r = run_process(troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
-                       std::to_string(n) + " -p " + shell_quote(prompt));
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return nlohmann::json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
+  return offline_tokens("stories15m", prompt, n);
 }
 
 wire::Generate greedy(uint64_t id, int n) {
@@ -74,13 +71,7 @@ TEST(LocalCluster, AStreamMovedFiveTimesKeepsItsTokens) {
   auto find = [&](uint64_t id) { return id == 7 ? &r : nullptr; };
   ASSERT_TRUE(receive_until(
       c, find, [&] { return !r.token_ids.empty() || r.done(); }, 30s));
-  int moved = 0;
-  for (int i = 0; i < 6 && !r.done(); ++i) {
-    const std::string target = i % 2 == 0 ? "2" : "1";
-    auto res = server.admin_command("migrate 7 " + target);
-    if (res.exit_code == 0) ++moved;
-    while (auto m = c.receive(0ms)) client::apply(*m, find);
-  }
+  const int moved = migrate_back_and_forth(server, c, r, find, 7, 6, 6);
   ASSERT_TRUE(receive_until(
       c, find, [&] { return r.done(); }, 60s));
   ASSERT_FALSE(r.error) << r.error->message();

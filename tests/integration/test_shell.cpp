@@ -150,11 +150,7 @@ TEST(Shell, PreemptAndSetTakeEffect) {
   const std::string model = "smollm2-135m-instruct";
   server_process server("--local-instances 2 --router least-load", "troupe serve: listening on ",
                         model);
-  const auto want = [&] {
-    auto r = run_process(troupe_bin() + " generate -m " + model +
-                         " --ignore-eos --json -n 240 -p 'Once upon a time'");
-    return json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
-  }();
+  const auto want = offline_tokens(model, "Once upon a time", 240);
   client::connection c(server.endpoint());
   c.generate(long_request(9));
   client::result r;
@@ -244,20 +240,13 @@ class pty_shell {
   size_t seen_ = 0;
 };
 
-std::vector<int32_t> offline_greedy(const std::string& model, const std::string& prompt, int n) {
-  auto r = run_process(troupe_bin() + " generate -m " + model + " --ignore-eos --json -n " +
-                       std::to_string(n) + " -p " + shell_quote(prompt));
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  return json::parse(r.out)["token_ids"].get<std::vector<int32_t>>();
-}
-
 TEST(Shell, DrivenThroughATerminal) {
   // SmolLM2: slow enough on this machine (tens of ms a token) that a
   // request still streams while a person types.
   const std::string model = "smollm2-135m-instruct";
   const std::string prompt = "Once upon a time";
   const int n = 480;
-  const auto want = offline_greedy(model, prompt, n);
+  const auto want = offline_tokens(model, prompt, n);
   server_process server("--local-instances 3 --router round-robin", "troupe serve: listening on ",
                         model);
   const std::string history = "/tmp/troupe_shell_history_" + std::to_string(::getpid());

@@ -85,7 +85,11 @@ bool parse_id(const std::string& s, uint64_t& out) {
 
 class shell {
  public:
-  explicit shell(shell_flags f) : flags_(std::move(f)), link_(flags_.target) {}
+  explicit shell(shell_flags f) : flags_(std::move(f)), link_(flags_.target) {
+    commands_ = make_commands();
+  }
+  shell(const shell&) = delete;  // the commands point at this shell
+  shell& operator=(const shell&) = delete;
 
   // Runs `text` (commands separated by ';'); false when one failed.
   bool run_line(const std::string& text) {
@@ -160,13 +164,10 @@ class shell {
     std::function<void(const command_line&)> run;
   };
 
-  const std::vector<command>& commands() const {
-    static const std::vector<command> list = make_commands();
-    return list;
-  }
+  const std::vector<command>& commands() const { return commands_; }
 
-  std::vector<command> make_commands() const {
-    auto* self = const_cast<shell*>(this);
+  std::vector<command> make_commands() {
+    shell* self = this;
     std::vector<command> c;
     auto add = [&](std::string name, std::string usage, std::string help,
                    std::function<void(const command_line&)> run) {
@@ -437,6 +438,7 @@ class shell {
 
   shell_flags flags_;
   admin_link link_;
+  std::vector<command> commands_;
   bool quit_ = false;
 };
 
