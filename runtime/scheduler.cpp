@@ -1,6 +1,7 @@
 #include "runtime/scheduler.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <tuple>
 #include <unordered_map>
 
@@ -21,7 +22,10 @@ std::string validate(const scheduler_limits& lim) {
 }
 
 bool runs_before(const sched_seq& a, const sched_seq& b) {
-  return std::tie(a.cls, a.order, a.id) < std::tie(b.cls, b.order, b.id);
+  constexpr double none = std::numeric_limits<double>::infinity();
+  const double da = a.deadline > 0 ? a.deadline : none;
+  const double db = b.deadline > 0 ? b.deadline : none;
+  return std::tie(a.cls, da, a.order, a.id) < std::tie(b.cls, db, b.order, b.id);
 }
 
 namespace {
@@ -70,76 +74,129 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
       if (--holders[p] == 0) ++free;
   };
 
-  // Decode rows first: preempt until every one of them has its page.
-  for (;;) {
-    int32_t pages = 0;
-    for (size_t i = 0; i < alive; ++i)
-      if (is_decode(*run[i])) pages += need(*run[i], 1);
-    if (pages <= free) break;
-    preempt_last();
-  }
-  for (size_t i = 0; i < alive && plan.tokens < lim.max_batch_tokens; ++i) {
-    const sched_seq& s = *run[i];
-    if (!is_decode(s)) continue;
-    free -= need(s, 1);
-    plan.new_pages += need(s, 1);
-    plan.decode.push_back({s.id, s.computed, 1, true});
-    ++plan.tokens;
-  }
-
-  // Then the running prefills, each chunk shrunk to the pages left.  When
-  // nothing at all fits, preempt until something does: the last survivor
-  // alone always fits, since the instance never lets a sequence outgrow
-  // the arena.
-  const size_t decode_rows = plan.decode.size();
-  for (;;) {
-    plan.prefill.clear();
-    int32_t f = free, tokens = plan.tokens, pages = 0;
-    for (size_t i = 0; i < alive && tokens < lim.max_batch_tokens; ++i) {
-      const sched_seq& s = *run[i];
-      if (is_decode(s)) continue;
-      int32_t n = std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - tokens});
-      n = std::min<int64_t>(n, int64_t(s.pages + f) * ps - s.computed);
-      if (n <= 0) continue;
-      f -= need(s, n);
-      pages += need(s, n);
-      tokens += n;
-      plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
-    }
-    if (decode_rows > 0 || !plan.prefill.empty() || alive == 0) {
-      free = f;
-      plan.tokens = tokens;
-      plan.new_pages += pages;
-      break;
-    }
-    preempt_last();
-  }
-
-  // Admissions, unless this step had to preempt (the freed pages go to the
-  // survivors, not to newcomers who would be preempted next).
-  if (!plan.preempted.empty()) return plan;
+  // One pass per class when offline work yields, else one for both.  The
+  // classes sort online first, so victims (from the back) are offline
+  // ones for as long as any runs.
+  const int all = -1;
+  std::vector<int> groups = lim.offline_yields
+                                ? std::vector<int>{int(seq_class::online), int(seq_class::offline)}
+                                : std::vector<int>{all};
+  auto in = [](const sched_seq& s, int g) { return g == all || int(s.cls) == g; };
+  auto rows = [&] { return plan.decode.size() + plan.prefill.size(); };
+  std::vector<const sched_seq*> queue = by_priority(waiting);
+  size_t next_waiting = 0;
   size_t n_running = alive;
-  for (const sched_seq* w : by_priority(waiting)) {
-    if (n_running >= size_t(lim.max_seqs) || plan.tokens >= lim.max_batch_tokens) break;
-    const sched_seq& s = *w;
-    int32_t n =
-        std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - plan.tokens});
-    int32_t pages;
-    if (s.swapped) {
-      // Its whole swapped-out table comes back with it, or it waits.
-      pages = pages_for(int64_t(s.computed) + n);
-      if (pages > free) break;
-    } else {
-      n = std::min<int64_t>(n, int64_t(free) * ps - s.computed);
-      if (n <= 0) break;
-      pages = pages_for(int64_t(s.computed) + n);
+  // Admission is first come first served within priority: once a waiting
+  // sequence does not fit, nobody behind it is admitted (an offline one
+  // would take the pages an online one waits for).
+  bool blocked = false;
+
+  for (int g : groups) {
+    // Decode rows first: preempt until every one of them that fits the
+    // token budget has its page.  (Offline decodes after online admissions
+    // do not preempt, as a preempting plan admits nobody: they take the
+    // pages there are and the rest skip the step.)
+    const bool may_preempt = g != int(seq_class::offline) || plan.admitted.empty();
+    for (; may_preempt;) {
+      int32_t pages = 0, budget = lim.max_batch_tokens - plan.tokens;
+      for (size_t i = 0; i < alive && budget > 0; ++i)
+        if (is_decode(*run[i]) && in(*run[i], g)) {
+          pages += need(*run[i], 1);
+          --budget;
+        }
+      if (pages <= free) break;
+      preempt_last();
     }
-    free -= pages;
-    plan.new_pages += pages;
-    plan.tokens += n;
-    plan.admitted.push_back(s.id);
-    plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
-    ++n_running;
+    for (size_t i = 0; i < alive && plan.tokens < lim.max_batch_tokens; ++i) {
+      const sched_seq& s = *run[i];
+      if (!is_decode(s) || !in(s, g)) continue;
+      if (need(s, 1) > free) continue;
+      free -= need(s, 1);
+      plan.new_pages += need(s, 1);
+      plan.decode.push_back({s.id, s.computed, 1, true});
+      ++plan.tokens;
+    }
+
+    // Then the running prefills, each chunk shrunk to the pages left.  When
+    // nothing at all fits, preempt until something does: the last survivor
+    // alone always fits, since the instance never lets a sequence outgrow
+    // the arena.
+    const size_t prefill_before = plan.prefill.size();
+    for (;;) {
+      plan.prefill.resize(prefill_before);
+      int32_t f = free, tokens = plan.tokens, pages = 0;
+      bool waiting_prefill = false;  // a running prefill of this pass is alive
+      for (size_t i = 0; i < alive; ++i) {
+        const sched_seq& s = *run[i];
+        if (is_decode(s) || !in(s, g)) continue;
+        waiting_prefill = true;
+        if (tokens >= lim.max_batch_tokens) break;
+        int32_t n = std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - tokens});
+        n = std::min<int64_t>(n, int64_t(s.pages + f) * ps - s.computed);
+        if (n <= 0) continue;
+        f -= need(s, n);
+        pages += need(s, n);
+        tokens += n;
+        plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
+      }
+      if (rows() > 0 || !waiting_prefill) {
+        free = f;
+        plan.tokens = tokens;
+        plan.new_pages += pages;
+        break;
+      }
+      preempt_last();
+    }
+
+    // Admissions, unless this step had to preempt (the freed pages go to
+    // the survivors, not to newcomers who would be preempted next).
+    if (!plan.preempted.empty()) return plan;
+    if (blocked) break;
+    n_running = alive + plan.admitted.size();
+    for (; next_waiting < queue.size(); ++next_waiting) {
+      const sched_seq& s = *queue[next_waiting];
+      if (!in(s, g)) break;  // the queue is by class: the rest are the next pass's
+      if (plan.tokens >= lim.max_batch_tokens) break;
+      int32_t n =
+          std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - plan.tokens});
+      auto fits = [&] {
+        if (n_running >= size_t(lim.max_seqs)) return false;
+        if (s.swapped) return pages_for(int64_t(s.computed) + n) <= free;
+        return std::min<int64_t>(n, int64_t(free) * ps - s.computed) > 0;
+      };
+      if (!fits()) {
+        // Co-location: an online sequence that cannot start takes the
+        // place of running offline ones.  The plan then only preempts;
+        // the caller plans again and admits it (a preempting plan admits
+        // nobody).
+        blocked = true;
+        if (g != int(seq_class::online) || !plan.admitted.empty()) break;
+        while (!fits() && alive > 0 && run[alive - 1]->cls == seq_class::offline) {
+          preempt_last();
+          --n_running;
+        }
+        if (plan.preempted.empty()) break;
+        plan.decode.clear();
+        plan.prefill.clear();
+        plan.tokens = 0;
+        plan.new_pages = 0;
+        return plan;
+      }
+      int32_t pages;
+      if (s.swapped) {
+        // Its whole swapped-out table comes back with it.
+        pages = pages_for(int64_t(s.computed) + n);
+      } else {
+        n = std::min<int64_t>(n, int64_t(free) * ps - s.computed);
+        pages = pages_for(int64_t(s.computed) + n);
+      }
+      free -= pages;
+      plan.new_pages += pages;
+      plan.tokens += n;
+      plan.admitted.push_back(s.id);
+      plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
+      ++n_running;
+    }
   }
   return plan;
 }

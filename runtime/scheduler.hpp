@@ -33,6 +33,10 @@ struct sched_seq {
   // it preempts a victim that frees nothing and the step comes up short.
   // Empty: its `pages` are its own.
   std::vector<int32_t> table;
+  // Earliest deadline first within the online class (issue 11): the time
+  // (any clock, ms) by which its next token is due; 0: none (after every
+  // sequence that has one, then arrival order).
+  double deadline = 0;
 };
 
 struct scheduler_limits {
@@ -40,6 +44,14 @@ struct scheduler_limits {
   int32_t max_seqs = 64;           // running sequences at once
   int32_t chunk_size = 128;        // most prefill rows of one sequence in one step
   int32_t page_size = 16;
+  // Online/offline co-location (xLLM §3.1, issue 11): offline work only
+  // takes what online work leaves.  Each step plans online rows first
+  // (decode, prefill chunks, admissions), then offline ones with the rest:
+  // an offline prefill pauses at its chunk boundary and an offline decode
+  // skips steps, both keeping their KV; an online sequence that cannot be
+  // admitted (sequence cap or pages) preempts running offline ones.  Off:
+  // online-priority admission only, running offline work keeps its rows.
+  bool offline_yields = false;
 };
 
 // Returns an empty string when usable, else what is wrong.
@@ -84,7 +96,8 @@ struct step_plan {
 step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sched_seq>& waiting,
                     const scheduler_limits& lim, int32_t free_pages);
 
-// True when `a` runs before `b` (and is preempted after it).
+// True when `a` runs before `b` (and is preempted after it): online before
+// offline, then the earlier deadline (none last), then arrival order.
 bool runs_before(const sched_seq& a, const sched_seq& b);
 
 }  // namespace troupe

@@ -168,8 +168,9 @@ TEST(Scheduler, EmptyWhenIdle) {
 TEST(Scheduler, RandomStatesKeepTheLimits) {
   std::mt19937 rng(7);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  for (int iter = 0; iter < 2000; ++iter) {
-    const auto lim = limits(uni(8, 96), uni(1, 8), uni(1, 64), uni(1, 32));
+  for (int iter = 0; iter < 4000; ++iter) {
+    auto lim = limits(uni(8, 96), uni(1, 8), uni(1, 64), uni(1, 32));
+    lim.offline_yields = iter % 2 == 1;
     std::vector<sched_seq> running, waiting;
     uint64_t id = 1;
     for (int n = uni(0, lim.max_seqs); n > 0; --n) {
@@ -188,6 +189,8 @@ TEST(Scheduler, RandomStatesKeepTheLimits) {
       s.order = uint64_t(uni(1, 1000));
       s.total = uni(1, 300);
       s.swapped = uni(0, 3) == 0;
+      s.cls = uni(0, 1) ? seq_class::online : seq_class::offline;
+      s.deadline = uni(0, 1) ? uni(1, 500) : 0;
       s.computed = s.swapped ? uni(0, s.total - 1) : 0;
       waiting.push_back(s);
     }
@@ -229,18 +232,23 @@ TEST(Scheduler, RandomStatesKeepTheLimits) {
         int32_t need = (c.start + c.n_tokens + lim.page_size - 1) / lim.page_size - s.pages;
         pages += std::max(0, need);
       }
+    // Every surviving decode gets its row, except offline ones that yield
+    // (and everything in a plan that only preempts for an admission).
+    const bool preempt_only = plan.empty() && !plan.preempted.empty();
     for (const auto& s : running) {
-      if (!victims.count(s.id) && s.total - s.computed == 1) {
+      if (!victims.count(s.id) && s.total - s.computed == 1 && !preempt_only &&
+          (!lim.offline_yields || s.cls == seq_class::online)) {
         EXPECT_TRUE(seen.count(s.id));
       }
     }
+
     EXPECT_EQ(tokens, plan.tokens);
     EXPECT_LE(tokens, lim.max_batch_tokens);
     EXPECT_EQ(pages, plan.new_pages);
     EXPECT_LE(pages, free_pages + freed);
     EXPECT_LE(running.size() - victims.size() + plan.admitted.size(), size_t(lim.max_seqs));
     // Something runs whenever a running sequence is left.
-    if (running.size() > victims.size()) {
+    if (running.size() > victims.size() && !preempt_only) {
       EXPECT_FALSE(plan.empty());
     }
   }
@@ -279,6 +287,70 @@ TEST(Scheduler, APageSharedOnlyByVictimsIsFreedWithTheLast) {
   auto plan = plan_step({a, b, c}, {}, lim, 0);
   EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{3, 2}));
   EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{1}));
+}
+
+// Co-location (issue 11): online rows first, offline ones take the rest.
+TEST(Scheduler, OfflineDecodeYieldsTheBudgetAndKeepsItsPages) {
+  auto lim = limits(20, 8, 16);
+  lim.offline_yields = true;
+  std::vector<sched_seq> running = {decoding(1, 40, 3, 1, seq_class::offline),
+                                    decoding(2, 40, 3, 2, seq_class::offline),
+                                    prefilling(3, 0, 100, 0), decoding(4, 20, 2, 4)};
+  auto plan = plan_step(running, {}, lim, 100);
+  EXPECT_TRUE(plan.preempted.empty());
+  // Online decode 4, online prefill 3 (16 rows), then offline with what is left.
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{4, 1, 2}));
+  EXPECT_EQ(ids(plan.prefill), (std::vector<uint64_t>{3}));
+  lim.max_batch_tokens = 17;
+  plan = plan_step(running, {}, lim, 100);
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{4}));  // both offline decodes skip the step
+  EXPECT_TRUE(plan.preempted.empty());
+  // Without co-location every running decode keeps its row.
+  lim.offline_yields = false;
+  plan = plan_step(running, {}, lim, 100);
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{4, 1, 2}));
+}
+
+TEST(Scheduler, OfflinePrefillPausesAtItsChunkBoundary) {
+  auto lim = limits(32, 8, 32);
+  lim.offline_yields = true;
+  std::vector<sched_seq> running = {prefilling(1, 32, 200, 2, seq_class::offline)};
+  auto plan = plan_step(running, {waiting_prompt(2, 64)}, lim, 100);
+  ASSERT_EQ(plan.prefill.size(), 1u);
+  EXPECT_EQ(plan.prefill[0].id, 2u);    // the online arrival takes the whole budget
+  EXPECT_TRUE(plan.preempted.empty());  // the offline prefill keeps its 32 computed tokens
+}
+
+TEST(Scheduler, AnOnlineArrivalPreemptsOfflineWorkForASlot) {
+  auto lim = limits(64, 2, 32);
+  lim.offline_yields = true;
+  std::vector<sched_seq> running = {decoding(1, 40, 3, 1, seq_class::offline),
+                                    decoding(2, 40, 3, 2, seq_class::offline)};
+  auto plan = plan_step(running, {waiting_prompt(3, 10)}, lim, 100);
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(plan.empty());  // only preempts: the caller plans again
+  plan = plan_step({running[0]}, {waiting_prompt(3, 10)}, lim, 100);
+  EXPECT_EQ(plan.admitted, (std::vector<uint64_t>{3}));
+  // For pages too: none free, the offline victim's pages go to it.
+  plan = plan_step({running[0]}, {waiting_prompt(3, 10)}, lim, 0);
+  EXPECT_EQ(plan.preempted, (std::vector<uint64_t>{1}));
+  // Online-priority without preemption: the arrival waits.
+  lim.offline_yields = false;
+  plan = plan_step(running, {waiting_prompt(3, 10)}, lim, 100);
+  EXPECT_TRUE(plan.preempted.empty());
+  EXPECT_TRUE(plan.admitted.empty());
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{1, 2}));
+}
+
+TEST(Scheduler, OnlineSequencesRunEarliestDeadlineFirst) {
+  auto a = waiting_prompt(1, 10), b = waiting_prompt(2, 10), c = waiting_prompt(3, 10);
+  a.deadline = 300;
+  b.deadline = 100;  // arrived later, due sooner
+  auto plan = plan_step({}, {a, b, c}, limits(64, 2, 32), 100);
+  EXPECT_EQ(plan.admitted, (std::vector<uint64_t>{2, 1}));
+  auto off = waiting_prompt(4, 10, seq_class::offline);
+  off.deadline = 1;  // the class comes first
+  EXPECT_TRUE(runs_before(c, off));
 }
 
 }  // namespace
