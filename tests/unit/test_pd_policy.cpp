@@ -1,0 +1,237 @@
+// Disaggregation and role switching (runtime/pd_policy.hpp, issue 11) on
+// synthetic snapshots: pools, prefill and decode placement, flip triggers,
+// pool order, minimum instances, hysteresis and cooldown; and the
+// monitor's windows (runtime/service_monitor.hpp).
+#include <gtest/gtest.h>
+
+#include "runtime/pd_policy.hpp"
+#include "runtime/service_monitor.hpp"
+
+namespace troupe {
+namespace {
+
+pd_load inst(uint64_t id, pd_pool pool, std::vector<int32_t> queued = {}, int64_t running = 0) {
+  pd_load l;
+  l.id = id;
+  l.pool = pool;
+  l.queued_prefills = std::move(queued);
+  l.prefilling = int32_t(l.queued_prefills.size());
+  l.running_tokens = running;
+  l.decoding = running > 0 ? 1 : 0;
+  l.total_pages = 100;
+  l.used_pages = int32_t(running / 16);
+  return l;
+}
+
+// t(L) = L ms: fitted from exact samples.
+prefill_model linear_model() {
+  prefill_model m;
+  for (int i = 0; i < 50; ++i) m.observe(10 + i * 7, 10 + i * 7);
+  return m;
+}
+
+TEST(PdPolicy, PoolsAndFlips) {
+  EXPECT_EQ(flip_pool(pd_pool::prefill, instance_role::decode), pd_pool::prefill_to_decode);
+  EXPECT_EQ(flip_pool(pd_pool::decode, instance_role::prefill), pd_pool::decode_to_prefill);
+  EXPECT_EQ(flip_pool(pd_pool::mixed, instance_role::prefill), pd_pool::decode_to_prefill);
+  // Flipping back before its prefill work drained: it may hold decode work by now.
+  EXPECT_EQ(flip_pool(pd_pool::prefill_to_decode, instance_role::prefill),
+            pd_pool::decode_to_prefill);
+  EXPECT_EQ(flip_pool(pd_pool::decode, instance_role::decode), pd_pool::decode);
+  EXPECT_EQ(flip_pool(pd_pool::decode, instance_role::mixed), pd_pool::mixed);
+  EXPECT_TRUE(takes_decode(pd_pool::prefill_to_decode));
+  EXPECT_FALSE(takes_prefill(pd_pool::prefill_to_decode));
+  EXPECT_TRUE(takes_prefill(pd_pool::decode_to_prefill));
+  // Promoted once the old role's work is done.
+  auto l = inst(1, pd_pool::prefill_to_decode, {30});
+  EXPECT_EQ(settle(l.pool, l), pd_pool::prefill_to_decode);
+  l.queued_prefills.clear();
+  l.prefilling = 0;
+  EXPECT_EQ(settle(l.pool, l), pd_pool::decode);
+  auto d = inst(2, pd_pool::decode_to_prefill, {}, 500);
+  EXPECT_EQ(settle(d.pool, d), pd_pool::decode_to_prefill);
+  d.decoding = 0;
+  EXPECT_EQ(settle(d.pool, d), pd_pool::prefill);
+  EXPECT_EQ(parse_role("decode"), instance_role::decode);
+  EXPECT_FALSE(parse_role("both"));
+}
+
+TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
+  auto m = linear_model();
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {300}), inst(2, pd_pool::prefill, {100}),
+                                inst(3, pd_pool::decode_to_prefill), inst(4, pd_pool::decode)};
+  auto c = place_prefill(50, loads, m, {500, 0});
+  EXPECT_EQ(c.instance, 2u);
+  EXPECT_TRUE(c.meets_target);
+  EXPECT_NEAR(c.predicted_ttft_ms, 150, 1);
+  // No P instance meets 120 ms: the idle D->P one does.
+  c = place_prefill(50, loads, m, {120, 0});
+  EXPECT_EQ(c.instance, 3u);
+  EXPECT_TRUE(c.meets_target);
+  // Nothing meets 20 ms: the lowest prediction, marked as a miss.
+  c = place_prefill(50, loads, m, {20, 0});
+  EXPECT_EQ(c.instance, 3u);
+  EXPECT_FALSE(c.meets_target);
+  // A decode instance never takes prefill.
+  c = place_prefill(50, {inst(4, pd_pool::decode)}, m, {});
+  EXPECT_EQ(c.instance, 0u);
+}
+
+TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCaps) {
+  pd_config cfg;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill), inst(2, pd_pool::decode, {}, 800),
+                                inst(3, pd_pool::decode, {}, 400), inst(4, pd_pool::mixed)};
+  auto d = place_decode(4, 100, loads, cfg, {});
+  EXPECT_EQ(d.instance, 4u);
+  EXPECT_FALSE(d.transfer);
+  loads.pop_back();  // (a mixed instance takes decode work from others too)
+  d = place_decode(1, 100, loads, cfg, {});
+  EXPECT_EQ(d.instance, 3u);
+  EXPECT_TRUE(d.transfer);
+  // Instance 3 over the step-time cap (the TPOT target): 2 instead.
+  loads[2].token_interval_ms = 80;
+  loads[1].token_interval_ms = 30;
+  EXPECT_EQ(place_decode(1, 100, loads, cfg, {0, 50}).instance, 2u);
+  // Both over the KV cap: the fewest running tokens anyway.
+  loads[1].used_pages = 95;
+  loads[2].used_pages = 95;
+  d = place_decode(1, 100, loads, cfg, {0, 0});
+  EXPECT_EQ(d.instance, 3u);
+  EXPECT_NE(d.why.find("over a cap"), std::string::npos);
+  // No decode instance: the prefill instance keeps it.
+  EXPECT_EQ(place_decode(1, 100, {inst(1, pd_pool::prefill)}, cfg, {}).instance, 1u);
+}
+
+TEST(PdPolicy, FlipToPrefillNeedsConsecutiveWindowsAndTakesPToDFirst) {
+  pd_config cfg;
+  cfg.min_decode = 1;
+  cfg.violation_windows = 2;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 100),
+                                inst(3, pd_pool::decode, {}, 50),
+                                inst(4, pd_pool::prefill_to_decode, {}, 900)};
+  flip_memory mem;
+  pd_window miss{3, 5};
+  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 0, mem));  // one window: not yet
+  auto f = decide_flip(loads, miss, {}, cfg, 1, mem);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->instance, 4u);  // P->D first, although it is the heaviest
+  EXPECT_EQ(f->to, instance_role::prefill);
+  // A window without misses resets the streak.
+  mem = {};
+  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 0, mem));
+  EXPECT_FALSE(decide_flip(loads, {0, 5}, {}, cfg, 1, mem));
+  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 2, mem));
+  // Without P->D: the lightest D instance.
+  loads.pop_back();
+  mem = {};
+  decide_flip(loads, miss, {}, cfg, 0, mem);
+  f = decide_flip(loads, miss, {}, cfg, 1, mem);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->instance, 3u);
+}
+
+TEST(PdPolicy, KeepsTheMinimumOfDecodeAndPrefillInstances) {
+  pd_config cfg;
+  cfg.min_decode = 2;
+  cfg.violation_windows = 1;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 100),
+                                inst(3, pd_pool::decode, {}, 50)};
+  flip_memory mem;
+  EXPECT_FALSE(decide_flip(loads, {1, 1}, {}, cfg, 0, mem));  // 2 decode instances: none to give
+  cfg.min_decode = 1;
+  EXPECT_TRUE(decide_flip(loads, {1, 1}, {}, cfg, 0, mem));
+  // The other way: slow decode, but the only prefill instance stays.
+  loads[1].token_interval_ms = 90;
+  cfg.min_prefill = 1;
+  mem = {};
+  EXPECT_FALSE(decide_flip(loads, {}, {0, 50}, cfg, 0, mem));
+}
+
+TEST(PdPolicy, FlipToDecodeOnSlowTokensShortKvOrIdlePrefillFromDToPFirst) {
+  pd_config cfg;
+  cfg.violation_windows = 1;
+  cfg.min_prefill = 1;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {40}), inst(2, pd_pool::prefill, {10}),
+                                inst(3, pd_pool::decode, {}, 300)};
+  loads[2].token_interval_ms = 90;
+  flip_memory mem;
+  auto f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->to, instance_role::decode);
+  EXPECT_EQ(f->instance, 2u);  // the lighter P instance
+  EXPECT_NE(f->why.find("token interval"), std::string::npos);
+  // D->P is taken first.
+  loads.push_back(inst(5, pd_pool::decode_to_prefill, {100}));
+  mem = {};
+  EXPECT_EQ(decide_flip(loads, {}, {0, 50}, cfg, 0, mem)->instance, 5u);
+  // Short KV on the decode side.
+  loads.pop_back();
+  loads[2].token_interval_ms = 10;
+  loads[2].used_pages = 95;
+  mem = {};
+  f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  ASSERT_TRUE(f);
+  EXPECT_NE(f->why.find("KV"), std::string::npos);
+  // Idle prefill while decode works.
+  loads[2].used_pages = 10;
+  for (int i : {0, 1}) {
+    loads[i].queued_prefills.clear();
+    loads[i].busy = 0.05;
+  }
+  mem = {};
+  f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  ASSERT_TRUE(f);
+  EXPECT_NE(f->why.find("idle"), std::string::npos);
+  // ... but not when decode is idle too.
+  loads[2].decoding = 0;
+  mem = {};
+  EXPECT_FALSE(decide_flip(loads, {}, {0, 50}, cfg, 0, mem));
+}
+
+TEST(PdPolicy, AnInstanceCoolsDownAfterAFlip) {
+  pd_config cfg;
+  cfg.violation_windows = 1;
+  cfg.cooldown_s = 5;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 10),
+                                inst(3, pd_pool::decode, {}, 900)};
+  flip_memory mem;
+  auto f = decide_flip(loads, {1, 1}, {}, cfg, 0, mem);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->instance, 2u);
+  // Still missing a second later: 2 cools down, so 3 goes (a real router
+  // would have moved 2 to D->P; here it is still D).
+  f = decide_flip(loads, {1, 1}, {}, cfg, 1, mem);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->instance, 3u);
+  mem.last_flip_s[3] = 1;
+  EXPECT_FALSE(decide_flip(loads, {1, 1}, {}, cfg, 2, mem));
+  EXPECT_TRUE(decide_flip(loads, {1, 1}, {}, cfg, 6, mem));
+}
+
+TEST(ServiceMonitor, RollingWindowsAndPredictionError) {
+  service_monitor mon(1.0);
+  mon.ttft(1, 100, 80, 0.1);
+  mon.ttft(1, 50, 100, 0.5);
+  mon.step(1, 10, 0, 200, 0.4);
+  mon.step(1, 4, 4, 30, 0.6);
+  mon.step(1, 4, 4, 50, 0.8);
+  auto w = mon.window(1, 0.9);
+  EXPECT_DOUBLE_EQ(w.ttft_ms, 90);
+  EXPECT_EQ(w.ttft_samples, 2);
+  EXPECT_DOUBLE_EQ(w.token_interval_ms, 40);
+  EXPECT_NEAR(w.busy, 0.28, 1e-9);
+  EXPECT_NEAR(mon.ttft_mape(), (0.25 + 0.5) / 2, 1e-9);
+  // A second later the old samples are out of the window.
+  w = mon.window(1, 1.55);
+  EXPECT_EQ(w.ttft_samples, 0);
+  EXPECT_EQ(w.steps, 2);
+  mon.placed(true);
+  mon.placed(false);
+  auto pw = mon.take_window();
+  EXPECT_EQ(pw.prefills, 2);
+  EXPECT_EQ(pw.unmet_prefills, 1);
+  EXPECT_EQ(mon.take_window().prefills, 0);
+}
+
+}  // namespace
+}  // namespace troupe
