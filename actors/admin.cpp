@@ -35,7 +35,7 @@ void ask_instances(self_ptr self, Done done) {
             g->left = reg.size();
             for (const auto& r : reg)
               g->out.push_back(
-                  {"instance-" + std::to_string(r.id), r.id, r.node, r.role, r.state, {}});
+                  {"instance-" + std::to_string(r.id), r.id, r.node, r.role, r.state, {}, r.pool});
             if (reg.empty()) return done(std::move(g->out), caf::error{});
             for (size_t i = 0; i < reg.size(); ++i) {
               auto finish_one = [g, done]() mutable {
@@ -150,6 +150,10 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
       [self](preempt_atom, uint64_t id) {
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
                               preempt_atom::value, id);
+      },
+      [self](set_role_atom, uint64_t id, const std::string& role) {
+        return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
+                                  set_role_atom::value, id, role);
       },
       [self](set_atom, const std::string& key, const std::string& value) {
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),

@@ -38,7 +38,10 @@ json to_json(const instance_info& i) {
           {"id", i.id},
           {"node", i.node},
           {"role", i.role},
+          {"pool", i.pool},
           {"state", i.state},
+          {"decoding", s.decoding},
+          {"running_tokens", s.running_tokens},
           {"used_pages", s.kv.used()},
           {"queued_prefill_tokens", s.queued_prefill_tokens},
           {"exported", s.exported},
@@ -82,7 +85,16 @@ json to_json(const request_trace& t) {
           {"migrations", t.migrations},
           {"migrated_bytes", t.migrated_bytes},
           {"migration_ms", t.migration_ms},
-          {"recoveries", t.recoveries}};
+          {"recoveries", t.recoveries},
+          {"prefill_instance", t.prefill_instance},
+          {"decode_instance", t.decode_instance},
+          {"transfer_bytes", t.transfer_bytes},
+          {"transfer_ms", t.transfer_ms},
+          {"decode_placement", t.decode_placement},
+          {"predicted_ttft_ms", t.predicted_ttft_ms},
+          {"slo_ttft_ms", t.slo_ttft_ms},
+          {"slo_tpot_ms", t.slo_tpot_ms},
+          {"slo_met", t.slo_met}};
 }
 
 json failure(const std::string& code, const std::string& message) {
@@ -177,7 +189,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       !number("id", id))
     return reply(self, peer,
                  failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
-  if ((command == "migrate" || command == "drain" || command == "kill") &&
+  if ((command == "migrate" || command == "drain" || command == "kill" || command == "role") &&
       !number("instance", instance))
     return reply(
         self, peer,
@@ -293,6 +305,18 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         grow_atom::value, node, count->get<int32_t>());
   }
+  if (command == "role") {
+    const std::string role = req.value("role", "");
+    if (role.empty())
+      return reply(self, peer,
+                   failure("bad_request", "role needs \"role\": prefill, decode or mixed"));
+    return call<std::string>(
+        self, peer,
+        [instance, role](std::string& what) {
+          return json{{"instance", instance}, {"role", role}, {"changed", what}};
+        },
+        set_role_atom::value, instance, role);
+  }
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -305,7 +329,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       failure("unknown_command",
               "unknown command '" + command +
                   "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set, spawn)"));
+                  "preempt, set, spawn, role)"));
 }
 
 void poll_once(self_ptr self) {

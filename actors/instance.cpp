@@ -31,6 +31,7 @@ enum class seq_state : uint8_t {
   swapping_out,  // preempted, its KV being read into the host tier
   swapped,       // queued, its KV in the host tier (`blob`)
   exporting,     // its KV being read for another instance; leaves when read
+  parked,        // prefill-only (disaggregation): first token out, KV held for export
   importing,     // queued, its KV from another instance (`blob`)
   finished,      // out of the instance, its last batch sent
 };
@@ -68,8 +69,11 @@ struct live_seq {
   bool running() const { return state == seq_state::prefilling || state == seq_state::decoding; }
   bool has_blob() const { return state == seq_state::swapped || state == seq_state::importing; }
   bool schedulable() const {
-    return state != seq_state::swapping_out && state != seq_state::exporting;
+    return state != seq_state::swapping_out && state != seq_state::exporting &&
+           state != seq_state::parked;
   }
+  bool holds_pages() const { return running() || state == seq_state::parked; }
+  double deadline = 0;  // ms since the instance started: its first token is due (0: none)
   // Running: prefilling until only the last token (whose logits give the
   // next one) is left.
   void run() {
@@ -97,9 +101,9 @@ struct instance_state {
   bool busy = false;                                 // a step is on the device
   std::chrono::steady_clock::time_point step_start;  // of the step on the device
   instance_stats counters;
-  std::deque<step_timing> recent_steps;  // the last kept_steps
+  std::deque<step_timing> recent_steps;  // the last opts.kept_steps
   std::unordered_map<std::string, std::shared_ptr<token_constraint>> constraints;  // by pattern
-  static constexpr size_t kept_steps = 16;
+  std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
   static inline const char* name = "instance";
 };
 
@@ -270,7 +274,7 @@ void admit(self_ptr self, uint64_t key) {
 
 sched_seq describe(const instance_state& st, const live_seq& s) {
   sched_seq d{s.key,   s.req.cls,    s.order, s.computed, static_cast<int32_t>(s.tokens.size()),
-              s.pages, s.has_blob(), {}};
+              s.pages, s.has_blob(), {},      s.deadline};
   // The real table, so the plan knows which pages are shared (a cached
   // prefix) and are not freed by preempting this sequence alone.
   if (s.running() && st.pool->has_sequence(s.key)) d.table = st.pool->table(s.key);
@@ -447,10 +451,16 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.step_start)
           .count();
   st.counters.step_ms += ms;
-  int32_t rows = 0;
-  for (const auto& c : chunks) rows += c.n_tokens;
-  st.recent_steps.push_back({st.counters.steps, rows, ms});
-  if (st.recent_steps.size() > instance_state::kept_steps) st.recent_steps.pop_front();
+  step_timing t{st.counters.steps, 0, ms, 0, 0};
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const auto& c = chunks[i];
+    t.rows += c.n_tokens;
+    if (i < n_decode) t.decode_rows += c.n_tokens;
+    // Row j of the chunk attends to positions [0, start + j].
+    t.context += int64_t(c.n_tokens) * c.start + int64_t(c.n_tokens) * (c.n_tokens + 1) / 2;
+  }
+  st.recent_steps.push_back(t);
+  if (st.recent_steps.size() > st.opts.kept_steps) st.recent_steps.pop_front();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
@@ -515,10 +525,13 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     out.cached_tokens = s.prompt_cached;
   }
   out.finish = stop_reason(st, s, res.token);
-  if (out.finish != finish_reason::none)
+  if (out.finish != finish_reason::none) {
     finish(self, s.key, std::move(out));
-  else
-    self->send(s.req.sink, tokens_atom::value, std::move(out));
+    return;
+  }
+  // Disaggregation: the prefill is done; the KV waits here for its export.
+  if (s.req.prefill_only) s.state = seq_state::parked;
+  self->send(s.req.sink, tokens_atom::value, std::move(out));
 }
 
 std::string check_request(const instance_state& st, const sequence_request& r) {
@@ -595,7 +608,7 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
     return refuse("export: no sequence of request " + std::to_string(id) + " here");
   const uint64_t key = k->second;
   live_seq& s = st.seqs.at(key);
-  if (!s.schedulable())
+  if (!s.schedulable() && s.state != seq_state::parked)
     return refuse("export: the KV of request " + std::to_string(id) +
                   " is being read right now; ask again");
   ++st.counters.exported;
@@ -604,7 +617,7 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   b.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
   b.n_prompt = std::min(s.n_prompt, s.computed);
   std::vector<int32_t> pages;
-  if (s.running() && s.computed > 0 && st.pool->has_sequence(key)) {
+  if (s.holds_pages() && s.computed > 0 && st.pool->has_sequence(key)) {
     pages = st.pool->export_pages(key).pages;
     pages.resize(st.pool->pages_for(s.computed));
   } else if (!s.has_blob()) {
@@ -724,8 +737,13 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
           return caf::make_error(caf::sec::invalid_argument,
                                  "enqueue request " + std::to_string(r.id) + ": " + why);
         int32_t ahead = 0;
-        for (const auto& [key, s] : st.seqs) ahead += s.running() ? 0 : 1;
+        for (const auto& [key, s] : st.seqs) ahead += s.holds_pages() ? 0 : 1;
         auto& added = add_sequence(self, std::move(r));
+        if (added.req.ttft_target_ms > 0 && added.req.cls == seq_class::online)
+          added.deadline =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.born)
+                  .count() +
+              added.req.ttft_target_ms;
         added.constraint = std::move(c);
         added.constraint_state = state;
         step(self);
@@ -783,11 +801,27 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         step(self);
         return old;
       },
+      [self](set_role_atom, const std::string& role) -> caf::result<std::string> {
+        auto& st = self->state;
+        if (role != "prefill" && role != "decode" && role != "mixed")
+          return refuse("set role: '" + role + "' is not a role (prefill, decode, mixed)");
+        std::string old = st.opts.role;
+        st.opts.role = role;
+        spdlog::info("instance: role {} -> {}", old, role);
+        return old;
+      },
       [self](stats_atom) {
         auto& st = self->state;
         instance_stats out = st.counters;
+        out.role = st.opts.role;
         for (const auto& [key, s] : st.seqs) {
-          ++(s.running() ? out.running : out.waiting);
+          ++(s.holds_pages() ? out.running : out.waiting);
+          if (s.state == seq_state::decoding || s.state == seq_state::parked) {
+            ++out.decoding;
+            out.running_tokens += int64_t(s.tokens.size());
+          } else if (s.state != seq_state::finished && s.state != seq_state::exporting) {
+            out.queued_prefills.push_back(int32_t(s.tokens.size()) - s.computed);
+          }
           const bool host_tier =
               s.state == seq_state::swapping_out || s.state == seq_state::swapped;
           out.swapped += host_tier ? 1 : 0;

@@ -31,6 +31,10 @@ struct instance_options {
   // Each token's bytes (tokenizer::token_bytes), for constrained
   // decoding; without them a constrained request is refused.
   std::shared_ptr<const std::vector<std::string>> token_bytes;
+  // Steps kept for stats' recent_steps (the router's model; the cost-model
+  // calibration keeps many).
+  size_t kept_steps = 16;
+  std::string role = "mixed";  // reported; the router decides the work
 };
 
 // Asks the device what it holds (blocking, before any actor exists), then

@@ -41,6 +41,8 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
     io.token_bytes = std::move(bytes);
   }
   io.prefix_caching = spec.prefix_caching;
+  io.limits.offline_yields = spec.offline_yields;
+  io.role = spec.role;
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);
   try {

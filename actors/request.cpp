@@ -58,6 +58,7 @@ struct request_state {
   bool enqueued_sent = false;  // the enqueue is on its way or answered
   bool announced = false;      // Accepted went out (once, whatever moves follow)
   bool migrating = false;      // an export/import is under way
+  bool handed_off = false;     // disaggregated: the decode handoff started (once)
   int placements_failed = 0;   // in a row, while recovering
   instance_actor instance;     // where the sequence runs now
   uint64_t instance_id = 0;
@@ -186,6 +187,12 @@ std::optional<rejection> build_sequence(request_state& st) {
   st.seq.stop_tokens.assign(g.stop_token_ids().begin(), g.stop_token_ids().end());
   st.seq.ignore_eos = g.ignore_eos();
   st.seq.cls = g.request_class() == wire::OFFLINE ? seq_class::offline : seq_class::online;
+  const bool online = st.seq.cls == seq_class::online;
+  st.trace.slo_ttft_ms =
+      g.slo_ttft_ms() > 0 ? g.slo_ttft_ms() : (online ? ctx.online_ttft_ms : ctx.offline_ttft_ms);
+  st.trace.slo_tpot_ms =
+      g.slo_tpot_ms() > 0 ? g.slo_tpot_ms() : (online ? ctx.online_tpot_ms : ctx.offline_tpot_ms);
+  st.seq.ttft_target_ms = st.trace.slo_ttft_ms;
   st.stream = !g.has_stream() || g.stream();
   st.stops =
       std::make_unique<stop_matcher>(std::vector<std::string>(g.stop().begin(), g.stop().end()));
@@ -264,6 +271,10 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
                    ? ms_between(st.first_token, st.last_token) / (st.generated.size() - 1)
                    : 0.0;
   tr.error = error;
+  tr.slo_met = (tr.slo_ttft_ms <= 0 || tr.ttft_ms <= tr.slo_ttft_ms) &&
+               (tr.slo_tpot_ms <= 0 || tr.tpot_ms <= tr.slo_tpot_ms);
+  if (st.ctx->monitor && st.generated.size() > 1)
+    self->send(st.ctx->monitor, tpot_atom::value, st.instance_id, tr.tpot_ms);
   wire::ServerMessage m;
   auto* f = m.mutable_finished();
   f->set_request_id(st.gen.request_id());
@@ -285,6 +296,8 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   self->quit();
 }
 
+void hand_off(self_ptr self);
+
 void on_tokens(self_ptr self, const token_batch& b) {
   auto& st = self->state;
   if (st.done) return;
@@ -297,7 +310,12 @@ void on_tokens(self_ptr self, const token_batch& b) {
   const bool want_logprobs = st.seq.sampling.logprobs;
   for (size_t i = 0; i < n; ++i) {
     const int32_t t = b.tokens[i];
-    if (st.generated.empty()) st.first_token = now;
+    if (st.generated.empty()) {
+      st.first_token = now;
+      if (st.ctx->monitor)
+        self->send(st.ctx->monitor, ttft_atom::value, st.instance_id, st.trace.predicted_ttft_ms,
+                   ms_between(st.arrival, now));
+    }
     st.last_token = now;
     st.generated.push_back(t);
     chunk.add_token_ids(t);
@@ -343,6 +361,8 @@ void on_tokens(self_ptr self, const token_batch& b) {
     *st.pending.mutable_text() += chunk.text();
     st.pending.mutable_logprobs()->MergeFrom(chunk.logprobs());
   }
+  // Disaggregated: the prefill is done (the instance parked the sequence).
+  if (st.seq.prefill_only && !st.handed_off) hand_off(self);
 }
 
 // The sequence as an instance should take it now: after a move or a loss
@@ -356,6 +376,12 @@ sequence_request current_sequence(const request_state& st) {
 // From now on the sequence runs on `p` (monitored; the trace says where).
 void attach(self_ptr self, const placement_reply& p) {
   auto& st = self->state;
+  st.seq.prefill_only = p.prefill_only;
+  if (st.trace.instances.empty()) st.trace.predicted_ttft_ms = p.predicted_ttft_ms;
+  if (p.prefill_only) {
+    st.trace.prefill_instance = p.instance;
+    st.handed_off = false;  // a new prefill placement (first, or after a recovery)
+  }
   if (st.instance) self->demonitor(st.instance.address());
   st.instance = p.actor;
   st.instance_id = p.instance;
@@ -444,6 +470,75 @@ void place_and_enqueue(self_ptr self) {
                             "no instance can take the request: " + self->system().render(e));
             ++st.placements_failed;
             self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
+          });
+}
+
+// Disaggregation (DESIGN.md §3, issue 11): the prefill instance parked the
+// sequence after its first token; the router picks where it decodes; the
+// prefill instance exports the KV (its device reads the pages between
+// forward passes, first come first served with the other transfers, never
+// inside a batch) and the decode instance imports it.  The client sees one
+// stream.  When no instance can decode, the KV goes back into the prefill
+// instance itself; when a transfer fails, the decode instance recomputes.
+void hand_off(self_ptr self) {
+  auto& st = self->state;
+  st.handed_off = true;
+  st.migrating = true;
+  const auto started = clock_type::now();
+  const uint64_t from = st.instance_id;
+  auto move_to = [self, started, from](placement_reply to) {
+    auto& st = self->state;
+    self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
+        .then(
+            [self, to, started, from](std::vector<uint8_t>& blob) {
+              auto& st = self->state;
+              if (st.done || st.instance_id != from) {
+                st.migrating = false;
+                return;
+              }
+              placement_reply dest = to;
+              dest.prefill_only = false;
+              attach(self, dest);
+              st.trace.decode_instance = dest.instance;
+              st.trace.transfer_bytes += blob.size();
+              st.enqueued_sent = true;
+              self->request(dest.actor, caf::infinite, import_atom::value, current_sequence(st),
+                            std::move(blob))
+                  .then(
+                      [self, started](int32_t) {
+                        auto& st = self->state;
+                        st.migrating = false;
+                        st.trace.transfer_ms += ms_between(started, clock_type::now());
+                      },
+                      [self](caf::error&) {
+                        self->state.migrating = false;
+                        enqueue(self);  // recompute there
+                      });
+            },
+            [self, to, from](caf::error&) {
+              auto& st = self->state;
+              st.migrating = false;
+              if (st.done || st.instance_id != from) return;  // recovery took over
+              // The parked copy is released when this request ends.
+              placement_reply there = to;
+              there.prefill_only = false;
+              attach(self, there);
+              st.trace.decode_instance = there.instance;
+              enqueue(self);
+            });
+  };
+  self->request(st.ctx->router, std::chrono::seconds(10), place_decode_atom::value, from,
+                static_cast<int32_t>(st.seq.prompt.size() + st.generated.size()))
+      .then(
+          [self, move_to](placement_reply& to) {
+            self->state.trace.decode_placement = to.why;
+            move_to(std::move(to));
+          },
+          [self, move_to](caf::error& e) {
+            auto& st = self->state;
+            st.trace.decode_placement =
+                "back into the prefill instance: " + self->system().render(e);
+            move_to(placement_reply{st.instance_id, st.instance, "prefill instance", false, 0});
           });
 }
 

@@ -12,6 +12,7 @@
 
 #include "messages/client.pb.h"
 #include "messages/gateway.hpp"
+#include "messages/monitor.hpp"
 #include "messages/router.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/tokenizer.hpp"
@@ -36,6 +37,10 @@ struct serve_context {
   // collision yields an error, never two requests mixed.
   uint64_t seq_id_tag = 0;
   std::shared_ptr<metrics_registry> metrics;  // finished requests are counted here (may be null)
+  monitor_actor monitor;                      // first tokens and TPOT go here (may be null)
+  // Latency targets by class, in ms (0: none); a request may give its own.
+  double online_ttft_ms = 0, online_tpot_ms = 0;
+  double offline_ttft_ms = 0, offline_tpot_ms = 0;
 };
 
 // A ServerMessage as one wire frame (protocol_version set).

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <map>
 
 namespace troupe {
@@ -25,6 +26,11 @@ struct router_state {
   std::map<std::pair<std::string, int32_t>, uint64_t> slot_ids;  // (node, slot) -> id
   uint64_t next_id = 1;
   std::map<std::string, link_status> nodes;  // by address
+  // Disaggregation and role switching.
+  std::map<uint64_t, instance_window> windows;  // the monitor's last window, by instance
+  flip_memory flip_mem;
+  uint64_t flips = 0;
+  std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
   static inline const char* name = "router";
 };
 
@@ -34,6 +40,54 @@ router_instance* find(router_state& st, uint64_t id) {
   for (auto& i : st.instances)
     if (i.id == id) return &i;
   return nullptr;
+}
+
+// Where an instance starts: its --roles entry, else with --pd the first
+// prefills and the rest decode.
+pd_pool initial_pool(const router_options& o, uint64_t id) {
+  if (!o.pd) return pd_pool::mixed;
+  if (id >= 1 && id - 1 < o.roles.size()) return pool_of(o.roles[id - 1]);
+  return id == 1 ? pd_pool::prefill : pd_pool::decode;
+}
+
+pd_pool pool_of_instance(const router_instance& i) {
+  for (pd_pool p : {pd_pool::mixed, pd_pool::prefill, pd_pool::decode, pd_pool::prefill_to_decode,
+                    pd_pool::decode_to_prefill})
+    if (i.pool == to_string(p)) return p;
+  return pd_pool::mixed;
+}
+
+void set_pool(router_instance& i, pd_pool p) {
+  if (i.pool != to_string(p))
+    spdlog::info("router: instance {} moves to pool {} (was {})", i.id, to_string(p), i.pool);
+  i.pool = to_string(p);
+  i.role = to_string(role_of(p));
+}
+
+// The instances as the disaggregation policies see them.
+std::vector<pd_load> pd_loads(const router_state& st) {
+  std::vector<pd_load> out;
+  for (const auto& i : st.instances) {
+    pd_load l;
+    l.id = i.id;
+    l.serving = i.state == "serving";
+    l.pool = pool_of_instance(i);
+    if (auto it = st.last.find(i.id); it != st.last.end()) {
+      const auto& s = it->second;
+      l.queued_prefills = s.queued_prefills;
+      l.prefilling = static_cast<int32_t>(s.queued_prefills.size());
+      l.decoding = s.decoding;
+      l.running_tokens = s.running_tokens;
+      l.total_pages = s.kv.total;
+      l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
+    }
+    if (auto it = st.windows.find(i.id); it != st.windows.end()) {
+      l.token_interval_ms = it->second.token_interval_ms;
+      l.busy = it->second.busy;
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
 }
 
 std::vector<instance_snapshot> snapshots(const router_state& st) {
@@ -73,13 +127,74 @@ void settle_drains(self_ptr self) {
 
 // Feeds the instance's steps not seen yet to the prefill-time model.  A
 // restarted instance (its node came back) counts steps from 0 again.
+// The new ones go to the monitor too (token intervals, busy share).
 void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& steps) {
   if (steps.empty()) return;
   uint64_t& seen = st.modeled[id];
   if (steps.back().step < seen) seen = 0;
+  std::vector<step_timing> fresh;
   for (const auto& t : steps)
-    if (t.step > seen && t.rows > 0) st.model.observe(t.rows, t.ms);
+    if (t.step > seen && t.rows > 0) {
+      st.model.observe(t.rows, t.ms);
+      fresh.push_back(t);
+    }
   seen = steps.back().step;
+  if (st.opts.monitor && !fresh.empty())
+    caf::anon_send(st.opts.monitor, steps_atom::value, id, std::move(fresh));
+}
+
+// Tells instance `id` its new role and moves it to the X->Y pool once it
+// agreed; `done` gets what changed or why not.
+void apply_role(self_ptr self, uint64_t id, instance_role role, std::string why,
+                std::function<void(caf::expected<std::string>)> done) {
+  auto* i = find(self->state, id);
+  if (!i || i->state == "down")
+    return done(
+        caf::make_error(caf::sec::invalid_argument, "no serving instance " + std::to_string(id)));
+  const auto started = std::chrono::steady_clock::now();
+  self->request(i->actor, std::chrono::seconds(5), set_role_atom::value,
+                std::string(to_string(role)))
+      .then(
+          [self, id, role, why, done, started](const std::string& old) {
+            auto* i = find(self->state, id);
+            if (!i) return done(caf::make_error(caf::sec::invalid_argument, "instance gone"));
+            const pd_pool from = pool_of_instance(*i);
+            set_pool(*i, flip_pool(from, role));
+            ++self->state.flips;
+            const double ms = std::chrono::duration<double, std::milli>(
+                                  std::chrono::steady_clock::now() - started)
+                                  .count();
+            spdlog::info("router: instance {} role {} -> {} ({}), pool {} -> {}, {:.2f} ms", id,
+                         old, to_string(role), why, to_string(from), i->pool, ms);
+            done("instance " + std::to_string(id) + ": " + old + " -> " + to_string(role) +
+                 ", pool " + to_string(from) + " -> " + i->pool);
+          },
+          [done](caf::error& e) { done(std::move(e)); });
+}
+
+// Once per window: the monitor's figures, then (with role switching) at
+// most one flip by the report's policy.
+void on_window(self_ptr self) {
+  auto& st = self->state;
+  if (!st.opts.monitor) return;
+  self->request(st.opts.monitor, std::chrono::seconds(5), report_atom::value)
+      .then(
+          [self](monitor_report& r) {
+            auto& st = self->state;
+            st.windows.clear();
+            for (const auto& w : r.instances) st.windows[w.instance] = w;
+            if (!st.opts.pd || !st.opts.role_switching) return;
+            const double now =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - st.born).count();
+            pd_targets t{st.opts.ttft_target_ms, st.opts.tpot_target_ms};
+            auto f = decide_flip(pd_loads(st), {r.unmet_prefills, r.prefills}, t, st.opts.pd_cfg,
+                                 now, st.flip_mem);
+            if (f)
+              apply_role(self, f->instance, f->to, f->why, [](caf::expected<std::string> r) {
+                if (!r) spdlog::warn("router: role switch failed");
+              });
+          },
+          [](caf::error&) {});
 }
 
 void poll(self_ptr self) {
@@ -98,6 +213,11 @@ void poll(self_ptr self) {
               auto& st = self->state;
               learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
+              // An X->Y instance whose X work is done is promoted to Y.
+              if (auto* i = find(st, id)) {
+                for (const auto& l : pd_loads(st))
+                  if (l.id == id) set_pool(*i, settle(l.pool, l));
+              }
               settle_drains(self);
             },
             [](caf::error&) {});
@@ -113,9 +233,10 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
     auto& st = self->state;
     st.opts = opts;
     st.instances = std::move(instances);
-    for (const auto& i : st.instances) {
+    for (auto& i : st.instances) {
       self->monitor(i.actor);
       st.next_id = std::max(st.next_id, i.id + 1);
+      set_pool(i, initial_pool(st.opts, i.id));
     }
     self->set_down_handler([self](const caf::down_msg& dm) {
       for (auto& i : self->state.instances)
@@ -127,7 +248,44 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
       settle_drains(self);
     });
     self->send(self, tick_atom::value);
+    if (st.opts.monitor) self->delayed_send(self, st.opts.window, window_atom::value);
     return {
+        [self](window_atom) {
+          on_window(self);
+          self->delayed_send(self, self->state.opts.window, window_atom::value);
+        },
+        [self](place_decode_atom, uint64_t prefill_instance,
+               int32_t context) -> caf::result<placement_reply> {
+          auto& st = self->state;
+          auto d = place_decode(prefill_instance, context, pd_loads(st), st.opts.pd_cfg,
+                                {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
+          auto* i = find(st, d.instance);
+          if (!i || i->state != "serving")
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "no instance can decode (" + d.why + ")");
+          // Count it now, as place does.
+          ++st.last[d.instance].decoding;
+          st.last[d.instance].running_tokens += context;
+          placement_reply r;
+          r.instance = d.instance;
+          r.actor = i->actor;
+          r.why = d.why;
+          return r;
+        },
+        [self](set_role_atom, uint64_t id, const std::string& role) -> caf::result<std::string> {
+          auto r = parse_role(role);
+          if (!r)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "role: '" + role + "' is not a role (prefill, decode, mixed)");
+          auto rp = self->make_response_promise<std::string>();
+          apply_role(self, id, *r, "asked for", [rp](caf::expected<std::string> x) mutable {
+            if (x)
+              rp.deliver(*x);
+            else
+              rp.deliver(std::move(x.error()));
+          });
+          return rp;
+        },
         [self](tick_atom) {
           poll(self);
           self->delayed_send(self, self->state.opts.poll, tick_atom::value);
@@ -135,17 +293,37 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](place_atom, int32_t prompt_tokens,
                std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
           auto& st = self->state;
-          placement_request req{prompt_tokens, std::move(hashes)};
-          auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
-                         st.opts.ttft_target_ms);
-          if (p.instance == 0)
-            return caf::make_error(caf::sec::invalid_argument,
-                                   "no instance is serving (" + p.why + ")");
+          placement_reply r;
+          if (st.opts.pd) {
+            auto c = place_prefill(prompt_tokens, pd_loads(st), st.model,
+                                   {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
+            if (st.opts.monitor) self->send(st.opts.monitor, placed_atom::value, c.meets_target);
+            if (c.instance == 0)
+              return caf::make_error(caf::sec::invalid_argument,
+                                     "no instance takes prefill (" + c.why + ")");
+            const auto* i = find(st, c.instance);
+            r = placement_reply{c.instance, i->actor, c.why, !takes_decode(pool_of_instance(*i)),
+                                c.predicted_ttft_ms};
+          } else {
+            placement_request req{prompt_tokens, std::move(hashes)};
+            auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
+                           st.opts.ttft_target_ms);
+            if (p.instance == 0)
+              return caf::make_error(caf::sec::invalid_argument,
+                                     "no instance is serving (" + p.why + ")");
+            pd_load l;
+            for (const auto& x : pd_loads(st))
+              if (x.id == p.instance) l = x;
+            r = placement_reply{
+                p.instance, find(st, p.instance)->actor, p.why, false,
+                st.model.samples() > 0 ? predicted_ttft_ms(l, prompt_tokens, st.model) : 0.0};
+          }
           // Count the placement now, so a burst does not all go to the
           // instance the last snapshot showed idle.
-          ++st.last[p.instance].waiting;
-          st.last[p.instance].queued_prefill_tokens += prompt_tokens;
-          return placement_reply{p.instance, find(st, p.instance)->actor, p.why};
+          ++st.last[r.instance].waiting;
+          st.last[r.instance].queued_prefill_tokens += prompt_tokens;
+          st.last[r.instance].queued_prefills.push_back(prompt_tokens);
+          return r;
         },
         [self](lookup_atom, uint64_t id) -> caf::result<placement_reply> {
           auto* i = find(self->state, id);
@@ -186,6 +364,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             }
             if (ri->actor && ri->actor != h.actor) self->demonitor(ri->actor.address());
             const bool back = ri->state == "down";
+            if (!back) set_pool(*ri, initial_pool(st.opts, id));
             ri->node = node;
             ri->actor = h.actor;
             ri->state = "serving";

@@ -6,7 +6,9 @@
 #include <chrono>
 #include <vector>
 
+#include "messages/monitor.hpp"
 #include "messages/router.hpp"
+#include "runtime/pd_policy.hpp"
 #include "runtime/placement.hpp"
 
 namespace troupe {
@@ -18,6 +20,16 @@ struct router_options {
   // drain: ask the sequences to move elsewhere (true) or let them finish
   // where they are (false).
   bool drain_migrates = true;
+  // Disaggregation (issue 11): prefill placement by predicted TTFT in the
+  // report's pool order, decode placement after the prefill, and (with
+  // role_switching) the report's flips once per window.
+  bool pd = false;
+  bool role_switching = false;
+  double tpot_target_ms = 0;
+  pd_config pd_cfg;
+  std::chrono::milliseconds window{1000};
+  monitor_actor monitor;             // may be null: no windows, no flips
+  std::vector<instance_role> roles;  // by instance id - 1; absent: the default of --pd
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

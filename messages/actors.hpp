@@ -5,6 +5,7 @@
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
+#include "messages/monitor.hpp"
 #include "messages/node.hpp"
 #include "messages/router.hpp"
 
@@ -53,6 +54,9 @@ void for_each_message_type(F&& f) {
   f.template operator()<router_instance>("troupe.router_instance");
   f.template operator()<std::vector<router_instance>>("troupe.router_instances");
   f.template operator()<placement_reply>("troupe.placement_reply");
+  f.template operator()<instance_window>("troupe.instance_window");
+  f.template operator()<std::vector<instance_window>>("troupe.instance_windows");
+  f.template operator()<monitor_report>("troupe.monitor_report");
 }
 
 // Registers them all, so sends work between nodes too (CAF 0.17 needs

@@ -20,11 +20,13 @@ struct instance_info {
   std::string role;
   std::string state;  // serving, draining, down
   instance_stats stats;
+  std::string pool;  // the router's pool: M, P, D, P->D, D->P
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
-  return f(caf::meta::type_name("instance_info"), x.name, x.id, x.node, x.role, x.state, x.stats);
+  return f(caf::meta::type_name("instance_info"), x.name, x.id, x.node, x.role, x.state, x.stats,
+           x.pool);
 }
 
 using instances_atom = caf::atom_constant<caf::atom("instances")>;
@@ -46,6 +48,8 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 //            no sequence.
 // killinst:  (instance id) fault injection: kill the instance (its requests
 //            recover elsewhere).
+// setrole:   (instance id, prefill|decode|mixed) the instance's new role
+//            (messages/router.hpp); replies with what changed.
 // nodes:     the cluster's nodes as the service's links know them.
 using admin_actor =
     caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
@@ -59,6 +63,7 @@ using admin_actor =
                      caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
                      caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
+                     caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
                      caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
 
 }  // namespace troupe

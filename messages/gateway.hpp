@@ -35,6 +35,17 @@ struct request_trace {
   uint64_t migrated_bytes = 0;  // KV blob bytes moved
   double migration_ms = 0;      // export asked to import answered, summed over migrations
   int32_t recoveries = 0;       // times its instance was lost and it was placed again
+  // Disaggregation (issue 11): where it prefilled and decoded, and the KV
+  // handoff between them (0 and empty when it ran on one instance).
+  uint64_t prefill_instance = 0;
+  uint64_t decode_instance = 0;
+  uint64_t transfer_bytes = 0;
+  double transfer_ms = 0;  // export asked to import answered
+  std::string decode_placement;
+  double predicted_ttft_ms = 0;  // the router's prediction (0: none)
+  double slo_ttft_ms = 0;        // its targets (0: none)
+  double slo_tpot_ms = 0;
+  bool slo_met = true;  // every target it has was met
   // queued (not on an instance yet), running, migrating, recovering (its
   // instance was lost; being placed again), finished
   std::string state;
@@ -45,7 +56,9 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
   return f(caf::meta::type_name("request_trace"), x.request_id, x.client, x.finish, x.stop_matched,
            x.error, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.preemptions,
            x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms, x.instances,
-           x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state);
+           x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state,
+           x.prefill_instance, x.decode_instance, x.transfer_bytes, x.transfer_ms,
+           x.decode_placement, x.predicted_ttft_ms, x.slo_ttft_ms, x.slo_tpot_ms, x.slo_met);
 }
 
 // A request in flight, as the gateway sees it (admin).

@@ -85,6 +85,13 @@ struct sequence_request {
   // Structured output: the whole generated text must match this regular
   // expression (runtime/regex_dfa); empty: free.
   std::string constraint;
+  // Disaggregation (issue 11): compute the prompt and the first token, then
+  // hold the KV (parked) until the request side exports it to a decode
+  // instance.
+  bool prefill_only = false;
+  // Earliest deadline first among online sequences: the first token is due
+  // this long after the instance takes the sequence (0: no target).
+  double ttft_target_ms = 0;
 };
 
 enum class preempt_mode : uint8_t { recompute, swap };
@@ -95,6 +102,8 @@ struct step_timing {
   uint64_t step = 0;  // the instance's step counter, to take each sample once
   int32_t rows = 0;
   double ms = 0;
+  int32_t decode_rows = 0;  // rows of decoding sequences (the rest are prefill)
+  int64_t context = 0;      // attention work: the sum over rows of the positions they attend
 };
 
 struct instance_stats {
@@ -119,11 +128,16 @@ struct instance_stats {
   std::string kv_check;                   // page invariants: empty when they hold
   std::vector<uint64_t> prefix_hashes;    // of its cached full pages (for prefix placement)
   std::vector<step_timing> recent_steps;  // the last steps, oldest first (the router's model)
+  // Disaggregation and role switching (issue 11).
+  std::string role = "mixed";
+  int32_t decoding = 0;                  // sequences decoding (parked ones included)
+  int64_t running_tokens = 0;            // their tokens (KV held)
+  std::vector<int32_t> queued_prefills;  // prompt tokens left, per sequence not decoding yet
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_timing& x) {
-  return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms);
+  return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms, x.decode_rows, x.context);
 }
 
 template <class Inspector>
@@ -147,7 +161,8 @@ typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
-           x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint);
+           x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
+           x.ttft_target_ms);
 }
 
 template <class Inspector>
@@ -155,7 +170,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
   return f(caf::meta::type_name("instance_stats"), x.waiting, x.running, x.swapped,
            x.queued_prefill_tokens, x.steps, x.decode_tokens, x.prefill_tokens, x.cached_tokens,
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
-           x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps);
+           x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
+           x.role, x.decoding, x.running_tokens, x.queued_prefills);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
@@ -164,6 +180,7 @@ using export_atom = caf::atom_constant<caf::atom("export")>;
 using import_atom = caf::atom_constant<caf::atom("import")>;
 using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
 using set_atom = caf::atom_constant<caf::atom("set")>;
+using set_role_atom = caf::atom_constant<caf::atom("setrole")>;
 // stats_atom: messages/kv_pool.hpp
 
 // enqueue: admit a sequence to the waiting queue; replies with the number
@@ -193,6 +210,8 @@ using set_atom = caf::atom_constant<caf::atom("set")>;
 // set:     (key, value) changes a scheduler limit live: max_seqs,
 //          max_batch_tokens or chunk_size; replies with the old value, or
 //          an error naming what is wrong (the limits must stay valid).
+// setrole: (prefill|decode|mixed) the role it reports; the router decides
+//          what work it gets.  Replies with the old role.
 using instance_actor = caf::typed_actor<
     caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
@@ -200,6 +219,7 @@ using instance_actor = caf::typed_actor<
     caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,
     caf::replies_to<stats_atom>::with<instance_stats>,
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
-    caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>>;
+    caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>,
+    caf::replies_to<set_role_atom, std::string>::with<std::string>>;
 
 }  // namespace troupe

@@ -30,13 +30,15 @@ struct instance_spec {
   int32_t chunk_size = 128;
   std::string preemption = "recompute";  // or "swap"
   bool prefix_caching = true;
+  bool offline_yields = false;  // co-location: offline work takes what online work leaves
+  std::string role = "mixed";   // reported by the instance (the router decides its work)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
   return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
            x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
-           x.preemption, x.prefix_caching);
+           x.preemption, x.prefix_caching, x.offline_yields, x.role);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

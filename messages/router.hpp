@@ -19,11 +19,12 @@ struct router_instance {
   std::string role = "mixed";
   std::string state = "serving";  // serving, draining, down
   instance_actor actor;
+  std::string pool = "M";  // disaggregation: M, P, D, P->D, D->P (runtime/pd_policy)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, router_instance& x) {
-  return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor);
+  return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor, x.pool);
 }
 
 // Where a request goes, and why (for its trace).
@@ -31,11 +32,16 @@ struct placement_reply {
   uint64_t instance = 0;
   instance_actor actor;
   std::string why;
+  // Disaggregation: the instance only prefills; after the first token the
+  // request asks for a decode placement and moves its KV there.
+  bool prefill_only = false;
+  double predicted_ttft_ms = 0;  // 0: no prediction (the model has no sample yet)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
-  return f(caf::meta::type_name("placement_reply"), x.instance, x.actor, x.why);
+  return f(caf::meta::type_name("placement_reply"), x.instance, x.actor, x.why, x.prefill_only,
+           x.predicted_ttft_ms);
 }
 
 using place_atom = caf::atom_constant<caf::atom("place")>;
@@ -46,6 +52,8 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
 using add_instances_atom = caf::atom_constant<caf::atom("addinst")>;
 using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
+using place_decode_atom = caf::atom_constant<caf::atom("placedec")>;
+using window_atom = caf::atom_constant<caf::atom("window")>;
 
 // place:    (prompt tokens, the prompt's full-page hashes) an instance for
 //           a new request, by the service's policy; an error when no
@@ -64,6 +72,12 @@ using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 //           old id and serves again.  Replies with the ids, slot order.
 // nodes:    (status) a node link's news; () every node's last status.
 // tick:     its own timer: refresh the instances' load snapshots.
+// placedec: (prefill instance, context tokens) where a disaggregated
+//           request decodes after its prefill (runtime/pd_policy).
+// setrole:  (instance id, prefill|decode|mixed) the instance takes the role
+//           now (pool X->Y: new work of the new role at once, its old work
+//           finishing); replies with what changed once the instance agreed.
+// window:   its own timer: the monitor's window, and role switching.
 using router_actor = caf::typed_actor<
     caf::reacts_to<nodes_atom, link_status>,
     caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
@@ -74,6 +88,9 @@ using router_actor = caf::typed_actor<
     caf::replies_to<registry_atom>::with<std::vector<router_instance>>,
     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>, caf::reacts_to<tick_atom>,
+    caf::reacts_to<window_atom>,
+    caf::replies_to<place_decode_atom, uint64_t, int32_t>::with<placement_reply>,
+    caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
     caf::replies_to<set_atom, std::string, std::string>::with<std::string>>;
 
 }  // namespace troupe

@@ -37,6 +37,7 @@ class service_monitor {
 
   // The window's placement counts, reset for the next window.
   pd_window take_window();
+  const pd_window& current_window() const { return counts_; }
   instance_window window(uint64_t instance, double now_s) const;
   std::vector<instance_window> windows(double now_s) const;
 

@@ -110,7 +110,8 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("migrate x 1", "migrate: give a request id, not 'x'");
   expect_error("kv 42", "no instance 42");
   expect_error("watch bogus", "no view 'bogus'");
-  expect_error("role 1 prefill", "not available yet");
+  expect_error("role 1 both", "role: give prefill, decode or mixed");
+  expect_error("role 9 prefill", "no serving instance 9");
   expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
   expect_error("set max_seqs 100000", "max_seqs must not exceed max_batch_tokens");
   expect_error("set page_size 8", "cannot change live");

@@ -59,8 +59,9 @@ int run_admin(admin_flags& f) {
     args["key"] = f.key;
     args["value"] = f.value;
   }
-  if (f.action == "migrate" || f.action == "drain" || f.action == "kill")
+  if (f.action == "migrate" || f.action == "drain" || f.action == "kill" || f.action == "role")
     args["instance"] = f.instance;
+  if (f.action == "role") args["role"] = f.value;
   if (!link.connect()) {
     std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
     return 1;
@@ -121,6 +122,22 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("kill", "fault injection: kill an instance as a crash would (its requests recover)", false,
          true);
   action("preempt", "preempt a running request (it runs again when its turn comes)", true);
+  {
+    auto* sub = cmd->add_subcommand(
+        "role",
+        "give an instance a new role (prefill, decode, mixed): it takes new work of that role at "
+        "once and finishes its old work; exits 0 once the instance took it");
+    sub->fallthrough();
+    sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
+    sub->add_option("role", f->value, "prefill, decode or mixed")
+        ->required()
+        ->check(CLI::IsMember({"prefill", "decode", "mixed"}));
+    sub->callback([f] {
+      f->action = "role";
+      int rc = run_admin(*f);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
   {
     auto* sub = cmd->add_subcommand(
         "set", "change a scheduler limit on every instance, or the router policy, live");

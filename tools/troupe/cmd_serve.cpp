@@ -26,6 +26,7 @@
 #include "actors/device.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
+#include "actors/monitor.hpp"
 #include "actors/node.hpp"
 #include "actors/node_link.hpp"
 #include "actors/router.hpp"
@@ -71,6 +72,16 @@ struct serve_settings {
   int local_instances = -1;  // -1: 1 without nodes, 0 with
   std::string router = "least-load";
   double ttft_target_ms = 1000;
+  // Disaggregation, role switching, co-location and SLOs (issue 11).
+  bool pd = false;
+  std::vector<std::string> roles;
+  bool role_switching = false;
+  double tpot_target_ms = 0;
+  double offline_ttft_ms = 0;
+  double offline_tpot_ms = 0;
+  bool colocate = false;
+  int window_ms = 1000;
+  pd_config pd_cfg;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
   int metrics_port = 0;  // 0: no metrics endpoint
   int http_port = 0;     // 0: no OpenAI-compatible HTTP API
@@ -253,6 +264,53 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       string_key(s.router, {"round-robin", "least-load", "prefix", "slo"}));
   add("service", "ttft_target_ms", "the slo policy's TTFT target",
       real_key(s.ttft_target_ms, 1, 1e7));
+  add("service", "tpot_target_ms",
+      "online requests' TPOT target (0: none); with ttft_target_ms the online class's SLO "
+      "(a request may give its own); decode placement's step-time cap",
+      real_key(s.tpot_target_ms, 0, 1e7));
+  add("service", "offline_ttft_ms", "offline requests' TTFT target (0: none, best effort)",
+      real_key(s.offline_ttft_ms, 0, 1e9));
+  add("service", "offline_tpot_ms", "offline requests' TPOT target (0: none)",
+      real_key(s.offline_tpot_ms, 0, 1e9));
+  add("service", "pd",
+      "prefill/decode disaggregation: prefill on P instances, KV handed to D instances "
+      "(true/false)",
+      bool_key(s.pd));
+  add("service", "roles",
+      "starting role per instance, in instance order (prefill, decode, mixed; comma-separated); "
+      "default with --pd: the first prefills, the rest decode",
+      {[&s](const std::string& v) -> std::string {
+         std::stringstream ss(v);
+         std::string r;
+         while (std::getline(ss, r, ',')) {
+           if (!parse_role(r)) return "'" + r + "' is not a role (prefill, decode, mixed)";
+           s.roles.push_back(r);
+         }
+         return {};
+       },
+       [&s] { return nlohmann::json(s.roles); }},
+      true);
+  add("service", "role_switching",
+      "flip instances between prefill and decode as the load shifts (xLLM's policy; needs --pd)",
+      bool_key(s.role_switching));
+  add("service", "window_ms", "the monitor's window: role switching decides once per window",
+      int_key(s.window_ms, 50, 600000));
+  add("service", "min_decode", "decode instances role switching always keeps",
+      int_key(s.pd_cfg.min_decode, 0, 1 << 20));
+  add("service", "min_prefill", "prefill instances role switching always keeps",
+      int_key(s.pd_cfg.min_prefill, 0, 1 << 20));
+  add("service", "flip_windows", "windows in a row a flip trigger must hold (hysteresis)",
+      int_key(s.pd_cfg.violation_windows, 1, 1000));
+  add("service", "flip_cooldown_s", "an instance flips again only after this long",
+      real_key(s.pd_cfg.cooldown_s, 0, 86400));
+  add("service", "idle_busy", "a prefill instance is idle below this busy share, queue empty",
+      real_key(s.pd_cfg.idle_busy, 0, 1));
+  add("service", "decode_kv_high", "decode is short of KV above this used share (flip to decode)",
+      real_key(s.pd_cfg.kv_high, 0, 1));
+  add("engine", "colocate",
+      "online/offline co-location: offline work takes only what online work leaves and is "
+      "preempted when an online request cannot start (true/false)",
+      bool_key(s.colocate));
   add("service", "client_backlog",
       "frames queued for one client before it counts as a slow reader and its requests are "
       "cancelled",
@@ -391,6 +449,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   for (auto& k : keys) {
     if (!k.opt || k.opt->count() == 0) continue;
     std::vector<std::string> values = k.list ? k.cli_values : std::vector<std::string>{k.cli_value};
+    if (!k.list && values[0].empty() && k.get().is_boolean()) values[0] = "true";
     for (const auto& v : values)
       if (auto why = k.set(v); !why.empty())
         throw std::invalid_argument(k.flag() + " (" + k.name() + "): " + why);
@@ -454,13 +513,21 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.chunk_size = s.chunk_size;
   base.preemption = s.preemption;
   base.prefix_caching = s.prefix_caching;
+  base.offline_yields = s.colocate;
+  if (s.role_switching && !s.pd)
+    throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");
+  std::vector<instance_role> roles;
+  for (const auto& r : s.roles) roles.push_back(*parse_role(r));
 
   // Local instances: each owns a device actor (its queue, its KV arena).
   std::vector<caf::actor> owned;  // told to stop at the end (or when start fails)
   std::vector<router_instance> registry;
   std::vector<device_info> infos;
   for (int i = 0; i < local; ++i) {
-    auto h = spawn_engine(*env.sys, i, base);
+    instance_spec spec = base;
+    if (s.pd)
+      spec.role = size_t(i) < roles.size() ? s.roles[size_t(i)] : (i == 0 ? "prefill" : "decode");
+    auto h = spawn_engine(*env.sys, i, spec);
     owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
     owned.push_back(caf::actor_cast<caf::actor>(h.device));
     infos.push_back(h.hosted.info);
@@ -473,12 +540,22 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ro.policy = *parse_placement_policy(s.router);
   ro.ttft_target_ms = s.ttft_target_ms;
   ro.drain_migrates = s.drain == "migrate";
+  ro.pd = s.pd;
+  ro.role_switching = s.role_switching;
+  ro.tpot_target_ms = s.tpot_target_ms;
+  ro.pd_cfg = s.pd_cfg;
+  ro.window = std::chrono::milliseconds(s.window_ms);
+  ro.roles = roles;
+  auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
+  ro.monitor = monitor;
   auto router = spawn_router(*env.sys, registry, ro);
   owned.push_back(caf::actor_cast<caf::actor>(router));
+  owned.push_back(caf::actor_cast<caf::actor>(monitor));
 
   // Remote instances: a link per node; each reports how its start went.
   const std::string service_id = make_secret().substr(0, 16);
   std::vector<node_link_full_actor> links;
+  int next_role = local;
   for (const auto& n : nodes) {
     node_link_options lo;
     std::tie(lo.host, lo.port) = split_address(n.address, "node");
@@ -498,6 +575,13 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       if (key == "device") spec.device = x;
     }
     lo.specs.assign(static_cast<size_t>(n.instances), spec);
+    // Roles continue the local instances' order (the router's ids).
+    for (auto& sp : lo.specs) {
+      if (s.pd)
+        sp.role = size_t(next_role) < roles.size() ? s.roles[size_t(next_role)]
+                                                   : (next_role == 0 ? "prefill" : "decode");
+      ++next_role;
+    }
     links.push_back(spawn_node_link(*env.sys, std::move(lo)));
     owned.push_back(caf::actor_cast<caf::actor>(links.back()));
   }
@@ -545,6 +629,11 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   }
   ctx->default_max_tokens = s.default_max_tokens;
   ctx->max_queue = s.max_queue;
+  ctx->monitor = monitor;
+  ctx->online_ttft_ms = s.ttft_target_ms;
+  ctx->online_tpot_ms = s.tpot_target_ms;
+  ctx->offline_ttft_ms = s.offline_ttft_ms;
+  ctx->offline_tpot_ms = s.offline_tpot_ms;
   auto metrics = std::make_shared<metrics_registry>();
   declare_request_metrics(*metrics);
   ctx->metrics = metrics;
@@ -702,6 +791,8 @@ void add_serve(CLI::App& app) {
     const std::string help = k.help + " [" + k.name() + "]";
     k.opt = k.list ? cmd->add_option(flags, k.cli_values, help)
                    : cmd->add_option(flags, k.cli_value, help);
+    // A true/false key may be given as a bare flag (--pd means --pd true).
+    if (k.get().is_boolean()) k.opt->expected(0, 1);
   }
   cmd->callback([s, keys, config] {
     int rc = run_serve(*s, *keys, *config);

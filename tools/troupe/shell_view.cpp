@@ -69,13 +69,13 @@ std::string render_instances(const json& instances) {
   for (const auto& i : instances) {
     const auto& kv = i.value("kv", json::object());
     const double steps = i.value("steps", 0.0);
-    rows.push_back({field(i, "id"), field(i, "node"), field(i, "role"), field(i, "state"),
-                    field(i, "waiting"), field(i, "running"), field(i, "queued_prefill_tokens"),
-                    field(kv, "used_pages") + "/" + field(kv, "total_pages"),
-                    field(kv, "free_pages"),
-                    steps > 0 ? fixed(i.value("step_ms", 0.0) / steps, 1) : "-"});
+    rows.push_back(
+        {field(i, "id"), field(i, "node"), field(i, "role"), field(i, "pool"), field(i, "state"),
+         field(i, "waiting"), field(i, "running"), field(i, "queued_prefill_tokens"),
+         field(kv, "used_pages") + "/" + field(kv, "total_pages"), field(kv, "free_pages"),
+         steps > 0 ? fixed(i.value("step_ms", 0.0) / steps, 1) : "-"});
   }
-  return render_table({"ID", "NODE", "ROLE", "STATE", "WAITING", "RUNNING", "QUEUED_TOKENS",
+  return render_table({"ID", "NODE", "ROLE", "POOL", "STATE", "WAITING", "RUNNING", "QUEUED_TOKENS",
                        "KV_USED", "KV_FREE", "STEP_MS"},
                       rows);
 }
