@@ -14,6 +14,7 @@
 #include "runtime/bench_openai.hpp"
 #include "runtime/bench_sweep.hpp"
 #include "tools/client/client.hpp"
+#include "tools/troupe/bench_load.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -138,81 +139,19 @@ class troupe_backend final : public bench::bench_backend {
   std::vector<std::unique_ptr<client::connection>> pool_;
 };
 
-struct serve_flags {
+struct serve_flags : load_flags {
   std::string backend = "troupe";
   std::string server = "tcp://127.0.0.1:5555";
   std::string base_url = "http://127.0.0.1:8080";
   std::string endpoint = "/v1/completions";
   std::string model;
-  std::string dataset = "random";
-  std::string dataset_path;
-  size_t num_requests = 100;
-  double request_rate = bench::infinite_rate;
-  double burstiness = 1.0;
-  std::string trace;
   size_t max_concurrency = 0;
-  double duration = 0;
   size_t num_warmups = 0;
-  bench::random_spec random;
-  bench::shared_prefix_spec prefix;
-  int custom_output_len = 128;
-  int32_t vocab_size = 32000;
-  int32_t first_token_id = 256;
   bool ignore_eos = false;
-  double offline_fraction = 0;
-  std::vector<std::string> goodput;
   double temperature = 0;
   double request_timeout = 120;
-  uint64_t seed = 0;
-  std::string json_out;
   bool no_progress = false;
-  bool sweep = false;
-  bench::sweep_spec sweep_spec;
 };
-
-std::vector<bench_request> make_dataset(const serve_flags& f) {
-  std::vector<bench_request> reqs;
-  if (f.dataset == "random") {
-    auto spec = f.random;
-    spec.tokens = {f.first_token_id, f.vocab_size};
-    reqs = bench::random_dataset(f.num_requests, spec, f.seed);
-  } else if (f.dataset == "shared-prefix") {
-    auto spec = f.prefix;
-    spec.tokens = {f.first_token_id, f.vocab_size};
-    reqs = bench::shared_prefix_dataset(f.num_requests, spec, f.seed);
-  } else {
-    if (f.dataset_path.empty()) throw CLI::ValidationError("--dataset-path", "jsonl needs a file");
-    reqs = bench::jsonl_dataset(f.dataset_path, f.num_requests, f.custom_output_len);
-  }
-  bench::assign_classes(reqs, f.offline_fraction, f.seed);
-  return reqs;
-}
-
-std::string rate_text(double rate) {
-  if (std::isinf(rate)) return "inf";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", rate);
-  return buf;
-}
-
-nlohmann::json rate_json(double rate) {
-  return std::isinf(rate) ? nlohmann::json("inf") : nlohmann::json(rate);
-}
-
-nlohmann::json records_json(const std::vector<request_record>& records) {
-  auto per = nlohmann::json::array();
-  for (const auto& r : records)
-    per.push_back({{"send_time", r.send_time},
-                   {"ttft", r.ttft()},
-                   {"e2el", r.e2e()},
-                   {"prompt_tokens", r.prompt_tokens},
-                   {"output_tokens", r.output_tokens},
-                   {"itl", r.itls()},
-                   {"success", r.success},
-                   {"error", r.error_code},
-                   {"error_message", r.error_message}});
-  return per;
-}
 
 // The first few failures, with their messages.
 void show_failures(const std::vector<request_record>& records, int limit) {
@@ -295,24 +234,11 @@ bench_setup make_setup(const serve_flags& f) {
 }
 
 nlohmann::json config_json(const serve_flags& f, size_t planned) {
-  return {{"dataset", f.dataset},
-          {"num_requests", planned},
-          {"request_rate", rate_json(f.request_rate)},
-          {"burstiness", f.burstiness},
-          {"trace", f.trace},
-          {"max_concurrency", f.max_concurrency},
-          {"duration", f.duration},
-          {"num_warmups", f.num_warmups},
-          {"ignore_eos", f.ignore_eos},
-          {"offline_fraction", f.offline_fraction},
-          {"goodput", f.goodput},
-          {"seed", f.seed}};
-}
-
-void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write " + path);
-  out << j.dump(2) << "\n";
+  auto j = load_config_json(f, planned);
+  j["max_concurrency"] = f.max_concurrency;
+  j["num_warmups"] = f.num_warmups;
+  j["ignore_eos"] = f.ignore_eos;
+  return j;
 }
 
 void run_single(const serve_flags& f, bench_setup& s) {
@@ -330,19 +256,10 @@ void run_single(const serve_flags& f, bench_setup& s) {
     j["backend"] = s.backend->name();
     j["target"] = s.target;
     j["config"] = config_json(f, planned);
-    j["requests"] = records_json(result.records);
+    j["requests"] = records_json(result.records, s.reqs);
     write_json(f.json_out, j);
   }
   if (m.completed == 0 && m.requests > 0) throw CLI::RuntimeError("no request completed", 1);
-}
-
-std::string sweep_row(const bench::sweep_probe& p, const bench::metrics& m) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, "%10.4g %8.3f %-6s %8.3f %10.2f %9.1f %9.1f %9.1f %9.1f %6zu\n",
-                p.rate, p.goodput_fraction, p.pass ? "pass" : "fail", m.request_throughput,
-                m.output_throughput, m.ttft_ms.median, m.ttft_ms.p99, m.tpot_ms.median,
-                m.tpot_ms.p99, m.failed);
-  return buf;
 }
 
 // --sweep: probes chosen by bench::next_sweep_rate, one full run each.
@@ -381,27 +298,15 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
       j["request_rate"] = rate;
       j["goodput_fraction"] = p.goodput_fraction;
       j["pass"] = p.pass;
-      j["requests"] = records_json(result.records);
+      j["requests"] = records_json(result.records, s.reqs);
       probes_json.push_back(std::move(j));
     }
     metrics.push_back(m);
     return p;
   });
 
-  std::cout << "============== Rate sweep (goodput target " << spec.target << ") ==============\n"
-            << "SLOs: " << CLI::detail::join(f.goodput, " ")
-            << "; goodput = share of sent requests within every SLO; times in ms\n";
-  std::printf("%10s %8s %-6s %8s %10s %9s %9s %9s %9s %6s\n", "rate req/s", "goodput", "result",
-              "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "errors");
-  std::fflush(stdout);
-  for (size_t i = 0; i < probes.size(); ++i) std::cout << sweep_row(probes[i], metrics[i]);
+  print_sweep_table(f, probes, metrics);
   const auto answer = bench::sweep_answer(probes);
-  if (answer)
-    std::cout << "highest rate meeting the target: " << rate_text(*answer) << " req/s\n";
-  else
-    std::cout << "highest rate meeting the target: none (every probe failed, down to "
-              << rate_text(probes.back().rate) << " req/s)\n";
-  std::cout << std::flush;
 
   if (!f.json_out.empty()) {
     nlohmann::json j;
@@ -433,15 +338,6 @@ void run_serve_bench(const serve_flags& f) {
 }  // namespace
 
 void add_bench_serve(CLI::App& bench) {
-  // CLI::PositiveNumber refuses inf, the rate that sends everything at once.
-  const CLI::Validator positive_rate(
-      [](std::string& text) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(text, v) || !(v > 0))
-          return "request rate must be > 0 or inf (got " + text + ")";
-        return {};
-      },
-      "RATE > 0 or inf");
   auto f = std::make_shared<serve_flags>();
   auto* cmd = bench.add_subcommand(
       "serve", "load a running server (troupe or OpenAI-compatible) like `vllm bench serve`");
@@ -454,113 +350,19 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--endpoint", f->endpoint, "completions path on --base-url")
       ->capture_default_str();
   cmd->add_option("--model", f->model, "\"model\" sent to an OpenAI-compatible server");
-  cmd->add_option("--dataset-name", f->dataset, "random, jsonl or shared-prefix")
-      ->transform(
-          CLI::IsMember(std::map<std::string, std::string>{{"random", "random"},
-                                                           {"jsonl", "jsonl"},
-                                                           {"custom", "jsonl"},
-                                                           {"shared-prefix", "shared-prefix"},
-                                                           {"prefix_repetition", "shared-prefix"}}))
-      ->capture_default_str();
-  cmd->add_option("--dataset-path", f->dataset_path,
-                  "JSONL of {\"prompt\": text or token ids, \"output_tokens\": n}")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--num-requests,--num-prompts", f->num_requests, "requests to send")
-      ->check(CLI::Range(size_t{1}, size_t{10000000}))
-      ->capture_default_str();
-  auto* rate =
-      cmd->add_option("--request-rate", f->request_rate, "requests per second (inf: all at once)")
-          ->check(positive_rate)
-          ->capture_default_str();
-  cmd->add_option("--burstiness", f->burstiness,
-                  "gamma shape of the arrival gaps: 1 is Poisson, < 1 burstier, > 1 steadier")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  auto* trace =
-      cmd->add_option("--trace", f->trace, "replay send times: one timestamp (s) per line")
-          ->check(CLI::ExistingFile);
+  add_load_options(*cmd, *f);
   cmd->add_option("--max-concurrency", f->max_concurrency,
                   "requests in flight at most (with rate inf: a closed loop)")
       ->capture_default_str();
-  cmd->add_option("--duration", f->duration, "seconds: send nothing scheduled later (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--num-warmups", f->num_warmups, "untimed requests sent first, one at a time");
-  cmd->add_option("--random-input-len", f->random.input_len, "prompt tokens (random dataset)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--random-output-len", f->random.output_len, "output tokens (random dataset)")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--random-range-ratio", f->random.range_ratio,
-                  "lengths uniform in [L(1-r), L(1+r)]")
-      ->check(CLI::Range(0.0, 0.999999))
-      ->capture_default_str();
-  cmd->add_option("--random-prefix-len", f->random.prefix_len,
-                  "random tokens shared by every prompt, before its own")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--random-vocab-size", f->vocab_size, "token ids are drawn below this")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--random-first-token-id", f->first_token_id,
-                  "token ids are drawn from here up (skips special tokens)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--prefix-repetition-num-prefixes", f->prefix.num_groups,
-                  "shared-prefix dataset: groups")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--prefix-repetition-prefix-len", f->prefix.prefix_len,
-                  "shared-prefix dataset: tokens of each group's prefix")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--prefix-repetition-suffix-len", f->prefix.suffix_len,
-                  "shared-prefix dataset: tokens after the prefix")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--prefix-repetition-output-len", f->prefix.output_len,
-                  "shared-prefix dataset: output tokens")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--custom-output-len", f->custom_output_len,
-                  "jsonl dataset: output tokens where a line gives none")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
   cmd->add_flag("--ignore-eos", f->ignore_eos, "generate the full output length");
-  cmd->add_option("--offline-fraction", f->offline_fraction,
-                  "share of requests sent as class offline (troupe)")
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--goodput", f->goodput, "SLOs in ms: ttft:MS tpot:MS e2el:MS");
   cmd->add_option("--temperature", f->temperature, "sampling temperature")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--request-timeout", f->request_timeout,
                   "seconds of silence after which a request fails")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--seed", f->seed, "seed of the dataset and the arrivals");
-  cmd->add_option("--json-out", f->json_out, "write the metrics and per-request records as JSON");
   cmd->add_flag("--no-progress,--disable-tqdm", f->no_progress, "no live progress line");
-  auto* sweep =
-      cmd->add_flag("--sweep", f->sweep,
-                    "find the highest request rate meeting --goodput-target (needs --goodput)")
-          ->excludes(rate)
-          ->excludes(trace);
-  cmd->add_option("--goodput-target", f->sweep_spec.target,
-                  "sweep: share of sent requests that must finish within every --goodput SLO")
-      ->needs(sweep)
-      ->capture_default_str();
-  cmd->add_option("--sweep-start", f->sweep_spec.start, "sweep: first rate (req/s)")
-      ->needs(sweep)
-      ->capture_default_str();
-  cmd->add_option("--sweep-max", f->sweep_spec.max, "sweep: highest rate probed (req/s; 0: none)")
-      ->needs(sweep)
-      ->capture_default_str();
-  cmd->add_option("--sweep-steps", f->sweep_spec.max_probes, "sweep: probes at most")
-      ->needs(sweep)
-      ->capture_default_str();
-  cmd->add_option("--sweep-precision", f->sweep_spec.precision,
-                  "sweep: stop bisecting when lowest fail / highest pass - 1 is below this")
-      ->needs(sweep)
-      ->capture_default_str();
   cmd->callback([f] { run_serve_bench(*f); });
 }
 
