@@ -461,6 +461,7 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
   }
   st.recent_steps.push_back(t);
   if (st.recent_steps.size() > st.opts.kept_steps) st.recent_steps.pop_front();
+  const auto host_start = std::chrono::steady_clock::now();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
@@ -472,6 +473,10 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
     guarded(self, c.id, "step result", [&] { advance(self, c, i < n_decode, r, logits_row); });
   }
   step(self);
+  if (!st.recent_steps.empty())
+    st.recent_steps.back().host_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
+            .count();
 }
 
 // One sequence's part of a step's result.

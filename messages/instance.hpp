@@ -104,6 +104,7 @@ struct step_timing {
   double ms = 0;
   int32_t decode_rows = 0;  // rows of decoding sequences (the rest are prefill)
   int64_t context = 0;      // attention work: the sum over rows of the positions they attend
+  double host_ms = 0;       // after the device answered: sampling, streaming, the next plan
 };
 
 struct instance_stats {
@@ -137,7 +138,8 @@ struct instance_stats {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_timing& x) {
-  return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms, x.decode_rows, x.context);
+  return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms, x.decode_rows, x.context,
+           x.host_ms);
 }
 
 template <class Inspector>

@@ -24,16 +24,19 @@ std::array<double, kFeatures> features(const step_sample& s) {
   return {1.0, double(s.rows - s.decode_rows), double(s.decode_rows), double(s.context)};
 }
 
-// Least squares over the features in `use` (normal equations, Gaussian
+// Weighted least squares over the features in `use` (normal equations, Gaussian
 // elimination with partial pivoting); unused coefficients are 0.
 std::array<double, kFeatures> solve(const std::vector<step_sample>& xs,
                                     const std::array<bool, kFeatures>& use) {
   double a[kFeatures][kFeatures + 1] = {};
   for (const auto& s : xs) {
+    // Weighted by 1 / ms^2: relative errors count, so the many short
+    // decode steps are fitted as well as the few long prefills.
+    const double w = 1.0 / std::max(0.01, s.ms * s.ms);
     auto f = features(s);
     for (int i = 0; i < kFeatures; ++i) {
-      for (int j = 0; j < kFeatures; ++j) a[i][j] += f[i] * f[j];
-      a[i][kFeatures] += f[i] * s.ms;
+      for (int j = 0; j < kFeatures; ++j) a[i][j] += w * f[i] * f[j];
+      a[i][kFeatures] += w * f[i] * s.ms;
     }
   }
   // Unused features: the identity row, right side 0.

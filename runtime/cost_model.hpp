@@ -6,7 +6,7 @@
 //       + c_context * attention work
 // in ms, where attention work is the sum over rows of the positions each
 // row attends to (runtime: step_timing::context).  The fit is least
-// squares with every coefficient kept non-negative (a feature whose
+// squares of the relative error with every coefficient kept non-negative (a feature whose
 // coefficient comes out negative is dropped and the rest refitted).
 #include <cstdint>
 #include <string>

@@ -1,0 +1,263 @@
+// troupe bench sim: the cluster simulator (runtime/cluster_sim) driven by
+// the load options of `troupe bench serve`, reporting the same metrics and
+// the same JSON, for as many instances as wanted; the cost model comes
+// from `troupe bench sim-calibrate`.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+#include "runtime/cluster_sim.hpp"
+#include "tools/troupe/bench_load.hpp"
+#include "tools/troupe/common.hpp"
+
+namespace troupe::cli {
+
+namespace {
+
+struct sim_flags : load_flags {
+  std::string cost_model;
+  int instances = 2;
+  bool pd = false;
+  std::string pd_placement = "slo";
+  bool role_switching = false;
+  std::vector<std::string> roles;
+  std::string router = "least-load";
+  double ttft_target_ms = 0;
+  double tpot_target_ms = 0;
+  int max_batch_tokens = 256;
+  int max_seqs = 64;
+  int chunk_size = 128;
+  bool colocate = false;
+  double window_ms = 1000;
+  pd_config pd_cfg;
+  int kv_pages = 0;  // 0: the cost model's
+};
+
+sim_config make_config(const sim_flags& f) {
+  sim_config c;
+  c.instances = f.instances;
+  c.pd = f.pd;
+  c.pd_placement = f.pd_placement;
+  c.role_switching = f.role_switching;
+  for (const auto& r : f.roles) {
+    auto role = parse_role(r);
+    if (!role) throw CLI::ValidationError("--roles", "'" + r + "' is not a role");
+    c.roles.push_back(*role);
+  }
+  auto p = parse_placement_policy(f.router);
+  if (!p) throw CLI::ValidationError("--router", "'" + f.router + "' is not a policy");
+  c.mixed_policy = *p;
+  c.limits = {f.max_batch_tokens, f.max_seqs, f.chunk_size, 16};
+  c.limits.offline_yields = f.colocate;
+  c.targets = {f.ttft_target_ms, f.tpot_target_ms};
+  c.pd_cfg = f.pd_cfg;
+  c.window_s = f.window_ms / 1000;
+  c.cost = cost_model::load(f.cost_model);
+  if (f.kv_pages > 0) c.cost.kv_pages = f.kv_pages;
+  return c;
+}
+
+// The dataset as the simulator sees it: token counts and send times.
+std::vector<sim_request> to_sim(const std::vector<bench::bench_request>& reqs,
+                                const std::vector<double>& arrivals, double duration) {
+  std::vector<sim_request> out;
+  for (size_t i = 0; i < reqs.size() && i < arrivals.size(); ++i) {
+    if (duration > 0 && arrivals[i] > duration) break;
+    const auto& r = reqs[i];
+    sim_request s;
+    s.arrival = arrivals[i];
+    // Text prompts (jsonl) count about 4 bytes a token.
+    s.prompt = r.prompt_len > 0           ? r.prompt_len
+               : !r.prompt_tokens.empty() ? int32_t(r.prompt_tokens.size())
+                                          : int32_t(std::max<size_t>(1, r.prompt_text.size() / 4));
+    s.output = r.output_len > 0 ? r.output_len : 128;
+    s.offline = r.offline;
+    out.push_back(s);
+  }
+  return out;
+}
+
+struct sim_run {
+  sim_result result;
+  bench::metrics m;
+};
+
+sim_run run_once(const sim_flags& f, const sim_config& c, const bench::slo& goals,
+                 const std::vector<bench::bench_request>& reqs, const std::vector<double>& trace,
+                 double rate) {
+  auto arrivals =
+      trace.empty() ? bench::gamma_arrivals(reqs.size(), rate, f.burstiness, f.seed) : trace;
+  auto sreqs = to_sim(reqs, arrivals, f.duration);
+  sim_run out;
+  out.result = simulate(c, sreqs);
+  double end = 0;
+  for (const auto& r : out.result.records) end = std::max(end, r.end_time);
+  const double start = sreqs.empty() ? 0 : sreqs.front().arrival;
+  out.m = bench::compute_metrics(out.result.records, end - start, goals);
+  // Token intervals from the requests that kept them all (every one in
+  // runs below 4 M tokens).
+  out.m.itl_ms = bench::distribution::of_seconds(out.result.itl_s);
+  return out;
+}
+
+nlohmann::json stats_json(const sim_stats& s) {
+  return {{"steps", s.steps},
+          {"events", s.events},
+          {"flips", s.flips},
+          {"flip_log", s.flip_log},
+          {"transfers", s.transfers},
+          {"transfer_bytes", s.transfer_bytes},
+          {"mean_transfer_ms", s.transfers ? s.transfer_ms_total / double(s.transfers) : 0.0},
+          {"preemptions", s.preemptions},
+          {"ttft_prediction_mape", s.ttft_mape},
+          {"simulated_s", s.simulated_s},
+          {"wall_s", s.wall_s}};
+}
+
+nlohmann::json sim_config_json(const sim_flags& f, const sim_config& c, size_t planned) {
+  auto j = load_config_json(f, planned);
+  j["instances"] = f.instances;
+  j["mode"] = f.pd ? "pd" : "mixed";
+  j["placement"] = f.pd ? f.pd_placement : f.router;
+  j["role_switching"] = f.role_switching;
+  j["roles"] = f.roles;
+  j["ttft_target_ms"] = f.ttft_target_ms;
+  j["tpot_target_ms"] = f.tpot_target_ms;
+  j["colocate"] = f.colocate;
+  j["limits"] = {{"max_batch_tokens", f.max_batch_tokens},
+                 {"max_seqs", f.max_seqs},
+                 {"chunk_size", f.chunk_size}};
+  j["cost_model"] = c.cost.to_json();
+  return j;
+}
+
+void print_stats(const sim_stats& s) {
+  std::printf(
+      "simulated %.1f s in %.2f s wall: %llu steps, %llu events, %llu flips, %llu KV transfers "
+      "(%.1f MB), %llu preemptions, TTFT prediction error %.1f%%\n",
+      s.simulated_s, s.wall_s, static_cast<unsigned long long>(s.steps),
+      static_cast<unsigned long long>(s.events), static_cast<unsigned long long>(s.flips),
+      static_cast<unsigned long long>(s.transfers), s.transfer_bytes / 1e6,
+      static_cast<unsigned long long>(s.preemptions), s.ttft_mape * 100);
+  for (size_t i = 0; i < s.flip_log.size() && i < 5; ++i)
+    std::printf("  flip %s\n", s.flip_log[i].c_str());
+}
+
+void run_sim(const sim_flags& f) {
+  bench::slo goals;
+  std::vector<bench::bench_request> reqs;
+  std::vector<double> trace;
+  try {
+    goals = bench::slo::parse(f.goodput);
+    if (f.sweep) bench::check_sweep(f.sweep_spec, goals);
+    reqs = make_dataset(f);
+    if (!f.trace.empty()) trace = bench::load_trace(f.trace);
+    bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError(e.what());
+  }
+  const auto cfg = make_config(f);
+  std::fprintf(stderr, "bench sim: %d instances, %s%s, %zu requests, cost model %s\n", f.instances,
+               f.pd ? ("pd " + f.pd_placement).c_str() : ("mixed " + f.router).c_str(),
+               f.role_switching ? " with role switching" : "", reqs.size(), f.cost_model.c_str());
+  const bool keep_records = reqs.size() <= 100000;
+  if (!f.sweep) {
+    auto r = run_once(f, cfg, goals, reqs, trace, f.request_rate);
+    std::cout << bench::format_summary(r.m, goals) << std::flush;
+    print_stats(r.result.stats);
+    if (!f.json_out.empty()) {
+      auto j = bench::to_json(r.m);
+      j["backend"] = "sim";
+      j["target"] = "simulated cluster";
+      j["config"] = sim_config_json(f, cfg, r.m.requests);
+      j["sim"] = stats_json(r.result.stats);
+      if (keep_records) j["requests"] = records_json(r.result.records, reqs);
+      write_json(f.json_out, j);
+    }
+    return;
+  }
+  std::vector<bench::metrics> metrics;
+  auto probes_json = nlohmann::json::array();
+  auto probes = bench::run_sweep(f.sweep_spec, [&](double rate) {
+    auto r = run_once(f, cfg, goals, reqs, trace, rate);
+    bench::sweep_probe p;
+    p.rate = rate;
+    p.goodput_fraction =
+        r.m.requests ? static_cast<double>(r.m.good_completed) / r.m.requests : 0.0;
+    p.pass = bench::meets_target(r.m.good_completed, r.m.requests, f.sweep_spec.target);
+    std::fprintf(stderr, "sweep probe %zu: %s req/s: %.3f good: %s (%llu flips)\n",
+                 metrics.size() + 1, rate_text(rate).c_str(), p.goodput_fraction,
+                 p.pass ? "pass" : "fail", static_cast<unsigned long long>(r.result.stats.flips));
+    auto j = bench::to_json(r.m);
+    j["request_rate"] = rate;
+    j["goodput_fraction"] = p.goodput_fraction;
+    j["pass"] = p.pass;
+    j["sim"] = stats_json(r.result.stats);
+    probes_json.push_back(std::move(j));
+    metrics.push_back(r.m);
+    return p;
+  });
+  print_sweep_table(f, probes, metrics);
+  if (!f.json_out.empty()) {
+    nlohmann::json j;
+    j["backend"] = "sim";
+    j["config"] = sim_config_json(f, cfg, reqs.size());
+    j["config"].erase("request_rate");
+    const auto answer = bench::sweep_answer(probes);
+    j["sweep"] = {{"goodput_target", f.sweep_spec.target},
+                  {"goodput", f.goodput},
+                  {"highest_rate", answer ? nlohmann::json(*answer) : nlohmann::json(nullptr)}};
+    j["probes"] = std::move(probes_json);
+    write_json(f.json_out, j);
+  }
+}
+
+}  // namespace
+
+void add_bench_sim(CLI::App& bench) {
+  auto f = std::make_shared<sim_flags>();
+  auto* cmd = bench.add_subcommand(
+      "sim",
+      "simulate a cluster of N instances running troupe's own placement, role-switching and "
+      "step policies, with costs measured on the real engine (bench sim-calibrate)");
+  cmd->add_option("--cost-model", f->cost_model, "the file bench sim-calibrate wrote")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--instances", f->instances, "simulated instances")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_flag("--pd", f->pd, "prefill/decode disaggregation");
+  cmd->add_option("--pd-placement", f->pd_placement,
+                  "with --pd: slo (xLLM: predicted TTFT, pools, decode caps), least-load or "
+                  "round-robin (static pools)")
+      ->check(CLI::IsMember({"slo", "least-load", "round-robin"}))
+      ->capture_default_str();
+  cmd->add_flag("--role-switching", f->role_switching, "with --pd slo: flip roles by the policy");
+  cmd->add_option("--roles", f->roles,
+                  "starting role per instance (prefill, decode, mixed); default half and half")
+      ->delimiter(',');
+  cmd->add_option("--router", f->router, "without --pd: round-robin, least-load or slo")
+      ->capture_default_str();
+  cmd->add_option("--ttft-target-ms", f->ttft_target_ms, "online TTFT target (0: none)");
+  cmd->add_option("--tpot-target-ms", f->tpot_target_ms, "online TPOT target (0: none)");
+  cmd->add_option("--max-batch-tokens", f->max_batch_tokens, "rows of one step")
+      ->capture_default_str();
+  cmd->add_option("--max-seqs", f->max_seqs, "sequences running at once")->capture_default_str();
+  cmd->add_option("--chunk-size", f->chunk_size, "prefill rows per sequence and step")
+      ->capture_default_str();
+  cmd->add_option("--kv-pages", f->kv_pages, "KV pages per instance (default: the cost model's)");
+  cmd->add_flag("--colocate", f->colocate, "online/offline co-location in every instance");
+  cmd->add_option("--window-ms", f->window_ms, "the monitor's window")->capture_default_str();
+  cmd->add_option("--min-decode", f->pd_cfg.min_decode, "decode instances kept")
+      ->capture_default_str();
+  cmd->add_option("--min-prefill", f->pd_cfg.min_prefill, "prefill instances kept")
+      ->capture_default_str();
+  cmd->add_option("--flip-windows", f->pd_cfg.violation_windows, "windows a trigger must hold")
+      ->capture_default_str();
+  cmd->add_option("--flip-cooldown-s", f->pd_cfg.cooldown_s, "per-instance cooldown")
+      ->capture_default_str();
+  add_load_options(*cmd, *f);
+  cmd->callback([f] { run_sim(*f); });
+}
+
+}  // namespace troupe::cli
