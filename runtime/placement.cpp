@@ -1,6 +1,7 @@
 #include "runtime/placement.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 
@@ -51,6 +52,17 @@ void prefill_model::observe(double tokens, double ms) {
     for (int j = 0; j < 3; ++j) np[i][j] = (p_[i][j] - k[i] * px[j]) / lambda_;
   for (int i = 0; i < 3; ++i)
     for (int j = 0; j < 3; ++j) p_[i][j] = np[i][j];
+  // Forgetting with inputs that do not vary (a steady load repeats the same
+  // step shapes) makes P grow without bound until the update is all
+  // rounding error (RLS "windup"; millions of steps in the simulator blew
+  // predictions up).  Capping P's trace at its starting size keeps the
+  // gain bounded.
+  const double trace = p_[0][0] + p_[1][1] + p_[2][2];
+  if (trace > 3e6 || !std::isfinite(trace)) {
+    const double f = std::isfinite(trace) ? 3e6 / trace : 0;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j) p_[i][j] = std::isfinite(trace) ? p_[i][j] * f : (i == j ? 1e6 : 0);
+  }
   ++samples_;
 }
 
