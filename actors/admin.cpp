@@ -14,6 +14,7 @@ struct admin_state {
   gateway_actor gateway;
   router_actor router;
   std::map<std::string, node_grow_actor> nodes;  // node links by address
+  monitor_actor monitor;
   static inline const char* name = "admin";
 };
 
@@ -60,7 +61,9 @@ void ask_instances(self_ptr self, Done done) {
 }
 
 admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, router_actor router,
-                                          std::map<std::string, node_grow_actor> nodes) {
+                                          std::map<std::string, node_grow_actor> nodes,
+                                          monitor_actor monitor) {
+  self->state.monitor = std::move(monitor);
   self->state.gateway = std::move(gateway);
   self->state.router = std::move(router);
   self->state.nodes = std::move(nodes);
@@ -151,6 +154,12 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
                               preempt_atom::value, id);
       },
+      [self](peek_atom) -> caf::result<monitor_report> {
+        if (!self->state.monitor)
+          return caf::make_error(caf::sec::invalid_argument, "this service has no monitor");
+        return relay<monitor_report>(self, self->state.monitor, std::chrono::seconds(10),
+                                     peek_atom::value);
+      },
       [self](set_role_atom, uint64_t id, const std::string& role) {
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
                                   set_role_atom::value, id, role);
@@ -177,8 +186,9 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
 }  // namespace
 
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
-                        std::map<std::string, node_grow_actor> nodes) {
-  return sys.spawn(admin_behavior, std::move(gateway), std::move(router), std::move(nodes));
+                        std::map<std::string, node_grow_actor> nodes, monitor_actor monitor) {
+  return sys.spawn(admin_behavior, std::move(gateway), std::move(router), std::move(nodes),
+                   std::move(monitor));
 }
 
 namespace {
@@ -197,7 +207,11 @@ constexpr metric_name counters[] = {
     {"troupe_migrations_total", "Live migrations of finished requests"},
     {"troupe_migrated_bytes_total", "KV blob bytes the migrations of finished requests moved"},
     {"troupe_recoveries_total",
-     "Times finished requests were placed again after losing their instance"}};
+     "Times finished requests were placed again after losing their instance"},
+    {"troupe_pd_handoffs_total",
+     "Finished requests whose KV moved from a prefill to a decode instance"},
+    {"troupe_pd_transfer_bytes_total", "KV bytes the prefill/decode handoffs moved"},
+    {"troupe_slo_missed_total", "Finished requests that missed a TTFT or TPOT target"}};
 constexpr metric_name histograms[] = {
     {"troupe_queue_time_seconds", "Arrival until the instance took the sequence"},
     {"troupe_request_duration_seconds", "Arrival until finish"},
@@ -216,10 +230,11 @@ void record_request(metrics_registry& m, const request_trace& t) {
   m.counter_add(requests_total.name, requests_total.help,
                 {{"finish", t.finish.empty() ? "unknown" : t.finish}});
   const double counts[] = {
-      static_cast<double>(t.prompt_tokens), static_cast<double>(t.completion_tokens),
-      static_cast<double>(t.cached_tokens), static_cast<double>(t.preemptions),
-      static_cast<double>(t.migrations),    static_cast<double>(t.migrated_bytes),
-      static_cast<double>(t.recoveries)};
+      static_cast<double>(t.prompt_tokens),  static_cast<double>(t.completion_tokens),
+      static_cast<double>(t.cached_tokens),  static_cast<double>(t.preemptions),
+      static_cast<double>(t.migrations),     static_cast<double>(t.migrated_bytes),
+      static_cast<double>(t.recoveries),     t.decode_instance != 0 ? 1.0 : 0.0,
+      static_cast<double>(t.transfer_bytes), t.slo_met ? 0.0 : 1.0};
   static_assert(sizeof(counts) / sizeof(counts[0]) == std::size(counters));
   for (size_t i = 0; i < std::size(counters); ++i)
     m.counter_add(counters[i].name, counters[i].help, {}, counts[i]);
@@ -269,6 +284,22 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   static_cast<double>(s.exported));
     m.counter_set("troupe_sequences_imported_total", "Sequences taken in from KV blobs", l,
                   static_cast<double>(s.imported));
+    m.gauge_set("troupe_instance_role", "1 for an instance's role and router pool",
+                {{"instance", i.name}, {"role", i.role}, {"pool", i.pool}}, 1);
+  }
+}
+
+void record_monitor(metrics_registry& m, const monitor_report& r) {
+  m.gauge_set("troupe_ttft_prediction_error",
+              "Mean absolute percentage error of the router's TTFT predictions (share)", {},
+              r.ttft_mape);
+  for (const auto& w : r.instances) {
+    const metric_labels l{{"instance", "instance-" + std::to_string(w.instance)}};
+    m.gauge_set("troupe_token_interval_seconds",
+                "Mean step time of steps with decode rows, last window", l,
+                w.token_interval_ms / 1000);
+    m.gauge_set("troupe_device_busy_ratio", "Share of the last window the device computed", l,
+                w.busy);
   }
 }
 

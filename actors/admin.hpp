@@ -14,7 +14,8 @@ namespace troupe {
 
 // `nodes`: the service's node links by node address (spawn on a node).
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
-                        std::map<std::string, node_grow_actor> nodes = {});
+                        std::map<std::string, node_grow_actor> nodes = {},
+                        monitor_actor monitor = {});
 
 // Lists the request metrics' families before the first request finishes.
 void declare_request_metrics(metrics_registry& m);
@@ -27,6 +28,10 @@ void record_request(metrics_registry& m, const request_trace& t);
 // length, KV pages, prefix hit rate) and the engine counters.
 void record_service(metrics_registry& m, const std::vector<instance_info>& instances,
                     size_t in_flight);
+
+// The monitor's window into gauges: the TTFT predictor's error, per
+// instance token interval and busy share.
+void record_monitor(metrics_registry& m, const monitor_report& r);
 
 // Bytes as lowercase hex (client identities).
 std::string hex_bytes(const std::string& bytes);

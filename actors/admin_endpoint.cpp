@@ -305,6 +305,40 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         grow_atom::value, node, count->get<int32_t>());
   }
+  if (command == "steps")
+    return call<std::vector<instance_info>>(
+        self, peer,
+        [](std::vector<instance_info>& v) {
+          json out = json::array();
+          for (const auto& i : v) {
+            json steps = json::array();
+            for (const auto& t : i.stats.recent_steps)
+              steps.push_back({t.rows, t.decode_rows, t.context, t.ms, t.host_ms});
+            out.push_back({{"id", i.id}, {"role", i.role}, {"steps", steps}});
+          }
+          return out;
+        },
+        instances_atom::value);
+  if (command == "monitor")
+    return call<monitor_report>(
+        self, peer,
+        [](monitor_report& r) {
+          json per = json::array();
+          for (const auto& w : r.instances)
+            per.push_back({{"instance", w.instance},
+                           {"ttft_ms", w.ttft_ms},
+                           {"tpot_ms", w.tpot_ms},
+                           {"token_interval_ms", w.token_interval_ms},
+                           {"busy", w.busy},
+                           {"ttft_samples", w.ttft_samples},
+                           {"steps", w.steps}});
+          return json{{"instances", per},
+                      {"prefills", r.prefills},
+                      {"unmet_prefills", r.unmet_prefills},
+                      {"ttft_prediction_error", r.ttft_mape},
+                      {"ttft_predictions", r.ttft_predictions}};
+        },
+        peek_atom::value);
   if (command == "role") {
     const std::string role = req.value("role", "");
     if (role.empty())
@@ -329,7 +363,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       failure("unknown_command",
               "unknown command '" + command +
                   "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set, spawn, role)"));
+                  "preempt, set, spawn, role, monitor, steps)"));
 }
 
 void poll_once(self_ptr self) {
@@ -360,7 +394,8 @@ void poll_once(self_ptr self) {
 
 bool admin_command_is_read_only(const std::string& command) {
   return command == "instances" || command == "nodes" || command == "requests" ||
-         command == "trace" || command == "kv" || command == "config";
+         command == "trace" || command == "kv" || command == "config" || command == "monitor" ||
+         command == "steps";
 }
 
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "messages/gateway.hpp"
+#include "messages/monitor.hpp"
 #include "messages/router.hpp"
 
 namespace troupe {
@@ -48,6 +49,8 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 //            no sequence.
 // killinst:  (instance id) fault injection: kill the instance (its requests
 //            recover elsewhere).
+// peek:      the monitor's window (per-instance TTFT, TPOT, token interval,
+//            busy share; the TTFT predictor's error).
 // setrole:   (instance id, prefill|decode|mixed) the instance's new role
 //            (messages/router.hpp); replies with what changed.
 // nodes:     the cluster's nodes as the service's links know them.
@@ -64,6 +67,7 @@ using admin_actor =
                      caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
                      caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
                      caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
+                     caf::replies_to<peek_atom>::with<monitor_report>,
                      caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
 
 }  // namespace troupe

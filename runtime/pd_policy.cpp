@@ -133,7 +133,22 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
               std::string(flipping ? "D->P" : to_string(best->pool)) +
                   " pool, least predicted queueing"};
   }
-  if (best_overall.instance == 0) return {0, 0, false, "no instance takes prefill"};
+  if (best_overall.instance == 0) {
+    // No prefill instance serves (drained, lost): any serving instance
+    // prefills rather than the request failing.
+    const pd_load* any = nullptr;
+    double any_ms = 0;
+    for (const auto& l : loads) {
+      if (!l.serving) continue;
+      const double ms = predicted_ttft_ms(l, prompt_tokens, m);
+      if (!any || ms < any_ms) {
+        any = &l;
+        any_ms = ms;
+      }
+    }
+    if (!any) return {0, 0, false, "no instance is serving"};
+    return {any->id, any_ms, false, "no prefill instance serving: a decode instance prefills"};
+  }
   best_overall.why = "no instance predicted to meet the TTFT target; lowest prediction";
   return best_overall;
 }

@@ -86,7 +86,9 @@ struct prefill_choice {
 
 // The P (and M) instance with the least predicted queueing when it meets
 // the TTFT target, else the D->P instance that does, else the lowest
-// prediction of all, marked as missing.
+// prediction of all, marked as missing.  With no prefill-taking instance
+// serving, any serving instance (it will decode there too); 0 when none
+// serves.
 prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& loads,
                              const prefill_model& m, const pd_targets& t);
 

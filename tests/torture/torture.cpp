@@ -14,6 +14,9 @@
 // cluster's TLS, with the same migrations, drains, and at most one node
 // killed with SIGKILL per round; and requests preempted and scheduler
 // limits and the router policy changed live through `troupe shell`.
+// Rounds with two instances may disaggregate prefill and decode (with
+// role switching on a short window, or roles flipped through the shell),
+// and co-locate online and offline work.
 // Every round also serves the OpenAI HTTP API, driven with greedy
 // completions (equal to offline greedy), streams left after their first
 // event, choice-constrained completions, and bad values.  After every round it checks:
@@ -81,8 +84,9 @@ struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
            disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
-           drains = 0, preempts = 0, preempts_refused = 0, sets = 0, http_requests = 0,
-           http_checked = 0, http_disconnects = 0, spawns = 0, violations = 0;
+           pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
+           preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
+           http_disconnects = 0, spawns = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -171,7 +175,22 @@ class round_driver {
            std::to_string(max_seqs) + " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) +
            " --max-batch-tokens " + std::to_string(one_of<int>({64, 128})) + " --max-queue " +
            std::to_string(one_of<int>({16, 64, 256})) + " --client-backlog " +
-           std::to_string(one_of<int>({64, 10000})) + " --max-frame-bytes 65536 --grace-s 5";
+           std::to_string(one_of<int>({64, 10000})) + " --max-frame-bytes 65536 --grace-s 5" +
+           service_layer_args();
+  }
+
+  // Issue 11: with two instances, some rounds disaggregate (prefill and
+  // decode instances, KV handed over after each prefill), some with role
+  // switching on a short window; some co-locate online and offline work.
+  std::string service_layer_args() {
+    std::string a;
+    if (instances_ > 1 && chance(0.4)) {
+      ++t_.pd_rounds;
+      a += " --pd --roles " + one_of<std::string>({"prefill,decode", "decode,prefill"});
+      if (chance(0.5)) a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5";
+    }
+    if (chance(0.3)) a += " --colocate --tpot-target-ms 200";
+    return a;
   }
 
   client_socket new_socket() {
@@ -297,6 +316,13 @@ class round_driver {
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
+    } else if (roll == 94 && instances_ > 1 && chance(0.4)) {
+      // A role flip by message (troupe shell role); with --pd the router
+      // moves the instance between pools as its old work drains.
+      const std::string cmd = "role " + std::to_string(1 + pick(2)) + " " +
+                              one_of<std::string>({"prefill", "decode", "mixed"});
+      // A killed or lost instance refuses; that is fine.
+      ++(shell(cmd).exit_code == 0 ? t_.role_flips : t_.role_flips_refused);
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
     } else if (roll == 98 && !nodes_.empty() && !spawned_ && chance(0.2)) {
@@ -629,6 +655,9 @@ int run(const options& o) {
             {"kills", t.kills},
             {"node_rounds", t.node_rounds},
             {"node_kills", t.node_kills},
+            {"pd_rounds", t.pd_rounds},
+            {"role_flips", t.role_flips},
+            {"role_flips_refused", t.role_flips_refused},
             {"drains", t.drains},
             {"preempts", t.preempts},
             {"preempts_refused", t.preempts_refused},

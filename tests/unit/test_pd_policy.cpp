@@ -72,9 +72,14 @@ TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
   c = place_prefill(50, loads, m, {20, 0});
   EXPECT_EQ(c.instance, 3u);
   EXPECT_FALSE(c.meets_target);
-  // A decode instance never takes prefill.
+  // With no prefill instance serving, a decode instance prefills (the
+  // request does not fail) and the placement is marked as missing.
   c = place_prefill(50, {inst(4, pd_pool::decode)}, m, {});
-  EXPECT_EQ(c.instance, 0u);
+  EXPECT_EQ(c.instance, 4u);
+  EXPECT_FALSE(c.meets_target);
+  auto down = inst(4, pd_pool::decode);
+  down.serving = false;
+  EXPECT_EQ(place_prefill(50, {down}, m, {}).instance, 0u);
 }
 
 TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCaps) {

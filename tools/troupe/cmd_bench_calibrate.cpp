@@ -17,6 +17,7 @@
 #include "actors/instance.hpp"
 #include "runtime/cost_model.hpp"
 #include "runtime/tokenizer.hpp"
+#include "tools/troupe/admin_link.hpp"
 #include "tools/troupe/bench_load.hpp"
 #include "tools/troupe/common.hpp"
 #include "tools/troupe/local_engine.hpp"
@@ -27,6 +28,8 @@ namespace {
 
 struct calibrate_flags {
   engine_flags engine;
+  admin_target target;  // --server: refit from a live service's steps
+  std::string base;     // with --server: the cost model whose other fields are kept
   int max_batch_tokens = 256;
   int max_seqs = 64;
   int chunk_size = 128;
@@ -199,6 +202,40 @@ int run_calibrate(const calibrate_flags& f) {
   return 0;
 }
 
+// The steps a live service's instances kept (engine.step_history), under
+// the load it served: the step costs as that deployment sees them (cores
+// shared with the service, clients and other instances).  Transfer and KV
+// fields come from `base`.
+int run_calibrate_from_server(const calibrate_flags& f) {
+  auto m = cost_model::load(f.base);
+  admin_link link(f.target);
+  if (!link.connect()) throw std::runtime_error("calibrate --server: " + link.why());
+  auto reply = link.call("steps");
+  if (!reply.ok) throw std::runtime_error("calibrate --server: steps: " + reply.message);
+  std::vector<step_sample> samples;
+  for (const auto& inst : reply.result)
+    for (const auto& t : inst["steps"])
+      if (t[0].get<int32_t>() > 0)
+        samples.push_back({t[0].get<int32_t>(), t[1].get<int32_t>(), t[2].get<int64_t>(),
+                           t[3].get<double>() + t[4].get<double>()});
+  auto fitted = cost_model::fit(samples);
+  m.c0 = fitted.c0;
+  m.c_prefill = fitted.c_prefill;
+  m.c_decode = fitted.c_decode;
+  m.c_context = fitted.c_context;
+  m.fit_mape = fitted.fit_mape;
+  m.fit_r2 = fitted.fit_r2;
+  m.samples = fitted.samples;
+  m.machine += " (steps of a live service at " + f.target.server + ")";
+  write_json(f.out, m.to_json());
+  std::printf(
+      "cost model refitted from %zu steps of %s: step ms = %.3f + %.5f x prefill rows + %.4f x "
+      "decode rows + %.3g x attention work (R^2 %.3f, MAPE %.1f%%); written to %s\n",
+      m.samples, f.target.server.c_str(), m.c0, m.c_prefill, m.c_decode, m.c_context, m.fit_r2,
+      m.fit_mape * 100, f.out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 void add_bench_calibrate(CLI::App& bench) {
@@ -208,6 +245,11 @@ void add_bench_calibrate(CLI::App& bench) {
       "measure the engine's step and KV-transfer costs and write the cost model bench sim runs "
       "on (takes a minute or two)");
   add_engine_flags(*cmd, f->engine);
+  cmd->add_option("--server", f->target.server,
+                  "refit the step costs from a live service's instances (serve with a large "
+                  "--step-history, after loading it) instead of measuring here");
+  cmd->add_option("--base", f->base, "with --server: the cost model whose other fields are kept")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--max-batch-tokens", f->max_batch_tokens, "rows of one scheduler step")
       ->capture_default_str();
   cmd->add_option("--max-seqs", f->max_seqs, "sequences running at once")->capture_default_str();
@@ -216,7 +258,10 @@ void add_bench_calibrate(CLI::App& bench) {
   cmd->add_option("-o,--out", f->out, "the cost model file (JSON)")->capture_default_str();
   cmd->add_option("--seed", f->seed, "seed of the random prompts");
   cmd->callback([f] {
-    if (int rc = run_calibrate(*f); rc != 0) throw CLI::RuntimeError(rc);
+    if (!f->target.server.empty() && f->base.empty())
+      throw CLI::ValidationError("--server", "needs --base (the transfer costs come from it)");
+    const int rc = f->target.server.empty() ? run_calibrate(*f) : run_calibrate_from_server(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }
 

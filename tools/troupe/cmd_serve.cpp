@@ -80,6 +80,7 @@ struct serve_settings {
   double offline_ttft_ms = 0;
   double offline_tpot_ms = 0;
   bool colocate = false;
+  int step_history = 16;
   int window_ms = 1000;
   pd_config pd_cfg;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
@@ -307,6 +308,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       real_key(s.pd_cfg.idle_busy, 0, 1));
   add("service", "decode_kv_high", "decode is short of KV above this used share (flip to decode)",
       real_key(s.pd_cfg.kv_high, 0, 1));
+  add("engine", "step_history",
+      "forward passes each instance keeps for admin steps (bench sim-calibrate --server reads "
+      "them)",
+      int_key(s.step_history, 1, 1 << 20));
   add("engine", "colocate",
       "online/offline co-location: offline work takes only what online work leaves and is "
       "preempted when an online request cannot start (true/false)",
@@ -514,6 +519,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.preemption = s.preemption;
   base.prefix_caching = s.prefix_caching;
   base.offline_yields = s.colocate;
+  base.step_history = s.step_history;
   if (s.role_switching && !s.pd)
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");
   std::vector<instance_role> roles;
@@ -653,7 +659,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   std::map<std::string, node_grow_actor> node_links;
   for (size_t i = 0; i < links.size(); ++i)
     node_links[nodes[i].address] = caf::actor_cast<node_grow_actor>(links[i]);
-  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links));
+  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links), monitor);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;

@@ -28,6 +28,8 @@ struct metrics_server::impl {
         .receive([&](std::vector<inflight_request>& v) { in_flight = v.size(); },
                  [&](caf::error&) { ok = false; });
     if (ok) record_service(*registry, insts, in_flight);
+    self->request(admin, std::chrono::seconds(5), peek_atom::value)
+        .receive([&](monitor_report& r) { record_monitor(*registry, r); }, [](caf::error&) {});
   }
 };
 
