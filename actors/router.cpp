@@ -135,7 +135,10 @@ void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& 
   std::vector<step_timing> fresh;
   for (const auto& t : steps)
     if (t.step > seen && t.rows > 0) {
-      st.model.observe(t.rows, t.ms);
+      // The prefill-time model learns from steps that prefill, by their
+      // prefill rows (decode rows beside them only add their delay, which
+      // a prefill placed there meets too).
+      if (t.rows > t.decode_rows) st.model.observe(t.rows - t.decode_rows, t.ms);
       fresh.push_back(t);
     }
   seen = steps.back().step;

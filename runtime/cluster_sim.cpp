@@ -354,7 +354,8 @@ class simulation {
   void step_done(sim_instance& in) {
     in.busy = false;
     ++res_.stats.steps;
-    model_.observe(in.rows, in.step_ms);
+    if (in.rows > in_decode_rows_[in.id])
+      model_.observe(in.rows - in_decode_rows_[in.id], in.step_ms);  // as the router does
     mon_.step(in.id, in.rows, in_decode_rows_[in.id], in.step_ms, now_);
     current_inst_ = in.id;
     for (size_t k = 0; k < in.chunks.size(); ++k) {

@@ -228,7 +228,8 @@ std::optional<flip_decision> decide_flip(const std::vector<pd_load>& loads, cons
   }
 
   // D -> P: prefill cannot meet TTFT.
-  const bool want_prefill = w.unmet_prefills > 0;
+  const bool want_prefill =
+      w.unmet_prefills > 0 && double(w.unmet_prefills) >= c.miss_share * double(w.prefills);
   mem.to_prefill_streak = want_prefill ? mem.to_prefill_streak + 1 : 0;
   // P -> D: decode is slow, short of KV, or prefill idles while decode works.
   std::string decode_why;

@@ -66,6 +66,7 @@ struct pd_config {
   int32_t min_decode = 1;         // decode-taking instances (D, P->D) kept at least
   int32_t min_prefill = 1;        // prefill-taking instances (P, D->P) kept at least
   int32_t violation_windows = 2;  // consecutive windows a trigger must hold
+  double miss_share = 0.1;        // to prefill: this share of a window's prefills predicted to miss
   double cooldown_s = 2;          // an instance flips again only after this
   double idle_busy = 0.2;         // prefill idle: nothing queued and busy below this
   double kv_high = 0.9;           // decode short of KV: used share above this
@@ -127,7 +128,8 @@ struct flip_decision {
 
 // The report's role switching, evaluated once per window, at most one flip
 // per call:
-//  - to prefill when prefill placements were predicted to miss TTFT: the
+//  - to prefill when at least miss_share of the window's prefill
+//    placements were predicted to miss TTFT: the
 //    lightest instance (fewest tokens in process) from P->D first, then D,
 //    keeping min_decode decode-taking instances;
 //  - to decode when the decode side's mean token interval exceeds the

@@ -256,6 +256,9 @@ void add_bench_sim(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--flip-cooldown-s", f->pd_cfg.cooldown_s, "per-instance cooldown")
       ->capture_default_str();
+  cmd->add_option("--flip-miss-share", f->pd_cfg.miss_share,
+                  "to prefill when this share of a window's prefills is predicted to miss TTFT")
+      ->capture_default_str();
   add_load_options(*cmd, *f);
   cmd->callback([f] { run_sim(*f); });
 }

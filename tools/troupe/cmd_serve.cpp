@@ -304,6 +304,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       int_key(s.pd_cfg.violation_windows, 1, 1000));
   add("service", "flip_cooldown_s", "an instance flips again only after this long",
       real_key(s.pd_cfg.cooldown_s, 0, 86400));
+  add("service", "flip_miss_share",
+      "flip an instance to prefill when this share of a window's prefills is predicted to "
+      "miss the TTFT target",
+      real_key(s.pd_cfg.miss_share, 0, 1));
   add("service", "idle_busy", "a prefill instance is idle below this busy share, queue empty",
       real_key(s.pd_cfg.idle_busy, 0, 1));
   add("service", "decode_kv_high", "decode is short of KV above this used share (flip to decode)",
