@@ -440,6 +440,26 @@ void step(self_ptr self) {
   }
 }
 
+// Co-location's TPOT guard (instance_options::tpot_target_ms): additive
+// increase, multiplicative decrease of the offline rows a step takes while
+// online sequences decode.
+void guard_tpot(instance_state& st, const std::vector<step_chunk>& chunks, size_t n_decode,
+                double ms) {
+  auto& lim = st.opts.limits;
+  if (!lim.offline_yields || st.opts.tpot_target_ms <= 0) return;
+  bool online_decode = false;
+  for (size_t i = 0; i < n_decode && i < chunks.size() && !online_decode; ++i) {
+    auto it = st.seqs.find(chunks[i].id);
+    online_decode = it != st.seqs.end() && it->second.req.cls == seq_class::online;
+  }
+  if (!online_decode) return;
+  const int32_t full = lim.max_batch_tokens;
+  if (ms > st.opts.tpot_target_ms)
+    lim.offline_rows = std::min(lim.offline_rows, full) / 2;
+  else if (ms < 0.8 * st.opts.tpot_target_ms && lim.offline_rows < full)
+    lim.offline_rows = std::min(full, lim.offline_rows + 4);
+}
+
 // The step is done: advance each sequence, sample those whose chunk ended
 // at their last token, stream, and plan the next step.  Sequences aborted
 // while the step ran are gone from `seqs` and skipped.
@@ -461,6 +481,7 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
   }
   st.recent_steps.push_back(t);
   if (st.recent_steps.size() > st.opts.kept_steps) st.recent_steps.pop_front();
+  guard_tpot(st, chunks, n_decode, ms);
   const auto host_start = std::chrono::steady_clock::now();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {

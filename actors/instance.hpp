@@ -35,6 +35,10 @@ struct instance_options {
   // calibration keeps many).
   size_t kept_steps = 16;
   std::string role = "mixed";  // reported; the router decides the work
+  // Co-location's TPOT guard: while online sequences decode, a step slower
+  // than this halves the offline rows a step may take beside them, and a
+  // step under 80% of it gives 4 back (0: no guard).
+  double tpot_target_ms = 0;
 };
 
 // Asks the device what it holds (blocking, before any actor exists), then

@@ -43,6 +43,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.prefix_caching = spec.prefix_caching;
   io.limits.offline_yields = spec.offline_yields;
   io.role = spec.role;
+  io.tpot_target_ms = spec.tpot_target_ms;
   io.kept_steps = static_cast<size_t>(std::max(1, spec.step_history));
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);

@@ -33,13 +33,15 @@ struct instance_spec {
   bool offline_yields = false;  // co-location: offline work takes what online work leaves
   std::string role = "mixed";   // reported by the instance (the router decides its work)
   int32_t step_history = 16;    // forward passes each instance keeps for stats (calibration)
+  double tpot_target_ms = 0;    // co-location's TPOT guard (instance_options)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
   return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
            x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
-           x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history);
+           x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history,
+           x.tpot_target_ms);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

@@ -91,23 +91,28 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
   // would take the pages an online one waits for).
   bool blocked = false;
 
+  int32_t cap = lim.max_batch_tokens;
   for (int g : groups) {
+    // Offline rows beside online ones are capped (offline_rows, the
+    // instance's TPOT guard); alone, offline work has the whole budget.
+    if (g == int(seq_class::offline) && plan.tokens > 0)
+      cap = std::min(lim.max_batch_tokens, plan.tokens + std::max(0, lim.offline_rows));
     // Decode rows first: preempt until every one of them that fits the
     // token budget has its page.  (Offline decodes after online admissions
     // do not preempt, as a preempting plan admits nobody: they take the
     // pages there are and the rest skip the step.)
     const bool may_preempt = g != int(seq_class::offline) || plan.admitted.empty();
     for (; may_preempt;) {
-      int32_t pages = 0, budget = lim.max_batch_tokens - plan.tokens;
-      for (size_t i = 0; i < alive && budget > 0; ++i)
+      int32_t pages = 0, room = cap - plan.tokens;
+      for (size_t i = 0; i < alive && room > 0; ++i)
         if (is_decode(*run[i]) && in(*run[i], g)) {
           pages += need(*run[i], 1);
-          --budget;
+          --room;
         }
       if (pages <= free) break;
       preempt_last();
     }
-    for (size_t i = 0; i < alive && plan.tokens < lim.max_batch_tokens; ++i) {
+    for (size_t i = 0; i < alive && plan.tokens < cap; ++i) {
       const sched_seq& s = *run[i];
       if (!is_decode(s) || !in(s, g)) continue;
       if (need(s, 1) > free) continue;
@@ -130,8 +135,8 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
         const sched_seq& s = *run[i];
         if (is_decode(s) || !in(s, g)) continue;
         waiting_prefill = true;
-        if (tokens >= lim.max_batch_tokens) break;
-        int32_t n = std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - tokens});
+        if (tokens >= cap) break;
+        int32_t n = std::min({s.total - s.computed, lim.chunk_size, cap - tokens});
         n = std::min<int64_t>(n, int64_t(s.pages + f) * ps - s.computed);
         if (n <= 0) continue;
         f -= need(s, n);
@@ -156,9 +161,8 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
     for (; next_waiting < queue.size(); ++next_waiting) {
       const sched_seq& s = *queue[next_waiting];
       if (!in(s, g)) break;  // the queue is by class: the rest are the next pass's
-      if (plan.tokens >= lim.max_batch_tokens) break;
-      int32_t n =
-          std::min({s.total - s.computed, lim.chunk_size, lim.max_batch_tokens - plan.tokens});
+      if (plan.tokens >= cap) break;
+      int32_t n = std::min({s.total - s.computed, lim.chunk_size, cap - plan.tokens});
       auto fits = [&] {
         if (n_running >= size_t(lim.max_seqs)) return false;
         if (s.swapped) return pages_for(int64_t(s.computed) + n) <= free;

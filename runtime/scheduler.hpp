@@ -52,6 +52,10 @@ struct scheduler_limits {
   // admitted (sequence cap or pages) preempts running offline ones.  Off:
   // online-priority admission only, running offline work keeps its rows.
   bool offline_yields = false;
+  // With offline_yields: the most offline rows a step takes beside online
+  // rows (the instance lowers it while online decodes run slower than
+  // their TPOT target, and raises it again when they are fast).
+  int32_t offline_rows = 1 << 30;
 };
 
 // Returns an empty string when usable, else what is wrong.

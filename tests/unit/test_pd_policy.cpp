@@ -121,6 +121,10 @@ TEST(PdPolicy, FlipToPrefillNeedsConsecutiveWindowsAndTakesPToDFirst) {
   ASSERT_TRUE(f);
   EXPECT_EQ(f->instance, 4u);  // P->D first, although it is the heaviest
   EXPECT_EQ(f->to, instance_role::prefill);
+  // Too few misses (under miss_share of the window's prefills) do not count.
+  mem = {};
+  EXPECT_FALSE(decide_flip(loads, {1, 20}, {}, cfg, 0, mem));
+  EXPECT_FALSE(decide_flip(loads, {1, 20}, {}, cfg, 1, mem));
   // A window without misses resets the streak.
   mem = {};
   EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 0, mem));

@@ -311,6 +311,20 @@ TEST(Scheduler, OfflineDecodeYieldsTheBudgetAndKeepsItsPages) {
   EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{4, 1, 2}));
 }
 
+TEST(Scheduler, OfflineRowsBesideOnlineOnesAreCapped) {
+  auto lim = limits(64, 16, 32);
+  lim.offline_yields = true;
+  lim.offline_rows = 1;
+  std::vector<sched_seq> running = {decoding(1, 40, 3, 1),
+                                    decoding(2, 40, 3, 2, seq_class::offline),
+                                    decoding(3, 40, 3, 3, seq_class::offline)};
+  auto plan = plan_step(running, {}, lim, 100);
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{1, 2}));  // one offline row beside online
+  // Alone, offline work has the whole budget.
+  plan = plan_step({running[1], running[2]}, {}, lim, 100);
+  EXPECT_EQ(ids(plan.decode), (std::vector<uint64_t>{2, 3}));
+}
+
 TEST(Scheduler, OfflinePrefillPausesAtItsChunkBoundary) {
   auto lim = limits(32, 8, 32);
   lim.offline_yields = true;

@@ -524,6 +524,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.prefix_caching = s.prefix_caching;
   base.offline_yields = s.colocate;
   base.step_history = s.step_history;
+  base.tpot_target_ms = s.tpot_target_ms;
   if (s.role_switching && !s.pd)
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");
   std::vector<instance_role> roles;
