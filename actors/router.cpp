@@ -72,6 +72,7 @@ std::vector<pd_load> pd_loads(const router_state& st) {
     l.id = i.id;
     l.serving = i.state == "serving";
     l.pool = pool_of_instance(i);
+    l.page_size = st.opts.page_size;
     if (auto it = st.last.find(i.id); it != st.last.end()) {
       const auto& s = it->second;
       l.queued_prefills = s.queued_prefills;

@@ -30,6 +30,7 @@ struct router_options {
   std::chrono::milliseconds window{1000};
   monitor_actor monitor;             // may be null: no windows, no flips
   std::vector<instance_role> roles;  // by instance id - 1; absent: the default of --pd
+  int32_t page_size = 16;            // the instances' KV page size (decode placement's KV cap)
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

@@ -108,6 +108,16 @@ cost_model cost_model::fit(const std::vector<step_sample>& xs) {
   return m;
 }
 
+void cost_model::take_step_costs(const cost_model& fitted) {
+  c0 = fitted.c0;
+  c_prefill = fitted.c_prefill;
+  c_decode = fitted.c_decode;
+  c_context = fitted.c_context;
+  fit_mape = fitted.fit_mape;
+  fit_r2 = fitted.fit_r2;
+  samples = fitted.samples;
+}
+
 nlohmann::json cost_model::to_json() const {
   return {
       {"model", model},

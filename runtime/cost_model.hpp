@@ -41,6 +41,8 @@ struct cost_model {
   double transfer_ms(int64_t bytes) const;
 
   static cost_model fit(const std::vector<step_sample>& samples);
+  // Takes the step coefficients and fit figures of `fitted`, keeping the rest.
+  void take_step_costs(const cost_model& fitted);
   nlohmann::json to_json() const;
   // Throws std::runtime_error naming the missing or bad field.
   static cost_model from_json(const nlohmann::json& j);

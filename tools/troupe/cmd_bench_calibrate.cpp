@@ -218,14 +218,7 @@ int run_calibrate_from_server(const calibrate_flags& f) {
       if (t[0].get<int32_t>() > 0)
         samples.push_back({t[0].get<int32_t>(), t[1].get<int32_t>(), t[2].get<int64_t>(),
                            t[3].get<double>() + t[4].get<double>()});
-  auto fitted = cost_model::fit(samples);
-  m.c0 = fitted.c0;
-  m.c_prefill = fitted.c_prefill;
-  m.c_decode = fitted.c_decode;
-  m.c_context = fitted.c_context;
-  m.fit_mape = fitted.fit_mape;
-  m.fit_r2 = fitted.fit_r2;
-  m.samples = fitted.samples;
+  m.take_step_costs(cost_model::fit(samples));
   m.machine += " (steps of a live service at " + f.target.server + ")";
   write_json(f.out, m.to_json());
   std::printf(

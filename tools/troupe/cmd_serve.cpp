@@ -557,6 +557,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ro.pd_cfg = s.pd_cfg;
   ro.window = std::chrono::milliseconds(s.window_ms);
   ro.roles = roles;
+  ro.page_size = s.engine.page_size;  // every instance's, local or on a node
   auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
   ro.monitor = monitor;
   auto router = spawn_router(*env.sys, registry, ro);
