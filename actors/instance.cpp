@@ -842,16 +842,16 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         out.role = st.opts.role;
         for (const auto& [key, s] : st.seqs) {
           ++(s.holds_pages() ? out.running : out.waiting);
+          const int64_t left = int64_t(s.tokens.size()) - s.computed;
           if (s.state == seq_state::decoding || s.state == seq_state::parked) {
             ++out.decoding;
             out.running_tokens += int64_t(s.tokens.size());
           } else if (s.state != seq_state::finished && s.state != seq_state::exporting) {
-            out.queued_prefills.push_back(int32_t(s.tokens.size()) - s.computed);
+            out.queued_prefills.push_back(int32_t(left));
           }
           const bool host_tier =
               s.state == seq_state::swapping_out || s.state == seq_state::swapped;
           out.swapped += host_tier ? 1 : 0;
-          const int64_t left = int64_t(s.tokens.size()) - s.computed;
           if (left > 1) out.queued_prefill_tokens += left;
         }
         out.kv = st.pool->stats();

@@ -473,6 +473,67 @@ void place_and_enqueue(self_ptr self) {
           });
 }
 
+// How a move of the sequence's KV ended (move_sequence).
+struct move_outcome {
+  enum kind_t {
+    moved,        // the target imported the KV and runs the sequence
+    recomputing,  // the target refused the blob: it recomputes the sequence
+    not_moved,    // the export failed: the sequence is where it was
+    stale,        // the request ended, or recovery placed it elsewhere, meanwhile
+  } kind = not_moved;
+  size_t bytes = 0;  // the blob's size, once exported
+  caf::error error;  // why, unless moved
+};
+
+// The move live migration and disaggregation share (DESIGN.md §3): the
+// instance the sequence runs on exports its KV, the request attaches to
+// `to`, and `to` imports the blob.  Token batches the source sent before
+// the export's reply are handled before it (message order), so the import
+// resumes exactly after the last token streamed: none lost, none
+// repeated.  A blob `to` refuses is recomputed there.  `migrating` is
+// cleared before `done` runs.
+void move_sequence(self_ptr self, placement_reply to, std::function<void(move_outcome)> done) {
+  auto& st = self->state;
+  const uint64_t from = st.instance_id;
+  to.prefill_only = false;  // it decodes where it goes
+  self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
+      .then(
+          [self, to, from, done](std::vector<uint8_t>& blob) {
+            auto& st = self->state;
+            move_outcome out;
+            out.bytes = blob.size();
+            if (st.done || st.instance_id != from) {
+              st.migrating = false;
+              out.kind = move_outcome::stale;
+              out.error = caf::make_error(
+                  caf::sec::invalid_argument,
+                  st.done ? "the request finished meanwhile" : "the request moved meanwhile");
+              return done(std::move(out));
+            }
+            attach(self, to);
+            st.enqueued_sent = true;
+            self->request(to.actor, caf::infinite, import_atom::value, current_sequence(st),
+                          std::move(blob))
+                .then(
+                    [self, done, out](int32_t) mutable {
+                      self->state.migrating = false;
+                      out.kind = move_outcome::moved;
+                      done(std::move(out));
+                    },
+                    [self, done, out](caf::error& e) mutable {
+                      self->state.migrating = false;
+                      enqueue(self);  // recompute there
+                      out.kind = move_outcome::recomputing;
+                      out.error = std::move(e);
+                      done(std::move(out));
+                    });
+          },
+          [self, done](caf::error& e) {
+            self->state.migrating = false;
+            done(move_outcome{move_outcome::not_moved, 0, std::move(e)});
+          });
+}
+
 // Disaggregation (DESIGN.md §3, issue 11): the prefill instance parked the
 // sequence after its first token; the router picks where it decodes; the
 // prefill instance exports the KV (its device reads the pages between
@@ -485,49 +546,31 @@ void hand_off(self_ptr self) {
   st.handed_off = true;
   st.migrating = true;
   const auto started = clock_type::now();
-  const uint64_t from = st.instance_id;
-  auto move_to = [self, started, from](placement_reply to) {
-    auto& st = self->state;
-    self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
-        .then(
-            [self, to, started, from](std::vector<uint8_t>& blob) {
-              auto& st = self->state;
-              if (st.done || st.instance_id != from) {
-                st.migrating = false;
-                return;
-              }
-              placement_reply dest = to;
-              dest.prefill_only = false;
-              attach(self, dest);
-              st.trace.decode_instance = dest.instance;
-              st.trace.transfer_bytes += blob.size();
-              st.enqueued_sent = true;
-              self->request(dest.actor, caf::infinite, import_atom::value, current_sequence(st),
-                            std::move(blob))
-                  .then(
-                      [self, started](int32_t) {
-                        auto& st = self->state;
-                        st.migrating = false;
-                        st.trace.transfer_ms += ms_between(started, clock_type::now());
-                      },
-                      [self](caf::error&) {
-                        self->state.migrating = false;
-                        enqueue(self);  // recompute there
-                      });
-            },
-            [self, to, from](caf::error&) {
-              auto& st = self->state;
-              st.migrating = false;
-              if (st.done || st.instance_id != from) return;  // recovery took over
-              // The parked copy is released when this request ends.
-              placement_reply there = to;
-              there.prefill_only = false;
-              attach(self, there);
-              st.trace.decode_instance = there.instance;
-              enqueue(self);
-            });
+  auto move_to = [self, started](placement_reply to) {
+    move_sequence(self, to, [self, to, started](move_outcome m) {
+      auto& st = self->state;
+      switch (m.kind) {
+        case move_outcome::stale:
+          return;
+        case move_outcome::not_moved: {
+          // The parked copy is released when this request ends.
+          placement_reply there = to;
+          there.prefill_only = false;
+          attach(self, there);
+          st.trace.decode_instance = there.instance;
+          return enqueue(self);
+        }
+        case move_outcome::moved:
+          st.trace.transfer_ms += ms_between(started, clock_type::now());
+          [[fallthrough]];
+        case move_outcome::recomputing:
+          st.trace.decode_instance = to.instance;
+          st.trace.transfer_bytes += m.bytes;
+          return;
+      }
+    });
   };
-  self->request(st.ctx->router, std::chrono::seconds(10), place_decode_atom::value, from,
+  self->request(st.ctx->router, std::chrono::seconds(10), place_decode_atom::value, st.instance_id,
                 static_cast<int32_t>(st.seq.prompt.size() + st.generated.size()))
       .then(
           [self, move_to](placement_reply& to) {
@@ -542,10 +585,7 @@ void hand_off(self_ptr self) {
           });
 }
 
-// Live migration (issue 10): export from where it runs, import at
-// `target`, re-point.  Token batches the source sent before the export's
-// reply are handled before it (message order), so the import resumes
-// exactly after the last token streamed: none lost, none repeated.
+// Live migration (issue 10): the sequence moves to `target`, KV and all.
 // `done` gets the instance it runs on now, or why it could not move.
 using migration_done = std::function<void(caf::expected<uint64_t>)>;
 
@@ -560,49 +600,25 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
   if (target == st.instance_id)
     return done(fail("the request runs on instance " + std::to_string(target) + " already"));
   st.migrating = true;
-  const auto started = std::chrono::steady_clock::now();
-  auto give_up = [self, done](caf::error& e) {
-    self->state.migrating = false;
-    done(std::move(e));
-  };
+  const auto started = clock_type::now();
   self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
       .then(
-          [self, done, give_up, target, started](placement_reply& to) {
-            auto& st = self->state;
-            self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
-                .then(
-                    [self, done, to, target, started](std::vector<uint8_t>& blob) {
-                      auto& st = self->state;
-                      if (st.done) {
-                        st.migrating = false;
-                        return done(caf::make_error(caf::sec::invalid_argument,
-                                                    "the request finished meanwhile"));
-                      }
-                      attach(self, to);
-                      ++st.trace.migrations;
-                      st.trace.migrated_bytes += blob.size();
-                      st.enqueued_sent = true;
-                      self->request(to.actor, caf::infinite, import_atom::value,
-                                    current_sequence(st), std::move(blob))
-                          .then(
-                              [self, done, target, started](int32_t) {
-                                self->state.migrating = false;
-                                self->state.trace.migration_ms +=
-                                    std::chrono::duration<double, std::milli>(
-                                        std::chrono::steady_clock::now() - started)
-                                        .count();
-                                done(target);
-                              },
-                              [self, done](caf::error& e) {
-                                // The blob did not fit there: recompute instead.
-                                self->state.migrating = false;
-                                enqueue(self);
-                                done(std::move(e));
-                              });
-                    },
-                    give_up);
+          [self, done, target, started](placement_reply& to) {
+            move_sequence(self, to, [self, done, target, started](move_outcome m) {
+              auto& st = self->state;
+              if (m.kind == move_outcome::stale || m.kind == move_outcome::not_moved)
+                return done(std::move(m.error));
+              ++st.trace.migrations;
+              st.trace.migrated_bytes += m.bytes;
+              if (m.kind == move_outcome::recomputing) return done(std::move(m.error));
+              st.trace.migration_ms += ms_between(started, clock_type::now());
+              done(target);
+            });
           },
-          give_up);
+          [self, done](caf::error& e) {
+            self->state.migrating = false;
+            done(std::move(e));
+          });
 }
 
 caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {

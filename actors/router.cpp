@@ -45,9 +45,8 @@ router_instance* find(router_state& st, uint64_t id) {
 // Where an instance starts: its --roles entry, else with --pd the first
 // prefills and the rest decode.
 pd_pool initial_pool(const router_options& o, uint64_t id) {
-  if (!o.pd) return pd_pool::mixed;
-  if (id >= 1 && id - 1 < o.roles.size()) return pool_of(o.roles[id - 1]);
-  return id == 1 ? pd_pool::prefill : pd_pool::decode;
+  if (!o.pd || id == 0) return pd_pool::mixed;
+  return pool_of(pd_start_role(o.roles, id - 1));
 }
 
 pd_pool pool_of_instance(const router_instance& i) {
@@ -64,30 +63,33 @@ void set_pool(router_instance& i, pd_pool p) {
   i.role = to_string(role_of(p));
 }
 
+// One instance as the disaggregation policies see it.
+pd_load load_of(const router_state& st, const router_instance& i) {
+  pd_load l;
+  l.id = i.id;
+  l.serving = i.state == "serving";
+  l.pool = pool_of_instance(i);
+  l.page_size = st.opts.page_size;
+  if (auto it = st.last.find(i.id); it != st.last.end()) {
+    const auto& s = it->second;
+    l.queued_prefills = s.queued_prefills;
+    l.prefilling = static_cast<int32_t>(s.queued_prefills.size());
+    l.decoding = s.decoding;
+    l.running_tokens = s.running_tokens;
+    l.total_pages = s.kv.total;
+    l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
+  }
+  if (auto it = st.windows.find(i.id); it != st.windows.end()) {
+    l.token_interval_ms = it->second.token_interval_ms;
+    l.busy = it->second.busy;
+  }
+  return l;
+}
+
 // The instances as the disaggregation policies see them.
 std::vector<pd_load> pd_loads(const router_state& st) {
   std::vector<pd_load> out;
-  for (const auto& i : st.instances) {
-    pd_load l;
-    l.id = i.id;
-    l.serving = i.state == "serving";
-    l.pool = pool_of_instance(i);
-    l.page_size = st.opts.page_size;
-    if (auto it = st.last.find(i.id); it != st.last.end()) {
-      const auto& s = it->second;
-      l.queued_prefills = s.queued_prefills;
-      l.prefilling = static_cast<int32_t>(s.queued_prefills.size());
-      l.decoding = s.decoding;
-      l.running_tokens = s.running_tokens;
-      l.total_pages = s.kv.total;
-      l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
-    }
-    if (auto it = st.windows.find(i.id); it != st.windows.end()) {
-      l.token_interval_ms = it->second.token_interval_ms;
-      l.busy = it->second.busy;
-    }
-    out.push_back(std::move(l));
-  }
+  for (const auto& i : st.instances) out.push_back(load_of(st, i));
   return out;
 }
 
@@ -219,8 +221,8 @@ void poll(self_ptr self) {
               st.last[id] = std::move(s);
               // An X->Y instance whose X work is done is promoted to Y.
               if (auto* i = find(st, id)) {
-                for (const auto& l : pd_loads(st))
-                  if (l.id == id) set_pool(*i, settle(l.pool, l));
+                const pd_load l = load_of(st, *i);
+                set_pool(*i, settle(l.pool, l));
               }
               settle_drains(self);
             },
@@ -315,12 +317,11 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             if (p.instance == 0)
               return caf::make_error(caf::sec::invalid_argument,
                                      "no instance is serving (" + p.why + ")");
-            pd_load l;
-            for (const auto& x : pd_loads(st))
-              if (x.id == p.instance) l = x;
-            r = placement_reply{
-                p.instance, find(st, p.instance)->actor, p.why, false,
-                st.model.samples() > 0 ? predicted_ttft_ms(l, prompt_tokens, st.model) : 0.0};
+            const auto* i = find(st, p.instance);
+            r = placement_reply{i->id, i->actor, p.why, false,
+                                st.model.samples() > 0
+                                    ? predicted_ttft_ms(load_of(st, *i), prompt_tokens, st.model)
+                                    : 0.0};
           }
           // Count the placement now, so a burst does not all go to the
           // instance the last snapshot showed idle.

@@ -19,7 +19,6 @@ struct sim_seq {
   int32_t total = 0;     // prompt + generated tokens
   int32_t computed = 0;  // tokens with KV
   int32_t pages = 0;
-  int32_t generated = 0;
   bool running = false;
   bool parked = false;   // prefill done, waiting for its KV transfer
   bool swapped = false;  // imported: its KV arrives on admission
@@ -39,6 +38,7 @@ struct sim_instance {
   size_t n_decode = 0;
   double step_ms = 0;
   int32_t rows = 0;
+  int32_t decode_rows = 0;
 };
 
 enum class ev : uint8_t { arrival, step_done, transfer_done, window };
@@ -333,18 +333,18 @@ class simulation {
       in.busy = true;
       in.rows = rows;
       in.step_ms = cfg_.cost.step_ms(rows, decode_rows, context);
-      in_decode_rows_[in.id] = decode_rows;
+      in.decode_rows = decode_rows;
       push(now_ + in.step_ms / 1000, ev::step_done, index_of(in.id), 0, 0);
       return;
     }
     throw std::runtime_error("sim: the step planner did not settle");
   }
 
-  void record_token(size_t i) {
+  void record_token(size_t i, uint64_t instance) {
     auto& t = track_[i];
     if (t.tokens == 0) {
       t.first = now_;
-      mon_.ttft(current_inst_, t.predicted_ttft_ms, (now_ - reqs_[i].arrival) * 1000, now_);
+      mon_.ttft(instance, t.predicted_ttft_ms, (now_ - reqs_[i].arrival) * 1000, now_);
     }
     t.last = now_;
     ++t.tokens;
@@ -354,10 +354,9 @@ class simulation {
   void step_done(sim_instance& in) {
     in.busy = false;
     ++res_.stats.steps;
-    if (in.rows > in_decode_rows_[in.id])
-      model_.observe(in.rows - in_decode_rows_[in.id], in.step_ms);  // as the router does
-    mon_.step(in.id, in.rows, in_decode_rows_[in.id], in.step_ms, now_);
-    current_inst_ = in.id;
+    if (in.rows > in.decode_rows)
+      model_.observe(in.rows - in.decode_rows, in.step_ms);  // as the router does
+    mon_.step(in.id, in.rows, in.decode_rows, in.step_ms, now_);
     for (size_t k = 0; k < in.chunks.size(); ++k) {
       const auto& c = in.chunks[k];
       auto it = in.seqs.find(c.id);
@@ -366,15 +365,12 @@ class simulation {
       s.computed += c.n_tokens;
       if (!c.sample) continue;
       const size_t ri = size_t(s.id - 1);
-      ++s.generated;
       ++s.total;
-      record_token(ri);
-      const int32_t done_tokens = track_[ri].tokens;
-      if (done_tokens >= reqs_[ri].output) {
+      record_token(ri, in.id);
+      const auto& t = track_[ri];
+      if (t.tokens >= reqs_[ri].output) {
         in.free_pages += s.pages;
-        if (track_[ri].tokens > 1 && cfg_.targets.tpot_ms >= 0)
-          mon_.tpot(in.id, (track_[ri].last - track_[ri].first) * 1000 / (track_[ri].tokens - 1),
-                    now_);
+        if (t.tokens > 1) mon_.tpot(in.id, (t.last - t.first) * 1000 / (t.tokens - 1), now_);
         in.seqs.erase(it);
         ++finished_;
         continue;
@@ -470,8 +466,6 @@ class simulation {
   placement_cursor cursor_;
   flip_memory flips_;
   std::unordered_map<uint64_t, instance_window> windows_;
-  std::unordered_map<uint64_t, int32_t> in_decode_rows_;
-  uint64_t current_inst_ = 0;
   size_t rr_prefill_ = 0, rr_decode_ = 0;
   sim_result res_;
 };

@@ -53,6 +53,11 @@ pd_pool pool_of(instance_role r) {
   return pd_pool::mixed;
 }
 
+instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index) {
+  if (index < roles.size()) return roles[index];
+  return index == 0 ? instance_role::prefill : instance_role::decode;
+}
+
 instance_role role_of(pd_pool p) {
   switch (p) {
     case pd_pool::prefill:

@@ -28,6 +28,11 @@ enum class pd_pool : uint8_t { mixed, prefill, decode, prefill_to_decode, decode
 const char* to_string(pd_pool p);  // "M", "P", "D", "P->D", "D->P"
 
 pd_pool pool_of(instance_role r);  // where an instance of that role starts
+
+// With disaggregation, the role instance `index` (0-based, in the
+// service's instance order) starts with: its entry in `roles`, else the
+// first prefills and the rest decode.
+instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index);
 instance_role role_of(pd_pool p);  // the role it has (or is flipping to)
 pd_pool flip_pool(pd_pool from, instance_role to);
 bool takes_prefill(pd_pool p);  // M, P, D->P

@@ -536,8 +536,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   std::vector<device_info> infos;
   for (int i = 0; i < local; ++i) {
     instance_spec spec = base;
-    if (s.pd)
-      spec.role = size_t(i) < roles.size() ? s.roles[size_t(i)] : (i == 0 ? "prefill" : "decode");
+    if (s.pd) spec.role = to_string(pd_start_role(roles, size_t(i)));
     auto h = spawn_engine(*env.sys, i, spec);
     owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
     owned.push_back(caf::actor_cast<caf::actor>(h.device));
@@ -589,9 +588,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     lo.specs.assign(static_cast<size_t>(n.instances), spec);
     // Roles continue the local instances' order (the router's ids).
     for (auto& sp : lo.specs) {
-      if (s.pd)
-        sp.role = size_t(next_role) < roles.size() ? s.roles[size_t(next_role)]
-                                                   : (next_role == 0 ? "prefill" : "decode");
+      if (s.pd) sp.role = to_string(pd_start_role(roles, size_t(next_role)));
       ++next_role;
     }
     links.push_back(spawn_node_link(*env.sys, std::move(lo)));
