@@ -94,3 +94,100 @@ inline float16 round_to_half16(float16 v) {
   const float16 nrm = as_float16(u & (uint16)~0x1FFFu);
   return select(nrm, sub, isless(fabs(v), (float16)6.103515625e-05f));
 }
+
+// Integer dot products (matmul.cl's Q kernels).  The 32 values of a weight
+// block as unsigned bytes (packed in an int8) with its scale and offset
+// coefficient, so that, against activations quantized by quantize.cl,
+//   block dot = dw * dx * sum(u * q) + ms * xsum.x + mq * xsum.y
+// (xsum.x: the activation block's scaled sum as llama.cpp's q8_1 holds it,
+// rounded to half; xsum.y: the scale times the quants' sum, exact) for every
+// quantized type: q4_1 (u = the nibbles, ms = its min, as llama.cpp),
+// q4_0 (u = the nibbles, mq = -8 dw) and q8_0 (u = the signed quants + 128,
+// mq = -128 dw; both exact, as llama.cpp's integer sums are).
+
+// Lane i of the result: the sum over bytes 4i..4i+3 of u (unsigned) times
+// s (signed).  AVX-512 VNNI's vpdpbusd where the host found it
+// (TROUPE_VNNI: a PoCL CPU device, whose kernels are x86 code), as inline
+// assembly: PoCL compiles kernels for its generic skylake-avx512 target and
+// drops target attributes when it builds the work-group functions, so the
+// builtin cannot be selected.  Elsewhere plain integer arithmetic.
+#ifdef TROUPE_VNNI
+inline int8 dpbusd(int8 u, int8 s) {
+  int8 acc = (int8)0;
+  __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
+}
+#else
+inline int8 dpbusd(int8 u, int8 s) {
+  const int16 lo = convert_int16(as_uchar16(u.lo)) * convert_int16(as_char16(s.lo));
+  const int16 hi = convert_int16(as_uchar16(u.hi)) * convert_int16(as_char16(s.hi));
+  return (int8)(lo.s048c + lo.s159d + lo.s26ae + lo.s37bf,
+                hi.s048c + hi.s159d + hi.s26ae + hi.s37bf);
+}
+#endif
+
+inline float hsum8(float8 v) {
+  float4 b = v.lo + v.hi;
+  float2 c = b.lo + b.hi;
+  return c.x + c.y;
+}
+
+inline void loadu_q4_0(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                       float* ms, float* mq) {
+  const size_t blk = (size_t)r * nb + b;
+  const uchar16 q = vload16(blk, wq);
+  *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
+  *dw = wd[blk];
+  *ms = 0.0f;
+  *mq = -8.0f * *dw;
+}
+
+inline void loadu_q4_1(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                       float* ms, float* mq) {
+  const size_t blk = (size_t)r * nb + b;
+  const uchar16 q = vload16(blk, wq);
+  *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
+  *dw = wd[blk];
+  *ms = wm[blk];
+  *mq = 0.0f;
+}
+
+inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                       float* ms, float* mq) {
+  const size_t blk = (size_t)r * nb + b;
+  const uchar16 q0 = vload16(2 * blk, wq) ^ (uchar16)0x80;
+  const uchar16 q1 = vload16(2 * blk + 1, wq) ^ (uchar16)0x80;
+  *u = (int8)(as_int4(q0), as_int4(q1));
+  *dw = wd[blk];
+  *ms = 0.0f;
+  *mq = -128.0f * *dw;
+}
+
+
+// One block of 32 values: scale amax / 127, quants rounded to nearest.
+inline void quantize_block(float16 lo, float16 hi, __global char* q, __global float* d,
+                           __global float2* s) {
+  const float16 a = fmax(fabs(lo), fabs(hi));
+  float8 m8 = fmax(a.lo, a.hi);
+  float4 m4 = fmax(m8.lo, m8.hi);
+  float2 m2 = fmax(m4.lo, m4.hi);
+  const float amax = fmax(m2.x, m2.y);
+  const float dx = amax / 127.0f;
+  const float id = dx > 0.0f ? 1.0f / dx : 0.0f;
+  const int16 ql = convert_int16_rte(lo * id), qh = convert_int16_rte(hi * id);
+  vstore16(convert_char16(ql), 0, q);
+  vstore16(convert_char16(qh), 1, q);
+  const int16 qs = ql + qh;
+  const int8 s8 = qs.lo + qs.hi;
+  const int4 s4 = s8.lo + s8.hi;
+  // Scale and scaled sum stored as half, as llama.cpp's q8_1 blocks hold
+  // them (its results then are ours); the quants use the exact scale.
+  const float dh = round_to_half(dx);
+  const float sum = (float)(s4.x + s4.y + s4.z + s4.w);
+  *d = dh;
+  *s = (float2)(round_to_half(dx * sum), dh * sum);
+}
+

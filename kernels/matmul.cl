@@ -10,9 +10,14 @@
 // kernels (TT = TROUPE_TILE, set by the host) serve prefill and large
 // batches, _t4 small decode batches (2 rows or more), and _t1 (TT = 1) a
 // single row with no redundant arithmetic.
+//
+// Two input formats, X below: F (the activations as float, every weight
+// type dequantized to float) and Q (the activations quantized to 8 bits per
+// block of 32 by quantize.cl, for 4- and 8-bit weights: integer dot
+// products, as llama.cpp computes them; kernels named *_xq_*).
 
 // acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
-#define TROUPE_ROW_DOT(LOAD, TT, r, acc)                                  \
+#define F_DOT(LOAD, TT, r, acc)                                           \
   for (int b = 0; b < nb; ++b) {                                          \
     float16 lo, hi;                                                       \
     LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
@@ -22,51 +27,90 @@
     }                                                                     \
   }
 
+#define F_XARGS __global const float* x
+
 // Row pointers of the token tile (clamped: the tail tile repeats the last
-// token, whose results are not stored) and zeroed accumulators.
-#define TROUPE_TILE_SETUP(TT)                                             \
+// token, whose results are not stored).
+#define F_SETUP(TT)                                                       \
   const int nb = K / QK;                                                  \
   __global const float* xs[TT];                                           \
   for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
 
-#define TROUPE_ZERO(TT, acc) \
-  float16 acc[TT];           \
+#define F_ZERO(TT, acc) \
+  float16 acc[TT];      \
   for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
 
-#define TROUPE_MATMUL(NAME, LOAD, TT)                                                       \
+#define F_SUM(acc, j) hsum16(acc[j])
+
+// Q: per block, the weights' 32 values as unsigned bytes (LOADU, see
+// quantize.cl) dotted with the activations' signed bytes in integers,
+// scaled by both blocks' scales; the weights' offset term (q4_1's min,
+// q4_0's and q8_0's bias) times the activation block's scaled sum is kept
+// apart, in acc_m.
+#define Q_XARGS __global const int* xq, __global const float* xd, __global const float2* xsum
+
+#define Q_SETUP(TT)                                                       \
+  const int nb = K / QK;                                                  \
+  int tj[TT];                                                             \
+  for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
+
+#define Q_ZERO(TT, acc)                  \
+  float8 acc[TT];                        \
+  float acc##_m[TT];                     \
+  for (int j = 0; j < TT; ++j) {         \
+    acc[j] = (float8)0.0f;               \
+    acc##_m[j] = 0.0f;                   \
+  }
+
+#define Q_DOT(LOADU, TT, r, acc)                                               \
+  for (int b = 0; b < nb; ++b) {                                               \
+    int8 wu;                                                                   \
+    float dw, ms, mq;                                                          \
+    LOADU(wq, wd, wm, nb, (r), b, &wu, &dw, &ms, &mq);                         \
+    for (int j = 0; j < TT; ++j) {                                             \
+      const size_t xb = (size_t)tj[j] * nb + b;                                \
+      const int8 p = dpbusd(wu, vload8(xb, xq));                               \
+      acc[j] = fma(convert_float8(p), (float8)(dw * xd[xb]), acc[j]);          \
+      acc##_m[j] = fma(ms, xsum[xb].x, fma(mq, xsum[xb].y, acc##_m[j]));       \
+    }                                                                          \
+  }
+
+#define Q_SUM(acc, j) (hsum8(acc[j]) + acc##_m[j])
+
+#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, __global const float* x, __global float* y,    \
+                     __global const float* wm, X##_XARGS, __global float* y,    \
                      int K, int N, int T, int ldy, int accumulate, int rows_per_item) {      \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
-    TROUPE_TILE_SETUP(TT)                                                                    \
+    X##_SETUP(TT)                                                                    \
     const int n0 = get_global_id(0) * rows_per_item;                                         \
     for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
-      TROUPE_ZERO(TT, acc)                                                                   \
-      TROUPE_ROW_DOT(LOAD, TT, n, acc)                                                       \
+      X##_ZERO(TT, acc)                                                                   \
+      X##_DOT(LOAD, TT, n, acc)                                                       \
       for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
         const size_t i = (size_t)(t0 + j) * ldy + n;                                         \
-        const float r = hsum16(acc[j]);                                                      \
+        const float r = X##_SUM(acc, j);                                                      \
         y[i] = accumulate ? y[i] + r : r;                                                    \
       }                                                                                      \
     }                                                                                        \
   }
 
-#define TROUPE_MATMUL_GLU(NAME, LOAD, TT)                                                   \
+#define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, __global const float* x, __global float* h,    \
+                     __global const float* wm, X##_XARGS, __global float* h,    \
                      int K, int F, int T, int rows_per_item) {                               \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
-    TROUPE_TILE_SETUP(TT)                                                                    \
+    X##_SETUP(TT)                                                                    \
     const int n0 = get_global_id(0) * rows_per_item;                                         \
     for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
-      TROUPE_ZERO(TT, g)                                                                     \
-      TROUPE_ZERO(TT, u)                                                                     \
-      TROUPE_ROW_DOT(LOAD, TT, n, g)                                                         \
-      TROUPE_ROW_DOT(LOAD, TT, F + n, u)                                                     \
+      X##_ZERO(TT, g)                                                                     \
+      X##_ZERO(TT, u)                                                                     \
+      X##_DOT(LOAD, TT, n, g)                                                         \
+      X##_DOT(LOAD, TT, F + n, u)                                                     \
       for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
-        h[(size_t)(t0 + j) * F + n] = silu(hsum16(g[j])) * hsum16(u[j]);                     \
+        h[(size_t)(t0 + j) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
     }                                                                                        \
   }
 
@@ -76,9 +120,9 @@
 // pairs (2i, 2i+1) of a head in the normal layout, (i, i + rope_dims/2) in
 // NeoX; dimensions past rope_dims are paired but not rotated, and v heads
 // are never rotated.
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT)                                                   \
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, __global const float* x, __global float* qkv,  \
+                     __global const float* wm, X##_XARGS, __global float* qkv,  \
                      int K, int T, __global const int* pos, __global const int* row_seq,     \
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
@@ -86,7 +130,7 @@
                      int n_pages, int rows_per_item) {                                       \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
-    TROUPE_TILE_SETUP(TT)                                                                    \
+    X##_SETUP(TT)                                                                    \
     const int half_hd = hd / 2;                                                              \
     const int half_rope = rope_dims / 2;                                                     \
     const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                       \
@@ -107,13 +151,13 @@
         d1 = d0 + 1;                                                                         \
       }                                                                                      \
       const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);    \
-      TROUPE_ZERO(TT, a0)                                                                    \
-      TROUPE_ZERO(TT, a1)                                                                    \
-      TROUPE_ROW_DOT(LOAD, TT, head * hd + d0, a0)                                           \
-      TROUPE_ROW_DOT(LOAD, TT, head * hd + d1, a1)                                           \
+      X##_ZERO(TT, a0)                                                                    \
+      X##_ZERO(TT, a1)                                                                    \
+      X##_DOT(LOAD, TT, head * hd + d0, a0)                                           \
+      X##_DOT(LOAD, TT, head * hd + d1, a1)                                           \
       for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
         const int t = t0 + j;                                                                \
-        float v0 = hsum16(a0[j]), v1 = hsum16(a1[j]);                                        \
+        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                        \
         if (rotate) {                                                                        \
           const float2 cs = rope[(size_t)t * half_rope + i];                                 \
           const float c = cs.x, s = cs.y;                                                    \
@@ -139,23 +183,26 @@
 
 // Three token tiles per family: 1 (one decode row), 4 (small decode
 // batches) and TROUPE_TILE (prefill chunks and large batches).
-#define TROUPE_MATMUL_FAMILY(T, LOAD)                              \
-  TROUPE_MATMUL(matmul_##T##_t1, LOAD, 1)                          \
-  TROUPE_MATMUL(matmul_##T##_t4, LOAD, 4)                          \
-  TROUPE_MATMUL(matmul_##T##_tiled, LOAD, TROUPE_TILE)             \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_t1, LOAD, 1)                  \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_t4, LOAD, 4)                  \
-  TROUPE_MATMUL_GLU(matmul_glu_##T##_tiled, LOAD, TROUPE_TILE)     \
-  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t1, LOAD, 1)                  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##T##_t4, LOAD, 4)                  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##T##_tiled, LOAD, TROUPE_TILE)
+#define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN)                              \
+  TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                          \
+  TROUPE_MATMUL(matmul_##XN##T##_t4, LOAD, 4, X)                          \
+  TROUPE_MATMUL(matmul_##XN##T##_tiled, LOAD, TROUPE_TILE, X)             \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t1, LOAD, 1, X)                  \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t4, LOAD, 4, X)                  \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)     \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X)                  \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X)                  \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X)
 
 #ifndef TROUPE_TILE
 #define TROUPE_TILE 4
 #endif
 
-TROUPE_MATMUL_FAMILY(f32, load_f32)
-TROUPE_MATMUL_FAMILY(f16, load_f16)
-TROUPE_MATMUL_FAMILY(q4_0, load_q4_0)
-TROUPE_MATMUL_FAMILY(q4_1, load_q4_1)
-TROUPE_MATMUL_FAMILY(q8_0, load_q8_0)
+TROUPE_MATMUL_FAMILY(f32, load_f32, F, )
+TROUPE_MATMUL_FAMILY(f16, load_f16, F, )
+TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
+TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
+TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
+TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
+TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
+TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)

@@ -11,3 +11,23 @@ __kernel void rmsnorm(__global const float* x, __global const float* w, __global
   const float scale = 1.0f / sqrt(ss / (float)D + eps);
   for (int i = 0; i < D; ++i) yr[i] = xr[i] * scale * w[i];
 }
+
+// The same, written quantized to 8 bits per block (quantize.cl's format) for
+// the integer matmuls that read it, instead of as float.
+__kernel void rmsnorm_q8(__global const float* x, __global const float* w, __global char* xq,
+                         __global float* xd, __global float2* xsum, __global const int* rows,
+                         int gather, int D, float eps) {
+  const int r = get_global_id(0);
+  __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;
+  float ss = 0.0f;
+  for (int i = 0; i < D; ++i) ss = fma(xr[i], xr[i], ss);
+  const float scale = 1.0f / sqrt(ss / (float)D + eps);
+  const int nb = D / QK;
+  for (int b = 0; b < nb; ++b) {
+    const size_t blk = (size_t)r * nb + b;
+    const int i = b * QK;
+    quantize_block(vload16(0, xr + i) * scale * vload16(0, w + i),
+                   vload16(1, xr + i) * scale * vload16(1, w + i), xq + blk * QK, xd + blk,
+                   xsum + blk);
+  }
+}

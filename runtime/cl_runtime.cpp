@@ -86,6 +86,15 @@ std::string info_string(cl_device_id d, cl_device_info what) {
   return s;
 }
 
+std::string platform_string(cl_platform_id p, cl_platform_info what) {
+  size_t n = 0;
+  clGetPlatformInfo(p, what, 0, nullptr, &n);
+  std::string s(n, '\0');
+  clGetPlatformInfo(p, what, n, s.data(), nullptr);
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
 }  // namespace
 
 buffer& buffer::operator=(buffer&& o) noexcept {
@@ -134,6 +143,14 @@ context::context(device_choice choice) {
   cl_uint cu = 1;
   clGetDeviceInfo(device_, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
   compute_units_ = static_cast<int>(cu);
+  cl_device_type type = 0;
+  clGetDeviceInfo(device_, CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
+#if defined(__x86_64__)
+  x86_vnni_ = (type & CL_DEVICE_TYPE_CPU) &&
+              platform_string(platform_, CL_PLATFORM_NAME).find("Portable Computing Language") !=
+                  std::string::npos &&
+              __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+#endif
   cl_int rc = CL_SUCCESS;
   ctx_ = clCreateContext(nullptr, 1, &device_, nullptr, nullptr, &rc);
   check(rc, "clCreateContext");

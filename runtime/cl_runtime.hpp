@@ -61,8 +61,14 @@ class kernel {
   // Sets arguments in order: buffers, scalars (int, float, ...).
   template <class... Ts>
   void args(const Ts&... xs) {
-    cl_uint i = 0;
+    args_from(0, xs...);
+  }
+  // The same from argument `first` on; returns the index after the last.
+  template <class... Ts>
+  cl_uint args_from(cl_uint first, const Ts&... xs) {
+    cl_uint i = first;
     (set(i++, xs), ...);
+    return i;
   }
 
  private:
@@ -88,6 +94,10 @@ class context {
   const std::string& device_name() const { return device_name_; }
   size_t global_mem_bytes() const { return global_mem_; }
   int compute_units() const { return compute_units_; }
+  // A PoCL CPU device on an x86 host with AVX-512 VNNI: its kernel compiler
+  // is clang for this very CPU, so kernels may use x86 builtins under a
+  // target attribute (the integer matmuls' vpdpbusd).
+  bool x86_vnni() const { return x86_vnni_; }
 
   buffer alloc(size_t bytes, const void* init = nullptr);
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
@@ -118,6 +128,7 @@ class context {
   std::string device_name_;
   size_t global_mem_ = 0;
   int compute_units_ = 1;
+  bool x86_vnni_ = false;
 };
 
 }  // namespace troupe::cl

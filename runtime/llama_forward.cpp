@@ -34,6 +34,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
+  if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -65,7 +66,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
                       " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
   if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
   ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
-             std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : ""));
+             std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
+             (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : ""));
   weights_ = upload_weights(ctx_, *model_);
 
   n_pages_ =
@@ -78,6 +80,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_embed_ =
       ctx_.make_kernel(std::string("embed_") + type_suffix[type_slot(weights_.embedding.type)]);
   k_rmsnorm_ = ctx_.make_kernel("rmsnorm");
+  k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
+  k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
   ensure_scratch(std::max(opts_.max_batch_tokens, 1), 1);
 }
@@ -93,16 +97,40 @@ int llama_forward::tile_for(int rows) const {
   return rows >= opts_.token_tile ? opts_.token_tile : std::min(4, opts_.token_tile);
 }
 
-cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows) {
+cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, bool xq) {
   static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
   const int tile = tile_for(rows);
   const int slot = tile == 1 ? 0 : tile == opts_.token_tile ? 2 : 1;
   static const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
-  auto& k = k_mm_[static_cast<int>(f)][type_slot(t)][slot];
+  auto& k = k_mm_[xq ? 1 : 0][static_cast<int>(f)][type_slot(t)][slot];
   if (!k.get())
-    k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) +
+    k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) + (xq ? "xq_" : "") +
                          type_suffix[type_slot(t)] + slot_suffix[slot]);
   return k;
+}
+
+bool llama_forward::int8_for(const device_matrix& w) const {
+  return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
+                            w.type == tensor_type::q8_0);
+}
+
+void llama_forward::quantize(const cl::buffer& x, int K, int rows) {
+  k_quant_.args(x, K, xq_, xqd_, xqs_);
+  ctx_.launch(k_quant_, {static_cast<size_t>(K / 32), static_cast<size_t>(rows)});
+}
+
+void llama_forward::norm(const cl::buffer& weight, bool to_q8, int rows) {
+  const auto& hp = hparams();
+  if (to_q8)
+    k_rmsnorm_q8_.args(x_, weight, xq_, xqd_, xqs_, row_seq_ /*unused*/, 0, hp.n_embd, hp.rms_eps);
+  else
+    k_rmsnorm_.args(x_, weight, xn_, row_seq_ /*unused*/, 0, hp.n_embd, hp.rms_eps);
+  ctx_.launch(to_q8 ? k_rmsnorm_q8_ : k_rmsnorm_, {static_cast<size_t>(rows)});
+}
+
+cl_uint llama_forward::matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x,
+                                     bool xq) {
+  return xq ? k.args_from(0, w.q, w.d, w.m, xq_, xqd_, xqs_) : k.args_from(0, w.q, w.d, w.m, x);
 }
 
 size_t llama_forward::token_groups(int rows) const {
@@ -121,6 +149,12 @@ void llama_forward::ensure_scratch(int rows, int logit_rows) {
     qkv_ = ctx_.alloc(r * qkv_w * f);
     att_ = ctx_.alloc(r * hp.n_head * hp.head_dim * f);
     h_ = ctx_.alloc(r * hp.n_ff * f);
+    // Quantized activations: the widest input of any matmul.
+    const size_t k_max =
+        std::max<size_t>({size_t(hp.n_embd), size_t(hp.n_head) * hp.head_dim, size_t(hp.n_ff)});
+    xq_ = ctx_.alloc(r * k_max);
+    xqd_ = ctx_.alloc(r * (k_max / 32) * f);
+    xqs_ = ctx_.alloc(r * (k_max / 32) * 2 * f);
     tokens_ = ctx_.alloc(r * 4);
     pos_ = ctx_.alloc(r * 4);
     row_seq_ = ctx_.alloc(r * 4);
@@ -174,10 +208,12 @@ void llama_forward::validate(const forward_batch& b) const {
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
                            int rows, int ldy, bool accumulate) {
-  auto& k = family_kernel(mm_family::plain, w.type, rows);
+  const bool xq = int8_for(w);
+  auto& k = family_kernel(mm_family::plain, w.type, rows, xq);
   const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
+  if (xq) quantize(x, K, rows);
   const auto g = grid(N, rows);
-  k.args(w.q, w.d, w.m, x, y, K, N, rows, ldy, accumulate ? 1 : 0, g.rows_per_item);
+  k.args_from(matmul_inputs(k, w, x, xq), y, K, N, rows, ldy, accumulate ? 1 : 0, g.rows_per_item);
   launch_grid(k, g, rows);
 }
 
@@ -238,14 +274,14 @@ forward_result llama_forward::run(const forward_batch& b) {
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const auto& L = weights_.layers[l];
-    k_rmsnorm_.args(x_, L.attn_norm, xn_, row_seq_ /*unused*/, 0, D, eps);
-    ctx_.launch(k_rmsnorm_, {uT});
     {
-      auto& k = family_kernel(mm_family::qkv, L.qkv.type, T);
+      const bool xq = int8_for(L.qkv);
+      norm(L.attn_norm, xq, T);
+      auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq);
       const auto gq = grid(qkv_w / 2, T);
-      k.args(L.qkv.q, L.qkv.d, L.qkv.m, xn_, qkv_, D, T, pos_, row_seq_, pt_, pt_off_, k_cache_,
-             v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope_, neox, page_size, l,
-             n_pages_, gq.rows_per_item);
+      k.args_from(matmul_inputs(k, L.qkv, xn_, xq), qkv_, D, T, pos_, row_seq_, pt_, pt_off_,
+                  k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope_, neox,
+                  page_size, l, n_pages_, gq.rows_per_item);
       launch_grid(k, gq, T);
     }
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
@@ -253,12 +289,12 @@ forward_result llama_forward::run(const forward_batch& b) {
     ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
                           static_cast<size_t>((T + att_rows - 1) / att_rows)});
     matmul(L.wo, att_, x_, T, D, true);
-    k_rmsnorm_.args(x_, L.ffn_norm, xn_, row_seq_, 0, D, eps);
-    ctx_.launch(k_rmsnorm_, {uT});
     {
-      auto& k = family_kernel(mm_family::glu, L.gate_up.type, T);
+      const bool xq = int8_for(L.gate_up);
+      norm(L.ffn_norm, xq, T);
+      auto& k = family_kernel(mm_family::glu, L.gate_up.type, T, xq);
       const auto gg = grid(F, T);
-      k.args(L.gate_up.q, L.gate_up.d, L.gate_up.m, xn_, h_, D, F, T, gg.rows_per_item);
+      k.args_from(matmul_inputs(k, L.gate_up, xn_, xq), h_, D, F, T, gg.rows_per_item);
       launch_grid(k, gg, T);
     }
     matmul(L.down, h_, x_, T, D, true);

@@ -25,10 +25,15 @@ struct engine_options {
   int group_size = 1;            // matmul work-items per work-group
   int token_tile = 8;            // tokens per work-item in prefill matmuls (bench: 8 > 4)
   int attention_rows = 4;        // rows of one sequence per attention work-item (prefill)
+  // 4- and 8-bit weights: activations quantized to 8 bits per block and
+  // integer dot products (llama.cpp's numerics; AVX-512 VNNI on PoCL where
+  // the CPU has it).  Off: every weight dequantized to float.
+  bool int8_dot = true;
 };
 
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
-// TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS), for
+// TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
+// TROUPE_INT8_DOT=0 for float matmuls on quantized weights), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 
@@ -67,7 +72,17 @@ class llama_forward {
   void matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y, int rows, int ldy,
               bool accumulate);
   enum class mm_family { plain, glu, qkv };
-  cl::kernel& family_kernel(mm_family f, tensor_type t, int rows);
+  cl::kernel& family_kernel(mm_family f, tensor_type t, int rows, bool xq);
+  // Whether products with `w` take quantized activations (int8_dot).
+  bool int8_for(const device_matrix& w) const;
+  // x [rows][K] quantized into the xq scratch.
+  void quantize(const cl::buffer& x, int K, int rows);
+  // RMSNorm of x_'s rows into xn_ (as float) or, for an integer matmul, into
+  // the xq scratch.
+  void norm(const cl::buffer& weight, bool to_q8, int rows);
+  // Sets a matmul kernel's weight and input arguments (x as float, or the
+  // xq scratch); returns the next argument's index.
+  cl_uint matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x, bool xq);
   // Tokens per matmul work-item for a batch of `rows`: 1 for one row, 4 for
   // small batches, token_tile from token_tile rows on.  One weight pass for
   // a whole tile beats a pass per row even when the tile's tail repeats
@@ -95,9 +110,10 @@ class llama_forward {
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
+  cl::buffer xq_, xqd_, xqs_;  // quantized activations (quantize.cl's format)
 
-  cl::kernel k_embed_, k_rmsnorm_, k_attn_;
-  cl::kernel k_mm_[3][5][3];  // [family][type][t1, t4, tiled]
+  cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
+  cl::kernel k_mm_[2][3][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
 };
 
 }  // namespace troupe

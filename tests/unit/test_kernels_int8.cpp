@@ -1,0 +1,339 @@
+// The integer-dot-product path (kernels/quantize.cl, the Q kernels of
+// kernels/matmul.cl, rmsnorm_q8) against a plain C++ reference: activations
+// quantized per block of 32 as llama.cpp's q8_1 (scale and scaled sum
+// rounded to half), and the products of 4- and 8-bit weights with them.
+// Both dot-product builds run where they can: the portable one everywhere,
+// the VNNI inline assembly where the device is PoCL on an x86 CPU with it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/cl_runtime.hpp"
+#include "runtime/device_weights.hpp"
+#include "runtime/tensor_type.hpp"
+#include "tests/unit/kernel_reference.hpp"
+
+namespace troupe {
+namespace {
+
+namespace ref = kernel_ref;
+
+constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0};
+
+struct built {
+  std::unique_ptr<cl::context> ctx;
+  std::string no_device;
+};
+
+// [0]: the portable build; [1]: with TROUPE_VNNI (null where unavailable).
+built& context_for(bool vnni) {
+  static built shared[2];
+  auto& s = shared[vnni ? 1 : 0];
+  if (s.ctx || !s.no_device.empty()) return s;
+  try {
+    s.ctx = std::make_unique<cl::context>();
+  } catch (const cl::cl_error& e) {
+    s.no_device = e.what();
+    return s;
+  }
+  if (vnni && !s.ctx->x86_vnni()) {
+    s.ctx.reset();
+    s.no_device = "no AVX-512 VNNI on a PoCL CPU device here";
+    return s;
+  }
+  s.ctx->build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4") +
+               (vnni ? " -DTROUPE_VNNI" : ""));
+  return s;
+}
+
+class KernelInt8 : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!context_for(GetParam()).ctx)
+      GTEST_SKIP() << (GetParam() ? "VNNI build: " : "") << context_for(GetParam()).no_device;
+  }
+  static cl::context& ctx() { return *context_for(GetParam()).ctx; }
+};
+
+template <class T>
+cl::buffer upload(cl::context& c, const std::vector<T>& v) {
+  return c.alloc(v.size() * sizeof(T), v.data());
+}
+
+template <class T>
+std::vector<T> download(cl::context& c, const cl::buffer& b, size_t n) {
+  std::vector<T> v(n);
+  c.read(b, v.data(), n * sizeof(T));
+  return v;
+}
+
+std::vector<float> random_floats(size_t n, float lo, float hi, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::string suffix(tensor_type t) {
+  std::string s(traits_of(t).name);
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+// Quantized activations as the kernels leave them.
+struct q8_rows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<float> s;  // pairs: (half-rounded scaled sum, scale * sum)
+};
+
+q8_rows download_q8(cl::context& c, const cl::buffer& q, const cl::buffer& d, const cl::buffer& s,
+                    int rows, int K) {
+  const size_t n = static_cast<size_t>(rows) * K;
+  return {download<int8_t>(c, q, n), download<float>(c, d, n / 32), download<float>(c, s, n / 16)};
+}
+
+// Checks one row's blocks against the quantization of `want` (the exact
+// values the kernel was to quantize).
+void check_q8_row(const q8_rows& got, int row, int K, const std::vector<double>& want,
+                  double value_tol) {
+  for (int b = 0; b < K / 32; ++b) {
+    SCOPED_TRACE("row " + std::to_string(row) + " block " + std::to_string(b));
+    const size_t blk = static_cast<size_t>(row) * (K / 32) + b;
+    double amax = 0;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(want[b * 32 + i]));
+    const double d = amax / 127.0;
+    EXPECT_NEAR(got.d[blk], ref::round_half(static_cast<float>(d)), ref::half_step(d) * 0.51);
+    long sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = got.q[blk * 32 + i];
+      sum += q;
+      const double exact = d > 0 ? want[b * 32 + i] / d : 0.0;
+      ASSERT_LE(std::fabs(q - exact), 0.5 + value_tol) << "value " << i;
+    }
+    EXPECT_EQ(got.s[2 * blk + 1], got.d[blk] * static_cast<float>(sum));
+    EXPECT_NEAR(got.s[2 * blk], d * sum,
+                ref::half_step(d * sum) * 0.51 + 1e-6 * std::fabs(d * sum));
+  }
+}
+
+TEST_P(KernelInt8, QuantizeBlocksAsLlamaCppQ8_1) {
+  auto& c = ctx();
+  std::mt19937 rng(77);
+  const int K = 96, R = 3;
+  auto x = random_floats(static_cast<size_t>(R) * K, -3.0f, 3.0f, rng);
+  for (int i = 0; i < 32; ++i) x[K + 32 + i] = 0.0f;  // an all-zero block: scale 0, quants 0
+  const auto xb = upload(c, x);
+  const auto qb = c.alloc(x.size()), db = c.alloc(x.size() / 32 * 4),
+             sb = c.alloc(x.size() / 16 * 4);
+  auto k = c.make_kernel("quantize_q8");
+  k.args(xb, K, qb, db, sb);
+  c.launch(k, {static_cast<size_t>(K / 32), static_cast<size_t>(R)});
+  const auto got = download_q8(c, qb, db, sb, R, K);
+  for (int r = 0; r < R; ++r)
+    check_q8_row(got, r, K, std::vector<double>(x.begin() + r * K, x.begin() + (r + 1) * K), 1e-4);
+}
+
+TEST_P(KernelInt8, RmsnormQ8QuantizesTheNormalizedRows) {
+  auto& c = ctx();
+  std::mt19937 rng(78);
+  const int D = 128, R = 4;
+  const float eps = 1e-5f;
+  const auto x = random_floats(static_cast<size_t>(R) * D, -2.0f, 2.0f, rng);
+  const auto w = random_floats(D, 0.5f, 1.5f, rng);
+  const std::vector<int32_t> rows = {3, 0, 0, 1};
+  const auto xb = upload(c, x), wb = upload(c, w), rb = upload(c, rows);
+  auto k = c.make_kernel("rmsnorm_q8");
+  for (const int gather : {0, 1}) {
+    SCOPED_TRACE("gather " + std::to_string(gather));
+    const size_t n = static_cast<size_t>(R) * D;
+    const auto qb = c.alloc(n), db = c.alloc(n / 32 * 4), sb = c.alloc(n / 16 * 4);
+    k.args(xb, wb, qb, db, sb, rb, gather, D, eps);
+    c.launch(k, {static_cast<size_t>(R)});
+    const auto got = download_q8(c, qb, db, sb, R, D);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = &x[static_cast<size_t>(gather ? rows[r] : r) * D];
+      double ss = 0;
+      for (int i = 0; i < D; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+      const double scale = 1.0 / std::sqrt(ss / D + eps);
+      std::vector<double> want(D);
+      for (int i = 0; i < D; ++i) want[i] = xr[i] * scale * w[i];
+      check_q8_row(got, r, D, want, 1e-3);  // the float norm is off by a few ulps
+    }
+  }
+}
+
+// Block b of row r of a GGUF matrix as the Q kernels read it: unsigned
+// values, scale, and the coefficients of the offset terms (see common.cl).
+struct ublock {
+  int u[32];
+  double d, ms, mq;
+};
+
+ublock unpack(tensor_type t, const std::vector<uint8_t>& bytes, int K, int r, int b) {
+  const size_t at = row_bytes(t, K) * r + traits_of(t).block_bytes * b;
+  auto half_at = [&](size_t o) {
+    uint16_t h;
+    std::memcpy(&h, &bytes[at + o], 2);
+    return static_cast<double>(half_to_float(h));
+  };
+  ublock u{};
+  u.d = half_at(0);
+  if (t == tensor_type::q8_0) {
+    for (int i = 0; i < 32; ++i) u.u[i] = static_cast<int8_t>(bytes[at + 2 + i]) + 128;
+    u.mq = -128 * u.d;
+    return u;
+  }
+  const size_t qs = t == tensor_type::q4_1 ? 4 : 2;
+  for (int i = 0; i < 16; ++i) {
+    u.u[i] = bytes[at + qs + i] & 0xF;
+    u.u[16 + i] = bytes[at + qs + i] >> 4;
+  }
+  if (t == tensor_type::q4_1)
+    u.ms = half_at(2);
+  else
+    u.mq = -8 * u.d;
+  return u;
+}
+
+// Row n of W times row t of the quantized activations, by llama.cpp's
+// formula, in double; and the magnitude that bounds a float evaluation.
+ref::dot_result q8_dot(tensor_type type, const std::vector<uint8_t>& bytes, int K, int n,
+                       const q8_rows& x, int t) {
+  ref::dot_result r{0, 0};
+  for (int b = 0; b < K / 32; ++b) {
+    const ublock w = unpack(type, bytes, K, n, b);
+    const size_t blk = static_cast<size_t>(t) * (K / 32) + b;
+    long isum = 0, iabs = 0;
+    for (int i = 0; i < 32; ++i) {
+      isum += static_cast<long>(w.u[i]) * x.q[blk * 32 + i];
+      iabs += std::labs(static_cast<long>(w.u[i]) * x.q[blk * 32 + i]);
+    }
+    const double dd = w.d * x.d[blk];
+    const double off = w.ms * x.s[2 * blk] + w.mq * x.s[2 * blk + 1];
+    r.dot += dd * isum + off;
+    r.mag += std::fabs(dd) * iabs + std::fabs(off);
+  }
+  return r;
+}
+
+struct launch_shape {
+  int tile, rows_per_item;
+};
+constexpr launch_shape k_launches[] = {{1, 1}, {1, 3}, {4, 1}, {4, 3}};
+
+std::string kernel_suffix(const launch_shape& ls) {
+  return ls.tile == 1 ? "_t1" : ls.rows_per_item == 1 ? "_t4" : "_tiled";
+}
+
+void launch_matmul(cl::context& c, const cl::kernel& k, int units, const launch_shape& ls, int T) {
+  const size_t items = static_cast<size_t>((units + ls.rows_per_item - 1) / ls.rows_per_item);
+  const size_t groups = static_cast<size_t>(ls.tile == 1 ? T : (T + 3) / 4);
+  c.launch(k, {items, groups}, {16, 1});
+}
+
+// x quantized on the device: the buffers the Q kernels read, and their
+// contents for the reference.
+struct quantized_input {
+  cl::buffer q, d, s;
+  q8_rows host;
+};
+
+quantized_input quantize_on_device(cl::context& c, const std::vector<float>& x, int T, int K) {
+  quantized_input in;
+  const auto xb = upload(c, x);
+  in.q = c.alloc(x.size());
+  in.d = c.alloc(x.size() / 32 * 4);
+  in.s = c.alloc(x.size() / 16 * 4);
+  auto k = c.make_kernel("quantize_q8");
+  k.args(xb, K, in.q, in.d, in.s);
+  c.launch(k, {static_cast<size_t>(K / 32), static_cast<size_t>(T)});
+  in.host = download_q8(c, in.q, in.d, in.s, T, K);
+  return in;
+}
+
+TEST_P(KernelInt8, MatmulEveryQuantTypeTileAndShapeMatchesIntegerDot) {
+  auto& c = ctx();
+  std::mt19937 rng(2024);
+  for (const auto& [K, N] : {std::pair{32, 5}, std::pair{256, 37}, std::pair{1024, 19}}) {
+    for (const tensor_type type : k_quant_types) {
+      SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+      const auto bytes = ref::random_matrix(type, K, N, rng);
+      const tensor_view v{"w", type, {K, N}, bytes.data(), bytes.size()};
+      const auto dm = upload_matrix(c, {&v});
+      for (const launch_shape ls : k_launches) {
+        auto k = c.make_kernel("matmul_xq_" + suffix(type) + kernel_suffix(ls));
+        for (const int T : {1, 4, 7}) {
+          for (const int acc : {0, 1}) {
+            SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
+                         std::to_string(ls.rows_per_item) + " T=" + std::to_string(T) +
+                         " accumulate=" + std::to_string(acc));
+            const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+            const auto in = quantize_on_device(c, x, T, K);
+            const int ldy = N + 2;
+            const auto y0 = random_floats(static_cast<size_t>(T) * ldy, -1.0f, 1.0f, rng);
+            const auto yb = upload(c, y0);
+            k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, yb, K, N, T, ldy, acc, ls.rows_per_item);
+            launch_matmul(c, k, N, ls, T);
+            const auto y = download<float>(c, yb, y0.size());
+            int bad = 0;
+            for (int t = 0; t < T; ++t)
+              for (int n = 0; n < ldy; ++n) {
+                const size_t i = static_cast<size_t>(t) * ldy + n;
+                if (n >= N) {
+                  bad += y[i] != y0[i];
+                  continue;
+                }
+                const auto d = q8_dot(type, bytes, K, n, in.host, t);
+                const double want = acc ? y0[i] + d.dot : d.dot;
+                if (std::fabs(y[i] - want) > ref::dot_tol(d.mag) + 1e-6 && ++bad <= 4)
+                  ADD_FAILURE() << "y[" << t << "][" << n << "] = " << y[i] << ", want " << want;
+              }
+            EXPECT_EQ(bad, 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_P(KernelInt8, MatmulGluGatesUpBySiluOfGate) {
+  auto& c = ctx();
+  std::mt19937 rng(2025);
+  const int K = 256, F = 21;
+  for (const tensor_type type : k_quant_types) {
+    SCOPED_TRACE("type " + suffix(type));
+    const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
+    const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
+    const auto dm = upload_matrix(c, {&v});
+    for (const launch_shape ls : k_launches) {
+      auto k = c.make_kernel("matmul_glu_xq_" + suffix(type) + kernel_suffix(ls));
+      const int T = 5;
+      const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+      const auto in = quantize_on_device(c, x, T, K);
+      const auto hb = c.alloc(static_cast<size_t>(T) * F * 4);
+      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, ls.rows_per_item);
+      launch_matmul(c, k, F, ls, T);
+      const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
+      for (int t = 0; t < T; ++t)
+        for (int n = 0; n < F; ++n) {
+          const auto g = q8_dot(type, bytes, K, n, in.host, t);
+          const auto u = q8_dot(type, bytes, K, F + n, in.host, t);
+          EXPECT_NEAR(h[static_cast<size_t>(t) * F + n], ref::silu(g.dot) * u.dot,
+                      ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag)))
+              << "h[" << t << "][" << n << "] tile " << ls.tile;
+        }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Builds, KernelInt8, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Vnni" : "Portable"; });
+
+}  // namespace
+}  // namespace troupe
