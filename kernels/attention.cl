@@ -100,7 +100,8 @@ inline void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
 inline void attend_rows(__global const float* qkv, __global const kv_t* kc,
                         __global const kv_t* vc, __global float* out, __global const int* pos,
                         __global const int* table, int t0, int nr, int h, int g, int n_head,
-                        int n_kv, int hd, int page_size, int layer, int n_pages, float scale) {
+                        int n_kv, int hd, int page_size, int layer, int n_pages, float scale,
+                        __global char* oq, __global float* od, __global float2* os) {
   const int hd16 = hd / 16;
   float16 qv[ATT_ROWS][HD_MAX / 16], acc[ATT_ROWS][HD_MAX / 16];
   float sc[ATT_ROWS][ATT_KEYS];
@@ -170,20 +171,28 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc,
   for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
 #endif
   for (int r = 0; r < nr; ++r) {
-    __global float* o = out + (size_t)(t0 + r) * n_head * hd + h * hd;
-    for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, o);
+    const size_t at = (size_t)(t0 + r) * n_head * hd + h * hd;
+    for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, out + at);
+    if (oq)  // quantized too, for an integer output projection (hd % 32 == 0)
+      for (int i = 0; i < hd16; i += 2) {
+        const size_t blk = at / QK + i / 2;
+        quantize_block(acc[r][i] * l[r], acc[r][i + 1] * l[r], oq + blk * QK, od + blk, os + blk);
+      }
   }
 }
 
 // Causal attention through page tables, for decode rows (one new token) and
 // prefill chunks alike.  GQA: query head h reads KV head h / (n_head /
 // n_kv).  One work-item per (head, rows_per_item consecutive rows); the
-// rows of one sequence among them share each K/V load.
+// rows of one sequence among them share each K/V load.  With quant_out the
+// output is also written quantized (quantize.cl's format) to oq, od, os.
 __kernel void attention(__global const float* qkv, __global const kv_t* kc,
                         __global const kv_t* vc, __global float* out, __global const int* pos,
                         __global const int* row_seq, __global const int* pt,
                         __global const int* pt_off, int n_head, int n_kv, int hd, int page_size,
-                        int layer, int n_pages, float scale, int n_rows, int rows_per_item) {
+                        int layer, int n_pages, float scale, int n_rows, int rows_per_item,
+                        __global char* oq, __global float* od, __global float2* os,
+                        int quant_out) {
   const int h = get_global_id(0);
   const int t_begin = get_global_id(1) * rows_per_item;
   if (h >= n_head) return;
@@ -193,7 +202,7 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
     int nr = 1;
     while (t0 + nr < t_end && nr < ATT_ROWS && row_seq[t0 + nr] == row_seq[t0]) ++nr;
     attend_rows(qkv, kc, vc, out, pos, pt + pt_off[row_seq[t0]], t0, nr, h, g, n_head, n_kv, hd,
-                page_size, layer, n_pages, scale);
+                page_size, layer, n_pages, scale, quant_out ? oq : 0, od, os);
     t0 += nr;
   }
 }

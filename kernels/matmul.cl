@@ -1,7 +1,8 @@
 // Matrix products y = W x for every weight type, with the step's fusions:
 //   matmul_*      y[t][n] (+)= W[n] . x[t]      (accumulate: the residual add)
 //   matmul_glu_*  h[t][n] = silu(W[n] . x[t]) * (W[F + n] . x[t])
-//                 over the stacked [gate; up] matrix (the gated FFN)
+//                 over the stacked [gate; up] matrix (the gated FFN), and
+//                 h quantized (quantize.cl) for an integer down projection
 //   matmul_qkv_*  the stacked [q; k; v] projection with RoPE applied, q
 //                 written to the qkv buffer and k, v written straight into
 //                 the paged KV cache (see attention.cl for its layout)
@@ -99,7 +100,8 @@
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
                      __global const float* wm, X##_XARGS, __global float* h,    \
-                     int K, int F, int T, int rows_per_item) {                               \
+                     int K, int F, int T, int rows_per_item, __global char* oq,              \
+                     __global float* od, __global float2* os, int quant_out) {               \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
     X##_SETUP(TT)                                                                    \
@@ -112,6 +114,15 @@
       for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
         h[(size_t)(t0 + j) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
     }                                                                                        \
+    /* Quantized too, for an integer down projection: the work-item's rows  */              \
+    /* are whole blocks (rows_per_item and F multiples of 32), read back.    */              \
+    if (quant_out)                                                                           \
+      for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
+        for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                          \
+          const size_t at = (size_t)(t0 + j) * F + n;                                        \
+          quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,      \
+                         os + at / QK);                                                      \
+        }                                                                                    \
   }
 
 // `rope` holds (cos, sin) of each row's angle for each rotation pair,

@@ -114,23 +114,25 @@ bool llama_forward::int8_for(const device_matrix& w) const {
                             w.type == tensor_type::q8_0);
 }
 
-void llama_forward::quantize(const cl::buffer& x, int K, int rows) {
-  k_quant_.args(x, K, xq_, xqd_, xqs_);
+void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out) {
+  k_quant_.args(x, K, out.q, out.d, out.s);
   ctx_.launch(k_quant_, {static_cast<size_t>(K / 32), static_cast<size_t>(rows)});
 }
 
-void llama_forward::norm(const cl::buffer& weight, bool to_q8, int rows) {
+void llama_forward::norm(const cl::buffer& weight, bool to_q8, int n, const cl::buffer* rows) {
   const auto& hp = hparams();
+  const cl::buffer& gather_rows = rows ? *rows : row_seq_ /*unused*/;
+  const int gather = rows ? 1 : 0;
   if (to_q8)
-    k_rmsnorm_q8_.args(x_, weight, xq_, xqd_, xqs_, row_seq_ /*unused*/, 0, hp.n_embd, hp.rms_eps);
+    k_rmsnorm_q8_.args(x_, weight, qa_.q, qa_.d, qa_.s, gather_rows, gather, hp.n_embd, hp.rms_eps);
   else
-    k_rmsnorm_.args(x_, weight, xn_, row_seq_ /*unused*/, 0, hp.n_embd, hp.rms_eps);
-  ctx_.launch(to_q8 ? k_rmsnorm_q8_ : k_rmsnorm_, {static_cast<size_t>(rows)});
+    k_rmsnorm_.args(x_, weight, rows ? xo_ : xn_, gather_rows, gather, hp.n_embd, hp.rms_eps);
+  ctx_.launch(to_q8 ? k_rmsnorm_q8_ : k_rmsnorm_, {static_cast<size_t>(n)});
 }
 
 cl_uint llama_forward::matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x,
-                                     bool xq) {
-  return xq ? k.args_from(0, w.q, w.d, w.m, xq_, xqd_, xqs_) : k.args_from(0, w.q, w.d, w.m, x);
+                                     const q8_scratch* xq) {
+  return xq ? k.args_from(0, w.q, w.d, w.m, xq->q, xq->d, xq->s) : k.args_from(0, w.q, w.d, w.m, x);
 }
 
 size_t llama_forward::token_groups(int rows) const {
@@ -152,9 +154,11 @@ void llama_forward::ensure_scratch(int rows, int logit_rows) {
     // Quantized activations: the widest input of any matmul.
     const size_t k_max =
         std::max<size_t>({size_t(hp.n_embd), size_t(hp.n_head) * hp.head_dim, size_t(hp.n_ff)});
-    xq_ = ctx_.alloc(r * k_max);
-    xqd_ = ctx_.alloc(r * (k_max / 32) * f);
-    xqs_ = ctx_.alloc(r * (k_max / 32) * 2 * f);
+    for (q8_scratch* q : {&qa_, &qb_}) {
+      q->q = ctx_.alloc(r * k_max);
+      q->d = ctx_.alloc(r * (k_max / 32) * f);
+      q->s = ctx_.alloc(r * (k_max / 32) * 2 * f);
+    }
     tokens_ = ctx_.alloc(r * 4);
     pos_ = ctx_.alloc(r * 4);
     row_seq_ = ctx_.alloc(r * 4);
@@ -207,13 +211,17 @@ void llama_forward::validate(const forward_batch& b) const {
 }
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
-                           int rows, int ldy, bool accumulate) {
-  const bool xq = int8_for(w);
-  auto& k = family_kernel(mm_family::plain, w.type, rows, xq);
+                           int rows, int ldy, bool accumulate, const q8_scratch* xq) {
+  const bool int8 = int8_for(w);
+  auto& k = family_kernel(mm_family::plain, w.type, rows, int8);
   const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
-  if (xq) quantize(x, K, rows);
+  if (int8 && !xq) {
+    quantize(x, K, rows, qb_);
+    xq = &qb_;
+  }
   const auto g = grid(N, rows);
-  k.args_from(matmul_inputs(k, w, x, xq), y, K, N, rows, ldy, accumulate ? 1 : 0, g.rows_per_item);
+  k.args_from(matmul_inputs(k, w, x, int8 ? xq : nullptr), y, K, N, rows, ldy, accumulate ? 1 : 0,
+              g.rows_per_item);
   launch_grid(k, g, rows);
 }
 
@@ -258,7 +266,6 @@ forward_result llama_forward::run(const forward_batch& b) {
 
   const int D = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
-  const float eps = hp.rms_eps;
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int page_size = opts_.page_size;
@@ -279,25 +286,36 @@ forward_result llama_forward::run(const forward_batch& b) {
       norm(L.attn_norm, xq, T);
       auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq);
       const auto gq = grid(qkv_w / 2, T);
-      k.args_from(matmul_inputs(k, L.qkv, xn_, xq), qkv_, D, T, pos_, row_seq_, pt_, pt_off_,
-                  k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope_, neox,
-                  page_size, l, n_pages_, gq.rows_per_item);
+      k.args_from(matmul_inputs(k, L.qkv, xn_, xq ? &qa_ : nullptr), qkv_, D, T, pos_, row_seq_,
+                  pt_, pt_off_, k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims,
+                  rope_, neox, page_size, l, n_pages_, gq.rows_per_item);
       launch_grid(k, gq, T);
     }
+    // Attention writes its output quantized too where Wo takes it so.
+    const bool att_q8 = int8_for(L.wo) && hd % 32 == 0;
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
-                 hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows);
+                 hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
+                 att_q8 ? 1 : 0);
     ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
                           static_cast<size_t>((T + att_rows - 1) / att_rows)});
-    matmul(L.wo, att_, x_, T, D, true);
+    matmul(L.wo, att_, x_, T, D, true, att_q8 ? &qb_ : nullptr);
     {
       const bool xq = int8_for(L.gate_up);
       norm(L.ffn_norm, xq, T);
       auto& k = family_kernel(mm_family::glu, L.gate_up.type, T, xq);
-      const auto gg = grid(F, T);
-      k.args_from(matmul_inputs(k, L.gate_up, xn_, xq), h_, D, F, T, gg.rows_per_item);
+      // The FFN writes h quantized too where down takes it so: each
+      // work-item then holds whole blocks of 32.
+      const bool h_q8 = int8_for(L.down) && F % 32 == 0;
+      auto gg = grid(F, T);
+      if (h_q8) {
+        gg.rows_per_item = (gg.rows_per_item + 31) / 32 * 32;
+        gg.items = (F + gg.rows_per_item - 1) / gg.rows_per_item;
+      }
+      k.args_from(matmul_inputs(k, L.gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T,
+                  gg.rows_per_item, qb_.q, qb_.d, qb_.s, h_q8 ? 1 : 0);
       launch_grid(k, gg, T);
+      matmul(L.down, h_, x_, T, D, true, h_q8 ? &qb_ : nullptr);
     }
-    matmul(L.down, h_, x_, T, D, true);
   }
 
   forward_result out;
@@ -306,9 +324,9 @@ forward_result llama_forward::run(const forward_batch& b) {
     ctx_.finish();
     return out;
   }
-  k_rmsnorm_.args(x_, weights_.output_norm, xo_, logit_rows_, 1, D, eps);
-  ctx_.launch(k_rmsnorm_, {static_cast<size_t>(R)});
-  matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false);
+  const bool logits_q8 = int8_for(weights_.classifier());
+  norm(weights_.output_norm, logits_q8, R, &logit_rows_);
+  matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, logits_q8 ? &qa_ : nullptr);
   out.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
   ctx_.read(logits_, out.logits.data(), out.logits.size() * sizeof(float));
   return out;

@@ -69,20 +69,26 @@ class llama_forward {
  private:
   void validate(const forward_batch& b) const;
   void ensure_scratch(int rows, int logit_rows);
+  // Activations quantized to 8 bits (quantize.cl's format).
+  struct q8_scratch {
+    cl::buffer q, d, s;
+  };
+  // y (+)= w x; for an integer matmul, x is quantized first into qb_ unless
+  // `xq` holds it quantized already.
   void matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y, int rows, int ldy,
-              bool accumulate);
+              bool accumulate, const q8_scratch* xq = nullptr);
   enum class mm_family { plain, glu, qkv };
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows, bool xq);
   // Whether products with `w` take quantized activations (int8_dot).
   bool int8_for(const device_matrix& w) const;
-  // x [rows][K] quantized into the xq scratch.
-  void quantize(const cl::buffer& x, int K, int rows);
+  void quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out);
   // RMSNorm of x_'s rows into xn_ (as float) or, for an integer matmul, into
-  // the xq scratch.
-  void norm(const cl::buffer& weight, bool to_q8, int rows);
-  // Sets a matmul kernel's weight and input arguments (x as float, or the
-  // xq scratch); returns the next argument's index.
-  cl_uint matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x, bool xq);
+  // qa_ (`rows`: the logit rows to gather, or null for all `n` rows).
+  void norm(const cl::buffer& weight, bool to_q8, int n, const cl::buffer* rows = nullptr);
+  // Sets a matmul kernel's weight and input arguments (x as float, or
+  // quantized in *xq); returns the next argument's index.
+  cl_uint matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x,
+                        const q8_scratch* xq);
   // Tokens per matmul work-item for a batch of `rows`: 1 for one row, 4 for
   // small batches, token_tile from token_tile rows on.  One weight pass for
   // a whole tile beats a pass per row even when the tile's tail repeats
@@ -110,7 +116,9 @@ class llama_forward {
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
-  cl::buffer xq_, xqd_, xqs_;  // quantized activations (quantize.cl's format)
+  // Quantized activations: qa_ the norms' rows (inputs of QKV, gate/up
+  // and the classifier), qb_ attention's and the FFN's (of Wo and down).
+  q8_scratch qa_, qb_;
 
   cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
   cl::kernel k_mm_[2][3][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]

@@ -224,7 +224,7 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
           const auto h0 = random_floats(static_cast<size_t>(T + 1) * F, -1.0f, 1.0f, rng);
           const auto xb = upload(c, x);
           const auto hb = upload(c, h0);
-          k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, ls.rows_per_item);
+          k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0);
           launch_matmul(c, k, F, ls, T);
           const auto h = download<float>(c, hb, h0.size());
           for (int t = 0; t <= T; ++t) {
@@ -501,11 +501,25 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
   const auto kcb = kc.upload_to(c), vcb = vc.upload_to(c);
   const size_t n_out = static_cast<size_t>(T) * n_head * hd;
   const auto outb = c.alloc(n_out * sizeof(float));
+  // Head sizes of whole blocks of 32 also write the output quantized
+  // (quantize.cl's format, for an integer Wo).
+  const int quant_out = hd % 32 == 0 ? 1 : 0;
+  const auto oq = c.alloc(n_out), od = c.alloc(n_out / 32 * 4), os = c.alloc(n_out / 16 * 4);
   k.args(qkvb, kcb, vcb, outb, posb, rsb, ptb, offb, n_head, n_kv, hd, page_size, layer, n_pages,
-         scale, T, rows_per_item);
+         scale, T, rows_per_item, oq, od, os, quant_out);
   c.launch(k, {static_cast<size_t>(n_head),
                static_cast<size_t>((T + rows_per_item - 1) / rows_per_item)});
   const auto out = download<float>(c, outb, n_out);
+  if (quant_out) {
+    const auto q = download<int8_t>(c, oq, n_out);
+    const auto d = download<float>(c, od, n_out / 32);
+    checker qchk;
+    // Quants come from the exact scale, d is its half rounding (2^-11
+    // relative): half a step, plus up to 127 times that rounding.
+    for (size_t i = 0; i < n_out; ++i)
+      qchk.near(q[i] * static_cast<double>(d[i / 32]), out[i], 0.57 * d[i / 32],
+                [&] { return "quantized output " + std::to_string(i); });
+  }
 
   checker chk;
   std::vector<double> exact(hd), emulated(hd), slack(hd), no_slack(hd);

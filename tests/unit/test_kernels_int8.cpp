@@ -317,7 +317,7 @@ TEST_P(KernelInt8, MatmulGluGatesUpBySiluOfGate) {
       const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
       const auto in = quantize_on_device(c, x, T, K);
       const auto hb = c.alloc(static_cast<size_t>(T) * F * 4);
-      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, ls.rows_per_item);
+      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0);
       launch_matmul(c, k, F, ls, T);
       const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
       for (int t = 0; t < T; ++t)
@@ -328,6 +328,36 @@ TEST_P(KernelInt8, MatmulGluGatesUpBySiluOfGate) {
                       ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag)))
               << "h[" << t << "][" << n << "] tile " << ls.tile;
         }
+    }
+  }
+}
+
+// With quant_out (work-items of whole blocks), h is also written quantized:
+// the quantization of the float h it wrote.
+TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
+  auto& c = ctx();
+  std::mt19937 rng(2026);
+  const int K = 128, F = 96, T = 5;
+  for (const tensor_type type : k_quant_types) {
+    SCOPED_TRACE("type " + suffix(type));
+    const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
+    const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
+    const auto dm = upload_matrix(c, {&v});
+    for (const char* tile : {"_t1", "_t4", "_tiled"}) {
+      auto k = c.make_kernel(std::string("matmul_glu_xq_") + suffix(type) + tile);
+      const int tt = std::string(tile) == "_t1" ? 1 : 4;
+      const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+      const auto in = quantize_on_device(c, x, T, K);
+      const size_t n = static_cast<size_t>(T) * F;
+      const auto hb = c.alloc(n * 4), oq = c.alloc(n), od = c.alloc(n / 32 * 4),
+                 os = c.alloc(n / 16 * 4);
+      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, 32, oq, od, os, 1);
+      c.launch(k, {static_cast<size_t>(F / 32), static_cast<size_t>((T + tt - 1) / tt)});
+      const auto h = download<float>(c, hb, n);
+      const auto got = download_q8(c, oq, od, os, T, F);
+      for (int t = 0; t < T; ++t)
+        check_q8_row(got, t, F, std::vector<double>(h.begin() + t * F, h.begin() + (t + 1) * F),
+                     1e-4);
     }
   }
 }
