@@ -280,6 +280,12 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   static_cast<double>(s.prefill_tokens));
     m.counter_set("troupe_decode_tokens_total", "Rows computed as decode", l,
                   static_cast<double>(s.decode_tokens));
+    m.counter_set("troupe_spec_draft_tokens_total",
+                  "Speculative decoding: n-gram draft tokens verified", l,
+                  static_cast<double>(s.draft_tokens));
+    m.counter_set("troupe_spec_accepted_tokens_total",
+                  "Speculative decoding: draft tokens accepted (each saves a step)", l,
+                  static_cast<double>(s.accepted_tokens));
     m.counter_set("troupe_sequences_exported_total", "Sequences sent away as KV blobs", l,
                   static_cast<double>(s.exported));
     m.counter_set("troupe_sequences_imported_total", "Sequences taken in from KV blobs", l,

@@ -53,6 +53,8 @@ json to_json(const instance_info& i) {
           {"step_ms", s.step_ms},
           {"prefill_tokens", s.prefill_tokens},
           {"decode_tokens", s.decode_tokens},
+          {"draft_tokens", s.draft_tokens},
+          {"accepted_tokens", s.accepted_tokens},
           {"cached_tokens", s.cached_tokens},
           {"admitted", s.admitted},
           {"finished", s.finished},
@@ -93,6 +95,8 @@ json to_json(const request_trace& t) {
           {"decode_placement", t.decode_placement},
           {"predicted_ttft_ms", t.predicted_ttft_ms},
           {"slo_ttft_ms", t.slo_ttft_ms},
+          {"draft_tokens", t.draft_tokens},
+          {"accepted_tokens", t.accepted_tokens},
           {"slo_tpot_ms", t.slo_tpot_ms},
           {"slo_met", t.slo_met}};
 }

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "runtime/kv_blob.hpp"
+#include "runtime/ngram_draft.hpp"
 #include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/token_constraint.hpp"
@@ -329,6 +330,38 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
 void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
              size_t logits_row);
 
+// Speculative decoding: each decode chunk of a sequence that asks for it
+// takes n-gram draft tokens (runtime/ngram_draft) as extra rows, within the
+// step's rows, the free pages (beyond what the plan takes), its context and
+// its max_tokens.
+void add_drafts(instance_state& st, const step_plan& plan, std::vector<step_chunk>& chunks) {
+  int32_t rows_left = st.opts.limits.max_batch_tokens - plan.tokens;
+  int32_t pages_left = st.pool->available() - plan.new_pages;
+  const int32_t ps = st.info.page_size;
+  auto pages_for = [ps](int32_t n) { return (n + ps - 1) / ps; };
+  for (size_t i = 0; i < plan.decode.size() && rows_left > 0; ++i) {
+    step_chunk& c = chunks[i];
+    const live_seq& s = st.seqs.at(c.id);
+    const int32_t want = s.req.draft_tokens >= 0 ? s.req.draft_tokens : st.opts.draft_tokens;
+    if (want <= 0 || c.n_tokens != 1 || s.req.prefill_only) continue;
+    // k accepted drafts and the token after them: start + k + 2 tokens.
+    int32_t room =
+        std::min({want, rows_left, st.max_len - c.start - 2, s.req.max_tokens - s.generated() - 1});
+    if (room <= 0) continue;
+    auto draft = propose_ngram_draft(s.tokens, ngram_options{room, 3, 1});
+    const int32_t held = std::max(s.pages, pages_for(c.start + 1));
+    while (!draft.empty() &&
+           pages_for(c.start + 1 + static_cast<int32_t>(draft.size())) - held > pages_left)
+      draft.pop_back();
+    if (draft.empty()) continue;
+    const int32_t d = static_cast<int32_t>(draft.size());
+    pages_left -= std::max(0, pages_for(c.start + 1 + d) - held);
+    rows_left -= d;
+    c.n_tokens += d;
+    c.draft = std::move(draft);
+  }
+}
+
 // Plans the next step and sends it to the device, unless one is running.
 // Admitted sequences are matched against the prefix cache (or swapped in)
 // and the step is planned again with what they really need, until a plan
@@ -376,6 +409,7 @@ void step(self_ptr self) {
 
     std::vector<step_chunk> chunks = plan.decode;
     chunks.insert(chunks.end(), plan.prefill.begin(), plan.prefill.end());
+    add_drafts(st, plan, chunks);
     std::vector<alloc_request> reqs;
     for (const auto& c : chunks) reqs.push_back({c.id, c.start + c.n_tokens});
     step_allocation alloc;
@@ -418,10 +452,12 @@ void step(self_ptr self) {
       forward_seq fs{static_cast<int32_t>(b.tokens.size()), c.n_tokens,
                      std::move(alloc.tables[i].pages)};
       for (int32_t j = 0; j < c.n_tokens; ++j) {
-        b.tokens.push_back(s.tokens[c.start + j]);
+        b.tokens.push_back(j == 0 || c.draft.empty() ? s.tokens[c.start + j] : c.draft[j - 1]);
         b.positions.push_back(c.start + j);
       }
-      if (c.sample) b.logit_rows.push_back(fs.first_row + c.n_tokens - 1);
+      // A drafted chunk is verified row by row: every row's logits.
+      for (int32_t j = c.draft.empty() ? c.n_tokens - 1 : 0; c.sample && j < c.n_tokens; ++j)
+        b.logit_rows.push_back(fs.first_row + j);
       b.seqs.push_back(std::move(fs));
     }
     st.busy = true;
@@ -486,7 +522,8 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
-    const size_t logits_row = c.sample ? row++ : 0;
+    const size_t logits_row = row;
+    if (c.sample) row += c.draft.empty() ? 1 : c.draft.size() + 1;
     // Aborted, or being exported, while the step ran: its part is dropped
     // (an export carries the KV it had when it began).
     auto it = self->state.seqs.find(c.id);
@@ -500,23 +537,10 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
             .count();
 }
 
-// One sequence's part of a step's result.
-void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
-             size_t logits_row) {
-  auto& st = self->state;
-  live_seq& s = st.seqs.at(c.id);
-  s.computed += c.n_tokens;
-  (decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
-  if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
-    st.pool->commit_full_pages(s.key, s.tokens);
-    s.committed_pages = s.computed / st.info.page_size;
-  }
-  s.run();
-  if (!c.sample) return;
-  if (r.n_vocab != st.info.n_vocab || r.logits.size() < (logits_row + 1) * size_t(r.n_vocab))
-    throw std::runtime_error("the forward pass returned " + std::to_string(r.logits.size()) +
-                             " logits of vocabulary " + std::to_string(r.n_vocab));
-  std::span<const float> logits(r.logits.data() + logits_row * r.n_vocab, r.n_vocab);
+// Samples the token after `s.tokens` from `logits` (masked by the output
+// constraint, which then advances), appends it to the sequence and to `out`
+// (with its logprobs when asked).
+int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out) {
   std::vector<float> masked;  // structured output: only tokens that keep the output valid
   if (s.constraint) {
     const auto& allow = s.constraint->allowed(s.constraint_state);
@@ -538,19 +562,66 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
                                " left the output constraint");
   }
   s.tokens.push_back(res.token);
-  s.run();
-  token_batch out;
-  out.id = s.req.id;
   out.tokens.push_back(res.token);
   if (s.req.sampling.logprobs || s.req.sampling.n_logprobs > 0) {
     out.logprobs.push_back(res.logprob);
     if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
   }
+  return res.token;
+}
+
+// One sequence's part of a step's result.  A drafted decode chunk is
+// verified as sequential decoding would run: row j's logits give the token
+// after the draft's first j tokens, sampled exactly as without drafts (same
+// sampler, same random draws), and the next row counts only while that token
+// equals the draft's.  So the output is the same with or without drafts.
+void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
+             size_t logits_row) {
+  auto& st = self->state;
+  live_seq& s = st.seqs.at(c.id);
+  // Rows whose KV now holds the sequence's own tokens: all of a prefill
+  // chunk; of a drafted chunk the decode row, then each accepted draft.
+  s.computed += c.draft.empty() ? c.n_tokens : 1;
+  (decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
+  auto commit_pages = [&] {
+    if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
+      st.pool->commit_full_pages(
+          s.key, std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + s.computed));
+      s.committed_pages = s.computed / st.info.page_size;
+    }
+  };
+  if (c.draft.empty()) commit_pages();
+  s.run();
+  if (!c.sample) return;
+  const size_t rows = c.draft.size() + 1;
+  if (r.n_vocab != st.info.n_vocab || r.logits.size() < (logits_row + rows) * size_t(r.n_vocab))
+    throw std::runtime_error("the forward pass returned " + std::to_string(r.logits.size()) +
+                             " logits of vocabulary " + std::to_string(r.n_vocab));
+  token_batch out;
+  out.id = s.req.id;
+  for (size_t j = 0; j < rows; ++j) {
+    std::span<const float> logits(r.logits.data() + (logits_row + j) * r.n_vocab, r.n_vocab);
+    const int32_t token = sample_next(s, logits, out);
+    out.finish = stop_reason(st, s, token);
+    if (out.finish != finish_reason::none || j == c.draft.size() || token != c.draft[j]) break;
+    ++s.computed;  // the draft's token at this position was the right one: its KV stands
+    ++out.accepted;
+  }
+  if (!c.draft.empty()) {
+    out.drafted = static_cast<int32_t>(c.draft.size());
+    st.counters.draft_tokens += c.draft.size();
+    st.counters.accepted_tokens += out.accepted;
+    // Rejected drafts' KV slots lie past the sequence's tokens: the table
+    // gives back the positions (and pages) beyond what it computed.
+    st.pool->truncate(s.key, s.computed);
+    s.pages = static_cast<int32_t>(st.pool->export_pages(s.key).pages.size());
+    commit_pages();
+  }
+  s.run();
   if (!s.reported) {
     s.reported = true;
     out.cached_tokens = s.prompt_cached;
   }
-  out.finish = stop_reason(st, s, res.token);
   if (out.finish != finish_reason::none) {
     finish(self, s.key, std::move(out));
     return;

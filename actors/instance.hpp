@@ -34,6 +34,9 @@ struct instance_options {
   // Steps kept for stats' recent_steps (the router's model; the cost-model
   // calibration keeps many).
   size_t kept_steps = 16;
+  // Speculative decoding: the most n-gram draft tokens a decoding sequence
+  // verifies per step when its request does not say (0: off).
+  int32_t draft_tokens = 0;
   std::string role = "mixed";  // reported; the router decides the work
   // Co-location's TPOT guard: while online sequences decode, a step slower
   // than this halves the offline rows a step may take beside them, and a

@@ -27,6 +27,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   eo.kv_bytes = static_cast<size_t>(spec.kv_mb) << 20;
   eo.kv_f16 = !spec.kv_f32;
   eo.max_batch_tokens = std::max(spec.batch, spec.max_batch_tokens);
+  eo.int8_dot = spec.int8_dot;
   apply_tuning_env(eo);
   instance_options io;
   io.limits.max_batch_tokens = spec.max_batch_tokens;
@@ -44,6 +45,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.limits.offline_yields = spec.offline_yields;
   io.role = spec.role;
   io.tpot_target_ms = spec.tpot_target_ms;
+  io.draft_tokens = spec.draft_tokens;
   io.kept_steps = static_cast<size_t>(std::max(1, spec.step_history));
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);

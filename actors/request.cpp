@@ -193,6 +193,12 @@ std::optional<rejection> build_sequence(request_state& st) {
   st.trace.slo_tpot_ms =
       g.slo_tpot_ms() > 0 ? g.slo_tpot_ms() : (online ? ctx.online_tpot_ms : ctx.offline_tpot_ms);
   st.seq.ttft_target_ms = st.trace.slo_ttft_ms;
+  if (g.has_draft_tokens()) {
+    if (g.draft_tokens() < 0 || g.draft_tokens() > k_max_draft_tokens)
+      return invalid("draft_tokens must be 0.." + std::to_string(k_max_draft_tokens) + ", got " +
+                     std::to_string(g.draft_tokens()));
+    st.seq.draft_tokens = g.draft_tokens();
+  }
   st.stream = !g.has_stream() || g.stream();
   st.stops =
       std::make_unique<stop_matcher>(std::vector<std::string>(g.stop().begin(), g.stop().end()));
@@ -303,6 +309,8 @@ void on_tokens(self_ptr self, const token_batch& b) {
   if (st.done) return;
   const auto now = clock_type::now();
   if (b.cached_tokens > 0) st.trace.cached_tokens = b.cached_tokens;
+  st.trace.draft_tokens += b.drafted;
+  st.trace.accepted_tokens += b.accepted;
   wire::TokenChunk chunk;
   // The token that ended the sequence (eos, a stop token) is not output.
   size_t n = b.tokens.size();

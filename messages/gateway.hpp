@@ -46,6 +46,9 @@ struct request_trace {
   double slo_ttft_ms = 0;        // its targets (0: none)
   double slo_tpot_ms = 0;
   bool slo_met = true;  // every target it has was met
+  // Speculative decoding: draft tokens verified and accepted over its life.
+  int32_t draft_tokens = 0;
+  int32_t accepted_tokens = 0;
   // queued (not on an instance yet), running, migrating, recovering (its
   // instance was lost; being placed again), finished
   std::string state;
@@ -58,7 +61,8 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
            x.priority, x.cls, x.queue_ms, x.ttft_ms, x.tpot_ms, x.total_ms, x.instances,
            x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state,
            x.prefill_instance, x.decode_instance, x.transfer_bytes, x.transfer_ms,
-           x.decode_placement, x.predicted_ttft_ms, x.slo_ttft_ms, x.slo_tpot_ms, x.slo_met);
+           x.decode_placement, x.predicted_ttft_ms, x.slo_ttft_ms, x.slo_tpot_ms, x.slo_met,
+           x.draft_tokens, x.accepted_tokens);
 }
 
 // A request in flight, as the gateway sees it (admin).

@@ -53,6 +53,10 @@ struct token_batch {
   finish_reason finish = finish_reason::none;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
   std::string error;
+  // Speculative decoding in the step that produced these tokens: drafts
+  // verified and accepted (the trace sums them).
+  int32_t drafted = 0;
+  int32_t accepted = 0;
 };
 
 using tokens_atom = caf::atom_constant<caf::atom("tokens")>;
@@ -92,7 +96,13 @@ struct sequence_request {
   // Earliest deadline first among online sequences: the first token is due
   // this long after the instance takes the sequence (0: no target).
   double ttft_target_ms = 0;
+  // Speculative decoding (n-gram drafts verified in one step): the most
+  // draft tokens per step; -1: the instance's default, 0: off.
+  int32_t draft_tokens = -1;
 };
+
+// The most draft tokens a request or an instance may ask for per step.
+constexpr int32_t k_max_draft_tokens = 16;
 
 enum class preempt_mode : uint8_t { recompute, swap };
 
@@ -134,6 +144,9 @@ struct instance_stats {
   int32_t decoding = 0;                  // sequences decoding (parked ones included)
   int64_t running_tokens = 0;            // their tokens (KV held)
   std::vector<int32_t> queued_prefills;  // prompt tokens left, per sequence not decoding yet
+  // Speculative decoding: draft tokens verified, and those accepted.
+  uint64_t draft_tokens = 0;
+  uint64_t accepted_tokens = 0;
 };
 
 template <class Inspector>
@@ -157,14 +170,14 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
   return f(caf::meta::type_name("token_batch"), x.id, x.tokens, x.logprobs, x.top, x.finish,
-           x.cached_tokens, x.error);
+           x.cached_tokens, x.error, x.drafted, x.accepted);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
            x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
-           x.ttft_target_ms);
+           x.ttft_target_ms, x.draft_tokens);
 }
 
 template <class Inspector>
@@ -173,7 +186,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.queued_prefill_tokens, x.steps, x.decode_tokens, x.prefill_tokens, x.cached_tokens,
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
-           x.role, x.decoding, x.running_tokens, x.queued_prefills);
+           x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
+           x.accepted_tokens);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;

@@ -118,7 +118,7 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
       if (need(s, 1) > free) continue;
       free -= need(s, 1);
       plan.new_pages += need(s, 1);
-      plan.decode.push_back({s.id, s.computed, 1, true});
+      plan.decode.push_back({s.id, s.computed, 1, true, {}});
       ++plan.tokens;
     }
 
@@ -142,7 +142,7 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
         f -= need(s, n);
         pages += need(s, n);
         tokens += n;
-        plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
+        plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total, {}});
       }
       if (rows() > 0 || !waiting_prefill) {
         free = f;
@@ -198,7 +198,7 @@ step_plan plan_step(const std::vector<sched_seq>& running, const std::vector<sch
       plan.new_pages += pages;
       plan.tokens += n;
       plan.admitted.push_back(s.id);
-      plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total});
+      plan.prefill.push_back({s.id, s.computed, n, s.computed + n == s.total, {}});
       ++n_running;
     }
   }

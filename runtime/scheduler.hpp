@@ -67,6 +67,10 @@ struct step_chunk {
   int32_t start = 0;
   int32_t n_tokens = 0;
   bool sample = false;  // reaches total: the last row's logits give the next token
+  // Speculative decoding (the instance fills it, never the scheduler): draft
+  // tokens verified after a decode row, rows start + 1 .. start + n_tokens - 1;
+  // every row's logits are sampled, in order, while they agree.
+  std::vector<int32_t> draft;
 };
 
 struct step_plan {

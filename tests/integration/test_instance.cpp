@@ -64,8 +64,10 @@ struct instance_fixture {
   }
 
   instance_actor instance(device_actor dev, int32_t max_batch_tokens, int32_t chunk,
-                          preempt_mode mode = preempt_mode::recompute, bool caching = true) {
+                          preempt_mode mode = preempt_mode::recompute, bool caching = true,
+                          int32_t draft_tokens = 0) {
     instance_options o;
+    o.draft_tokens = draft_tokens;
     o.limits.max_batch_tokens = max_batch_tokens;
     o.limits.max_seqs = std::min<int32_t>(32, max_batch_tokens);
     o.limits.chunk_size = chunk;
@@ -288,6 +290,63 @@ TEST(Instance, PreemptionByRecomputeKeepsOutputs) {
 
 TEST(Instance, PreemptionBySwapKeepsOutputs) {
   preemption_run(preempt_mode::swap);
+}
+
+// Speculative decoding (n-gram drafts verified in one step) changes no
+// output: greedy, sampled with a seed, with logprobs, batched, and with
+// preemption in a small arena.  On text that repeats itself drafts are
+// accepted and a sequence takes fewer steps; a request that asks for no
+// drafts gets none.
+TEST(Instance, SpeculativeDecodingKeepsEveryOutput) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 8, 40, 21, 60);
+  // A passage, the passage again, and its start: the model goes on copying.
+  for (int i : {0, 1, 2}) {
+    const auto p = f.prompt(37 * i, 40);
+    std::vector<int32_t> rep(p);
+    rep.insert(rep.end(), p.begin() + 1, p.end());
+    rep.insert(rep.end(), p.begin() + 1, p.begin() + 10);
+    reqs[i].prompt = rep;
+  }
+  reqs[3].sampling.temperature = 0.8f;
+  reqs[3].sampling.seed = 7;
+  reqs[4].sampling.logprobs = true;
+  auto want = f.alone(reqs);
+  for (int pages : {0, 20}) {
+    SCOPED_TRACE(pages ? "20-page arena (preemption)" : "large arena");
+    auto inst = f.instance(f.device(pages), 64, 32, preempt_mode::recompute, true, 4);
+    auto got = f.run(inst, reqs);
+    expect_same(got, want);
+    EXPECT_EQ(got.at(104).logprobs.size(), 40u);
+    const auto st = f.stats(inst);
+    EXPECT_GT(st.draft_tokens, 0u);
+    EXPECT_GT(st.accepted_tokens, 0u);
+    EXPECT_LE(st.accepted_tokens, st.draft_tokens);
+    if (pages) {
+      EXPECT_GT(st.preempted_recompute, 0u);
+    }
+    f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+
+  // One repetitive request alone: fewer steps with drafts than without.
+  auto plain = f.instance(f.device(), 64, 32);
+  auto drafting = f.instance(f.device(), 64, 32, preempt_mode::recompute, true, 4);
+  const auto plain_got = f.run(plain, {reqs[0]});
+  const auto spec_got = f.run(drafting, {reqs[0]});
+  EXPECT_EQ(spec_got.at(reqs[0].id).tokens, plain_got.at(reqs[0].id).tokens);
+  const auto plain_st = f.stats(plain), spec_st = f.stats(drafting);
+  EXPECT_LT(spec_st.steps, plain_st.steps);
+  // (Deterministic: greedy; 11 of 50 at the time of writing.)
+  EXPECT_GE(spec_st.accepted_tokens, 8u) << "the copy was not predicted";
+
+  // draft_tokens 0 on the request overrides the instance's default.
+  auto off = reqs[5];
+  off.draft_tokens = 0;
+  const auto before = f.stats(drafting);
+  EXPECT_EQ(f.run(drafting, {off}).at(off.id).tokens, want.at(off.id));
+  EXPECT_EQ(f.stats(drafting).draft_tokens, before.draft_tokens);
+  for (auto& a : {plain, drafting}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 // Requests cancelled right after enqueue, after a random number of tokens,

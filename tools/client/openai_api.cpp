@@ -207,6 +207,10 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   i.reset();
   if (auto e = integer(body, "max_completion_tokens", 1, 1 << 20, i)) return e;
   if (i) base.set_max_tokens(static_cast<int32_t>(*i));
+  i.reset();
+  // troupe's extension: speculative decoding's draft length for this request.
+  if (auto e = integer(body, "draft_tokens", 0, 16, i)) return e;
+  if (i) base.set_draft_tokens(static_cast<int32_t>(*i));
   if (auto e = number(body, "temperature", 0, 2, x)) return e;
   if (x) s->set_temperature(static_cast<float>(*x));
   x.reset();

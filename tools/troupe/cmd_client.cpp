@@ -29,6 +29,7 @@ struct client_flags {
   bool no_stream = false;
   unsigned deadline_ms = 0;
   int timeout_ms = 30000;
+  int draft_tokens = -1;  // -1: the server's default
 };
 
 wire::Generate make_request(const client_flags& f, uint64_t id) {
@@ -45,6 +46,7 @@ wire::Generate make_request(const client_flags& f, uint64_t id) {
   g.set_stream(!f.no_stream);
   g.set_request_class(f.offline ? wire::OFFLINE : wire::ONLINE);
   g.set_deadline_ms(f.deadline_ms);
+  if (f.draft_tokens >= 0) g.set_draft_tokens(f.draft_tokens);
   return g;
 }
 
@@ -167,6 +169,10 @@ void add_client(CLI::App& app) {
   cmd->add_flag("--offline", f->offline, "offline class (batch job, preempted first)");
   cmd->add_flag("--no-stream", f->no_stream, "ask for the whole answer in one chunk");
   cmd->add_option("--deadline-ms", f->deadline_ms, "server-side deadline (0: none)");
+  cmd->add_option("--draft-tokens", f->draft_tokens,
+                  "speculative decoding: n-gram draft tokens per step (0: off; default: the "
+                  "server's)")
+      ->check(CLI::Range(0, 16));
   cmd->add_option("--timeout-ms", f->timeout_ms, "give up after this long without an answer")
       ->default_val(30000)
       ->check(CLI::Range(1, 1 << 30));

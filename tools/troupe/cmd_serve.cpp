@@ -81,6 +81,8 @@ struct serve_settings {
   double offline_tpot_ms = 0;
   bool colocate = false;
   int step_history = 16;
+  int draft_tokens = 0;
+  bool int8_dot = true;
   int window_ms = 1000;
   pd_config pd_cfg;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
@@ -206,6 +208,14 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("engine", "preemption", "recompute or swap", string_key(s.preemption, {"recompute", "swap"}));
   add("engine", "prefix_caching", "reuse KV pages of shared prompt prefixes (true/false)",
       bool_key(s.prefix_caching));
+  add("engine", "draft_tokens",
+      "speculative decoding: n-gram draft tokens verified per decode step when a request does "
+      "not say (0: off; the output is the same either way)",
+      int_key(s.draft_tokens, 0, k_max_draft_tokens));
+  add("engine", "int8_dot",
+      "4- and 8-bit weights: activations quantized to 8 bits and integer dot products "
+      "(true/false; false dequantizes the weights to float)",
+      bool_key(s.int8_dot));
   add("service", "listen", "endpoint to serve on (tcp://host:port, port * picks one; ipc://path)",
       {[&s](const std::string& v) -> std::string {
          if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
@@ -524,6 +534,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.prefix_caching = s.prefix_caching;
   base.offline_yields = s.colocate;
   base.step_history = s.step_history;
+  base.draft_tokens = s.draft_tokens;
+  base.int8_dot = s.int8_dot;
   base.tpot_target_ms = s.tpot_target_ms;
   if (s.role_switching && !s.pd)
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");
