@@ -190,6 +190,9 @@ class round_driver {
       if (chance(0.5)) a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5";
     }
     if (chance(0.3)) a += " --colocate --tpot-target-ms 200";
+    // Issue 14: speculative decoding server-wide in some rounds (requests
+    // may ask otherwise); greedy outputs must not change.
+    if (chance(0.4)) a += " --draft-tokens " + std::to_string(one_of<int>({2, 4, 8}));
     return a;
   }
 
@@ -252,6 +255,7 @@ class round_driver {
     g.set_ignore_eos(true);
     g.set_stream(!chance(0.2));
     if (chance(0.3)) g.set_request_class(wire::OFFLINE);
+    if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(9)));
     s.reqs[id] = track(kind::greedy, prompt);
     return g;
   }
@@ -269,6 +273,7 @@ class round_driver {
     if (chance(0.3)) g.mutable_sampling()->set_top_p(0.5f + static_cast<float>(pick(50)) / 100.0f);
     g.set_logprobs(static_cast<int>(pick(21)));
     if (chance(0.2)) g.set_request_class(wire::OFFLINE);
+    if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(17)));
     s.reqs[id] = track(kind::sampled, prompt);
     ++t_.sampled;
     return g;
@@ -458,7 +463,10 @@ class round_driver {
         return;
       }
       case 3:
-        g.mutable_sampling()->set_temperature(-1);
+        if (chance(0.5))
+          g.mutable_sampling()->set_temperature(-1);
+        else
+          g.set_draft_tokens(chance(0.5) ? -1 : 17);
         break;
       case 4:
         g.clear_text();
