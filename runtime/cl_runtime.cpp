@@ -157,6 +157,59 @@ context::context(device_choice choice) {
   queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
   check(rc, "clCreateCommandQueueWithProperties");
   profiling_ = std::getenv("TROUPE_PROFILE") != nullptr;
+  if (info_string(device_, CL_DEVICE_EXTENSIONS).find("cl_khr_command_buffer") !=
+      std::string::npos) {
+    auto fn = [&](const char* name) {
+      return clGetExtensionFunctionAddressForPlatform(platform_, name);
+    };
+    command_buffer_api api;
+    api.create = reinterpret_cast<clCreateCommandBufferKHR_fn>(fn("clCreateCommandBufferKHR"));
+    api.ndrange = reinterpret_cast<clCommandNDRangeKernelKHR_fn>(fn("clCommandNDRangeKernelKHR"));
+    api.finalize =
+        reinterpret_cast<clFinalizeCommandBufferKHR_fn>(fn("clFinalizeCommandBufferKHR"));
+    api.enqueue = reinterpret_cast<clEnqueueCommandBufferKHR_fn>(fn("clEnqueueCommandBufferKHR"));
+    api.release = reinterpret_cast<clReleaseCommandBufferKHR_fn>(fn("clReleaseCommandBufferKHR"));
+    if (api.create && api.ndrange && api.finalize && api.enqueue && api.release) cb_ = api;
+  }
+}
+
+command_buffer& command_buffer::operator=(command_buffer&& o) noexcept {
+  if (this != &o) {
+    this->~command_buffer();
+    cb_ = o.cb_;
+    release_ = o.release_;
+    kernels_ = std::move(o.kernels_);
+    o.cb_ = nullptr;
+    o.kernels_.clear();
+  }
+  return *this;
+}
+
+command_buffer::~command_buffer() {
+  if (cb_) release_(cb_);
+  cb_ = nullptr;
+  for (cl_kernel k : kernels_) clReleaseKernel(k);
+  kernels_.clear();
+}
+
+void context::begin_recording() {
+  if (!command_buffers()) throw cl_error("this device records no command buffers");
+  if (recording_.get()) throw cl_error("begin_recording: a recording is open");
+  cl_int rc = CL_SUCCESS;
+  recording_ = command_buffer(cb_.create(1, &queue_, nullptr, &rc), cb_.release);
+  check(rc, "clCreateCommandBufferKHR");
+  has_sync_ = false;
+}
+
+command_buffer context::end_recording() {
+  command_buffer out = std::move(recording_);
+  if (!out.get()) throw cl_error("end_recording: no recording is open");
+  check(cb_.finalize(out.get()), "clFinalizeCommandBufferKHR");
+  return out;
+}
+
+void context::replay(const command_buffer& cb) {
+  check(cb_.enqueue(0, nullptr, cb.get(), 0, nullptr, nullptr), "clEnqueueCommandBufferKHR");
 }
 
 context::~context() {
@@ -226,6 +279,22 @@ void context::launch(const kernel& k, std::vector<size_t> global, std::vector<si
   if (!local.empty())
     for (size_t i = 0; i < global.size(); ++i)  // round up to whole work-groups
       global[i] = (global[i] + local[i] - 1) / local[i] * local[i];
+  if (recording_.get()) {
+    // Each command after the one before, as the in-order queue runs them.
+    cl_sync_point_khr sync = 0;
+    cl_int rc = CL_SUCCESS;
+    cl_kernel clone = clCloneKernel(k.get(), &rc);  // its arguments as they are now
+    check(rc, "clCloneKernel");
+    recording_.keep(clone);
+    check(
+        cb_.ndrange(recording_.get(), nullptr, nullptr, clone, static_cast<cl_uint>(global.size()),
+                    nullptr, global.data(), local.empty() ? nullptr : local.data(),
+                    has_sync_ ? 1 : 0, has_sync_ ? &last_sync_ : nullptr, &sync, nullptr),
+        "clCommandNDRangeKernelKHR");
+    last_sync_ = sync;
+    has_sync_ = true;
+    return;
+  }
   std::chrono::steady_clock::time_point t0;
   if (profiling_) {
     finish();

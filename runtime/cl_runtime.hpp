@@ -83,6 +83,38 @@ class kernel {
   cl_kernel k_ = nullptr;
 };
 
+// A recorded sequence of kernel launches (cl_khr_command_buffer), replayed
+// with one enqueue: graph mode.  Kernel arguments are captured when
+// recorded, so a replay reads whatever the same buffers hold by then.  Each
+// recorded launch holds its own clone of the kernel: PoCL 3.1 reads a
+// recorded kernel's arguments when it runs, not when it was recorded (as
+// the extension says), so one kernel object launched with different
+// arguments would replay them all with the last ones.
+class command_buffer {
+ public:
+  command_buffer() = default;
+  command_buffer(cl_command_buffer_khr cb, clReleaseCommandBufferKHR_fn release)
+      : cb_(cb), release_(release) {}
+  command_buffer(command_buffer&& o) noexcept
+      : cb_(o.cb_), release_(o.release_), kernels_(std::move(o.kernels_)) {
+    o.cb_ = nullptr;
+    o.kernels_.clear();
+  }
+  command_buffer& operator=(command_buffer&& o) noexcept;
+  command_buffer(const command_buffer&) = delete;
+  command_buffer& operator=(const command_buffer&) = delete;
+  ~command_buffer();
+
+  cl_command_buffer_khr get() const { return cb_; }
+  // Takes ownership of a kernel the recording launches.
+  void keep(cl_kernel k) { kernels_.push_back(k); }
+
+ private:
+  cl_command_buffer_khr cb_ = nullptr;
+  clReleaseCommandBufferKHR_fn release_ = nullptr;
+  std::vector<cl_kernel> kernels_;
+};
+
 class context {
  public:
   // Throws cl_error; with no OpenCL platform the message says how to install one.
@@ -113,6 +145,14 @@ class context {
   void launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local = {});
   void finish();
 
+  // Graph mode: whether the device records command buffers; between
+  // begin_recording() and end_recording(), launch() records (in order)
+  // instead of enqueuing; replay() enqueues a recording.
+  bool command_buffers() const { return cb_.create != nullptr; }
+  void begin_recording();
+  command_buffer end_recording();
+  void replay(const command_buffer& cb);
+
   // With TROUPE_PROFILE set, launch() waits for each kernel and adds its
   // wall time here, by kernel name: a crude per-kernel profile.
   std::map<std::string, std::pair<double, long>>& profile() { return profile_; }
@@ -129,6 +169,16 @@ class context {
   size_t global_mem_ = 0;
   int compute_units_ = 1;
   bool x86_vnni_ = false;
+  struct command_buffer_api {
+    clCreateCommandBufferKHR_fn create = nullptr;
+    clCommandNDRangeKernelKHR_fn ndrange = nullptr;
+    clFinalizeCommandBufferKHR_fn finalize = nullptr;
+    clEnqueueCommandBufferKHR_fn enqueue = nullptr;
+    clReleaseCommandBufferKHR_fn release = nullptr;
+  } cb_;
+  command_buffer recording_;
+  bool has_sync_ = false;
+  cl_sync_point_khr last_sync_ = 0;
 };
 
 }  // namespace troupe::cl

@@ -35,6 +35,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -140,8 +141,9 @@ size_t llama_forward::token_groups(int rows) const {
   return static_cast<size_t>((rows + tile - 1) / tile);
 }
 
-void llama_forward::ensure_scratch(int rows, int logit_rows) {
+bool llama_forward::ensure_scratch(int rows, int logit_rows) {
   const auto& hp = hparams();
+  const bool grows = rows > scratch_rows_ || logit_rows > scratch_logit_rows_;
   if (rows > scratch_rows_) {
     const size_t r = static_cast<size_t>(rows);
     const size_t f = sizeof(float);
@@ -171,6 +173,7 @@ void llama_forward::ensure_scratch(int rows, int logit_rows) {
     logit_rows_ = ctx_.alloc(r * 4);
     scratch_logit_rows_ = logit_rows;
   }
+  return grows;
 }
 
 void llama_forward::validate(const forward_batch& b) const {
@@ -242,7 +245,7 @@ forward_result llama_forward::run(const forward_batch& b) {
   const auto& hp = hparams();
   const int T = static_cast<int>(b.tokens.size());
   const int R = static_cast<int>(b.logit_rows.size());
-  ensure_scratch(T, std::max(R, 1));
+  bool grew = ensure_scratch(T, std::max(R, 1));
 
   std::vector<int32_t> row_seq(T), pt, pt_off(b.seqs.size());
   for (size_t s = 0; s < b.seqs.size(); ++s) {
@@ -251,8 +254,14 @@ forward_result llama_forward::run(const forward_batch& b) {
     for (int r = 0; r < b.seqs[s].n_rows; ++r)
       row_seq[b.seqs[s].first_row + r] = static_cast<int32_t>(s);
   }
-  if (pt_.bytes() < pt.size() * 4) pt_ = ctx_.alloc(pt.size() * 4 * 2);
-  if (pt_off_.bytes() < pt_off.size() * 4) pt_off_ = ctx_.alloc(pt_off.size() * 4 * 2);
+  if (pt_.bytes() < pt.size() * 4) {
+    pt_ = ctx_.alloc(pt.size() * 4 * 2);
+    grew = true;
+  }
+  if (pt_off_.bytes() < pt_off.size() * 4) {
+    pt_off_ = ctx_.alloc(pt_off.size() * 4 * 2);
+    grew = true;
+  }
   ctx_.write(tokens_, b.tokens.data(), T * 4);
   ctx_.write(pos_, b.positions.data(), T * 4);
   ctx_.write(row_seq_, row_seq.data(), T * 4);
@@ -260,10 +269,55 @@ forward_result llama_forward::run(const forward_batch& b) {
   ctx_.write(pt_off_, pt_off.data(), pt_off.size() * 4);
   ctx_.write(logit_rows_, b.logit_rows.data(), R * 4);
   const auto rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta);
-  if (rope_.bytes() < rope.size() * sizeof(float))
+  if (rope_.bytes() < rope.size() * sizeof(float)) {
     rope_ = ctx_.alloc(rope.size() * sizeof(float) * 2);
+    grew = true;
+  }
   ctx_.write(rope_, rope.data(), rope.size() * sizeof(float));
 
+  // Rows of a prefill chunk share K/V loads in groups; a decode-only batch
+  // (one row per sequence) keeps one row per work-item for parallelism.
+  const int att_rows =
+      T > static_cast<int>(b.seqs.size()) ? std::clamp(opts_.attention_rows, 1, 64) : 1;
+  // Recordings name the buffers they were made with.
+  if (grew) graphs_.clear();
+  if (graph_mode(T)) {
+    const auto key = std::make_tuple(T, R, att_rows);
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) {
+      if (graphs_.size() >= k_max_graphs) graphs_.clear();
+      ctx_.begin_recording();
+      try {
+        enqueue_step(T, R, att_rows);
+      } catch (...) {
+        ctx_.end_recording();
+        throw;
+      }
+      it = graphs_.emplace(key, ctx_.end_recording()).first;
+    }
+    ctx_.replay(it->second);
+  } else {
+    enqueue_step(T, R, att_rows);
+  }
+
+  forward_result out;
+  out.n_vocab = hp.n_vocab;
+  if (R == 0) {
+    ctx_.finish();
+    return out;
+  }
+  out.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
+  ctx_.read(logits_, out.logits.data(), out.logits.size() * sizeof(float));
+  return out;
+}
+
+bool llama_forward::graph_mode(int rows) const {
+  return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() &&
+         std::getenv("TROUPE_PROFILE") == nullptr;
+}
+
+void llama_forward::enqueue_step(int T, int R, int att_rows) {
+  const auto& hp = hparams();
   const int D = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
@@ -271,10 +325,6 @@ forward_result llama_forward::run(const forward_batch& b) {
   const int page_size = opts_.page_size;
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
-  // Rows of a prefill chunk share K/V loads in groups; a decode-only batch
-  // (one row per sequence) keeps one row per work-item for parallelism.
-  const int att_rows =
-      T > static_cast<int>(b.seqs.size()) ? std::clamp(opts_.attention_rows, 1, 64) : 1;
 
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT});
@@ -318,18 +368,10 @@ forward_result llama_forward::run(const forward_batch& b) {
     }
   }
 
-  forward_result out;
-  out.n_vocab = hp.n_vocab;
-  if (R == 0) {
-    ctx_.finish();
-    return out;
-  }
+  if (R == 0) return;
   const bool logits_q8 = int8_for(weights_.classifier());
   norm(weights_.output_norm, logits_q8, R, &logit_rows_);
   matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, logits_q8 ? &qa_ : nullptr);
-  out.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
-  ctx_.read(logits_, out.logits.data(), out.logits.size() * sizeof(float));
-  return out;
 }
 
 namespace {

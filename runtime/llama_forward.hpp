@@ -3,8 +3,10 @@
 // flattened batch (runtime/forward_batch.hpp), reading and writing a paged
 // KV arena.  No actors here: the device actor owns one of these.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "runtime/cl_runtime.hpp"
@@ -29,11 +31,17 @@ struct engine_options {
   // integer dot products (llama.cpp's numerics; AVX-512 VNNI on PoCL where
   // the CPU has it).  Off: every weight dequantized to float.
   bool int8_dot = true;
+  // Graph mode: steps of at most 64 rows (decode and small batches, where
+  // launches cost most) are recorded once per shape as an OpenCL command
+  // buffer (cl_khr_command_buffer) and replayed; where the device has no
+  // command buffers, launched one by one.
+  bool graph = true;
 };
 
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
 // TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
-// TROUPE_INT8_DOT=0 for float matmuls on quantized weights), for
+// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH=0
+// to launch every kernel), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 
@@ -68,7 +76,13 @@ class llama_forward {
 
  private:
   void validate(const forward_batch& b) const;
-  void ensure_scratch(int rows, int logit_rows);
+  // Grows the scratch buffers; true when any was reallocated.
+  bool ensure_scratch(int rows, int logit_rows);
+  // Every launch of one step, from the embedding to the logits (R logit
+  // rows), over the buffers run() filled.
+  void enqueue_step(int T, int R, int att_rows);
+  // Whether a step of `rows` rows is replayed from a recording.
+  bool graph_mode(int rows) const;
   // Activations quantized to 8 bits (quantize.cl's format).
   struct q8_scratch {
     cl::buffer q, d, s;
@@ -122,6 +136,11 @@ class llama_forward {
 
   cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
   cl::kernel k_mm_[2][3][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
+
+  // Graph mode's recordings by (rows, logit rows, attention rows per item).
+  static constexpr int k_max_graph_rows = 64;
+  static constexpr size_t k_max_graphs = 64;
+  std::map<std::tuple<int, int, int>, cl::command_buffer> graphs_;
 };
 
 }  // namespace troupe
