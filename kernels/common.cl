@@ -98,12 +98,13 @@ inline float16 round_to_half16(float16 v) {
 // Integer dot products (matmul.cl's Q kernels).  The 32 values of a weight
 // block as unsigned bytes (packed in an int8) with its scale and offset
 // coefficient, so that, against activations quantized by quantize.cl,
-//   block dot = dw * dx * sum(u * q) + ms * xsum.x + mq * xsum.y
+//   block dot = dw * dx * sum(u * q) + mo * (exact ? xsum.y : xsum.x)
 // (xsum.x: the activation block's scaled sum as llama.cpp's q8_1 holds it,
 // rounded to half; xsum.y: the scale times the quants' sum, exact) for every
-// quantized type: q4_1 (u = the nibbles, ms = its min, as llama.cpp),
-// q4_0 (u = the nibbles, mq = -8 dw) and q8_0 (u = the signed quants + 128,
-// mq = -128 dw; both exact, as llama.cpp's integer sums are).
+// quantized type: q4_1 (u = the nibbles, mo = its min with xsum.x, as
+// llama.cpp), q4_0 (u = the nibbles, mo = -8 dw) and q8_0 (u = the signed
+// quants + 128, mo = -128 dw), both with xsum.y: exact, as llama.cpp's
+// integer sums are.
 
 // Lane i of the result: the sum over bytes 4i..4i+3 of u (unsigned) times
 // s (signed).  AVX-512 VNNI's vpdpbusd where the host found it
@@ -134,36 +135,36 @@ inline float hsum8(float8 v) {
 
 inline void loadu_q4_0(__global const uchar* wq, __global const float* wd,
                        __global const float* wm, int nb, int r, int b, int8* u, float* dw,
-                       float* ms, float* mq) {
+                       float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q = vload16(blk, wq);
   *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
   *dw = wd[blk];
-  *ms = 0.0f;
-  *mq = -8.0f * *dw;
+  *mo = -8.0f * *dw;
+  *exact = 1;
 }
 
 inline void loadu_q4_1(__global const uchar* wq, __global const float* wd,
                        __global const float* wm, int nb, int r, int b, int8* u, float* dw,
-                       float* ms, float* mq) {
+                       float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q = vload16(blk, wq);
   *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
   *dw = wd[blk];
-  *ms = wm[blk];
-  *mq = 0.0f;
+  *mo = wm[blk];
+  *exact = 0;
 }
 
 inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
                        __global const float* wm, int nb, int r, int b, int8* u, float* dw,
-                       float* ms, float* mq) {
+                       float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q0 = vload16(2 * blk, wq) ^ (uchar16)0x80;
   const uchar16 q1 = vload16(2 * blk + 1, wq) ^ (uchar16)0x80;
   *u = (int8)(as_int4(q0), as_int4(q1));
   *dw = wd[blk];
-  *ms = 0.0f;
-  *mq = -128.0f * *dw;
+  *mo = -128.0f * *dw;
+  *exact = 1;
 }
 
 

@@ -17,14 +17,19 @@
 // block of 32 by quantize.cl, for 4- and 8-bit weights: integer dot
 // products, as llama.cpp computes them; kernels named *_xq_*).
 
-// acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
+// Accumulators come in pairs (acc, acc##_2) so that consecutive fmas do
+// not wait on each other: a single chain of dependent fmas leaves a decode
+// row (TT = 1) bound by their latency, not by the arithmetic.
+
+// acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums, the
+// first 16 values of each block in acc, the last 16 in acc_2).
 #define F_DOT(LOAD, TT, r, acc)                                           \
   for (int b = 0; b < nb; ++b) {                                          \
     float16 lo, hi;                                                       \
     LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
     for (int j = 0; j < TT; ++j) {                                        \
       acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
-      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);               \
+      acc##_2[j] = fma(hi, vload16(1, xs[j] + b * QK), acc##_2[j]);       \
     }                                                                     \
   }
 
@@ -37,11 +42,11 @@
   __global const float* xs[TT];                                           \
   for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
 
-#define F_ZERO(TT, acc) \
-  float16 acc[TT];      \
-  for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
+#define F_ZERO(TT, acc)       \
+  float16 acc[TT], acc##_2[TT]; \
+  for (int j = 0; j < TT; ++j) acc[j] = acc##_2[j] = (float16)0.0f;
 
-#define F_SUM(acc, j) hsum16(acc[j])
+#define F_SUM(acc, j) hsum16(acc[j] + acc##_2[j])
 
 // Q: per block, the weights' 32 values as unsigned bytes (LOADU, see
 // quantize.cl) dotted with the activations' signed bytes in integers,
@@ -55,28 +60,39 @@
   int tj[TT];                                                             \
   for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
 
-#define Q_ZERO(TT, acc)                  \
-  float8 acc[TT];                        \
-  float acc##_m[TT];                     \
-  for (int j = 0; j < TT; ++j) {         \
-    acc[j] = (float8)0.0f;               \
-    acc##_m[j] = 0.0f;                   \
+#define Q_ZERO(TT, acc)                          \
+  float8 acc[TT], acc##_2[TT];                   \
+  float acc##_m[TT], acc##_m2[TT];               \
+  for (int j = 0; j < TT; ++j) {                 \
+    acc[j] = acc##_2[j] = (float8)0.0f;          \
+    acc##_m[j] = acc##_m2[j] = 0.0f;             \
   }
 
-#define Q_DOT(LOADU, TT, r, acc)                                               \
-  for (int b = 0; b < nb; ++b) {                                               \
+// Block b into (A, AM): the offset term uses the activation block's exact
+// scaled sum (q4_0, q8_0) or its half-rounded one (q4_1), as llama.cpp.
+#define Q_BLOCK(LOADU, TT, r, b, A, AM)                                        \
+  {                                                                            \
     int8 wu;                                                                   \
-    float dw, ms, mq;                                                          \
-    LOADU(wq, wd, wm, nb, (r), b, &wu, &dw, &ms, &mq);                         \
+    float dw, mo;                                                              \
+    int exact;                                                                 \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                    \
     for (int j = 0; j < TT; ++j) {                                             \
-      const size_t xb = (size_t)tj[j] * nb + b;                                \
+      const size_t xb = (size_t)tj[j] * nb + (b);                              \
       const int8 p = dpbusd(wu, vload8(xb, xq));                               \
-      acc[j] = fma(convert_float8(p), (float8)(dw * xd[xb]), acc[j]);          \
-      acc##_m[j] = fma(ms, xsum[xb].x, fma(mq, xsum[xb].y, acc##_m[j]));       \
+      A[j] = fma(convert_float8(p), (float8)(dw * xd[xb]), A[j]);              \
+      AM[j] = fma(mo, exact ? xsum[xb].y : xsum[xb].x, AM[j]);                 \
     }                                                                          \
   }
 
-#define Q_SUM(acc, j) (hsum8(acc[j]) + acc##_m[j])
+// Even blocks into acc, odd ones into acc_2.
+#define Q_DOT(LOADU, TT, r, acc)                                               \
+  for (int b = 0; b + 1 < nb; b += 2) {                                        \
+    Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)                                     \
+    Q_BLOCK(LOADU, TT, r, b + 1, acc##_2, acc##_m2)                            \
+  }                                                                            \
+  if (nb & 1) Q_BLOCK(LOADU, TT, r, nb - 1, acc, acc##_m)
+
+#define Q_SUM(acc, j) (hsum8(acc[j] + acc##_2[j]) + (acc##_m[j] + acc##_m2[j]))
 
 #define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
