@@ -2,7 +2,8 @@
 """On/off comparisons of engine switches with `troupe bench engine`, in one run.
 
 Each variant is a set of environment variables (the engine's switches:
-TROUPE_GRAPH, TROUPE_INT8_DOT, ...).  Variants alternate round by round so
+TROUPE_GRAPH, TROUPE_INT8_DOT, ...); the pseudo-variable BIN names another
+troupe binary (a build of another commit) for that variant.  Variants alternate round by round so
 they see the same machine load (this machine is shared and noisy); the
 table gives each variant's median over rounds and its ratio to the first.
 
@@ -28,6 +29,8 @@ def parse_variant(text):
 
 
 def bench(troupe, model, env, reps, n_prompt, n_gen):
+    env = dict(env)
+    troupe = env.pop("BIN", troupe)
     cmd = [troupe, "bench", "engine", "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-r",
            str(reps), "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})

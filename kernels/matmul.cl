@@ -17,9 +17,11 @@
 // block of 32 by quantize.cl, for 4- and 8-bit weights: integer dot
 // products, as llama.cpp computes them; kernels named *_xq_*).
 
-// Accumulators come in pairs (acc, acc##_2) so that consecutive fmas do
-// not wait on each other: a single chain of dependent fmas leaves a decode
-// row (TT = 1) bound by their latency, not by the arithmetic.
+// For one token (TT = 1) accumulators come in pairs (acc, acc##_2) so that
+// consecutive fmas do not wait on each other: a single chain of dependent
+// fmas leaves a decode row bound by their latency, not by the arithmetic.
+// Tiles of tokens have a chain per token already (and pairs would not fit
+// in the registers).
 
 // acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums, the
 // first 16 values of each block in acc, the last 16 in acc_2).
@@ -29,7 +31,32 @@
     LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
     for (int j = 0; j < TT; ++j) {                                        \
       acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
-      acc##_2[j] = fma(hi, vload16(1, xs[j] + b * QK), acc##_2[j]);       \
+      if (TT == 1)                                                        \
+        acc##_2[j] = fma(hi, vload16(1, xs[j] + b * QK), acc##_2[j]);     \
+      else                                                                \
+        acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);             \
+    }                                                                     \
+  }
+
+// Two rows at once (r1 into acc1, r2 into acc2): each activation vector is
+// loaded once for both (the gate and up rows of the FFN, a rotation pair).
+#define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)                              \
+  for (int b = 0; b < nb; ++b) {                                          \
+    float16 lo1, hi1, lo2, hi2;                                           \
+    LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);                         \
+    LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);                         \
+    for (int j = 0; j < TT; ++j) {                                        \
+      const float16 xl = vload16(0, xs[j] + b * QK);                      \
+      const float16 xh = vload16(1, xs[j] + b * QK);                      \
+      acc1[j] = fma(lo1, xl, acc1[j]);                                    \
+      acc2[j] = fma(lo2, xl, acc2[j]);                                    \
+      if (TT == 1) {                                                      \
+        acc1##_2[j] = fma(hi1, xh, acc1##_2[j]);                          \
+        acc2##_2[j] = fma(hi2, xh, acc2##_2[j]);                          \
+      } else {                                                            \
+        acc1[j] = fma(hi1, xh, acc1[j]);                                  \
+        acc2[j] = fma(hi2, xh, acc2[j]);                                  \
+      }                                                                   \
     }                                                                     \
   }
 
@@ -84,13 +111,37 @@
     }                                                                          \
   }
 
-// Even blocks into acc, odd ones into acc_2.
+// One token: even blocks into acc, odd ones into acc_2.
 #define Q_DOT(LOADU, TT, r, acc)                                               \
-  for (int b = 0; b + 1 < nb; b += 2) {                                        \
-    Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)                                     \
-    Q_BLOCK(LOADU, TT, r, b + 1, acc##_2, acc##_m2)                            \
-  }                                                                            \
-  if (nb & 1) Q_BLOCK(LOADU, TT, r, nb - 1, acc, acc##_m)
+  if (TT == 1) {                                                               \
+    for (int b = 0; b + 1 < nb; b += 2) {                                      \
+      Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)                                   \
+      Q_BLOCK(LOADU, TT, r, b + 1, acc##_2, acc##_m2)                          \
+    }                                                                          \
+    if (nb & 1) Q_BLOCK(LOADU, TT, r, nb - 1, acc, acc##_m)                    \
+  } else {                                                                     \
+    for (int b = 0; b < nb; ++b) Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)        \
+  }
+
+// Two rows at once, sharing the activation block's loads.
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                  \
+  for (int b = 0; b < nb; ++b) {                                               \
+    int8 wu1, wu2;                                                             \
+    float dw1, mo1, dw2, mo2;                                                  \
+    int exact;                                                                 \
+    LOADU(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);                  \
+    LOADU(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);                  \
+    for (int j = 0; j < TT; ++j) {                                             \
+      const size_t xb = (size_t)tj[j] * nb + b;                                \
+      const int8 xv = vload8(xb, xq);                                          \
+      const float dx = xd[xb];                                                 \
+      const float xo = exact ? xsum[xb].y : xsum[xb].x;                        \
+      acc1[j] = fma(convert_float8(dpbusd(wu1, xv)), (float8)(dw1 * dx), acc1[j]); \
+      acc2[j] = fma(convert_float8(dpbusd(wu2, xv)), (float8)(dw2 * dx), acc2[j]); \
+      acc1##_m[j] = fma(mo1, xo, acc1##_m[j]);                                 \
+      acc2##_m[j] = fma(mo2, xo, acc2##_m[j]);                                 \
+    }                                                                          \
+  }
 
 #define Q_SUM(acc, j) (hsum8(acc[j] + acc##_2[j]) + (acc##_m[j] + acc##_m2[j]))
 
@@ -125,8 +176,7 @@
     for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
       X##_ZERO(TT, g)                                                                     \
       X##_ZERO(TT, u)                                                                     \
-      X##_DOT(LOAD, TT, n, g)                                                         \
-      X##_DOT(LOAD, TT, F + n, u)                                                     \
+      X##_DOT2(LOAD, TT, n, g, F + n, u)                                              \
       for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
         h[(size_t)(t0 + j) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
     }                                                                                        \
@@ -180,8 +230,7 @@
       const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);    \
       X##_ZERO(TT, a0)                                                                    \
       X##_ZERO(TT, a1)                                                                    \
-      X##_DOT(LOAD, TT, head * hd + d0, a0)                                           \
-      X##_DOT(LOAD, TT, head * hd + d1, a1)                                           \
+      X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)                      \
       for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
         const int t = t0 + j;                                                                \
         float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                        \
