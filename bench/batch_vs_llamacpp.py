@@ -44,11 +44,13 @@ def run(cmd, env=None):
     return r
 
 
-def batched_bench(bin_dir, model, threads, npl, pp, tg):
+def batched_bench(bin_dir, model, threads, npl, pp, tg, fa):
     n_ctx = npl * (pp + tg)
     cmd = [os.path.join(bin_dir, "llama-batched-bench"), "-m", model, "-t", str(threads),
            "-tb", str(threads), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
            "-npp", str(pp), "-ntg", str(tg), "-npl", str(npl), "--output-format", "jsonl"]
+    if fa:
+        cmd.append("-fa")  # flash attention: llama.cpp's fast path for many sequences
     r = run(cmd)
     rows = [json.loads(line) for line in (r.stdout + "\n" + r.stderr).splitlines()
             if line.startswith("{") and '"speed"' in line]
@@ -81,6 +83,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--models", default="smollm2,stories15m")
+    ap.add_argument("--llama-fa", action="store_true",
+                    help="run llama-batched-bench with flash attention (-fa)")
     ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "troupe"))
     ap.add_argument("--troupe-arg", action="append", default=[],
                     help="extra argument for troupe bench batch (repeatable)")
@@ -112,7 +116,7 @@ def main():
         peer, ours = [], []
         for rnd in range(args.rounds):
             print(f"[{label}] round {rnd + 1}/{args.rounds}: llama-batched-bench", file=sys.stderr)
-            peer.append(batched_bench(bin_dir, gguf, args.threads, npl, pp, tg))
+            peer.append(batched_bench(bin_dir, gguf, args.threads, npl, pp, tg, args.llama_fa))
             print(f"  llama.cpp {json.dumps(peer[-1])}", file=sys.stderr)
             print(f"[{label}] round {rnd + 1}/{args.rounds}: troupe bench batch", file=sys.stderr)
             ours.append(troupe_batch(args.troupe, troupe_name, args.threads, npl, pp, tg,
