@@ -17,6 +17,10 @@
 // block of 32 by quantize.cl, for 4- and 8-bit weights: integer dot
 // products, as llama.cpp computes them; kernels named *_xq_*).
 
+// Loops over a tile's tokens are unrolled (_Pragma("unroll")) so that the
+// per-token accumulators live in registers: indexed in a loop, they would
+// be kept on the stack, and every fma would wait on a store and a load.
+//
 // For one token (TT = 1) accumulators come in pairs (acc, acc##_2) so that
 // consecutive fmas do not wait on each other: a single chain of dependent
 // fmas leaves a decode row bound by their latency, not by the arithmetic.
@@ -29,7 +33,7 @@
   for (int b = 0; b < nb; ++b) {                                          \
     float16 lo, hi;                                                       \
     LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
-    for (int j = 0; j < TT; ++j) {                                        \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                        \
       acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
       if (TT == 1)                                                        \
         acc##_2[j] = fma(hi, vload16(1, xs[j] + b * QK), acc##_2[j]);     \
@@ -45,7 +49,7 @@
     float16 lo1, hi1, lo2, hi2;                                           \
     LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);                         \
     LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);                         \
-    for (int j = 0; j < TT; ++j) {                                        \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                        \
       const float16 xl = vload16(0, xs[j] + b * QK);                      \
       const float16 xh = vload16(1, xs[j] + b * QK);                      \
       acc1[j] = fma(lo1, xl, acc1[j]);                                    \
@@ -67,11 +71,11 @@
 #define F_SETUP(TT)                                                       \
   const int nb = K / QK;                                                  \
   __global const float* xs[TT];                                           \
-  for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
 
 #define F_ZERO(TT, acc)       \
   float16 acc[TT], acc##_2[TT]; \
-  for (int j = 0; j < TT; ++j) acc[j] = acc##_2[j] = (float16)0.0f;
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) acc[j] = acc##_2[j] = (float16)0.0f;
 
 #define F_SUM(acc, j) hsum16(acc[j] + acc##_2[j])
 
@@ -85,12 +89,12 @@
 #define Q_SETUP(TT)                                                       \
   const int nb = K / QK;                                                  \
   int tj[TT];                                                             \
-  for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
 
 #define Q_ZERO(TT, acc)                          \
   float8 acc[TT], acc##_2[TT];                   \
   float acc##_m[TT], acc##_m2[TT];               \
-  for (int j = 0; j < TT; ++j) {                 \
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) {                 \
     acc[j] = acc##_2[j] = (float8)0.0f;          \
     acc##_m[j] = acc##_m2[j] = 0.0f;             \
   }
@@ -103,7 +107,7 @@
     float dw, mo;                                                              \
     int exact;                                                                 \
     LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                    \
-    for (int j = 0; j < TT; ++j) {                                             \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
       const size_t xb = (size_t)tj[j] * nb + (b);                              \
       const int8 p = dpbusd(wu, vload8(xb, xq));                               \
       A[j] = fma(convert_float8(p), (float8)(dw * xd[xb]), A[j]);              \
@@ -131,7 +135,7 @@
     int exact;                                                                 \
     LOADU(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);                  \
     LOADU(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);                  \
-    for (int j = 0; j < TT; ++j) {                                             \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
       const size_t xb = (size_t)tj[j] * nb + b;                                \
       const int8 xv = vload8(xb, xq);                                          \
       const float dx = xd[xb];                                                 \
@@ -156,7 +160,7 @@
     for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
       X##_ZERO(TT, acc)                                                                   \
       X##_DOT(LOAD, TT, n, acc)                                                       \
-      for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                           \
         const size_t i = (size_t)(t0 + j) * ldy + n;                                         \
         const float r = X##_SUM(acc, j);                                                      \
         y[i] = accumulate ? y[i] + r : r;                                                    \
@@ -177,13 +181,13 @@
       X##_ZERO(TT, g)                                                                     \
       X##_ZERO(TT, u)                                                                     \
       X##_DOT2(LOAD, TT, n, g, F + n, u)                                              \
-      for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T)                                             \
         h[(size_t)(t0 + j) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
     }                                                                                        \
     /* Quantized too, for an integer down projection: the work-item's rows  */              \
     /* are whole blocks (rows_per_item and F multiples of 32), read back.    */              \
     if (quant_out)                                                                           \
-      for (int j = 0; j < TT && t0 + j < T; ++j)                                             \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T)                                             \
         for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                          \
           const size_t at = (size_t)(t0 + j) * F + n;                                        \
           quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,      \
@@ -231,7 +235,7 @@
       X##_ZERO(TT, a0)                                                                    \
       X##_ZERO(TT, a1)                                                                    \
       X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)                      \
-      for (int j = 0; j < TT && t0 + j < T; ++j) {                                           \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                           \
         const int t = t0 + j;                                                                \
         float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                        \
         if (rotate) {                                                                        \
