@@ -28,6 +28,8 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   eo.kv_f16 = !spec.kv_f32;
   eo.max_batch_tokens = std::max(spec.batch, spec.max_batch_tokens);
   eo.int8_dot = spec.int8_dot;
+  eo.graph = spec.graph;
+  eo.flash_attention = spec.flash_attention;
   apply_tuning_env(eo);
   instance_options io;
   io.limits.max_batch_tokens = spec.max_batch_tokens;

@@ -70,8 +70,8 @@ inline void block_scores(float sc[ATT_ROWS][ATT_KEYS], const float16 qv[ATT_ROWS
       for (int r = 0; r < nr; ++r) sc[r][k] = -INFINITY;
       continue;
     }
-    const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
-                               j % page_size);
+    const size_t o =
+        kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g, j % page_size);
     load_hd(kv, kc + o, hd16);
     for (int r = 0; r < nr; ++r)
       sc[r][k] = j > last[r] ? -INFINITY : dot_priv(qv[r], kv, hd16) * post_scale;
@@ -87,8 +87,8 @@ inline void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
   float16 vv[HD_MAX / 16];
   for (int k = 0; k < ATT_KEYS && j0 + k <= max_last; ++k) {
     const int j = j0 + k;
-    const size_t o = kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g,
-                               j % page_size);
+    const size_t o =
+        kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g, j % page_size);
     load_hd(vv, vc + o, hd16);
     for (int r = 0; r < nr; ++r)
       for (int i = 0; i < hd16; ++i) acc[r][i] = fma((float16)p[r][k], vv[i], acc[r][i]);
@@ -97,25 +97,27 @@ inline void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
 
 // Rows t0 .. t0+nr-1 (nr <= ATT_ROWS) of one sequence, head h: row t
 // attends to positions 0..pos[t] with an online softmax.
-inline void attend_rows(__global const float* qkv, __global const kv_t* kc,
-                        __global const kv_t* vc, __global float* out, __global const int* pos,
-                        __global const int* table, int t0, int nr, int h, int g, int n_head,
-                        int n_kv, int hd, int page_size, int layer, int n_pages, float scale,
-                        __global char* oq, __global float* od, __global float2* os) {
+inline void attend_rows(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
+                        __global float* out, __global const int* pos, __global const int* table,
+                        int t0, int nr, int h, int g, int n_head, int n_kv, int hd, int page_size,
+                        int layer, int n_pages, float scale, __global char* oq, __global float* od,
+                        __global float2* os, int one_pass) {
   const int hd16 = hd / 16;
   float16 qv[ATT_ROWS][HD_MAX / 16], acc[ATT_ROWS][HD_MAX / 16];
   float sc[ATT_ROWS][ATT_KEYS];
   float m[ATT_ROWS], l[ATT_ROWS];
   int last[ATT_ROWS];
   int max_last = 0;
+#ifdef TROUPE_KV_F16
+  const int two_pass = !one_pass;
+#else
+  const int two_pass = 0;
+#endif
   for (int r = 0; r < nr; ++r) {
     __global const float* q = qkv + (size_t)(t0 + r) * (n_head + 2 * n_kv) * hd + h * hd;
     for (int i = 0; i < hd16; ++i) {
-#ifdef TROUPE_KV_F16
-      qv[r][i] = round_to_half16(vload16(i, q));  // llama.cpp rounds q to half; scale after q.k
-#else
-      qv[r][i] = vload16(i, q) * scale;
-#endif
+      // llama.cpp rounds q to half and scales after q.k
+      qv[r][i] = two_pass ? round_to_half16(vload16(i, q)) : vload16(i, q) * scale;
       acc[r][i] = (float16)0.0f;
     }
     m[r] = -INFINITY;
@@ -123,53 +125,54 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc,
     last[r] = pos[t0 + r];
     max_last = max(max_last, last[r]);
   }
-#ifdef TROUPE_KV_F16
   // With a half KV cache, follow llama.cpp's (non flash-attention) numerics:
   // q is rounded to half before q.k, the scale applied after, and the
   // normalized probabilities are rounded to half before p.v.  This needs
-  // the softmax denominator first, hence two passes.
-  for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-    block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd,
-                 scale);
-    for (int r = 0; r < nr; ++r) {
-      if (j0 > last[r]) continue;
-      const float16 s = vload16(0, sc[r]);
-      const float m_new = fmax(m[r], hmax16(s));
-      l[r] = l[r] * exp(m[r] - m_new) + hsum16(exp(s - m_new));
-      m[r] = m_new;
-    }
-  }
-  for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
-  for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-    block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd,
-                 scale);
-    for (int r = 0; r < nr; ++r)
-      vstore16(round_to_half16(exp(vload16(0, sc[r]) - m[r]) * l[r]), 0, sc[r]);
-    block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
-  }
-  for (int r = 0; r < nr; ++r) l[r] = 1.0f;
-#else
-  for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-    block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd,
-                 1.0f);
-    for (int r = 0; r < nr; ++r) {
-      if (j0 > last[r]) {
-        vstore16((float16)0.0f, 0, sc[r]);
-        continue;
+  // the softmax denominator first, hence two passes.  one_pass (flash
+  // attention, as llama.cpp's -fa) takes one pass with an online softmax.
+  if (two_pass) {
+    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+                   hd, scale);
+      for (int r = 0; r < nr; ++r) {
+        if (j0 > last[r]) continue;
+        const float16 s = vload16(0, sc[r]);
+        const float m_new = fmax(m[r], hmax16(s));
+        l[r] = l[r] * exp(m[r] - m_new) + hsum16(exp(s - m_new));
+        m[r] = m_new;
       }
-      const float16 s = vload16(0, sc[r]);
-      const float m_new = fmax(m[r], hmax16(s));
-      const float corr = exp(m[r] - m_new);
-      const float16 p = exp(s - m_new);
-      l[r] = l[r] * corr + hsum16(p);
-      for (int i = 0; i < hd16; ++i) acc[r][i] *= corr;
-      vstore16(p, 0, sc[r]);
-      m[r] = m_new;
     }
-    block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
+    for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
+    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+                   hd, scale);
+      for (int r = 0; r < nr; ++r)
+        vstore16(round_to_half16(exp(vload16(0, sc[r]) - m[r]) * l[r]), 0, sc[r]);
+      block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
+    }
+    for (int r = 0; r < nr; ++r) l[r] = 1.0f;
+  } else {
+    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+                   hd, 1.0f);
+      for (int r = 0; r < nr; ++r) {
+        if (j0 > last[r]) {
+          vstore16((float16)0.0f, 0, sc[r]);
+          continue;
+        }
+        const float16 s = vload16(0, sc[r]);
+        const float m_new = fmax(m[r], hmax16(s));
+        const float corr = exp(m[r] - m_new);
+        const float16 p = exp(s - m_new);
+        l[r] = l[r] * corr + hsum16(p);
+        for (int i = 0; i < hd16; ++i) acc[r][i] *= corr;
+        vstore16(p, 0, sc[r]);
+        m[r] = m_new;
+      }
+      block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
+    }
+    for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
   }
-  for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
-#endif
   for (int r = 0; r < nr; ++r) {
     const size_t at = (size_t)(t0 + r) * n_head * hd + h * hd;
     for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, out + at);
@@ -186,13 +189,14 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc,
 // n_kv).  One work-item per (head, rows_per_item consecutive rows); the
 // rows of one sequence among them share each K/V load.  With quant_out the
 // output is also written quantized (quantize.cl's format) to oq, od, os.
-__kernel void attention(__global const float* qkv, __global const kv_t* kc,
-                        __global const kv_t* vc, __global float* out, __global const int* pos,
-                        __global const int* row_seq, __global const int* pt,
-                        __global const int* pt_off, int n_head, int n_kv, int hd, int page_size,
-                        int layer, int n_pages, float scale, int n_rows, int rows_per_item,
-                        __global char* oq, __global float* od, __global float2* os,
-                        int quant_out) {
+// one_pass: flash attention's single pass with a half KV cache (see
+// attend_rows).
+__kernel void attention(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
+                        __global float* out, __global const int* pos, __global const int* row_seq,
+                        __global const int* pt, __global const int* pt_off, int n_head, int n_kv,
+                        int hd, int page_size, int layer, int n_pages, float scale, int n_rows,
+                        int rows_per_item, __global char* oq, __global float* od,
+                        __global float2* os, int quant_out, int one_pass) {
   const int h = get_global_id(0);
   const int t_begin = get_global_id(1) * rows_per_item;
   if (h >= n_head) return;
@@ -202,7 +206,7 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc,
     int nr = 1;
     while (t0 + nr < t_end && nr < ATT_ROWS && row_seq[t0 + nr] == row_seq[t0]) ++nr;
     attend_rows(qkv, kc, vc, out, pos, pt + pt_off[row_seq[t0]], t0, nr, h, g, n_head, n_kv, hd,
-                page_size, layer, n_pages, scale, quant_out ? oq : 0, od, os);
+                page_size, layer, n_pages, scale, quant_out ? oq : 0, od, os, one_pass);
     t0 += nr;
   }
 }

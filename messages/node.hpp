@@ -30,12 +30,14 @@ struct instance_spec {
   int32_t chunk_size = 128;
   std::string preemption = "recompute";  // or "swap"
   bool prefix_caching = true;
-  bool offline_yields = false;  // co-location: offline work takes what online work leaves
-  std::string role = "mixed";   // reported by the instance (the router decides its work)
-  int32_t step_history = 16;    // forward passes each instance keeps for stats (calibration)
-  double tpot_target_ms = 0;    // co-location's TPOT guard (instance_options)
-  int32_t draft_tokens = 0;     // speculative decoding's default (instance_options)
-  bool int8_dot = true;         // integer matmuls for 4/8-bit weights (engine_options)
+  bool offline_yields = false;   // co-location: offline work takes what online work leaves
+  std::string role = "mixed";    // reported by the instance (the router decides its work)
+  int32_t step_history = 16;     // forward passes each instance keeps for stats (calibration)
+  double tpot_target_ms = 0;     // co-location's TPOT guard (instance_options)
+  int32_t draft_tokens = 0;      // speculative decoding's default (instance_options)
+  bool int8_dot = true;          // integer matmuls for 4/8-bit weights (engine_options)
+  bool graph = false;            // graph mode (engine_options)
+  bool flash_attention = false;  // one-pass attention (engine_options)
 };
 
 template <class Inspector>
@@ -43,7 +45,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
   return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
            x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
            x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history,
-           x.tpot_target_ms, x.draft_tokens, x.int8_dot);
+           x.tpot_target_ms, x.draft_tokens, x.int8_dot, x.graph, x.flash_attention);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

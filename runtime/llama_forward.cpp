@@ -36,6 +36,8 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION"))
+    o.flash_attention = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -345,7 +347,7 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
     const bool att_q8 = int8_for(L.wo) && hd % 32 == 0;
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
-                 att_q8 ? 1 : 0);
+                 att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0);
     ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
                           static_cast<size_t>((T + att_rows - 1) / att_rows)});
     matmul(L.wo, att_, x_, T, D, true, att_q8 ? &qb_ : nullptr);

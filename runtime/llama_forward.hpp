@@ -34,14 +34,20 @@ struct engine_options {
   // Graph mode: steps of at most 64 rows (decode and small batches, where
   // launches cost most) are recorded once per shape as an OpenCL command
   // buffer (cl_khr_command_buffer) and replayed; where the device has no
-  // command buffers, launched one by one.
-  bool graph = true;
+  // command buffers, launched one by one.  Off by default: on PoCL it
+  // gains nothing (docs/bench_engine.md), the cost is in running commands,
+  // not in enqueuing them.
+  bool graph = false;
+  // Attention over a half KV cache in one pass with an online softmax
+  // (llama.cpp's flash attention, -fa) instead of two passes with
+  // llama.cpp's default numerics (bit-for-bit its golden tokens).
+  bool flash_attention = false;
 };
 
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
 // TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
-// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH=0
-// to launch every kernel), for
+// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH
+// and TROUPE_FLASH_ATTENTION 0/1), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 

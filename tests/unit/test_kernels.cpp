@@ -483,9 +483,12 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
 // page tables; GQA with three query heads per KV head.
 // rows_per_item > 1 groups consecutive rows of one sequence in a
 // work-item; 3 makes groups cross sequence boundaries.
-void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
+// one_pass: flash attention (one pass, online softmax) over the half cache,
+// against the exact reference only.
+void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item,
+                     bool one_pass = false) {
   SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32") + ", " +
-               std::to_string(rows_per_item) + " rows per item");
+               std::to_string(rows_per_item) + " rows per item" + (one_pass ? ", one pass" : ""));
   std::mt19937 rng(kv_f16 ? 300 + hd : 200 + hd);
   auto k = c.make_kernel("attention");
   const int n_kv = 2, n_head = 3 * n_kv, page_size = 4, n_layer = 2, layer = 1, n_pages = 40;
@@ -506,7 +509,7 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
   const int quant_out = hd % 32 == 0 ? 1 : 0;
   const auto oq = c.alloc(n_out), od = c.alloc(n_out / 32 * 4), os = c.alloc(n_out / 16 * 4);
   k.args(qkvb, kcb, vcb, outb, posb, rsb, ptb, offb, n_head, n_kv, hd, page_size, layer, n_pages,
-         scale, T, rows_per_item, oq, od, os, quant_out);
+         scale, T, rows_per_item, oq, od, os, quant_out, one_pass ? 1 : 0);
   c.launch(k, {static_cast<size_t>(n_head),
                static_cast<size_t>((T + rows_per_item - 1) / rows_per_item)});
   const auto out = download<float>(c, outb, n_out);
@@ -532,7 +535,7 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
       auto val = [&](int j) { return &vc.f[at(j)]; };
       const float* q = &qkv[static_cast<size_t>(t) * width + static_cast<size_t>(h) * hd];
       ref::attention(q, hd, b.pos[t], scale, key, val, false, exact.data(), no_slack.data());
-      if (kv_f16)
+      if (kv_f16 && !one_pass)
         ref::attention(q, hd, b.pos[t], scale, key, val, true, emulated.data(), slack.data());
       for (int i = 0; i < hd; ++i) {
         const float got = out[(static_cast<size_t>(t) * n_head + h) * hd + i];
@@ -540,7 +543,9 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item) {
           return "row " + std::to_string(t) + " (pos " + std::to_string(b.pos[t]) + ") head " +
                  std::to_string(h) + " value " + std::to_string(i);
         };
-        if (kv_f16) {
+        if (kv_f16 && one_pass) {
+          chk.near(got, exact[i], 2e-5, where);  // the cache's values are exact halves
+        } else if (kv_f16) {
           chk.near(got, emulated[i], 2e-5 + slack[i], where);
           chk.near(got, exact[i], 1e-2, where);
         } else {
@@ -559,6 +564,11 @@ TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF32) {
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16EmulatesLlamaCpp) {
   for (const int hd : {48, 64})
     for (const int rows : {1, 3, 4, 8}) check_attention(ctx(true), true, hd, rows);
+}
+
+TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16OnePass) {
+  for (const int hd : {48, 64})
+    for (const int rows : {1, 4}) check_attention(ctx(true), true, hd, rows, true);
 }
 
 }  // namespace

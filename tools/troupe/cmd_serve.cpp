@@ -83,6 +83,8 @@ struct serve_settings {
   int step_history = 16;
   int draft_tokens = 0;
   bool int8_dot = true;
+  bool graph = false;
+  bool flash_attention = false;
   int window_ms = 1000;
   pd_config pd_cfg;
   int admin_port = 0;    // 0: a port the OS picks; -1: no admin endpoint
@@ -216,6 +218,14 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "4- and 8-bit weights: activations quantized to 8 bits and integer dot products "
       "(true/false; false dequantizes the weights to float)",
       bool_key(s.int8_dot));
+  add("engine", "graph",
+      "graph mode: steps of up to 64 rows recorded as OpenCL command buffers and replayed "
+      "(true/false)",
+      bool_key(s.graph));
+  add("engine", "flash_attention",
+      "one-pass attention over the half KV cache, as llama.cpp's -fa (true/false; false: "
+      "llama.cpp's default two-pass numerics)",
+      bool_key(s.flash_attention));
   add("service", "listen", "endpoint to serve on (tcp://host:port, port * picks one; ipc://path)",
       {[&s](const std::string& v) -> std::string {
          if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
@@ -536,6 +546,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.step_history = s.step_history;
   base.draft_tokens = s.draft_tokens;
   base.int8_dot = s.int8_dot;
+  base.graph = s.graph;
+  base.flash_attention = s.flash_attention;
   base.tpot_target_ms = s.tpot_target_ms;
   if (s.role_switching && !s.pd)
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");

@@ -33,6 +33,18 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
   app.add_option("--batch", f.batch, "most tokens per forward call (prefill chunk)")
       ->default_val(512)
       ->check(CLI::Range(1, 65536));
+  app.add_option("--int8-dot", f.int8_dot,
+                 "4- and 8-bit weights: activations quantized to 8 bits, integer dot products "
+                 "(false: weights dequantized to float)")
+      ->default_val(true);
+  app.add_option("--graph", f.graph,
+                 "graph mode: record steps of up to 64 rows as OpenCL command buffers and replay "
+                 "them")
+      ->default_val(false);
+  app.add_option("--flash-attention", f.flash_attention,
+                 "one-pass attention over the half KV cache (llama.cpp's -fa) instead of "
+                 "llama.cpp's default two-pass numerics")
+      ->default_val(false);
 }
 
 engine_options to_engine_options(const engine_flags& f) {
@@ -42,6 +54,9 @@ engine_options to_engine_options(const engine_flags& f) {
   o.kv_bytes = static_cast<size_t>(f.kv_mb) << 20;
   o.kv_f16 = !f.kv_f32;
   o.max_batch_tokens = f.batch;
+  o.int8_dot = f.int8_dot;
+  o.graph = f.graph;
+  o.flash_attention = f.flash_attention;
   apply_tuning_env(o);
   return o;
 }

@@ -24,6 +24,9 @@ struct engine_flags {
   int kv_mb = 256;
   bool kv_f32 = false;
   int batch = 512;  // max rows per forward call
+  bool int8_dot = true;
+  bool graph = false;
+  bool flash_attention = false;
 };
 
 void add_engine_flags(CLI::App& app, engine_flags& f);
