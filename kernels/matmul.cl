@@ -21,24 +21,19 @@
 // per-token accumulators live in registers: indexed in a loop, they would
 // be kept on the stack, and every fma would wait on a store and a load.
 //
-// For one token (TT = 1) accumulators come in pairs (acc, acc##_2) so that
-// consecutive fmas do not wait on each other: a single chain of dependent
-// fmas leaves a decode row bound by their latency, not by the arithmetic.
-// Tiles of tokens have a chain per token already (and pairs would not fit
-// in the registers).
+// A token's result never depends on the tile it is computed in (one row
+// alone, 4 or TROUPE_TILE tokens): every tile sums a row in the same order,
+// so a sequence computed as decode rows and recomputed as a prefill chunk
+// (preemption) gets the same values, bit for bit.
 
-// acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums, the
-// first 16 values of each block in acc, the last 16 in acc_2).
+// acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
 #define F_DOT(LOAD, TT, r, acc)                                           \
   for (int b = 0; b < nb; ++b) {                                          \
     float16 lo, hi;                                                       \
     LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                        \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                      \
       acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
-      if (TT == 1)                                                        \
-        acc##_2[j] = fma(hi, vload16(1, xs[j] + b * QK), acc##_2[j]);     \
-      else                                                                \
-        acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);             \
+      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);               \
     }                                                                     \
   }
 
@@ -49,18 +44,13 @@
     float16 lo1, hi1, lo2, hi2;                                           \
     LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);                         \
     LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);                         \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                        \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                      \
       const float16 xl = vload16(0, xs[j] + b * QK);                      \
       const float16 xh = vload16(1, xs[j] + b * QK);                      \
       acc1[j] = fma(lo1, xl, acc1[j]);                                    \
       acc2[j] = fma(lo2, xl, acc2[j]);                                    \
-      if (TT == 1) {                                                      \
-        acc1##_2[j] = fma(hi1, xh, acc1##_2[j]);                          \
-        acc2##_2[j] = fma(hi2, xh, acc2##_2[j]);                          \
-      } else {                                                            \
-        acc1[j] = fma(hi1, xh, acc1[j]);                                  \
-        acc2[j] = fma(hi2, xh, acc2[j]);                                  \
-      }                                                                   \
+      acc1[j] = fma(hi1, xh, acc1[j]);                                    \
+      acc2[j] = fma(hi2, xh, acc2[j]);                                    \
     }                                                                     \
   }
 
@@ -73,11 +63,11 @@
   __global const float* xs[TT];                                           \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
 
-#define F_ZERO(TT, acc)       \
-  float16 acc[TT], acc##_2[TT]; \
-  _Pragma("unroll") for (int j = 0; j < TT; ++j) acc[j] = acc##_2[j] = (float16)0.0f;
+#define F_ZERO(TT, acc) \
+  float16 acc[TT];      \
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
 
-#define F_SUM(acc, j) hsum16(acc[j] + acc##_2[j])
+#define F_SUM(acc, j) hsum16(acc[j])
 
 // Q: per block, the weights' 32 values as unsigned bytes (LOADU, see
 // quantize.cl) dotted with the activations' signed bytes in integers,
@@ -91,12 +81,12 @@
   int tj[TT];                                                             \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
 
-#define Q_ZERO(TT, acc)                          \
-  float8 acc[TT], acc##_2[TT];                   \
-  float acc##_m[TT], acc##_m2[TT];               \
-  _Pragma("unroll") for (int j = 0; j < TT; ++j) {                 \
-    acc[j] = acc##_2[j] = (float8)0.0f;          \
-    acc##_m[j] = acc##_m2[j] = 0.0f;             \
+#define Q_ZERO(TT, acc)            \
+  float8 acc[TT];                  \
+  float acc##_m[TT];               \
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
+    acc[j] = (float8)0.0f;         \
+    acc##_m[j] = 0.0f;             \
   }
 
 // Block b into (A, AM): the offset term uses the activation block's exact
@@ -115,17 +105,8 @@
     }                                                                          \
   }
 
-// One token: even blocks into acc, odd ones into acc_2.
-#define Q_DOT(LOADU, TT, r, acc)                                               \
-  if (TT == 1) {                                                               \
-    for (int b = 0; b + 1 < nb; b += 2) {                                      \
-      Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)                                   \
-      Q_BLOCK(LOADU, TT, r, b + 1, acc##_2, acc##_m2)                          \
-    }                                                                          \
-    if (nb & 1) Q_BLOCK(LOADU, TT, r, nb - 1, acc, acc##_m)                    \
-  } else {                                                                     \
-    for (int b = 0; b < nb; ++b) Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)        \
-  }
+#define Q_DOT(LOADU, TT, r, acc) \
+  for (int b = 0; b < nb; ++b) Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)
 
 // Two rows at once, sharing the activation block's loads.
 #define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                  \
@@ -147,7 +128,7 @@
     }                                                                          \
   }
 
-#define Q_SUM(acc, j) (hsum8(acc[j] + acc##_2[j]) + (acc##_m[j] + acc##_m2[j]))
+#define Q_SUM(acc, j) (hsum8(acc[j]) + acc##_m[j])
 
 #define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
