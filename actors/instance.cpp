@@ -75,6 +75,14 @@ struct live_seq {
   }
   bool holds_pages() const { return running() || state == seq_state::parked; }
   double deadline = 0;  // ms since the instance started: its first token is due (0: none)
+  // Speculative decoding's draft cap, adapted to how well drafts do for
+  // this sequence: doubled (up to what the request asks) when a whole draft
+  // is accepted, halved when none of it is; at 0 the sequence rests (no
+  // drafts) for draft_rest steps, then tries one token again.  Verifying
+  // rows costs compute, so text that does not repeat itself soon stops
+  // paying for it.
+  int32_t draft_cap = 1 << 20;
+  int32_t draft_rest = 0;
   // Running: prefilling until only the last token (whose logits give the
   // next one) is left.
   void run() {
@@ -341,12 +349,16 @@ void add_drafts(instance_state& st, const step_plan& plan, std::vector<step_chun
   auto pages_for = [ps](int32_t n) { return (n + ps - 1) / ps; };
   for (size_t i = 0; i < plan.decode.size() && rows_left > 0; ++i) {
     step_chunk& c = chunks[i];
-    const live_seq& s = st.seqs.at(c.id);
+    live_seq& s = st.seqs.at(c.id);
     const int32_t want = s.req.draft_tokens >= 0 ? s.req.draft_tokens : st.opts.draft_tokens;
     if (want <= 0 || c.n_tokens != 1 || s.req.prefill_only) continue;
+    if (s.draft_rest > 0) {
+      --s.draft_rest;
+      continue;
+    }
     // k accepted drafts and the token after them: start + k + 2 tokens.
-    int32_t room =
-        std::min({want, rows_left, st.max_len - c.start - 2, s.req.max_tokens - s.generated() - 1});
+    int32_t room = std::min({want, std::max(s.draft_cap, 1), rows_left, st.max_len - c.start - 2,
+                             s.req.max_tokens - s.generated() - 1});
     if (room <= 0) continue;
     auto draft = propose_ngram_draft(s.tokens, ngram_options{room, 3, 1});
     const int32_t held = std::max(s.pages, pages_for(c.start + 1));
@@ -611,6 +623,13 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     out.drafted = static_cast<int32_t>(c.draft.size());
     st.counters.draft_tokens += c.draft.size();
     st.counters.accepted_tokens += out.accepted;
+    const auto d = static_cast<int32_t>(c.draft.size());
+    if (out.accepted == d) {
+      s.draft_cap = std::min(std::max(s.draft_cap, 1) * 2, k_max_draft_tokens);
+    } else if (out.accepted == 0) {
+      s.draft_cap = std::min(s.draft_cap, d) / 2;
+      if (s.draft_cap == 0) s.draft_rest = 8;
+    }
     // Rejected drafts' KV slots lie past the sequence's tokens: the table
     // gives back the positions (and pages) beyond what it computed.
     st.pool->truncate(s.key, s.computed);
