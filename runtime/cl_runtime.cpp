@@ -77,20 +77,13 @@ std::vector<cl_device_id> devices_of(cl_platform_id p) {
   return ds;
 }
 
-std::string info_string(cl_device_id d, cl_device_info what) {
+// A string property of a device or platform (clGetDeviceInfo, clGetPlatformInfo).
+template <class Get, class Handle, class Param>
+std::string info_string(Get get, Handle h, Param what) {
   size_t n = 0;
-  clGetDeviceInfo(d, what, 0, nullptr, &n);
+  get(h, what, 0, nullptr, &n);
   std::string s(n, '\0');
-  clGetDeviceInfo(d, what, n, s.data(), nullptr);
-  while (!s.empty() && s.back() == '\0') s.pop_back();
-  return s;
-}
-
-std::string platform_string(cl_platform_id p, cl_platform_info what) {
-  size_t n = 0;
-  clGetPlatformInfo(p, what, 0, nullptr, &n);
-  std::string s(n, '\0');
-  clGetPlatformInfo(p, what, n, s.data(), nullptr);
+  get(h, what, n, s.data(), nullptr);
   while (!s.empty() && s.back() == '\0') s.pop_back();
   return s;
 }
@@ -136,7 +129,7 @@ context::context(device_choice choice) {
                    " does not exist on platform " + std::to_string(choice.platform) + " (" +
                    std::to_string(ds.size()) + " available)");
   device_ = ds[choice.device];
-  device_name_ = info_string(device_, CL_DEVICE_NAME);
+  device_name_ = info_string(clGetDeviceInfo, device_, CL_DEVICE_NAME);
   cl_ulong mem = 0;
   clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, nullptr);
   global_mem_ = static_cast<size_t>(mem);
@@ -147,8 +140,8 @@ context::context(device_choice choice) {
   clGetDeviceInfo(device_, CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
 #if defined(__x86_64__)
   x86_vnni_ = (type & CL_DEVICE_TYPE_CPU) &&
-              platform_string(platform_, CL_PLATFORM_NAME).find("Portable Computing Language") !=
-                  std::string::npos &&
+              info_string(clGetPlatformInfo, platform_, CL_PLATFORM_NAME)
+                      .find("Portable Computing Language") != std::string::npos &&
               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
   cl_int rc = CL_SUCCESS;
@@ -157,7 +150,7 @@ context::context(device_choice choice) {
   queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
   check(rc, "clCreateCommandQueueWithProperties");
   profiling_ = std::getenv("TROUPE_PROFILE") != nullptr;
-  if (info_string(device_, CL_DEVICE_EXTENSIONS).find("cl_khr_command_buffer") !=
+  if (info_string(clGetDeviceInfo, device_, CL_DEVICE_EXTENSIONS).find("cl_khr_command_buffer") !=
       std::string::npos) {
     auto fn = [&](const char* name) {
       return clGetExtensionFunctionAddressForPlatform(platform_, name);

@@ -19,6 +19,7 @@
 #include "runtime/model_file.hpp"
 #include "runtime/tensor_type.hpp"
 #include "tests/unit/kernel_reference.hpp"
+#include "tests/unit/kernel_test_io.hpp"
 
 namespace troupe {
 namespace {
@@ -66,31 +67,10 @@ using KernelEmbed = KernelTest;
 using KernelNorm = KernelTest;
 using KernelAttention = KernelTest;
 
-template <class T>
-cl::buffer upload(cl::context& c, const std::vector<T>& v) {
-  return c.alloc(v.size() * sizeof(T), v.data());
-}
-
-template <class T>
-std::vector<T> download(cl::context& c, const cl::buffer& b, size_t n) {
-  std::vector<T> v(n);
-  c.read(b, v.data(), n * sizeof(T));
-  return v;
-}
-
-std::vector<float> random_floats(size_t n, float lo, float hi, std::mt19937& rng) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// "q4_0" for Q4_0: the suffix of the kernel names.
-std::string suffix(tensor_type t) {
-  std::string s(traits_of(t).name);
-  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
+using kernel_test::download;
+using kernel_test::random_floats;
+using kernel_test::suffix;
+using kernel_test::upload;
 
 tensor_view view_of(tensor_type t, int K, int N, const uint8_t* data) {
   return tensor_view{"w", t, {K, N}, data, row_bytes(t, K) * static_cast<size_t>(N)};

@@ -17,6 +17,7 @@
 #include "runtime/device_weights.hpp"
 #include "runtime/tensor_type.hpp"
 #include "tests/unit/kernel_reference.hpp"
+#include "tests/unit/kernel_test_io.hpp"
 
 namespace troupe {
 namespace {
@@ -60,30 +61,10 @@ class KernelInt8 : public ::testing::TestWithParam<bool> {
   static cl::context& ctx() { return *context_for(GetParam()).ctx; }
 };
 
-template <class T>
-cl::buffer upload(cl::context& c, const std::vector<T>& v) {
-  return c.alloc(v.size() * sizeof(T), v.data());
-}
-
-template <class T>
-std::vector<T> download(cl::context& c, const cl::buffer& b, size_t n) {
-  std::vector<T> v(n);
-  c.read(b, v.data(), n * sizeof(T));
-  return v;
-}
-
-std::vector<float> random_floats(size_t n, float lo, float hi, std::mt19937& rng) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-std::string suffix(tensor_type t) {
-  std::string s(traits_of(t).name);
-  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return s;
-}
+using kernel_test::download;
+using kernel_test::random_floats;
+using kernel_test::suffix;
+using kernel_test::upload;
 
 // Quantized activations as the kernels leave them.
 struct q8_rows {
