@@ -437,9 +437,12 @@ void enqueue(self_ptr self) {
             if (!st.announced)
               return reject(self, wire::INVALID_ARGUMENT,
                             "the engine refused the request: " + self->system().render(e));
-            // Resuming on an instance that died meanwhile: place again.
+            // Resuming on an instance that died meanwhile: place again,
+            // after a pause as a failed placement does (the router may
+            // still name the dead instance; retrying at once would spend
+            // every attempt before it hears of the loss).
             ++st.placements_failed;
-            place_and_enqueue(self);
+            self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
           });
 }
 
