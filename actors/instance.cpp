@@ -595,10 +595,11 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
   // chunk; of a drafted chunk the decode row, then each accepted draft.
   s.computed += c.draft.empty() ? c.n_tokens : 1;
   (decode ? st.counters.decode_tokens : st.counters.prefill_tokens) += c.n_tokens;
+  // The pool indexes only the positions its table covers (computed, once
+  // rejected drafts are given back), not the token sampled after them.
   auto commit_pages = [&] {
     if (st.opts.prefix_caching && s.computed / st.info.page_size > s.committed_pages) {
-      st.pool->commit_full_pages(
-          s.key, std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + s.computed));
+      st.pool->commit_full_pages(s.key, s.tokens);
       s.committed_pages = s.computed / st.info.page_size;
     }
   };
@@ -620,10 +621,10 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     ++out.accepted;
   }
   if (!c.draft.empty()) {
-    out.drafted = static_cast<int32_t>(c.draft.size());
-    st.counters.draft_tokens += c.draft.size();
-    st.counters.accepted_tokens += out.accepted;
     const auto d = static_cast<int32_t>(c.draft.size());
+    out.drafted = d;
+    st.counters.draft_tokens += d;
+    st.counters.accepted_tokens += out.accepted;
     if (out.accepted == d) {
       s.draft_cap = std::min(std::max(s.draft_cap, 1) * 2, k_max_draft_tokens);
     } else if (out.accepted == 0) {
@@ -632,8 +633,7 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     }
     // Rejected drafts' KV slots lie past the sequence's tokens: the table
     // gives back the positions (and pages) beyond what it computed.
-    st.pool->truncate(s.key, s.computed);
-    s.pages = static_cast<int32_t>(st.pool->export_pages(s.key).pages.size());
+    s.pages -= st.pool->truncate(s.key, s.computed);
     commit_pages();
   }
   s.run();

@@ -156,6 +156,7 @@ class context {
   // With TROUPE_PROFILE set, launch() waits for each kernel and adds its
   // wall time here, by kernel name: a crude per-kernel profile.
   std::map<std::string, std::pair<double, long>>& profile() { return profile_; }
+  bool profiling() const { return profiling_; }
 
  private:
   bool profiling_ = false;

@@ -36,8 +36,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
   if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION"))
-    o.flash_attention = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION")) o.flash_attention = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -314,8 +313,8 @@ forward_result llama_forward::run(const forward_batch& b) {
 }
 
 bool llama_forward::graph_mode(int rows) const {
-  return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() &&
-         std::getenv("TROUPE_PROFILE") == nullptr;
+  // Profiling times each launch, which a replay has none of.
+  return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() && !ctx_.profiling();
 }
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
