@@ -12,11 +12,11 @@ table gives each variant's median over rounds and its ratio to the first.
       [--rounds 5] [--reps 3] [-p 0] [-n 128]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
+
+from engine_vs_llamacpp import troupe_bench
 
 
 def parse_variant(text):
@@ -31,12 +31,7 @@ def parse_variant(text):
 def bench(troupe, model, env, reps, n_prompt, n_gen):
     env = dict(env)
     troupe = env.pop("BIN", troupe)
-    cmd = [troupe, "bench", "engine", "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-r",
-           str(reps), "--json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
-    if r.returncode != 0:
-        sys.exit(f"engine_ab: {' '.join(cmd)} ({env}) failed:\n{r.stderr[-2000:]}")
-    return {x["test"]: x["tokens_per_s"] for x in json.loads(r.stdout)["results"]}
+    return troupe_bench(troupe, model, reps, n_prompt, n_gen, {**os.environ, **env})
 
 
 def main():

@@ -20,8 +20,8 @@ import subprocess
 import sys
 
 
-def run_json(cmd):
-    r = subprocess.run(cmd, capture_output=True, text=True)
+def run_json(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"engine_vs_llamacpp: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout)
@@ -37,9 +37,9 @@ def llama_bench(bin_dir, model, threads, reps, n_prompt, n_gen):
     return res
 
 
-def troupe_bench(troupe, model, reps, n_prompt, n_gen):
+def troupe_bench(troupe, model, reps, n_prompt, n_gen, env=None):
     out = run_json([troupe, "bench", "engine", "-m", model, "-p", str(n_prompt), "-n", str(n_gen),
-                    "-r", str(reps), "--json"])
+                    "-r", str(reps), "--json"], env)
     return {r["test"]: r["tokens_per_s"] for r in out["results"]}
 
 
