@@ -56,12 +56,17 @@
 
 #define F_XARGS __global const float* x
 
-// Row pointers of the token tile (clamped: the tail tile repeats the last
-// token, whose results are not stored).
-#define F_SETUP(TT)                                                       \
+// Row pointers of the token tile: x's row ROW(j) for tile entry j.  Dense
+// kernels take consecutive rows, clamped (DENSE_ROW: the tail tile repeats
+// the last token, whose results are not stored); the grouped expert
+// kernels take the rows their slot's assignments name (ID_ROW).
+#define F_SETUP_AT(TT, ROW)                                               \
   const int nb = K / QK;                                                  \
   __global const float* xs[TT];                                           \
-  _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)min(t0 + j, T - 1) * K;
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)(ROW(j)) * K;
+
+#define DENSE_ROW(j) min(t0 + (j), T - 1)
+#define F_SETUP(TT) F_SETUP_AT(TT, DENSE_ROW)
 
 #define F_ZERO(TT, acc) \
   float16 acc[TT];      \
@@ -76,10 +81,12 @@
 // apart, in acc_m.
 #define Q_XARGS __global const int* xq, __global const float* xd, __global const float2* xsum
 
-#define Q_SETUP(TT)                                                       \
+#define Q_SETUP_AT(TT, ROW)                                               \
   const int nb = K / QK;                                                  \
   int tj[TT];                                                             \
-  _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = min(t0 + j, T - 1);
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = ROW(j);
+
+#define Q_SETUP(TT) Q_SETUP_AT(TT, DENSE_ROW)
 
 #define Q_ZERO(TT, acc)            \
   float8 acc[TT];                  \
@@ -249,6 +256,70 @@
     }                                                                                        \
   }
 
+// Grouped expert products (mixture of experts, moe.cl): a work-item
+// computes rows of one slot's expert for a tile of that slot's assignments
+// (moe_route lists them by slot).  Grid dimension 1 runs over slots x
+// `tiles` (enough tiles for the fullest slot); tiles past their slot's
+// count return at once.  Slot s's rows start at s * rows-per-expert of the
+// stacked matrix (device_weights.hpp's device_moe); slot0 offsets the slot
+// lists (a device holding slots [slot0, slot0 + S)).  Assignment a reads
+// x's row a / x_div (the token's row for gate/up, x_div = n_used; its own
+// row of h for down, x_div = 1) and writes output row a.  Each
+// assignment's sums are a dense kernel's for the same row, whatever its tile.
+#define ID_SETUP(TT)                                                                        \
+  const int slot = get_global_id(1) / tiles;                                                \
+  const int begin = slot_off[slot0 + slot];                                                 \
+  const int cnt = slot_off[slot0 + slot + 1] - begin;                                       \
+  const int i0 = (get_global_id(1) % tiles) * TT;                                           \
+  if (i0 >= cnt) return;                                                                    \
+  int arow[TT];                                                                             \
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) arow[j] = slot_rows[begin + min(i0 + j, cnt - 1)];
+
+#define ID_ROW(j) (arow[j] / x_div)
+
+#define ID_ARGS \
+  __global const int *slot_off, __global const int *slot_rows, int slot0, int tiles, int x_div
+
+#define TROUPE_MATMUL_ID(NAME, LOAD, TT, X)                                                    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* y, int K, int N,   \
+                     int rows_per_item, ID_ARGS) {                                           \
+    ID_SETUP(TT)                                                                             \
+    X##_SETUP_AT(TT, ID_ROW)                                                                 \
+    const int n0 = get_global_id(0) * rows_per_item;                                         \
+    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
+      X##_ZERO(TT, acc)                                                                      \
+      X##_DOT(LOAD, TT, slot * N + n, acc)                                                   \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
+        y[(size_t)arow[j] * N + n] = X##_SUM(acc, j);                                        \
+    }                                                                                        \
+  }
+
+#define TROUPE_MATMUL_ID_GLU(NAME, LOAD, TT, X)                                                \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* h, int K, int F,   \
+                     int rows_per_item, __global char* oq, __global float* od,               \
+                     __global float2* os, int quant_out, ID_ARGS) {                          \
+    ID_SETUP(TT)                                                                             \
+    X##_SETUP_AT(TT, ID_ROW)                                                                 \
+    const int n0 = get_global_id(0) * rows_per_item;                                         \
+    const int base = slot * 2 * F;                                                           \
+    for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
+      X##_ZERO(TT, g)                                                                        \
+      X##_ZERO(TT, u)                                                                        \
+      X##_DOT2(LOAD, TT, base + n, g, base + F + n, u)                                       \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
+        h[(size_t)arow[j] * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                    \
+    }                                                                                        \
+    if (quant_out)                                                                           \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
+        for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                          \
+          const size_t at = (size_t)arow[j] * F + n;                                         \
+          quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,      \
+                         os + at / QK);                                                      \
+        }                                                                                    \
+  }
+
 // Three token tiles per family: 1 (one decode row), 4 (small decode
 // batches) and TROUPE_TILE (prefill chunks and large batches).
 #define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN)                              \
@@ -260,7 +331,13 @@
   TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)     \
   TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X)                  \
   TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X)                  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X)
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X)     \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t1, LOAD, 1, X)                    \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t4, LOAD, 4, X)                    \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_tiled, LOAD, TROUPE_TILE, X)       \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t1, LOAD, 1, X)            \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t4, LOAD, 4, X)            \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)
 
 #ifndef TROUPE_TILE
 #define TROUPE_TILE 4

@@ -83,6 +83,61 @@ cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
   return ctx.alloc(v.size() * sizeof(float), v.data());
 }
 
+tensor_view expert_slice(const tensor_view& stacked, int e) {
+  if (stacked.shape.size() != 3 || e < 0 || e >= stacked.shape[2])
+    throw model_error("tensor '" + stacked.name + "' has no expert " + std::to_string(e));
+  tensor_view v;
+  v.name = stacked.name + "[" + std::to_string(e) + "]";
+  v.type = stacked.type;
+  v.shape = {stacked.shape[0], stacked.shape[1]};
+  v.bytes = stacked.bytes / static_cast<size_t>(stacked.shape[2]);
+  v.data = stacked.data + v.bytes * static_cast<size_t>(e);
+  return v;
+}
+
+std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& model, int layer,
+                                           const std::vector<int>& slot_experts) {
+  const int E = model.hparams().n_expert;
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  auto moe = std::make_shared<device_moe>();
+  moe->slot_experts = slot_experts;
+  moe->router = upload_matrix(ctx, {&model.tensor(p + "ffn_gate_inp.weight")});
+  const auto& gate = model.tensor(p + "ffn_gate_exps.weight");
+  const auto& up = model.tensor(p + "ffn_up_exps.weight");
+  const auto& down = model.tensor(p + "ffn_down_exps.weight");
+  std::vector<tensor_view> gu, dn;  // the views the parts point at
+  gu.reserve(2 * slot_experts.size());
+  dn.reserve(slot_experts.size());
+  std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
+  for (size_t s = 0; s < slot_experts.size(); ++s) {
+    const int e = slot_experts[s];
+    if (e < 0 || e >= E)
+      throw model_error(model.path() + ": expert " + std::to_string(e) + " of layer " +
+                        std::to_string(layer) + " does not exist (" + std::to_string(E) +
+                        " experts)");
+    gu.push_back(expert_slice(gate, e));
+    gu.push_back(expert_slice(up, e));
+    dn.push_back(expert_slice(down, e));
+    slots_of[e].push_back(static_cast<int32_t>(s));
+  }
+  std::vector<const tensor_view*> gu_parts, dn_parts;
+  for (const auto& v : gu) gu_parts.push_back(&v);
+  for (const auto& v : dn) dn_parts.push_back(&v);
+  moe->gate_up = upload_matrix(ctx, gu_parts);
+  moe->down = upload_matrix(ctx, dn_parts);
+  std::vector<int32_t> rep_off{0}, rep_slot;
+  for (int e = 0; e < E; ++e) {
+    if (slots_of[e].empty())
+      throw model_error(model.path() + ": expert " + std::to_string(e) + " of layer " +
+                        std::to_string(layer) + " is in no slot");
+    rep_slot.insert(rep_slot.end(), slots_of[e].begin(), slots_of[e].end());
+    rep_off.push_back(static_cast<int32_t>(rep_slot.size()));
+  }
+  moe->rep_off = ctx.alloc(rep_off.size() * 4, rep_off.data());
+  moe->rep_slot = ctx.alloc(rep_slot.size() * 4, rep_slot.data());
+  return moe;
+}
+
 device_weights upload_weights(cl::context& ctx, const model_file& model) {
   device_weights w;
   const auto& hp = model.hparams();
@@ -98,8 +153,14 @@ device_weights upload_weights(cl::context& ctx, const model_file& model) {
     layer.ffn_norm = upload_vector(ctx, *t("ffn_norm.weight"));
     layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
     layer.wo = upload_matrix(ctx, {t("attn_output.weight")});
-    layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
-    layer.down = upload_matrix(ctx, {t("ffn_down.weight")});
+    if (hp.n_expert > 0) {
+      std::vector<int> identity(static_cast<size_t>(hp.n_expert));
+      for (int e = 0; e < hp.n_expert; ++e) identity[e] = e;
+      layer.moe = upload_experts(ctx, model, l, identity);
+    } else {
+      layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
+      layer.down = upload_matrix(ctx, {t("ffn_down.weight")});
+    }
     w.layers.push_back(std::move(layer));
   }
   for (const auto& [name, tv] : model.tensors()) w.bytes += tv.bytes;

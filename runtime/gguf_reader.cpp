@@ -419,6 +419,10 @@ void gguf_file::build_hparams() {
   if (scaling != "none")
     fail("RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
   h.rope = (h.arch == "qwen2" || h.arch == "gptneox") ? rope_layout::neox : rope_layout::normal;
+  if (find_kv(a + "expert_count") && get_int(a + "expert_count") > 0) {
+    h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);
+    h.n_expert_used = count(a + "expert_used_count", std::nullopt, h.n_expert);
+  }
   h.tied_embeddings = find_tensor("output.weight") == nullptr;
 }
 
@@ -500,6 +504,13 @@ void gguf_file::check_llama_tensors() {
     expect(b + "attn_v.weight", {h.n_embd, kv_dim});
     expect(b + "attn_output.weight", {q_dim, h.n_embd});
     expect(b + "ffn_norm.weight", {h.n_embd});
+    if (h.n_expert > 0) {  // Mixtral layout: the experts stacked in a third dimension
+      expect(b + "ffn_gate_inp.weight", {h.n_embd, h.n_expert});
+      expect(b + "ffn_gate_exps.weight", {h.n_embd, h.n_ff, h.n_expert});
+      expect(b + "ffn_up_exps.weight", {h.n_embd, h.n_ff, h.n_expert});
+      expect(b + "ffn_down_exps.weight", {h.n_ff, h.n_embd, h.n_expert});
+      continue;
+    }
     expect(b + "ffn_gate.weight", {h.n_embd, h.n_ff});
     expect(b + "ffn_up.weight", {h.n_embd, h.n_ff});
     expect(b + "ffn_down.weight", {h.n_ff, h.n_embd});

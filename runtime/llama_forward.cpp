@@ -85,6 +85,15 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
+  if (hp.n_expert > 0) {
+    k_moe_route_ = ctx_.make_kernel("moe_route");
+    k_moe_combine_ = ctx_.make_kernel("moe_combine");
+    const std::vector<int32_t> zeros(static_cast<size_t>(hp.n_layer) * hp.n_expert, 0);
+    expert_counts_ = ctx_.alloc(zeros.size() * 4, zeros.data());
+    for (const auto& L : weights_.layers)
+      moe_slot_capacity_ = std::max(moe_slot_capacity_, L.moe->n_slots());
+    moe_slot_off_ = ctx_.alloc((static_cast<size_t>(moe_slot_capacity_) + 1) * 4);
+  }
   ensure_scratch(std::max(opts_.max_batch_tokens, 1), 1);
 }
 
@@ -100,7 +109,8 @@ int llama_forward::tile_for(int rows) const {
 }
 
 cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, bool xq) {
-  static const char* family_prefix[3] = {"matmul_", "matmul_glu_", "matmul_qkv_"};
+  static const char* family_prefix[5] = {"matmul_", "matmul_glu_", "matmul_qkv_", "matmul_id_",
+                                         "matmul_id_glu_"};
   const int tile = tile_for(rows);
   const int slot = tile == 1 ? 0 : tile == opts_.token_tile ? 2 : 1;
   static const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
@@ -161,6 +171,18 @@ bool llama_forward::ensure_scratch(int rows, int logit_rows) {
       q->q = ctx_.alloc(r * k_max);
       q->d = ctx_.alloc(r * (k_max / 32) * f);
       q->s = ctx_.alloc(r * (k_max / 32) * 2 * f);
+    }
+    if (hp.n_expert > 0) {
+      const size_t a = r * static_cast<size_t>(hp.n_expert_used);  // assignments
+      moe_logits_ = ctx_.alloc(r * hp.n_expert * f);
+      moe_sel_ = ctx_.alloc(a * 4);
+      moe_w_ = ctx_.alloc(a * f);
+      moe_slot_rows_ = ctx_.alloc(a * 4);
+      moe_h_ = ctx_.alloc(a * hp.n_ff * f);
+      moe_y_ = ctx_.alloc(a * hp.n_embd * f);
+      moe_hq_.q = ctx_.alloc(a * hp.n_ff);
+      moe_hq_.d = ctx_.alloc(a * (hp.n_ff / 32) * f);
+      moe_hq_.s = ctx_.alloc(a * (hp.n_ff / 32) * 2 * f);
     }
     tokens_ = ctx_.alloc(r * 4);
     pos_ = ctx_.alloc(r * 4);
@@ -350,6 +372,10 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
     ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
                           static_cast<size_t>((T + att_rows - 1) / att_rows)});
     matmul(L.wo, att_, x_, T, D, true, att_q8 ? &qb_ : nullptr);
+    if (L.moe) {
+      moe_ffn(L, l, T);
+      continue;
+    }
     {
       const bool xq = int8_for(L.gate_up);
       norm(L.ffn_norm, xq, T);
@@ -373,6 +399,80 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const bool logits_q8 = int8_for(weights_.classifier());
   norm(weights_.output_norm, logits_q8, R, &logit_rows_);
   matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, logits_q8 ? &qa_ : nullptr);
+}
+
+void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
+  const auto& hp = hparams();
+  const auto& M = *L.moe;
+  const int D = hp.n_embd, F = hp.n_ff, E = hp.n_expert, K = hp.n_expert_used;
+  const int S = M.n_slots();
+  // The router reads the normed rows as float (its weights stay F32 in
+  // llama.cpp's files); integer expert products read them quantized too.
+  norm(L.ffn_norm, false, T);
+  matmul(M.router, xn_, moe_logits_, T, E, false);
+  const bool xq = int8_for(M.gate_up);
+  if (xq) quantize(xn_, D, T, qa_);
+  k_moe_route_.args(moe_logits_, T, E, K, M.rep_off, M.rep_slot, S, moe_sel_, moe_w_, moe_slot_off_,
+                    moe_slot_rows_, expert_counts_, layer * E);
+  ctx_.launch(k_moe_route_, {1});
+
+  // Tiles sized for a slot's expected share of the step's assignments;
+  // enough of them for a slot that gets every token.
+  const int share = std::max(1, (T * K + S - 1) / S);
+  const int tile = tile_for(share);
+  const int tiles = (T + tile - 1) / tile;
+  const size_t groups = static_cast<size_t>(S) * tiles;
+  const bool h_q8 = int8_for(M.down);
+  {
+    auto& k = family_kernel(mm_family::id_glu, M.gate_up.type, share, xq);
+    auto gg = grid(F, 1);
+    if (h_q8) {
+      gg.rows_per_item = (gg.rows_per_item + 31) / 32 * 32;
+      gg.items = (F + gg.rows_per_item - 1) / gg.rows_per_item;
+    }
+    k.args_from(matmul_inputs(k, M.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
+                gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
+                moe_slot_rows_, 0, tiles, K);
+    ctx_.launch(k, {static_cast<size_t>(gg.items), groups}, {gg.local, 1});
+  }
+  {
+    auto& k = family_kernel(mm_family::id, M.down.type, share, h_q8);
+    const auto gd = grid(D, 1);
+    k.args_from(matmul_inputs(k, M.down, moe_h_, h_q8 ? &moe_hq_ : nullptr), moe_y_, F, D,
+                gd.rows_per_item, moe_slot_off_, moe_slot_rows_, 0, tiles, 1);
+    ctx_.launch(k, {static_cast<size_t>(gd.items), groups}, {gd.local, 1});
+  }
+  k_moe_combine_.args(x_, moe_y_, moe_w_, D, K);
+  ctx_.launch(k_moe_combine_, {static_cast<size_t>(D), static_cast<size_t>(T)});
+}
+
+std::vector<int64_t> llama_forward::take_expert_counts() {
+  const auto& hp = hparams();
+  if (hp.n_expert == 0) return {};
+  std::vector<int32_t> c(static_cast<size_t>(hp.n_layer) * hp.n_expert);
+  ctx_.read(expert_counts_, c.data(), c.size() * 4);
+  const std::vector<int32_t> zeros(c.size(), 0);
+  ctx_.write(expert_counts_, zeros.data(), zeros.size() * 4);
+  ctx_.finish();
+  return {c.begin(), c.end()};
+}
+
+const std::vector<int>& llama_forward::expert_slots(int layer) const {
+  const auto& L = weights_.layers.at(static_cast<size_t>(layer));
+  if (!L.moe) throw std::invalid_argument("layer " + std::to_string(layer) + " has no experts");
+  return L.moe->slot_experts;
+}
+
+void llama_forward::set_experts(int layer, std::shared_ptr<device_moe> moe) {
+  auto& L = weights_.layers.at(static_cast<size_t>(layer));
+  if (!L.moe || !moe)
+    throw std::invalid_argument("layer " + std::to_string(layer) + " has no experts");
+  if (moe->n_slots() > moe_slot_capacity_) {
+    moe_slot_capacity_ = moe->n_slots();
+    moe_slot_off_ = ctx_.alloc((static_cast<size_t>(moe_slot_capacity_) + 1) * 4);
+  }
+  L.moe = std::move(moe);
+  graphs_.clear();  // recordings name the old buffers
 }
 
 namespace {

@@ -71,6 +71,18 @@ class llama_forward {
   size_t weight_bytes() const { return weights_.bytes; }
   size_t kv_bytes_per_page() const;
 
+  // Mixture of experts: tokens routed to each expert of each layer since the
+  // last call ([layer][expert], n_layer x n_expert; empty for a dense model),
+  // read and reset.  Waits for the device.
+  std::vector<int64_t> take_expert_counts();
+  // Layer `layer`'s expert slots (which expert each slot holds).
+  const std::vector<int>& expert_slots(int layer) const;
+  // Replaces layer `layer`'s expert weights with `moe` (uploaded beforehand
+  // with upload_experts on this forward's context: the double buffer of a
+  // placement change); takes effect from the next step.
+  void set_experts(int layer, std::shared_ptr<device_moe> moe);
+  cl::context& context() { return ctx_; }
+
   // Page data, for swap and copy-on-write.  A page's data is
   // kv_bytes_per_page() bytes: for each layer, its K block, then its V
   // block (kv heads x page_size x head_dim elements, as the cache stores
@@ -97,7 +109,7 @@ class llama_forward {
   // `xq` holds it quantized already.
   void matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y, int rows, int ldy,
               bool accumulate, const q8_scratch* xq = nullptr);
-  enum class mm_family { plain, glu, qkv };
+  enum class mm_family { plain, glu, qkv, id, id_glu };
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows, bool xq);
   // Whether products with `w` take quantized activations (int8_dot).
   bool int8_for(const device_matrix& w) const;
@@ -141,7 +153,19 @@ class llama_forward {
   q8_scratch qa_, qb_;
 
   cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
-  cl::kernel k_mm_[2][3][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
+  cl::kernel k_mm_[2][5][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
+
+  // Mixture of experts (hparams().n_expert > 0): the router's logits, each
+  // assignment's slot and weight, the assignments grouped by slot, the
+  // experts' FFN rows (h, and quantized for an integer down projection)
+  // and outputs, sized for scratch_rows_ tokens; per-expert token counts of
+  // every layer since the last take_expert_counts().
+  cl::kernel k_moe_route_, k_moe_combine_;
+  cl::buffer moe_logits_, moe_sel_, moe_w_, moe_slot_off_, moe_slot_rows_, moe_h_, moe_y_;
+  q8_scratch moe_hq_;
+  cl::buffer expert_counts_;
+  int moe_slot_capacity_ = 0;  // slot_off_ holds this many slots (+1)
+  void moe_ffn(const device_layer& L, int layer, int T);
 
   // Graph mode's recordings by (rows, logit rows, attention rows per item).
   static constexpr int k_max_graph_rows = 64;

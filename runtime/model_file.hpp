@@ -21,6 +21,9 @@ struct model_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The most experts a layer may have (llama.cpp's LLAMA_MAX_EXPERTS).
+constexpr int k_max_experts = 256;
+
 enum class rope_layout {
   normal,  // rotate pairs (2i, 2i+1): llama, llama2.c
   neox,    // rotate pairs (i, i + d/2): qwen2, neox
@@ -41,6 +44,11 @@ struct model_hparams {
   float rms_eps = 1e-5f;
   rope_layout rope = rope_layout::normal;
   bool tied_embeddings = false;  // output.weight absent: reuse token_embd
+  // Mixture of experts (llama.expert_count, llama.expert_used_count): every
+  // layer's FFN is n_expert experts of n_ff rows, n_expert_used of them per
+  // token; 0 for a dense model.
+  int n_expert = 0;
+  int n_expert_used = 0;
 };
 
 // Token kinds, as GGUF numbers them (tokenizer.ggml.token_type).

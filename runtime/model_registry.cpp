@@ -22,6 +22,11 @@ struct known_model {
 constexpr known_model k_models[] = {
     {"smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", nullptr},
     {"stories15m", "stories15M.bin", "tokenizer.bin"},
+    // Mixture-of-experts fixtures with seeded random weights, written by
+    // tools/make_moe_fixtures.py (`bash tools/setup.sh fixtures`).
+    {"moe-4x2-f32", "moe/moe-4x2-f32.gguf", nullptr},
+    {"moe-8x2-q", "moe/moe-8x2-q.gguf", nullptr},
+    {"moe-8x2-skew", "moe/moe-8x2-skew.gguf", nullptr},
 };
 
 std::string lower(std::string s) {
@@ -37,7 +42,9 @@ std::string names_list() {
 }
 
 std::string fetch_hint() {
-  return "`bash tools/setup.sh models` fetches them into " + model_dir();
+  return "`bash tools/setup.sh models` fetches them (and `bash tools/setup.sh fixtures` writes "
+         "the moe-* fixtures) into " +
+         model_dir();
 }
 
 }  // namespace
@@ -77,7 +84,7 @@ resolved_model resolve_model(const std::string& name_or_path) {
     r.model_path = name_or_path;
     r.name = p.stem().string();
     for (const auto& m : k_models)
-      if (p.filename() == m.file) r.name = m.name;
+      if (p.filename() == fs::path(m.file).filename()) r.name = m.name;
     if (lower(p.extension().string()) != ".gguf")
       r.tokenizer_path = (p.parent_path() / "tokenizer.bin").string();
     return r;

@@ -61,7 +61,8 @@ void prefill_model::observe(double tokens, double ms) {
   if (trace > 3e6 || !std::isfinite(trace)) {
     const double f = std::isfinite(trace) ? 3e6 / trace : 0;
     for (int i = 0; i < 3; ++i)
-      for (int j = 0; j < 3; ++j) p_[i][j] = std::isfinite(trace) ? p_[i][j] * f : (i == j ? 1e6 : 0);
+      for (int j = 0; j < 3; ++j)
+        p_[i][j] = std::isfinite(trace) ? p_[i][j] * f : (i == j ? 1e6 : 0);
   }
   ++samples_;
 }

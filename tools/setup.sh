@@ -4,7 +4,9 @@
 #   bash tools/setup.sh demo    install what is missing, build, fetch the
 #                               default model, run the main job
 #   bash tools/setup.sh test    the same set-up, then the whole test suite
-#   bash tools/setup.sh deps|models|build   one step alone
+#   bash tools/setup.sh deps|models|build|fixtures   one step alone
+#                               (fixtures: the MoE test models, written by
+#                               tools/make_moe_fixtures.py)
 #
 # Every step is idempotent: a second run installs, fetches and builds nothing.
 # Models go to $TROUPE_MODEL_DIR (default ~/.cache/troupe/models).
@@ -123,21 +125,37 @@ step_demo() {
   return "$rc"
 }
 
+# The tests' Python venv (the client's tests, the fixture writer).
+PY_VENV="${TROUPE_PY_VENV:-$BUILD_DIR/py-venv}"
+
+make_venv() {
+  [ -x "$PY_VENV/bin/python" ] && return
+  if ! python3 -m venv "$PY_VENV" >/dev/null 2>&1; then
+    rm -rf "$PY_VENV"
+    log "python3 -m venv failed: installing python3-venv"
+    as_root apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$PY_VENV"
+  fi
+}
+
+# Mixture-of-experts GGUF fixtures with seeded random weights (the MoE tests;
+# llama.cpp's figures for them are in tests/data/moe_golden.json): written
+# here, never fetched or committed; their sha256 is checked.
+step_fixtures() {
+  make_venv
+  "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0
+  "$PY_VENV/bin/python" "$ROOT/tools/make_moe_fixtures.py" --tokenizer "$MODEL_DIR/$STORIES_TOK" \
+    --out "$MODEL_DIR/moe" --golden "$ROOT/tests/data/moe_golden.json"
+}
+
 step_test() {
+  step_fixtures
   log "running the test suite"
   export TROUPE_MODEL_DIR="$MODEL_DIR"
   local ctest_rc=0 pytest_rc=0
   ctest --test-dir "$BUILD_DIR" --output-on-failure -j 2 --timeout 900 || ctest_rc=$?
   # The Python client (tools/python) in its own venv, against the same binary.
-  local venv="${TROUPE_PY_VENV:-$BUILD_DIR/py-venv}"
-  if [ ! -x "$venv/bin/python" ]; then
-    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
-      rm -rf "$venv"
-      log "python3 -m venv failed: installing python3-venv"
-      as_root apt-get install -y -qq python3-venv >/dev/null
-      python3 -m venv "$venv"
-    fi
-  fi
+  local venv="$PY_VENV"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check "$ROOT/tools/python[test]"
   log "running the Python client tests"
   (cd "$ROOT/tools/python" && TROUPE_BIN="${TROUPE_BIN:-$BUILD_DIR/troupe}" \
@@ -150,8 +168,9 @@ case "${1:-demo}" in
   deps) step_deps ;;
   models) step_models ;;
   build) step_build ;;
+  fixtures) step_models; step_fixtures ;;
   demo) step_deps; step_models; step_build; step_demo ;;
   test) step_deps; step_models; step_build; step_test ;;
   -h|--help|help) sed -n '2,12p' "$0" ;;
-  *) log "unknown step '$1' (try: demo, test, deps, models, build)"; exit 2 ;;
+  *) log "unknown step '$1' (try: demo, test, deps, models, build, fixtures)"; exit 2 ;;
 esac

@@ -7,76 +7,22 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "actors/device.hpp"
-#include "messages/actors.hpp"
-#include "runtime/model_registry.hpp"
 #include "runtime/perplexity.hpp"
-#include "runtime/sequence_runner.hpp"
 #include "runtime/tokenizer.hpp"
+#include "tests/integration/engine_fixture.hpp"
 
 namespace troupe {
 namespace {
 
+using testing::engine_fixture;
+using testing::read_file;
+
 const std::string golden_dir = std::string(TROUPE_SOURCE_DIR) + "/../shared/golden";
-
-struct engine_fixture {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  std::shared_ptr<const model_file> model;
-  device_actor dev;
-  device_info info;
-
-  explicit engine_fixture(const std::string& name, engine_options opts = {}) {
-    register_message_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    auto r = resolve_model(name);
-    model = model_file::open(r.model_path, r.tokenizer_path);
-    dev = spawn_device(*sys, model, opts);
-    caf::scoped_actor self{*sys};
-    self->request(dev, caf::infinite, info_atom::value)
-        .receive([&](device_info& i) { info = i; }, [](caf::error&) { FAIL(); });
-  }
-  ~engine_fixture() { caf::anon_send_exit(dev, caf::exit_reason::user_shutdown); }
-
-  forward_fn forward() {
-    auto self = std::make_shared<caf::scoped_actor>(*sys);
-    return [self, d = dev](const forward_batch& b) {
-      forward_result out;
-      (*self)
-          ->request(d, caf::infinite, forward_atom::value, b)
-          .receive([&](forward_result& r) { out = std::move(r); },
-                   [&](caf::error& e) { ADD_FAILURE() << (*self)->system().render(e); });
-      return out;
-    };
-  }
-
-  std::vector<int32_t> greedy(const std::vector<int32_t>& prompt, int n) {
-    linear_pages pages(info.n_pages, info.page_size);
-    sequence_slot seq;
-    auto fwd = forward();
-    auto logits = feed_tokens(fwd, pages, seq, prompt, 512, false);
-    std::vector<int32_t> out;
-    for (int i = 0; i < n; ++i) {
-      int32_t best =
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      out.push_back(best);
-      if (i + 1 < n) logits = feed_tokens(fwd, pages, seq, {best}, 1, false);
-    }
-    return out;
-  }
-};
 
 nlohmann::json load_golden() {
   std::ifstream in(golden_dir + "/stories15M_greedy.json");
   EXPECT_TRUE(in.good()) << "missing " << golden_dir;
   return nlohmann::json::parse(in);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 TEST(GoldenStories, GreedyTokensMatchLlamaCpp) {

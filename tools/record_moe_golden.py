@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Records llama.cpp's answers on the MoE fixtures (tests/data/moe_golden.json).
+
+Run once, by hand, with a llama.cpp built elsewhere (docs/peer_llamacpp.md);
+the tests then compare troupe against what this wrote:
+
+  python3 tools/record_moe_golden.py --llama-bin /path/to/llama.cpp/build/bin \\
+      --fixtures ~/.cache/troupe/models/moe --text ../shared/golden/ppl_stories.txt \\
+      -o tests/data/moe_golden.json
+
+For each fixture (tools/make_moe_fixtures.py): its sha256; for each prompt
+the prompt's tokens (BOS first), 32 greedy tokens from llama-server
+(temperature 0, one slot, no prompt cache) and at each of them the gap
+between the log-probabilities of llama.cpp's two best candidates; and llama-perplexity's figure on
+the text at context 128 (llama.cpp's method: see ../shared/golden/README.md).
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+PROMPTS = ["Once upon a time", "The little dog ran to the park and"]
+N_PREDICT = 32
+PPL_CTX = 128
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(port, path, body):
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path),
+                                 data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def greedy(bin_dir, model):
+    port = free_port()
+    proc = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--port",
+                             str(port), "-t", "2", "-np", "1", "-c", "256"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("llama-server did not get ready")
+        out = []
+        for p in PROMPTS:
+            toks = post(port, "/tokenize", {"content": p, "add_special": True})["tokens"]
+            r = post(port, "/completion", {"prompt": p, "n_predict": N_PREDICT, "temperature": 0,
+                                           "top_k": 1, "cache_prompt": False,
+                                           "return_tokens": True, "ignore_eos": True})
+            # The gap between llama.cpp's two best log-probabilities at each
+            # step (where it is tiny, rounding differences may pick the
+            # other), one step per request (the first of a few: llama-server
+            # reports a token's probabilities only once its text is whole
+            # UTF-8, and merges them away in a long completion).
+            margins = []
+            for i in range(len(r["tokens"])):
+                s = post(port, "/completion", {"prompt": toks + r["tokens"][:i], "n_predict": 6,
+                                               "temperature": 0, "top_k": 1, "n_probs": 2,
+                                               "cache_prompt": False, "ignore_eos": True})
+                probs = s.get("completion_probabilities") or [{"id": -1}]
+                if probs[0]["id"] != r["tokens"][i]:  # not reported: unknown (null)
+                    margins.append(None)
+                    continue
+                top = probs[0]["top_logprobs"]
+                margins.append(round(top[0]["logprob"] - top[1]["logprob"], 4))
+            out.append({"prompt": p, "prompt_token_ids": toks, "greedy_token_ids": r["tokens"],
+                        "top2_margin": margins})
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def perplexity(bin_dir, model, text):
+    r = subprocess.run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text,
+                        "-c", str(PPL_CTX), "-t", "2"], capture_output=True, text=True, check=True)
+    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
+    if not m:
+        raise RuntimeError("no PPL in llama-perplexity's output")
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-bin", required=True)
+    ap.add_argument("--fixtures", required=True)
+    ap.add_argument("--text", required=True)
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--commit", default="", help="the llama.cpp commit, for the record")
+    args = ap.parse_args()
+    fixtures = {}
+    for f in sorted(os.listdir(args.fixtures)):
+        if not f.endswith(".gguf"):
+            continue
+        path = os.path.join(args.fixtures, f)
+        name = f[:-5]
+        print("[record] %s" % name, file=sys.stderr)
+        fixtures[name] = {
+            "sha256": sha256(path),
+            "greedy": greedy(args.llama_bin, path),
+            "ppl_ctx": PPL_CTX,
+            "ppl": perplexity(args.llama_bin, path, args.text),
+        }
+    with open(args.out, "w") as f:
+        json.dump({"llama_cpp": args.commit, "n_predict": N_PREDICT, "fixtures": fixtures}, f,
+                  indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
