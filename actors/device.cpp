@@ -4,9 +4,80 @@ namespace troupe {
 
 namespace {
 
+// The expert swap's state: a prepared placement waiting for its commit.
+struct expert_swap {
+  uint64_t prepared_epoch = 0;
+  std::vector<std::shared_ptr<device_moe>> prepared;  // [layer]
+  uint64_t epoch = 0;
+  uint64_t swaps = 0;
+};
+
+expert_stats read_expert_stats(llama_forward& engine, const expert_swap& swap) {
+  expert_stats s;
+  const auto& hp = engine.hparams();
+  s.n_layers = hp.n_layer;
+  s.n_experts = hp.n_expert;
+  if (hp.n_expert == 0) return s;
+  s.devices = engine.expert_devices();
+  s.tokens = engine.take_expert_counts();
+  s.busy_s = engine.expert_busy_seconds();
+  for (int l = 0; l < hp.n_layer; ++l) s.layouts.push_back(engine.experts_of(l));
+  s.epoch = swap.epoch;
+  s.swaps = swap.swaps;
+  return s;
+}
+
 device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
+  auto swap = std::make_shared<expert_swap>();
   return {
+      [engine, swap](expert_stats_atom) { return read_expert_stats(*engine, *swap); },
+      [engine, swap](expert_prepare_atom, const expert_plan& plan) -> caf::result<uint64_t> {
+        const auto& hp = engine->hparams();
+        if (hp.n_expert == 0)
+          return caf::make_error(caf::sec::invalid_argument, "expprepare: a dense model");
+        if (plan.layouts.size() != static_cast<size_t>(hp.n_layer))
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "expprepare: a plan of " + std::to_string(plan.layouts.size()) +
+                                     " layers for " + std::to_string(hp.n_layer));
+        try {
+          std::vector<std::shared_ptr<device_moe>> staged;
+          for (int l = 0; l < hp.n_layer; ++l) {
+            if (plan.layouts[l].size() != static_cast<size_t>(engine->expert_devices()))
+              throw std::invalid_argument("layer " + std::to_string(l) + " places experts on " +
+                                          std::to_string(plan.layouts[l].size()) +
+                                          " devices; this one has " +
+                                          std::to_string(engine->expert_devices()));
+            // Unchanged layers keep their buffers.
+            staged.push_back(
+                plan.layouts[l] == engine->experts_of(l)
+                    ? nullptr
+                    : upload_experts(engine->context(), engine->model(), l, plan.layouts[l]));
+          }
+          swap->prepared = std::move(staged);
+          swap->prepared_epoch = plan.epoch;
+          return plan.epoch;
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument,
+                                 std::string("expprepare: ") + e.what());
+        }
+      },
+      [engine, swap](expert_commit_atom, uint64_t epoch) -> caf::result<uint64_t> {
+        if (swap->prepared.empty() || swap->prepared_epoch != epoch)
+          return caf::make_error(
+              caf::sec::invalid_argument,
+              "expcommit: placement " + std::to_string(epoch) + " is not prepared");
+        for (size_t l = 0; l < swap->prepared.size(); ++l)
+          if (swap->prepared[l]) engine->set_experts(static_cast<int>(l), swap->prepared[l]);
+        swap->prepared.clear();
+        swap->epoch = epoch;
+        ++swap->swaps;
+        return epoch;
+      },
+      [swap](expert_abort_atom, uint64_t epoch) {
+        if (swap->prepared_epoch == epoch) swap->prepared.clear();
+        return epoch;
+      },
       [engine](forward_atom, const forward_batch& batch) -> caf::result<forward_result> {
         try {
           return engine->run(batch);

@@ -3,6 +3,7 @@
 // surface reads at a glance (one header per protocol, included here).
 #include "messages/admin.hpp"
 #include "messages/device.hpp"
+#include "messages/expert_controller.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
 #include "messages/monitor.hpp"
@@ -23,6 +24,12 @@ void for_each_message_type(F&& f) {
   f.template operator()<forward_batch>("troupe.forward_batch");
   f.template operator()<forward_result>("troupe.forward_result");
   f.template operator()<device_info>("troupe.device_info");
+  f.template operator()<expert_stats>("troupe.expert_stats");
+  f.template operator()<expert_plan>("troupe.expert_plan");
+  f.template operator()<layer_experts>("troupe.layer_experts");
+  f.template operator()<std::vector<layer_experts>>("troupe.layer_experts_list");
+  f.template operator()<expert_layer_status>("troupe.expert_layer_status");
+  f.template operator()<expert_status>("troupe.expert_status");
   f.template operator()<std::vector<int32_t>>("troupe.int32s");
   f.template operator()<alloc_request>("troupe.alloc_request");
   f.template operator()<page_copy>("troupe.page_copy");

@@ -46,7 +46,46 @@ typename Inspector::result_type inspect(Inspector& f, device_info& x) {
            x.n_layers, x.n_kv_heads, x.head_dim, x.kv_dtype);
 }
 
+// Mixture of experts: one layer's placement, for each expert device the
+// experts it holds (runtime/device_weights.hpp's expert_layout).
+using layer_experts = std::vector<std::vector<int32_t>>;
+
+// What the expert controller reads from a device: tokens routed to each
+// expert of each layer since the previous read, each expert device's
+// kernel seconds since the start, the placement in use and its epoch.
+struct expert_stats {
+  int32_t n_layers = 0;
+  int32_t n_experts = 0;               // 0: a dense model
+  int32_t devices = 0;                 // expert devices
+  std::vector<int64_t> tokens;         // [layer][expert]
+  std::vector<double> busy_s;          // [expert device]
+  std::vector<layer_experts> layouts;  // [layer]
+  uint64_t epoch = 0;                  // of the placement in use (0: the initial one)
+  uint64_t swaps = 0;                  // placements committed
+};
+
+// A new placement for every layer, tagged with the controller's epoch.
+struct expert_plan {
+  uint64_t epoch = 0;
+  std::vector<layer_experts> layouts;  // [layer]
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_stats& x) {
+  return f(caf::meta::type_name("expert_stats"), x.n_layers, x.n_experts, x.devices, x.tokens,
+           x.busy_s, x.layouts, x.epoch, x.swaps);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
+  return f(caf::meta::type_name("expert_plan"), x.epoch, x.layouts);
+}
+
 using forward_atom = caf::atom_constant<caf::atom("forward")>;
+using expert_stats_atom = caf::atom_constant<caf::atom("expstats")>;
+using expert_prepare_atom = caf::atom_constant<caf::atom("expprepare")>;
+using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
+using expert_abort_atom = caf::atom_constant<caf::atom("expabort")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
 using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
@@ -60,6 +99,15 @@ using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 //            with the pages written.
 // copypages: (src, dst) copy page data, for copy-on-write; replies with the
 //            pages copied.
+// expstats: expert_stats (reading resets the token counts).
+// expprepare: (plan) the expert swap's first phase: upload every layer's
+//            experts as the plan places them into new buffers beside the
+//            ones in use (the double buffer); replies with the plan's epoch
+//            when ready, an error when the plan does not fit the model.
+// expcommit: (epoch) the second phase: the prepared buffers replace the
+//            ones in use from the next forward pass on (a step boundary);
+//            replies with the epoch, an error if none was prepared.
+// expabort: (epoch) drops a prepared plan.
 // The device serves its messages in order, so a page read sent before a
 // forward pass sees the data from before that pass.
 using device_actor = caf::typed_actor<
@@ -67,6 +115,10 @@ using device_actor = caf::typed_actor<
     caf::replies_to<info_atom>::with<device_info>,
     caf::replies_to<read_pages_atom, std::vector<int32_t>>::with<std::vector<uint8_t>>,
     caf::replies_to<write_pages_atom, std::vector<int32_t>, std::vector<uint8_t>>::with<int32_t>,
-    caf::replies_to<copy_pages_atom, std::vector<int32_t>, std::vector<int32_t>>::with<int32_t>>;
+    caf::replies_to<copy_pages_atom, std::vector<int32_t>, std::vector<int32_t>>::with<int32_t>,
+    caf::replies_to<expert_stats_atom>::with<expert_stats>,
+    caf::replies_to<expert_prepare_atom, expert_plan>::with<uint64_t>,
+    caf::replies_to<expert_commit_atom, uint64_t>::with<uint64_t>,
+    caf::replies_to<expert_abort_atom, uint64_t>::with<uint64_t>>;
 
 }  // namespace troupe

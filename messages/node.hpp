@@ -38,6 +38,7 @@ struct instance_spec {
   bool int8_dot = true;          // integer matmuls for 4/8-bit weights (engine_options)
   bool graph = false;            // graph mode (engine_options)
   bool flash_attention = false;  // one-pass attention (engine_options)
+  int32_t expert_devices = 0;    // expert parallelism over sub-devices (engine_options)
 };
 
 template <class Inspector>
@@ -45,7 +46,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
   return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
            x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
            x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history,
-           x.tpot_target_ms, x.draft_tokens, x.int8_dot, x.graph, x.flash_attention);
+           x.tpot_target_ms, x.draft_tokens, x.int8_dot, x.graph, x.flash_attention,
+           x.expert_devices);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

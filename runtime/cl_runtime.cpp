@@ -1,5 +1,6 @@
 #include "runtime/cl_runtime.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -117,7 +118,7 @@ kernel::~kernel() {
   if (k_) clReleaseKernel(k_);
 }
 
-context::context(device_choice choice) {
+context::context(device_choice choice, int shards) {
   auto ps = platforms();
   if (choice.platform < 0 || choice.platform >= static_cast<int>(ps.size()))
     throw cl_error("OpenCL platform " + std::to_string(choice.platform) + " does not exist (" +
@@ -145,10 +146,38 @@ context::context(device_choice choice) {
               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
   cl_int rc = CL_SUCCESS;
-  ctx_ = clCreateContext(nullptr, 1, &device_, nullptr, nullptr, &rc);
+  std::vector<cl_device_id> devices{device_};
+  if (shards >= 2) {
+    const cl_device_partition_property props[] = {CL_DEVICE_PARTITION_EQUALLY, 1, 0};
+    cl_uint n = 0;
+    check(clCreateSubDevices(device_, props, 0, nullptr, &n), "clCreateSubDevices");
+    if (n < static_cast<cl_uint>(shards))
+      throw cl_error("device '" + device_name_ + "' splits into " + std::to_string(n) +
+                     " sub-devices of one compute unit, fewer than the " + std::to_string(shards) +
+                     " expert devices asked for");
+    std::vector<cl_device_id> all(n);
+    check(clCreateSubDevices(device_, props, n, all.data(), nullptr), "clCreateSubDevices");
+    for (cl_uint i = 0; i < n; ++i) {
+      if (i < static_cast<cl_uint>(shards))
+        sub_devices_.push_back(all[i]);
+      else
+        clReleaseDevice(all[i]);
+    }
+    devices.insert(devices.end(), sub_devices_.begin(), sub_devices_.end());
+  }
+  ctx_ = clCreateContext(nullptr, static_cast<cl_uint>(devices.size()), devices.data(), nullptr,
+                         nullptr, &rc);
   check(rc, "clCreateContext");
   queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
   check(rc, "clCreateCommandQueueWithProperties");
+  const cl_queue_properties timed[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
+  for (cl_device_id d : sub_devices_) {
+    shard_queues_.push_back(clCreateCommandQueueWithProperties(ctx_, d, timed, &rc));
+    check(rc, "clCreateCommandQueueWithProperties(sub-device)");
+  }
+  forked_.assign(shard_queues_.size(), 0);
+  shard_events_.resize(shard_queues_.size());
+  shard_busy_.assign(shard_queues_.size(), 0.0);
   profiling_ = std::getenv("TROUPE_PROFILE") != nullptr;
   if (info_string(clGetDeviceInfo, device_, CL_DEVICE_EXTENSIONS).find("cl_khr_command_buffer") !=
       std::string::npos) {
@@ -213,6 +242,14 @@ context::~context() {
     clFinish(queue_);
     clReleaseCommandQueue(queue_);
   }
+  for (cl_command_queue q : shard_queues_) {
+    clFinish(q);
+    clReleaseCommandQueue(q);
+  }
+  for (auto& evs : shard_events_)
+    for (cl_event e : evs) clReleaseEvent(e);
+  if (fork_event_) clReleaseEvent(fork_event_);
+  for (cl_device_id d : sub_devices_) clReleaseDevice(d);
   if (program_) clReleaseProgram(program_);
   if (ctx_) clReleaseContext(ctx_);
 }
@@ -251,7 +288,8 @@ void context::build(const std::string& options) {
   program_ = clCreateProgramWithSource(ctx_, static_cast<cl_uint>(texts.size()), texts.data(),
                                        lengths.data(), &rc);
   check(rc, "clCreateProgramWithSource");
-  rc = clBuildProgram(program_, 1, &device_, options.c_str(), nullptr, nullptr);
+  // For every device of the context (the sub-devices too).
+  rc = clBuildProgram(program_, 0, nullptr, options.c_str(), nullptr, nullptr);
   if (rc != CL_SUCCESS) {
     size_t n = 0;
     clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
@@ -309,6 +347,63 @@ void context::launch(const kernel& k, std::vector<size_t> global, std::vector<si
 
 void context::finish() {
   check(clFinish(queue_), "clFinish");
+}
+
+void context::fork() {
+  if (fork_event_) clReleaseEvent(fork_event_);
+  fork_event_ = nullptr;
+  check(clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &fork_event_), "clEnqueueMarker(fork)");
+  std::fill(forked_.begin(), forked_.end(), 0);
+}
+
+void context::launch_on(int shard, const kernel& k, std::vector<size_t> global,
+                        std::vector<size_t> local) {
+  if (shard < 0 || shard >= shards())
+    throw cl_error("launch_on: no shard " + std::to_string(shard));
+  if (!local.empty())
+    for (size_t i = 0; i < global.size(); ++i)
+      global[i] = (global[i] + local[i] - 1) / local[i] * local[i];
+  const bool first = !forked_[shard] && fork_event_;
+  cl_event done = nullptr;
+  check(clEnqueueNDRangeKernel(shard_queues_[shard], k.get(), static_cast<cl_uint>(global.size()),
+                               nullptr, global.data(), local.empty() ? nullptr : local.data(),
+                               first ? 1 : 0, first ? &fork_event_ : nullptr, &done),
+        "clEnqueueNDRangeKernel(shard)");
+  forked_[shard] = 1;
+  shard_events_[shard].push_back(done);
+}
+
+void context::join() {
+  std::vector<cl_event> ends;
+  for (int s = 0; s < shards(); ++s) {
+    if (!forked_[s]) continue;
+    cl_event e = nullptr;
+    check(clEnqueueMarkerWithWaitList(shard_queues_[s], 0, nullptr, &e), "clEnqueueMarker(join)");
+    ends.push_back(e);
+  }
+  if (!ends.empty())
+    check(clEnqueueBarrierWithWaitList(queue_, static_cast<cl_uint>(ends.size()), ends.data(),
+                                       nullptr),
+          "clEnqueueBarrierWithWaitList(join)");
+  for (cl_event e : ends) clReleaseEvent(e);
+  std::fill(forked_.begin(), forked_.end(), 0);
+}
+
+const std::vector<double>& context::shard_busy_seconds() {
+  for (int s = 0; s < shards(); ++s) {
+    auto& evs = shard_events_[s];
+    if (!evs.empty())
+      check(clWaitForEvents(static_cast<cl_uint>(evs.size()), evs.data()), "clWaitForEvents");
+    for (cl_event e : evs) {
+      cl_ulong t0 = 0, t1 = 0;
+      clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof(t0), &t0, nullptr);
+      clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof(t1), &t1, nullptr);
+      if (t1 > t0) shard_busy_[s] += static_cast<double>(t1 - t0) * 1e-9;
+      clReleaseEvent(e);
+    }
+    evs.clear();
+  }
+  return shard_busy_;
 }
 
 }  // namespace troupe::cl

@@ -118,7 +118,11 @@ class command_buffer {
 class context {
  public:
   // Throws cl_error; with no OpenCL platform the message says how to install one.
-  explicit context(device_choice choice = {});
+  // With shards >= 2 the device is also partitioned into sub-devices of one
+  // compute unit each (clCreateSubDevices), the first `shards` of them in
+  // the same context with a queue each: expert parallelism over the
+  // sub-devices, with buffers shared.  Throws where it cannot partition.
+  explicit context(device_choice choice = {}, int shards = 0);
   ~context();
   context(const context&) = delete;
   context& operator=(const context&) = delete;
@@ -153,6 +157,18 @@ class context {
   command_buffer end_recording();
   void replay(const command_buffer& cb);
 
+  // Sub-device queues (shards): fork() marks the point of the main queue
+  // after which launch_on(shard, ...) commands may run (each shard's first
+  // command waits for it); join() makes the main queue wait for every
+  // shard's commands since.  Each shard's kernel time (event profiling)
+  // adds up in shard_busy_seconds() once its commands are done.
+  int shards() const { return static_cast<int>(shard_queues_.size()); }
+  void fork();
+  void launch_on(int shard, const kernel& k, std::vector<size_t> global,
+                 std::vector<size_t> local = {});
+  void join();
+  const std::vector<double>& shard_busy_seconds();
+
   // With TROUPE_PROFILE set, launch() waits for each kernel and adds its
   // wall time here, by kernel name: a crude per-kernel profile.
   std::map<std::string, std::pair<double, long>>& profile() { return profile_; }
@@ -178,6 +194,12 @@ class context {
     clReleaseCommandBufferKHR_fn release = nullptr;
   } cb_;
   command_buffer recording_;
+  std::vector<cl_device_id> sub_devices_;
+  std::vector<cl_command_queue> shard_queues_;
+  cl_event fork_event_ = nullptr;
+  std::vector<char> forked_;                         // per shard: waited for fork_event_
+  std::vector<std::vector<cl_event>> shard_events_;  // launches not yet timed
+  std::vector<double> shard_busy_;
   bool has_sync_ = false;
   cl_sync_point_khr last_sync_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "runtime/device_weights.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace troupe {
@@ -96,40 +97,45 @@ tensor_view expert_slice(const tensor_view& stacked, int e) {
 }
 
 std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& model, int layer,
-                                           const std::vector<int>& slot_experts) {
+                                           const expert_layout& layout) {
   const int E = model.hparams().n_expert;
   const std::string p = "blk." + std::to_string(layer) + ".";
+  auto where = [&] { return model.path() + ": layer " + std::to_string(layer) + ": "; };
   auto moe = std::make_shared<device_moe>();
-  moe->slot_experts = slot_experts;
+  moe->layout = layout;
   moe->router = upload_matrix(ctx, {&model.tensor(p + "ffn_gate_inp.weight")});
   const auto& gate = model.tensor(p + "ffn_gate_exps.weight");
   const auto& up = model.tensor(p + "ffn_up_exps.weight");
   const auto& down = model.tensor(p + "ffn_down_exps.weight");
-  std::vector<tensor_view> gu, dn;  // the views the parts point at
-  gu.reserve(2 * slot_experts.size());
-  dn.reserve(slot_experts.size());
   std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
-  for (size_t s = 0; s < slot_experts.size(); ++s) {
-    const int e = slot_experts[s];
-    if (e < 0 || e >= E)
-      throw model_error(model.path() + ": expert " + std::to_string(e) + " of layer " +
-                        std::to_string(layer) + " does not exist (" + std::to_string(E) +
-                        " experts)");
-    gu.push_back(expert_slice(gate, e));
-    gu.push_back(expert_slice(up, e));
-    dn.push_back(expert_slice(down, e));
-    slots_of[e].push_back(static_cast<int32_t>(s));
+  for (const auto& held : layout) {
+    if (held.empty()) throw model_error(where() + "an expert device holds no expert");
+    expert_shard sh;
+    sh.slot0 = moe->n_slots();
+    sh.n = static_cast<int>(held.size());
+    std::vector<tensor_view> gu, dn;  // the views the parts point at
+    for (const int e : held) {
+      if (e < 0 || e >= E)
+        throw model_error(where() + "expert " + std::to_string(e) + " does not exist (" +
+                          std::to_string(E) + " experts)");
+      gu.push_back(expert_slice(gate, e));
+      gu.push_back(expert_slice(up, e));
+      dn.push_back(expert_slice(down, e));
+      slots_of[e].push_back(static_cast<int32_t>(moe->slot_experts.size()));
+      moe->slot_experts.push_back(e);
+    }
+    std::vector<const tensor_view*> gu_parts, dn_parts;
+    for (const auto& v : gu) gu_parts.push_back(&v);
+    for (const auto& v : dn) dn_parts.push_back(&v);
+    sh.gate_up = upload_matrix(ctx, gu_parts);
+    sh.down = upload_matrix(ctx, dn_parts);
+    moe->shards.push_back(std::move(sh));
   }
-  std::vector<const tensor_view*> gu_parts, dn_parts;
-  for (const auto& v : gu) gu_parts.push_back(&v);
-  for (const auto& v : dn) dn_parts.push_back(&v);
-  moe->gate_up = upload_matrix(ctx, gu_parts);
-  moe->down = upload_matrix(ctx, dn_parts);
+  if (moe->shards.empty()) throw model_error(where() + "no expert device");
   std::vector<int32_t> rep_off{0}, rep_slot;
   for (int e = 0; e < E; ++e) {
     if (slots_of[e].empty())
-      throw model_error(model.path() + ": expert " + std::to_string(e) + " of layer " +
-                        std::to_string(layer) + " is in no slot");
+      throw model_error(where() + "expert " + std::to_string(e) + " is in no slot");
     rep_slot.insert(rep_slot.end(), slots_of[e].begin(), slots_of[e].end());
     rep_off.push_back(static_cast<int32_t>(rep_slot.size()));
   }
@@ -138,7 +144,14 @@ std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& m
   return moe;
 }
 
-device_weights upload_weights(cl::context& ctx, const model_file& model) {
+expert_layout initial_expert_layout(int n_expert, int devices) {
+  devices = std::clamp(devices, 1, std::max(1, n_expert));
+  expert_layout out(static_cast<size_t>(devices));
+  for (int e = 0; e < n_expert; ++e) out[static_cast<size_t>(e) * devices / n_expert].push_back(e);
+  return out;
+}
+
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices) {
   device_weights w;
   const auto& hp = model.hparams();
   w.embedding = upload_matrix(ctx, {&model.tensor("token_embd.weight")});
@@ -154,9 +167,7 @@ device_weights upload_weights(cl::context& ctx, const model_file& model) {
     layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
     layer.wo = upload_matrix(ctx, {t("attn_output.weight")});
     if (hp.n_expert > 0) {
-      std::vector<int> identity(static_cast<size_t>(hp.n_expert));
-      for (int e = 0; e < hp.n_expert; ++e) identity[e] = e;
-      layer.moe = upload_experts(ctx, model, l, identity);
+      layer.moe = upload_experts(ctx, model, l, initial_expert_layout(hp.n_expert, expert_devices));
     } else {
       layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
       layer.down = upload_matrix(ctx, {t("ffn_down.weight")});

@@ -28,20 +28,35 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
 // Uploads a 1-D tensor (norm weights) as F32.
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t);
 
-// A mixture-of-experts FFN.  The experts' weights sit in slots: slot s
-// holds expert slot_experts[s] (gate_up rows [s*2F, s*2F + 2F): its gate
-// rows then its up rows; down rows [s*D, s*D + D)), so that an expert can
-// be held twice (a hot one replicated) and slots can be refilled without
-// touching the others.  rep_off/rep_slot list each expert's slots
-// (expert e: rep_slot[rep_off[e] .. rep_off[e+1])), for the router kernel.
+// Where a layer's experts are: for each expert device (a shard; one where
+// experts are not spread), the experts it holds, one slot each.  An expert
+// may be in several slots (replicated, on different devices); every expert
+// is in at least one.
+using expert_layout = std::vector<std::vector<int>>;
+
+// The slots one expert device holds: slots [slot0, slot0 + n) of the
+// layer's slot order, with their weights in its own buffers (slot s at
+// gate_up rows [(s - slot0) 2F, +2F): gate then up; down rows
+// [(s - slot0) D, +D)).
+struct expert_shard {
+  int slot0 = 0, n = 0;
+  device_matrix gate_up, down;
+};
+
+// A mixture-of-experts FFN.  Slots are numbered device by device (shard 0's
+// first); slot_experts[s] is the expert slot s holds.  rep_off/rep_slot
+// list each expert's slots (expert e: rep_slot[rep_off[e] .. rep_off[e+1])),
+// for the router kernel, which sends a token to replica t mod n.
 struct device_moe {
-  device_matrix router;   // ffn_gate_inp, [n_expert rows, n_embd]
-  device_matrix gate_up;  // [slots x (gate | up)] rows
-  device_matrix down;     // [slots x n_embd] rows, n_ff long
+  device_matrix router;  // ffn_gate_inp, [n_expert rows, n_embd]
+  expert_layout layout;
   std::vector<int> slot_experts;
+  std::vector<expert_shard> shards;
   cl::buffer rep_off, rep_slot;
 
   int n_slots() const { return static_cast<int>(slot_experts.size()); }
+  tensor_type gate_up_type() const { return shards.front().gate_up.type; }
+  tensor_type down_type() const { return shards.front().down.type; }
 };
 
 struct device_layer {
@@ -63,15 +78,20 @@ struct device_weights {
   const device_matrix& classifier() const { return output ? *output : embedding; }
 };
 
-device_weights upload_weights(cl::context& ctx, const model_file& model);
+// Experts of MoE layers spread over `expert_devices` devices
+// (initial_expert_layout).
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices = 1);
+
+// Experts 0..n-1 split into `devices` contiguous runs, one slot each.
+expert_layout initial_expert_layout(int n_expert, int devices);
 
 // Expert e of a stacked expert tensor (ffn_*_exps: shape [cols, rows, n_expert]).
 tensor_view expert_slice(const tensor_view& stacked, int e);
 
-// Layer `layer`'s experts uploaded into slots (slot s holding expert
-// slot_experts[s]; every expert in at least one slot), with the router.
-// Throws model_error for an expert id out of range or an expert in no slot.
+// Layer `layer`'s experts uploaded as `layout` places them, with the
+// router.  Throws model_error for an expert id out of range, an expert in
+// no slot or a device with no slot.
 std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& model, int layer,
-                                           const std::vector<int>& slot_experts);
+                                           const expert_layout& layout);
 
 }  // namespace troupe

@@ -58,7 +58,10 @@ std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_di
 }
 
 llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
-    : model_(std::move(model)), opts_(opts), ctx_(opts.device) {
+    : model_(std::move(model)),
+      opts_(opts),
+      ctx_(opts.device,
+           model_->hparams().n_expert > 0 && opts.expert_devices >= 2 ? opts.expert_devices : 0) {
   const auto& hp = hparams();
   if (hp.head_dim % 16 != 0 || hp.head_dim > 256)
     throw model_error(model_->path() + ": head dimension " + std::to_string(hp.head_dim) +
@@ -70,7 +73,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
              std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
              (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : ""));
-  weights_ = upload_weights(ctx_, *model_);
+  weights_ = upload_weights(ctx_, *model_, expert_devices());
 
   n_pages_ =
       opts_.n_pages > 0 ? opts_.n_pages : static_cast<int>(opts_.kv_bytes / kv_bytes_per_page());
@@ -336,7 +339,9 @@ forward_result llama_forward::run(const forward_batch& b) {
 
 bool llama_forward::graph_mode(int rows) const {
   // Profiling times each launch, which a replay has none of.
-  return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() && !ctx_.profiling();
+  // Recordings are of the one queue: expert devices' queues are not in them.
+  return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() && !ctx_.profiling() &&
+         ctx_.shards() == 0;
 }
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
@@ -410,7 +415,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   // llama.cpp's files); integer expert products read them quantized too.
   norm(L.ffn_norm, false, T);
   matmul(M.router, xn_, moe_logits_, T, E, false);
-  const bool xq = int8_for(M.gate_up);
+  const bool xq = int8_for(M.shards.front().gate_up);
   if (xq) quantize(xn_, D, T, qa_);
   k_moe_route_.args(moe_logits_, T, E, K, M.rep_off, M.rep_slot, S, moe_sel_, moe_w_, moe_slot_off_,
                     moe_slot_rows_, expert_counts_, layer * E);
@@ -421,27 +426,37 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const int share = std::max(1, (T * K + S - 1) / S);
   const int tile = tile_for(share);
   const int tiles = (T + tile - 1) / tile;
-  const size_t groups = static_cast<size_t>(S) * tiles;
-  const bool h_q8 = int8_for(M.down);
-  {
-    auto& k = family_kernel(mm_family::id_glu, M.gate_up.type, share, xq);
+  const bool h_q8 = int8_for(M.shards.front().down);
+  // Each expert device runs its slots' products on its own queue, after the
+  // routing; the combination waits for all of them.
+  const bool spread = ctx_.shards() > 0;
+  if (spread) ctx_.fork();
+  for (size_t d = 0; d < M.shards.size(); ++d) {
+    const auto& sh = M.shards[d];
+    const size_t groups = static_cast<size_t>(sh.n) * tiles;
+    auto run = [&](const cl::kernel& k, int items, size_t local) {
+      if (spread)
+        ctx_.launch_on(static_cast<int>(d), k, {static_cast<size_t>(items), groups}, {local, 1});
+      else
+        ctx_.launch(k, {static_cast<size_t>(items), groups}, {local, 1});
+    };
+    auto& kg = family_kernel(mm_family::id_glu, sh.gate_up.type, share, xq);
     auto gg = grid(F, 1);
     if (h_q8) {
       gg.rows_per_item = (gg.rows_per_item + 31) / 32 * 32;
       gg.items = (F + gg.rows_per_item - 1) / gg.rows_per_item;
     }
-    k.args_from(matmul_inputs(k, M.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
-                gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
-                moe_slot_rows_, 0, tiles, K);
-    ctx_.launch(k, {static_cast<size_t>(gg.items), groups}, {gg.local, 1});
-  }
-  {
-    auto& k = family_kernel(mm_family::id, M.down.type, share, h_q8);
+    kg.args_from(matmul_inputs(kg, sh.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
+                 gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
+                 moe_slot_rows_, sh.slot0, tiles, K);
+    run(kg, gg.items, gg.local);
+    auto& kd = family_kernel(mm_family::id, sh.down.type, share, h_q8);
     const auto gd = grid(D, 1);
-    k.args_from(matmul_inputs(k, M.down, moe_h_, h_q8 ? &moe_hq_ : nullptr), moe_y_, F, D,
-                gd.rows_per_item, moe_slot_off_, moe_slot_rows_, 0, tiles, 1);
-    ctx_.launch(k, {static_cast<size_t>(gd.items), groups}, {gd.local, 1});
+    kd.args_from(matmul_inputs(kd, sh.down, moe_h_, h_q8 ? &moe_hq_ : nullptr), moe_y_, F, D,
+                 gd.rows_per_item, moe_slot_off_, moe_slot_rows_, sh.slot0, tiles, 1);
+    run(kd, gd.items, gd.local);
   }
+  if (spread) ctx_.join();
   k_moe_combine_.args(x_, moe_y_, moe_w_, D, K);
   ctx_.launch(k_moe_combine_, {static_cast<size_t>(D), static_cast<size_t>(T)});
 }
@@ -457,10 +472,16 @@ std::vector<int64_t> llama_forward::take_expert_counts() {
   return {c.begin(), c.end()};
 }
 
-const std::vector<int>& llama_forward::expert_slots(int layer) const {
+const expert_layout& llama_forward::experts_of(int layer) const {
   const auto& L = weights_.layers.at(static_cast<size_t>(layer));
   if (!L.moe) throw std::invalid_argument("layer " + std::to_string(layer) + " has no experts");
-  return L.moe->slot_experts;
+  return L.moe->layout;
+}
+
+std::vector<double> llama_forward::expert_busy_seconds() {
+  if (ctx_.shards() == 0) return {};
+  ctx_.finish();
+  return ctx_.shard_busy_seconds();
 }
 
 void llama_forward::set_experts(int layer, std::shared_ptr<device_moe> moe) {

@@ -42,6 +42,11 @@ struct engine_options {
   // (llama.cpp's flash attention, -fa) instead of two passes with
   // llama.cpp's default numerics (bit-for-bit its golden tokens).
   bool flash_attention = false;
+  // Mixture-of-experts models: the experts spread over this many
+  // sub-devices of one compute unit each (expert parallelism; >= 2), each
+  // with its own queue and weight buffers, tokens dispatched to the
+  // sub-devices holding their experts; 0 or 1: on the device itself.
+  int expert_devices = 0;
 };
 
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
@@ -75,8 +80,12 @@ class llama_forward {
   // last call ([layer][expert], n_layer x n_expert; empty for a dense model),
   // read and reset.  Waits for the device.
   std::vector<int64_t> take_expert_counts();
-  // Layer `layer`'s expert slots (which expert each slot holds).
-  const std::vector<int>& expert_slots(int layer) const;
+  // Layer `layer`'s expert placement (which experts each expert device holds).
+  const expert_layout& experts_of(int layer) const;
+  // Kernel seconds each expert device has run since the start (empty
+  // without expert devices).  Waits for the device.
+  std::vector<double> expert_busy_seconds();
+  int expert_devices() const { return std::max(1, ctx_.shards()); }
   // Replaces layer `layer`'s expert weights with `moe` (uploaded beforehand
   // with upload_experts on this forward's context: the double buffer of a
   // placement change); takes effect from the next step.

@@ -663,6 +663,16 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
         [=](copy_pages_atom a, std::vector<int32_t>& src, std::vector<int32_t>& dst) {
           return relay<int32_t>(self, real, caf::infinite, a, std::move(src), std::move(dst));
         },
+        [=](expert_stats_atom a) { return relay<expert_stats>(self, real, caf::infinite, a); },
+        [=](expert_prepare_atom a, expert_plan& p) {
+          return relay<uint64_t>(self, real, caf::infinite, a, std::move(p));
+        },
+        [=](expert_commit_atom a, uint64_t e) {
+          return relay<uint64_t>(self, real, caf::infinite, a, e);
+        },
+        [=](expert_abort_atom a, uint64_t e) {
+          return relay<uint64_t>(self, real, caf::infinite, a, e);
+        },
     };
   });
 }

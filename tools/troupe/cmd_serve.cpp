@@ -202,6 +202,9 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("engine", "kv_mb", "KV arena size in MiB", int_key(e.kv_mb, 1, 1 << 20));
   add("engine", "kv_f32", "store the KV cache as F32 (true/false)", bool_key(e.kv_f32));
   add("engine", "batch", "device scratch rows per forward call", int_key(e.batch, 1, 65536));
+  add("engine", "expert_devices",
+      "mixture-of-experts models: experts spread over this many one-core sub-devices (0: off)",
+      int_key(e.expert_devices, 0, 256));
   add("engine", "max_batch_tokens", "rows of one scheduler step",
       int_key(s.max_batch_tokens, 1, 65536));
   add("engine", "max_seqs", "sequences running at once", int_key(s.max_seqs, 1, 65536));
@@ -548,6 +551,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.int8_dot = s.int8_dot;
   base.graph = s.graph;
   base.flash_attention = s.flash_attention;
+  base.expert_devices = s.engine.expert_devices;
   base.tpot_target_ms = s.tpot_target_ms;
   if (s.role_switching && !s.pd)
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");

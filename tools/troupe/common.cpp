@@ -45,6 +45,11 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
                  "one-pass attention over the half KV cache (llama.cpp's -fa) instead of "
                  "llama.cpp's default two-pass numerics")
       ->default_val(false);
+  app.add_option("--expert-devices", f.expert_devices,
+                 "mixture-of-experts models: spread the experts over this many sub-devices of one "
+                 "compute unit each (expert parallelism; 0: on the device itself)")
+      ->default_val(0)
+      ->check(CLI::Range(0, 256));
 }
 
 engine_options to_engine_options(const engine_flags& f) {
@@ -57,6 +62,7 @@ engine_options to_engine_options(const engine_flags& f) {
   o.int8_dot = f.int8_dot;
   o.graph = f.graph;
   o.flash_attention = f.flash_attention;
+  o.expert_devices = f.expert_devices;
   apply_tuning_env(o);
   return o;
 }

@@ -27,6 +27,7 @@ struct engine_flags {
   bool int8_dot = true;
   bool graph = false;
   bool flash_attention = false;
+  int expert_devices = 0;
 };
 
 void add_engine_flags(CLI::App& app, engine_flags& f);

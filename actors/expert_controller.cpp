@@ -1,0 +1,197 @@
+#include "actors/expert_controller.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "runtime/expert_placement.hpp"
+
+namespace troupe {
+
+namespace {
+
+struct controller_state {
+  std::vector<device_actor> devices;
+  expert_controller_config cfg;
+  int n_layers = 0, n_experts = 0, expert_devices = 0;
+  std::vector<std::vector<int64_t>> window;  // [layer][expert], since the last swap
+  std::vector<layer_experts> layouts;        // [layer], in use
+  std::vector<std::vector<double>> busy;     // [engine][expert device]
+  uint64_t epoch = 0, swaps = 0, aborted = 0;
+  double last_before = 0, last_after = 0;
+  std::string phase = "idle";
+  bool reading = false;
+};
+
+using self_ptr = expert_controller_actor::stateful_pointer<controller_state>;
+constexpr auto k_device_timeout = std::chrono::seconds(30);
+
+double worst_imbalance(const std::vector<layer_experts>& layouts,
+                       const std::vector<std::vector<int64_t>>& window) {
+  double worst = 1.0;
+  for (size_t l = 0; l < layouts.size() && l < window.size(); ++l)
+    worst = std::max(worst, balance_of(layouts[l], window[l]).max_over_mean);
+  return worst;
+}
+
+// Sends `msg` to every device; `done(ok)` once all have answered.
+template <class Msg, class Arg>
+void to_all(self_ptr self, Msg msg, const Arg& arg, std::function<void(bool)> done) {
+  auto left = std::make_shared<size_t>(self->state.devices.size());
+  auto ok = std::make_shared<bool>(true);
+  for (const auto& d : self->state.devices)
+    self->request(d, k_device_timeout, msg, arg)
+        .then(
+            [=](uint64_t) {
+              if (--*left == 0) done(*ok);
+            },
+            [=](caf::error&) {
+              *ok = false;
+              if (--*left == 0) done(*ok);
+            });
+}
+
+void abort_swap(self_ptr self, uint64_t epoch) {
+  for (const auto& d : self->state.devices)
+    self->request(d, k_device_timeout, expert_abort_atom::value, epoch).then([](uint64_t) {});
+  ++self->state.aborted;
+  self->state.phase = "idle";
+}
+
+// Phase one (prepare everywhere), then phase two (commit everywhere).
+void swap_to(self_ptr self, std::vector<layer_experts> plan) {
+  auto& st = self->state;
+  const uint64_t epoch = ++st.epoch;
+  const double before = worst_imbalance(st.layouts, st.window);
+  const double after = worst_imbalance(plan, st.window);
+  st.phase = "preparing";
+  expert_plan p{epoch, plan};
+  to_all(self, expert_prepare_atom::value, p, [=](bool ready) {
+    if (!ready) return abort_swap(self, epoch);
+    self->state.phase = "committing";
+    to_all(self, expert_commit_atom::value, epoch, [=](bool committed) {
+      auto& s = self->state;
+      // A commit is applied by the devices that answered; a failed one
+      // leaves the controller's view as it was (the next read corrects it).
+      if (committed) {
+        s.layouts = plan;
+        ++s.swaps;
+        s.last_before = before;
+        s.last_after = after;
+        for (auto& w : s.window) std::fill(w.begin(), w.end(), 0);
+      } else {
+        ++s.aborted;
+      }
+      s.phase = "idle";
+    });
+  });
+}
+
+void decide(self_ptr self) {
+  auto& st = self->state;
+  if (st.n_experts == 0 || st.expert_devices < 2) return;
+  const int slots = (st.n_experts + st.expert_devices - 1) / st.expert_devices + st.cfg.spare_slots;
+  std::vector<layer_experts> plan = st.layouts;
+  bool any = false;
+  for (int l = 0; l < st.n_layers; ++l) {
+    auto planned = plan_expert_layout(st.window[l], st.expert_devices, slots);
+    if (worth_rebalancing(st.layouts[l], planned, st.window[l], st.cfg.threshold, st.cfg.min_gain,
+                          st.cfg.min_tokens)) {
+      plan[l] = std::move(planned);
+      any = true;
+    }
+  }
+  if (any) swap_to(self, std::move(plan));
+}
+
+void merge(controller_state& st, size_t engine, const expert_stats& s) {
+  if (s.n_experts == 0) return;
+  if (st.n_experts == 0) {
+    st.n_layers = s.n_layers;
+    st.n_experts = s.n_experts;
+    st.expert_devices = s.devices;
+    st.window.assign(s.n_layers, std::vector<int64_t>(s.n_experts, 0));
+  }
+  if (st.layouts.empty() || s.epoch == st.epoch) st.layouts = s.layouts;
+  for (int l = 0; l < s.n_layers && l < st.n_layers; ++l)
+    for (int e = 0; e < s.n_experts && e < st.n_experts; ++e)
+      st.window[l][e] += s.tokens[static_cast<size_t>(l) * s.n_experts + e];
+  st.busy[engine] = s.busy_s;
+}
+
+void read_loads(self_ptr self) {
+  auto& st = self->state;
+  if (st.reading || st.phase != "idle" || st.devices.empty()) return;
+  st.reading = true;
+  auto left = std::make_shared<size_t>(st.devices.size());
+  for (size_t i = 0; i < st.devices.size(); ++i) {
+    auto finish = [self, left] {
+      if (--*left > 0) return;
+      self->state.reading = false;
+      decide(self);
+    };
+    self->request(st.devices[i], k_device_timeout, expert_stats_atom::value)
+        .then(
+            [self, i, finish](const expert_stats& s) {
+              merge(self->state, i, s);
+              finish();
+            },
+            [finish](caf::error&) { finish(); });
+  }
+}
+
+expert_status status_of(const controller_state& st) {
+  expert_status out;
+  out.devices = st.expert_devices;
+  out.engines = static_cast<int32_t>(st.devices.size());
+  for (int l = 0; l < st.n_layers; ++l) {
+    expert_layer_status ls;
+    ls.tokens = st.window[l];
+    if (static_cast<size_t>(l) < st.layouts.size()) {
+      ls.layout = st.layouts[l];
+      const auto b = balance_of(ls.layout, ls.tokens);
+      ls.device_load = b.device_load;
+      ls.imbalance = b.max_over_mean;
+    }
+    out.layers.push_back(std::move(ls));
+  }
+  for (const auto& b : st.busy) {
+    if (out.busy_s.size() < b.size()) out.busy_s.resize(b.size(), 0.0);
+    for (size_t d = 0; d < b.size(); ++d) out.busy_s[d] += b[d];
+  }
+  out.epoch = st.epoch;
+  out.swaps = st.swaps;
+  out.aborted = st.aborted;
+  out.last_before = st.last_before;
+  out.last_after = st.last_after;
+  out.phase = st.phase;
+  return out;
+}
+
+expert_controller_actor::behavior_type controller(self_ptr self, std::vector<device_actor> devices,
+                                                  expert_controller_config cfg) {
+  self->state.devices = std::move(devices);
+  self->state.cfg = cfg;
+  self->state.busy.resize(self->state.devices.size());
+  self->send(self, tick_atom::value);
+  return {
+      [self](expert_status_atom) { return status_of(self->state); },
+      [self](tick_atom) {
+        read_loads(self);
+        self->delayed_send(self,
+                           std::chrono::milliseconds(std::max(10, self->state.cfg.interval_ms)),
+                           tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+expert_controller_actor spawn_expert_controller(caf::actor_system& sys,
+                                                std::vector<device_actor> devices,
+                                                expert_controller_config cfg) {
+  return sys.spawn(controller, std::move(devices), cfg);
+}
+
+}  // namespace troupe
