@@ -22,6 +22,9 @@ struct controller_state {
   double last_before = 0, last_after = 0;
   std::string phase = "idle";
   bool reading = false;
+  // When the timer's next tick is due: a tick well before it (sent from
+  // outside) reads the loads without starting a second timer.
+  std::chrono::steady_clock::time_point next_tick;
 };
 
 using self_ptr = expert_controller_actor::stateful_pointer<controller_state>;
@@ -179,9 +182,13 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
       [self](expert_status_atom) { return status_of(self->state); },
       [self](tick_atom) {
         read_loads(self);
-        self->delayed_send(self,
-                           std::chrono::milliseconds(std::max(10, self->state.cfg.interval_ms)),
-                           tick_atom::value);
+        auto& st = self->state;
+        const auto now = std::chrono::steady_clock::now();
+        const auto every = std::chrono::milliseconds(std::max(10, st.cfg.interval_ms));
+        // Half an interval of slack, should the timer fire a little early.
+        if (now < st.next_tick - every / 2) return;
+        st.next_tick = now + every;
+        self->delayed_send(self, every, tick_atom::value);
       },
   };
 }

@@ -156,6 +156,31 @@
     }                                                                                        \
   }
 
+// The gated FFN's rows of one work-item for its tile: gate row W0 + n, up
+// row W0 + F + n of the stacked matrix; tile entry j, where VALID(j), goes
+// to h's row OUT(j), and with quant_out also quantized for an integer down
+// projection (the work-item's rows are whole blocks: rows_per_item and F
+// multiples of 32), read back.
+#define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                 \
+  const int n0 = get_global_id(0) * rows_per_item;                                           \
+  for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                    \
+    X##_ZERO(TT, g)                                                                          \
+    X##_ZERO(TT, u)                                                                          \
+    X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)                                         \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j))                             \
+      h[(size_t)(OUT(j)) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
+  }                                                                                          \
+  if (quant_out)                                                                             \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j))                             \
+      for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                            \
+        const size_t at = (size_t)(OUT(j)) * F + n;                                          \
+        quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,        \
+                       os + at / QK);                                                        \
+      }
+
+#define DENSE_VALID(j) (t0 + (j) < T)
+#define DENSE_OUT(j) (t0 + (j))
+
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
                      __global const float* wm, X##_XARGS, __global float* h,    \
@@ -164,23 +189,7 @@
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
     X##_SETUP(TT)                                                                    \
-    const int n0 = get_global_id(0) * rows_per_item;                                         \
-    for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
-      X##_ZERO(TT, g)                                                                     \
-      X##_ZERO(TT, u)                                                                     \
-      X##_DOT2(LOAD, TT, n, g, F + n, u)                                              \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T)                                             \
-        h[(size_t)(t0 + j) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
-    }                                                                                        \
-    /* Quantized too, for an integer down projection: the work-item's rows  */              \
-    /* are whole blocks (rows_per_item and F multiples of 32), read back.    */              \
-    if (quant_out)                                                                           \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T)                                             \
-        for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                          \
-          const size_t at = (size_t)(t0 + j) * F + n;                                        \
-          quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,      \
-                         os + at / QK);                                                      \
-        }                                                                                    \
+    GLU_ROWS(LOAD, TT, X, 0, DENSE_VALID, DENSE_OUT)                                         \
   }
 
 // `rope` holds (cos, sin) of each row's angle for each rotation pair,
@@ -276,6 +285,8 @@
   _Pragma("unroll") for (int j = 0; j < TT; ++j) arow[j] = slot_rows[begin + min(i0 + j, cnt - 1)];
 
 #define ID_ROW(j) (arow[j] / x_div)
+#define ID_VALID(j) (i0 + (j) < cnt)
+#define ID_OUT(j) arow[j]
 
 #define ID_ARGS \
   __global const int *slot_off, __global const int *slot_rows, int slot0, int tiles, int x_div
@@ -302,22 +313,7 @@
                      __global float2* os, int quant_out, ID_ARGS) {                          \
     ID_SETUP(TT)                                                                             \
     X##_SETUP_AT(TT, ID_ROW)                                                                 \
-    const int n0 = get_global_id(0) * rows_per_item;                                         \
-    const int base = slot * 2 * F;                                                           \
-    for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                  \
-      X##_ZERO(TT, g)                                                                        \
-      X##_ZERO(TT, u)                                                                        \
-      X##_DOT2(LOAD, TT, base + n, g, base + F + n, u)                                       \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
-        h[(size_t)arow[j] * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                    \
-    }                                                                                        \
-    if (quant_out)                                                                           \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
-        for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                          \
-          const size_t at = (size_t)arow[j] * F + n;                                         \
-          quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,      \
-                         os + at / QK);                                                      \
-        }                                                                                    \
+    GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                                    \
   }
 
 // Three token tiles per family: 1 (one decode row), 4 (small decode

@@ -121,8 +121,7 @@ std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& m
       gu.push_back(expert_slice(gate, e));
       gu.push_back(expert_slice(up, e));
       dn.push_back(expert_slice(down, e));
-      slots_of[e].push_back(static_cast<int32_t>(moe->slot_experts.size()));
-      moe->slot_experts.push_back(e);
+      slots_of[e].push_back(static_cast<int32_t>(sh.slot0 + dn.size() - 1));
     }
     std::vector<const tensor_view*> gu_parts, dn_parts;
     for (const auto& v : gu) gu_parts.push_back(&v);

@@ -44,19 +44,16 @@ struct expert_shard {
 };
 
 // A mixture-of-experts FFN.  Slots are numbered device by device (shard 0's
-// first); slot_experts[s] is the expert slot s holds.  rep_off/rep_slot
-// list each expert's slots (expert e: rep_slot[rep_off[e] .. rep_off[e+1])),
-// for the router kernel, which sends a token to replica t mod n.
+// first, in layout order).  rep_off/rep_slot list each expert's slots
+// (expert e: rep_slot[rep_off[e] .. rep_off[e+1])), for the router kernel,
+// which sends a token to replica t mod n.
 struct device_moe {
   device_matrix router;  // ffn_gate_inp, [n_expert rows, n_embd]
   expert_layout layout;
-  std::vector<int> slot_experts;
   std::vector<expert_shard> shards;
   cl::buffer rep_off, rep_slot;
 
-  int n_slots() const { return static_cast<int>(slot_experts.size()); }
-  tensor_type gate_up_type() const { return shards.front().gate_up.type; }
-  tensor_type down_type() const { return shards.front().down.type; }
+  int n_slots() const { return shards.empty() ? 0 : shards.back().slot0 + shards.back().n; }
 };
 
 struct device_layer {

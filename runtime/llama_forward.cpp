@@ -262,6 +262,15 @@ llama_forward::matmul_grid llama_forward::grid(int units, int rows) const {
   return g;
 }
 
+llama_forward::matmul_grid llama_forward::glu_grid(int F, bool quant_out) const {
+  auto g = grid(F, 1);
+  if (quant_out) {
+    g.rows_per_item = (g.rows_per_item + 31) / 32 * 32;
+    g.items = (F + g.rows_per_item - 1) / g.rows_per_item;
+  }
+  return g;
+}
+
 void llama_forward::launch_grid(const cl::kernel& k, const matmul_grid& g, int rows) {
   ctx_.launch(k, {static_cast<size_t>(g.items), token_groups(rows)}, {g.local, 1});
 }
@@ -388,11 +397,7 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
       // The FFN writes h quantized too where down takes it so: each
       // work-item then holds whole blocks of 32.
       const bool h_q8 = int8_for(L.down) && F % 32 == 0;
-      auto gg = grid(F, T);
-      if (h_q8) {
-        gg.rows_per_item = (gg.rows_per_item + 31) / 32 * 32;
-        gg.items = (F + gg.rows_per_item - 1) / gg.rows_per_item;
-      }
+      const auto gg = glu_grid(F, h_q8);
       k.args_from(matmul_inputs(k, L.gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T,
                   gg.rows_per_item, qb_.q, qb_.d, qb_.s, h_q8 ? 1 : 0);
       launch_grid(k, gg, T);
@@ -441,11 +446,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
         ctx_.launch(k, {static_cast<size_t>(items), groups}, {local, 1});
     };
     auto& kg = family_kernel(mm_family::id_glu, sh.gate_up.type, share, xq);
-    auto gg = grid(F, 1);
-    if (h_q8) {
-      gg.rows_per_item = (gg.rows_per_item + 31) / 32 * 32;
-      gg.items = (F + gg.rows_per_item - 1) / gg.rows_per_item;
-    }
+    const auto gg = glu_grid(F, h_q8);
     kg.args_from(matmul_inputs(kg, sh.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
                  gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
                  moe_slot_rows_, sh.slot0, tiles, K);

@@ -144,6 +144,9 @@ class llama_forward {
     size_t local = 16;
   };
   matmul_grid grid(int units, int rows) const;
+  // The gated FFN's: with quant_out, each work-item's rows are whole blocks
+  // of 32 (it quantizes the rows it wrote).
+  matmul_grid glu_grid(int F, bool quant_out) const;
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
 
   std::shared_ptr<const model_file> model_;

@@ -2,6 +2,8 @@
 // Helpers of the kernel tests (test_kernels*.cpp): buffers to and from the
 // device, random inputs, and kernel-name suffixes.
 #include <cctype>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -10,6 +12,37 @@
 #include "runtime/tensor_type.hpp"
 
 namespace troupe::kernel_test {
+
+// A context of a kernel test file, made and built once for the whole run,
+// or why none could be made (the tests then skip).
+struct shared_context {
+  std::unique_ptr<cl::context> ctx;
+  std::string no_device;
+};
+
+// Makes `s` once: a context on the first device, its program built with
+// the options `options(context)` gives; where they are nullopt the device
+// does not suit (no_device says `refusal`).  A build failure throws out of
+// the test that asked: a failure, not a skip.
+template <class Options>
+shared_context& make_once(shared_context& s, Options options, const char* refusal = "") {
+  if (s.ctx || !s.no_device.empty()) return s;
+  std::unique_ptr<cl::context> ctx;
+  try {
+    ctx = std::make_unique<cl::context>();
+  } catch (const cl::cl_error& e) {
+    s.no_device = e.what();
+    return s;
+  }
+  const std::optional<std::string> opts = options(*ctx);
+  if (!opts) {
+    s.no_device = refusal;
+    return s;
+  }
+  ctx->build(*opts);
+  s.ctx = std::move(ctx);
+  return s;
+}
 
 template <class T>
 cl::buffer upload(cl::context& c, const std::vector<T>& v) {

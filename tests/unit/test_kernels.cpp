@@ -29,27 +29,15 @@ namespace ref = kernel_ref;
 constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::q4_0,
                                    tensor_type::q4_1, tensor_type::q8_0};
 
-// One context per KV mode, its program built once for the whole run.
-struct shared_context {
-  std::unique_ptr<cl::context> ctx;
-  std::string no_device;  // why no context could be made
-};
+using kernel_test::shared_context;
 
+// One context per KV mode, its program built once for the whole run.
 shared_context& context_for(bool kv_f16) {
   static shared_context shared[2];
-  auto& s = shared[kv_f16 ? 1 : 0];
-  if (s.ctx || !s.no_device.empty()) return s;
-  std::unique_ptr<cl::context> ctx;
-  try {
-    ctx = std::make_unique<cl::context>();
-  } catch (const cl::cl_error& e) {
-    s.no_device = e.what();
-    return s;
-  }
-  // A build failure throws out of the test that asked: a failure, not a skip.
-  ctx->build(std::string("-cl-std=CL1.2 -cl-mad-enable") + (kv_f16 ? " -DTROUPE_KV_F16" : ""));
-  s.ctx = std::move(ctx);
-  return s;
+  return kernel_test::make_once(shared[kv_f16 ? 1 : 0], [kv_f16](cl::context&) {
+    return std::optional<std::string>(std::string("-cl-std=CL1.2 -cl-mad-enable") +
+                                      (kv_f16 ? " -DTROUPE_KV_F16" : ""));
+  });
 }
 
 class KernelTest : public ::testing::Test {

@@ -26,30 +26,19 @@ namespace ref = kernel_ref;
 
 constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0};
 
-struct built {
-  std::unique_ptr<cl::context> ctx;
-  std::string no_device;
-};
+using kernel_test::shared_context;
 
-// [0]: the portable build; [1]: with TROUPE_VNNI (null where unavailable).
-built& context_for(bool vnni) {
-  static built shared[2];
-  auto& s = shared[vnni ? 1 : 0];
-  if (s.ctx || !s.no_device.empty()) return s;
-  try {
-    s.ctx = std::make_unique<cl::context>();
-  } catch (const cl::cl_error& e) {
-    s.no_device = e.what();
-    return s;
-  }
-  if (vnni && !s.ctx->x86_vnni()) {
-    s.ctx.reset();
-    s.no_device = "no AVX-512 VNNI on a PoCL CPU device here";
-    return s;
-  }
-  s.ctx->build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4") +
-               (vnni ? " -DTROUPE_VNNI" : ""));
-  return s;
+// [0]: the portable build; [1]: with TROUPE_VNNI (none where unavailable).
+shared_context& context_for(bool vnni) {
+  static shared_context shared[2];
+  return kernel_test::make_once(
+      shared[vnni ? 1 : 0],
+      [vnni](cl::context& c) -> std::optional<std::string> {
+        if (vnni && !c.x86_vnni()) return std::nullopt;
+        return std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4") +
+               (vnni ? " -DTROUPE_VNNI" : "");
+      },
+      "no AVX-512 VNNI on a PoCL CPU device here");
 }
 
 class KernelInt8 : public ::testing::TestWithParam<bool> {

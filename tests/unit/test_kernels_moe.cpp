@@ -31,25 +31,15 @@ using kernel_test::random_floats;
 using kernel_test::suffix;
 using kernel_test::upload;
 
-struct shared_context {
-  std::unique_ptr<cl::context> ctx;
-  std::string no_device;
-};
-
 // Built as the engine builds it (VNNI where the engine would use it), with
 // TROUPE_TILE 4.
-shared_context& moe_context() {
-  static shared_context s;
-  if (s.ctx || !s.no_device.empty()) return s;
-  try {
-    s.ctx = std::make_unique<cl::context>();
-  } catch (const cl::cl_error& e) {
-    s.no_device = e.what();
-    return s;
-  }
-  s.ctx->build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4 -DTROUPE_KV_F16") +
-               (s.ctx->x86_vnni() ? " -DTROUPE_VNNI" : ""));
-  return s;
+kernel_test::shared_context& moe_context() {
+  static kernel_test::shared_context s;
+  return kernel_test::make_once(s, [](cl::context& c) {
+    return std::optional<std::string>(
+        std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4 -DTROUPE_KV_F16") +
+        (c.x86_vnni() ? " -DTROUPE_VNNI" : ""));
+  });
 }
 
 class KernelMoe : public ::testing::Test {
