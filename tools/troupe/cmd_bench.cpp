@@ -103,6 +103,7 @@ void add_bench_batch(CLI::App& bench);      // cmd_bench_batch.cpp
 void add_bench_serve(CLI::App& bench);      // cmd_bench_serve.cpp
 void add_bench_sim(CLI::App& bench);        // cmd_bench_sim.cpp
 void add_bench_calibrate(CLI::App& bench);  // cmd_bench_calibrate.cpp
+void add_bench_experts(CLI::App& bench);    // cmd_bench_experts.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -117,6 +118,7 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->callback([f] { run_bench(*f); });
   add_bench_batch(*bench);
+  add_bench_experts(*bench);
   add_bench_serve(*bench);
   add_bench_sim(*bench);
   add_bench_calibrate(*bench);
