@@ -15,6 +15,7 @@ struct admin_state {
   router_actor router;
   std::map<std::string, node_grow_actor> nodes;  // node links by address
   monitor_actor monitor;
+  admin_groups groups;
   static inline const char* name = "admin";
 };
 
@@ -62,8 +63,9 @@ void ask_instances(self_ptr self, Done done) {
 
 admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, router_actor router,
                                           std::map<std::string, node_grow_actor> nodes,
-                                          monitor_actor monitor) {
+                                          monitor_actor monitor, admin_groups groups) {
   self->state.monitor = std::move(monitor);
+  self->state.groups = std::move(groups);
   self->state.gateway = std::move(gateway);
   self->state.router = std::move(router);
   self->state.nodes = std::move(nodes);
@@ -160,6 +162,21 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<monitor_report>(self, self->state.monitor, std::chrono::seconds(10),
                                      peek_atom::value);
       },
+      [self](dp_status_atom) -> caf::result<dp_group_status> {
+        if (!self->state.groups.dp)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "this service has no dp group (service.dp_group)");
+        return relay<dp_group_status>(self, self->state.groups.dp, std::chrono::seconds(10),
+                                      dp_status_atom::value);
+      },
+      [self](expert_status_atom) -> caf::result<expert_status> {
+        if (!self->state.groups.experts)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "this service has no expert controller (a mixture-of-experts "
+                                 "model with engine.expert_devices >= 2 has one)");
+        return relay<expert_status>(self, self->state.groups.experts, std::chrono::seconds(10),
+                                    expert_status_atom::value);
+      },
       [self](set_role_atom, uint64_t id, const std::string& role) {
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
                                   set_role_atom::value, id, role);
@@ -186,9 +203,10 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
 }  // namespace
 
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
-                        std::map<std::string, node_grow_actor> nodes, monitor_actor monitor) {
+                        std::map<std::string, node_grow_actor> nodes, monitor_actor monitor,
+                        admin_groups groups) {
   return sys.spawn(admin_behavior, std::move(gateway), std::move(router), std::move(nodes),
-                   std::move(monitor));
+                   std::move(monitor), std::move(groups));
 }
 
 namespace {

@@ -12,10 +12,16 @@
 
 namespace troupe {
 
+// The service's optional actors the admin reports on (null: none).
+struct admin_groups {
+  dp_group_actor dp;
+  expert_controller_actor experts;
+};
+
 // `nodes`: the service's node links by node address (spawn on a node).
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
                         std::map<std::string, node_grow_actor> nodes = {},
-                        monitor_actor monitor = {});
+                        monitor_actor monitor = {}, admin_groups groups = {});
 
 // Lists the request metrics' families before the first request finishes.
 void declare_request_metrics(metrics_registry& m);

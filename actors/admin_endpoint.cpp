@@ -7,6 +7,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "actors/admin_groups.hpp"
 #include "runtime/secret.hpp"
 
 namespace troupe {
@@ -355,6 +356,12 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         set_role_atom::value, instance, role);
   }
+  if (command == "dp")
+    return call<dp_group_status>(
+        self, peer, [](dp_group_status& d) { return to_json(d); }, dp_status_atom::value);
+  if (command == "experts")
+    return call<expert_status>(
+        self, peer, [](expert_status& e) { return to_json(e); }, expert_status_atom::value);
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -367,7 +374,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       failure("unknown_command",
               "unknown command '" + command +
                   "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set, spawn, role, monitor, steps)"));
+                  "preempt, set, spawn, role, monitor, steps, dp, experts)"));
 }
 
 void poll_once(self_ptr self) {
@@ -399,7 +406,7 @@ void poll_once(self_ptr self) {
 bool admin_command_is_read_only(const std::string& command) {
   return command == "instances" || command == "nodes" || command == "requests" ||
          command == "trace" || command == "kv" || command == "config" || command == "monitor" ||
-         command == "steps";
+         command == "steps" || command == "dp" || command == "experts";
 }
 
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,

@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "messages/dp_group.hpp"
 #include "runtime/kv_blob.hpp"
 #include "runtime/ngram_draft.hpp"
 #include "runtime/page_pool.hpp"
@@ -113,6 +114,13 @@ struct instance_state {
   std::deque<step_timing> recent_steps;  // the last opts.kept_steps
   std::unordered_map<std::string, std::shared_ptr<token_constraint>> constraints;  // by pattern
   std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
+  // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
+  dp_group_actor group;
+  uint64_t group_id = 0;
+  uint64_t granted = 0;             // the round it may step in now (0: none)
+  uint64_t stepping = 0;            // the round whose step is on the device (0: none)
+  bool asked = false;               // dpready sent, its go not come yet
+  std::vector<int32_t> dummy_page;  // the KV page dummy steps write
   static inline const char* name = "instance";
 };
 
@@ -385,9 +393,65 @@ void add_drafts(instance_state& st, const step_plan& plan, std::vector<step_chun
 // a loop that never returns to the mailbox), so every round moves a
 // sequence from waiting to running or out of the running set for good,
 // and the rounds are bounded by twice the sequences.
+// Whether a step would find something to compute (lockstep asks for a
+// round only then).
+bool has_work(const instance_state& st) {
+  for (const auto& [key, s] : st.seqs)
+    if (s.running() || s.state == seq_state::waiting || s.state == seq_state::swapped ||
+        s.state == seq_state::importing)
+      return true;
+  return false;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Lockstep: the step of a round has ended (call before planning the next).
+void report_round(self_ptr self, bool dummy) {
+  auto& st = self->state;
+  const uint64_t round = std::exchange(st.stepping, 0);
+  if (round != 0 && st.group)
+    self->send(st.group, dp_done_atom::value, st.group_id, round, ms_since(st.step_start), dummy);
+}
+
+// Lockstep: a round came and the instance has nothing to compute; it runs a
+// one-row step on its own page anyway, as the group's other replicas wait
+// for every member (vLLM's DP coordinator does the same, so an MoE model's
+// collectives never miss a member).  After it, it asks for the next round
+// only if work came meanwhile and it was idle when the round began (a
+// replica whose work could not be planned waits for news instead of
+// spinning).
+void dummy_step(self_ptr self, bool had_work) {
+  auto& st = self->state;
+  forward_batch b;
+  b.tokens = {0};
+  b.positions = {0};
+  b.seqs.push_back(forward_seq{0, 1, st.dummy_page});
+  b.logit_rows = {0};
+  st.busy = true;
+  st.stepping = std::exchange(st.granted, 0);
+  st.step_start = std::chrono::steady_clock::now();
+  auto done = [self, had_work] {
+    self->state.busy = false;
+    report_round(self, true);
+    if (!had_work) step(self);
+  };
+  self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
+      .then([done](forward_result&) { done(); }, [done](caf::error&) { done(); });
+}
+
 void step(self_ptr self) {
   auto& st = self->state;
   if (st.busy) return;
+  if (st.group && st.granted == 0) {
+    // Lockstep: it steps only in the group's rounds; ask for one.
+    if (!st.asked && has_work(st)) {
+      st.asked = true;
+      self->send(st.group, dp_ready_atom::value, st.group_id);
+    }
+    return;
+  }
   std::unordered_set<uint64_t> preempted_now;
   bool restarted = false;
   for (;;) {
@@ -473,6 +537,7 @@ void step(self_ptr self) {
       b.seqs.push_back(std::move(fs));
     }
     st.busy = true;
+    st.stepping = std::exchange(st.granted, 0);
     ++st.counters.steps;
     st.step_start = std::chrono::steady_clock::now();
     self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
@@ -480,6 +545,7 @@ void step(self_ptr self) {
                   forward_result& r) { on_result(self, chunks, n_decode, r); },
               [self, chunks](caf::error& e) {
                 self->state.busy = false;
+                report_round(self, false);
                 const std::string why = "forward: " + self->system().render(e);
                 for (const auto& c : chunks) fail(self, c.id, why);
                 step(self);
@@ -519,6 +585,7 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.step_start)
           .count();
   st.counters.step_ms += ms;
+  report_round(self, false);
   step_timing t{st.counters.steps, 0, ms, 0, 0};
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
@@ -816,6 +883,32 @@ caf::result<int32_t> import_sequence(self_ptr self, sequence_request r,
   return n_kv;
 }
 
+void leave_group(self_ptr self) {
+  auto& st = self->state;
+  if (!st.dummy_page.empty()) st.pool->unreserve(st.dummy_page);
+  st.dummy_page.clear();
+  st.group = nullptr;
+  st.granted = st.stepping = 0;
+  st.asked = false;
+}
+
+caf::result<int32_t> join_group(self_ptr self, const caf::actor& group, uint64_t id) {
+  auto& st = self->state;
+  if (st.group) {
+    self->demonitor(st.group.address());
+    leave_group(self);
+  }
+  if (group) {
+    st.dummy_page = st.pool->reserve(1);
+    if (st.dummy_page.empty()) return refuse("dpjoin: no free KV page for dummy steps");
+    st.group = caf::actor_cast<dp_group_actor>(group);
+    st.group_id = id;
+    self->monitor(st.group);
+  }
+  step(self);
+  return 1;
+}
+
 instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev, device_info info,
                                                 instance_options opts) {
   auto& st = self->state;
@@ -827,6 +920,11 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
                                         fingerprint_salt(st.info.model_fingerprint));
   st.max_len = std::min(st.info.n_ctx, st.info.n_pages * st.info.page_size);
   self->set_down_handler([self](const caf::down_msg& dm) {
+    if (self->state.group && dm.source == self->state.group.address()) {
+      // The group is gone: step freely again.
+      leave_group(self);
+      return step(self);
+    }
     auto it = self->state.by_sink.find(dm.source);
     if (it == self->state.by_sink.end()) return;
     const auto keys = it->second;  // finish() edits the map
@@ -925,6 +1023,29 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         st.opts.role = role;
         spdlog::info("instance: role {} -> {}", old, role);
         return old;
+      },
+      [self](sequences_atom) {
+        std::vector<sequence_load> out;
+        for (const auto& [key, s] : self->state.seqs)
+          if (s.state != seq_state::finished && s.state != seq_state::exporting)
+            out.push_back(
+                {s.req.id, int64_t(s.tokens.size()), s.state == seq_state::decoding, s.req.sink});
+        return out;
+      },
+      [self](dp_join_atom, const caf::actor& group, uint64_t id) {
+        return join_group(self, group, id);
+      },
+      [self](dp_go_atom, uint64_t round) {
+        auto& st = self->state;
+        st.asked = false;
+        if (!st.group) return;
+        st.granted = round;
+        // A step from before the join may still run: its result steps in
+        // this round.
+        if (st.busy) return;
+        const bool had_work = has_work(st);
+        step(self);
+        if (st.granted != 0) dummy_step(self, had_work);
       },
       [self](stats_atom) {
         auto& st = self->state;

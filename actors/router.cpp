@@ -299,6 +299,8 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](place_atom, int32_t prompt_tokens,
                std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
           auto& st = self->state;
+          if (st.opts.dp_group && !st.opts.pd)
+            return self->delegate(st.opts.dp_group, dp_admit_atom::value, prompt_tokens);
           placement_reply r;
           if (st.opts.pd) {
             auto c = place_prefill(prompt_tokens, pd_loads(st), st.model,

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "messages/dp_group.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
 #include "runtime/pd_policy.hpp"
@@ -31,6 +32,9 @@ struct router_options {
   monitor_actor monitor;             // may be null: no windows, no flips
   std::vector<instance_role> roles;  // by instance id - 1; absent: the default of --pd
   int32_t page_size = 16;            // the instances' KV page size (decode placement's KV cap)
+  // A data-parallel group over the instances (issue 15): it places every
+  // request instead of `policy` (not with pd).  May be null.
+  dp_group_actor dp_group;
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

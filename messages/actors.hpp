@@ -3,6 +3,7 @@
 // surface reads at a glance (one header per protocol, included here).
 #include "messages/admin.hpp"
 #include "messages/device.hpp"
+#include "messages/dp_group.hpp"
 #include "messages/expert_controller.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
@@ -64,6 +65,11 @@ void for_each_message_type(F&& f) {
   f.template operator()<instance_window>("troupe.instance_window");
   f.template operator()<std::vector<instance_window>>("troupe.instance_windows");
   f.template operator()<monitor_report>("troupe.monitor_report");
+  f.template operator()<sequence_load>("troupe.sequence_load");
+  f.template operator()<std::vector<sequence_load>>("troupe.sequence_loads");
+  f.template operator()<dp_group_config>("troupe.dp_group_config");
+  f.template operator()<dp_replica_status>("troupe.dp_replica_status");
+  f.template operator()<dp_group_status>("troupe.dp_group_status");
 }
 
 // Registers them all, so sends work between nodes too (CAF 0.17 needs

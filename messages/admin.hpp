@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "messages/dp_group.hpp"
+#include "messages/expert_controller.hpp"
 #include "messages/gateway.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
@@ -54,6 +56,10 @@ using kv_atom = caf::atom_constant<caf::atom("kv")>;
 // setrole:   (instance id, prefill|decode|mixed) the instance's new role
 //            (messages/router.hpp); replies with what changed.
 // nodes:     the cluster's nodes as the service's links know them.
+// dpstatus:  the data-parallel group's balance, moves and lockstep rounds;
+//            an error when the service has no group.
+// expstatus: the expert controller's loads, placement and swaps; an error
+//            when the service has none.
 using admin_actor =
     caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
                      caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
@@ -68,6 +74,8 @@ using admin_actor =
                      caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
                      caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
                      caf::replies_to<peek_atom>::with<monitor_report>,
-                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
+                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
+                     caf::replies_to<dp_status_atom>::with<dp_group_status>,
+                     caf::replies_to<expert_status_atom>::with<expert_status>>;
 
 }  // namespace troupe

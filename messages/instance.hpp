@@ -190,6 +190,19 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.accepted_tokens);
 }
 
+// One sequence as its instance holds it (the dp_group's view for moves).
+struct sequence_load {
+  uint64_t id = 0;        // the request side's id
+  int64_t tokens = 0;     // prompt + generated: the KV it holds, or will
+  bool decoding = false;  // running one token a step (a move takes its KV along)
+  token_sink_actor sink;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
+  return f(caf::meta::type_name("sequence_load"), x.id, x.tokens, x.decoding, x.sink);
+}
+
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;
@@ -197,6 +210,9 @@ using import_atom = caf::atom_constant<caf::atom("import")>;
 using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
 using set_atom = caf::atom_constant<caf::atom("set")>;
 using set_role_atom = caf::atom_constant<caf::atom("setrole")>;
+using sequences_atom = caf::atom_constant<caf::atom("sequences")>;
+using dp_join_atom = caf::atom_constant<caf::atom("dpjoin")>;
+using dp_go_atom = caf::atom_constant<caf::atom("dpgo")>;
 // stats_atom: messages/kv_pool.hpp
 
 // enqueue: admit a sequence to the waiting queue; replies with the number
@@ -228,6 +244,12 @@ using set_role_atom = caf::atom_constant<caf::atom("setrole")>;
 //          an error naming what is wrong (the limits must stay valid).
 // setrole: (prefill|decode|mixed) the role it reports; the router decides
 //          what work it gets.  Replies with the old role.
+// sequences: each sequence it holds, with its tokens and its sink.
+// dpjoin:  (group, id) steps only in the rounds of this dp_group
+//          (messages/dp_group.hpp), as replica `id`: it tells the group
+//          when it has work and steps when the group says go, a dummy step
+//          when it has none.  A null group leaves lockstep.  Replies 1.
+// dpgo:    (round) lockstep: run one step now, real or dummy, and report it.
 using instance_actor = caf::typed_actor<
     caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
@@ -236,6 +258,9 @@ using instance_actor = caf::typed_actor<
     caf::replies_to<stats_atom>::with<instance_stats>,
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
     caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>,
-    caf::replies_to<set_role_atom, std::string>::with<std::string>>;
+    caf::replies_to<set_role_atom, std::string>::with<std::string>,
+    caf::replies_to<sequences_atom>::with<std::vector<sequence_load>>,
+    caf::replies_to<dp_join_atom, caf::actor, uint64_t>::with<int32_t>,
+    caf::reacts_to<dp_go_atom, uint64_t>>;
 
 }  // namespace troupe

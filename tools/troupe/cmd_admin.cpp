@@ -128,6 +128,14 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
          "the monitor's window: per instance TTFT, TPOT, token interval, busy share; the TTFT "
          "predictor's error",
          false);
+  action("dp",
+         "the data-parallel group: KV tokens per replica, the gap over the mean, sequences "
+         "moved, lockstep rounds and waits",
+         false);
+  action("experts",
+         "the expert controller: tokens per expert and expert device per layer, the placement, "
+         "swaps, busy time per expert device",
+         false);
   {
     auto* sub = cmd->add_subcommand(
         "role",

@@ -24,6 +24,8 @@
 
 #include "actors/admin_endpoint.hpp"
 #include "actors/device.hpp"
+#include "actors/dp_group.hpp"
+#include "actors/expert_controller.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
 #include "actors/monitor.hpp"
@@ -94,6 +96,11 @@ struct serve_settings {
   std::string admin_host = "127.0.0.1";
   std::string admin_secret_file;       // control secret; empty: made at start
   std::string admin_read_secret_file;  // read-only secret; empty: made at start
+  // Data-parallel group and expert controller (issue 15).
+  bool dp_group = false;
+  dp_group_config dp;
+  std::string dp_lockstep = "auto";
+  expert_controller_config experts;
 };
 
 using setter = std::function<std::string(const std::string&)>;  // "" or why not
@@ -369,6 +376,33 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "/v1/models, /health); 0 = off",
       int_key(s.http_port, 0, 65535));
   add("service", "http_host", "address the HTTP API listens on", string_key(s.http_host));
+  add("service", "dp_group",
+      "the local instances form a data-parallel group: each request goes to the replica with "
+      "the most free KV, and sequences move from the most to the least loaded replica when "
+      "their KV-token gap passes dp_gap_share of the mean (true/false; not with pd or nodes)",
+      bool_key(s.dp_group));
+  add("service", "dp_interval_ms", "how often the dp group checks its balance",
+      int_key(s.dp.interval_ms, 1, 600000));
+  add("service", "dp_gap_share",
+      "the dp group moves sequences when (max - min) KV tokens exceeds this share of the mean",
+      real_key(s.dp.gap_share, 0, 100));
+  add("service", "dp_max_moves", "sequences the dp group moves per check at most",
+      int_key(s.dp.max_moves, 1, 1024));
+  add("service", "dp_rebalance",
+      "the dp group moves sequences (true) or only admits and measures (false)",
+      bool_key(s.dp.rebalance));
+  add("service", "dp_lockstep",
+      "the dp group's replicas step together, idle ones running dummy steps: on, off, or auto "
+      "(on for mixture-of-experts models)",
+      string_key(s.dp_lockstep, {"auto", "on", "off"}));
+  add("service", "expert_threshold",
+      "mixture-of-experts models with engine.expert_devices >= 2: the expert controller "
+      "moves experts when an expert device's load exceeds this times the mean",
+      real_key(s.experts.threshold, 1, 1000));
+  add("service", "expert_interval_ms", "how often the expert controller reads expert loads",
+      int_key(s.experts.interval_ms, 10, 600000));
+  add("service", "expert_spare_slots", "expert slots per expert device beyond an even share",
+      int_key(s.experts.spare_slots, 0, 256));
   return k;
 }
 
@@ -558,7 +592,19 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   std::vector<instance_role> roles;
   for (const auto& r : s.roles) roles.push_back(*parse_role(r));
 
+  if (s.dp_group) {
+    if (s.pd) throw std::invalid_argument("service.dp_group: not with service.pd");
+    if (!nodes.empty())
+      throw std::invalid_argument(
+          "service.dp_group: groups this process's instances; not with nodes (yet)");
+    if (local < 2)
+      throw std::invalid_argument(
+          "service.dp_group: needs 2 or more local instances (service.local_instances)");
+  }
+  const bool moe = model->hparams().n_expert > 0;
+
   // Local instances: each owns a device actor (its queue, its KV arena).
+  std::vector<device_actor> local_devices;
   std::vector<caf::actor> owned;  // told to stop at the end (or when start fails)
   std::vector<router_instance> registry;
   std::vector<device_info> infos;
@@ -568,6 +614,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     auto h = spawn_engine(*env.sys, i, spec);
     owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
     owned.push_back(caf::actor_cast<caf::actor>(h.device));
+    local_devices.push_back(h.device);
     infos.push_back(h.hosted.info);
     router_instance ri;
     ri.id = static_cast<uint64_t>(i + 1);
@@ -587,6 +634,25 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   ro.page_size = s.engine.page_size;  // every instance's, local or on a node
   auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
   ro.monitor = monitor;
+  // The data-parallel group places requests for the router (issue 15).
+  admin_groups groups;
+  if (s.dp_group) {
+    dp_group_config dc = s.dp;
+    dc.lockstep = s.dp_lockstep == "on" || (s.dp_lockstep == "auto" && moe);
+    groups.dp = spawn_dp_group(*env.sys, registry, dc, s.engine.page_size);
+    ro.dp_group = groups.dp;
+    owned.push_back(caf::actor_cast<caf::actor>(groups.dp));
+    std::fprintf(stderr, "troupe serve: dp group of %d instances (lockstep %s)\n", local,
+                 dc.lockstep ? "on" : "off");
+  }
+  // Experts spread over sub-devices: the controller balances them live.
+  if (moe && s.engine.expert_devices >= 2 && !local_devices.empty()) {
+    groups.experts = spawn_expert_controller(*env.sys, local_devices, s.experts);
+    owned.push_back(caf::actor_cast<caf::actor>(groups.experts));
+    std::fprintf(stderr,
+                 "troupe serve: expert controller over %d expert devices (threshold %.2f)\n",
+                 s.engine.expert_devices, s.experts.threshold);
+  }
   auto router = spawn_router(*env.sys, registry, ro);
   owned.push_back(caf::actor_cast<caf::actor>(router));
   owned.push_back(caf::actor_cast<caf::actor>(monitor));
@@ -690,7 +756,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   std::map<std::string, node_grow_actor> node_links;
   for (size_t i = 0; i < links.size(); ++i)
     node_links[nodes[i].address] = caf::actor_cast<node_grow_actor>(links[i]);
-  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links), monitor);
+  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links), monitor, groups);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;

@@ -188,6 +188,12 @@ class shell {
         [self](const command_line& l) { self->trace(l); });
     add("kv", "kv [INSTANCE] [--json]", "KV pages by state, prefix hit rate, utilization",
         [self](const command_line& l) { self->kv(l); });
+    add("dp", "dp [--json]",
+        "the data-parallel group: KV tokens per replica, gap, moves, lockstep waits",
+        [self](const command_line& l) { self->show("dp", l, render_dp); });
+    add("experts", "experts [--json]",
+        "the expert controller: imbalance and placement per layer, swaps, busy time",
+        [self](const command_line& l) { self->show("experts", l, render_experts); });
     add("metrics", "metrics [--json]", "the service's headline figures",
         [self](const command_line& l) { self->metrics(l); });
     add("config", "config [--json]", "the service's effective configuration",

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "actors/admin_groups.hpp"
 #include "runtime/http_get_server.hpp"
 
 namespace troupe::cli {
@@ -30,6 +31,11 @@ struct metrics_server::impl {
     if (ok) record_service(*registry, insts, in_flight);
     self->request(admin, std::chrono::seconds(5), peek_atom::value)
         .receive([&](monitor_report& r) { record_monitor(*registry, r); }, [](caf::error&) {});
+    // A service without a dp group or expert controller answers an error.
+    self->request(admin, std::chrono::seconds(5), dp_status_atom::value)
+        .receive([&](dp_group_status& d) { record_dp_group(*registry, d); }, [](caf::error&) {});
+    self->request(admin, std::chrono::seconds(5), expert_status_atom::value)
+        .receive([&](expert_status& e) { record_experts(*registry, e); }, [](caf::error&) {});
   }
 };
 

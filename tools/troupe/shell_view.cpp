@@ -142,6 +142,46 @@ std::string render_fields(const json& j, const std::string& indent) {
   return out;
 }
 
+std::string render_dp(const json& dp) {
+  json head = dp;
+  head.erase("replicas");
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : dp.value("replicas", json::array()))
+    rows.push_back({field(r, "instance"), field(r, "state"), field(r, "kv_tokens"),
+                    field(r, "capacity_tokens"), field(r, "sequences"), field(r, "admitted"),
+                    field(r, "moved_in"), field(r, "moved_out"), field(r, "wait_ms"),
+                    field(r, "dummy_steps")});
+  return render_fields(head) + render_table({"INSTANCE", "STATE", "KV_TOKENS", "CAPACITY", "SEQS",
+                                             "ADMITTED", "IN", "OUT", "WAIT_MS", "DUMMY"},
+                                            rows);
+}
+
+std::string render_experts(const json& experts) {
+  json head = experts;
+  head.erase("layers");
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& l : experts.value("layers", json::array())) {
+    std::string placement;
+    for (const auto& d : l.value("placement", json::array())) {
+      if (!placement.empty()) placement += " | ";
+      bool first = true;
+      for (const auto& e : d) {
+        if (!first) placement += ',';
+        placement += e.dump();
+        first = false;
+      }
+    }
+    std::string load;
+    for (const auto& x : l.value("device_load", json::array())) {
+      if (!load.empty()) load += '/';
+      load += fixed(x.get<double>(), 0);
+    }
+    rows.push_back({field(l, "layer"), field(l, "imbalance"), load, placement});
+  }
+  return render_fields(head) +
+         render_table({"LAYER", "IMBALANCE", "TOKENS_PER_DEVICE", "EXPERTS_PER_DEVICE"}, rows);
+}
+
 json headline_metrics(const json& instances, const json& requests) {
   int64_t serving = 0, running = 0, waiting = 0, used = 0, total = 0, steps = 0, prefill = 0,
           decode = 0, preempted = 0, migrations = 0, recoveries = 0;

@@ -21,6 +21,12 @@ std::string render_nodes(const nlohmann::json& nodes);
 std::string render_kv(const nlohmann::json& kv);
 std::string render_fields(const nlohmann::json& j, const std::string& indent = "");
 
+// admin `dp`: the group's figures, then a table of its replicas.
+std::string render_dp(const nlohmann::json& dp);
+// admin `experts`: the controller's figures, then per layer the imbalance
+// and the placement (experts on each expert device).
+std::string render_experts(const nlohmann::json& experts);
+
 // The headline figures of the service from `instances` and `requests`.
 nlohmann::json headline_metrics(const nlohmann::json& instances, const nlohmann::json& requests);
 

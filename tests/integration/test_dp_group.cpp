@@ -1,0 +1,106 @@
+// A data-parallel group of two replicas in one `troupe serve` (issue 15,
+// item 4; REFERENCES.md 6.7): admission by most free KV, and under a
+// skewed load (one replica's KV emptied by a finished long prompt while the
+// other holds every decoding sequence) the group moves sequences to the
+// idle replica.  Every request's tokens equal offline greedy, whether it
+// moved or not; the MoE fixture runs its replicas in lockstep, so the idle
+// replica runs dummy steps until work comes.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+#include "requests.hpp"
+#include "server_process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kModel = "moe-8x2-skew";
+const std::vector<std::string> kPrompts = {"Once upon a time", "The little dog ran"};
+constexpr int kTokens = 120;
+
+// A prompt of about 190 tokens: the fixture's context is 256.
+std::string long_prompt() {
+  std::string p;
+  for (int i = 0; i < 17; ++i) p += "the little dog ran to the park and ";
+  return p;
+}
+
+wire::Generate request(uint64_t id, const std::string& prompt, int n) {
+  wire::Generate g;
+  g.set_request_id(id);
+  g.set_text(prompt);
+  g.set_max_tokens(n);
+  g.set_ignore_eos(true);
+  return g;
+}
+
+// The long prompt goes first (to replica 1, both empty), so every short
+// request that follows goes to replica 2, which has more free KV until the
+// long one is computed; then replica 1 is empty and replica 2 holds four
+// decoding sequences.
+std::vector<client::result> skewed_load(const server_process& server) {
+  client::connection c(server.endpoint());
+  std::vector<wire::Generate> reqs{request(1, long_prompt(), 1)};
+  for (uint64_t id = 2; id <= 5; ++id) reqs.push_back(request(id, kPrompts[id % 2], kTokens));
+  return client::run(c, reqs, 120s);
+}
+
+TEST(DpGroup, MovesSequencesFromTheLoadedReplicaAndKeepsEveryToken) {
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : kPrompts) want.push_back(offline_tokens(kModel, p, kTokens));
+  server_process server("--local-instances 2 --dp-group --dp-interval-ms 20 --kv-mb 16",
+                        "troupe serve: listening on ", kModel);
+  const auto results = skewed_load(server);
+  ASSERT_EQ(results.size(), 5u);
+  int moved = 0;
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.error) << "request " << r.request_id << ": " << r.error->message();
+    if (r.request_id == 1) continue;
+    EXPECT_EQ(r.token_ids, want[r.request_id % 2]) << "request " << r.request_id;
+    // Each started on replica 2 (the first instance in its list).
+    ASSERT_GE(r.finished.instances_size(), 1) << r.request_id;
+    EXPECT_EQ(r.finished.instances(0), 2u) << "request " << r.request_id;
+    moved += r.finished.instances_size() > 1 ? 1 : 0;
+  }
+  const auto dp = server.admin("dp");
+  EXPECT_GE(dp["migrations"].get<int>(), 1) << dp.dump();
+  EXPECT_EQ(moved, dp["migrations"].get<int>()) << dp.dump();
+  EXPECT_TRUE(dp["config"]["lockstep"].get<bool>()) << "an MoE group steps together";
+  EXPECT_GT(dp["rounds"].get<int>(), kTokens);
+  ASSERT_EQ(dp["replicas"].size(), 2u);
+  EXPECT_GE(dp["replicas"][0]["moved_in"].get<int>(), 1) << dp.dump();
+  EXPECT_GT(dp["replicas"][0]["dummy_steps"].get<int>(), 0) << "replica 1 idled in lockstep";
+  EXPECT_NE(dp["last_decision"].get<std::string>(), "");
+  // Every page came back.
+  for (const auto& i : server.wait_engine_idle(10s))
+    EXPECT_EQ(i["used_pages"].get<int>(), 1) << "only the dummy step's page: " << i.dump();
+}
+
+TEST(DpGroup, WithoutRebalancingTheSkewStaysAndNothingMoves) {
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : kPrompts) want.push_back(offline_tokens(kModel, p, kTokens));
+  server_process server(
+      "--local-instances 2 --dp-group --dp-interval-ms 20 --dp-rebalance false --kv-mb 16",
+      "troupe serve: listening on ", kModel);
+  for (const auto& r : skewed_load(server)) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    if (r.request_id == 1) continue;
+    EXPECT_EQ(r.token_ids, want[r.request_id % 2]) << "request " << r.request_id;
+    EXPECT_EQ(r.finished.instances_size(), 1);
+  }
+  const auto dp = server.admin("dp");
+  EXPECT_EQ(dp["migrations"].get<int>(), 0);
+  EXPECT_GT(dp["max_gap_tokens"].get<int>(), 4 * 10) << dp.dump();
+  EXPECT_GT(dp["mean_gap_over_mean"].get<double>(), 1.0) << dp.dump();
+}
+
+}  // namespace
+}  // namespace troupe::testing
