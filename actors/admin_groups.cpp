@@ -26,6 +26,8 @@ json to_json(const dp_group_status& s) {
            {{"interval_ms", c.interval_ms},
             {"gap_share", c.gap_share},
             {"max_moves", c.max_moves},
+            {"min_left", c.min_left},
+            {"patience", c.patience},
             {"rebalance", c.rebalance},
             {"lockstep", c.lockstep}}},
           {"gap_over_mean", s.gap_over_mean},

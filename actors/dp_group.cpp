@@ -27,6 +27,7 @@ struct dp_group_state {
   dp_group_status totals;
   int32_t page_size = 16;
   bool checking = false;  // a check's reports are coming in
+  int32_t over = 0;       // checks in a row that found the gap above the threshold
   int32_t moving = 0;     // migrations not answered yet
   // Lockstep rounds.
   uint64_t round = 0;
@@ -134,16 +135,18 @@ void decide(self_ptr self) {
     t.mean_gap_over_mean += (b.gap_over_mean - t.mean_gap_over_mean) / double(++t.loaded_checks);
     t.max_gap_tokens = std::max(t.max_gap_tokens, b.max_tokens - b.min_tokens);
   }
+  st.over = b.gap_over_mean > t.config.gap_share ? st.over + 1 : 0;
   // Moves from an earlier check still under way: their tokens are in
   // flight and the loads are not settled.
-  if (!t.config.rebalance || st.moving > 0) return;
+  if (!t.config.rebalance || st.moving > 0 || st.over < t.config.patience) return;
   const member* from = find(st, b.most_loaded);
   if (!from) return;
   std::vector<movable_sequence> movable;
   for (const auto& s : from->seqs)
-    if (s.decoding) movable.push_back({s.id, s.tokens});
+    if (s.decoding && s.left >= t.config.min_left) movable.push_back({s.id, s.tokens});
   const auto moves = plan_dp_moves(l, movable, t.config.gap_share, t.config.max_moves);
   if (moves.empty()) return;
+  st.over = 0;
   ++t.rebalances;
   t.last_decision = "gap " + std::to_string(b.max_tokens - b.min_tokens) + " KV tokens (" +
                     std::to_string(int(b.gap_over_mean * 100)) +

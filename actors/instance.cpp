@@ -1028,8 +1028,8 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         std::vector<sequence_load> out;
         for (const auto& [key, s] : self->state.seqs)
           if (s.state != seq_state::finished && s.state != seq_state::exporting)
-            out.push_back(
-                {s.req.id, int64_t(s.tokens.size()), s.state == seq_state::decoding, s.req.sink});
+            out.push_back({s.req.id, int64_t(s.tokens.size()), s.state == seq_state::decoding,
+                           std::max(0, s.req.max_tokens - s.generated()), s.req.sink});
         return out;
       },
       [self](dp_join_atom, const caf::actor& group, uint64_t id) {

@@ -22,7 +22,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
                                 spec.tokenizer.empty() ? where.tokenizer_path : spec.tokenizer);
   auto tok = tokenizer::create(model->vocab());
   engine_options eo;
-  eo.device = {spec.platform, spec.device};
+  eo.device = {spec.platform, spec.device, spec.cores, spec.slice};
   eo.page_size = spec.page_size;
   eo.kv_bytes = static_cast<size_t>(spec.kv_mb) << 20;
   eo.kv_f16 = !spec.kv_f32;

@@ -20,8 +20,14 @@ struct dp_group_config {
   int32_t interval_ms = 200;  // how often the balance is checked
   double gap_share = 0.2;     // rebalance when (max - min) KV tokens > this x the mean
   int32_t max_moves = 4;      // sequences moved per check at most
-  bool rebalance = true;      // false: admission only (the imbalance is still measured)
-  bool lockstep = false;      // the replicas step together
+  // A sequence moves only with at least this many tokens left to generate
+  // (a move costs an export and an import; one about to end is not worth it).
+  int32_t min_left = 32;
+  // Checks in a row that must find the gap above the threshold before
+  // anything moves (hysteresis: arrivals and finishes swing the gap).
+  int32_t patience = 2;
+  bool rebalance = true;  // false: admission only (the imbalance is still measured)
+  bool lockstep = false;  // the replicas step together
 };
 
 struct dp_replica_status {
@@ -58,7 +64,7 @@ struct dp_group_status {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dp_group_config& x) {
   return f(caf::meta::type_name("dp_group_config"), x.interval_ms, x.gap_share, x.max_moves,
-           x.rebalance, x.lockstep);
+           x.min_left, x.patience, x.rebalance, x.lockstep);
 }
 
 template <class Inspector>

@@ -195,12 +195,13 @@ struct sequence_load {
   uint64_t id = 0;        // the request side's id
   int64_t tokens = 0;     // prompt + generated: the KV it holds, or will
   bool decoding = false;  // running one token a step (a move takes its KV along)
+  int32_t left = 0;       // tokens it may still generate (max_tokens)
   token_sink_actor sink;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
-  return f(caf::meta::type_name("sequence_load"), x.id, x.tokens, x.decoding, x.sink);
+  return f(caf::meta::type_name("sequence_load"), x.id, x.tokens, x.decoding, x.left, x.sink);
 }
 
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;

@@ -131,6 +131,23 @@ context::context(device_choice choice, int shards) {
                    std::to_string(ds.size()) + " available)");
   device_ = ds[choice.device];
   device_name_ = info_string(clGetDeviceInfo, device_, CL_DEVICE_NAME);
+  if (choice.cores > 0) {
+    const cl_device_partition_property props[] = {
+        CL_DEVICE_PARTITION_EQUALLY, static_cast<cl_device_partition_property>(choice.cores), 0};
+    cl_uint n = 0;
+    check(clCreateSubDevices(device_, props, 0, nullptr, &n), "clCreateSubDevices");
+    if (choice.slice < 0 || static_cast<cl_uint>(choice.slice) >= n)
+      throw cl_error("device '" + device_name_ + "' splits into " + std::to_string(n) +
+                     " slices of " + std::to_string(choice.cores) + " compute units; slice " +
+                     std::to_string(choice.slice) + " does not exist");
+    std::vector<cl_device_id> all(n);
+    check(clCreateSubDevices(device_, props, n, all.data(), nullptr), "clCreateSubDevices");
+    for (cl_uint i = 0; i < n; ++i)
+      if (i != static_cast<cl_uint>(choice.slice)) clReleaseDevice(all[i]);
+    device_ = slice_device_ = all[choice.slice];
+    device_name_ += " (slice " + std::to_string(choice.slice) + " of " +
+                    std::to_string(choice.cores) + " compute units)";
+  }
   cl_ulong mem = 0;
   clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, nullptr);
   global_mem_ = static_cast<size_t>(mem);
@@ -252,6 +269,7 @@ context::~context() {
   for (cl_device_id d : sub_devices_) clReleaseDevice(d);
   if (program_) clReleaseProgram(program_);
   if (ctx_) clReleaseContext(ctx_);
+  if (slice_device_) clReleaseDevice(slice_device_);
 }
 
 buffer context::alloc(size_t bytes, const void* init) {

@@ -25,6 +25,11 @@ void check(cl_int code, const char* what);
 struct device_choice {
   int platform = 0;  // index into clGetPlatformIDs
   int device = 0;    // index into the platform's devices
+  // cores > 0: run on a sub-device of this many compute units, the
+  // slice-th of the device split equally (several engines in one process,
+  // each on its own cores, as if on devices of their own).
+  int cores = 0;
+  int slice = 0;
 };
 
 class buffer {
@@ -195,6 +200,7 @@ class context {
   } cb_;
   command_buffer recording_;
   std::vector<cl_device_id> sub_devices_;
+  cl_device_id slice_device_ = nullptr;  // device_ when it is a slice (device_choice::cores)
   std::vector<cl_command_queue> shard_queues_;
   cl_event fork_event_ = nullptr;
   std::vector<char> forked_;                         // per shard: waited for fork_event_

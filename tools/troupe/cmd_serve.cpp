@@ -97,6 +97,7 @@ struct serve_settings {
   std::string admin_secret_file;       // control secret; empty: made at start
   std::string admin_read_secret_file;  // read-only secret; empty: made at start
   // Data-parallel group and expert controller (issue 15).
+  int instance_cores = 0;  // > 0: local instance i on slice i of this many cores
   bool dp_group = false;
   dp_group_config dp;
   std::string dp_lockstep = "auto";
@@ -212,6 +213,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
   add("engine", "expert_devices",
       "mixture-of-experts models: experts spread over this many one-core sub-devices (0: off)",
       int_key(e.expert_devices, 0, 256));
+  add("engine", "instance_cores",
+      "local instance i runs on its own slice i of the device, this many compute units "
+      "(cores) each, as if on a device of its own (0: every instance on the whole device)",
+      int_key(s.instance_cores, 0, 1024));
   add("engine", "max_batch_tokens", "rows of one scheduler step",
       int_key(s.max_batch_tokens, 1, 65536));
   add("engine", "max_seqs", "sequences running at once", int_key(s.max_seqs, 1, 65536));
@@ -388,6 +393,12 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       real_key(s.dp.gap_share, 0, 100));
   add("service", "dp_max_moves", "sequences the dp group moves per check at most",
       int_key(s.dp.max_moves, 1, 1024));
+  add("service", "dp_min_left",
+      "the dp group moves only sequences with at least this many tokens left to generate",
+      int_key(s.dp.min_left, 0, 1 << 20));
+  add("service", "dp_patience",
+      "checks in a row that must find the gap above dp_gap_share before the dp group moves",
+      int_key(s.dp.patience, 1, 1000));
   add("service", "dp_rebalance",
       "the dp group moves sequences (true) or only admits and measures (false)",
       bool_key(s.dp.rebalance));
@@ -611,6 +622,10 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   for (int i = 0; i < local; ++i) {
     instance_spec spec = base;
     if (s.pd) spec.role = to_string(pd_start_role(roles, size_t(i)));
+    if (s.instance_cores > 0) {
+      spec.cores = s.instance_cores;
+      spec.slice = i;
+    }
     auto h = spawn_engine(*env.sys, i, spec);
     owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
     owned.push_back(caf::actor_cast<caf::actor>(h.device));
