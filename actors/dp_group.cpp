@@ -237,9 +237,13 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
   });
   self->send(self, tick_atom::value);
   return {
-      [self](dp_admit_atom, int32_t prompt_tokens) -> caf::result<placement_reply> {
+      [self](dp_admit_atom, int32_t prompt_tokens,
+             const std::vector<uint64_t>& unavailable) -> caf::result<placement_reply> {
         auto& st = self->state;
-        const auto l = loads(st);
+        auto l = loads(st);
+        for (auto& r : l)
+          if (std::find(unavailable.begin(), unavailable.end(), r.instance) != unavailable.end())
+            r.serving = false;
         const uint64_t id = admit_most_free_kv(l);
         member* m = find(st, id);
         if (!m)

@@ -299,8 +299,14 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](place_atom, int32_t prompt_tokens,
                std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
           auto& st = self->state;
-          if (st.opts.dp_group && !st.opts.pd)
-            return self->delegate(st.opts.dp_group, dp_admit_atom::value, prompt_tokens);
+          if (st.opts.dp_group && !st.opts.pd) {
+            // Draining and lost instances are the router's to know.
+            std::vector<uint64_t> unavailable;
+            for (const auto& i : st.instances)
+              if (i.state != "serving") unavailable.push_back(i.id);
+            return self->delegate(st.opts.dp_group, dp_admit_atom::value, prompt_tokens,
+                                  std::move(unavailable));
+          }
           placement_reply r;
           if (st.opts.pd) {
             auto c = place_prefill(prompt_tokens, pd_loads(st), st.model,

@@ -16,7 +16,9 @@
 // limits and the router policy changed live through `troupe shell`.
 // Rounds with two instances may disaggregate prefill and decode (with
 // role switching on a short window, or roles flipped through the shell),
-// and co-locate online and offline work.
+// and co-locate online and offline work.  Rounds with two local instances
+// may instead form a data-parallel group (admission by free KV, sequences
+// moved between the replicas, lockstep rounds with dummy steps in some).
 // Every round also serves the OpenAI HTTP API, driven with greedy
 // completions (equal to offline greedy), streams left after their first
 // event, choice-constrained completions, and bad values.  After every round it checks:
@@ -86,7 +88,7 @@ struct tally {
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
            pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
-           http_disconnects = 0, spawns = 0, violations = 0;
+           http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -184,10 +186,21 @@ class round_driver {
   // switching on a short window; some co-locate online and offline work.
   std::string service_layer_args() {
     std::string a;
+    lockstep_ = false;
     if (instances_ > 1 && chance(0.4)) {
       ++t_.pd_rounds;
       a += " --pd --roles " + one_of<std::string>({"prefill,decode", "decode,prefill"});
       if (chance(0.5)) a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5";
+    } else if (instances_ > 1 && nodes_.empty() && chance(0.4)) {
+      // Issue 15: a data-parallel group places every request and moves
+      // sequences between the two replicas; in some rounds they step in
+      // lockstep (each keeps one page for its dummy steps).
+      ++t_.dp_rounds;
+      lockstep_ = chance(0.5);
+      t_.dp_lockstep_rounds += lockstep_ ? 1 : 0;
+      a += " --dp-group --dp-interval-ms " + std::to_string(one_of<int>({10, 50})) +
+           " --dp-gap-share 0.2 --dp-min-left 4 --dp-patience 1 --dp-lockstep " +
+           (lockstep_ ? "on" : "off");
     }
     if (chance(0.3)) a += " --colocate --tpot-target-ms 200";
     // Issue 14: speculative decoding server-wide in some rounds (requests
@@ -567,7 +580,9 @@ class round_driver {
     try {
       auto inst = server.wait_engine_idle(30s);
       for (const auto& i : inst) {
-        if (i["running"] != 0 || i["waiting"] != 0 || i["kv"]["used_pages"] != 0)
+        // A live lockstep replica keeps one page for its dummy steps.
+        const int kept = lockstep_ && i.value("state", "") != "down" ? 1 : 0;
+        if (i["running"] != 0 || i["waiting"] != 0 || i["kv"]["used_pages"] != kept)
           violation("engine not idle after the round: " + i.dump());
         if (!i["kv_check"].get<std::string>().empty())
           violation("page invariants: " + i["kv_check"].get<std::string>());
@@ -595,6 +610,7 @@ class round_driver {
   const std::vector<std::vector<int32_t>>& reference_;
   const std::vector<std::string>& reference_text_;
   int http_port_ = 0;
+  bool lockstep_ = false;  // this round's dp group steps in lockstep
   tally& t_;
   std::string endpoint_;
   int instances_ = 1;
@@ -664,6 +680,8 @@ int run(const options& o) {
             {"node_rounds", t.node_rounds},
             {"node_kills", t.node_kills},
             {"pd_rounds", t.pd_rounds},
+            {"dp_rounds", t.dp_rounds},
+            {"dp_lockstep_rounds", t.dp_lockstep_rounds},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},
             {"drains", t.drains},
