@@ -16,6 +16,17 @@
 
 namespace troupe::testing {
 
+// A greedy request for `n` tokens of `prompt`, EOS ignored (so it runs to
+// its length and can be held to offline greedy).
+inline wire::Generate greedy_request(uint64_t id, const std::string& prompt, int n) {
+  wire::Generate g;
+  g.set_request_id(id);
+  g.set_text(prompt);
+  g.set_max_tokens(n);
+  g.set_ignore_eos(true);
+  return g;
+}
+
 // 240 tokens of "Once upon a time" with EOS ignored: long enough to be
 // caught mid-stream (cancel, migrate, drain) on stories15m.
 inline wire::Generate long_request(uint64_t id) {

@@ -38,12 +38,7 @@ std::vector<int32_t> offline(const std::string& prompt, int n) {
 }
 
 wire::Generate greedy(uint64_t id, int n, const std::string& text = kPrompts[0]) {
-  wire::Generate g;
-  g.set_request_id(id);
-  g.set_text(text);
-  g.set_max_tokens(n);
-  g.set_ignore_eos(true);
-  return g;
+  return greedy_request(id, text, n);
 }
 
 std::string nodes_flag(std::initializer_list<const node_process*> nodes) {

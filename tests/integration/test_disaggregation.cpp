@@ -22,12 +22,7 @@ using namespace std::chrono_literals;
 const std::string kPrompt = "Once upon a time, there was a little girl named Lily";
 
 wire::Generate greedy(uint64_t id, int n, const std::string& prompt = kPrompt) {
-  wire::Generate g;
-  g.set_request_id(id);
-  g.set_text(prompt);
-  g.set_max_tokens(n);
-  g.set_ignore_eos(true);
-  return g;
+  return greedy_request(id, prompt, n);
 }
 
 TEST(Disaggregation, PrefillOnOneInstanceDecodeOnTheOtherSameTokens) {

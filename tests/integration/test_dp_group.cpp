@@ -34,15 +34,6 @@ std::string long_prompt() {
   return p;
 }
 
-wire::Generate request(uint64_t id, const std::string& prompt, int n) {
-  wire::Generate g;
-  g.set_request_id(id);
-  g.set_text(prompt);
-  g.set_max_tokens(n);
-  g.set_ignore_eos(true);
-  return g;
-}
-
 // The long prompt goes first (to replica 1, both empty); once it streams,
 // every short request goes to replica 2, which has more free KV while the
 // long one is there; when it ends (after 48 tokens) replica 1 is empty and
@@ -52,10 +43,10 @@ std::vector<client::result> skewed_load(const server_process& server) {
   std::vector<client::result> res(5);
   for (uint64_t id = 1; id <= 5; ++id) res[id - 1].request_id = id;
   auto find = [&](uint64_t id) { return id >= 1 && id <= 5 ? &res[id - 1] : nullptr; };
-  c.generate(request(1, long_prompt(), 48));
+  c.generate(greedy_request(1, long_prompt(), 48));
   EXPECT_TRUE(receive_until(
       c, find, [&] { return !res[0].token_ids.empty() || res[0].done(); }, 30s));
-  for (uint64_t id = 2; id <= 5; ++id) c.generate(request(id, kPrompts[id % 2], kTokens));
+  for (uint64_t id = 2; id <= 5; ++id) c.generate(greedy_request(id, kPrompts[id % 2], kTokens));
   EXPECT_TRUE(receive_until(
       c, find,
       [&] {
