@@ -382,17 +382,6 @@ void add_drafts(instance_state& st, const step_plan& plan, std::vector<step_chun
   }
 }
 
-// Plans the next step and sends it to the device, unless one is running.
-// Admitted sequences are matched against the prefix cache (or swapped in)
-// and the step is planned again with what they really need, until a plan
-// admits nobody: each round moves a waiting sequence to running, and a
-// preempting plan admits nobody, so this ends.
-//
-// It cannot spin: a sequence preempted during this call is not admitted
-// again in it (it would map the same cached pages and be preempted again,
-// a loop that never returns to the mailbox), so every round moves a
-// sequence from waiting to running or out of the running set for good,
-// and the rounds are bounded by twice the sequences.
 // Whether a step would find something to compute (lockstep asks for a
 // round only then).
 bool has_work(const instance_state& st) {
@@ -407,12 +396,13 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Lockstep: the step of a round has ended (call before planning the next).
-void report_round(self_ptr self, bool dummy) {
+// Lockstep: the step of a round has ended after `ms` (call before planning
+// the next).
+void report_round(self_ptr self, double ms, bool dummy) {
   auto& st = self->state;
   const uint64_t round = std::exchange(st.stepping, 0);
   if (round != 0 && st.group)
-    self->send(st.group, dp_done_atom::value, st.group_id, round, ms_since(st.step_start), dummy);
+    self->send(st.group, dp_done_atom::value, st.group_id, round, ms, dummy);
 }
 
 // Lockstep: a round came and the instance has nothing to compute; it runs a
@@ -434,13 +424,24 @@ void dummy_step(self_ptr self, bool had_work) {
   st.step_start = std::chrono::steady_clock::now();
   auto done = [self, had_work] {
     self->state.busy = false;
-    report_round(self, true);
+    report_round(self, ms_since(self->state.step_start), true);
     if (!had_work) step(self);
   };
   self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
       .then([done](forward_result&) { done(); }, [done](caf::error&) { done(); });
 }
 
+// Plans the next step and sends it to the device, unless one is running.
+// Admitted sequences are matched against the prefix cache (or swapped in)
+// and the step is planned again with what they really need, until a plan
+// admits nobody: each round moves a waiting sequence to running, and a
+// preempting plan admits nobody, so this ends.
+//
+// It cannot spin: a sequence preempted during this call is not admitted
+// again in it (it would map the same cached pages and be preempted again,
+// a loop that never returns to the mailbox), so every round moves a
+// sequence from waiting to running or out of the running set for good,
+// and the rounds are bounded by twice the sequences.
 void step(self_ptr self) {
   auto& st = self->state;
   if (st.busy) return;
@@ -545,7 +546,7 @@ void step(self_ptr self) {
                   forward_result& r) { on_result(self, chunks, n_decode, r); },
               [self, chunks](caf::error& e) {
                 self->state.busy = false;
-                report_round(self, false);
+                report_round(self, ms_since(self->state.step_start), false);
                 const std::string why = "forward: " + self->system().render(e);
                 for (const auto& c : chunks) fail(self, c.id, why);
                 step(self);
@@ -581,11 +582,9 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
                forward_result& r) {
   auto& st = self->state;
   st.busy = false;
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.step_start)
-          .count();
+  const double ms = ms_since(st.step_start);
   st.counters.step_ms += ms;
-  report_round(self, false);
+  report_round(self, ms, false);
   step_timing t{st.counters.steps, 0, ms, 0, 0};
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
@@ -610,10 +609,7 @@ void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_de
     guarded(self, c.id, "step result", [&] { advance(self, c, i < n_decode, r, logits_row); });
   }
   step(self);
-  if (!st.recent_steps.empty())
-    st.recent_steps.back().host_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - host_start)
-            .count();
+  if (!st.recent_steps.empty()) st.recent_steps.back().host_ms = ms_since(host_start);
 }
 
 // Samples the token after `s.tokens` from `logits` (masked by the output
@@ -954,10 +950,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         for (const auto& [key, s] : st.seqs) ahead += s.holds_pages() ? 0 : 1;
         auto& added = add_sequence(self, std::move(r));
         if (added.req.ttft_target_ms > 0 && added.req.cls == seq_class::online)
-          added.deadline =
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - st.born)
-                  .count() +
-              added.req.ttft_target_ms;
+          added.deadline = ms_since(st.born) + added.req.ttft_target_ms;
         added.constraint = std::move(c);
         added.constraint_state = state;
         step(self);

@@ -89,6 +89,28 @@ std::string info_string(Get get, Handle h, Param what) {
   return s;
 }
 
+// `device` split equally into sub-devices of `cores` compute units; of
+// them [first, first + count) are kept and the rest released.  `n` is how
+// many the split made; when that is fewer than first + count, none is kept
+// (empty).
+std::vector<cl_device_id> sub_devices(cl_device_id device, int cores, int first, int count,
+                                      cl_uint& n) {
+  const cl_device_partition_property props[] = {
+      CL_DEVICE_PARTITION_EQUALLY, static_cast<cl_device_partition_property>(cores), 0};
+  n = 0;
+  check(clCreateSubDevices(device, props, 0, nullptr, &n), "clCreateSubDevices");
+  if (first < 0 || n < static_cast<cl_uint>(first + count)) return {};
+  std::vector<cl_device_id> all(n), kept;
+  check(clCreateSubDevices(device, props, n, all.data(), nullptr), "clCreateSubDevices");
+  for (cl_uint i = 0; i < n; ++i) {
+    if (i >= static_cast<cl_uint>(first) && i < static_cast<cl_uint>(first + count))
+      kept.push_back(all[i]);
+    else
+      clReleaseDevice(all[i]);
+  }
+  return kept;
+}
+
 }  // namespace
 
 buffer& buffer::operator=(buffer&& o) noexcept {
@@ -132,19 +154,13 @@ context::context(device_choice choice, int shards) {
   device_ = ds[choice.device];
   device_name_ = info_string(clGetDeviceInfo, device_, CL_DEVICE_NAME);
   if (choice.cores > 0) {
-    const cl_device_partition_property props[] = {
-        CL_DEVICE_PARTITION_EQUALLY, static_cast<cl_device_partition_property>(choice.cores), 0};
     cl_uint n = 0;
-    check(clCreateSubDevices(device_, props, 0, nullptr, &n), "clCreateSubDevices");
-    if (choice.slice < 0 || static_cast<cl_uint>(choice.slice) >= n)
+    const auto slice = sub_devices(device_, choice.cores, choice.slice, 1, n);
+    if (slice.empty())
       throw cl_error("device '" + device_name_ + "' splits into " + std::to_string(n) +
                      " slices of " + std::to_string(choice.cores) + " compute units; slice " +
                      std::to_string(choice.slice) + " does not exist");
-    std::vector<cl_device_id> all(n);
-    check(clCreateSubDevices(device_, props, n, all.data(), nullptr), "clCreateSubDevices");
-    for (cl_uint i = 0; i < n; ++i)
-      if (i != static_cast<cl_uint>(choice.slice)) clReleaseDevice(all[i]);
-    device_ = slice_device_ = all[choice.slice];
+    device_ = slice_device_ = slice[0];
     device_name_ += " (slice " + std::to_string(choice.slice) + " of " +
                     std::to_string(choice.cores) + " compute units)";
   }
@@ -165,21 +181,12 @@ context::context(device_choice choice, int shards) {
   cl_int rc = CL_SUCCESS;
   std::vector<cl_device_id> devices{device_};
   if (shards >= 2) {
-    const cl_device_partition_property props[] = {CL_DEVICE_PARTITION_EQUALLY, 1, 0};
     cl_uint n = 0;
-    check(clCreateSubDevices(device_, props, 0, nullptr, &n), "clCreateSubDevices");
-    if (n < static_cast<cl_uint>(shards))
+    sub_devices_ = sub_devices(device_, 1, 0, shards, n);
+    if (sub_devices_.empty())
       throw cl_error("device '" + device_name_ + "' splits into " + std::to_string(n) +
                      " sub-devices of one compute unit, fewer than the " + std::to_string(shards) +
                      " expert devices asked for");
-    std::vector<cl_device_id> all(n);
-    check(clCreateSubDevices(device_, props, n, all.data(), nullptr), "clCreateSubDevices");
-    for (cl_uint i = 0; i < n; ++i) {
-      if (i < static_cast<cl_uint>(shards))
-        sub_devices_.push_back(all[i]);
-      else
-        clReleaseDevice(all[i]);
-    }
     devices.insert(devices.end(), sub_devices_.begin(), sub_devices_.end());
   }
   ctx_ = clCreateContext(nullptr, static_cast<cl_uint>(devices.size()), devices.data(), nullptr,
