@@ -194,37 +194,50 @@ void check(self_ptr self) {
   }
 }
 
+// A replica joins (or, on a node that came back, joins again): the group
+// watches it, learns its KV capacity and, in lockstep, makes it wait for
+// rounds.
+void join(self_ptr self, router_instance r) {
+  auto& st = self->state;
+  member* m = find(st, r.id);
+  if (!m) {
+    st.members.emplace_back();
+    m = &st.members.back();
+    m->st.instance = r.id;
+  } else if (m->inst.actor) {
+    if (m->inst.actor == r.actor && m->st.state != "down") return;  // already in
+    self->demonitor(m->inst.actor.address());
+  }
+  m->inst = std::move(r);
+  m->st.state = "serving";
+  m->pending = 0;
+  m->seqs.clear();
+  self->monitor(m->inst.actor);
+  const uint64_t id = m->inst.id;
+  self->request(m->inst.actor, k_report_timeout, stats_atom::value)
+      .then(
+          [self, id](instance_stats& s) {
+            if (auto* m = find(self->state, id))
+              m->st.capacity_tokens = int64_t(s.kv.total) * self->state.page_size;
+          },
+          [](caf::error&) {});
+  if (st.totals.config.lockstep)
+    self->request(m->inst.actor, k_report_timeout, dp_join_atom::value,
+                  caf::actor_cast<caf::actor>(self), id)
+        .then([](int32_t) {},
+              [self, id](caf::error& e) {
+                spdlog::error("dp_group: instance {} did not join the lockstep: {}", id,
+                              self->system().render(e));
+              });
+}
+
 dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
                                                 std::vector<router_instance> replicas,
                                                 dp_group_config cfg, int32_t page_size) {
   auto& st = self->state;
   st.totals.config = cfg;
   st.page_size = page_size;
-  for (auto& r : replicas) {
-    member m;
-    m.st.instance = r.id;
-    m.inst = std::move(r);
-    self->monitor(m.inst.actor);
-    st.members.push_back(std::move(m));
-  }
-  for (auto& m : st.members) {
-    const uint64_t id = m.inst.id;
-    self->request(m.inst.actor, k_report_timeout, stats_atom::value)
-        .then(
-            [self, id](instance_stats& s) {
-              if (auto* m = find(self->state, id))
-                m->st.capacity_tokens = int64_t(s.kv.total) * self->state.page_size;
-            },
-            [](caf::error&) {});
-    if (cfg.lockstep)
-      self->request(m.inst.actor, k_report_timeout, dp_join_atom::value,
-                    caf::actor_cast<caf::actor>(self), id)
-          .then([](int32_t) {},
-                [self, id](caf::error& e) {
-                  spdlog::error("dp_group: instance {} did not join the lockstep: {}", id,
-                                self->system().render(e));
-                });
-  }
+  for (auto& r : replicas) join(self, std::move(r));
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     for (auto& m : st.members) {
@@ -254,6 +267,10 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
         return placement_reply{id, m->inst.actor,
                                "dp group: most free KV (" + std::to_string(free) + " tokens)",
                                false, 0};
+      },
+      [self](dp_add_atom, router_instance& r) {
+        spdlog::info("dp_group: instance {} on {} joins", r.id, r.node.empty() ? "here" : r.node);
+        join(self, std::move(r));
       },
       [self](dp_status_atom) {
         auto& st = self->state;

@@ -384,6 +384,8 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             st.last.erase(id);
             self->monitor(h.actor);
             spdlog::info("router: instance {} on {} {}", id, node, back ? "is back" : "joined");
+            // A node's instances join the data-parallel group as they come.
+            if (st.opts.dp_group) self->send(st.opts.dp_group, dp_add_atom::value, *ri);
             ids.push_back(id);
           }
           poll(self);

@@ -197,7 +197,8 @@
 // reuses it).  One work-item per rotation pair (r0, r1) of the stacked projection:
 // pairs (2i, 2i+1) of a head in the normal layout, (i, i + rope_dims/2) in
 // NeoX; dimensions past rope_dims are paired but not rotated, and v heads
-// are never rotated.
+// are never rotated.  Where has_bias, bias[w] (Qwen2's [bq | bk | bv]) is
+// added to stacked row w before the rotation, as llama.cpp adds it.
 #define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                   \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
                      __global const float* wm, X##_XARGS, __global float* qkv,  \
@@ -205,7 +206,8 @@
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
                      __global const float2* rope, int neox, int page_size, int layer,        \
-                     int n_pages, int rows_per_item) {                                       \
+                     int n_pages, int rows_per_item, __global const float* bias,             \
+                     int has_bias) {                                                         \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
     X##_SETUP(TT)                                                                    \
@@ -242,6 +244,10 @@
       _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                           \
         const int t = t0 + j;                                                                \
         float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                        \
+        if (has_bias) {                                                                      \
+          v0 += bias[head * hd + d0];                                                        \
+          v1 += bias[head * hd + d1];                                                        \
+        }                                                                                    \
         if (rotate) {                                                                        \
           const float2 cs = rope[(size_t)t * half_rope + i];                                 \
           const float c = cs.x, s = cs.y;                                                    \

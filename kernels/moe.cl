@@ -30,10 +30,12 @@ typedef float sum_t;
 //   counts[E]         tokens routed to each expert, added to (the expert
 //                     controller's load statistics), from counts + count_base
 // `sel` is scratch: the slot of each assignment.
+// `norm`: the K weights renormalised to sum to one (Mixtral), or left as
+// the softmax gave them (Qwen2-MoE).
 __kernel void moe_route(__global const float* logits, int T, int E, int K,
                         __global const int* rep_off, __global const int* rep_slot, int S,
                         __global int* sel, __global float* weights, __global int* slot_off,
-                        __global int* slot_rows, __global int* counts, int count_base) {
+                        __global int* slot_rows, __global int* counts, int count_base, int norm) {
   if (get_global_id(0) != 0) return;
   counts += count_base;
   for (int s = 0; s <= S; ++s) slot_off[s] = 0;
@@ -64,7 +66,7 @@ __kernel void moe_route(__global const float* logits, int T, int E, int K,
     }
     for (int k = 0; k < K; ++k) {
       const size_t a = (size_t)t * K + k;
-      weights[a] = weights[a] / wsum;
+      if (norm) weights[a] = weights[a] / wsum;
       const int e = chosen[k];
       const int n_rep = rep_off[e + 1] - rep_off[e];
       const int s = rep_slot[rep_off[e] + t % n_rep];
@@ -88,12 +90,20 @@ __kernel void moe_route(__global const float* logits, int T, int E, int K,
 
 // x[t][i] += sum over k of weights[t K + k] * y[t K + k][i], summed in k's
 // order (llama.cpp adds the weighted expert outputs view by view, then the
-// residual).  One work-item per (i, t).
+// residual).  Where `shared` (Qwen2-MoE), the shared expert's output
+// sy[t][i] scaled by sigmoid(sg[t]) is added to that sum before the
+// residual, the sigmoid taken as llama.cpp does, silu(g) / g.  One
+// work-item per (i, t).
 __kernel void moe_combine(__global float* x, __global const float* y,
-                          __global const float* weights, int D, int K) {
+                          __global const float* weights, int D, int K, __global const float* sy,
+                          __global const float* sg, int shared) {
   const int i = get_global_id(0), t = get_global_id(1);
   const size_t a = (size_t)t * K;
   float acc = y[a * D + i] * weights[a];
   for (int k = 1; k < K; ++k) acc += y[(a + k) * D + i] * weights[a + k];
+  if (shared) {
+    const float g = sg[t];
+    acc += sy[(size_t)t * D + i] * ((g / (1.0f + exp(-g))) / g);
+  }
   x[(size_t)t * D + i] += acc;
 }

@@ -86,11 +86,14 @@ using dp_admit_atom = caf::atom_constant<caf::atom("dpadmit")>;
 using dp_status_atom = caf::atom_constant<caf::atom("dpstatus")>;
 using dp_ready_atom = caf::atom_constant<caf::atom("dpready")>;
 using dp_done_atom = caf::atom_constant<caf::atom("dpdone")>;
+using dp_add_atom = caf::atom_constant<caf::atom("dpadd")>;
 
 // dpadmit:  (prompt tokens, instances not serving) the replica with the
 //           most free KV, of those serving; an error when none serves.  The
 //           router relays its placements here, naming the instances it
 //           drains or lost.
+// dpadd:    (instance) a replica joins the group: an instance on a node
+//           that joined the router after the start, or came back.
 // dpstatus: the group's balance, moves and rounds.
 // tick:     its own timer: read the replicas' sequences, decide, move.
 // dpready:  (instance) lockstep: the replica has work for a round.
@@ -98,6 +101,7 @@ using dp_done_atom = caf::atom_constant<caf::atom("dpdone")>;
 //           round is done.
 using dp_group_actor = caf::typed_actor<
     caf::replies_to<dp_admit_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
+    caf::reacts_to<dp_add_atom, router_instance>,
     caf::replies_to<dp_status_atom>::with<dp_group_status>, caf::reacts_to<tick_atom>,
     caf::reacts_to<dp_ready_atom, uint64_t>,
     caf::reacts_to<dp_done_atom, uint64_t, uint64_t, double, bool>>;

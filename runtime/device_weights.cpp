@@ -78,9 +78,23 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   return out;
 }
 
+namespace {
+
+// Tensors' values as F32, one after another.
+std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
+  std::vector<float> v;
+  for (const auto* t : parts) {
+    const size_t at = v.size();
+    v.resize(at + static_cast<size_t>(t->row_len() * t->rows()));
+    dequantize_row(t->type, t->data, v.data() + at, static_cast<int64_t>(v.size() - at));
+  }
+  return v;
+}
+
+}  // namespace
+
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
-  std::vector<float> v(static_cast<size_t>(t.row_len() * t.rows()));
-  dequantize_row(t.type, t.data, v.data(), static_cast<int64_t>(v.size()));
+  const auto v = floats_of({&t});
   return ctx.alloc(v.size() * sizeof(float), v.data());
 }
 
@@ -164,9 +178,20 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
     layer.attn_norm = upload_vector(ctx, *t("attn_norm.weight"));
     layer.ffn_norm = upload_vector(ctx, *t("ffn_norm.weight"));
     layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
+    if (model.find_tensor(p + "attn_q.bias")) {
+      const auto b = floats_of({t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")});
+      layer.qkv_bias = ctx.alloc(b.size() * sizeof(float), b.data());
+    }
     layer.wo = upload_matrix(ctx, {t("attn_output.weight")});
     if (hp.n_expert > 0) {
       layer.moe = upload_experts(ctx, model, l, initial_expert_layout(hp.n_expert, expert_devices));
+      if (hp.n_ff_shared > 0) {
+        layer.shared = std::make_unique<device_shared_expert>();
+        layer.shared->gate_up =
+            upload_matrix(ctx, {t("ffn_gate_shexp.weight"), t("ffn_up_shexp.weight")});
+        layer.shared->down = upload_matrix(ctx, {t("ffn_down_shexp.weight")});
+        layer.shared->gate = upload_matrix(ctx, {t("ffn_gate_inp_shexp.weight")});
+      }
     } else {
       layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
       layer.down = upload_matrix(ctx, {t("ffn_down.weight")});

@@ -56,13 +56,23 @@ struct device_moe {
   int n_slots() const { return shards.empty() ? 0 : shards.back().slot0 + shards.back().n; }
 };
 
+// Qwen2-MoE's shared expert: a dense FFN every token runs, scaled by
+// sigmoid(gate . x).
+struct device_shared_expert {
+  device_matrix gate_up;  // [gate | up] rows
+  device_matrix down;
+  device_matrix gate;  // ffn_gate_inp_shexp: one row
+};
+
 struct device_layer {
   cl::buffer attn_norm, ffn_norm;
   device_matrix qkv;      // [q | k | v] rows
+  cl::buffer qkv_bias;    // [bq | bk | bv] as F32 (Qwen2); null where the file has none
   device_matrix wo;       // attention output
   device_matrix gate_up;  // [gate | up] rows (dense FFN)
   device_matrix down;
-  std::shared_ptr<device_moe> moe;  // set for a mixture-of-experts FFN instead
+  std::shared_ptr<device_moe> moe;               // set for a mixture-of-experts FFN instead
+  std::unique_ptr<device_shared_expert> shared;  // beside moe, where the model has one
 };
 
 struct device_weights {

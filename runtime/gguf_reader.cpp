@@ -370,8 +370,8 @@ void gguf_file::build_hparams() {
   const auto* arch = find_kv("general.architecture");
   if (!arch) fail("missing metadata key 'general.architecture'");
   h.arch = get_string("general.architecture", "");
-  if (h.arch != "llama" && h.arch != "qwen2")
-    fail("architecture '" + h.arch + "' is not supported (troupe runs llama and qwen2)");
+  if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe")
+    fail("architecture '" + h.arch + "' is not supported (troupe runs llama, qwen2 and qwen2moe)");
   const std::string a = h.arch + ".";
 
   // Reads a required positive count that must fit an int.
@@ -418,10 +418,21 @@ void gguf_file::build_hparams() {
   const std::string scaling = get_string(a + "rope.scaling.type", "none");
   if (scaling != "none")
     fail("RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
-  h.rope = (h.arch == "qwen2" || h.arch == "gptneox") ? rope_layout::neox : rope_layout::normal;
+  h.rope = (h.arch == "qwen2" || h.arch == "qwen2moe") ? rope_layout::neox : rope_layout::normal;
   if (find_kv(a + "expert_count") && get_int(a + "expert_count") > 0) {
     h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);
     h.n_expert_used = count(a + "expert_used_count", std::nullopt, h.n_expert);
+  }
+  if (h.arch == "qwen2moe") {
+    // As llama.cpp reads these files: routed experts of
+    // expert_feed_forward_length rows (feed_forward_length / n_used when
+    // absent), a shared expert of expert_shared_feed_forward_length
+    // (feed_forward_length when absent), weights not renormalised.
+    if (h.n_expert == 0) fail("a qwen2moe file needs '" + a + "expert_count' > 0");
+    const int n_ff = h.n_ff;
+    h.n_ff = count(a + "expert_feed_forward_length", n_ff / h.n_expert_used, 1 << 22);
+    h.n_ff_shared = count(a + "expert_shared_feed_forward_length", n_ff, 1 << 22);
+    h.expert_weights_norm = false;
   }
   h.tied_embeddings = find_tensor("output.weight") == nullptr;
 }
@@ -503,12 +514,25 @@ void gguf_file::check_llama_tensors() {
     expect(b + "attn_k.weight", {h.n_embd, kv_dim});
     expect(b + "attn_v.weight", {h.n_embd, kv_dim});
     expect(b + "attn_output.weight", {q_dim, h.n_embd});
+    // Qwen2's projections add biases (all three or none; qwen2moe's files
+    // must have them, as llama.cpp requires).
+    if (h.arch == "qwen2moe" || find_tensor(b + "attn_q.bias")) {
+      expect(b + "attn_q.bias", {q_dim});
+      expect(b + "attn_k.bias", {kv_dim});
+      expect(b + "attn_v.bias", {kv_dim});
+    }
     expect(b + "ffn_norm.weight", {h.n_embd});
     if (h.n_expert > 0) {  // Mixtral layout: the experts stacked in a third dimension
       expect(b + "ffn_gate_inp.weight", {h.n_embd, h.n_expert});
       expect(b + "ffn_gate_exps.weight", {h.n_embd, h.n_ff, h.n_expert});
       expect(b + "ffn_up_exps.weight", {h.n_embd, h.n_ff, h.n_expert});
       expect(b + "ffn_down_exps.weight", {h.n_ff, h.n_embd, h.n_expert});
+      if (h.n_ff_shared > 0) {
+        expect(b + "ffn_gate_inp_shexp.weight", {h.n_embd});
+        expect(b + "ffn_gate_shexp.weight", {h.n_embd, h.n_ff_shared});
+        expect(b + "ffn_up_shexp.weight", {h.n_embd, h.n_ff_shared});
+        expect(b + "ffn_down_shexp.weight", {h.n_ff_shared, h.n_embd});
+      }
       continue;
     }
     expect(b + "ffn_gate.weight", {h.n_embd, h.n_ff});

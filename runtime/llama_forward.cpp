@@ -166,10 +166,10 @@ bool llama_forward::ensure_scratch(int rows, int logit_rows) {
     xn_ = ctx_.alloc(r * hp.n_embd * f);
     qkv_ = ctx_.alloc(r * qkv_w * f);
     att_ = ctx_.alloc(r * hp.n_head * hp.head_dim * f);
-    h_ = ctx_.alloc(r * hp.n_ff * f);
+    const size_t ff = std::max(hp.n_ff, hp.n_ff_shared);  // dense or shared FFN rows
+    h_ = ctx_.alloc(r * ff * f);
     // Quantized activations: the widest input of any matmul.
-    const size_t k_max =
-        std::max<size_t>({size_t(hp.n_embd), size_t(hp.n_head) * hp.head_dim, size_t(hp.n_ff)});
+    const size_t k_max = std::max<size_t>({size_t(hp.n_embd), size_t(hp.n_head) * hp.head_dim, ff});
     for (q8_scratch* q : {&qa_, &qb_}) {
       q->q = ctx_.alloc(r * k_max);
       q->d = ctx_.alloc(r * (k_max / 32) * f);
@@ -186,6 +186,10 @@ bool llama_forward::ensure_scratch(int rows, int logit_rows) {
       moe_hq_.q = ctx_.alloc(a * hp.n_ff);
       moe_hq_.d = ctx_.alloc(a * (hp.n_ff / 32) * f);
       moe_hq_.s = ctx_.alloc(a * (hp.n_ff / 32) * 2 * f);
+      if (hp.n_ff_shared > 0) {
+        shared_y_ = ctx_.alloc(r * hp.n_embd * f);
+        shared_g_ = ctx_.alloc(r * f);
+      }
     }
     tokens_ = ctx_.alloc(r * 4);
     pos_ = ctx_.alloc(r * 4);
@@ -355,7 +359,7 @@ bool llama_forward::graph_mode(int rows) const {
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const auto& hp = hparams();
-  const int D = hp.n_embd, hd = hp.head_dim, F = hp.n_ff;
+  const int D = hp.n_embd, hd = hp.head_dim;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -375,7 +379,8 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
       const auto gq = grid(qkv_w / 2, T);
       k.args_from(matmul_inputs(k, L.qkv, xn_, xq ? &qa_ : nullptr), qkv_, D, T, pos_, row_seq_,
                   pt_, pt_off_, k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims,
-                  rope_, neox, page_size, l, n_pages_, gq.rows_per_item);
+                  rope_, neox, page_size, l, n_pages_, gq.rows_per_item,
+                  L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0);
       launch_grid(k, gq, T);
     }
     // Attention writes its output quantized too where Wo takes it so.
@@ -390,25 +395,29 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
       moe_ffn(L, l, T);
       continue;
     }
-    {
-      const bool xq = int8_for(L.gate_up);
-      norm(L.ffn_norm, xq, T);
-      auto& k = family_kernel(mm_family::glu, L.gate_up.type, T, xq);
-      // The FFN writes h quantized too where down takes it so: each
-      // work-item then holds whole blocks of 32.
-      const bool h_q8 = int8_for(L.down) && F % 32 == 0;
-      const auto gg = glu_grid(F, h_q8);
-      k.args_from(matmul_inputs(k, L.gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T,
-                  gg.rows_per_item, qb_.q, qb_.d, qb_.s, h_q8 ? 1 : 0);
-      launch_grid(k, gg, T);
-      matmul(L.down, h_, x_, T, D, true, h_q8 ? &qb_ : nullptr);
-    }
+    const bool xq = int8_for(L.gate_up);
+    norm(L.ffn_norm, xq, T);
+    glu_ffn(L.gate_up, L.down, hp.n_ff, T, xq, x_, true);
   }
 
   if (R == 0) return;
   const bool logits_q8 = int8_for(weights_.classifier());
   norm(weights_.output_norm, logits_q8, R, &logit_rows_);
   matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, logits_q8 ? &qa_ : nullptr);
+}
+
+void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T,
+                            bool xq, const cl::buffer& y, bool accumulate) {
+  const int D = hparams().n_embd;
+  auto& k = family_kernel(mm_family::glu, gate_up.type, T, xq);
+  // The FFN writes h quantized too where down takes it so: each work-item
+  // then holds whole blocks of 32.
+  const bool h_q8 = int8_for(down) && F % 32 == 0;
+  const auto gg = glu_grid(F, h_q8);
+  k.args_from(matmul_inputs(k, gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T, gg.rows_per_item,
+              qb_.q, qb_.d, qb_.s, h_q8 ? 1 : 0);
+  launch_grid(k, gg, T);
+  matmul(down, h_, y, T, D, accumulate, h_q8 ? &qb_ : nullptr);
 }
 
 void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
@@ -423,7 +432,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const bool xq = int8_for(M.shards.front().gate_up);
   if (xq) quantize(xn_, D, T, qa_);
   k_moe_route_.args(moe_logits_, T, E, K, M.rep_off, M.rep_slot, S, moe_sel_, moe_w_, moe_slot_off_,
-                    moe_slot_rows_, expert_counts_, layer * E);
+                    moe_slot_rows_, expert_counts_, layer * E, hp.expert_weights_norm ? 1 : 0);
   ctx_.launch(k_moe_route_, {1});
 
   // Tiles sized for a slot's expected share of the step's assignments;
@@ -458,7 +467,17 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
     run(kd, gd.items, gd.local);
   }
   if (spread) ctx_.join();
-  k_moe_combine_.args(x_, moe_y_, moe_w_, D, K);
+  // The shared expert (Qwen2-MoE) over the same normed rows, on the main
+  // queue; moe_combine scales it by its gate and adds it in.
+  const auto* sh = L.shared.get();
+  if (sh) {
+    const bool sxq = int8_for(sh->gate_up);
+    if (sxq && !xq) quantize(xn_, D, T, qa_);
+    glu_ffn(sh->gate_up, sh->down, hp.n_ff_shared, T, sxq, shared_y_, false);
+    matmul(sh->gate, xn_, shared_g_, T, 1, false);
+  }
+  k_moe_combine_.args(x_, moe_y_, moe_w_, D, K, sh ? shared_y_ : moe_y_ /*unused*/,
+                      sh ? shared_g_ : moe_w_ /*unused*/, sh ? 1 : 0);
   ctx_.launch(k_moe_combine_, {static_cast<size_t>(D), static_cast<size_t>(T)});
 }
 

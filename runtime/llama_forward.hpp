@@ -177,7 +177,13 @@ class llama_forward {
   q8_scratch moe_hq_;
   cl::buffer expert_counts_;
   int moe_slot_capacity_ = 0;  // slot_off_ holds this many slots (+1)
+  // Qwen2-MoE's shared expert: its outputs and gate logits per token.
+  cl::buffer shared_y_, shared_g_;
   void moe_ffn(const device_layer& L, int layer, int T);
+  // The gated FFN of F rows over xn_ (qa_ where `xq`: quantized already),
+  // h_ in between: y (+)= down(silu(gate x) * up x).
+  void glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T, bool xq,
+               const cl::buffer& y, bool accumulate);
 
   // Graph mode's recordings by (rows, logit rows, attention rows per item).
   static constexpr int k_max_graph_rows = 64;

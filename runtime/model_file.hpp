@@ -49,6 +49,14 @@ struct model_hparams {
   // token; 0 for a dense model.
   int n_expert = 0;
   int n_expert_used = 0;
+  // Mixtral-style files renormalise the chosen experts' weights to sum to
+  // one; Qwen2-MoE keeps them as the softmax gave them.
+  bool expert_weights_norm = true;
+  // Qwen2-MoE's shared expert (qwen2moe.expert_shared_feed_forward_length):
+  // an FFN of this width every token runs besides its routed experts, its
+  // output scaled by sigmoid(ffn_gate_inp_shexp . x); 0 where there is none.
+  // For such files n_ff above is the routed experts' width.
+  int n_ff_shared = 0;
 };
 
 // Token kinds, as GGUF numbers them (tokenizer.ggml.token_type).

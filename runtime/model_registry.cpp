@@ -27,6 +27,7 @@ constexpr known_model k_models[] = {
     {"moe-4x2-f32", "moe/moe-4x2-f32.gguf", nullptr},
     {"moe-8x2-q", "moe/moe-8x2-q.gguf", nullptr},
     {"moe-8x2-skew", "moe/moe-8x2-skew.gguf", nullptr},
+    {"qwen2moe-4x2-shared", "moe/qwen2moe-4x2-shared.gguf", nullptr},
 };
 
 std::string lower(std::string s) {

@@ -54,6 +54,14 @@ FIXTURES = {
         n_embd=128, n_ff=256, n_layer=3, n_head=4, n_head_kv=2, n_expert=8, n_used=2,
         n_vocab=4096, seed=3, skew=1.5,
         types=dict(embd=Q.F32, attn=Q.F16, gate_up=Q.F16, down=Q.F16, output=Q.F16)),
+    # Qwen2-MoE's layout: biased Q/K/V projections, NeoX rotation, routed
+    # experts narrower than the shared expert every token runs (its output
+    # scaled by a sigmoid gate), top-k weights not renormalised.
+    "qwen2moe-4x2-shared": dict(
+        arch="qwen2moe", n_embd=128, n_ff=128, n_ff_shared=256, n_layer=2, n_head=4, n_head_kv=2,
+        n_expert=4, n_used=2, n_vocab=2048, seed=15, skew=0.0,
+        types=dict(embd=Q.Q8_0, attn=Q.Q8_0, gate_up=Q.Q4_1, down=Q.Q8_0, output=Q.F16,
+                   shared_gate_up=Q.Q8_0, shared_down=Q.F16)),
 }
 
 CONTEXT_LENGTH = 256
@@ -120,11 +128,18 @@ def build(name, spec, tokenizer, out_dir):
     types = spec["types"]
     path = os.path.join(out_dir, name + ".gguf")
     tmp = path + ".tmp"
-    w = gguf.GGUFWriter(tmp, "llama")
+    arch = spec.get("arch", "llama")
+    FS = spec.get("n_ff_shared", 0)
+    w = gguf.GGUFWriter(tmp, arch)
     w.add_name(name)
     w.add_context_length(CONTEXT_LENGTH)
     w.add_embedding_length(D)
-    w.add_feed_forward_length(F)
+    if FS:  # qwen2moe: feed_forward_length is the shared expert's, as in Qwen's files
+        w.add_feed_forward_length(FS)
+        w.add_expert_feed_forward_length(F)
+        w.add_expert_shared_feed_forward_length(FS)
+    else:
+        w.add_feed_forward_length(F)
     w.add_block_count(L)
     w.add_head_count(H)
     w.add_head_count_kv(HKV)
@@ -172,6 +187,10 @@ def build(name, spec, tokenizer, out_dir):
         tensor(b + "attn_k.weight", (HKV * hd, D), s_d, types["attn"])
         tensor(b + "attn_v.weight", (HKV * hd, D), s_d, types["attn"])
         tensor(b + "attn_output.weight", (D, H * hd), s_d, types["attn"])
+        if arch == "qwen2moe":
+            tensor(b + "attn_q.bias", (H * hd,), 0.5, Q.F32)
+            tensor(b + "attn_k.bias", (HKV * hd,), 0.5, Q.F32)
+            tensor(b + "attn_v.bias", (HKV * hd,), 0.5, Q.F32)
         tensor(b + "ffn_norm.weight", (D,), 0.1, Q.F32, offset=1.0)
         router_extra = None
         if skew > 0:
@@ -182,6 +201,11 @@ def build(name, spec, tokenizer, out_dir):
         tensor(b + "ffn_gate_exps.weight", (E, F, D), s_d, types["gate_up"])
         tensor(b + "ffn_up_exps.weight", (E, F, D), s_d, types["gate_up"])
         tensor(b + "ffn_down_exps.weight", (E, D, F), s_f, types["down"])
+        if FS:
+            tensor(b + "ffn_gate_inp_shexp.weight", (D,), 2.0 * s_d, Q.F32)
+            tensor(b + "ffn_gate_shexp.weight", (FS, D), s_d, types["shared_gate_up"])
+            tensor(b + "ffn_up_shexp.weight", (FS, D), s_d, types["shared_gate_up"])
+            tensor(b + "ffn_down_shexp.weight", (D, FS), np.sqrt(3.0 / FS), types["shared_down"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -110,10 +110,15 @@ def main():
     ap.add_argument("--text", required=True)
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--commit", default="", help="the llama.cpp commit, for the record")
+    ap.add_argument("--only", nargs="*",
+                    help="record these fixtures and keep the others' records from --out")
     args = ap.parse_args()
     fixtures = {}
+    if args.only and os.path.exists(args.out):
+        with open(args.out) as f:
+            fixtures = json.load(f)["fixtures"]
     for f in sorted(os.listdir(args.fixtures)):
-        if not f.endswith(".gguf"):
+        if not f.endswith(".gguf") or (args.only and f[:-5] not in args.only):
             continue
         path = os.path.join(args.fixtures, f)
         name = f[:-5]

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "node_process.hpp"
 #include "process.hpp"
 #include "requests.hpp"
 #include "server_process.hpp"
@@ -58,11 +59,12 @@ std::vector<client::result> skewed_load(const server_process& server) {
   return res;
 }
 
-TEST(DpGroup, MovesSequencesFromTheLoadedReplicaAndKeepsEveryToken) {
+// The moves under skewed_load: every request's tokens equal offline greedy,
+// the moves seen in the requests are the group's, replica 1 took them and
+// idled in lockstep meanwhile, and every page came back.
+void expect_moves_keep_every_token(const server_process& server) {
   std::vector<std::vector<int32_t>> want;
   for (const auto& p : kPrompts) want.push_back(offline_tokens(kModel, p, kTokens));
-  server_process server("--local-instances 2 --dp-group --dp-interval-ms 20 --kv-mb 16",
-                        "troupe serve: listening on ", kModel);
   const auto results = skewed_load(server);
   ASSERT_EQ(results.size(), 5u);
   int moved = 0;
@@ -94,6 +96,38 @@ TEST(DpGroup, MovesSequencesFromTheLoadedReplicaAndKeepsEveryToken) {
     std::this_thread::sleep_for(50ms);
   }
   for (const auto& x : inst) EXPECT_EQ(x["used_pages"].get<int>(), 1) << x.dump();
+}
+
+TEST(DpGroup, MovesSequencesFromTheLoadedReplicaAndKeepsEveryToken) {
+  server_process server("--local-instances 2 --dp-group --dp-interval-ms 20 --kv-mb 16",
+                        "troupe serve: listening on ", kModel);
+  expect_moves_keep_every_token(server);
+}
+
+// The same group across processes: replica 1 in the server, replica 2 on a
+// real `troupe node` (it joins the group when its node links); the lockstep
+// rounds and the moves go over the cluster's TLS.
+TEST(DpGroup, ANodesInstanceJoinsAndSequencesMoveAcrossProcesses) {
+  secret_file secret("dp-group-test-secret");
+  node_process node(secret.path());
+  server_process server("--local-instances 1 --nodes " + node.address() +
+                            " --cluster-secret-file " + secret.path() +
+                            " --dp-group --dp-interval-ms 20 --kv-mb 16",
+                        "troupe serve: listening on ", kModel);
+  const auto inst = server.admin("instances");
+  ASSERT_EQ(inst.size(), 2u) << inst.dump();
+  EXPECT_EQ(inst[1]["node"], node.address()) << inst.dump();
+  // The node's instance joins the group as its link reports it.
+  nlohmann::json dp;
+  for (int i = 0; i < 100; ++i) {
+    dp = server.admin("dp");
+    if (dp["replicas"].size() == 2 && dp["replicas"][1]["capacity_tokens"].get<int64_t>() > 0)
+      break;
+    std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_EQ(dp["replicas"].size(), 2u) << dp.dump();
+  EXPECT_EQ(dp["replicas"][1]["state"], "serving") << dp.dump();
+  expect_moves_keep_every_token(server);
 }
 
 TEST(DpGroup, WithoutRebalancingTheSkewStaysAndNothingMoves) {

@@ -76,7 +76,8 @@ TEST_P(MoeGolden, PerplexityWithinHalfPercentOfLlamaCpp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeGolden,
-                         ::testing::Values("moe-4x2-f32", "moe-8x2-q", "moe-8x2-skew"),
+                         ::testing::Values("moe-4x2-f32", "moe-8x2-q", "moe-8x2-skew",
+                                           "qwen2moe-4x2-shared"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& c : n)

@@ -16,8 +16,8 @@
 // limits and the router policy changed live through `troupe shell`.
 // Rounds with two instances may disaggregate prefill and decode (with
 // role switching on a short window, or roles flipped through the shell),
-// and co-locate online and offline work.  Rounds with two local instances
-// may instead form a data-parallel group (admission by free KV, sequences
+// and co-locate online and offline work.  Rounds with two instances (local
+// or on nodes) may instead form a data-parallel group (admission by free KV, sequences
 // moved between the replicas, lockstep rounds with dummy steps in some).
 // Every round also serves the OpenAI HTTP API, driven with greedy
 // completions (equal to offline greedy), streams left after their first
@@ -31,7 +31,10 @@
 // The decisions come from --seed (timing does not), so a failing seed is
 // the first thing to rerun.  Exit 0 when every round was clean.
 //
-//   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]
+// Some rounds serve a mixture-of-experts fixture instead (its experts on two
+// sub-devices, the expert controller swapping them under load).
+//
+//   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE] [--no-moe]
 #include <signal.h>
 
 #include <httplib.h>
@@ -80,6 +83,7 @@ struct options {
   double duration_s = 60;
   double round_s = 12;
   std::string json_out;
+  bool moe = true;  // some rounds serve the MoE fixtures (they must be present)
 };
 
 struct tally {
@@ -88,7 +92,8 @@ struct tally {
            migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
            pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
-           http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, violations = 0;
+           http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
+           expert_swaps = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -120,11 +125,19 @@ struct client_socket {
   uint64_t next_id = 1;  // ids differ across sockets, so admin can name one request
 };
 
+// A model the rounds serve, with its offline greedy answers to kPrompts.
+struct model_reference {
+  std::string model;
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> texts;
+};
+
 class round_driver {
  public:
-  round_driver(std::mt19937_64& rng, const std::vector<std::vector<int32_t>>& reference,
-               const std::vector<std::string>& reference_text, tally& t)
-      : rng_(rng), reference_(reference), reference_text_(reference_text), t_(t) {}
+  // references[0] is the dense model; the others, where present, mixtures
+  // of experts some rounds serve instead.
+  round_driver(std::mt19937_64& rng, const std::vector<model_reference>& references, tally& t)
+      : rng_(rng), references_(references), t_(t) {}
 
   // One server, one round; returns the violations found (also printed).
   std::vector<std::string> run(double round_s) {
@@ -137,11 +150,19 @@ class round_driver {
       for (int i = 0; i < 2; ++i)
         nodes_.push_back(std::make_unique<testing::node_process>(secret_->path()));
     }
+    // Issue 15: some rounds serve the skewed mixture-of-experts fixture with
+    // its experts on two sub-devices and the expert controller moving them
+    // at a low threshold, so swaps land under the round's load.
+    ref_ = &references_[0];
+    if (references_.size() > 1 && chance(0.3)) {
+      ref_ = &references_[1 + pick(references_.size() - 1)];
+      ++t_.moe_rounds;
+    }
     const std::string args = pick_server_args();
-    std::printf("round %llu: troupe serve %s\n", static_cast<unsigned long long>(t_.rounds),
-                args.c_str());
+    std::printf("round %llu: troupe serve -m %s %s\n", static_cast<unsigned long long>(t_.rounds),
+                ref_->model.c_str(), args.c_str());
     std::fflush(stdout);
-    server_process server(args);
+    server_process server(args, "troupe serve: listening on ", ref_->model);
     endpoint_ = server.endpoint();
     const int n_sockets = 2 + pick(4);
     for (int i = 0; i < n_sockets; ++i) sockets_.push_back(new_socket());
@@ -170,7 +191,11 @@ class round_driver {
                                   : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
                                         " --cluster-secret-file " + secret_->path();
     http_port_ = testing::free_port();
-    return where + " --http-port " + std::to_string(http_port_) + " --router " +
+    std::string model;  // the model itself goes to server_process
+    if (ref_ != &references_[0])
+      model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
+               std::to_string(one_of<int>({20, 100}));
+    return where + model + " --http-port " + std::to_string(http_port_) + " --router " +
            one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
            std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
            " --preemption " + (chance(0.5) ? "swap" : "recompute") + " --max-seqs " +
@@ -191,10 +216,11 @@ class round_driver {
       ++t_.pd_rounds;
       a += " --pd --roles " + one_of<std::string>({"prefill,decode", "decode,prefill"});
       if (chance(0.5)) a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5";
-    } else if (instances_ > 1 && nodes_.empty() && chance(0.4)) {
+    } else if (instances_ > 1 && chance(0.4)) {
       // Issue 15: a data-parallel group places every request and moves
-      // sequences between the two replicas; in some rounds they step in
-      // lockstep (each keeps one page for its dummy steps).
+      // sequences between the two replicas (local, or on the two nodes); in
+      // some rounds they step in lockstep (each keeps one page for its
+      // dummy steps).
       ++t_.dp_rounds;
       lockstep_ = chance(0.5);
       t_.dp_lockstep_rounds += lockstep_ ? 1 : 0;
@@ -387,7 +413,7 @@ class round_driver {
     http.set_read_timeout(60, 0);
     const size_t which = pick(4);
     const size_t prompt = pick(kPrompts.size());
-    json body = {{"model", "stories15m"},
+    json body = {{"model", ref_->model},
                  {"prompt", kPrompts[prompt]},
                  {"max_tokens", kGreedyTokens},
                  {"temperature", 0},
@@ -402,7 +428,7 @@ class round_driver {
         return;
       }
       auto j = json::parse(r->body, nullptr, false);
-      if (j.is_discarded() || j["choices"][0]["text"] != reference_text_[prompt])
+      if (j.is_discarded() || j["choices"][0]["text"] != ref_->texts[prompt])
         return violation("HTTP greedy completion differs from offline greedy: " + r->body);
       ++t_.http_checked;
     } else if (which == 1) {
@@ -560,7 +586,7 @@ class round_driver {
       violation("bad request " + std::to_string(id) + " was served (" + how + ")");
     if (r.k == kind::greedy && how == "LENGTH" && r.duplicates == 0) {
       ++t_.greedy_checked;
-      if (r.tokens != reference_[r.prompt])
+      if (r.tokens != ref_->tokens[r.prompt])
         violation("greedy request " + std::to_string(id) + " (prompt " + std::to_string(r.prompt) +
                   ") differs from offline greedy");
     }
@@ -592,6 +618,15 @@ class round_driver {
     } catch (const std::exception& e) {
       violation(std::string("admin: ") + e.what());
     }
+    if (ref_ != &references_[0] && nodes_.empty()) {
+      // The expert controller over the local instances' expert devices.
+      auto r = admin("experts");
+      auto j = json::parse(r.out, nullptr, false);
+      if (r.exit_code != 0 || j.is_discarded() || !j.contains("swaps"))
+        violation("admin experts: " + r.out + r.err);
+      else
+        t_.expert_swaps += j["swaps"].get<uint64_t>();
+    }
     client::connection probe(endpoint_);
     if (!probe.ping(10s)) violation("no answer to ping after the round");
     sockets_.clear();
@@ -607,8 +642,8 @@ class round_driver {
   }
 
   std::mt19937_64& rng_;
-  const std::vector<std::vector<int32_t>>& reference_;
-  const std::vector<std::string>& reference_text_;
+  const std::vector<model_reference>& references_;
+  const model_reference* ref_ = nullptr;  // this round's model
   int http_port_ = 0;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
   tally& t_;
@@ -626,35 +661,39 @@ class round_driver {
 };
 
 // Offline greedy tokens of every prompt, from one `troupe generate` run.
-std::vector<std::vector<int32_t>> offline_reference(std::vector<std::string>& texts) {
-  std::string cmd = testing::troupe_bin() + " generate -m stories15m --ignore-eos --json -n " +
+model_reference offline_reference(const std::string& model) {
+  model_reference ref;
+  ref.model = model;
+  std::string cmd = testing::troupe_bin() + " generate -m " + model + " --ignore-eos --json -n " +
                     std::to_string(kGreedyTokens);
   for (const auto& p : kPrompts) cmd += " -p " + testing::shell_quote(p);
   auto r = testing::run_process(cmd);
   if (r.exit_code != 0) throw std::runtime_error("troupe generate failed: " + r.err);
-  std::vector<std::vector<int32_t>> out;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);)
     if (!line.empty()) {
       auto j = json::parse(line);
-      out.push_back(j["token_ids"].get<std::vector<int32_t>>());
-      texts.push_back(j["text"].get<std::string>());
+      ref.tokens.push_back(j["token_ids"].get<std::vector<int32_t>>());
+      ref.texts.push_back(j["text"].get<std::string>());
     }
-  if (out.size() != kPrompts.size()) throw std::runtime_error("troupe generate: wrong line count");
-  return out;
+  if (ref.tokens.size() != kPrompts.size())
+    throw std::runtime_error("troupe generate: wrong line count");
+  return ref;
 }
 
 int run(const options& o) {
   std::mt19937_64 rng(o.seed);
   tally t;
-  std::vector<std::string> reference_text;
-  const auto reference = offline_reference(reference_text);
+  std::vector<model_reference> references = {offline_reference("stories15m")};
+  if (o.moe)
+    for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared"})
+      references.push_back(offline_reference(m));
   const auto start = clock_type::now();
   const auto end = start + std::chrono::milliseconds(int64_t(o.duration_s * 1000));
   std::vector<std::string> all;
   while (t.rounds == 0 || clock_type::now() < end) {
     const double left = std::chrono::duration<double>(end - clock_type::now()).count();
-    round_driver d(rng, reference, reference_text, t);
+    round_driver d(rng, references, t);
     auto v = d.run(std::max(3.0, std::min(o.round_s, left)));
     for (auto& s : v) all.push_back("round " + std::to_string(t.rounds) + ": " + s);
     ++t.rounds;
@@ -682,6 +721,8 @@ int run(const options& o) {
             {"pd_rounds", t.pd_rounds},
             {"dp_rounds", t.dp_rounds},
             {"dp_lockstep_rounds", t.dp_lockstep_rounds},
+            {"moe_rounds", t.moe_rounds},
+            {"expert_swaps", t.expert_swaps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},
             {"drains", t.drains},
@@ -724,12 +765,16 @@ int main(int argc, char** argv) {
       o.round_s = std::stod(value());
     else if (a == "--json-out")
       o.json_out = value();
+    else if (a == "--no-moe")
+      o.moe = false;
     else {
-      std::fprintf(
-          stderr,
-          "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
-          "Drives live troupe serve processes (stories15m) with a seeded random mix of\n"
-          "requests, cancels, deadlines, disconnects and bad frames; exit 0 when clean.\n");
+      std::fprintf(stderr,
+                   "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
+                   "                      [--no-moe]\n"
+                   "Drives live troupe serve processes (stories15m, and moe-8x2-skew or\n"
+                   "qwen2moe-4x2-shared in some rounds unless --no-moe) with a seeded random\n"
+                   "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
+                   "when clean.\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

@@ -332,10 +332,11 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
   // layouts; 5 * 48 / 2 = 120 pairs (n_kv 1, hd 48) is no whole number of
   // work-groups, so the padding work-items must do nothing; 3 pairs per
   // work-item straddle heads where half the head dimension is 32.
-  for (const config cf : {config{64, 2, 64, false, 10000.0f}, config{64, 2, 32, true, 1e6f},
-                          config{64, 1, 64, true, 10000.0f}, config{64, 2, 16, false, 1e6f},
-                          config{48, 1, 48, false, 10000.0f}, config{48, 2, 48, true, 1e6f},
-                          config{48, 1, 32, true, 10000.0f}, config{48, 2, 16, false, 5e5f}}) {
+  const config configs[] = {config{64, 2, 64, false, 10000.0f}, config{64, 2, 32, true, 1e6f},
+                            config{64, 1, 64, true, 10000.0f},  config{64, 2, 16, false, 1e6f},
+                            config{48, 1, 48, false, 10000.0f}, config{48, 2, 48, true, 1e6f},
+                            config{48, 1, 32, true, 10000.0f},  config{48, 2, 16, false, 5e5f}};
+  for (const config& cf : configs) {
     const int hd = cf.hd, n_kv = cf.n_kv, n_head = 3 * n_kv, rope_dims = cf.rope_dims;
     const int heads = n_head + 2 * n_kv, width = heads * hd, K = hd == 64 ? 64 : 96;
     const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
@@ -343,6 +344,7 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       SCOPED_TRACE("type " + suffix(type) + " hd " + std::to_string(hd) + " n_head " +
                    std::to_string(n_head) + " n_kv " + std::to_string(n_kv) + " rope_dims " +
                    std::to_string(rope_dims) + (cf.neox ? " neox" : " normal") +
+                   ((&cf - &configs[0]) % 2 == 1 ? " bias" : "") +
                    (kv_f16 ? " KV F16" : " KV F32"));
       const auto bytes = ref::random_matrix(type, K, width, rng);
       const auto w = ref::dequantize(type, bytes, K, width);
@@ -354,6 +356,10 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       ASSERT_EQ(dm.rows, width);
       ASSERT_EQ(dm.cols, K);
       checker chk;
+      // Qwen2's biases, added before the rotation, in every other configuration.
+      const bool with_bias = (&cf - &configs[0]) % 2 == 1;
+      const auto bias = random_floats(static_cast<size_t>(width), -1.0f, 1.0f, rng);
+      const auto biasb = upload(c, bias);
       for (const launch_shape ls : k_launches) {
         auto k = c.make_kernel("matmul_qkv_" + suffix(type) + kernel_suffix(ls));
         for (const auto& sp : splits) {
@@ -370,7 +376,8 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
           const auto kcb = kc0.upload_to(c), vcb = vc0.upload_to(c);
           const auto ropeb = upload(c, troupe::rope_table(b.pos, rope_dims, cf.base));
           k.args(dm.q, dm.d, dm.m, xb, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd,
-                 rope_dims, ropeb, cf.neox ? 1 : 0, page_size, layer, n_pages, ls.rows_per_item);
+                 rope_dims, ropeb, cf.neox ? 1 : 0, page_size, layer, n_pages, ls.rows_per_item,
+                 biasb, with_bias ? 1 : 0);
           launch_matmul(c, k, width / 2, ls, T);
           const auto qkv = download<float>(c, qkvb, qkv0.size());
           const auto kc = kc0.download_from(c, kcb), vc = vc0.download_from(c, vcb);
@@ -384,8 +391,9 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
             const float* xt = &x[static_cast<size_t>(t) * K];
             for (int head = 0; head < heads; ++head) {
               for (int d = 0; d < hd; ++d) {
-                const auto r = ref::dot(&w[(static_cast<size_t>(head) * hd + d) * K], xt, K);
-                val[d] = r.dot;
+                const size_t row = static_cast<size_t>(head) * hd + d;
+                const auto r = ref::dot(&w[row * K], xt, K);
+                val[d] = r.dot + (with_bias ? bias[row] : 0.0f);
                 tol[d] = err[d] = ref::dot_tol(r.mag);
               }
               if (head < n_head + n_kv) {  // q and k heads are rotated

@@ -68,10 +68,11 @@ struct routed {
 };
 
 // llama.cpp's gating: softmax, the K most probable (ties to the lower id),
-// their probabilities over their sum; token t takes replica t mod n of an
-// expert held n times; assignments grouped by slot in token order.
+// their probabilities over their sum (`norm`, Mixtral) or as they are
+// (Qwen2-MoE); token t takes replica t mod n of an expert held n times;
+// assignments grouped by slot in token order.
 routed reference_route(const std::vector<float>& logits, int T, int E, int K,
-                       const replica_table& rt, int S) {
+                       const replica_table& rt, int S, bool norm) {
   routed r;
   r.weights.resize(static_cast<size_t>(T) * K);
   r.counts.assign(E, 0);
@@ -87,6 +88,7 @@ routed reference_route(const std::vector<float>& logits, int T, int E, int K,
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
     double wsum = 0;
     for (int k = 0; k < K; ++k) wsum += p[order[k]] / sum;
+    if (!norm) wsum = 1;
     for (int k = 0; k < K; ++k) {
       const int e = order[k];
       r.weights[static_cast<size_t>(t) * K + k] = static_cast<float>(p[e] / sum / wsum);
@@ -112,55 +114,65 @@ TEST_F(KernelMoe, RouteGroupsAssignmentsBySlotInTokenOrder) {
   const std::vector<int> slot_experts{0, 1, 2, 3, 4, 5, 6, 7, 3, 5};
   const int S = static_cast<int>(slot_experts.size());
   const replica_table rt(slot_experts, E);
-  for (const int T : {1, 5, 37}) {
-    SCOPED_TRACE("T=" + std::to_string(T));
-    const auto logits = random_floats(static_cast<size_t>(T) * E, -3.0f, 3.0f, rng);
-    const auto want = reference_route(logits, T, E, K, rt, S);
-    const size_t A = static_cast<size_t>(T) * K;
-    const auto lb = upload(c, logits);
-    const auto ro = upload(c, rt.rep_off), rs = upload(c, rt.rep_slot);
-    auto sel = c.alloc(A * 4), w = c.alloc(A * 4), off = c.alloc((S + 1) * 4),
-         rows = c.alloc(A * 4);
-    // Counts of two layers; this one is the second, and is counted into twice.
-    const std::vector<int32_t> zeros(2 * E, 0);
-    const auto counts = upload(c, zeros);
-    for (int run = 0; run < 2; ++run) {
-      k.args(lb, T, E, K, ro, rs, S, sel, w, off, rows, counts, E);
-      c.launch(k, {1});
+  for (const int T : {1, 5, 37})
+    for (const bool norm : {true, false}) {
+      SCOPED_TRACE("T=" + std::to_string(T) + (norm ? " renormalised" : " as the softmax gave"));
+      const auto logits = random_floats(static_cast<size_t>(T) * E, -3.0f, 3.0f, rng);
+      const auto want = reference_route(logits, T, E, K, rt, S, norm);
+      const size_t A = static_cast<size_t>(T) * K;
+      const auto lb = upload(c, logits);
+      const auto ro = upload(c, rt.rep_off), rs = upload(c, rt.rep_slot);
+      auto sel = c.alloc(A * 4), w = c.alloc(A * 4), off = c.alloc((S + 1) * 4),
+           rows = c.alloc(A * 4);
+      // Counts of two layers; this one is the second, and is counted into twice.
+      const std::vector<int32_t> zeros(2 * E, 0);
+      const auto counts = upload(c, zeros);
+      for (int run = 0; run < 2; ++run) {
+        k.args(lb, T, E, K, ro, rs, S, sel, w, off, rows, counts, E, norm ? 1 : 0);
+        c.launch(k, {1});
+      }
+      const auto got_w = download<float>(c, w, A);
+      for (size_t a = 0; a < A; ++a) EXPECT_NEAR(got_w[a], want.weights[a], 1e-6) << "a=" << a;
+      EXPECT_EQ(download<int32_t>(c, off, S + 1), want.slot_off);
+      EXPECT_EQ(download<int32_t>(c, rows, A), want.slot_rows);
+      auto got_counts = download<int32_t>(c, counts, 2 * E);
+      EXPECT_EQ(std::vector<int32_t>(got_counts.begin(), got_counts.begin() + E),
+                std::vector<int32_t>(E, 0));
+      for (int e = 0; e < E; ++e) EXPECT_EQ(got_counts[E + e], 2 * want.counts[e]) << "e=" << e;
     }
-    const auto got_w = download<float>(c, w, A);
-    for (size_t a = 0; a < A; ++a) EXPECT_NEAR(got_w[a], want.weights[a], 1e-6) << "a=" << a;
-    EXPECT_EQ(download<int32_t>(c, off, S + 1), want.slot_off);
-    EXPECT_EQ(download<int32_t>(c, rows, A), want.slot_rows);
-    auto got_counts = download<int32_t>(c, counts, 2 * E);
-    EXPECT_EQ(std::vector<int32_t>(got_counts.begin(), got_counts.begin() + E),
-              std::vector<int32_t>(E, 0));
-    for (int e = 0; e < E; ++e) EXPECT_EQ(got_counts[E + e], 2 * want.counts[e]) << "e=" << e;
-  }
 }
 
+// With `shared` (Qwen2-MoE), the shared expert's output scaled by the
+// sigmoid of its gate logit is added too.
 TEST_F(KernelMoe, CombineAddsWeightedExpertOutputsToTheResidual) {
   auto& c = ctx();
   auto k = c.make_kernel("moe_combine");
   std::mt19937 rng(78);
   const int T = 6, D = 40;
-  for (const int K : {1, 2, 3}) {
-    const auto x0 = random_floats(static_cast<size_t>(T) * D, -1.0f, 1.0f, rng);
-    const auto y = random_floats(static_cast<size_t>(T) * K * D, -1.0f, 1.0f, rng);
-    const auto w = random_floats(static_cast<size_t>(T) * K, 0.0f, 1.0f, rng);
-    const auto xb = upload(c, x0);
-    const auto yb = upload(c, y), wb = upload(c, w);
-    k.args(xb, yb, wb, D, K);
-    c.launch(k, {static_cast<size_t>(D), static_cast<size_t>(T)});
-    const auto x = download<float>(c, xb, x0.size());
-    for (int t = 0; t < T; ++t)
-      for (int i = 0; i < D; ++i) {
-        double want = x0[static_cast<size_t>(t) * D + i];
-        for (int j = 0; j < K; ++j)
-          want += static_cast<double>(w[t * K + j]) * y[(static_cast<size_t>(t) * K + j) * D + i];
-        EXPECT_NEAR(x[static_cast<size_t>(t) * D + i], want, 1e-5) << "K=" << K;
-      }
-  }
+  for (const int K : {1, 2, 3})
+    for (const bool shared : {false, true}) {
+      const auto x0 = random_floats(static_cast<size_t>(T) * D, -1.0f, 1.0f, rng);
+      const auto y = random_floats(static_cast<size_t>(T) * K * D, -1.0f, 1.0f, rng);
+      const auto w = random_floats(static_cast<size_t>(T) * K, 0.0f, 1.0f, rng);
+      const auto sy = random_floats(static_cast<size_t>(T) * D, -1.0f, 1.0f, rng);
+      const auto sg = random_floats(static_cast<size_t>(T), -4.0f, 4.0f, rng);
+      const auto xb = upload(c, x0);
+      const auto yb = upload(c, y), wb = upload(c, w), syb = upload(c, sy), sgb = upload(c, sg);
+      k.args(xb, yb, wb, D, K, syb, sgb, shared ? 1 : 0);
+      c.launch(k, {static_cast<size_t>(D), static_cast<size_t>(T)});
+      const auto x = download<float>(c, xb, x0.size());
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < D; ++i) {
+          double want = x0[static_cast<size_t>(t) * D + i];
+          for (int j = 0; j < K; ++j)
+            want += static_cast<double>(w[t * K + j]) * y[(static_cast<size_t>(t) * K + j) * D + i];
+          if (shared)
+            want +=
+                sy[static_cast<size_t>(t) * D + i] / (1.0 + std::exp(-static_cast<double>(sg[t])));
+          EXPECT_NEAR(x[static_cast<size_t>(t) * D + i], want, 1e-5)
+              << "K=" << K << (shared ? " with the shared expert" : "");
+        }
+    }
 }
 
 constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::q4_0,
@@ -207,7 +219,7 @@ TEST_F(KernelMoe, GroupedProductsEqualTheDenseKernelsRowForRow) {
   const replica_table rt(slot_experts, E);
   // A routing from random logits (the route kernel is tested above).
   const auto logits = random_floats(static_cast<size_t>(T) * E, -2.0f, 2.0f, rng);
-  const auto route = reference_route(logits, T, E, K, rt, S);
+  const auto route = reference_route(logits, T, E, K, rt, S, true);
   const auto slot_off = upload(c, route.slot_off), slot_rows = upload(c, route.slot_rows);
   std::vector<int> slot_of(static_cast<size_t>(T) * K);
   for (int s = 0; s < S; ++s)

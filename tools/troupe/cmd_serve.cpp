@@ -382,9 +382,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       int_key(s.http_port, 0, 65535));
   add("service", "http_host", "address the HTTP API listens on", string_key(s.http_host));
   add("service", "dp_group",
-      "the local instances form a data-parallel group: each request goes to the replica with "
-      "the most free KV, and sequences move from the most to the least loaded replica when "
-      "their KV-token gap passes dp_gap_share of the mean (true/false; not with pd or nodes)",
+      "the instances (local and on nodes) form a data-parallel group: each request goes to the "
+      "replica with the most free KV, and sequences move from the most to the least loaded "
+      "replica when their KV-token gap passes dp_gap_share of the mean (true/false; not with "
+      "pd)",
       bool_key(s.dp_group));
   add("service", "dp_interval_ms", "how often the dp group checks its balance",
       int_key(s.dp.interval_ms, 1, 600000));
@@ -605,12 +606,12 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
 
   if (s.dp_group) {
     if (s.pd) throw std::invalid_argument("service.dp_group: not with service.pd");
-    if (!nodes.empty())
+    // Local instances and the nodes' (which join as their nodes link).
+    int replicas = local;
+    for (const auto& n : nodes) replicas += n.instances;
+    if (replicas < 2)
       throw std::invalid_argument(
-          "service.dp_group: groups this process's instances; not with nodes (yet)");
-    if (local < 2)
-      throw std::invalid_argument(
-          "service.dp_group: needs 2 or more local instances (service.local_instances)");
+          "service.dp_group: needs 2 or more instances (service.local_instances, nodes)");
   }
   const bool moe = model->hparams().n_expert > 0;
 
@@ -657,8 +658,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     groups.dp = spawn_dp_group(*env.sys, registry, dc, s.engine.page_size);
     ro.dp_group = groups.dp;
     owned.push_back(caf::actor_cast<caf::actor>(groups.dp));
-    std::fprintf(stderr, "troupe serve: dp group of %d instances (lockstep %s)\n", local,
-                 dc.lockstep ? "on" : "off");
+    std::fprintf(stderr, "troupe serve: dp group of %d local instances%s (lockstep %s)\n", local,
+                 nodes.empty() ? "" : " and the nodes' instances", dc.lockstep ? "on" : "off");
   }
   // Experts spread over sub-devices: the controller balances them live.
   if (moe && s.engine.expert_devices >= 2 && !local_devices.empty()) {
