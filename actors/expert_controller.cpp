@@ -134,10 +134,14 @@ void read_loads(self_ptr self) {
       self->state.reading = false;
       decide(self);
     };
-    self->request(st.devices[i], k_device_timeout, expert_stats_atom::value)
+    const device_actor d = st.devices[i];
+    self->request(d, k_device_timeout, expert_stats_atom::value)
         .then(
-            [self, i, finish](const expert_stats& s) {
-              merge(self->state, i, s);
+            [self, d, finish](const expert_stats& s) {
+              // Its place now: a device may have left meanwhile.
+              auto& devs = self->state.devices;
+              const auto at = std::find(devs.begin(), devs.end(), d);
+              if (at != devs.end()) merge(self->state, size_t(at - devs.begin()), s);
               finish();
             },
             [finish](caf::error&) { finish(); });
@@ -174,11 +178,32 @@ expert_status status_of(const controller_state& st) {
 
 expert_controller_actor::behavior_type controller(self_ptr self, std::vector<device_actor> devices,
                                                   expert_controller_config cfg) {
-  self->state.devices = std::move(devices);
-  self->state.cfg = cfg;
-  self->state.busy.resize(self->state.devices.size());
+  auto& st = self->state;
+  st.devices = std::move(devices);
+  st.cfg = cfg;
+  st.busy.resize(st.devices.size());
+  for (const auto& d : st.devices) self->monitor(d);
+  // A device that went down leaves: a swap needs every device's answer.
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& s = self->state;
+    for (size_t i = 0; i < s.devices.size(); ++i)
+      if (s.devices[i].address() == dm.source) {
+        s.devices.erase(s.devices.begin() + static_cast<std::ptrdiff_t>(i));
+        s.busy.erase(s.busy.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  });
   self->send(self, tick_atom::value);
   return {
+      [self](expert_add_atom, const device_actor& d) {
+        auto& s = self->state;
+        if (std::find(s.devices.begin(), s.devices.end(), d) != s.devices.end()) return;
+        // It starts on the initial placement; the next swap brings it to
+        // the controller's.
+        s.devices.push_back(d);
+        s.busy.emplace_back();
+        self->monitor(d);
+      },
       [self](expert_status_atom) { return status_of(self->state); },
       [self](tick_atom) {
         read_loads(self);

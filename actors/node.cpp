@@ -52,6 +52,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.kept_steps = static_cast<size_t>(std::max(1, spec.step_history));
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);
+  h.hosted.device = h.device;
   try {
     h.hosted.actor = spawn_instance(sys, h.device, io);
   } catch (...) {

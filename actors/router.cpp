@@ -386,6 +386,8 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             spdlog::info("router: instance {} on {} {}", id, node, back ? "is back" : "joined");
             // A node's instances join the data-parallel group as they come.
             if (st.opts.dp_group) self->send(st.opts.dp_group, dp_add_atom::value, *ri);
+            if (st.opts.experts && h.device)
+              self->send(st.opts.experts, expert_add_atom::value, h.device);
             ids.push_back(id);
           }
           poll(self);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "messages/dp_group.hpp"
+#include "messages/expert_controller.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
 #include "runtime/pd_policy.hpp"
@@ -35,6 +36,9 @@ struct router_options {
   // A data-parallel group over the instances (issue 15): it places every
   // request instead of `policy` (not with pd).  May be null.
   dp_group_actor dp_group;
+  // The expert controller of a mixture-of-experts model: nodes' engines
+  // join it as their instances join the router.  May be null.
+  expert_controller_actor experts;
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

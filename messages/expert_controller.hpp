@@ -53,12 +53,15 @@ typename Inspector::result_type inspect(Inspector& f, expert_status& x) {
 }
 
 using expert_status_atom = caf::atom_constant<caf::atom("expstatus")>;
+using expert_add_atom = caf::atom_constant<caf::atom("expadd")>;
 
 // expstatus: the controller's view (loads, placement, swaps).
 // tick: read the loads now and decide (the controller also ticks itself
 //       every interval_ms).
+// expadd: (device) one more engine's device: a node's instance that joined
+//       the router; it leaves the controller when it goes down.
 using expert_controller_actor =
     caf::typed_actor<caf::replies_to<expert_status_atom>::with<expert_status>,
-                     caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<tick_atom>, caf::reacts_to<expert_add_atom, device_actor>>;
 
 }  // namespace troupe

@@ -59,11 +59,12 @@ struct hosted_instance {
   int32_t slot = 0;
   instance_actor actor;
   device_info info;
+  device_actor device;  // its device actor: the expert controller reads and swaps experts there
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hosted_instance& x) {
-  return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info);
+  return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info, x.device);
 }
 
 // What a node has to offer.

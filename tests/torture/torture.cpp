@@ -618,8 +618,9 @@ class round_driver {
     } catch (const std::exception& e) {
       violation(std::string("admin: ") + e.what());
     }
-    if (ref_ != &references_[0] && nodes_.empty()) {
-      // The expert controller over the local instances' expert devices.
+    if (ref_ != &references_[0]) {
+      // The expert controller over the engines' expert devices (local or
+      // on the nodes).
       auto r = admin("experts");
       auto j = json::parse(r.out, nullptr, false);
       if (r.exit_code != 0 || j.is_discarded() || !j.contains("swaps"))

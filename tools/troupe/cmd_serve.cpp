@@ -661,12 +661,15 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
     std::fprintf(stderr, "troupe serve: dp group of %d local instances%s (lockstep %s)\n", local,
                  nodes.empty() ? "" : " and the nodes' instances", dc.lockstep ? "on" : "off");
   }
-  // Experts spread over sub-devices: the controller balances them live.
-  if (moe && s.engine.expert_devices >= 2 && !local_devices.empty()) {
+  // Experts spread over sub-devices: the controller balances them live,
+  // in every engine (nodes' engines join it as their instances join).
+  if (moe && s.engine.expert_devices >= 2) {
     groups.experts = spawn_expert_controller(*env.sys, local_devices, s.experts);
+    ro.experts = groups.experts;
     owned.push_back(caf::actor_cast<caf::actor>(groups.experts));
     std::fprintf(stderr,
-                 "troupe serve: expert controller over %d expert devices (threshold %.2f)\n",
+                 "troupe serve: expert controller over %d expert devices per engine "
+                 "(threshold %.2f)\n",
                  s.engine.expert_devices, s.experts.threshold);
   }
   auto router = spawn_router(*env.sys, registry, ro);
