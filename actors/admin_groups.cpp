@@ -55,11 +55,18 @@ json to_json(const expert_status& s) {
                       {"imbalance", x.imbalance},
                       {"placement", x.layout}});
   }
-  return {{"devices", s.devices},       {"engines", s.engines},
-          {"layers", layers},           {"busy_s", s.busy_s},
-          {"epoch", s.epoch},           {"swaps", s.swaps},
-          {"aborted", s.aborted},       {"last_before", s.last_before},
-          {"last_after", s.last_after}, {"phase", s.phase}};
+  return {{"devices", s.devices},
+          {"engines", s.engines},
+          {"layers", layers},
+          {"busy_s", s.busy_s},
+          {"epoch", s.epoch},
+          {"swaps", s.swaps},
+          {"aborted", s.aborted},
+          {"last_before", s.last_before},
+          {"last_after", s.last_after},
+          {"phase", s.phase},
+          {"engine_epochs", s.engine_epochs},
+          {"aligned", s.aligned}};
 }
 
 void record_dp_group(metrics_registry& m, const dp_group_status& s) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <set>
 
 #include "runtime/expert_placement.hpp"
 
@@ -18,7 +19,9 @@ struct controller_state {
   std::vector<std::vector<int64_t>> window;  // [layer][expert], since the last swap
   std::vector<layer_experts> layouts;        // [layer], in use
   std::vector<std::vector<double>> busy;     // [engine][expert device]
-  uint64_t epoch = 0, swaps = 0, aborted = 0;
+  std::vector<uint64_t> engine_epoch;        // [engine], as last reported
+  std::set<caf::actor_addr> aligning;        // devices being brought to the placement
+  uint64_t epoch = 0, swaps = 0, aborted = 0, aligned = 0;
   double last_before = 0, last_after = 0;
   std::string phase = "idle";
   bool reading = false;
@@ -91,9 +94,37 @@ void swap_to(self_ptr self, std::vector<layer_experts> plan) {
   });
 }
 
+// Brings engines whose placement is not the controller's to it, one by one
+// (a swap's two phases, for that device alone).  A swap decided right after
+// is safe: its prepare reaches the device after this one, so this commit
+// fails harmlessly and the swap's commits.
+void align_stale(self_ptr self) {
+  auto& st = self->state;
+  if (st.epoch == 0 || st.layouts.empty()) return;
+  for (size_t i = 0; i < st.devices.size(); ++i) {
+    const device_actor d = st.devices[i];
+    if (st.engine_epoch[i] == st.epoch || !st.aligning.insert(d.address()).second) continue;
+    const uint64_t epoch = st.epoch;
+    auto done = [self, d] { self->state.aligning.erase(d.address()); };
+    self->request(d, k_device_timeout, expert_prepare_atom::value, expert_plan{epoch, st.layouts})
+        .then(
+            [self, d, epoch, done](uint64_t) {
+              self->request(d, k_device_timeout, expert_commit_atom::value, epoch)
+                  .then(
+                      [self, done](uint64_t) {
+                        ++self->state.aligned;
+                        done();
+                      },
+                      [done](caf::error&) { done(); });
+            },
+            [done](caf::error&) { done(); });
+  }
+}
+
 void decide(self_ptr self) {
   auto& st = self->state;
   if (st.n_experts == 0 || st.expert_devices < 2) return;
+  align_stale(self);
   const int slots = (st.n_experts + st.expert_devices - 1) / st.expert_devices + st.cfg.spare_slots;
   std::vector<layer_experts> plan = st.layouts;
   bool any = false;
@@ -117,6 +148,7 @@ void merge(controller_state& st, size_t engine, const expert_stats& s) {
     st.window.assign(s.n_layers, std::vector<int64_t>(s.n_experts, 0));
   }
   if (st.layouts.empty() || s.epoch == st.epoch) st.layouts = s.layouts;
+  st.engine_epoch[engine] = s.epoch;
   for (int l = 0; l < s.n_layers && l < st.n_layers; ++l)
     for (int e = 0; e < s.n_experts && e < st.n_experts; ++e)
       st.window[l][e] += s.tokens[static_cast<size_t>(l) * s.n_experts + e];
@@ -173,6 +205,8 @@ expert_status status_of(const controller_state& st) {
   out.last_before = st.last_before;
   out.last_after = st.last_after;
   out.phase = st.phase;
+  out.engine_epochs = st.engine_epoch;
+  out.aligned = st.aligned;
   return out;
 }
 
@@ -182,6 +216,7 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
   st.devices = std::move(devices);
   st.cfg = cfg;
   st.busy.resize(st.devices.size());
+  st.engine_epoch.resize(st.devices.size());
   for (const auto& d : st.devices) self->monitor(d);
   // A device that went down leaves: a swap needs every device's answer.
   self->set_down_handler([self](const caf::down_msg& dm) {
@@ -190,6 +225,7 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
       if (s.devices[i].address() == dm.source) {
         s.devices.erase(s.devices.begin() + static_cast<std::ptrdiff_t>(i));
         s.busy.erase(s.busy.begin() + static_cast<std::ptrdiff_t>(i));
+        s.engine_epoch.erase(s.engine_epoch.begin() + static_cast<std::ptrdiff_t>(i));
         return;
       }
   });
@@ -198,10 +234,11 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
       [self](expert_add_atom, const device_actor& d) {
         auto& s = self->state;
         if (std::find(s.devices.begin(), s.devices.end(), d) != s.devices.end()) return;
-        // It starts on the initial placement; the next swap brings it to
-        // the controller's.
+        // It starts on the initial placement; the next read finds it behind
+        // and aligns it.
         s.devices.push_back(d);
         s.busy.emplace_back();
+        s.engine_epoch.push_back(0);
         self->monitor(d);
       },
       [self](expert_status_atom) { return status_of(self->state); },

@@ -38,6 +38,8 @@ struct expert_status {
   uint64_t aborted = 0;                    // swaps given up (a device not ready)
   double last_before = 0, last_after = 0;  // worst layer imbalance around the last swap
   std::string phase = "idle";              // idle, preparing, committing
+  std::vector<uint64_t> engine_epochs;     // per engine, the placement it last reported
+  uint64_t aligned = 0;                    // engines brought to the placement in use
 };
 
 template <class Inspector>
@@ -49,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, expert_layer_status& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_status& x) {
   return f(caf::meta::type_name("expert_status"), x.devices, x.engines, x.layers, x.busy_s, x.epoch,
-           x.swaps, x.aborted, x.last_before, x.last_after, x.phase);
+           x.swaps, x.aborted, x.last_before, x.last_after, x.phase, x.engine_epochs, x.aligned);
 }
 
 using expert_status_atom = caf::atom_constant<caf::atom("expstatus")>;
@@ -59,7 +61,10 @@ using expert_add_atom = caf::atom_constant<caf::atom("expadd")>;
 // tick: read the loads now and decide (the controller also ticks itself
 //       every interval_ms).
 // expadd: (device) one more engine's device: a node's instance that joined
-//       the router; it leaves the controller when it goes down.
+//       the router; it leaves the controller when it goes down.  An engine
+//       found on another placement than the controller's (it joined after
+//       a swap, or missed a commit) is brought to it alone, prepare then
+//       commit.
 using expert_controller_actor =
     caf::typed_actor<caf::replies_to<expert_status_atom>::with<expert_status>,
                      caf::reacts_to<tick_atom>, caf::reacts_to<expert_add_atom, device_actor>>;

@@ -3,7 +3,9 @@
 // one engine in the server and one on a real `troupe node`.  The expert
 // controller reads both engines' loads and swaps experts in both with its
 // two-phase protocol, the node's over the cluster's TLS, while requests
-// stream; every request's tokens equal offline greedy.
+// stream; every request's tokens equal offline greedy.  An engine spawned on
+// the node after the swap joins on the initial placement, and the
+// controller brings it to its own.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -83,6 +85,35 @@ TEST(MoeNodes, TheControllerSwapsExpertsInANodesEngineUnderLoad) {
   std::printf("[moe-nodes] %d swap(s) over 2 engines (one on a node): imbalance %.3f -> %.3f\n",
               ex["swaps"].get<int>(), ex["last_before"].get<double>(),
               ex["last_after"].get<double>());
+
+  // A third engine, on the node, at run time: it reports the initial
+  // placement (epoch 0) until the controller aligns it.
+  auto spawn = run_process(troupe_bin() + " shell --server " + shell_quote(server.endpoint()) +
+                           " --exec " + shell_quote("spawn " + node.address() + " 1"));
+  ASSERT_EQ(spawn.exit_code, 0) << spawn.out << spawn.err;
+  const uint64_t epoch = ex["epoch"].get<uint64_t>();
+  bool aligned = false;
+  for (int i = 0; i < 200 && !aligned; ++i) {
+    ex = server.admin("experts");
+    const auto epochs = ex["engine_epochs"].get<std::vector<uint64_t>>();
+    aligned = epochs.size() == 3 && ex["aligned"].get<int>() >= 1;
+    for (const auto e : epochs) aligned = aligned && e == ex["epoch"].get<uint64_t>();
+    if (!aligned) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(aligned) << ex.dump();
+  EXPECT_GE(ex["epoch"].get<uint64_t>(), epoch);
+  // The three engines answer as offline greedy (the new one is id 3).
+  auto r =
+      run_process(troupe_bin() + " client --server " + shell_quote(server.endpoint()) + " -n " +
+                  std::to_string(kTokens) + " --ignore-eos --json -p " + shell_quote(kPrompts[0]) +
+                  " -p " + shell_quote(kPrompts[1]) + " -p " + shell_quote(kPrompts[0]));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  int i = 0;
+  for (std::string line; std::getline(lines, line); ++i)
+    EXPECT_EQ(nlohmann::json::parse(line)["token_ids"].get<std::vector<int32_t>>(), want[i % 2])
+        << line;
+  EXPECT_EQ(i, 3);
 }
 
 }  // namespace
