@@ -12,14 +12,19 @@ namespace troupe {
 
 namespace {
 
+// One engine's device actor and what it last reported.
+struct engine {
+  device_actor device;
+  std::vector<double> busy;  // [expert device]
+  uint64_t epoch = 0;        // of the placement it uses
+};
+
 struct controller_state {
-  std::vector<device_actor> devices;
+  std::vector<engine> engines;
   expert_controller_config cfg;
   int n_layers = 0, n_experts = 0, expert_devices = 0;
   std::vector<std::vector<int64_t>> window;  // [layer][expert], since the last swap
   std::vector<layer_experts> layouts;        // [layer], in use
-  std::vector<std::vector<double>> busy;     // [engine][expert device]
-  std::vector<uint64_t> engine_epoch;        // [engine], as last reported
   std::set<caf::actor_addr> aligning;        // devices being brought to the placement
   uint64_t epoch = 0, swaps = 0, aborted = 0, aligned = 0;
   double last_before = 0, last_after = 0;
@@ -31,6 +36,12 @@ struct controller_state {
 };
 
 using self_ptr = expert_controller_actor::stateful_pointer<controller_state>;
+
+engine* find(controller_state& st, const device_actor& d) {
+  for (auto& e : st.engines)
+    if (e.device == d) return &e;
+  return nullptr;
+}
 constexpr auto k_device_timeout = std::chrono::seconds(30);
 
 double worst_imbalance(const std::vector<layer_experts>& layouts,
@@ -44,10 +55,10 @@ double worst_imbalance(const std::vector<layer_experts>& layouts,
 // Sends `msg` to every device; `done(ok)` once all have answered.
 template <class Msg, class Arg>
 void to_all(self_ptr self, Msg msg, const Arg& arg, std::function<void(bool)> done) {
-  auto left = std::make_shared<size_t>(self->state.devices.size());
+  auto left = std::make_shared<size_t>(self->state.engines.size());
   auto ok = std::make_shared<bool>(true);
-  for (const auto& d : self->state.devices)
-    self->request(d, k_device_timeout, msg, arg)
+  for (const auto& e : self->state.engines)
+    self->request(e.device, k_device_timeout, msg, arg)
         .then(
             [=](uint64_t) {
               if (--*left == 0) done(*ok);
@@ -59,8 +70,9 @@ void to_all(self_ptr self, Msg msg, const Arg& arg, std::function<void(bool)> do
 }
 
 void abort_swap(self_ptr self, uint64_t epoch) {
-  for (const auto& d : self->state.devices)
-    self->request(d, k_device_timeout, expert_abort_atom::value, epoch).then([](uint64_t) {});
+  for (const auto& e : self->state.engines)
+    self->request(e.device, k_device_timeout, expert_abort_atom::value, epoch).then([](uint64_t) {
+    });
   ++self->state.aborted;
   self->state.phase = "idle";
 }
@@ -101,9 +113,9 @@ void swap_to(self_ptr self, std::vector<layer_experts> plan) {
 void align_stale(self_ptr self) {
   auto& st = self->state;
   if (st.epoch == 0 || st.layouts.empty()) return;
-  for (size_t i = 0; i < st.devices.size(); ++i) {
-    const device_actor d = st.devices[i];
-    if (st.engine_epoch[i] == st.epoch || !st.aligning.insert(d.address()).second) continue;
+  for (const auto& e : st.engines) {
+    const device_actor d = e.device;
+    if (e.epoch == st.epoch || !st.aligning.insert(d.address()).second) continue;
     const uint64_t epoch = st.epoch;
     auto done = [self, d] { self->state.aligning.erase(d.address()); };
     self->request(d, k_device_timeout, expert_prepare_atom::value, expert_plan{epoch, st.layouts})
@@ -139,7 +151,7 @@ void decide(self_ptr self) {
   if (any) swap_to(self, std::move(plan));
 }
 
-void merge(controller_state& st, size_t engine, const expert_stats& s) {
+void merge(controller_state& st, engine& en, const expert_stats& s) {
   if (s.n_experts == 0) return;
   if (st.n_experts == 0) {
     st.n_layers = s.n_layers;
@@ -148,32 +160,30 @@ void merge(controller_state& st, size_t engine, const expert_stats& s) {
     st.window.assign(s.n_layers, std::vector<int64_t>(s.n_experts, 0));
   }
   if (st.layouts.empty() || s.epoch == st.epoch) st.layouts = s.layouts;
-  st.engine_epoch[engine] = s.epoch;
+  en.epoch = s.epoch;
   for (int l = 0; l < s.n_layers && l < st.n_layers; ++l)
     for (int e = 0; e < s.n_experts && e < st.n_experts; ++e)
       st.window[l][e] += s.tokens[static_cast<size_t>(l) * s.n_experts + e];
-  st.busy[engine] = s.busy_s;
+  en.busy = s.busy_s;
 }
 
 void read_loads(self_ptr self) {
   auto& st = self->state;
-  if (st.reading || st.phase != "idle" || st.devices.empty()) return;
+  if (st.reading || st.phase != "idle" || st.engines.empty()) return;
   st.reading = true;
-  auto left = std::make_shared<size_t>(st.devices.size());
-  for (size_t i = 0; i < st.devices.size(); ++i) {
+  auto left = std::make_shared<size_t>(st.engines.size());
+  for (const auto& e : st.engines) {
     auto finish = [self, left] {
       if (--*left > 0) return;
       self->state.reading = false;
       decide(self);
     };
-    const device_actor d = st.devices[i];
+    const device_actor d = e.device;
     self->request(d, k_device_timeout, expert_stats_atom::value)
         .then(
             [self, d, finish](const expert_stats& s) {
-              // Its place now: a device may have left meanwhile.
-              auto& devs = self->state.devices;
-              const auto at = std::find(devs.begin(), devs.end(), d);
-              if (at != devs.end()) merge(self->state, size_t(at - devs.begin()), s);
+              // Found again: an engine may have left meanwhile.
+              if (auto* en = find(self->state, d)) merge(self->state, *en, s);
               finish();
             },
             [finish](caf::error&) { finish(); });
@@ -183,7 +193,7 @@ void read_loads(self_ptr self) {
 expert_status status_of(const controller_state& st) {
   expert_status out;
   out.devices = st.expert_devices;
-  out.engines = static_cast<int32_t>(st.devices.size());
+  out.engines = static_cast<int32_t>(st.engines.size());
   for (int l = 0; l < st.n_layers; ++l) {
     expert_layer_status ls;
     ls.tokens = st.window[l];
@@ -195,9 +205,10 @@ expert_status status_of(const controller_state& st) {
     }
     out.layers.push_back(std::move(ls));
   }
-  for (const auto& b : st.busy) {
-    if (out.busy_s.size() < b.size()) out.busy_s.resize(b.size(), 0.0);
-    for (size_t d = 0; d < b.size(); ++d) out.busy_s[d] += b[d];
+  for (const auto& e : st.engines) {
+    if (out.busy_s.size() < e.busy.size()) out.busy_s.resize(e.busy.size(), 0.0);
+    for (size_t d = 0; d < e.busy.size(); ++d) out.busy_s[d] += e.busy[d];
+    out.engine_epochs.push_back(e.epoch);
   }
   out.epoch = st.epoch;
   out.swaps = st.swaps;
@@ -205,7 +216,6 @@ expert_status status_of(const controller_state& st) {
   out.last_before = st.last_before;
   out.last_after = st.last_after;
   out.phase = st.phase;
-  out.engine_epochs = st.engine_epoch;
   out.aligned = st.aligned;
   return out;
 }
@@ -213,32 +223,26 @@ expert_status status_of(const controller_state& st) {
 expert_controller_actor::behavior_type controller(self_ptr self, std::vector<device_actor> devices,
                                                   expert_controller_config cfg) {
   auto& st = self->state;
-  st.devices = std::move(devices);
   st.cfg = cfg;
-  st.busy.resize(st.devices.size());
-  st.engine_epoch.resize(st.devices.size());
-  for (const auto& d : st.devices) self->monitor(d);
+  for (auto& d : devices) {
+    self->monitor(d);
+    st.engines.push_back(engine{std::move(d), {}, 0});
+  }
   // A device that went down leaves: a swap needs every device's answer.
   self->set_down_handler([self](const caf::down_msg& dm) {
-    auto& s = self->state;
-    for (size_t i = 0; i < s.devices.size(); ++i)
-      if (s.devices[i].address() == dm.source) {
-        s.devices.erase(s.devices.begin() + static_cast<std::ptrdiff_t>(i));
-        s.busy.erase(s.busy.begin() + static_cast<std::ptrdiff_t>(i));
-        s.engine_epoch.erase(s.engine_epoch.begin() + static_cast<std::ptrdiff_t>(i));
-        return;
-      }
+    auto& en = self->state.engines;
+    en.erase(std::remove_if(en.begin(), en.end(),
+                            [&](const engine& e) { return e.device.address() == dm.source; }),
+             en.end());
   });
   self->send(self, tick_atom::value);
   return {
       [self](expert_add_atom, const device_actor& d) {
         auto& s = self->state;
-        if (std::find(s.devices.begin(), s.devices.end(), d) != s.devices.end()) return;
+        if (find(s, d)) return;
         // It starts on the initial placement; the next read finds it behind
         // and aligns it.
-        s.devices.push_back(d);
-        s.busy.emplace_back();
-        s.engine_epoch.push_back(0);
+        s.engines.push_back(engine{d, {}, 0});
         self->monitor(d);
       },
       [self](expert_status_atom) { return status_of(self->state); },
