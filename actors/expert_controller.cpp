@@ -25,6 +25,7 @@ struct controller_state {
   int n_layers = 0, n_experts = 0, expert_devices = 0;
   std::vector<std::vector<int64_t>> window;  // [layer][expert], since the last swap
   std::vector<layer_experts> layouts;        // [layer], in use
+  uint64_t layouts_epoch = 0;                // the placement `layouts` is (never an aborted one)
   std::set<caf::actor_addr> aligning;        // devices being brought to the placement
   uint64_t epoch = 0, swaps = 0, aborted = 0, aligned = 0;
   double last_before = 0, last_after = 0;
@@ -94,6 +95,7 @@ void swap_to(self_ptr self, std::vector<layer_experts> plan) {
       // leaves the controller's view as it was (the next read corrects it).
       if (committed) {
         s.layouts = plan;
+        s.layouts_epoch = epoch;
         ++s.swaps;
         s.last_before = before;
         s.last_after = after;
@@ -112,11 +114,13 @@ void swap_to(self_ptr self, std::vector<layer_experts> plan) {
 // fails harmlessly and the swap's commits.
 void align_stale(self_ptr self) {
   auto& st = self->state;
-  if (st.epoch == 0 || st.layouts.empty()) return;
+  // Against the placement in use: st.epoch also counts aborted plans,
+  // which no engine runs.
+  if (st.layouts_epoch == 0 || st.layouts.empty()) return;
   for (const auto& e : st.engines) {
     const device_actor d = e.device;
-    if (e.epoch == st.epoch || !st.aligning.insert(d.address()).second) continue;
-    const uint64_t epoch = st.epoch;
+    if (e.epoch == st.layouts_epoch || !st.aligning.insert(d.address()).second) continue;
+    const uint64_t epoch = st.layouts_epoch;
     auto done = [self, d] { self->state.aligning.erase(d.address()); };
     self->request(d, k_device_timeout, expert_prepare_atom::value, expert_plan{epoch, st.layouts})
         .then(
@@ -159,7 +163,10 @@ void merge(controller_state& st, engine& en, const expert_stats& s) {
     st.expert_devices = s.devices;
     st.window.assign(s.n_layers, std::vector<int64_t>(s.n_experts, 0));
   }
-  if (st.layouts.empty() || s.epoch == st.epoch) st.layouts = s.layouts;
+  if (st.layouts.empty() || s.epoch == st.epoch) {
+    st.layouts = s.layouts;
+    st.layouts_epoch = s.epoch;
+  }
   en.epoch = s.epoch;
   for (int l = 0; l < s.n_layers && l < st.n_layers; ++l)
     for (int e = 0; e < s.n_experts && e < st.n_experts; ++e)
