@@ -294,6 +294,12 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
     m.counter_set("troupe_steps_total", "Engine steps", l, static_cast<double>(s.steps));
     m.counter_set("troupe_step_seconds_total", "Wall time of engine steps on the device", l,
                   s.step_ms / 1000);
+    m.counter_set("troupe_steps_overlapped_total",
+                  "Step overlap: steps sent while the device ran the one before", l,
+                  static_cast<double>(s.overlapped_steps));
+    m.counter_set("troupe_device_idle_seconds_total",
+                  "The device's idle time between steps (what step overlap hides)", l,
+                  s.device_idle_ms / 1000);
     m.counter_set("troupe_prefill_tokens_total", "Rows computed as prefill", l,
                   static_cast<double>(s.prefill_tokens));
     m.counter_set("troupe_decode_tokens_total", "Rows computed as decode", l,

@@ -52,6 +52,8 @@ json to_json(const instance_info& i) {
           {"swapped", s.swapped},
           {"steps", s.steps},
           {"step_ms", s.step_ms},
+          {"overlapped_steps", s.overlapped_steps},
+          {"device_idle_ms", s.device_idle_ms},
           {"prefill_tokens", s.prefill_tokens},
           {"decode_tokens", s.decode_tokens},
           {"draft_tokens", s.draft_tokens},
@@ -318,7 +320,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           for (const auto& i : v) {
             json steps = json::array();
             for (const auto& t : i.stats.recent_steps)
-              steps.push_back({t.rows, t.decode_rows, t.context, t.ms, t.host_ms});
+              steps.push_back({t.rows, t.decode_rows, t.context, t.ms, t.host_ms, t.idle_ms});
             out.push_back({{"id", i.id}, {"role", i.role}, {"steps", steps}});
           }
           return out;

@@ -1,8 +1,48 @@
 #include "actors/device.hpp"
 
+#include <chrono>
+#include <optional>
+
+#include "runtime/step_overlap.hpp"
+
 namespace troupe {
 
 namespace {
+
+// Step overlap: what the last forward pass drew for the next one, and when
+// it ended (the idle time before the next is the gap overlap hides).
+struct step_chain {
+  uint64_t step = 0;  // 0: the last forward failed, or named no step
+  std::vector<int32_t> drawn;
+  std::optional<std::chrono::steady_clock::time_point> ended;
+};
+
+double ms_between(std::chrono::steady_clock::time_point a,
+                  std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// One forward pass: placeholders filled from the last pass's draws, the
+// pass, then this pass's draws for the next.
+forward_result run_forward(llama_forward& engine, forward_batch& batch, step_chain& chain) {
+  const auto start = std::chrono::steady_clock::now();
+  const double idle = chain.ended ? ms_between(*chain.ended, start) : -1;
+  const uint64_t last = std::exchange(chain.step, 0);
+  auto drawn = std::move(chain.drawn);
+  chain.drawn.clear();
+  struct mark_end {
+    step_chain& c;
+    ~mark_end() { c.ended = std::chrono::steady_clock::now(); }
+  } end{chain};
+  fill_placeholders(batch, last, drawn);
+  forward_result r = engine.run(batch);
+  r.drawn = presample(batch, r);
+  chain.step = batch.step;
+  chain.drawn = r.drawn;
+  r.idle_ms = idle;
+  r.device_ms = ms_between(start, std::chrono::steady_clock::now());
+  return r;
+}
 
 // The expert swap's state: a prepared placement waiting for its commit.
 struct expert_swap {
@@ -30,6 +70,7 @@ expert_stats read_expert_stats(llama_forward& engine, const expert_swap& swap) {
 device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
   auto swap = std::make_shared<expert_swap>();
+  auto chain = std::make_shared<step_chain>();
   return {
       [engine, swap](expert_stats_atom) { return read_expert_stats(*engine, *swap); },
       [engine, swap](expert_prepare_atom, const expert_plan& plan) -> caf::result<uint64_t> {
@@ -78,9 +119,9 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         if (swap->prepared_epoch == epoch) swap->prepared.clear();
         return epoch;
       },
-      [engine](forward_atom, const forward_batch& batch) -> caf::result<forward_result> {
+      [engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
         try {
-          return engine->run(batch);
+          return run_forward(*engine, batch, *chain);
         } catch (const std::exception& e) {
           return caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what());
         }

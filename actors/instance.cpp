@@ -17,6 +17,7 @@
 #include "runtime/ngram_draft.hpp"
 #include "runtime/page_pool.hpp"
 #include "runtime/sampler.hpp"
+#include "runtime/step_overlap.hpp"
 #include "runtime/token_constraint.hpp"
 
 namespace troupe {
@@ -84,12 +85,31 @@ struct live_seq {
   // paying for it.
   int32_t draft_cap = 1 << 20;
   int32_t draft_rest = 0;
+  // Bumped at each preemption: a chunk planned before it (in a step still
+  // on the device) no longer describes the sequence, and its result is
+  // dropped, even once the sequence runs again.
+  uint32_t epoch = 0;
   // Running: prefilling until only the last token (whose logits give the
   // next one) is left.
   void run() {
     state = computed + 1 >= static_cast<int32_t>(tokens.size()) ? seq_state::decoding
                                                                 : seq_state::prefilling;
   }
+};
+
+// A step sent to the device: running, or queued behind the one running
+// (step overlap).
+struct inflight_step {
+  uint64_t id = 0;
+  std::vector<step_chunk> chunks;
+  std::vector<uint32_t> epochs;  // each chunk's sequence's epoch when planned
+  size_t n_decode = 0;           // chunks [0, n_decode) are decode rows
+  // Step overlap: per chunk, the index of the token the device draws for it
+  // after the step (-1: none).  When every chunk that samples is drawn, the
+  // step is chainable: the next one may be planned and sent while it runs.
+  std::vector<int32_t> drawn;
+  bool chainable = false;
+  std::chrono::steady_clock::time_point sent;
 };
 
 struct instance_state {
@@ -108,8 +128,13 @@ struct instance_state {
   // takes its sequences with it.
   std::unordered_map<caf::actor_addr, std::vector<uint64_t>> by_sink;
   uint64_t next_key = 1;
-  bool busy = false;                                 // a step is on the device
-  std::chrono::steady_clock::time_point step_start;  // of the step on the device
+  // Steps on the device, oldest first: one, or with step overlap two (the
+  // second planned while the first runs, its placeholders filled there).
+  std::deque<inflight_step> inflight;
+  uint64_t next_step = 1;
+  std::chrono::steady_clock::time_point last_result;  // of the last step that answered
+  bool dummy_running = false;                         // a lockstep dummy step is on the device
+  std::chrono::steady_clock::time_point dummy_start;
   instance_stats counters;
   std::deque<step_timing> recent_steps;  // the last opts.kept_steps
   std::unordered_map<std::string, std::shared_ptr<token_constraint>> constraints;  // by pattern
@@ -210,6 +235,7 @@ finish_reason stop_reason(const instance_state& st, const live_seq& s, int32_t t
 void preempt(self_ptr self, uint64_t key) {
   auto& st = self->state;
   live_seq& s = st.seqs.at(key);
+  ++s.epoch;
   const bool swap = st.opts.preemption == preempt_mode::swap && s.computed > 0;
   if (swap) {
     auto table = st.pool->export_pages(key);
@@ -341,8 +367,7 @@ void make_room(self_ptr self, const std::vector<step_chunk>& chunks, int32_t sho
            "pages); raise --kv-mb");
 }
 
-void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
-               forward_result& r);
+void on_result(self_ptr self, uint64_t id, forward_result& r);
 void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
              size_t logits_row);
 
@@ -419,19 +444,51 @@ void dummy_step(self_ptr self, bool had_work) {
   b.positions = {0};
   b.seqs.push_back(forward_seq{0, 1, st.dummy_page});
   b.logit_rows = {0};
-  st.busy = true;
+  st.dummy_running = true;
   st.stepping = std::exchange(st.granted, 0);
-  st.step_start = std::chrono::steady_clock::now();
+  st.dummy_start = std::chrono::steady_clock::now();
   auto done = [self, had_work] {
-    self->state.busy = false;
-    report_round(self, ms_since(self->state.step_start), true);
+    self->state.dummy_running = false;
+    report_round(self, ms_since(self->state.dummy_start), true);
     if (!had_work) step(self);
   };
   self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
       .then([done](forward_result&) { done(); }, [done](caf::error&) { done(); });
 }
 
-// Plans the next step and sends it to the device, unless one is running.
+bool busy(const instance_state& st) {
+  return st.dummy_running || !st.inflight.empty();
+}
+
+// Step overlap: the step on the device is chainable, so the next may be
+// planned and sent now (never in a dp_group's lockstep rounds, where each
+// step waits for its round).
+bool may_plan_ahead(const instance_state& st) {
+  return st.opts.step_overlap && !st.group && st.inflight.size() == 1 &&
+         st.inflight.front().chainable;
+}
+
+// Step overlap: whether the device can draw the token `c` samples for `s`
+// exactly as advance() will.  Structured output masks with the instance's
+// constraint state, and a sequence that wants drafts needs its last token
+// to propose them; both wait for the result instead.
+bool drawable(const instance_state& st, const live_seq& s, const step_chunk& c) {
+  const int32_t drafts = s.req.draft_tokens >= 0 ? s.req.draft_tokens : st.opts.draft_tokens;
+  return st.opts.step_overlap && !st.group && c.sample && c.draft.empty() && !s.constraint &&
+         !s.req.prefill_only && drafts <= 0 && presamplable(s.req.sampling);
+}
+
+// Whether the token a sequence samples next ends it (max_tokens, context),
+// whatever it is: a step planned ahead leaves it out.
+bool ends_at_next_token(const instance_state& st, const live_seq& s) {
+  return s.generated() + 1 >= s.req.max_tokens ||
+         static_cast<int32_t>(s.tokens.size()) + 1 >= st.max_len;
+}
+
+// Plans the next step and sends it to the device, unless one is running
+// (or, with step overlap, two: the one running and the next, planned while
+// it runs, as if its chunks were done, their sampled tokens placeholders the
+// device fills).
 // Admitted sequences are matched against the prefix cache (or swapped in)
 // and the step is planned again with what they really need, until a plan
 // admits nobody: each round moves a waiting sequence to running, and a
@@ -444,7 +501,8 @@ void dummy_step(self_ptr self, bool had_work) {
 // and the rounds are bounded by twice the sequences.
 void step(self_ptr self) {
   auto& st = self->state;
-  if (st.busy) return;
+  if (st.dummy_running) return;
+  if (!st.inflight.empty() && !may_plan_ahead(st)) return;
   if (st.group && st.granted == 0) {
     // Lockstep: it steps only in the group's rounds; ask for one.
     if (!st.asked && has_work(st)) {
@@ -453,15 +511,30 @@ void step(self_ptr self) {
     }
     return;
   }
+  // Planning ahead: the chunks of the step on the device, by sequence.
+  const inflight_step* ahead = st.inflight.empty() ? nullptr : &st.inflight.back();
+  std::unordered_map<uint64_t, size_t> in_ahead;
+  for (size_t i = 0; ahead && i < ahead->chunks.size(); ++i)
+    in_ahead.emplace(ahead->chunks[i].id, i);
   std::unordered_set<uint64_t> preempted_now;
   bool restarted = false;
   for (;;) {
     std::vector<sched_seq> running, waiting;
     for (const auto& [key, s] : st.seqs) {
-      if (s.running())
-        running.push_back(describe(st, s));
-      else if (s.schedulable() && !preempted_now.count(key))
+      if (s.running()) {
+        sched_seq d = describe(st, s);
+        auto a = in_ahead.find(key);
+        if (a != in_ahead.end() && ahead->epochs[a->second] == s.epoch) {
+          // As it will be once the step on the device is done.
+          const step_chunk& c = ahead->chunks[a->second];
+          if (c.sample && ends_at_next_token(st, s)) continue;
+          d.computed = c.start + c.n_tokens;
+          d.total = static_cast<int32_t>(s.tokens.size()) + (c.sample ? 1 : 0);
+        }
+        running.push_back(std::move(d));
+      } else if (s.schedulable() && !preempted_now.count(key)) {
         waiting.push_back(describe(st, s));
+      }
     }
     auto plan = plan_step(running, waiting, st.opts.limits, st.pool->available());
     for (uint64_t v : plan.preempted) {
@@ -486,7 +559,7 @@ void step(self_ptr self) {
 
     std::vector<step_chunk> chunks = plan.decode;
     chunks.insert(chunks.end(), plan.prefill.begin(), plan.prefill.end());
-    add_drafts(st, plan, chunks);
+    if (!ahead) add_drafts(st, plan, chunks);  // drafts follow a sequence's last token
     std::vector<alloc_request> reqs;
     for (const auto& c : chunks) reqs.push_back({c.id, c.start + c.n_tokens});
     step_allocation alloc;
@@ -522,6 +595,11 @@ void step(self_ptr self) {
     }
 
     forward_batch b;
+    inflight_step fl;
+    const uint64_t id = st.next_step++;
+    fl.id = b.step = id;
+    fl.n_decode = plan.decode.size();
+    fl.chainable = true;
     for (size_t i = 0; i < chunks.size(); ++i) {
       const auto& c = chunks[i];
       live_seq& s = st.seqs.at(c.id);
@@ -529,28 +607,56 @@ void step(self_ptr self) {
       forward_seq fs{static_cast<int32_t>(b.tokens.size()), c.n_tokens,
                      std::move(alloc.tables[i].pages)};
       for (int32_t j = 0; j < c.n_tokens; ++j) {
-        b.tokens.push_back(j == 0 || c.draft.empty() ? s.tokens[c.start + j] : c.draft[j - 1]);
-        b.positions.push_back(c.start + j);
+        const int32_t pos = c.start + j;
+        if (j > 0 && !c.draft.empty()) {
+          b.tokens.push_back(c.draft[j - 1]);
+        } else if (pos < static_cast<int32_t>(s.tokens.size())) {
+          b.tokens.push_back(s.tokens[pos]);
+        } else {
+          // The token the step on the device samples: the device fills it in.
+          b.after = ahead->id;
+          b.placeholders.push_back(
+              {static_cast<int32_t>(b.tokens.size()), ahead->drawn.at(in_ahead.at(c.id))});
+          b.tokens.push_back(0);
+        }
+        b.positions.push_back(pos);
+      }
+      int32_t drawn = -1;
+      if (drawable(st, s, c)) {
+        drawn = static_cast<int32_t>(b.presample.size());
+        b.presample.push_back(
+            {static_cast<int32_t>(b.logit_rows.size()), s.req.sampling, c.start + c.n_tokens});
+      } else if (c.sample) {
+        fl.chainable = false;
       }
       // A drafted chunk is verified row by row: every row's logits.
       for (int32_t j = c.draft.empty() ? c.n_tokens - 1 : 0; c.sample && j < c.n_tokens; ++j)
         b.logit_rows.push_back(fs.first_row + j);
       b.seqs.push_back(std::move(fs));
+      fl.epochs.push_back(s.epoch);
+      fl.drawn.push_back(drawn);
     }
-    st.busy = true;
+    fl.chunks = std::move(chunks);
+    fl.sent = std::chrono::steady_clock::now();
+    if (ahead) ++st.counters.overlapped_steps;
+    st.inflight.push_back(std::move(fl));
     st.stepping = std::exchange(st.granted, 0);
     ++st.counters.steps;
-    st.step_start = std::chrono::steady_clock::now();
     self->request(st.dev, caf::infinite, forward_atom::value, std::move(b))
-        .then([self, chunks, n_decode = plan.decode.size()](
-                  forward_result& r) { on_result(self, chunks, n_decode, r); },
-              [self, chunks](caf::error& e) {
-                self->state.busy = false;
-                report_round(self, ms_since(self->state.step_start), false);
+        .then([self, id](forward_result& r) { on_result(self, id, r); },
+              [self, id](caf::error& e) {
+                auto& st = self->state;
+                if (st.inflight.empty() || st.inflight.front().id != id) return;
+                inflight_step failed = std::move(st.inflight.front());
+                st.inflight.pop_front();
+                st.last_result = std::chrono::steady_clock::now();
+                report_round(self, ms_since(failed.sent), false);
                 const std::string why = "forward: " + self->system().render(e);
-                for (const auto& c : chunks) fail(self, c.id, why);
+                for (const auto& c : failed.chunks) fail(self, c.id, why);
                 step(self);
               });
+    // Step overlap: plan the next one while this one runs.
+    if (may_plan_ahead(st)) step(self);
     return;
   }
 }
@@ -575,38 +681,71 @@ void guard_tpot(instance_state& st, const std::vector<step_chunk>& chunks, size_
     lim.offline_rows = std::min(full, lim.offline_rows + 4);
 }
 
+// Step overlap: the token the instance sampled for chunk `i` must be the one
+// the device drew for the step it may already run; a sequence where they
+// differ (a bug, never expected) ends with an error rather than go on from
+// a token it did not sample.
+void check_draw(self_ptr self, const inflight_step& done, size_t i, const forward_result& r) {
+  const int32_t k = done.drawn[i];
+  if (k < 0) return;
+  const step_chunk& c = done.chunks[i];
+  auto it = self->state.seqs.find(c.id);
+  if (it == self->state.seqs.end()) return;
+  const auto& tokens = it->second.tokens;
+  const size_t at = static_cast<size_t>(c.start + c.n_tokens);
+  if (tokens.size() <= at) return;
+  const int32_t dev = static_cast<size_t>(k) < r.drawn.size() ? r.drawn[k] : -1;
+  if (tokens[at] != dev)
+    fail(self, c.id,
+         "step overlap: the device drew token " + std::to_string(dev) +
+             " for the next step, the sampler " + std::to_string(tokens[at]));
+}
+
 // The step is done: advance each sequence, sample those whose chunk ended
 // at their last token, stream, and plan the next step.  Sequences aborted
-// while the step ran are gone from `seqs` and skipped.
-void on_result(self_ptr self, const std::vector<step_chunk>& chunks, size_t n_decode,
-               forward_result& r) {
+// or preempted while the step ran are gone from `seqs`, not running, or
+// of a later epoch, and are skipped.
+void on_result(self_ptr self, uint64_t id, forward_result& r) {
   auto& st = self->state;
-  st.busy = false;
-  const double ms = ms_since(st.step_start);
+  if (st.inflight.empty() || st.inflight.front().id != id) {
+    spdlog::error("instance: the result of step {} came out of order", id);
+    return;
+  }
+  inflight_step done = std::move(st.inflight.front());
+  st.inflight.pop_front();
+  const auto now = std::chrono::steady_clock::now();
+  // Queued behind the step before it, a step starts when that one ends.
+  const double ms =
+      std::chrono::duration<double, std::milli>(now - std::max(done.sent, st.last_result)).count();
+  st.last_result = now;
+  const auto& chunks = done.chunks;
   st.counters.step_ms += ms;
+  if (r.idle_ms > 0) st.counters.device_idle_ms += r.idle_ms;
   report_round(self, ms, false);
-  step_timing t{st.counters.steps, 0, ms, 0, 0};
+  step_timing t{done.id, 0, ms, 0, 0, 0, r.idle_ms, r.device_ms};
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
     t.rows += c.n_tokens;
-    if (i < n_decode) t.decode_rows += c.n_tokens;
+    if (i < done.n_decode) t.decode_rows += c.n_tokens;
     // Row j of the chunk attends to positions [0, start + j].
     t.context += int64_t(c.n_tokens) * c.start + int64_t(c.n_tokens) * (c.n_tokens + 1) / 2;
   }
   st.recent_steps.push_back(t);
   if (st.recent_steps.size() > st.opts.kept_steps) st.recent_steps.pop_front();
-  guard_tpot(st, chunks, n_decode, ms);
+  guard_tpot(st, chunks, done.n_decode, ms);
   const auto host_start = std::chrono::steady_clock::now();
   size_t row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
     const size_t logits_row = row;
     if (c.sample) row += c.draft.empty() ? 1 : c.draft.size() + 1;
-    // Aborted, or being exported, while the step ran: its part is dropped
-    // (an export carries the KV it had when it began).
+    // Aborted, being exported or preempted while the step ran: its part is
+    // dropped (an export carries the KV it had when it began).
     auto it = self->state.seqs.find(c.id);
-    if (it == self->state.seqs.end() || !it->second.running()) continue;
-    guarded(self, c.id, "step result", [&] { advance(self, c, i < n_decode, r, logits_row); });
+    if (it == self->state.seqs.end() || !it->second.running() || it->second.epoch != done.epochs[i])
+      continue;
+    guarded(self, c.id, "step result", [&] { advance(self, c, i < done.n_decode, r, logits_row); });
+    check_draw(self, done, i, r);
   }
   step(self);
   if (!st.recent_steps.empty()) st.recent_steps.back().host_ms = ms_since(host_start);
@@ -967,8 +1106,8 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         token_batch last;
         last.id = id;
         last.finish = finish_reason::aborted;
-        // Safe while a step runs: the pages freed here are handed out only
-        // when the next step is planned, after this one's result.
+        // Safe while steps run: the pages freed here go only to steps sent
+        // after them, and the device runs steps in order.
         finish(self, it->second, std::move(last));
       },
       [self](relocate_atom) {
@@ -1035,7 +1174,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         st.granted = round;
         // A step from before the join may still run: its result steps in
         // this round.
-        if (st.busy) return;
+        if (busy(st)) return;
         const bool had_work = has_work(st);
         step(self);
         if (st.granted != 0) dummy_step(self, had_work);

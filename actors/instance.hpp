@@ -42,6 +42,9 @@ struct instance_options {
   // than this halves the offline rows a step may take beside them, and a
   // step under 80% of it gives 4 back (0: no guard).
   double tpot_target_ms = 0;
+  // Step overlap (runtime/step_overlap.hpp): plan and send the next step
+  // while the device runs this one.
+  bool step_overlap = true;
 };
 
 // Asks the device what it holds (blocking, before any actor exists), then

@@ -49,6 +49,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.role = spec.role;
   io.tpot_target_ms = spec.tpot_target_ms;
   io.draft_tokens = spec.draft_tokens;
+  io.step_overlap = spec.step_overlap;
   io.kept_steps = static_cast<size_t>(std::max(1, spec.step_history));
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);

@@ -22,6 +22,8 @@ template <class F>
 void for_each_message_type(F&& f) {
   f.template operator()<forward_seq>("troupe.forward_seq");
   f.template operator()<std::vector<forward_seq>>("troupe.forward_seqs");
+  f.template operator()<presample_row>("troupe.presample_row");
+  f.template operator()<placeholder_row>("troupe.placeholder_row");
   f.template operator()<forward_batch>("troupe.forward_batch");
   f.template operator()<forward_result>("troupe.forward_result");
   f.template operator()<device_info>("troupe.device_info");

@@ -30,13 +30,32 @@ typename Inspector::result_type inspect(Inspector& f, forward_seq& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
+  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
+           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.penalty_last_n, x.seed,
+           x.logprobs, x.n_logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, presample_row& x) {
+  return f(caf::meta::type_name("presample_row"), x.logit_index, x.sampling, x.position);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, placeholder_row& x) {
+  return f(caf::meta::type_name("placeholder_row"), x.row, x.drawn_index);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_batch& x) {
-  return f(caf::meta::type_name("forward_batch"), x.tokens, x.positions, x.seqs, x.logit_rows);
+  return f(caf::meta::type_name("forward_batch"), x.tokens, x.positions, x.seqs, x.logit_rows,
+           x.step, x.presample, x.after, x.placeholders);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_result& x) {
-  return f(caf::meta::type_name("forward_result"), x.n_vocab, x.logits);
+  return f(caf::meta::type_name("forward_result"), x.n_vocab, x.logits, x.drawn, x.device_ms,
+           x.idle_ms);
 }
 
 template <class Inspector>

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "messages/device.hpp"
 #include "messages/kv_pool.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/scheduler.hpp"
@@ -115,6 +116,8 @@ struct step_timing {
   int32_t decode_rows = 0;  // rows of decoding sequences (the rest are prefill)
   int64_t context = 0;      // attention work: the sum over rows of the positions they attend
   double host_ms = 0;       // after the device answered: sampling, streaming, the next plan
+  double idle_ms = -1;      // the device idle before it (-1: its first step): the gap overlap hides
+  double device_ms = 0;     // the device's own time on it (placeholders, pass, draws)
 };
 
 struct instance_stats {
@@ -135,6 +138,10 @@ struct instance_stats {
   uint64_t imported = 0;    // sequences taken in from KV blobs
   uint64_t swap_bytes = 0;  // host-tier bytes held now
   double step_ms = 0;       // wall time of all steps on the device
+  // Step overlap: steps sent while another ran, and the device's idle time
+  // between steps, summed.
+  uint64_t overlapped_steps = 0;
+  double device_idle_ms = 0;
   pool_stats kv;
   std::string kv_check;                   // page invariants: empty when they hold
   std::vector<uint64_t> prefix_hashes;    // of its cached full pages (for prefix placement)
@@ -152,19 +159,12 @@ struct instance_stats {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_timing& x) {
   return f(caf::meta::type_name("step_timing"), x.step, x.rows, x.ms, x.decode_rows, x.context,
-           x.host_ms);
+           x.host_ms, x.idle_ms, x.device_ms);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
   return f(caf::meta::type_name("token_logprob"), x.token, x.logprob);
-}
-
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
-  return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
-           x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.penalty_last_n, x.seed,
-           x.logprobs, x.n_logprobs);
 }
 
 template <class Inspector>
@@ -187,7 +187,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
            x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
-           x.accepted_tokens);
+           x.accepted_tokens, x.overlapped_steps, x.device_idle_ms);
 }
 
 // One sequence as its instance holds it (the dp_group's view for moves).

@@ -56,7 +56,22 @@ std::vector<float> log_softmax(std::span<const float> logits) {
 
 }  // namespace
 
+bool sampler::needs_history(const sampling_params& p) {
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  return pick(logits, history, history.size());
+}
+
+int32_t sampler::sample_at(std::span<const float> logits, size_t position) {
+  if (needs_history(params_))
+    throw std::logic_error("sample_at: penalties need the history's tokens");
+  return pick(logits, {}, position).token;
+}
+
+sample_result sampler::pick(std::span<const float> logits, std::span<const int32_t> history,
+                            size_t position) {
   const auto& p = params_;
   const int32_t n = static_cast<int32_t>(logits.size());
   sample_result res;
@@ -72,9 +87,7 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
   }
 
   // Penalties over the recent window (llama.cpp semantics).
-  const bool penalize =
-      p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
-  if (penalize && !history.empty()) {
+  if (needs_history(p) && !history.empty()) {
     size_t window =
         p.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.penalty_last_n));
     std::unordered_map<int32_t, int> counts;
@@ -125,7 +138,7 @@ sample_result sampler::sample(std::span<const float> logits, std::span<const int
     }
     double total = 0.0;
     for (size_t i = 0; i < keep; ++i) total += probs[i];
-    double r = total * seeded_uniform(p.seed, history.size()), acc = 0.0;
+    double r = total * seeded_uniform(p.seed, position), acc = 0.0;
     res.token = cand_[keep - 1].second;
     for (size_t i = 0; i < keep; ++i) {
       acc += probs[i];

@@ -56,9 +56,22 @@ class sampler {
   // Throws std::invalid_argument when the logits are empty or hold a NaN.
   sample_result sample(std::span<const float> logits, std::span<const int32_t> history);
 
+  // The token `sample` picks after a history of `position` tokens, for
+  // parameters without penalties (which read the history itself; see
+  // needs_history): step overlap draws it on the device, ahead of the
+  // instance, and both must agree.  Throws as `sample` does, and
+  // std::logic_error for parameters with penalties.
+  int32_t sample_at(std::span<const float> logits, size_t position);
+
+  // Whether sampling reads the history's tokens, not only its length.
+  static bool needs_history(const sampling_params& p);
+
   const sampling_params& params() const { return params_; }
 
  private:
+  sample_result pick(std::span<const float> logits, std::span<const int32_t> history,
+                     size_t position);
+
   sampling_params params_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
 };

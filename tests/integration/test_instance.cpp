@@ -43,6 +43,7 @@ struct instance_fixture {
   std::shared_ptr<const model_file> model;
   std::unique_ptr<tokenizer> tok;
   std::vector<int32_t> story;  // the tokens prompts are cut from, BOS not included
+  bool step_overlap = true;    // for the instances it spawns
 
   instance_fixture() {
     register_message_types(cfg);
@@ -74,6 +75,7 @@ struct instance_fixture {
     o.preemption = mode;
     o.prefix_caching = caching;
     o.eog_tokens = tok->end_of_generation_ids();
+    o.step_overlap = step_overlap;
     return spawn_instance(*sys, std::move(dev), o);
   }
 
@@ -290,6 +292,67 @@ TEST(Instance, PreemptionByRecomputeKeepsOutputs) {
 
 TEST(Instance, PreemptionBySwapKeepsOutputs) {
   preemption_run(preempt_mode::swap);
+}
+
+// Step overlap (runtime/step_overlap.hpp): the next step is sent while one
+// runs, the tokens it samples drawn on the device.  No output changes,
+// whether a sequence's token is drawn ahead (greedy, seeded sampling with
+// any truncation, logprobs) or waits for the result (penalties, drafts) in
+// the same batch, also under preemption in a small arena.  Off, no step is
+// sent while another runs.
+TEST(Instance, StepOverlapKeepsEveryOutput) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 12, 24, 31, 60);
+  reqs[1].sampling.temperature = 0.8f;
+  reqs[1].sampling.top_p = 0.9f;
+  reqs[1].sampling.seed = 11;
+  reqs[2].sampling.temperature = 1.0f;
+  reqs[2].sampling.top_k = 20;
+  reqs[2].sampling.min_p = 0.05f;
+  reqs[2].sampling.seed = 5;
+  reqs[3].sampling.n_logprobs = 3;
+  reqs[4].sampling.repetition_penalty = 1.3f;
+  reqs[5].draft_tokens = 3;
+  reqs[6].max_tokens = 1;
+  reqs[7].cls = seq_class::offline;
+  f.step_overlap = false;
+  auto want = f.alone(reqs);
+  auto dev = f.device();
+  {
+    auto inst = f.instance(dev, 64, 32);
+    expect_same(f.run(inst, reqs), want);
+    EXPECT_EQ(f.stats(inst).overlapped_steps, 0u);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+  f.step_overlap = true;
+  for (int pages : {0, 12}) {
+    SCOPED_TRACE(pages ? "12-page arena (preemption)" : "large arena");
+    auto inst = f.instance(pages ? f.device(pages) : dev, 64, 32);
+    auto got = f.run(inst, reqs);
+    expect_same(got, want);
+    EXPECT_EQ(got.at(103).logprobs.size(), 24u);
+    if (!pages) {
+      // Without the sequences that wait for their results, steps are
+      // planned ahead.
+      std::vector<sequence_request> drawn;
+      for (const auto& r : reqs)
+        if (r.id != 104 && r.id != 105) drawn.push_back(r);
+      auto again = f.run(inst, drawn);
+      for (const auto& r : drawn) EXPECT_EQ(again.at(r.id).tokens, want.at(r.id)) << r.id;
+    }
+    const auto st = f.stats(inst);
+    EXPECT_GT(st.overlapped_steps, 0u);
+    if (pages) {
+      EXPECT_GT(st.preempted_recompute, 0u);
+    }
+    f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+  // Alone, a sequence with penalties never lets a step be planned ahead.
+  auto inst = f.instance(dev, 64, 32);
+  auto got = f.run(inst, {reqs[4]});
+  EXPECT_EQ(got.at(104).tokens, want.at(104));
+  EXPECT_EQ(f.stats(inst).overlapped_steps, 0u);
 }
 
 // Speculative decoding (n-gram drafts verified in one step) changes no

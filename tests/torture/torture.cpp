@@ -93,7 +93,7 @@ struct tally {
            pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
-           expert_swaps = 0, violations = 0;
+           expert_swaps = 0, overlap_off_rounds = 0, overlapped_steps = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -232,6 +232,11 @@ class round_driver {
     // Issue 14: speculative decoding server-wide in some rounds (requests
     // may ask otherwise); greedy outputs must not change.
     if (chance(0.4)) a += " --draft-tokens " + std::to_string(one_of<int>({2, 4, 8}));
+    // Step overlap is on by default; some rounds run without it.
+    if (chance(0.25)) {
+      a += " --step-overlap false";
+      ++t_.overlap_off_rounds;
+    }
     return a;
   }
 
@@ -311,6 +316,9 @@ class round_driver {
     if (chance(0.5)) g.mutable_sampling()->set_top_k(1 + static_cast<int>(pick(50)));
     if (chance(0.3)) g.mutable_sampling()->set_top_p(0.5f + static_cast<float>(pick(50)) / 100.0f);
     g.set_logprobs(static_cast<int>(pick(21)));
+    // Penalties read the tokens themselves: step overlap cannot draw these
+    // ahead, and the steps they are in wait for their results.
+    if (chance(0.2)) g.mutable_sampling()->set_repetition_penalty(1.1f);
     if (chance(0.2)) g.set_request_class(wire::OFFLINE);
     if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(17)));
     s.reqs[id] = track(kind::sampled, prompt);
@@ -614,6 +622,7 @@ class round_driver {
           violation("page invariants: " + i["kv_check"].get<std::string>());
         t_.preempted_recompute += i["preempted_recompute"].get<uint64_t>();
         t_.preempted_swap += i["preempted_swap"].get<uint64_t>();
+        t_.overlapped_steps += i.value("overlapped_steps", uint64_t{0});
       }
     } catch (const std::exception& e) {
       violation(std::string("admin: ") + e.what());
@@ -724,6 +733,8 @@ int run(const options& o) {
             {"dp_lockstep_rounds", t.dp_lockstep_rounds},
             {"moe_rounds", t.moe_rounds},
             {"expert_swaps", t.expert_swaps},
+            {"overlap_off_rounds", t.overlap_off_rounds},
+            {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},
             {"drains", t.drains},

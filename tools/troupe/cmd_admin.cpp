@@ -122,7 +122,9 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("kill", "fault injection: kill an instance as a crash would (its requests recover)", false,
          true);
   action("preempt", "preempt a running request (it runs again when its turn comes)", true);
-  action("steps", "each instance's last forward passes: rows, decode rows, attention work, ms",
+  action("steps",
+         "each instance's last forward passes: rows, decode rows, attention work, ms, host ms "
+         "after the result, the device's idle ms before the pass",
          false);
   action("monitor",
          "the monitor's window: per instance TTFT, TPOT, token interval, busy share; the TTFT "

@@ -35,6 +35,7 @@ struct batch_flags {
   bool no_prefix_cache = false;
   bool json = false;
   bool kv_mb_given = false;
+  bool step_overlap = true;
 };
 
 int run_batch(const batch_flags& f) {
@@ -60,6 +61,7 @@ int run_batch(const batch_flags& f) {
   io.limits.page_size = info.page_size;
   io.eog_tokens = tok->end_of_generation_ids();
   io.prefix_caching = !f.no_prefix_cache;
+  io.step_overlap = f.step_overlap;
   auto inst = spawn_instance(*env.sys, dev, io);
 
   std::mt19937 rng(f.seed);
@@ -91,6 +93,8 @@ int run_batch(const batch_flags& f) {
   const auto after = query_stats(*env.sys, inst);
 
   const uint64_t steps = after.steps - before.steps;
+  const uint64_t overlapped = after.overlapped_steps - before.overlapped_steps;
+  const double idle_ms = after.device_idle_ms - before.device_idle_ms;
   const uint64_t prompt_tokens = static_cast<uint64_t>(f.requests) * f.prompt_len;
   const uint64_t prefill_rows = after.prefill_tokens - before.prefill_tokens;
   const uint64_t decode_rows = after.decode_tokens - before.decode_tokens;
@@ -120,6 +124,9 @@ int run_batch(const batch_flags& f) {
                                 {"total_tokens_per_s", total_tps},
                                 {"steps", steps},
                                 {"mean_step_ms", step_ms},
+                                {"step_overlap", io.step_overlap},
+                                {"overlapped_steps", overlapped},
+                                {"device_idle_ms_per_step", steps ? idle_ms / steps : 0.0},
                                 {"prefill_rows", prefill_rows},
                                 {"decode_rows", decode_rows},
                                 {"all_started_s", res.last_first_token_s},
@@ -142,6 +149,11 @@ int run_batch(const batch_flags& f) {
                 static_cast<unsigned long long>(prompt_tokens + res.generated), total_tps);
     std::printf("steps               %10llu  (mean %.2f ms/step)\n",
                 static_cast<unsigned long long>(steps), step_ms);
+    std::printf(
+        "step overlap        %10s  (%llu steps sent while one ran; device idle %.3f "
+        "ms/step)\n",
+        io.step_overlap ? "on" : "off", static_cast<unsigned long long>(overlapped),
+        steps ? idle_ms / steps : 0.0);
     std::printf("rows computed       %10llu prefill, %llu decode\n",
                 static_cast<unsigned long long>(prefill_rows),
                 static_cast<unsigned long long>(decode_rows));
@@ -184,6 +196,9 @@ void add_bench_batch(CLI::App& bench) {
   cmd->add_option("--seed", f->seed, "prompt seed")->default_val(42);
   cmd->add_flag("--no-prefix-cache", f->no_prefix_cache, "disable prefix caching");
   cmd->add_flag("--json", f->json, "print one JSON object");
+  cmd->add_option("--step-overlap", f->step_overlap,
+                  "plan the next step while the device runs this one")
+      ->default_val(step_overlap_default());
   cmd->callback([f, cmd] {
     // Without --kv-mb the arena is sized to hold every request at once.
     f->kv_mb_given = cmd->count("--kv-mb") > 0;

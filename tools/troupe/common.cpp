@@ -52,6 +52,11 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
       ->check(CLI::Range(0, 256));
 }
 
+bool step_overlap_default() {
+  const char* v = std::getenv("TROUPE_STEP_OVERLAP");
+  return v ? std::atoi(v) != 0 : true;
+}
+
 engine_options to_engine_options(const engine_flags& f) {
   engine_options o;
   o.device = {f.platform, f.device};

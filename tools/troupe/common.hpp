@@ -31,6 +31,10 @@ struct engine_flags {
 };
 
 void add_engine_flags(CLI::App& app, engine_flags& f);
+
+// Step overlap's default for the commands that run instances: on, unless
+// TROUPE_STEP_OVERLAP=0 (bench/engine_ab.py's on/off variants set it).
+bool step_overlap_default();
 engine_options to_engine_options(const engine_flags& f);
 
 // Resolves a model name or path and opens it (throws model_error).
