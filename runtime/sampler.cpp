@@ -79,6 +79,19 @@ sample_result sampler::pick(std::span<const float> logits, std::span<const int32
   // A broken forward pass (or a malformed reply from a remote device) must
   // end this sequence with an error, not pick an arbitrary token.
   if (n == 0) throw std::invalid_argument("sample: no logits");
+  if (p.temperature == 0.0f && (!needs_history(p) || history.empty())) {
+    // Greedy without penalties: one pass, no candidate list (the first of
+    // equal maxima, as below).  Every decode row of a greedy batch comes
+    // here, on the host's critical path.
+    int32_t best = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (std::isnan(logits[i]))
+        throw std::invalid_argument("sample: logit " + std::to_string(i) + " is NaN");
+      if (logits[i] > logits[best]) best = i;
+    }
+    res.token = best;
+    return with_logprobs(res, logits);
+  }
   cand_.resize(n);
   for (int32_t i = 0; i < n; ++i) {
     if (std::isnan(logits[i]))
@@ -149,7 +162,13 @@ sample_result sampler::pick(std::span<const float> logits, std::span<const int32
     }
   }
 
-  // Logprobs are reported under the model's own distribution.
+  return with_logprobs(res, logits);
+}
+
+// Logprobs are reported under the model's own distribution.
+sample_result sampler::with_logprobs(sample_result res, std::span<const float> logits) const {
+  const auto& p = params_;
+  const int32_t n = static_cast<int32_t>(logits.size());
   if (!p.logprobs && p.n_logprobs == 0) return res;
   auto lp = log_softmax(logits);
   res.logprob = lp[res.token];

@@ -71,6 +71,7 @@ class sampler {
  private:
   sample_result pick(std::span<const float> logits, std::span<const int32_t> history,
                      size_t position);
+  sample_result with_logprobs(sample_result res, std::span<const float> logits) const;
 
   sampling_params params_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
