@@ -33,44 +33,44 @@ inline float16 half_bits_to_float16(ushort16 h) {
 
 // Loaders: the 32 values of block b of row r, as two float16 halves.
 // K is the row length in values, nb = K / 32 blocks per row.
-inline void load_f32(__global const uchar* wq, __global const half* wd, __global const half* wm,
+inline void load_f32(__global const uchar* wq, __global const float* wd, __global const float* wm,
                      int K, int nb, int r, int b, float16* lo, float16* hi) {
   __global const float* w = (__global const float*)wq + (size_t)r * K + b * QK;
   *lo = vload16(0, w);
   *hi = vload16(1, w);
 }
 
-inline void load_f16(__global const uchar* wq, __global const half* wd, __global const half* wm,
+inline void load_f16(__global const uchar* wq, __global const float* wd, __global const float* wm,
                      int K, int nb, int r, int b, float16* lo, float16* hi) {
   __global const ushort* w = (__global const ushort*)wq + (size_t)r * K + b * QK;
   *lo = half_bits_to_float16(vload16(0, w));
   *hi = half_bits_to_float16(vload16(1, w));
 }
 
-inline void load_q4_0(__global const uchar* wq, __global const half* wd, __global const half* wm,
+inline void load_q4_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
   size_t blk = (size_t)r * nb + b;
   uchar16 q = vload16(blk, wq);
-  float d = vload_half(blk, wd);
+  float d = wd[blk];
   *lo = (convert_float16(q & (uchar16)0xF) - 8.0f) * d;
   *hi = (convert_float16(q >> (uchar16)4) - 8.0f) * d;
 }
 
-inline void load_q4_1(__global const uchar* wq, __global const half* wd, __global const half* wm,
+inline void load_q4_1(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
   size_t blk = (size_t)r * nb + b;
   uchar16 q = vload16(blk, wq);
-  float d = vload_half(blk, wd);
-  float m = vload_half(blk, wm);
+  float d = wd[blk];
+  float m = wm[blk];
   *lo = fma(convert_float16(q & (uchar16)0xF), (float16)d, (float16)m);
   *hi = fma(convert_float16(q >> (uchar16)4), (float16)d, (float16)m);
 }
 
-inline void load_q8_0(__global const uchar* wq, __global const half* wd, __global const half* wm,
+inline void load_q8_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
   size_t blk = (size_t)r * nb + b;
   __global const char* q = (__global const char*)wq + blk * QK;
-  float d = vload_half(blk, wd);
+  float d = wd[blk];
   *lo = convert_float16(vload16(0, q)) * d;
   *hi = convert_float16(vload16(1, q)) * d;
 }
@@ -133,36 +133,36 @@ inline float hsum8(float8 v) {
   return c.x + c.y;
 }
 
-inline void loadu_q4_0(__global const uchar* wq, __global const half* wd,
-                       __global const half* wm, int nb, int r, int b, int8* u, float* dw,
+inline void loadu_q4_0(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                        float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q = vload16(blk, wq);
   *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
-  *dw = vload_half(blk, wd);
+  *dw = wd[blk];
   *mo = -8.0f * *dw;
   *exact = 1;
 }
 
-inline void loadu_q4_1(__global const uchar* wq, __global const half* wd,
-                       __global const half* wm, int nb, int r, int b, int8* u, float* dw,
+inline void loadu_q4_1(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                        float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q = vload16(blk, wq);
   *u = (int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4));
-  *dw = vload_half(blk, wd);
-  *mo = vload_half(blk, wm);
+  *dw = wd[blk];
+  *mo = wm[blk];
   *exact = 0;
 }
 
-inline void loadu_q8_0(__global const uchar* wq, __global const half* wd,
-                       __global const half* wm, int nb, int r, int b, int8* u, float* dw,
+inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                        float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
   const uchar16 q0 = vload16(2 * blk, wq) ^ (uchar16)0x80;
   const uchar16 q1 = vload16(2 * blk + 1, wq) ^ (uchar16)0x80;
   *u = (int8)(as_int4(q0), as_int4(q1));
-  *dw = vload_half(blk, wd);
+  *dw = wd[blk];
   *mo = -128.0f * *dw;
   *exact = 1;
 }

@@ -2,8 +2,8 @@
 // One work-item per (block of 32 values, token).
 
 #define TROUPE_EMBED(NAME, LOAD)                                                              \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                       \
-                     __global const half* wm, __global const int* tokens, __global float* out, \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                       \
+                     __global const float* wm, __global const int* tokens, __global float* out, \
                      int K) {                                                                 \
     const int b = get_global_id(0);                                                           \
     const int t = get_global_id(1);                                                           \

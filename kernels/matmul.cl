@@ -138,8 +138,8 @@
 #define Q_SUM(acc, j) (hsum8(acc[j]) + acc##_m[j])
 
 #define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, X##_XARGS, __global float* y,    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* y,    \
                      int K, int N, int T, int ldy, int accumulate, int rows_per_item) {      \
     const int t0 = get_global_id(1) * TT;                                                    \
     if (t0 >= T) return;                                                                     \
@@ -182,8 +182,8 @@
 #define DENSE_OUT(j) (t0 + (j))
 
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, X##_XARGS, __global float* h,    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* h,    \
                      int K, int F, int T, int rows_per_item, __global char* oq,              \
                      __global float* od, __global float2* os, int quant_out) {               \
     const int t0 = get_global_id(1) * TT;                                                    \
@@ -200,8 +200,8 @@
 // are never rotated.  Where has_bias, bias[w] (Qwen2's [bq | bk | bv]) is
 // added to stacked row w before the rotation, as llama.cpp adds it.
 #define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, X##_XARGS, __global float* qkv,  \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* qkv,  \
                      int K, int T, __global const int* pos, __global const int* row_seq,     \
                      __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
                      __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
@@ -298,8 +298,8 @@
   __global const int *slot_off, __global const int *slot_rows, int slot0, int tiles, int x_div
 
 #define TROUPE_MATMUL_ID(NAME, LOAD, TT, X)                                                    \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, X##_XARGS, __global float* y, int K, int N,   \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* y, int K, int N,   \
                      int rows_per_item, ID_ARGS) {                                           \
     ID_SETUP(TT)                                                                             \
     X##_SETUP_AT(TT, ID_ROW)                                                                 \
@@ -313,8 +313,8 @@
   }
 
 #define TROUPE_MATMUL_ID_GLU(NAME, LOAD, TT, X)                                                \
-  __kernel void NAME(__global const uchar* wq, __global const half* wd,                      \
-                     __global const half* wm, X##_XARGS, __global float* h, int K, int F,   \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
+                     __global const float* wm, X##_XARGS, __global float* h, int K, int F,   \
                      int rows_per_item, __global char* oq, __global float* od,               \
                      __global float2* os, int quant_out, ID_ARGS) {                          \
     ID_SETUP(TT)                                                                             \

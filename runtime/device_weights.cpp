@@ -59,10 +59,7 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   const size_t block_bytes = lay.header + lay.quants;
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
   std::vector<uint8_t> q(n_blocks * lay.quants);
-  // Scales (and mins) stay half, as the file has them: the kernels widen
-  // them as they load (vload_half), exactly, and decode reads 2 bytes less
-  // per block and value kind than with floats.
-  std::vector<uint16_t> d(n_blocks), m(lay.has_min ? n_blocks : 1);
+  std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
   size_t blk = 0;
   for (const auto* p : parts) {
     const size_t nb = p->bytes / block_bytes;
@@ -70,14 +67,14 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
       const uint8_t* src = p->data + i * block_bytes;
       uint16_t h[2];
       std::memcpy(h, src, lay.header);
-      d[blk] = h[0];
-      if (lay.has_min) m[blk] = h[1];
+      d[blk] = half_to_float(h[0]);
+      if (lay.has_min) m[blk] = half_to_float(h[1]);
       std::memcpy(&q[blk * lay.quants], src + lay.header, lay.quants);
     }
   }
   out.q = ctx.alloc(q.size(), q.data());
-  out.d = ctx.alloc(d.size() * sizeof(uint16_t), d.data());
-  out.m = ctx.alloc(m.size() * sizeof(uint16_t), m.data());
+  out.d = ctx.alloc(d.size() * sizeof(float), d.data());
+  out.m = ctx.alloc(m.size() * sizeof(float), m.data());
   return out;
 }
 

@@ -17,8 +17,8 @@ struct device_matrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features (contiguous)
   cl::buffer q;      // raw values (f32/f16) or quants
-  cl::buffer d;      // per-block scales as half bits (quantized types)
-  cl::buffer m;      // per-block mins as half bits (q4_1)
+  cl::buffer d;      // per-block scales as float (quantized types)
+  cl::buffer m;      // per-block mins as float (q4_1)
 };
 
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
