@@ -369,7 +369,7 @@ void make_room(self_ptr self, const std::vector<step_chunk>& chunks, int32_t sho
 
 void on_result(self_ptr self, uint64_t id, forward_result& r);
 void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
-             size_t logits_row);
+             size_t logits_row, int32_t drawn);
 
 // Speculative decoding: each decode chunk of a sequence that asks for it
 // takes n-gram draft tokens (runtime/ngram_draft) as extra rows, within the
@@ -744,7 +744,10 @@ void on_result(self_ptr self, uint64_t id, forward_result& r) {
     auto it = self->state.seqs.find(c.id);
     if (it == self->state.seqs.end() || !it->second.running() || it->second.epoch != done.epochs[i])
       continue;
-    guarded(self, c.id, "step result", [&] { advance(self, c, i < done.n_decode, r, logits_row); });
+    const int32_t k = done.drawn[i];
+    const int32_t drawn = k >= 0 && static_cast<size_t>(k) < r.drawn.size() ? r.drawn[k] : -1;
+    guarded(self, c.id, "step result",
+            [&] { advance(self, c, i < done.n_decode, r, logits_row, drawn); });
     check_draw(self, done, i, r);
   }
   step(self);
@@ -784,13 +787,20 @@ int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out
   return res.token;
 }
 
+// Appends a token drawn on the device (step overlap) as sample_next would.
+int32_t take_token(live_seq& s, int32_t token, token_batch& out) {
+  s.tokens.push_back(token);
+  out.tokens.push_back(token);
+  return token;
+}
+
 // One sequence's part of a step's result.  A drafted decode chunk is
 // verified as sequential decoding would run: row j's logits give the token
 // after the draft's first j tokens, sampled exactly as without drafts (same
 // sampler, same random draws), and the next row counts only while that token
 // equals the draft's.  So the output is the same with or without drafts.
 void advance(self_ptr self, const step_chunk& c, bool decode, const forward_result& r,
-             size_t logits_row) {
+             size_t logits_row, int32_t drawn) {
   auto& st = self->state;
   live_seq& s = st.seqs.at(c.id);
   // Rows whose KV now holds the sequence's own tokens: all of a prefill
@@ -816,7 +826,11 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
   out.id = s.req.id;
   for (size_t j = 0; j < rows; ++j) {
     std::span<const float> logits(r.logits.data() + (logits_row + j) * r.n_vocab, r.n_vocab);
-    const int32_t token = sample_next(s, logits, out);
+    // Step overlap: the device drew this token already, with this sampler
+    // on these logits; without logprobs to report, it is taken as is.
+    const bool take_draw = drawn >= 0 && j == 0 && c.draft.empty() && !s.req.sampling.logprobs &&
+                           s.req.sampling.n_logprobs == 0 && !s.constraint;
+    const int32_t token = take_draw ? take_token(s, drawn, out) : sample_next(s, logits, out);
     out.finish = stop_reason(st, s, token);
     if (out.finish != finish_reason::none || j == c.draft.size() || token != c.draft[j]) break;
     ++s.computed;  // the draft's token at this position was the right one: its KV stands
