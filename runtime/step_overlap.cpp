@@ -1,5 +1,6 @@
 #include "runtime/step_overlap.hpp"
 
+#include <algorithm>
 #include <span>
 #include <stdexcept>
 #include <string>

@@ -9,8 +9,9 @@
 // itself right after N (the instance's sampler is a pure function of the
 // logits, the parameters and the sequence's length, so the device draws the
 // very token the instance will) and fills the placeholder before N+1 runs.
-// The instance checks every draw against its own sample.  Pure functions:
-// the device actor calls them around its forward pass.
+// The instance takes the draw as the token; where it samples anyway (the
+// request wants logprobs) it checks its token against the draw.  Pure
+// functions: the device actor calls them around its forward pass.
 #include <cstdint>
 #include <vector>
 
