@@ -46,11 +46,13 @@ void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<i
     if (p.row < 0 || size_t(p.row) >= b.tokens.size())
       throw std::invalid_argument("placeholders: row " + std::to_string(p.row) + " of " +
                                   std::to_string(b.tokens.size()));
-    if (p.drawn_index < 0 || size_t(p.drawn_index) >= drawn.size() || drawn[p.drawn_index] < 0)
+    if (p.drawn_index < 0 || size_t(p.drawn_index) >= drawn.size())
       throw std::invalid_argument("placeholders: draw " + std::to_string(p.drawn_index) +
-                                  " of step " + std::to_string(last_step) +
-                                  " does not exist or was refused");
-    b.tokens[p.row] = drawn[p.drawn_index];
+                                  " of step " + std::to_string(last_step) + " does not exist");
+    // A refused draw (NaN logits): the instance fails that sequence on the
+    // same logits and drops this row's result; token 0 keeps the row
+    // harmless, and the step's other sequences go on.
+    b.tokens[p.row] = std::max(drawn[p.drawn_index], 0);
   }
 }
 

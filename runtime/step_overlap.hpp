@@ -34,7 +34,8 @@ std::vector<int32_t> presample(const forward_batch& b, const forward_result& r);
 // Before `b` runs: its placeholder rows take their tokens from the draws of
 // step `last_step` (the step the device ran last; 0 when it failed).
 // Throws std::invalid_argument when b follows another step than the last,
-// or names a draw that does not exist or was refused.
+// or names a draw that does not exist.  A refused draw fills token 0: the
+// instance ends that sequence on the same logits and drops the row.
 void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<int32_t>& drawn);
 
 }  // namespace troupe

@@ -704,11 +704,18 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
           std::vector<size_t> poisoned;  // logits rows of the poisoned position
           for (size_t i = 0; i < b.logit_rows.size(); ++i)
             if (b.positions[b.logit_rows[i]] == plan.nan_at_position) poisoned.push_back(i);
+          // A broken pass's NaN is in what the device draws from too (step
+          // overlap): it refuses those draws.
+          std::vector<size_t> refused;
+          for (size_t k = 0; k < b.presample.size(); ++k)
+            for (size_t i : poisoned)
+              if (b.presample[k].logit_index == static_cast<int32_t>(i)) refused.push_back(k);
           auto rp = self->make_response_promise<forward_result>();
           self->request(real, caf::infinite, a, std::move(b))
               .then(
-                  [rp, poisoned](forward_result& r) mutable {
+                  [rp, poisoned, refused](forward_result& r) mutable {
                     for (size_t i : poisoned) r.logits[i * r.n_vocab + 7] = std::nanf("");
+                    for (size_t k : refused) r.drawn.at(k) = -1;
                     rp.deliver(std::move(r));
                   },
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
