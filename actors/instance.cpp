@@ -681,20 +681,16 @@ void guard_tpot(instance_state& st, const std::vector<step_chunk>& chunks, size_
     lim.offline_rows = std::min(full, lim.offline_rows + 4);
 }
 
-// Step overlap: the token the instance sampled for chunk `i` must be the one
-// the device drew for the step it may already run; a sequence where they
-// differ (a bug, never expected) ends with an error rather than go on from
-// a token it did not sample.
-void check_draw(self_ptr self, const inflight_step& done, size_t i, const forward_result& r) {
-  const int32_t k = done.drawn[i];
-  if (k < 0) return;
-  const step_chunk& c = done.chunks[i];
+// Step overlap: the token the instance has for chunk `c` must be the one
+// the device drew (`dev`) for the step it may already run; a sequence where
+// they differ (a bug, never expected) ends with an error rather than go on
+// from a token it did not sample.
+void check_draw(self_ptr self, const step_chunk& c, int32_t dev) {
   auto it = self->state.seqs.find(c.id);
   if (it == self->state.seqs.end()) return;
   const auto& tokens = it->second.tokens;
   const size_t at = static_cast<size_t>(c.start + c.n_tokens);
   if (tokens.size() <= at) return;
-  const int32_t dev = static_cast<size_t>(k) < r.drawn.size() ? r.drawn[k] : -1;
   if (tokens[at] != dev)
     fail(self, c.id,
          "step overlap: the device drew token " + std::to_string(dev) +
@@ -713,11 +709,9 @@ void on_result(self_ptr self, uint64_t id, forward_result& r) {
   }
   inflight_step done = std::move(st.inflight.front());
   st.inflight.pop_front();
-  const auto now = std::chrono::steady_clock::now();
   // Queued behind the step before it, a step starts when that one ends.
-  const double ms =
-      std::chrono::duration<double, std::milli>(now - std::max(done.sent, st.last_result)).count();
-  st.last_result = now;
+  const double ms = ms_since(std::max(done.sent, st.last_result));
+  st.last_result = std::chrono::steady_clock::now();
   const auto& chunks = done.chunks;
   st.counters.step_ms += ms;
   if (r.idle_ms > 0) st.counters.device_idle_ms += r.idle_ms;
@@ -744,11 +738,12 @@ void on_result(self_ptr self, uint64_t id, forward_result& r) {
     auto it = self->state.seqs.find(c.id);
     if (it == self->state.seqs.end() || !it->second.running() || it->second.epoch != done.epochs[i])
       continue;
+    // Step overlap: the device's draw for this chunk (-1: none, or refused).
     const int32_t k = done.drawn[i];
     const int32_t drawn = k >= 0 && static_cast<size_t>(k) < r.drawn.size() ? r.drawn[k] : -1;
     guarded(self, c.id, "step result",
             [&] { advance(self, c, i < done.n_decode, r, logits_row, drawn); });
-    check_draw(self, done, i, r);
+    if (k >= 0) check_draw(self, c, drawn);
   }
   step(self);
   if (!st.recent_steps.empty()) st.recent_steps.back().host_ms = ms_since(host_start);
@@ -827,9 +822,9 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
   for (size_t j = 0; j < rows; ++j) {
     std::span<const float> logits(r.logits.data() + (logits_row + j) * r.n_vocab, r.n_vocab);
     // Step overlap: the device drew this token already, with this sampler
-    // on these logits; without logprobs to report, it is taken as is.
-    const bool take_draw = drawn >= 0 && j == 0 && c.draft.empty() && !s.req.sampling.logprobs &&
-                           s.req.sampling.n_logprobs == 0 && !s.constraint;
+    // on these logits; without logprobs to report, it is taken as is.  (A
+    // drawn chunk has no draft and no constraint, drawable() says: one row.)
+    const bool take_draw = drawn >= 0 && !s.req.sampling.logprobs && s.req.sampling.n_logprobs == 0;
     const int32_t token = take_draw ? take_token(s, drawn, out) : sample_next(s, logits, out);
     out.finish = stop_reason(st, s, token);
     if (out.finish != finish_reason::none || j == c.draft.size() || token != c.draft[j]) break;
