@@ -78,7 +78,10 @@
 // quantize.cl) dotted with the activations' signed bytes in integers,
 // scaled by both blocks' scales; the weights' offset term (q4_1's min,
 // q4_0's and q8_0's bias) times the activation block's scaled sum is kept
-// apart, in acc_m.
+// apart, in acc_m; it uses the activation block's exact scaled sum (q4_0,
+// q8_0) or its half-rounded one (q4_1), as llama.cpp.  Blocks are taken
+// two at a time in 512-bit registers (measured on SmolLM2: prefill +10%,
+// batched decode +3-13%, one-token decode +4%).
 #define Q_XARGS __global const int* xq, __global const float* xd, __global const float2* xsum
 
 #define Q_SETUP_AT(TT, ROW)                                               \
@@ -88,54 +91,84 @@
 
 #define Q_SETUP(TT) Q_SETUP_AT(TT, DENSE_ROW)
 
-#define Q_ZERO(TT, acc)            \
-  float8 acc[TT];                  \
-  float acc##_m[TT];               \
+// Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
+// blocks, 8-15 the odd ones; acc_m likewise in .x and .y), a lone last
+// block into the low half.  Every tile sums in this order.
+#define Q_ZERO(TT, acc)                            \
+  float16 acc[TT];                                 \
+  float2 acc##_m[TT];                              \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
-    acc[j] = (float8)0.0f;         \
-    acc##_m[j] = 0.0f;             \
+    acc[j] = (float16)0.0f;                        \
+    acc##_m[j] = (float2)0.0f;                     \
   }
 
-// Block b into (A, AM): the offset term uses the activation block's exact
-// scaled sum (q4_0, q8_0) or its half-rounded one (q4_1), as llama.cpp.
-#define Q_BLOCK(LOADU, TT, r, b, A, AM)                                        \
-  {                                                                            \
-    int8 wu;                                                                   \
-    float dw, mo;                                                              \
-    int exact;                                                                 \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                    \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
-      const size_t xb = (size_t)tj[j] * nb + (b);                              \
-      const int8 p = dpbusd(wu, vload8(xb, xq));                               \
-      A[j] = fma(convert_float8(p), (float8)(dw * xd[xb]), A[j]);              \
-      AM[j] = fma(mo, exact ? xsum[xb].y : xsum[xb].x, AM[j]);                 \
-    }                                                                          \
+// A block pair's dot products (weights wu, activations xv, scales sc) and
+// offset terms (coefficients mo, activation sums xo) into (A, AM).
+#define Q_PAIR_ACC(wu, xv, sc, mo, xo, A, AM)                                    \
+  A = fma(convert_float16(dpbusd2(wu, xv)), sc.s0000000011111111, A);           \
+  AM = fma(mo, xo, AM);
+
+// The lone last block (odd block counts) into the low half and .x.
+#define Q_TAIL(LOADU, TT, r, b, A, AM)                                           \
+  {                                                                              \
+    int8 wu;                                                                     \
+    float dw, mo;                                                                \
+    int exact;                                                                   \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                      \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                             \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                \
+      A[j].lo = fma(convert_float8(dpbusd(wu, vload8(xb, xq))), (float8)(dw * xd[xb]), A[j].lo); \
+      AM[j].x = fma(mo, exact ? xsum[xb].y : xsum[xb].x, AM[j].x);               \
+    }                                                                            \
   }
 
-#define Q_DOT(LOADU, TT, r, acc) \
-  for (int b = 0; b < nb; ++b) Q_BLOCK(LOADU, TT, r, b, acc, acc##_m)
-
-// Two rows at once, sharing the activation block's loads.
-#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                  \
-  for (int b = 0; b < nb; ++b) {                                               \
-    int8 wu1, wu2;                                                             \
-    float dw1, mo1, dw2, mo2;                                                  \
-    int exact;                                                                 \
-    LOADU(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);                  \
-    LOADU(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);                  \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
-      const size_t xb = (size_t)tj[j] * nb + b;                                \
-      const int8 xv = vload8(xb, xq);                                          \
-      const float dx = xd[xb];                                                 \
-      const float xo = exact ? xsum[xb].y : xsum[xb].x;                        \
-      acc1[j] = fma(convert_float8(dpbusd(wu1, xv)), (float8)(dw1 * dx), acc1[j]); \
-      acc2[j] = fma(convert_float8(dpbusd(wu2, xv)), (float8)(dw2 * dx), acc2[j]); \
-      acc1##_m[j] = fma(mo1, xo, acc1##_m[j]);                                 \
-      acc2##_m[j] = fma(mo2, xo, acc2##_m[j]);                                 \
-    }                                                                          \
+#define Q_DOT(LOADU, TT, r, acc)                                                 \
+  {                                                                              \
+    int b = 0;                                                                   \
+    for (; b + 1 < nb; b += 2) {                                                 \
+      int16 wu;                                                                  \
+      float2 dw, mo;                                                             \
+      int exact;                                                                 \
+      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);               \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                           \
+        const size_t xb = (size_t)tj[j] * nb + b;                                \
+        const float4 xs4 = vload4(0, (__global const float*)(xsum + xb));        \
+        const float2 sc = dw * vload2(0, xd + xb);                               \
+        Q_PAIR_ACC(wu, vload16(0, xq + xb * 8), sc, mo, exact ? xs4.s13 : xs4.s02, \
+                   acc[j], acc##_m[j])                                           \
+      }                                                                          \
+    }                                                                            \
+    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc, acc##_m)                            \
   }
 
-#define Q_SUM(acc, j) (hsum8(acc[j]) + acc##_m[j])
+// Two rows at once, sharing the activation blocks' loads.
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                    \
+  {                                                                              \
+    int b = 0;                                                                   \
+    for (; b + 1 < nb; b += 2) {                                                 \
+      int16 wu1, wu2;                                                            \
+      float2 dw1, mo1, dw2, mo2;                                                 \
+      int exact;                                                                 \
+      LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);           \
+      LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);           \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                           \
+        const size_t xb = (size_t)tj[j] * nb + b;                                \
+        const int16 xv = vload16(0, xq + xb * 8);                                \
+        const float2 dx = vload2(0, xd + xb);                                    \
+        const float4 xs4 = vload4(0, (__global const float*)(xsum + xb));        \
+        const float2 xo = exact ? xs4.s13 : xs4.s02;                             \
+        const float2 sc1 = dw1 * dx, sc2 = dw2 * dx;                             \
+        Q_PAIR_ACC(wu1, xv, sc1, mo1, xo, acc1[j], acc1##_m[j])                  \
+        Q_PAIR_ACC(wu2, xv, sc2, mo2, xo, acc2[j], acc2##_m[j])                  \
+      }                                                                          \
+    }                                                                            \
+    if (b < nb) {                                                                \
+      Q_TAIL(LOADU, TT, r1, b, acc1, acc1##_m)                                   \
+      Q_TAIL(LOADU, TT, r2, b, acc2, acc2##_m)                                   \
+    }                                                                            \
+  }
+
+#define Q_SUM(acc, j) (hsum16(acc[j]) + (acc##_m[j].x + acc##_m[j].y))
 
 #define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
