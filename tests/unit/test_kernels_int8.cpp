@@ -230,7 +230,8 @@ quantized_input quantize_on_device(cl::context& c, const std::vector<float>& x, 
 TEST_P(KernelInt8, MatmulEveryQuantTypeTileAndShapeMatchesIntegerDot) {
   auto& c = ctx();
   std::mt19937 rng(2024);
-  for (const auto& [K, N] : {std::pair{32, 5}, std::pair{96, 7}, std::pair{256, 37}, std::pair{1024, 19}}) {
+  for (const auto& [K, N] :
+       {std::pair{32, 5}, std::pair{96, 7}, std::pair{256, 37}, std::pair{1024, 19}}) {
     for (const tensor_type type : k_quant_types) {
       SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
       const auto bytes = ref::random_matrix(type, K, N, rng);
