@@ -3,6 +3,7 @@
 #include <chrono>
 #include <optional>
 
+#include "runtime/elapsed.hpp"
 #include "runtime/step_overlap.hpp"
 
 namespace troupe {
@@ -16,11 +17,6 @@ struct step_chain {
   std::vector<int32_t> drawn;
   std::optional<std::chrono::steady_clock::time_point> ended;
 };
-
-double ms_between(std::chrono::steady_clock::time_point a,
-                  std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // One forward pass: placeholders filled from the last pass's draws, the
 // pass, then this pass's draws for the next.

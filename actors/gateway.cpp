@@ -14,6 +14,7 @@
 
 #include "actors/admin.hpp"
 #include "messages/client.pb.h"
+#include "runtime/elapsed.hpp"
 #include "runtime/unicode.hpp"
 
 namespace troupe {
@@ -393,10 +394,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         std::vector<request_actor> actors;
         for (const auto& [key, req] : st.inflight) {
           auto since = st.since.find(key);
-          const double age =
-              since == st.since.end()
-                  ? 0
-                  : std::chrono::duration<double, std::milli>(now - since->second).count();
+          const double age = since == st.since.end() ? 0 : ms_between(since->second, now);
           g->out.push_back({key.second, hex_bytes(key.first), age, {}});
           actors.push_back(req);
         }

@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "messages/dp_group.hpp"
+#include "runtime/elapsed.hpp"
 #include "runtime/kv_blob.hpp"
 #include "runtime/ngram_draft.hpp"
 #include "runtime/page_pool.hpp"
@@ -417,10 +418,6 @@ bool has_work(const instance_state& st) {
   return false;
 }
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 // Lockstep: the step of a round has ended after `ms` (call before planning
 // the next).
 void report_round(self_ptr self, double ms, bool dummy) {
@@ -775,7 +772,7 @@ int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out
   }
   s.tokens.push_back(res.token);
   out.tokens.push_back(res.token);
-  if (s.req.sampling.logprobs || s.req.sampling.n_logprobs > 0) {
+  if (sampler::wants_logprobs(s.req.sampling)) {
     out.logprobs.push_back(res.logprob);
     if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
   }
@@ -824,7 +821,7 @@ void advance(self_ptr self, const step_chunk& c, bool decode, const forward_resu
     // Step overlap: the device drew this token already, with this sampler
     // on these logits; without logprobs to report, it is taken as is.  (A
     // drawn chunk has no draft and no constraint, drawable() says: one row.)
-    const bool take_draw = drawn >= 0 && !s.req.sampling.logprobs && s.req.sampling.n_logprobs == 0;
+    const bool take_draw = drawn >= 0 && !sampler::wants_logprobs(s.req.sampling);
     const int32_t token = take_draw ? take_token(s, drawn, out) : sample_next(s, logits, out);
     out.finish = stop_reason(st, s, token);
     if (out.finish != finish_reason::none || j == c.draft.size() || token != c.draft[j]) break;

@@ -8,6 +8,7 @@
 #include "actors/admin.hpp"
 #include "actors/relay.hpp"
 #include "runtime/chat_template.hpp"
+#include "runtime/elapsed.hpp"
 #include "runtime/incremental_decoder.hpp"
 #include "runtime/json_schema_regex.hpp"
 #include "runtime/page_pool.hpp"
@@ -36,10 +37,6 @@ std::string error_frame(wire::ErrorCode code, const std::string& message, uint64
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-double ms_between(clock_type::time_point a, clock_type::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
 
 // A request the client got wrong: the code and what to tell it.
 struct rejection {

@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 
+#include "runtime/elapsed.hpp"
+
 namespace troupe {
 
 namespace {
@@ -167,9 +169,7 @@ void apply_role(self_ptr self, uint64_t id, instance_role role, std::string why,
             const pd_pool from = pool_of_instance(*i);
             set_pool(*i, flip_pool(from, role));
             ++self->state.flips;
-            const double ms = std::chrono::duration<double, std::milli>(
-                                  std::chrono::steady_clock::now() - started)
-                                  .count();
+            const double ms = ms_since(started);
             spdlog::info("router: instance {} role {} -> {} ({}), pool {} -> {}, {:.2f} ms", id,
                          old, to_string(role), why, to_string(from), i->pool, ms);
             done("instance " + std::to_string(id) + ": " + old + " -> " + to_string(role) +

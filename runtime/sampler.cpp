@@ -60,6 +60,10 @@ bool sampler::needs_history(const sampling_params& p) {
   return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
+bool sampler::wants_logprobs(const sampling_params& p) {
+  return p.logprobs || p.n_logprobs > 0;
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   return pick(logits, history, history.size());
 }
@@ -169,7 +173,7 @@ sample_result sampler::pick(std::span<const float> logits, std::span<const int32
 sample_result sampler::with_logprobs(sample_result res, std::span<const float> logits) const {
   const auto& p = params_;
   const int32_t n = static_cast<int32_t>(logits.size());
-  if (!p.logprobs && p.n_logprobs == 0) return res;
+  if (!wants_logprobs(p)) return res;
   auto lp = log_softmax(logits);
   res.logprob = lp[res.token];
   if (p.n_logprobs > 0) {

@@ -66,6 +66,10 @@ class sampler {
   // Whether sampling reads the history's tokens, not only its length.
   static bool needs_history(const sampling_params& p);
 
+  // Whether the request wants logprobs reported (the sampled token's, or
+  // the top alternatives').
+  static bool wants_logprobs(const sampling_params& p);
+
   const sampling_params& params() const { return params_; }
 
  private:
