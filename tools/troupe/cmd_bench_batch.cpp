@@ -95,6 +95,7 @@ int run_batch(const batch_flags& f) {
   const uint64_t steps = after.steps - before.steps;
   const uint64_t overlapped = after.overlapped_steps - before.overlapped_steps;
   const double idle_ms = after.device_idle_ms - before.device_idle_ms;
+  const double idle_ms_per_step = steps ? idle_ms / steps : 0.0;
   const uint64_t prompt_tokens = static_cast<uint64_t>(f.requests) * f.prompt_len;
   const uint64_t prefill_rows = after.prefill_tokens - before.prefill_tokens;
   const uint64_t decode_rows = after.decode_tokens - before.decode_tokens;
@@ -126,7 +127,7 @@ int run_batch(const batch_flags& f) {
                                 {"mean_step_ms", step_ms},
                                 {"step_overlap", io.step_overlap},
                                 {"overlapped_steps", overlapped},
-                                {"device_idle_ms_per_step", steps ? idle_ms / steps : 0.0},
+                                {"device_idle_ms_per_step", idle_ms_per_step},
                                 {"prefill_rows", prefill_rows},
                                 {"decode_rows", decode_rows},
                                 {"all_started_s", res.last_first_token_s},
@@ -153,7 +154,7 @@ int run_batch(const batch_flags& f) {
         "step overlap        %10s  (%llu steps sent while one ran; device idle %.3f "
         "ms/step)\n",
         io.step_overlap ? "on" : "off", static_cast<unsigned long long>(overlapped),
-        steps ? idle_ms / steps : 0.0);
+        idle_ms_per_step);
     std::printf("rows computed       %10llu prefill, %llu decode\n",
                 static_cast<unsigned long long>(prefill_rows),
                 static_cast<unsigned long long>(decode_rows));
