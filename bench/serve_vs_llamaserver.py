@@ -321,8 +321,8 @@ def write_report(args, recs, info, path):
     w(f"- SLOs for goodput: `{' '.join(args.goodput)}` (ms)"
       + (". Why these: on an idle server here both systems prefill the longest prompt "
          "(512 tokens) in 2-2.5 s, so a TTFT of 5 s leaves 2x headroom and a miss means "
-         "queueing or interference, not base speed; single-stream decode is ~16-18 ms/token "
-         "(llama-server) and ~45 ms/token (troupe), so a TPOT of 200 ms (5 tokens/s) leaves room "
+         "queueing or interference, not base speed; single-stream decode takes about 8-10 ms/token "
+         "on both (bench/engine_vs_llamacpp.py, SmolLM2 tg128), so a TPOT of 200 ms (5 tokens/s) leaves room "
          "for batching and for decode steps stalled by other requests' prefills, and is still "
          "far below what a reader needs to keep up"
          if args.goodput == DEFAULT_GOODPUT else ""))
