@@ -1,6 +1,11 @@
 // Paged KV cache.  The arena holds n_pages pages; a page holds page_size
-// token slots for every layer and KV head:
-//   cache[layer][page][kv_head][slot][head_dim]   (F32, or half with TROUPE_KV_F16)
+// token slots for every layer and KV head.  V is stored by slot,
+//   vcache[layer][page][kv_head][slot][head_dim],
+// K transposed within a page,
+//   kcache[layer][page][kv_head][head_dim][slot],
+// so that one dimension of consecutive keys is one vector load and the
+// scores of ATT_KEYS keys are one vector of FMAs, with no horizontal sum
+// per key (F32, or half with TROUPE_KV_F16, for both).
 // A sequence's page table lists its pages in position order, so position p
 // lives in page pt[pt_off[s] + p / page_size], slot p % page_size.
 //
@@ -10,39 +15,40 @@
 #ifdef TROUPE_KV_F16
 typedef half kv_t;
 #define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
+#define KV_LOAD1(p) vload_half(0, p)
 #define KV_STORE(v, i, p) vstore_half(v, i, p)
 #else
 typedef float kv_t;
 #define KV_LOAD16(i, p) vload16(i, p)
+#define KV_LOAD1(p) (*(p))
 #define KV_STORE(v, i, p) ((p)[i] = (v))
 #endif
 
 #define HD_MAX 256
 
 // Head vectors are handled 16 values at a time (head_dim % 16 == 0, checked
-// on the host), so K/V loads and their half conversion use full-width
-// vector instructions.
+// on the host), so V loads and their half conversion use full-width vector
+// instructions.
 
-inline size_t kv_offset(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g,
-                        int slot) {
-  return ((((size_t)layer * n_pages + page) * n_kv + g) * page_size + slot) * hd;
+// Start of the (layer, page, kv head) block of either cache: page_size x hd
+// values.
+inline size_t kv_block(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g) {
+  return (((size_t)layer * n_pages + page) * n_kv + g) * page_size * hd;
 }
 
 // Most rows one work-item handles (a prefill chunk's rows share their
 // sequence, so each K/V vector is loaded and converted once for them all).
 #define ATT_ROWS 4
 
-inline void load_hd(float16* dst, __global const kv_t* src, int hd16) {
-  for (int i = 0; i < hd16; ++i) dst[i] = KV_LOAD16(i, src);
-}
+// Forced inlining: the block helpers' per-row arrays are registers of the
+// caller only once inlined (PoCL keeps large functions called twice out
+// of line, and their arrays go through memory).
+#define INLINE inline __attribute__((always_inline))
 
-// Same order of operations as a one-row loop, so the result of a row does
-// not depend on how rows are grouped.
-inline float dot_priv(const float16* q, const float16* k, int hd16) {
-  float16 d = (float16)0.0f;
-  for (int i = 0; i < hd16; ++i) d = fma(q[i], k[i], d);
-  return hsum16(d);
-}
+// Rows r < nr of a work-item.  The loop runs to the constant ATT_ROWS so
+// that it unrolls and per-row arrays (accumulators, scores) live in
+// registers; the guard skips the rows a group lacks.
+#define FOR_ROWS(r) _Pragma("unroll") for (int r = 0; r < ATT_ROWS; ++r) if (r < nr)
 
 inline float hmax16(float16 v) {
   float8 a = fmax(v.lo, v.hi);
@@ -52,34 +58,97 @@ inline float hmax16(float16 v) {
 }
 
 // Keys are taken ATT_KEYS at a time: their scores form one vector, so the
-// softmax's exponentials run as vector instructions.
+// scores and the softmax's exponentials run as vector instructions.
 #define ATT_KEYS 16
 
-// The scores of keys j0 .. j0+ATT_KEYS-1 for each row (-inf past the row's
-// last position).  Keys past max_last are not read: their pages may not
-// exist.
-inline void block_scores(float sc[ATT_ROWS][ATT_KEYS], const float16 qv[ATT_ROWS][HD_MAX / 16],
-                         __global const kv_t* kc, __global const int* table, const int* last,
-                         int nr, int j0, int max_last, int layer, int n_pages, int n_kv, int g,
-                         int page_size, int hd, float post_scale) {
-  const int hd16 = hd / 16;
-  float16 kv[HD_MAX / 16];
-  for (int k = 0; k < ATT_KEYS; ++k) {
-    const int j = j0 + k;
-    if (j > max_last) {
-      for (int r = 0; r < nr; ++r) sc[r][k] = -INFINITY;
-      continue;
-    }
-    const size_t o =
-        kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g, j % page_size);
-    load_hd(kv, kc + o, hd16);
-    for (int r = 0; r < nr; ++r)
-      sc[r][k] = j > last[r] ? -INFINITY : dot_priv(qv[r], kv, hd16) * post_scale;
+// Dimension d of the 16 keys of a block, key k at kc + kb[k] + d *
+// page_size (kb[k]: its (page, kv head) block's offset plus its slot; -1
+// for a key past the last, read as 0).
+inline float16 key_dim_gather(__global const kv_t* kc, const long* kb, int d, int page_size) {
+  float t[ATT_KEYS];
+  for (int k = 0; k < ATT_KEYS; ++k)
+    t[k] = kb[k] < 0 ? 0.0f : KV_LOAD1(kc + kb[k] + (size_t)d * page_size);
+  return vload16(0, t);
+}
+
+// Where the keys of a block are: kp, their first key's dimension 0 when
+// the block lies in one page (page_size % ATT_KEYS == 0: each dimension
+// is one contiguous load), else kb, each key's own (see key_dim_gather).
+typedef struct {
+  __global const kv_t* kp;
+  long kb[ATT_KEYS];
+  int page_size;
+} key_block;
+
+INLINE float16 key_dim(__global const kv_t* kc, const key_block* kb, int d) {
+  return kb->kp ? KV_LOAD16(0, kb->kp + (size_t)d * kb->page_size)
+                : key_dim_gather(kc, kb->kb, d, kb->page_size);
+}
+
+// o[r] += the part of row r's scores that lane l held in a one-key dot
+// product over 16-value chunks: sum over chunks c of q[16c + l] k[16c + l].
+INLINE void score_lane(float16* o, const float qs[ATT_ROWS][HD_MAX], __global const kv_t* kc,
+                       const key_block* kb, int l, int nr, int hd) {
+  float16 a[ATT_ROWS];
+  FOR_ROWS(r) a[r] = (float16)0.0f;
+  for (int d = l; d < hd; d += 16) {
+    const float16 k = key_dim(kc, kb, d);
+    FOR_ROWS(r) a[r] = fma((float16)qs[r][d], k, a[r]);
   }
+  FOR_ROWS(r) o[r] = a[r];
+}
+
+// The lanes of a one-key dot product reduced as hsum16 reduces them: lane
+// l with l + 8, those sums with l + 4, then + 2, then + 1 (for 16 keys at
+// once).  score_sum_N(o, l): the sum over lanes l, l + N, l + 2N, ...
+// (OpenCL C has no recursion, hence one function per level.)
+#define SCORE_LEVEL(NAME, HALF, STEP)                                                     \
+  INLINE void NAME(float16* o, const float qs[ATT_ROWS][HD_MAX], __global const kv_t* kc, \
+                   const key_block* kb, int l, int nr, int hd) {                          \
+    float16 t[ATT_ROWS];                                                                  \
+    HALF(o, qs, kc, kb, l, nr, hd);                                                       \
+    HALF(t, qs, kc, kb, l + STEP, nr, hd);                                                \
+    FOR_ROWS(r) o[r] += t[r];                                                             \
+  }
+SCORE_LEVEL(score_sum_8, score_lane, 8)
+SCORE_LEVEL(score_sum_4, score_sum_8, 4)
+SCORE_LEVEL(score_sum_2, score_sum_4, 2)
+SCORE_LEVEL(score_sum_1, score_sum_2, 1)
+
+// sc[r] = the scores of keys j0 .. j0+ATT_KEYS-1 for row r (-inf past the
+// row's last position).  Keys past max_last are not read where they may
+// lie in pages that do not exist.  Each key's score is summed in exactly
+// the order of a dot product over 16-value chunks followed by hsum16 (the
+// order of llama.cpp's F16 K.Q on this CPU, and of troupe's kernel before
+// K was transposed), the same for any row grouping, so a row's result does
+// not depend on the batch it came in.
+INLINE void block_scores(float16* sc, const float qs[ATT_ROWS][HD_MAX], __global const kv_t* kc,
+                         __global const int* table, const int* last, int nr, int j0, int max_last,
+                         int layer, int n_pages, int n_kv, int g, int page_size, int hd,
+                         float post_scale) {
+  key_block kb;
+  kb.page_size = page_size;
+  kb.kp = 0;
+  if (page_size % ATT_KEYS == 0) {
+    kb.kp = kc + kv_block(layer, n_pages, n_kv, page_size, hd, table[j0 / page_size], g) +
+            j0 % page_size;
+  } else {
+    for (int k = 0; k < ATT_KEYS; ++k) {
+      const int j = j0 + k;
+      kb.kb[k] = j > max_last ? -1
+                              : (long)kv_block(layer, n_pages, n_kv, page_size, hd,
+                                               table[j / page_size], g) +
+                                    j % page_size;
+    }
+  }
+  float16 s[ATT_ROWS];
+  score_sum_1(s, qs, kc, &kb, 0, nr, hd);
+  const int16 key = (int16)(j0) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  FOR_ROWS(r) sc[r] = select(s[r] * post_scale, (float16)(-INFINITY), key > (int16)last[r]);
 }
 
 // acc[r] += p[r][k] * V[j0 + k] for the keys of a block that exist.
-inline void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_ROWS][ATT_KEYS],
+INLINE void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_ROWS][ATT_KEYS],
                          __global const kv_t* vc, __global const int* table, int nr, int j0,
                          int max_last, int layer, int n_pages, int n_kv, int g, int page_size,
                          int hd) {
@@ -87,24 +156,27 @@ inline void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
   float16 vv[HD_MAX / 16];
   for (int k = 0; k < ATT_KEYS && j0 + k <= max_last; ++k) {
     const int j = j0 + k;
-    const size_t o =
-        kv_offset(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g, j % page_size);
-    load_hd(vv, vc + o, hd16);
-    for (int r = 0; r < nr; ++r)
-      for (int i = 0; i < hd16; ++i) acc[r][i] = fma((float16)p[r][k], vv[i], acc[r][i]);
+    __global const kv_t* v =
+        vc + kv_block(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g) +
+        (size_t)(j % page_size) * hd;
+    for (int i = 0; i < hd16; ++i) vv[i] = KV_LOAD16(i, v);
+    FOR_ROWS(r)
+    for (int i = 0; i < hd16; ++i) acc[r][i] = fma((float16)p[r][k], vv[i], acc[r][i]);
   }
 }
 
 // Rows t0 .. t0+nr-1 (nr <= ATT_ROWS) of one sequence, head h: row t
 // attends to positions 0..pos[t] with an online softmax.
-inline void attend_rows(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
+INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
                         __global float* out, __global const int* pos, __global const int* table,
                         int t0, int nr, int h, int g, int n_head, int n_kv, int hd, int page_size,
                         int layer, int n_pages, float scale, __global char* oq, __global float* od,
                         __global float2* os, int one_pass) {
   const int hd16 = hd / 16;
-  float16 qv[ATT_ROWS][HD_MAX / 16], acc[ATT_ROWS][HD_MAX / 16];
-  float sc[ATT_ROWS][ATT_KEYS];
+  float qs[ATT_ROWS][HD_MAX];
+  float16 acc[ATT_ROWS][HD_MAX / 16];
+  float16 sc[ATT_ROWS];
+  float p[ATT_ROWS][ATT_KEYS];
   float m[ATT_ROWS], l[ATT_ROWS];
   int last[ATT_ROWS];
   int max_last = 0;
@@ -113,11 +185,11 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
 #else
   const int two_pass = 0;
 #endif
-  for (int r = 0; r < nr; ++r) {
+  FOR_ROWS(r) {
     __global const float* q = qkv + (size_t)(t0 + r) * (n_head + 2 * n_kv) * hd + h * hd;
     for (int i = 0; i < hd16; ++i) {
       // llama.cpp rounds q to half and scales after q.k
-      qv[r][i] = two_pass ? round_to_half16(vload16(i, q)) : vload16(i, q) * scale;
+      vstore16(two_pass ? round_to_half16(vload16(i, q)) : vload16(i, q) * scale, i, qs[r]);
       acc[r][i] = (float16)0.0f;
     }
     m[r] = -INFINITY;
@@ -132,48 +204,45 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
   // attention, as llama.cpp's -fa) takes one pass with an online softmax.
   if (two_pass) {
     for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
                    hd, scale);
-      for (int r = 0; r < nr; ++r) {
+      FOR_ROWS(r) {
         if (j0 > last[r]) continue;
-        const float16 s = vload16(0, sc[r]);
-        const float m_new = fmax(m[r], hmax16(s));
-        l[r] = l[r] * exp(m[r] - m_new) + hsum16(exp(s - m_new));
+        const float m_new = fmax(m[r], hmax16(sc[r]));
+        l[r] = l[r] * exp(m[r] - m_new) + hsum16(exp(sc[r] - m_new));
         m[r] = m_new;
       }
     }
-    for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
+    FOR_ROWS(r) l[r] = 1.0f / l[r];
     for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
                    hd, scale);
-      for (int r = 0; r < nr; ++r)
-        vstore16(round_to_half16(exp(vload16(0, sc[r]) - m[r]) * l[r]), 0, sc[r]);
-      block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
+      FOR_ROWS(r) vstore16(round_to_half16(exp(sc[r] - m[r]) * l[r]), 0, p[r]);
+      block_values(acc, p, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
     }
-    for (int r = 0; r < nr; ++r) l[r] = 1.0f;
+    FOR_ROWS(r) l[r] = 1.0f;
   } else {
     for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qv, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
+      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
                    hd, 1.0f);
-      for (int r = 0; r < nr; ++r) {
+      FOR_ROWS(r) {
         if (j0 > last[r]) {
-          vstore16((float16)0.0f, 0, sc[r]);
+          vstore16((float16)0.0f, 0, p[r]);
           continue;
         }
-        const float16 s = vload16(0, sc[r]);
-        const float m_new = fmax(m[r], hmax16(s));
+        const float m_new = fmax(m[r], hmax16(sc[r]));
         const float corr = exp(m[r] - m_new);
-        const float16 p = exp(s - m_new);
-        l[r] = l[r] * corr + hsum16(p);
+        const float16 e = exp(sc[r] - m_new);
+        l[r] = l[r] * corr + hsum16(e);
         for (int i = 0; i < hd16; ++i) acc[r][i] *= corr;
-        vstore16(p, 0, sc[r]);
+        vstore16(e, 0, p[r]);
         m[r] = m_new;
       }
-      block_values(acc, sc, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
+      block_values(acc, p, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
     }
-    for (int r = 0; r < nr; ++r) l[r] = 1.0f / l[r];
+    FOR_ROWS(r) l[r] = 1.0f / l[r];
   }
-  for (int r = 0; r < nr; ++r) {
+  FOR_ROWS(r) {
     const size_t at = (size_t)(t0 + r) * n_head * hd + h * hd;
     for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, out + at);
     if (oq)  // quantized too, for an integer output projection (hd % 32 == 0)
@@ -183,6 +252,29 @@ inline void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
       }
   }
 }
+
+// attend_rows for common head sizes as constants, so that its loops over
+// the head's vectors unroll and its per-row arrays live in registers.  Each
+// is a function of its own (not inlined into the kernel): PoCL would
+// otherwise keep every work-item's private arrays of a work-group at once,
+// which overflows its worker threads' stacks.
+#define ATTEND_PARAMS                                                                          \
+  __global const float *qkv, __global const kv_t *kc, __global const kv_t *vc,                 \
+      __global float *out, __global const int *pos, __global const int *table, int t0, int nr, \
+      int h, int g, int n_head, int n_kv, int hd, int page_size, int layer, int n_pages,       \
+      float scale, __global char *oq, __global float *od, __global float2 *os, int one_pass
+#define ATTEND_ARGS                                                                               \
+  qkv, kc, vc, out, pos, table, t0, nr, h, g, n_head, n_kv, hd, page_size, layer, n_pages, scale, \
+      q8, od, os, one_pass
+#define ATTEND_FOR(NAME, HD)                                                                    \
+  __attribute__((noinline)) void NAME(ATTEND_PARAMS) {                                          \
+    attend_rows(qkv, kc, vc, out, pos, table, t0, nr, h, g, n_head, n_kv, HD, page_size, layer, \
+                n_pages, scale, oq, od, os, one_pass);                                          \
+  }
+ATTEND_FOR(attend_hd48, 48)
+ATTEND_FOR(attend_hd64, 64)
+ATTEND_FOR(attend_hd128, 128)
+ATTEND_FOR(attend_any, hd)
 
 // Causal attention through page tables, for decode rows (one new token) and
 // prefill chunks alike.  GQA: query head h reads KV head h / (n_head /
@@ -205,8 +297,16 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc, __gl
   for (int t0 = t_begin; t0 < t_end;) {
     int nr = 1;
     while (t0 + nr < t_end && nr < ATT_ROWS && row_seq[t0 + nr] == row_seq[t0]) ++nr;
-    attend_rows(qkv, kc, vc, out, pos, pt + pt_off[row_seq[t0]], t0, nr, h, g, n_head, n_kv, hd,
-                page_size, layer, n_pages, scale, quant_out ? oq : 0, od, os, one_pass);
+    __global const int* table = pt + pt_off[row_seq[t0]];
+    __global char* q8 = quant_out ? oq : 0;
+    if (hd == 48)
+      attend_hd48(ATTEND_ARGS);
+    else if (hd == 64)
+      attend_hd64(ATTEND_ARGS);
+    else if (hd == 128)
+      attend_hd128(ATTEND_ARGS);
+    else
+      attend_any(ATTEND_ARGS);
     t0 += nr;
   }
 }

@@ -26,10 +26,20 @@ inline float silu(float x) { return x / (1.0f + exp(-x)); }
 // dozen instructions per value on the F16 weight and KV paths.  Shifting the 15 magnitude bits into a
 // float's position and scaling by 2^112 is exact for normal and subnormal
 // halves alike; inf and NaN do not occur in weights, scales or KV values.
+// With TROUPE_AVX512 (a PoCL CPU device on an AVX-512 host, see dpbusd
+// below for why inline assembly) it is one vcvtph2ps, exact as well.
+#ifdef TROUPE_AVX512
+inline float16 half_bits_to_float16(ushort16 h) {
+  float16 f;
+  __asm__("vcvtph2ps %1, %0" : "=v"(f) : "v"(h));
+  return f;
+}
+#else
 inline float16 half_bits_to_float16(ushort16 h) {
   const float16 f = as_float16(convert_uint16(h & (ushort16)0x7fff) << 13) * 0x1.0p112f;
   return as_float16(as_uint16(f) | (convert_uint16(h & (ushort16)0x8000) << 16));
 }
+#endif
 
 // Loaders: the 32 values of block b of row r, as two float16 halves.
 // K is the row length in values, nb = K / 32 blocks per row.

@@ -294,11 +294,15 @@
         } else {                                                                             \
           const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;         \
           const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                      \
-          const size_t o =                                                                   \
-              kv_offset(layer, n_pages, n_kv, page_size, hd, page, g, pos[t] % page_size);   \
-          __global kv_t* dst = head < n_head + n_kv ? kc : vc;                               \
-          KV_STORE(v0, o + d0, dst);                                                         \
-          KV_STORE(v1, o + d1, dst);                                                         \
+          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);           \
+          const int slot = pos[t] % page_size;                                               \
+          if (head < n_head + n_kv) { /* K: transposed within the page */                   \
+            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                             \
+            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                             \
+          } else {                                                                           \
+            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                    \
+            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                    \
+          }                                                                                  \
         }                                                                                    \
       }                                                                                      \
     }                                                                                        \

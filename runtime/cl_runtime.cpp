@@ -173,10 +173,12 @@ context::context(device_choice choice, int shards) {
   cl_device_type type = 0;
   clGetDeviceInfo(device_, CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
 #if defined(__x86_64__)
-  x86_vnni_ = (type & CL_DEVICE_TYPE_CPU) &&
-              info_string(clGetPlatformInfo, platform_, CL_PLATFORM_NAME)
-                      .find("Portable Computing Language") != std::string::npos &&
-              __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  const bool pocl_cpu = (type & CL_DEVICE_TYPE_CPU) &&
+                        info_string(clGetPlatformInfo, platform_, CL_PLATFORM_NAME)
+                                .find("Portable Computing Language") != std::string::npos;
+  x86_avx512_ = pocl_cpu && __builtin_cpu_supports("avx512f");
+  x86_vnni_ =
+      x86_avx512_ && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
   cl_int rc = CL_SUCCESS;
   std::vector<cl_device_id> devices{device_};

@@ -139,6 +139,8 @@ class context {
   // is clang for this very CPU, so kernels may use x86 builtins under a
   // target attribute (the integer matmuls' vpdpbusd).
   bool x86_vnni() const { return x86_vnni_; }
+  // The same kind of device on an AVX-512 host (vcvtph2ps for halves).
+  bool x86_avx512() const { return x86_avx512_; }
 
   buffer alloc(size_t bytes, const void* init = nullptr);
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
@@ -191,6 +193,7 @@ class context {
   size_t global_mem_ = 0;
   int compute_units_ = 1;
   bool x86_vnni_ = false;
+  bool x86_avx512_ = false;
   struct command_buffer_api {
     clCreateCommandBufferKHR_fn create = nullptr;
     clCommandNDRangeKernelKHR_fn ndrange = nullptr;

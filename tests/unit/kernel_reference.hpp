@@ -103,13 +103,21 @@ inline double glu_tol(double g, double eg, double u, double eu) {
   return 1.1 * eg * (std::fabs(u) + eu) + (su + 1.1 * eg) * eu + 1e-6 * su * std::fabs(u) + 1e-7;
 }
 
-// cache[layer][page][kv_head][slot][head_dim], as kernels/attention.cl says.
+// As kernels/attention.cl says: V is vcache[layer][page][kv_head][slot][head_dim],
+// K is transposed within a page, kcache[layer][page][kv_head][head_dim][slot].
 struct kv_geometry {
   int n_layer, n_pages, n_kv, page_size, hd;
 
   size_t elems() const { return static_cast<size_t>(n_layer) * n_pages * n_kv * page_size * hd; }
-  size_t offset(int layer, int page, int g, int slot) const {
-    return ((((static_cast<size_t>(layer) * n_pages + page) * n_kv + g) * page_size + slot) * hd);
+  size_t block(int layer, int page, int g) const {
+    return ((static_cast<size_t>(layer) * n_pages + page) * n_kv + g) * page_size * hd;
+  }
+  // Value d of slot `slot`: in the V cache, and in the K cache.
+  size_t v_offset(int layer, int page, int g, int slot, int d) const {
+    return block(layer, page, g) + static_cast<size_t>(slot) * hd + d;
+  }
+  size_t k_offset(int layer, int page, int g, int slot, int d) const {
+    return block(layer, page, g) + static_cast<size_t>(d) * page_size + slot;
   }
 };
 

@@ -31,12 +31,15 @@ constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_ty
 
 using kernel_test::shared_context;
 
-// One context per KV mode, its program built once for the whole run.
+// One context per KV mode, its program built once for the whole run.  The
+// half KV one also takes TROUPE_AVX512 where the device has it (one
+// vcvtph2ps per half conversion), so F16 weights are tested both ways.
 shared_context& context_for(bool kv_f16) {
   static shared_context shared[2];
-  return kernel_test::make_once(shared[kv_f16 ? 1 : 0], [kv_f16](cl::context&) {
-    return std::optional<std::string>(std::string("-cl-std=CL1.2 -cl-mad-enable") +
-                                      (kv_f16 ? " -DTROUPE_KV_F16" : ""));
+  return kernel_test::make_once(shared[kv_f16 ? 1 : 0], [kv_f16](cl::context& c) {
+    return std::optional<std::string>(
+        std::string("-cl-std=CL1.2 -cl-mad-enable") + (kv_f16 ? " -DTROUPE_KV_F16" : "") +
+        (kv_f16 && c.x86_avx512() ? " -DTROUPE_AVX512" : ""));
   });
 }
 
@@ -417,26 +420,33 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
               }
               const bool is_k = head < n_head + n_kv;
               const int g = is_k ? head - n_head : head - n_head - n_kv;
-              const size_t o = geo.offset(layer, b.page_of(t, page_size), g, p % page_size);
+              const int page = b.page_of(t, page_size), slot = p % page_size;
               auto& want = is_k ? kwant : vwant;
               auto& want_tol = is_k ? ktol : vtol;
               for (int d = 0; d < hd; ++d) {
+                const size_t o = is_k ? geo.k_offset(layer, page, g, slot, d)
+                                      : geo.v_offset(layer, page, g, slot, d);
                 // A half store of the kernel's float: off by up to half a step more.
                 const double extra =
                     kv_f16 ? 0.5 * ref::half_step(std::fabs(val[d]) + tol[d]) : 0.0;
-                want[o + d] = val[d];
-                want_tol[o + d] = tol[d] + extra;
+                want[o] = val[d];
+                want_tol[o] = tol[d] + extra;
               }
             }
           }
           for (size_t i = 0; i < kc.size(); ++i) {
+            // Where element i lies: (layer, page, kv head) block, then
+            // slot and value (V) or value and slot (K).
             auto where = [&](const char* which) {
               return [&, which] {
-                const size_t slot = i / hd, g = slot / page_size, page = g / n_kv;
+                const size_t blk = i / (static_cast<size_t>(page_size) * hd), page = blk / n_kv;
+                const size_t in = i % (static_cast<size_t>(page_size) * hd);
+                const bool k = which[0] == 'k';
+                const size_t slot = k ? in % page_size : in / hd, d = k ? in / page_size : in % hd;
                 return std::string(which) + " cache layer " + std::to_string(page / n_pages) +
                        " page " + std::to_string(page % n_pages) + " kv head " +
-                       std::to_string(g % n_kv) + " slot " + std::to_string(slot % page_size) +
-                       " value " + std::to_string(i % hd);
+                       std::to_string(blk % n_kv) + " slot " + std::to_string(slot) + " value " +
+                       std::to_string(d);
               };
             };
             chk.near(kc[i], kwant[i], ktol[i], where("k"));
@@ -461,13 +471,14 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
 // work-item; 3 makes groups cross sequence boundaries.
 // one_pass: flash attention (one pass, online softmax) over the half cache,
 // against the exact reference only.
-void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item,
-                     bool one_pass = false) {
+void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, bool one_pass = false,
+                     int page_size = 4) {
   SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32") + ", " +
-               std::to_string(rows_per_item) + " rows per item" + (one_pass ? ", one pass" : ""));
+               std::to_string(rows_per_item) + " rows per item" + (one_pass ? ", one pass" : "") +
+               ", pages of " + std::to_string(page_size));
   std::mt19937 rng(kv_f16 ? 300 + hd : 200 + hd);
   auto k = c.make_kernel("attention");
-  const int n_kv = 2, n_head = 3 * n_kv, page_size = 4, n_layer = 2, layer = 1, n_pages = 40;
+  const int n_kv = 2, n_head = 3 * n_kv, n_layer = 2, layer = 1, n_pages = 40;
   const auto b =
       ref::make_batch({0, 13, 5, 0, 22, 37, 9}, {1, 1, 5, 7, 1, 1, 3}, page_size, n_pages, rng);
   const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
@@ -506,9 +517,16 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item,
     const auto& pages = b.pages[b.row_seq[t]];
     for (int h = 0; h < n_head; ++h) {
       const int g = h / (n_head / n_kv);
-      auto at = [&](int j) { return geo.offset(layer, pages[j / page_size], g, j % page_size); };
-      auto key = [&](int j) { return &kc.f[at(j)]; };
-      auto val = [&](int j) { return &vc.f[at(j)]; };
+      // The reference reads a key's hd values contiguously: gathered from
+      // the transposed K cache.
+      std::vector<std::vector<float>> keys(b.pos[t] + 1, std::vector<float>(hd));
+      for (int j = 0; j <= b.pos[t]; ++j)
+        for (int d = 0; d < hd; ++d)
+          keys[j][d] = kc.f[geo.k_offset(layer, pages[j / page_size], g, j % page_size, d)];
+      auto key = [&](int j) { return keys[j].data(); };
+      auto val = [&](int j) {
+        return &vc.f[geo.v_offset(layer, pages[j / page_size], g, j % page_size, 0)];
+      };
       const float* q = &qkv[static_cast<size_t>(t) * width + static_cast<size_t>(h) * hd];
       ref::attention(q, hd, b.pos[t], scale, key, val, false, exact.data(), no_slack.data());
       if (kv_f16 && !one_pass)
@@ -532,19 +550,26 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item,
   }
 }
 
+// Pages of 4 keys: a block of 16 keys spans pages (gathered per key);
+// pages of 16 and 32: it lies in one page (one load per dimension).
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF32) {
-  for (const int hd : {48, 64})
-    for (const int rows : {1, 3, 4, 8}) check_attention(ctx(false), false, hd, rows);
+  for (const int page_size : {4, 16, 32})
+    for (const int hd : {32, 48, 64, 128})
+      for (const int rows : {1, 3, 4, 8})
+        check_attention(ctx(false), false, hd, rows, false, page_size);
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16EmulatesLlamaCpp) {
-  for (const int hd : {48, 64})
-    for (const int rows : {1, 3, 4, 8}) check_attention(ctx(true), true, hd, rows);
+  for (const int page_size : {4, 16, 32})
+    for (const int hd : {32, 48, 64, 128})
+      for (const int rows : {1, 3, 4, 8})
+        check_attention(ctx(true), true, hd, rows, false, page_size);
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16OnePass) {
-  for (const int hd : {48, 64})
-    for (const int rows : {1, 4}) check_attention(ctx(true), true, hd, rows, true);
+  for (const int page_size : {4, 16})
+    for (const int hd : {32, 48, 64, 128})
+      for (const int rows : {1, 4}) check_attention(ctx(true), true, hd, rows, true, page_size);
 }
 
 }  // namespace
