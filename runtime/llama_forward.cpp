@@ -519,7 +519,8 @@ void llama_forward::set_experts(int layer, std::shared_ptr<device_moe> moe) {
 
 namespace {
 
-// One (layer, page) block of one cache: cache[layer][page][kv_head][slot][head_dim].
+// One (layer, page) block of one cache (kv heads x page_size x head_dim values, in
+// kernels/attention.cl's order: K transposed within a page, V by slot).
 struct page_blocks {
   size_t block = 0;  // bytes of one (layer, page) block of K (or V)
   size_t n_pages = 0;
