@@ -27,31 +27,31 @@
 // (preemption) gets the same values, bit for bit.
 
 // acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
-#define F_DOT(LOAD, TT, r, acc)                                           \
-  for (int b = 0; b < nb; ++b) {                                          \
-    float16 lo, hi;                                                       \
-    LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                            \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                      \
-      acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);               \
-      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);               \
-    }                                                                     \
+#define F_DOT(LOAD, TT, r, acc)                             \
+  for (int b = 0; b < nb; ++b) {                            \
+    float16 lo, hi;                                         \
+    LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);              \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {        \
+      acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]); \
+      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]); \
+    }                                                       \
   }
 
 // Two rows at once (r1 into acc1, r2 into acc2): each activation vector is
 // loaded once for both (the gate and up rows of the FFN, a rotation pair).
-#define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)                              \
-  for (int b = 0; b < nb; ++b) {                                          \
-    float16 lo1, hi1, lo2, hi2;                                           \
-    LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);                         \
-    LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);                         \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                      \
-      const float16 xl = vload16(0, xs[j] + b * QK);                      \
-      const float16 xh = vload16(1, xs[j] + b * QK);                      \
-      acc1[j] = fma(lo1, xl, acc1[j]);                                    \
-      acc2[j] = fma(lo2, xl, acc2[j]);                                    \
-      acc1[j] = fma(hi1, xh, acc1[j]);                                    \
-      acc2[j] = fma(hi2, xh, acc2[j]);                                    \
-    }                                                                     \
+#define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)         \
+  for (int b = 0; b < nb; ++b) {                     \
+    float16 lo1, hi1, lo2, hi2;                      \
+    LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);    \
+    LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);    \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
+      const float16 xl = vload16(0, xs[j] + b * QK); \
+      const float16 xh = vload16(1, xs[j] + b * QK); \
+      acc1[j] = fma(lo1, xl, acc1[j]);               \
+      acc2[j] = fma(lo2, xl, acc2[j]);               \
+      acc1[j] = fma(hi1, xh, acc1[j]);               \
+      acc2[j] = fma(hi2, xh, acc2[j]);               \
+    }                                                \
   }
 
 #define F_XARGS __global const float* x
@@ -60,9 +60,9 @@
 // kernels take consecutive rows, clamped (DENSE_ROW: the tail tile repeats
 // the last token, whose results are not stored); the grouped expert
 // kernels take the rows their slot's assignments name (ID_ROW).
-#define F_SETUP_AT(TT, ROW)                                               \
-  const int nb = K / QK;                                                  \
-  __global const float* xs[TT];                                           \
+#define F_SETUP_AT(TT, ROW)     \
+  const int nb = K / QK;        \
+  __global const float* xs[TT]; \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)(ROW(j)) * K;
 
 #define DENSE_ROW(j) min(t0 + (j), T - 1)
@@ -82,111 +82,131 @@
 // q8_0) or its half-rounded one (q4_1), as llama.cpp.  Blocks are taken
 // two at a time in 512-bit registers (measured on SmolLM2: prefill +10%,
 // batched decode +3-13%, one-token decode +4%).
-#define Q_XARGS __global const int* xq, __global const float* xd, __global const float2* xsum
+#define Q_XARGS __global const int *xq, __global const float *xd, __global const float2 *xsum
 
-#define Q_SETUP_AT(TT, ROW)                                               \
-  const int nb = K / QK;                                                  \
-  int tj[TT];                                                             \
+#define Q_SETUP_AT(TT, ROW) \
+  const int nb = K / QK;    \
+  int tj[TT];               \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = ROW(j);
 
 #define Q_SETUP(TT) Q_SETUP_AT(TT, DENSE_ROW)
 
 // Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
-// blocks, 8-15 the odd ones; acc_m likewise in .x and .y), a lone last
-// block into the low half.  Every tile sums in this order.
-#define Q_ZERO(TT, acc)                            \
-  float16 acc[TT];                                 \
-  float2 acc##_m[TT];                              \
-  _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
-    acc[j] = (float16)0.0f;                        \
-    acc##_m[j] = (float2)0.0f;                     \
+// blocks, 8-15 the odd ones), a lone last block into the low half.  The
+// offset term goes into the same accumulator, one lane per block (see
+// Q_OFFSET), so a tile of TT tokens keeps TT registers per row, not 2 TT:
+// the 8-token tiles of two rows (Q_DOT2) then fit the 32 vector registers
+// (measured: spills before).  Every tile sums in this order.
+#define Q_ZERO(TT, acc) \
+  float16 acc[TT];      \
+  _Pragma("unroll") for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
+
+// The offset coefficients of a block pair (mo) placed against the lanes
+// where xsum4 (the activation pair's two float2 sums, broadcast to 16
+// lanes: lane 4i + k holds component k of (b.x, b.y, b+1.x, b+1.y)) has
+// the sum the weight type uses: .x (lanes 0 and 10) or, exact, .y (lanes
+// 1 and 11); zero elsewhere.
+inline float16 q_offset(float2 mo, int exact) {
+  float16 m = (float16)0.0f;
+  if (exact) {
+    m.s1 = mo.x;
+    m.sb = mo.y;
+  } else {
+    m.s0 = mo.x;
+    m.sa = mo.y;
   }
+  return m;
+}
+
+inline float16 xsum4(__global const float2* xsum, size_t xb) {
+  const float4 v = vload4(0, (__global const float*)(xsum + xb));
+  return (float16)(v, v, v, v);
+}
 
 // A block pair's dot products (weights wu, activations xv, scales sc) and
-// offset terms (coefficients mo, activation sums xo) into (A, AM).
-#define Q_PAIR_ACC(wu, xv, sc, mo, xo, A, AM)                                    \
-  A = fma(convert_float16(dpbusd2(wu, xv)), sc.s0000000011111111, A);           \
-  AM = fma(mo, xo, AM);
+// offset terms (coefficients m16 from q_offset, activation sums xs16 from
+// xsum4) into A.
+#define Q_PAIR_ACC(wu, xv, sc, m16, xs16, A)                          \
+  A = fma(convert_float16(dpbusd2(wu, xv)), sc.s0000000011111111, A); \
+  A = fma(m16, xs16, A);
 
-// The lone last block (odd block counts) into the low half and .x.
-#define Q_TAIL(LOADU, TT, r, b, A, AM)                                           \
-  {                                                                              \
-    int8 wu;                                                                     \
-    float dw, mo;                                                                \
-    int exact;                                                                   \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                      \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                             \
-      const size_t xb = (size_t)tj[j] * nb + (b);                                \
+// The lone last block (odd block counts) into the low half, its offset
+// term into lane 0.
+#define Q_TAIL(LOADU, TT, r, b, A)                                                               \
+  {                                                                                              \
+    int8 wu;                                                                                     \
+    float dw, mo;                                                                                \
+    int exact;                                                                                   \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                      \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                                \
       A[j].lo = fma(convert_float8(dpbusd(wu, vload8(xb, xq))), (float8)(dw * xd[xb]), A[j].lo); \
-      AM[j].x = fma(mo, exact ? xsum[xb].y : xsum[xb].x, AM[j].x);               \
-    }                                                                            \
+      A[j].s0 = fma(mo, exact ? xsum[xb].y : xsum[xb].x, A[j].s0);                               \
+    }                                                                                            \
   }
 
-#define Q_DOT(LOADU, TT, r, acc)                                                 \
-  {                                                                              \
-    int b = 0;                                                                   \
-    for (; b + 1 < nb; b += 2) {                                                 \
-      int16 wu;                                                                  \
-      float2 dw, mo;                                                             \
-      int exact;                                                                 \
-      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);               \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                           \
-        const size_t xb = (size_t)tj[j] * nb + b;                                \
-        const float4 xs4 = vload4(0, (__global const float*)(xsum + xb));        \
-        const float2 sc = dw * vload2(0, xd + xb);                               \
-        Q_PAIR_ACC(wu, vload16(0, xq + xb * 8), sc, mo, exact ? xs4.s13 : xs4.s02, \
-                   acc[j], acc##_m[j])                                           \
-      }                                                                          \
-    }                                                                            \
-    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc, acc##_m)                            \
+#define Q_DOT(LOADU, TT, r, acc)                                                  \
+  {                                                                               \
+    int b = 0;                                                                    \
+    for (; b + 1 < nb; b += 2) {                                                  \
+      int16 wu;                                                                   \
+      float2 dw, mo;                                                              \
+      int exact;                                                                  \
+      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                \
+      const float16 m16 = q_offset(mo, exact);                                    \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                            \
+        const size_t xb = (size_t)tj[j] * nb + b;                                 \
+        const float2 sc = dw * vload2(0, xd + xb);                                \
+        Q_PAIR_ACC(wu, vload16(0, xq + xb * 8), sc, m16, xsum4(xsum, xb), acc[j]) \
+      }                                                                           \
+    }                                                                             \
+    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                      \
   }
 
 // Two rows at once, sharing the activation blocks' loads.
-#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                    \
-  {                                                                              \
-    int b = 0;                                                                   \
-    for (; b + 1 < nb; b += 2) {                                                 \
-      int16 wu1, wu2;                                                            \
-      float2 dw1, mo1, dw2, mo2;                                                 \
-      int exact;                                                                 \
-      LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);           \
-      LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);           \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                           \
-        const size_t xb = (size_t)tj[j] * nb + b;                                \
-        const int16 xv = vload16(0, xq + xb * 8);                                \
-        const float2 dx = vload2(0, xd + xb);                                    \
-        const float4 xs4 = vload4(0, (__global const float*)(xsum + xb));        \
-        const float2 xo = exact ? xs4.s13 : xs4.s02;                             \
-        const float2 sc1 = dw1 * dx, sc2 = dw2 * dx;                             \
-        Q_PAIR_ACC(wu1, xv, sc1, mo1, xo, acc1[j], acc1##_m[j])                  \
-        Q_PAIR_ACC(wu2, xv, sc2, mo2, xo, acc2[j], acc2##_m[j])                  \
-      }                                                                          \
-    }                                                                            \
-    if (b < nb) {                                                                \
-      Q_TAIL(LOADU, TT, r1, b, acc1, acc1##_m)                                   \
-      Q_TAIL(LOADU, TT, r2, b, acc2, acc2##_m)                                   \
-    }                                                                            \
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                             \
+  {                                                                       \
+    int b = 0;                                                            \
+    for (; b + 1 < nb; b += 2) {                                          \
+      int16 wu1, wu2;                                                     \
+      float2 dw1, mo1, dw2, mo2;                                          \
+      int exact;                                                          \
+      LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);    \
+      LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);    \
+      const float16 m1 = q_offset(mo1, exact), m2 = q_offset(mo2, exact); \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                    \
+        const size_t xb = (size_t)tj[j] * nb + b;                         \
+        const int16 xv = vload16(0, xq + xb * 8);                         \
+        const float2 dx = vload2(0, xd + xb);                             \
+        const float16 xs16 = xsum4(xsum, xb);                             \
+        const float2 sc1 = dw1 * dx, sc2 = dw2 * dx;                      \
+        Q_PAIR_ACC(wu1, xv, sc1, m1, xs16, acc1[j])                       \
+        Q_PAIR_ACC(wu2, xv, sc2, m2, xs16, acc2[j])                       \
+      }                                                                   \
+    }                                                                     \
+    if (b < nb) {                                                         \
+      Q_TAIL(LOADU, TT, r1, b, acc1)                                      \
+      Q_TAIL(LOADU, TT, r2, b, acc2)                                      \
+    }                                                                     \
   }
 
-#define Q_SUM(acc, j) (hsum16(acc[j]) + (acc##_m[j].x + acc##_m[j].y))
+#define Q_SUM(acc, j) hsum16(acc[j])
 
-#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                       \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, X##_XARGS, __global float* y,    \
-                     int K, int N, int T, int ldy, int accumulate, int rows_per_item) {      \
-    const int t0 = get_global_id(1) * TT;                                                    \
-    if (t0 >= T) return;                                                                     \
-    X##_SETUP(TT)                                                                    \
-    const int n0 = get_global_id(0) * rows_per_item;                                         \
-    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
-      X##_ZERO(TT, acc)                                                                   \
-      X##_DOT(LOAD, TT, n, acc)                                                       \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                           \
-        const size_t i = (size_t)(t0 + j) * ldy + n;                                         \
-        const float r = X##_SUM(acc, j);                                                      \
-        y[i] = accumulate ? y[i] + r : r;                                                    \
-      }                                                                                      \
-    }                                                                                        \
+#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                           \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
+                     X##_XARGS, __global float* y, int K, int N, int T, int ldy, int accumulate,   \
+                     int rows_per_item) {                                                          \
+    const int t0 = get_global_id(1) * TT;                                                          \
+    if (t0 >= T) return;                                                                           \
+    X##_SETUP(TT) const int n0 = get_global_id(0) * rows_per_item;                                 \
+    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                        \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc)                                                  \
+          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                         \
+        const size_t i = (size_t)(t0 + j) * ldy + n;                                               \
+        const float r = X##_SUM(acc, j);                                                           \
+        y[i] = accumulate ? y[i] + r : r;                                                          \
+      }                                                                                            \
+    }                                                                                              \
   }
 
 // The gated FFN's rows of one work-item for its tile: gate row W0 + n, up
@@ -194,35 +214,31 @@
 // to h's row OUT(j), and with quant_out also quantized for an integer down
 // projection (the work-item's rows are whole blocks: rows_per_item and F
 // multiples of 32), read back.
-#define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                 \
-  const int n0 = get_global_id(0) * rows_per_item;                                           \
-  for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                    \
-    X##_ZERO(TT, g)                                                                          \
-    X##_ZERO(TT, u)                                                                          \
-    X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)                                         \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j))                             \
-      h[(size_t)(OUT(j)) * F + n] = silu(X##_SUM(g, j)) * X##_SUM(u, j);                     \
-  }                                                                                          \
-  if (quant_out)                                                                             \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j))                             \
-      for (int n = n0; n < min(n0 + rows_per_item, F); n += QK) {                            \
-        const size_t at = (size_t)(OUT(j)) * F + n;                                          \
-        quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK,        \
-                       os + at / QK);                                                        \
-      }
+#define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                      \
+  const int n0 = get_global_id(0) * rows_per_item;                                                 \
+  for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
+    X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)               \
+        _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] = \
+            silu(X##_SUM(g, j)) * X##_SUM(u, j);                                                   \
+  }                                                                                                \
+  if (quant_out)                                                                                   \
+    _Pragma("unroll") for (int j = 0; j < TT;                                                      \
+                           ++j) if (VALID(j)) for (int n = n0; n < min(n0 + rows_per_item, F);     \
+                                                   n += QK) {                                      \
+      const size_t at = (size_t)(OUT(j)) * F + n;                                                  \
+      quantize_block(vload16(0, h + at), vload16(1, h + at), oq + at, od + at / QK, os + at / QK); \
+    }
 
 #define DENSE_VALID(j) (t0 + (j) < T)
 #define DENSE_OUT(j) (t0 + (j))
 
-#define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, X##_XARGS, __global float* h,    \
-                     int K, int F, int T, int rows_per_item, __global char* oq,              \
-                     __global float* od, __global float2* os, int quant_out) {               \
-    const int t0 = get_global_id(1) * TT;                                                    \
-    if (t0 >= T) return;                                                                     \
-    X##_SETUP(TT)                                                                    \
-    GLU_ROWS(LOAD, TT, X, 0, DENSE_VALID, DENSE_OUT)                                         \
+#define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                       \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
+                     X##_XARGS, __global float* h, int K, int F, int T, int rows_per_item,         \
+                     __global char* oq, __global float* od, __global float2* os, int quant_out) {  \
+    const int t0 = get_global_id(1) * TT;                                                          \
+    if (t0 >= T) return;                                                                           \
+    X##_SETUP(TT) GLU_ROWS(LOAD, TT, X, 0, DENSE_VALID, DENSE_OUT)                                 \
   }
 
 // `rope` holds (cos, sin) of each row's angle for each rotation pair,
@@ -232,80 +248,84 @@
 // NeoX; dimensions past rope_dims are paired but not rotated, and v heads
 // are never rotated.  Where has_bias, bias[w] (Qwen2's [bq | bk | bv]) is
 // added to stacked row w before the rotation, as llama.cpp adds it.
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                   \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, X##_XARGS, __global float* qkv,  \
-                     int K, int T, __global const int* pos, __global const int* row_seq,     \
-                     __global const int* pt, __global const int* pt_off, __global kv_t* kc,  \
-                     __global kv_t* vc, int n_head, int n_kv, int hd, int rope_dims,         \
-                     __global const float2* rope, int neox, int page_size, int layer,        \
-                     int n_pages, int rows_per_item, __global const float* bias,             \
-                     int has_bias) {                                                         \
-    const int t0 = get_global_id(1) * TT;                                                    \
-    if (t0 >= T) return;                                                                     \
-    X##_SETUP(TT)                                                                    \
-    const int half_hd = hd / 2;                                                              \
-    const int half_rope = rope_dims / 2;                                                     \
-    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                       \
-    const int stride = (n_head + 2 * n_kv) * hd;                                             \
-    const int w0 = get_global_id(0) * rows_per_item;                                         \
-    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                            \
-      const int head = w / half_hd;                                                          \
-      const int i = w % half_hd;                                                             \
-      int d0, d1;                                                                            \
-      if (neox && i < half_rope) {                                                           \
-        d0 = i;                                                                              \
-        d1 = i + half_rope;                                                                  \
-      } else if (neox) {                                                                     \
-        d0 = rope_dims + 2 * (i - half_rope);                                                \
-        d1 = d0 + 1;                                                                         \
-      } else {                                                                               \
-        d0 = 2 * i;                                                                          \
-        d1 = d0 + 1;                                                                         \
-      }                                                                                      \
-      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);    \
-      X##_ZERO(TT, a0)                                                                    \
-      X##_ZERO(TT, a1)                                                                    \
-      /* One token: the pair's rows apart (faster measured; each row's sums  */           \
-      /* are the same either way, so tiles still agree bit for bit).         */           \
-      if (TT == 1) {                                                                         \
-        X##_DOT(LOAD, TT, head * hd + d0, a0)                                                \
-        X##_DOT(LOAD, TT, head * hd + d1, a1)                                                \
-      } else {                                                                               \
-        X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)                           \
-      }                                                                                      \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                           \
-        const int t = t0 + j;                                                                \
-        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                        \
-        if (has_bias) {                                                                      \
-          v0 += bias[head * hd + d0];                                                        \
-          v1 += bias[head * hd + d1];                                                        \
-        }                                                                                    \
-        if (rotate) {                                                                        \
-          const float2 cs = rope[(size_t)t * half_rope + i];                                 \
-          const float c = cs.x, s = cs.y;                                                    \
-          const float r0 = v0 * c - v1 * s;                                                  \
-          v1 = v0 * s + v1 * c;                                                              \
-          v0 = r0;                                                                           \
-        }                                                                                    \
-        if (head < n_head) {                                                                 \
-          qkv[(size_t)t * stride + head * hd + d0] = v0;                                     \
-          qkv[(size_t)t * stride + head * hd + d1] = v1;                                     \
-        } else {                                                                             \
-          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;         \
-          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                      \
-          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);           \
-          const int slot = pos[t] % page_size;                                               \
-          if (head < n_head + n_kv) { /* K: transposed within the page */                   \
-            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                             \
-            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                             \
-          } else {                                                                           \
-            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                    \
-            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                    \
-          }                                                                                  \
-        }                                                                                    \
-      }                                                                                      \
-    }                                                                                        \
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                       \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
+                     X##_XARGS, __global float* qkv, int K, int T, __global const int* pos,        \
+                     __global const int* row_seq, __global const int* pt,                          \
+                     __global const int* pt_off, __global kv_t* kc, __global kv_t* vc, int n_head, \
+                     int n_kv, int hd, int rope_dims, __global const float2* rope, int neox,       \
+                     int page_size, int layer, int n_pages, int rows_per_item,                     \
+                     __global const float* bias, int has_bias) {                                   \
+    const int t0 = get_global_id(1) * TT;                                                          \
+    if (t0 >= T) return;                                                                           \
+    X##_SETUP(TT) const int half_hd = hd / 2;                                                      \
+    const int half_rope = rope_dims / 2;                                                           \
+    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                             \
+    const int stride = (n_head + 2 * n_kv) * hd;                                                   \
+    const int w0 = get_global_id(0) * rows_per_item;                                               \
+    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                                  \
+      const int head = w / half_hd;                                                                \
+      const int i = w % half_hd;                                                                   \
+      int d0, d1;                                                                                  \
+      if (neox && i < half_rope) {                                                                 \
+        d0 = i;                                                                                    \
+        d1 = i + half_rope;                                                                        \
+      } else if (neox) {                                                                           \
+        d0 = rope_dims + 2 * (i - half_rope);                                                      \
+        d1 = d0 + 1;                                                                               \
+      } else {                                                                                     \
+        d0 = 2 * i;                                                                                \
+        d1 = d0 + 1;                                                                               \
+      }                                                                                            \
+      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);          \
+      X##_ZERO(TT, a0) X##_ZERO(                                                                   \
+          TT,                                                                                      \
+          a1) /* One token: the pair's rows apart (faster measured; each row's sums  */ /* are the \
+                                                                                           same    \
+                                                                                           either  \
+                                                                                           way, so \
+                                                                                           tiles   \
+                                                                                           still   \
+                                                                                           agree   \
+                                                                                           bit for \
+                                                                                           bit).   \
+                                                                                         */        \
+          if (TT == 1) {                                                                           \
+        X##_DOT(LOAD, TT, head* hd + d0, a0) X##_DOT(LOAD, TT, head* hd + d1, a1)                  \
+      }                                                                                            \
+      else {X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)} _Pragma(                   \
+          "unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                 \
+        const int t = t0 + j;                                                                      \
+        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                            \
+        if (has_bias) {                                                                            \
+          v0 += bias[head * hd + d0];                                                              \
+          v1 += bias[head * hd + d1];                                                              \
+        }                                                                                          \
+        if (rotate) {                                                                              \
+          const float2 cs = rope[(size_t)t * half_rope + i];                                       \
+          const float c = cs.x, s = cs.y;                                                          \
+          const float r0 = v0 * c - v1 * s;                                                        \
+          v1 = v0 * s + v1 * c;                                                                    \
+          v0 = r0;                                                                                 \
+        }                                                                                          \
+        if (head < n_head) {                                                                       \
+          qkv[(size_t)t * stride + head * hd + d0] = v0;                                           \
+          qkv[(size_t)t * stride + head * hd + d1] = v1;                                           \
+        } else {                                                                                   \
+          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;               \
+          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                            \
+          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);                 \
+          const int slot = pos[t] % page_size;                                                     \
+          if (head < n_head + n_kv) { /* K: transposed within the page */                          \
+            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                                   \
+            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                                   \
+          } else {                                                                                 \
+            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                          \
+            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                          \
+          }                                                                                        \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
   }
 
 // Grouped expert products (mixture of experts, moe.cl): a work-item
@@ -318,13 +338,13 @@
 // x's row a / x_div (the token's row for gate/up, x_div = n_used; its own
 // row of h for down, x_div = 1) and writes output row a.  Each
 // assignment's sums are a dense kernel's for the same row, whatever its tile.
-#define ID_SETUP(TT)                                                                        \
-  const int slot = get_global_id(1) / tiles;                                                \
-  const int begin = slot_off[slot0 + slot];                                                 \
-  const int cnt = slot_off[slot0 + slot + 1] - begin;                                       \
-  const int i0 = (get_global_id(1) % tiles) * TT;                                           \
-  if (i0 >= cnt) return;                                                                    \
-  int arow[TT];                                                                             \
+#define ID_SETUP(TT)                                  \
+  const int slot = get_global_id(1) / tiles;          \
+  const int begin = slot_off[slot0 + slot];           \
+  const int cnt = slot_off[slot0 + slot + 1] - begin; \
+  const int i0 = (get_global_id(1) % tiles) * TT;     \
+  if (i0 >= cnt) return;                              \
+  int arow[TT];                                       \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) arow[j] = slot_rows[begin + min(i0 + j, cnt - 1)];
 
 #define ID_ROW(j) (arow[j] / x_div)
@@ -334,48 +354,44 @@
 #define ID_ARGS \
   __global const int *slot_off, __global const int *slot_rows, int slot0, int tiles, int x_div
 
-#define TROUPE_MATMUL_ID(NAME, LOAD, TT, X)                                                    \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, X##_XARGS, __global float* y, int K, int N,   \
-                     int rows_per_item, ID_ARGS) {                                           \
-    ID_SETUP(TT)                                                                             \
-    X##_SETUP_AT(TT, ID_ROW)                                                                 \
-    const int n0 = get_global_id(0) * rows_per_item;                                         \
-    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                  \
-      X##_ZERO(TT, acc)                                                                      \
-      X##_DOT(LOAD, TT, slot * N + n, acc)                                                   \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                       \
-        y[(size_t)arow[j] * N + n] = X##_SUM(acc, j);                                        \
-    }                                                                                        \
+#define TROUPE_MATMUL_ID(NAME, LOAD, TT, X)                                                        \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
+                     X##_XARGS, __global float* y, int K, int N, int rows_per_item, ID_ARGS) {     \
+    ID_SETUP(TT)                                                                                   \
+    X##_SETUP_AT(TT, ID_ROW) const int n0 = get_global_id(0) * rows_per_item;                      \
+    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                        \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, slot* N + n, acc)                                        \
+          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                         \
+              y[(size_t)arow[j] * N + n] = X##_SUM(acc, j);                                        \
+    }                                                                                              \
   }
 
-#define TROUPE_MATMUL_ID_GLU(NAME, LOAD, TT, X)                                                \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd,                      \
-                     __global const float* wm, X##_XARGS, __global float* h, int K, int F,   \
-                     int rows_per_item, __global char* oq, __global float* od,               \
-                     __global float2* os, int quant_out, ID_ARGS) {                          \
-    ID_SETUP(TT)                                                                             \
-    X##_SETUP_AT(TT, ID_ROW)                                                                 \
-    GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                                    \
+#define TROUPE_MATMUL_ID_GLU(NAME, LOAD, TT, X)                                                    \
+  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
+                     X##_XARGS, __global float* h, int K, int F, int rows_per_item,                \
+                     __global char* oq, __global float* od, __global float2* os, int quant_out,    \
+                     ID_ARGS) {                                                                    \
+    ID_SETUP(TT)                                                                                   \
+    X##_SETUP_AT(TT, ID_ROW) GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                 \
   }
 
 // Three token tiles per family: 1 (one decode row), 4 (small decode
 // batches) and TROUPE_TILE (prefill chunks and large batches).
-#define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN)                              \
-  TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                          \
-  TROUPE_MATMUL(matmul_##XN##T##_t4, LOAD, 4, X)                          \
-  TROUPE_MATMUL(matmul_##XN##T##_tiled, LOAD, TROUPE_TILE, X)             \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t1, LOAD, 1, X)                  \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t4, LOAD, 4, X)                  \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)     \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X)                  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X)                  \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X)     \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t1, LOAD, 1, X)                    \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t4, LOAD, 4, X)                    \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_tiled, LOAD, TROUPE_TILE, X)       \
-  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t1, LOAD, 1, X)            \
-  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t4, LOAD, 4, X)            \
+#define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN)                          \
+  TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                      \
+  TROUPE_MATMUL(matmul_##XN##T##_t4, LOAD, 4, X)                      \
+  TROUPE_MATMUL(matmul_##XN##T##_tiled, LOAD, TROUPE_TILE, X)         \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t1, LOAD, 1, X)              \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t4, LOAD, 4, X)              \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X) \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X)              \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X)              \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X) \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t1, LOAD, 1, X)                \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t4, LOAD, 4, X)                \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_tiled, LOAD, TROUPE_TILE, X)   \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t1, LOAD, 1, X)        \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t4, LOAD, 4, X)        \
   TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)
 
 #ifndef TROUPE_TILE
