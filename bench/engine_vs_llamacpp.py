@@ -70,6 +70,11 @@ def main():
     print("|---|---|---|---|---|")
     for label, troupe_name, gguf in models:
         peer, ours = {t: [] for t in tests}, {t: [] for t in tests}
+        # One untimed troupe run first: PoCL compiles each kernel variant on
+        # its first launch (then caches it on disk), which llama.cpp, built
+        # ahead of time, never pays inside a round.
+        print(f"[{label}] warm-up (troupe, not recorded)", file=sys.stderr)
+        troupe_bench(args.troupe, troupe_name, 1, args.n_prompt, args.n_gen)
         for rnd in range(args.rounds):
             print(f"[{label}] round {rnd + 1}/{args.rounds}", file=sys.stderr)
             for t, v in llama_bench(bin_dir, gguf, args.threads, args.reps, args.n_prompt, args.n_gen).items():

@@ -94,7 +94,7 @@
 // Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
 // blocks, 8-15 the odd ones), a lone last block into the low half.  The
 // offset term goes into the same accumulator, one lane per block (see
-// Q_OFFSET), so a tile of TT tokens keeps TT registers per row, not 2 TT:
+// q_offset), so a tile of TT tokens keeps TT registers per row, not 2 TT:
 // the 8-token tiles of two rows (Q_DOT2) then fit the 32 vector registers
 // (measured: spills before).  Every tile sums in this order.
 #define Q_ZERO(TT, acc) \
