@@ -8,11 +8,13 @@
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -124,12 +126,35 @@ std::string handshake_failure(SSL* ssl, int ret) {
 
 }  // namespace
 
+// Folders of processes that are gone: one killed (SIGKILL, a crash) never
+// ran its exit cleanup, and its folder, named after its pid, stayed.
+static void remove_stale_identities(const std::filesystem::path& tmp) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::string prefix = "troupe-cluster-";
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto dash = name.find('-', prefix.size());
+    if (dash == std::string::npos) continue;  // an older unnamed folder: leave it
+    const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
+    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    struct stat st {};
+    // Only this user's folders, and only where the pid no longer runs.
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::filesystem::remove_all(e.path(), ec);
+  }
+}
+
 cluster_identity write_cluster_identity(const std::string& secret) {
   if (secret.empty()) throw std::runtime_error("cluster identity: the secret is empty");
   auto key = derive_key(secret);
   auto cert = make_certificate(key.get());
   const char* tmp = std::getenv("TMPDIR");
-  std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/troupe-cluster-XXXXXX";
+  const std::string dir = tmp && *tmp ? tmp : "/tmp";
+  remove_stale_identities(dir);
+  std::string templ = dir + "/troupe-cluster-" + std::to_string(::getpid()) + "-XXXXXX";
   if (!::mkdtemp(templ.data()))
     throw std::runtime_error("cluster identity: cannot make a folder like " + templ);
   cluster_identity id{templ, templ + "/cert.pem", templ + "/key.pem"};

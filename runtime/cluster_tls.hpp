@@ -18,7 +18,9 @@ struct cluster_identity {
 };
 
 // Derives the identity from `secret` and writes it to a fresh private
-// folder under $TMPDIR.  Throws std::runtime_error when OpenSSL or the
+// folder under $TMPDIR, named troupe-cluster-<pid>-XXXXXX; first removes
+// this user's such folders whose process is gone (killed before its exit
+// cleanup).  Throws std::runtime_error when OpenSSL or the
 // file system fails.
 cluster_identity write_cluster_identity(const std::string& secret);
 
