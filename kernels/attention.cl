@@ -85,7 +85,7 @@ INLINE float16 key_dim(__global const kv_t* kc, const key_block* kb, int d) {
                 : key_dim_gather(kc, kb->kb, d, kb->page_size);
 }
 
-// o[r] += the part of row r's scores that lane l held in a one-key dot
+// o[r] = the part of row r's scores that lane l held in a one-key dot
 // product over 16-value chunks: sum over chunks c of q[16c + l] k[16c + l].
 INLINE void score_lane(float16* o, const float qs[ATT_ROWS][HD_MAX], __global const kv_t* kc,
                        const key_block* kb, int l, int nr, int hd) {
