@@ -129,21 +129,31 @@ std::string handshake_failure(SSL* ssl, int ret) {
 // Folders of processes that are gone: one killed (SIGKILL, a crash) never
 // ran its exit cleanup, and its folder, named after its pid, stayed.
 static void remove_stale_identities(const std::filesystem::path& tmp) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
+  // error_code forms throughout: a folder that cannot be read is skipped,
+  // never an error of the node starting.
+  for (fs::directory_iterator it(tmp, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     const std::string name = e.path().filename().string();
     const std::string prefix = "troupe-cluster-";
     if (name.rfind(prefix, 0) != 0) continue;
     const auto dash = name.find('-', prefix.size());
     if (dash == std::string::npos) continue;  // an older unnamed folder: leave it
     const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
-    if (pid_text.empty() || pid_text.find_first_not_of("0123456789") != std::string::npos) continue;
+    // A pid has at most 7 digits on Linux (pid_max <= 2^22); longer names
+    // are not ours.
+    if (pid_text.empty() || pid_text.size() > 9 ||
+        pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
     struct stat st {};
     // Only this user's folders, and only where the pid no longer runs.
     if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
     const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
     if (::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    std::filesystem::remove_all(e.path(), ec);
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
   }
 }
 

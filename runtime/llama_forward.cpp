@@ -132,7 +132,8 @@ bool llama_forward::int8_for(const device_matrix& w) const {
 
 void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out) {
   k_quant_.args(x, K, out.q, out.d, out.s);
-  ctx_.launch(k_quant_, {static_cast<size_t>(K / 32), static_cast<size_t>(rows)});
+  ctx_.launch(k_quant_, {static_cast<size_t>(K / 32), static_cast<size_t>(rows)},
+              {static_cast<size_t>(K / 32), 1});
 }
 
 void llama_forward::norm(const cl::buffer& weight, bool to_q8, int n, const cl::buffer* rows) {
@@ -143,7 +144,7 @@ void llama_forward::norm(const cl::buffer& weight, bool to_q8, int n, const cl::
     k_rmsnorm_q8_.args(x_, weight, qa_.q, qa_.d, qa_.s, gather_rows, gather, hp.n_embd, hp.rms_eps);
   else
     k_rmsnorm_.args(x_, weight, rows ? xo_ : xn_, gather_rows, gather, hp.n_embd, hp.rms_eps);
-  ctx_.launch(to_q8 ? k_rmsnorm_q8_ : k_rmsnorm_, {static_cast<size_t>(n)});
+  ctx_.launch(to_q8 ? k_rmsnorm_q8_ : k_rmsnorm_, {static_cast<size_t>(n)}, {1});
 }
 
 cl_uint llama_forward::matmul_inputs(cl::kernel& k, const device_matrix& w, const cl::buffer& x,
@@ -369,7 +370,7 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const size_t uT = static_cast<size_t>(T);
 
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
-  ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT});
+  ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const auto& L = weights_.layers[l];
@@ -389,8 +390,16 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
                  att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0);
-    ctx_.launch(k_attn_, {static_cast<size_t>(hp.n_head),
-                          static_cast<size_t>((T + att_rows - 1) / att_rows)});
+    // Every launch names its work-group size, one that does not depend on
+    // the step's row count: PoCL compiles a kernel once per work-group size,
+    // and left to choose it picks one from the global size, so each new row
+    // count compiled a new variant (seconds for this kernel) in the middle
+    // of serving.  One work-item per group also spreads one-token decode's
+    // heads over both cores (PoCL put them in one group).
+    ctx_.launch(
+        k_attn_,
+        {static_cast<size_t>(hp.n_head), static_cast<size_t>((T + att_rows - 1) / att_rows)},
+        {1, 1});
     matmul(L.wo, att_, x_, T, D, true, att_q8 ? &qb_ : nullptr);
     if (L.moe) {
       moe_ffn(L, l, T);
@@ -479,7 +488,9 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   }
   k_moe_combine_.args(x_, moe_y_, moe_w_, D, K, sh ? shared_y_ : moe_y_ /*unused*/,
                       sh ? shared_g_ : moe_w_ /*unused*/, sh ? 1 : 0);
-  ctx_.launch(k_moe_combine_, {static_cast<size_t>(D), static_cast<size_t>(T)});
+  size_t combine_local = 64;
+  while (D % combine_local != 0) combine_local /= 2;
+  ctx_.launch(k_moe_combine_, {static_cast<size_t>(D), static_cast<size_t>(T)}, {combine_local, 1});
 }
 
 std::vector<int64_t> llama_forward::take_expert_counts() {
