@@ -23,10 +23,10 @@ inline float silu(float x) { return x / (1.0f + exp(-x)); }
 
 // Half -> float from the raw bits, branch-free: PoCL's vload_half is a
 // software routine with branches (no cl_khr_fp16 on its CPU device), a
-// dozen instructions per value on the F16 weight and KV paths.  Shifting the 15 magnitude bits into a
-// float's position and scaling by 2^112 is exact for normal and subnormal
-// halves alike; inf and NaN do not occur in weights, scales or KV values.
-// With TROUPE_AVX512 (a PoCL CPU device on an AVX-512 host, see dpbusd
+// dozen instructions per value on the F16 weight and KV paths.  Shifting
+// the 15 magnitude bits into a float's position and scaling by 2^112 is
+// exact for normal and subnormal halves alike; inf and NaN do not occur in
+// weights, scales or KV values.  With TROUPE_AVX512 (a PoCL CPU device on an AVX-512 host, see dpbusd
 // below for why inline assembly) it is one vcvtph2ps, exact as well.
 #ifdef TROUPE_AVX512
 inline float16 half_bits_to_float16(ushort16 h) {

@@ -153,6 +153,10 @@ class context {
   kernel make_kernel(const std::string& name) const;
 
   // Enqueues a 1-, 2- or 3-D range; local may be empty (driver's choice).
+  // A launch whose global size changes from step to step should name a
+  // local size that does not: PoCL compiles a kernel once per work-group
+  // size, and its own choice follows the global size, so each new size
+  // compiled a new variant (seconds for attention) in the middle of serving.
   void launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local = {});
   void finish();
 

@@ -126,6 +126,10 @@ std::string handshake_failure(SSL* ssl, int ret) {
 
 }  // namespace
 
+// The identity folders' names: this prefix, the writer's pid, a dash, and
+// mkdtemp's six characters.
+constexpr const char* k_identity_prefix = "troupe-cluster-";
+
 // Folders of processes that are gone: one killed (SIGKILL, a crash) never
 // ran its exit cleanup, and its folder, named after its pid, stayed.
 static void remove_stale_identities(const std::filesystem::path& tmp) {
@@ -137,13 +141,13 @@ static void remove_stale_identities(const std::filesystem::path& tmp) {
        it.increment(ec)) {
     const fs::directory_entry& e = *it;
     const std::string name = e.path().filename().string();
-    const std::string prefix = "troupe-cluster-";
+    const std::string prefix = k_identity_prefix;
     if (name.rfind(prefix, 0) != 0) continue;
     const auto dash = name.find('-', prefix.size());
     if (dash == std::string::npos) continue;  // an older unnamed folder: leave it
     const std::string pid_text = name.substr(prefix.size(), dash - prefix.size());
-    // A pid has at most 7 digits on Linux (pid_max <= 2^22); longer names
-    // are not ours.
+    // A pid has at most 7 digits on Linux (pid_max <= 2^22); 9 keeps
+    // std::stol in range, and longer names are not ours.
     if (pid_text.empty() || pid_text.size() > 9 ||
         pid_text.find_first_not_of("0123456789") != std::string::npos)
       continue;
@@ -164,7 +168,7 @@ cluster_identity write_cluster_identity(const std::string& secret) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = tmp && *tmp ? tmp : "/tmp";
   remove_stale_identities(dir);
-  std::string templ = dir + "/troupe-cluster-" + std::to_string(::getpid()) + "-XXXXXX";
+  std::string templ = dir + "/" + k_identity_prefix + std::to_string(::getpid()) + "-XXXXXX";
   if (!::mkdtemp(templ.data()))
     throw std::runtime_error("cluster identity: cannot make a folder like " + templ);
   cluster_identity id{templ, templ + "/cert.pem", templ + "/key.pem"};

@@ -7,7 +7,9 @@ namespace troupe {
 namespace {
 
 constexpr const char* kMagic = "troupe.kv";
-constexpr int kVersion = 3;  // 2: no sampler state (draws derive from seed and position); 3: K transposed within a page
+// 2: no sampler state (draws derive from seed and position); 3: K
+// transposed within a page (kernels/attention.cl).
+constexpr int kVersion = 3;
 
 template <class T>
 std::string mismatch(const char* field, const T& blob, const T& here) {

@@ -390,12 +390,10 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
                  att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0);
-    // Every launch names its work-group size, one that does not depend on
-    // the step's row count: PoCL compiles a kernel once per work-group size,
-    // and left to choose it picks one from the global size, so each new row
-    // count compiled a new variant (seconds for this kernel) in the middle
-    // of serving.  One work-item per group also spreads one-token decode's
-    // heads over both cores (PoCL put them in one group).
+    // A work-group size independent of the row count (see
+    // cl::context::launch), one work-item per group: that also spreads
+    // one-token decode's heads over both cores (PoCL's choice put them all
+    // in one group).
     ctx_.launch(
         k_attn_,
         {static_cast<size_t>(hp.n_head), static_cast<size_t>((T + att_rows - 1) / att_rows)},

@@ -37,9 +37,9 @@ using kernel_test::shared_context;
 shared_context& context_for(bool kv_f16) {
   static shared_context shared[2];
   return kernel_test::make_once(shared[kv_f16 ? 1 : 0], [kv_f16](cl::context& c) {
-    return std::optional<std::string>(
-        std::string("-cl-std=CL1.2 -cl-mad-enable") + (kv_f16 ? " -DTROUPE_KV_F16" : "") +
-        (kv_f16 && c.x86_avx512() ? " -DTROUPE_AVX512" : ""));
+    return std::optional<std::string>(std::string("-cl-std=CL1.2 -cl-mad-enable") +
+                                      (kv_f16 ? " -DTROUPE_KV_F16" : "") +
+                                      (kv_f16 && c.x86_avx512() ? " -DTROUPE_AVX512" : ""));
   });
 }
 
