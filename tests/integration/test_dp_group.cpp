@@ -115,7 +115,12 @@ TEST(DpGroup, ANodesInstanceJoinsAndSequencesMoveAcrossProcesses) {
                             " --dp-group --dp-interval-ms 20 --kv-mb 16",
                         "troupe serve: listening on ", kModel);
   const auto inst = server.admin("instances");
-  ASSERT_EQ(inst.size(), 2u) << inst.dump();
+  // The server waits for the node's link to settle before it listens, so a
+  // missing instance means the node was refused or down: its reason is in
+  // the server's log, the node's side in the node's.
+  ASSERT_EQ(inst.size(), 2u) << inst.dump() << "\nserver stderr:\n"
+                             << server.stderr_text() << "\nnode stderr:\n"
+                             << node.stderr_text();
   EXPECT_EQ(inst[1]["node"], node.address()) << inst.dump();
   // The node's instance joins the group as its link reports it.
   nlohmann::json dp;
