@@ -3,9 +3,11 @@
 # files at run time.  Run as: cmake -DSRC_DIR=... -DOUT=... -P embed_kernels.cmake
 file(GLOB cl_files "${SRC_DIR}/*.cl")
 list(SORT cl_files)
-# common.cl holds helpers the other files use: it goes first.
-list(FILTER cl_files EXCLUDE REGEX "/common\\.cl$")
+# common.cl holds helpers the other files use: it goes first.  layer.cl
+# runs the other files' kernel bodies: it goes last.
+list(FILTER cl_files EXCLUDE REGEX "/(common|layer)\\.cl$")
 list(PREPEND cl_files "${SRC_DIR}/common.cl")
+list(APPEND cl_files "${SRC_DIR}/layer.cl")
 set(body "// generated from kernels/*.cl by cmake/embed_kernels.cmake; do not edit\n")
 string(APPEND body "#include \"runtime/kernel_sources.hpp\"\n\nnamespace troupe {\n\n")
 string(APPEND body "const std::vector<kernel_source>& embedded_kernel_sources() {\n")

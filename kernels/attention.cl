@@ -40,11 +40,6 @@ inline size_t kv_block(int layer, int n_pages, int n_kv, int page_size, int hd, 
 // sequence, so each K/V vector is loaded and converted once for them all).
 #define ATT_ROWS 4
 
-// Forced inlining: the block helpers' per-row arrays are registers of the
-// caller only once inlined (PoCL keeps large functions called twice out
-// of line, and their arrays go through memory).
-#define INLINE inline __attribute__((always_inline))
-
 // Rows r < nr of a work-item.  The loop runs to the constant ATT_ROWS so
 // that it unrolls and per-row arrays (accumulators, scores) live in
 // registers; the guard skips the rows a group lacks.
@@ -283,14 +278,16 @@ ATTEND_FOR(attend_any, hd)
 // output is also written quantized (quantize.cl's format) to oq, od, os.
 // one_pass: flash attention's single pass with a half KV cache (see
 // attend_rows).
-__kernel void attention(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
-                        __global float* out, __global const int* pos, __global const int* row_seq,
-                        __global const int* pt, __global const int* pt_off, int n_head, int n_kv,
-                        int hd, int page_size, int layer, int n_pages, float scale, int n_rows,
-                        int rows_per_item, __global char* oq, __global float* od,
-                        __global float2* os, int quant_out, int one_pass) {
-  const int h = get_global_id(0);
-  const int t_begin = get_global_id(1) * rows_per_item;
+#define ATTENTION_ARGS                                                                   \
+  __global const float *qkv, __global const kv_t *kc, __global const kv_t *vc,           \
+      __global float *out, __global const int *pos, __global const int *row_seq,         \
+      __global const int *pt, __global const int *pt_off, int n_head, int n_kv, int hd,  \
+      int page_size, int layer, int n_pages, float scale, int n_rows, int rows_per_item, \
+      __global char *oq, __global float *od, __global float2 *os, int quant_out, int one_pass
+
+// Work-item (h, gy): head h, rows gy * rows_per_item onwards.
+INLINE void attention_at(int h, int gy, ATTENTION_ARGS) {
+  const int t_begin = gy * rows_per_item;
   if (h >= n_head) return;
   const int g = h / (n_head / n_kv);
   const int t_end = min(t_begin + rows_per_item, n_rows);
@@ -309,4 +306,10 @@ __kernel void attention(__global const float* qkv, __global const kv_t* kc, __gl
       attend_any(ATTEND_ARGS);
     t0 += nr;
   }
+}
+
+__kernel void attention(ATTENTION_ARGS) {
+  attention_at(get_global_id(0), get_global_id(1), qkv, kc, vc, out, pos, row_seq, pt, pt_off,
+               n_head, n_kv, hd, page_size, layer, n_pages, scale, n_rows, rows_per_item, oq, od,
+               os, quant_out, one_pass);
 }

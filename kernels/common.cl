@@ -12,6 +12,11 @@
 
 #define QK 32
 
+// Forced inlining: a helper's private arrays are registers of its caller
+// only once inlined (PoCL keeps large functions called twice out of line,
+// and their arrays go through memory).
+#define INLINE inline __attribute__((always_inline))
+
 inline float hsum16(float16 v) {
   float8 a = v.lo + v.hi;
   float4 b = a.lo + a.hi;

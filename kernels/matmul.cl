@@ -192,21 +192,34 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 #define Q_SUM(acc, j) hsum16(acc[j])
 
-#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                                           \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
-                     X##_XARGS, __global float* y, int K, int N, int T, int ldy, int accumulate,   \
-                     int rows_per_item) {                                                          \
-    const int t0 = get_global_id(1) * TT;                                                          \
-    if (t0 >= T) return;                                                                           \
-    X##_SETUP(TT) const int n0 = get_global_id(0) * rows_per_item;                                 \
-    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                        \
-      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc)                                                  \
-          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                         \
-        const size_t i = (size_t)(t0 + j) * ldy + n;                                               \
-        const float r = X##_SUM(acc, j);                                                           \
-        y[i] = accumulate ? y[i] + r : r;                                                          \
-      }                                                                                            \
-    }                                                                                              \
+// Each kernel's body is a function of its work-item's grid position (gx,
+// gy) as well, NAME_at, so that a fused layer (layer.cl) runs the same
+// code for the items it takes.
+#define F_XNAMES x
+#define Q_XNAMES xq, xd, xsum
+#define W_ARGS __global const uchar *wq, __global const float *wd, __global const float *wm
+
+#define MATMUL_ARGS(X)                                                                \
+  W_ARGS, X##_XARGS, __global float *y, int K, int N, int T, int ldy, int accumulate, \
+      int rows_per_item
+#define MATMUL_NAMES(X) wq, wd, wm, X##_XNAMES, y, K, N, T, ldy, accumulate, rows_per_item
+
+#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                   \
+  INLINE void NAME##_at(int gx, int gy, MATMUL_ARGS(X)) {                  \
+    const int t0 = gy * TT;                                                \
+    if (t0 >= T) return;                                                   \
+    X##_SETUP(TT) const int n0 = gx * rows_per_item;                       \
+    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc)                          \
+          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) { \
+        const size_t i = (size_t)(t0 + j) * ldy + n;                       \
+        const float r = X##_SUM(acc, j);                                   \
+        y[i] = accumulate ? y[i] + r : r;                                  \
+      }                                                                    \
+    }                                                                      \
+  }                                                                        \
+  __kernel void NAME(MATMUL_ARGS(X)) {                                     \
+    NAME##_at(get_global_id(0), get_global_id(1), MATMUL_NAMES(X));        \
   }
 
 // The gated FFN's rows of one work-item for its tile: gate row W0 + n, up
@@ -215,7 +228,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // projection (the work-item's rows are whole blocks: rows_per_item and F
 // multiples of 32), read back.
 #define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                      \
-  const int n0 = get_global_id(0) * rows_per_item;                                                 \
+  const int n0 = gx * rows_per_item;                                                               \
   for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
     X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)               \
         _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] = \
@@ -232,101 +245,106 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 #define DENSE_VALID(j) (t0 + (j) < T)
 #define DENSE_OUT(j) (t0 + (j))
 
-#define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                                                       \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
-                     X##_XARGS, __global float* h, int K, int F, int T, int rows_per_item,         \
-                     __global char* oq, __global float* od, __global float2* os, int quant_out) {  \
-    const int t0 = get_global_id(1) * TT;                                                          \
-    if (t0 >= T) return;                                                                           \
-    X##_SETUP(TT) GLU_ROWS(LOAD, TT, X, 0, DENSE_VALID, DENSE_OUT)                                 \
+#define GLU_ARGS(X)                                                                                \
+  W_ARGS, X##_XARGS, __global float *h, int K, int F, int T, int rows_per_item, __global char *oq, \
+      __global float *od, __global float2 *os, int quant_out
+#define GLU_NAMES(X) wq, wd, wm, X##_XNAMES, h, K, F, T, rows_per_item, oq, od, os, quant_out
+
+#define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                       \
+  INLINE void NAME##_at(int gx, int gy, GLU_ARGS(X)) {             \
+    const int t0 = gy * TT;                                        \
+    if (t0 >= T) return;                                           \
+    X##_SETUP(TT) GLU_ROWS(LOAD, TT, X, 0, DENSE_VALID, DENSE_OUT) \
+  }                                                                \
+  __kernel void NAME(GLU_ARGS(X)) {                                \
+    NAME##_at(get_global_id(0), get_global_id(1), GLU_NAMES(X));   \
   }
 
 // `rope` holds (cos, sin) of each row's angle for each rotation pair,
 // [rows][rope_dims / 2], computed once per step on the host (every layer
-// reuses it).  One work-item per rotation pair (r0, r1) of the stacked projection:
-// pairs (2i, 2i+1) of a head in the normal layout, (i, i + rope_dims/2) in
-// NeoX; dimensions past rope_dims are paired but not rotated, and v heads
-// are never rotated.  Where has_bias, bias[w] (Qwen2's [bq | bk | bv]) is
-// added to stacked row w before the rotation, as llama.cpp adds it.
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                       \
-  __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
-                     X##_XARGS, __global float* qkv, int K, int T, __global const int* pos,        \
-                     __global const int* row_seq, __global const int* pt,                          \
-                     __global const int* pt_off, __global kv_t* kc, __global kv_t* vc, int n_head, \
-                     int n_kv, int hd, int rope_dims, __global const float2* rope, int neox,       \
-                     int page_size, int layer, int n_pages, int rows_per_item,                     \
-                     __global const float* bias, int has_bias) {                                   \
-    const int t0 = get_global_id(1) * TT;                                                          \
-    if (t0 >= T) return;                                                                           \
-    X##_SETUP(TT) const int half_hd = hd / 2;                                                      \
-    const int half_rope = rope_dims / 2;                                                           \
-    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                             \
-    const int stride = (n_head + 2 * n_kv) * hd;                                                   \
-    const int w0 = get_global_id(0) * rows_per_item;                                               \
-    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                                  \
-      const int head = w / half_hd;                                                                \
-      const int i = w % half_hd;                                                                   \
-      int d0, d1;                                                                                  \
-      if (neox && i < half_rope) {                                                                 \
-        d0 = i;                                                                                    \
-        d1 = i + half_rope;                                                                        \
-      } else if (neox) {                                                                           \
-        d0 = rope_dims + 2 * (i - half_rope);                                                      \
-        d1 = d0 + 1;                                                                               \
-      } else {                                                                                     \
-        d0 = 2 * i;                                                                                \
-        d1 = d0 + 1;                                                                               \
-      }                                                                                            \
-      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);          \
-      X##_ZERO(TT, a0) X##_ZERO(                                                                   \
-          TT,                                                                                      \
-          a1) /* One token: the pair's rows apart (faster measured; each row's sums  */ /* are the \
-                                                                                           same    \
-                                                                                           either  \
-                                                                                           way, so \
-                                                                                           tiles   \
-                                                                                           still   \
-                                                                                           agree   \
-                                                                                           bit for \
-                                                                                           bit).   \
-                                                                                         */        \
-          if (TT == 1) {                                                                           \
-        X##_DOT(LOAD, TT, head* hd + d0, a0) X##_DOT(LOAD, TT, head* hd + d1, a1)                  \
-      }                                                                                            \
-      else {X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)} _Pragma(                   \
-          "unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                                 \
-        const int t = t0 + j;                                                                      \
-        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                            \
-        if (has_bias) {                                                                            \
-          v0 += bias[head * hd + d0];                                                              \
-          v1 += bias[head * hd + d1];                                                              \
-        }                                                                                          \
-        if (rotate) {                                                                              \
-          const float2 cs = rope[(size_t)t * half_rope + i];                                       \
-          const float c = cs.x, s = cs.y;                                                          \
-          const float r0 = v0 * c - v1 * s;                                                        \
-          v1 = v0 * s + v1 * c;                                                                    \
-          v0 = r0;                                                                                 \
-        }                                                                                          \
-        if (head < n_head) {                                                                       \
-          qkv[(size_t)t * stride + head * hd + d0] = v0;                                           \
-          qkv[(size_t)t * stride + head * hd + d1] = v1;                                           \
-        } else {                                                                                   \
-          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;               \
-          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                            \
-          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);                 \
-          const int slot = pos[t] % page_size;                                                     \
-          if (head < n_head + n_kv) { /* K: transposed within the page */                          \
-            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                                   \
-            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                                   \
-          } else {                                                                                 \
-            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                          \
-            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                          \
-          }                                                                                        \
-        }                                                                                          \
-      }                                                                                            \
-    }                                                                                              \
-  }
+// reuses it).  One work-item per rotation pair (r0, r1) of the stacked
+// projection: pairs (2i, 2i+1) of a head in the normal layout, (i, i +
+// rope_dims/2) in NeoX; dimensions past rope_dims are paired but not
+// rotated, and v heads are never rotated.  Where has_bias, bias[w]
+// (Qwen2's [bq | bk | bv]) is added to stacked row w before the rotation,
+// as llama.cpp adds it.  One token takes the pair's rows apart (measured
+// faster; each row's sums are the same either way, so tiles still agree
+// bit for bit).
+#define QKV_ARGS(X)                                                                      \
+  W_ARGS, X##_XARGS, __global float *qkv, int K, int T, __global const int *pos,         \
+      __global const int *row_seq, __global const int *pt, __global const int *pt_off,   \
+      __global kv_t *kc, __global kv_t *vc, int n_head, int n_kv, int hd, int rope_dims, \
+      __global const float2 *rope, int neox, int page_size, int layer, int n_pages,      \
+      int rows_per_item, __global const float *bias, int has_bias
+#define QKV_NAMES(X)                                                                     \
+  wq, wd, wm, X##_XNAMES, qkv, K, T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, \
+      rope_dims, rope, neox, page_size, layer, n_pages, rows_per_item, bias, has_bias
+
+// (clang-format would join the else and the pragma below into one line.)
+// clang-format off
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                              \
+  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                    \
+    const int t0 = gy * TT;                                                               \
+    if (t0 >= T) return;                                                                  \
+    X##_SETUP(TT) const int half_hd = hd / 2;                                             \
+    const int half_rope = rope_dims / 2;                                                  \
+    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                    \
+    const int stride = (n_head + 2 * n_kv) * hd;                                          \
+    const int w0 = gx * rows_per_item;                                                    \
+    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                         \
+      const int head = w / half_hd;                                                       \
+      const int i = w % half_hd;                                                          \
+      int d0, d1;                                                                         \
+      if (neox && i < half_rope) {                                                        \
+        d0 = i;                                                                           \
+        d1 = i + half_rope;                                                               \
+      } else if (neox) {                                                                  \
+        d0 = rope_dims + 2 * (i - half_rope);                                             \
+        d1 = d0 + 1;                                                                      \
+      } else {                                                                            \
+        d0 = 2 * i;                                                                       \
+        d1 = d0 + 1;                                                                      \
+      }                                                                                   \
+      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims); \
+      X##_ZERO(TT, a0) X##_ZERO(TT, a1) if (TT == 1) {                                    \
+        X##_DOT(LOAD, TT, head* hd + d0, a0) X##_DOT(LOAD, TT, head* hd + d1, a1)         \
+      }                                                                                   \
+      else {X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)}                   \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                    \
+        const int t = t0 + j;                                                             \
+        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                   \
+        if (has_bias) {                                                                   \
+          v0 += bias[head * hd + d0];                                                     \
+          v1 += bias[head * hd + d1];                                                     \
+        }                                                                                 \
+        if (rotate) {                                                                     \
+          const float2 cs = rope[(size_t)t * half_rope + i];                              \
+          const float c = cs.x, s = cs.y;                                                 \
+          const float r0 = v0 * c - v1 * s;                                               \
+          v1 = v0 * s + v1 * c;                                                           \
+          v0 = r0;                                                                        \
+        }                                                                                 \
+        if (head < n_head) {                                                              \
+          qkv[(size_t)t * stride + head * hd + d0] = v0;                                  \
+          qkv[(size_t)t * stride + head * hd + d1] = v1;                                  \
+        } else {                                                                          \
+          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;      \
+          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                   \
+          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);        \
+          const int slot = pos[t] % page_size;                                            \
+          if (head < n_head + n_kv) { /* K: transposed within the page */                 \
+            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                          \
+            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                          \
+          } else {                                                                        \
+            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                 \
+            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                 \
+          }                                                                               \
+        }                                                                                 \
+      }                                                                                   \
+    }                                                                                     \
+  }                                                                                       \
+  __kernel void NAME(QKV_ARGS(X)) { NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(X)); }
+// clang-format on
 
 // Grouped expert products (mixture of experts, moe.cl): a work-item
 // computes rows of one slot's expert for a tile of that slot's assignments
@@ -371,6 +389,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
                      X##_XARGS, __global float* h, int K, int F, int rows_per_item,                \
                      __global char* oq, __global float* od, __global float2* os, int quant_out,    \
                      ID_ARGS) {                                                                    \
+    const int gx = get_global_id(0);                                                               \
     ID_SETUP(TT)                                                                                   \
     X##_SETUP_AT(TT, ID_ROW) GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                 \
   }

@@ -1,9 +1,9 @@
 // RMSNorm: y[r] = x[src(r)] / sqrt(mean(x^2) + eps) * w.
 // src(r) = rows[r] when gather is set (only the rows whose logits are
-// wanted reach the final norm), else r.  One work-item per row.
-__kernel void rmsnorm(__global const float* x, __global const float* w, __global float* y,
-                      __global const int* rows, int gather, int D, float eps) {
-  const int r = get_global_id(0);
+// wanted reach the final norm), else r.  One work-item per row; the row's
+// body, rmsnorm_row / rmsnorm_q8_row, is also a fused layer's (layer.cl).
+INLINE void rmsnorm_row(int r, __global const float* x, __global const float* w, __global float* y,
+                        __global const int* rows, int gather, int D, float eps) {
   __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;
   __global float* yr = y + (size_t)r * D;
   float ss = 0.0f;
@@ -12,12 +12,16 @@ __kernel void rmsnorm(__global const float* x, __global const float* w, __global
   for (int i = 0; i < D; ++i) yr[i] = xr[i] * scale * w[i];
 }
 
+__kernel void rmsnorm(__global const float* x, __global const float* w, __global float* y,
+                      __global const int* rows, int gather, int D, float eps) {
+  rmsnorm_row(get_global_id(0), x, w, y, rows, gather, D, eps);
+}
+
 // The same, written quantized to 8 bits per block (quantize.cl's format) for
 // the integer matmuls that read it, instead of as float.
-__kernel void rmsnorm_q8(__global const float* x, __global const float* w, __global char* xq,
-                         __global float* xd, __global float2* xsum, __global const int* rows,
-                         int gather, int D, float eps) {
-  const int r = get_global_id(0);
+INLINE void rmsnorm_q8_row(int r, __global const float* x, __global const float* w,
+                           __global char* xq, __global float* xd, __global float2* xsum,
+                           __global const int* rows, int gather, int D, float eps) {
   __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;
   float ss = 0.0f;
   for (int i = 0; i < D; ++i) ss = fma(xr[i], xr[i], ss);
@@ -30,4 +34,10 @@ __kernel void rmsnorm_q8(__global const float* x, __global const float* w, __glo
                    vload16(1, xr + i) * scale * vload16(1, w + i), xq + blk * QK, xd + blk,
                    xsum + blk);
   }
+}
+
+__kernel void rmsnorm_q8(__global const float* x, __global const float* w, __global char* xq,
+                         __global float* xd, __global float2* xsum, __global const int* rows,
+                         int gather, int D, float eps) {
+  rmsnorm_q8_row(get_global_id(0), x, w, xq, xd, xsum, rows, gather, D, eps);
 }

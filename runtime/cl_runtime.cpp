@@ -172,6 +172,7 @@ context::context(device_choice choice, int shards) {
   compute_units_ = static_cast<int>(cu);
   cl_device_type type = 0;
   clGetDeviceInfo(device_, CL_DEVICE_TYPE, sizeof(type), &type, nullptr);
+  cpu_ = (type & CL_DEVICE_TYPE_CPU) != 0;
 #if defined(__x86_64__)
   const bool pocl_cpu = (type & CL_DEVICE_TYPE_CPU) &&
                         info_string(clGetPlatformInfo, platform_, CL_PLATFORM_NAME)

@@ -135,6 +135,7 @@ class context {
   const std::string& device_name() const { return device_name_; }
   size_t global_mem_bytes() const { return global_mem_; }
   int compute_units() const { return compute_units_; }
+  bool cpu() const { return cpu_; }
   // A PoCL CPU device on an x86 host with AVX-512 VNNI: its kernel compiler
   // is clang for this very CPU, so kernels may use x86 builtins under a
   // target attribute (the integer matmuls' vpdpbusd).
@@ -196,6 +197,7 @@ class context {
   std::string device_name_;
   size_t global_mem_ = 0;
   int compute_units_ = 1;
+  bool cpu_ = false;
   bool x86_vnni_ = false;
   bool x86_avx512_ = false;
   struct command_buffer_api {

@@ -26,6 +26,7 @@ int type_slot(tensor_type t) {
 }
 
 const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
+const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
 
@@ -37,6 +38,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION")) o.flash_attention = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_FUSE_LAYERS")) o.fuse_layers = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -89,6 +91,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
+  const std::vector<int32_t> ctr_zeros(16, 0);
+  layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
     k_moe_route_ = ctx_.make_kernel("moe_route");
     k_moe_combine_ = ctx_.make_kernel("moe_combine");
@@ -112,17 +116,62 @@ int llama_forward::tile_for(int rows) const {
   return rows >= opts_.token_tile ? opts_.token_tile : std::min(4, opts_.token_tile);
 }
 
+int llama_forward::tile_slot(int rows) const {
+  const int tile = tile_for(rows);
+  return tile == 1 ? 0 : tile == opts_.token_tile ? 2 : 1;
+}
+
 cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, bool xq) {
   static const char* family_prefix[5] = {"matmul_", "matmul_glu_", "matmul_qkv_", "matmul_id_",
                                          "matmul_id_glu_"};
-  const int tile = tile_for(rows);
-  const int slot = tile == 1 ? 0 : tile == opts_.token_tile ? 2 : 1;
-  static const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
+  const int slot = tile_slot(rows);
   auto& k = k_mm_[xq ? 1 : 0][static_cast<int>(f)][type_slot(t)][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) + (xq ? "xq_" : "") +
                          type_suffix[type_slot(t)] + slot_suffix[slot]);
   return k;
+}
+
+bool llama_forward::fused(const device_layer& L) const {
+  if (!opts_.fuse_layers || !ctx_.cpu() || L.moe) return false;
+  const tensor_type t = L.qkv.type;
+  for (const device_matrix* m : {&L.wo, &L.gate_up, &L.down})
+    if (m->type != t) return false;
+  // layer.cl has float activations for float weights, quantized ones
+  // (with attention and the FFN writing theirs quantized: whole blocks)
+  // for quantized weights.
+  if (t == tensor_type::f32 || t == tensor_type::f16) return true;
+  const auto& hp = hparams();
+  return int8_for(L.qkv) && hp.head_dim % 32 == 0 && hp.n_ff % 32 == 0;
+}
+
+int llama_forward::fused_layers() const {
+  return static_cast<int>(std::count_if(weights_.layers.begin(), weights_.layers.end(),
+                                        [this](const device_layer& L) { return fused(L); }));
+}
+
+void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_rows) {
+  const auto& hp = hparams();
+  const int slot = tile_slot(T);
+  auto& k = k_layer_[type_slot(L.qkv.type)][slot];
+  if (!k.get()) {
+    const bool xq = int8_for(L.qkv);
+    k = ctx_.make_kernel(std::string("layer_") + (xq ? "xq_" : "") +
+                         type_suffix[type_slot(L.qkv.type)] + slot_suffix[slot]);
+  }
+  const int neox = hp.rope == rope_layout::neox ? 1 : 0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  const int h_q8 = int8_for(L.down) ? 1 : 0;
+  k.args(L.qkv.q, L.qkv.d, L.qkv.m, L.wo.q, L.wo.d, L.wo.m, L.gate_up.q, L.gate_up.d, L.gate_up.m,
+         L.down.q, L.down.d, L.down.m, L.attn_norm, L.ffn_norm,
+         L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, x_, xn_, qa_.q, qa_.d,
+         qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_, k_cache_, v_cache_, pos_, row_seq_, pt_,
+         pt_off_, rope_, T, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims,
+         neox, opts_.page_size, layer, n_pages_, scale, hp.rms_eps, att_rows,
+         opts_.flash_attention ? 1 : 0, grid(1, T).rows_per_item,
+         glu_grid(hp.n_ff, h_q8 != 0).rows_per_item, layer_ctr_);
+  // One work-group of one work-item per compute unit (see kernels/layer.cl).
+  ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
 
 bool llama_forward::int8_for(const device_matrix& w) const {
@@ -374,6 +423,10 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const auto& L = weights_.layers[l];
+    if (fused(L)) {
+      layer_step(L, l, T, att_rows);
+      continue;
+    }
     {
       const bool xq = int8_for(L.qkv);
       norm(L.attn_norm, xq, T);

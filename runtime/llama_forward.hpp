@@ -42,6 +42,12 @@ struct engine_options {
   // (llama.cpp's flash attention, -fa) instead of two passes with
   // llama.cpp's default numerics (bit-for-bit its golden tokens).
   bool flash_attention = false;
+  // Fused layers: on a CPU device, each dense decoder layer runs as one
+  // launch (kernels/layer.cl) instead of seven, its work-groups sharing
+  // the work phase by phase.  Every launch wakes the driver's worker
+  // threads, which costs most in decode steps (docs/bench_engine.md).
+  // Same results bit for bit; TROUPE_FUSE_LAYERS=0 turns it off.
+  bool fuse_layers = true;
   // Mixture-of-experts models: the experts spread over this many
   // sub-devices of one compute unit each (expert parallelism; >= 2), each
   // with its own queue and weight buffers, tokens dispatched to the
@@ -51,8 +57,8 @@ struct engine_options {
 
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
 // TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
-// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH
-// and TROUPE_FLASH_ATTENTION 0/1), for
+// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH,
+// TROUPE_FLASH_ATTENTION and TROUPE_FUSE_LAYERS 0/1), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 
@@ -74,6 +80,8 @@ class llama_forward {
   int page_size() const { return opts_.page_size; }
   const std::string& device_name() const { return ctx_.device_name(); }
   size_t weight_bytes() const { return weights_.bytes; }
+  // Layers that run as one launch each (engine_options::fuse_layers).
+  int fused_layers() const;
   size_t kv_bytes_per_page() const;
 
   // Mixture of experts: tokens routed to each expert of each layer since the
@@ -135,6 +143,8 @@ class llama_forward {
   // a whole tile beats a pass per row even when the tile's tail repeats
   // the last row.
   int tile_for(int rows) const;
+  // Which of a family's kernels serves `rows` rows: 0 (_t1), 1 (_t4), 2 (_tiled).
+  int tile_slot(int rows) const;
   size_t token_groups(int rows) const;
   // Launch geometry of the matmul kernels: each work-item computes
   // rows_per_item output rows (or rotation pairs, or gate/up pairs).
@@ -148,6 +158,11 @@ class llama_forward {
   // of 32 (it quantizes the rows it wrote).
   matmul_grid glu_grid(int F, bool quant_out) const;
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
+  // Fused layers (engine_options::fuse_layers): whether layer L runs as one
+  // launch (a dense layer whose four products share a weight type that
+  // kernels/layer.cl has), and that launch.
+  bool fused(const device_layer& L) const;
+  void layer_step(const device_layer& L, int layer, int T, int att_rows);
 
   std::shared_ptr<const model_file> model_;
   engine_options opts_;
@@ -166,6 +181,8 @@ class llama_forward {
 
   cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
   cl::kernel k_mm_[2][5][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
+  cl::kernel k_layer_[5][3];     // fused layers: [type][t1, t4, tiled]
+  cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
 
   // Mixture of experts (hparams().n_expert > 0): the router's logits, each
   // assignment's slot and weight, the assignments grouped by slot, the

@@ -143,8 +143,9 @@ TEST(TokenConstraint, TheMaskNeverRemovesEveryTokenAndWalksEndValid) {
       }
       if (!ended) continue;  // a long walk: fine, it was valid at every step
       EXPECT_TRUE(matches(check, out)) << out;
-      if (pattern == schema_regex(schema) || pattern == json_object_regex())
+      if (pattern == schema_regex(schema) || pattern == json_object_regex()) {
         EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
+      }
     }
   }
   token_constraint c(choice_regex({"yes", "no"}), vocab, {end});

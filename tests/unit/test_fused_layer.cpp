@@ -1,0 +1,162 @@
+// Fused layers (kernels/layer.cl, engine_options::fuse_layers): a layer run
+// as one launch gives the logits of its seven separate launches, bit for
+// bit, for every weight type, token tile, attention mode and KV type, on
+// real models and on tiny random ones.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/llama_forward.hpp"
+#include "runtime/model_registry.hpp"
+#include "tests/unit/gguf_fixture.hpp"
+
+namespace troupe {
+namespace {
+
+// Steps that use every tile: a prefill of two sequences (37 and 5 rows:
+// the wide tile, its tail), both decoding (2 rows: the 4-token tile), then
+// one decoding alone (1 row) for a few steps.
+std::vector<forward_batch> steps(int n_vocab, int page_size) {
+  auto token = [&](int i) { return 3 + (i * 7919) % (n_vocab - 3); };
+  const int len_a = 37, len_b = 5;
+  auto pages = [&](int first, int n) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(first + i);
+    return p;
+  };
+  // Room for 64 positions each: A in pages [0, 64/ps), B after it.
+  const int per_seq = (64 + page_size - 1) / page_size;
+  const auto pa = pages(0, per_seq), pb = pages(per_seq, per_seq);
+  std::vector<forward_batch> out;
+  forward_batch prefill;
+  for (int i = 0; i < len_a; ++i) {
+    prefill.tokens.push_back(token(i));
+    prefill.positions.push_back(i);
+  }
+  for (int i = 0; i < len_b; ++i) {
+    prefill.tokens.push_back(token(100 + i));
+    prefill.positions.push_back(i);
+  }
+  prefill.seqs = {{0, len_a, pa}, {len_a, len_b, pb}};
+  prefill.logit_rows = {len_a - 1, len_a + len_b - 1};
+  out.push_back(prefill);
+  forward_batch both;
+  both.tokens = {token(50), token(51)};
+  both.positions = {len_a, len_b};
+  both.seqs = {{0, 1, pa}, {1, 1, pb}};
+  both.logit_rows = {0, 1};
+  out.push_back(both);
+  for (int s = 0; s < 4; ++s) {
+    forward_batch one;
+    one.tokens = {token(60 + s)};
+    one.positions = {len_a + 1 + s};
+    one.seqs = {{0, 1, pa}};
+    one.logit_rows = {0};
+    out.push_back(one);
+  }
+  return out;
+}
+
+struct variant {
+  const char* name;
+  bool flash_attention;
+  bool kv_f16;
+};
+
+const std::vector<variant> k_variants = {
+    {"two-pass attention, half KV", false, true},
+    {"flash attention, half KV", true, true},
+    {"float KV", false, false},
+};
+
+// Runs the steps fused and apart; every logit must be equal.
+void expect_same_logits(const std::shared_ptr<const model_file>& model, bool expect_fused,
+                        const std::vector<variant>& variants = k_variants) {
+  for (const auto& v : variants) {
+    SCOPED_TRACE(v.name);
+    engine_options o;
+    o.n_pages = 64;
+    o.flash_attention = v.flash_attention;
+    o.kv_f16 = v.kv_f16;
+    o.fuse_layers = false;
+    llama_forward apart(model, o);
+    o.fuse_layers = true;
+    llama_forward fused(model, o);
+    EXPECT_EQ(apart.fused_layers(), 0);
+    if (expect_fused) {
+      EXPECT_EQ(fused.fused_layers(), model->hparams().n_layer);
+    }
+    int step = 0;
+    for (const auto& b : steps(model->hparams().n_vocab, o.page_size)) {
+      SCOPED_TRACE("step " + std::to_string(step++) + " (" + std::to_string(b.tokens.size()) +
+                   " rows)");
+      const auto a = apart.run(b), f = fused.run(b);
+      ASSERT_EQ(a.logits.size(), f.logits.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < a.logits.size(); ++i)
+        differ += std::memcmp(&a.logits[i], &f.logits[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "of " << a.logits.size() << " logits";
+    }
+  }
+}
+
+std::shared_ptr<const model_file> open_named(const std::string& name) {
+  const auto r = resolve_model(name);
+  return model_file::open(r.model_path, r.tokenizer_path);
+}
+
+TEST(FusedLayer, Stories15mF32MatchesSeparateLaunches) {
+  expect_same_logits(open_named("stories15m"), true);
+}
+
+TEST(FusedLayer, SmolLM2Q4_1MatchesSeparateLaunches) {
+  expect_same_logits(open_named("smollm2-135m-instruct"), true);
+}
+
+// Every weight type layer.cl has, on a tiny random model whose head size
+// and FFN width are whole blocks (the quantized types' condition).
+TEST(FusedLayer, EveryWeightTypeMatchesSeparateLaunches) {
+  const auto dir = std::filesystem::temp_directory_path() / "troupe-fused-layer-test";
+  std::filesystem::create_directories(dir);
+  for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
+                        tensor_type::q8_0}) {
+    SCOPED_TRACE(std::string(traits_of(t).name));
+    testing::tiny_llama_options opts;
+    opts.n_embd = 128;
+    opts.n_head = 4;
+    opts.n_head_kv = 2;
+    opts.n_ff = 96;
+    opts.matrix_type = t;
+    const auto path = (dir / ("tiny-" + std::string(traits_of(t).name) + ".gguf")).string();
+    testing::make_tiny_llama(opts).write(path);
+    // One attention mode here (each KV type is a program build of its
+    // own); the real models above take all three.
+    expect_same_logits(model_file::open(path), true, {k_variants.front()});
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A layer that cannot be fused (head size not a whole block, for the
+// quantized types) runs apart, with the same results as ever.
+TEST(FusedLayer, AQuantizedModelWithPartBlockHeadsRunsApart) {
+  const auto dir = std::filesystem::temp_directory_path() / "troupe-fused-layer-test-hd16";
+  std::filesystem::create_directories(dir);
+  testing::tiny_llama_options opts;  // head size 16
+  opts.matrix_type = tensor_type::q4_0;
+  const auto path = (dir / "tiny-hd16.gguf").string();
+  testing::make_tiny_llama(opts).write(path);
+  const auto model = model_file::open(path);
+  engine_options o;
+  o.n_pages = 64;
+  llama_forward f(model, o);
+  EXPECT_EQ(f.fused_layers(), 0);
+  expect_same_logits(model, false, {k_variants.front()});
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace troupe
