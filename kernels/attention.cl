@@ -154,9 +154,10 @@ INLINE void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
     __global const kv_t* v =
         vc + kv_block(layer, n_pages, n_kv, page_size, hd, table[j / page_size], g) +
         (size_t)(j % page_size) * hd;
-    for (int i = 0; i < hd16; ++i) vv[i] = KV_LOAD16(i, v);
+    _Pragma("unroll") for (int i = 0; i < hd16; ++i) vv[i] = KV_LOAD16(i, v);
     FOR_ROWS(r)
-    for (int i = 0; i < hd16; ++i) acc[r][i] = fma((float16)p[r][k], vv[i], acc[r][i]);
+    _Pragma("unroll") for (int i = 0; i < hd16; ++i) acc[r][i] =
+        fma((float16)p[r][k], vv[i], acc[r][i]);
   }
 }
 
@@ -182,7 +183,7 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
 #endif
   FOR_ROWS(r) {
     __global const float* q = qkv + (size_t)(t0 + r) * (n_head + 2 * n_kv) * hd + h * hd;
-    for (int i = 0; i < hd16; ++i) {
+    _Pragma("unroll") for (int i = 0; i < hd16; ++i) {
       // llama.cpp rounds q to half and scales after q.k
       vstore16(two_pass ? round_to_half16(vload16(i, q)) : vload16(i, q) * scale, i, qs[r]);
       acc[r][i] = (float16)0.0f;
@@ -229,7 +230,7 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
         const float corr = exp(m[r] - m_new);
         const float16 e = exp(sc[r] - m_new);
         l[r] = l[r] * corr + hsum16(e);
-        for (int i = 0; i < hd16; ++i) acc[r][i] *= corr;
+        _Pragma("unroll") for (int i = 0; i < hd16; ++i) acc[r][i] *= corr;
         vstore16(e, 0, p[r]);
         m[r] = m_new;
       }
@@ -239,9 +240,9 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
   }
   FOR_ROWS(r) {
     const size_t at = (size_t)(t0 + r) * n_head * hd + h * hd;
-    for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, out + at);
+    _Pragma("unroll") for (int i = 0; i < hd16; ++i) vstore16(acc[r][i] * l[r], i, out + at);
     if (oq)  // quantized too, for an integer output projection (hd % 32 == 0)
-      for (int i = 0; i < hd16; i += 2) {
+      _Pragma("unroll") for (int i = 0; i < hd16; i += 2) {
         const size_t blk = at / QK + i / 2;
         quantize_block(acc[r][i] * l[r], acc[r][i + 1] * l[r], oq + blk * QK, od + blk, os + blk);
       }
