@@ -30,6 +30,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   eo.int8_dot = spec.int8_dot;
   eo.graph = spec.graph;
   eo.flash_attention = spec.flash_attention;
+  eo.fuse_layers = spec.fuse_layers;
   eo.expert_devices = spec.expert_devices;
   apply_tuning_env(eo);
   instance_options io;

@@ -93,7 +93,8 @@ struct tally {
            pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
-           expert_swaps = 0, overlap_off_rounds = 0, overlapped_steps = 0, violations = 0;
+           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, overlapped_steps = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -236,6 +237,12 @@ class round_driver {
     if (chance(0.25)) {
       a += " --step-overlap false";
       ++t_.overlap_off_rounds;
+    }
+    // Fused layers are on by default (CPU devices); some rounds launch
+    // each operation apart.
+    if (chance(0.25)) {
+      a += " --fuse-layers false";
+      ++t_.unfused_rounds;
     }
     return a;
   }
@@ -734,6 +741,7 @@ int run(const options& o) {
             {"moe_rounds", t.moe_rounds},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
+            {"unfused_rounds", t.unfused_rounds},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

@@ -87,6 +87,7 @@ struct serve_settings {
   bool int8_dot = true;
   bool graph = false;
   bool flash_attention = false;
+  bool fuse_layers = true;
   bool step_overlap = step_overlap_default();
   int window_ms = 1000;
   pd_config pd_cfg;
@@ -242,6 +243,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "one-pass attention over the half KV cache, as llama.cpp's -fa (true/false; false: "
       "llama.cpp's default two-pass numerics)",
       bool_key(s.flash_attention));
+  add("engine", "fuse_layers",
+      "on a CPU device, each dense decoder layer as one kernel launch instead of seven "
+      "(true/false; the output is the same either way)",
+      bool_key(s.fuse_layers));
   add("engine", "step_overlap",
       "step overlap: plan and send the next step while the device runs this one, the tokens "
       "it samples filled in on the device (true/false; the output is the same either way)",
@@ -602,6 +607,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.int8_dot = s.int8_dot;
   base.graph = s.graph;
   base.flash_attention = s.flash_attention;
+  base.fuse_layers = s.fuse_layers;
   base.step_overlap = s.step_overlap;
   base.expert_devices = s.engine.expert_devices;
   base.tpot_target_ms = s.tpot_target_ms;

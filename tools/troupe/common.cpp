@@ -45,6 +45,10 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
                  "one-pass attention over the half KV cache (llama.cpp's -fa) instead of "
                  "llama.cpp's default two-pass numerics")
       ->default_val(false);
+  app.add_option("--fuse-layers", f.fuse_layers,
+                 "on a CPU device, each dense decoder layer as one kernel launch instead of "
+                 "seven (the same results; false: one launch per operation)")
+      ->default_val(true);
   app.add_option("--expert-devices", f.expert_devices,
                  "mixture-of-experts models: spread the experts over this many sub-devices of one "
                  "compute unit each (expert parallelism; 0: on the device itself)")
@@ -67,6 +71,7 @@ engine_options to_engine_options(const engine_flags& f) {
   o.int8_dot = f.int8_dot;
   o.graph = f.graph;
   o.flash_attention = f.flash_attention;
+  o.fuse_layers = f.fuse_layers;
   o.expert_devices = f.expert_devices;
   apply_tuning_env(o);
   return o;

@@ -27,6 +27,7 @@ struct engine_flags {
   bool int8_dot = true;
   bool graph = false;
   bool flash_attention = false;
+  bool fuse_layers = true;
   int expert_devices = 0;
 };
 
