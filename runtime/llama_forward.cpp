@@ -91,6 +91,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
+  // Fused layers' counters: two per phase of kernels/layer.cl's seven, one
+  // for the groups that are through (room for 16).
   const std::vector<int32_t> ctr_zeros(16, 0);
   layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
@@ -168,7 +170,7 @@ void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_
          qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_, k_cache_, v_cache_, pos_, row_seq_, pt_,
          pt_off_, rope_, T, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims,
          neox, opts_.page_size, layer, n_pages_, scale, hp.rms_eps, att_rows,
-         opts_.flash_attention ? 1 : 0, grid(1, T).rows_per_item,
+         opts_.flash_attention ? 1 : 0, grid(hp.n_embd, T).rows_per_item,
          glu_grid(hp.n_ff, h_q8 != 0).rows_per_item, layer_ctr_);
   // One work-group of one work-item per compute unit (see kernels/layer.cl).
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});

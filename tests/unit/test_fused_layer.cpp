@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "runtime/llama_forward.hpp"
 #include "runtime/model_registry.hpp"
 #include "tests/unit/gguf_fixture.hpp"
@@ -117,11 +119,28 @@ TEST(FusedLayer, SmolLM2Q4_1MatchesSeparateLaunches) {
   expect_same_logits(open_named("smollm2-135m-instruct"), true);
 }
 
+// Tiny random models written to a folder of this process's own, removed
+// whatever the test's outcome.
+class FusedLayerTiny : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("troupe-fused-layer-test-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::shared_ptr<const model_file> write(const testing::tiny_llama_options& opts,
+                                          const std::string& name) const {
+    const auto path = (dir_ / (name + ".gguf")).string();
+    testing::make_tiny_llama(opts).write(path);
+    return model_file::open(path);
+  }
+  std::filesystem::path dir_;
+};
+
 // Every weight type layer.cl has, on a tiny random model whose head size
 // and FFN width are whole blocks (the quantized types' condition).
-TEST(FusedLayer, EveryWeightTypeMatchesSeparateLaunches) {
-  const auto dir = std::filesystem::temp_directory_path() / "troupe-fused-layer-test";
-  std::filesystem::create_directories(dir);
+TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
                         tensor_type::q8_0}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
@@ -131,31 +150,24 @@ TEST(FusedLayer, EveryWeightTypeMatchesSeparateLaunches) {
     opts.n_head_kv = 2;
     opts.n_ff = 96;
     opts.matrix_type = t;
-    const auto path = (dir / ("tiny-" + std::string(traits_of(t).name) + ".gguf")).string();
-    testing::make_tiny_llama(opts).write(path);
     // One attention mode here (each KV type is a program build of its
     // own); the real models above take all three.
-    expect_same_logits(model_file::open(path), true, {k_variants.front()});
+    expect_same_logits(write(opts, "tiny-" + std::string(traits_of(t).name)), true,
+                       {k_variants.front()});
   }
-  std::filesystem::remove_all(dir);
 }
 
 // A layer that cannot be fused (head size not a whole block, for the
 // quantized types) runs apart, with the same results as ever.
-TEST(FusedLayer, AQuantizedModelWithPartBlockHeadsRunsApart) {
-  const auto dir = std::filesystem::temp_directory_path() / "troupe-fused-layer-test-hd16";
-  std::filesystem::create_directories(dir);
+TEST_F(FusedLayerTiny, AQuantizedModelWithPartBlockHeadsRunsApart) {
   testing::tiny_llama_options opts;  // head size 16
   opts.matrix_type = tensor_type::q4_0;
-  const auto path = (dir / "tiny-hd16.gguf").string();
-  testing::make_tiny_llama(opts).write(path);
-  const auto model = model_file::open(path);
+  const auto model = write(opts, "tiny-hd16");
   engine_options o;
   o.n_pages = 64;
   llama_forward f(model, o);
   EXPECT_EQ(f.fused_layers(), 0);
   expect_same_logits(model, false, {k_variants.front()});
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
