@@ -402,6 +402,7 @@ void enqueue(self_ptr self) {
   auto& st = self->state;
   st.enqueued_sent = true;
   auto on = st.instance;
+  const uint64_t on_id = st.instance_id;
   self->request(on, caf::infinite, enqueue_atom::value, current_sequence(st))
       .then(
           [self, on](int32_t ahead) {
@@ -428,7 +429,7 @@ void enqueue(self_ptr self) {
             m.mutable_accepted()->set_prompt_tokens(static_cast<uint32_t>(st.seq.prompt.size()));
             send_frame(self, m, false);
           },
-          [self](caf::error& e) {
+          [self, on_id](caf::error& e) {
             auto& st = self->state;
             if (st.done) return;
             if (!st.announced)
@@ -437,7 +438,10 @@ void enqueue(self_ptr self) {
             // Resuming on an instance that died meanwhile: place again,
             // after a pause as a failed placement does (the router may
             // still name the dead instance; retrying at once would spend
-            // every attempt before it hears of the loss).
+            // every attempt before it hears of the loss).  The sequence
+            // never ran there, so the trace does not name it.
+            if (!st.trace.instances.empty() && st.trace.instances.back() == on_id)
+              st.trace.instances.pop_back();
             ++st.placements_failed;
             self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
           });
