@@ -18,6 +18,12 @@
 // one after another (one worker thread), the first takes every item.
 // Counters (ctr: two per phase, then one for the groups that are through)
 // are zero at launch; the last group through sets them back to zero.
+//
+// A whole step (step_*): the embedding, every layer and the final norm in
+// one launch, where the layers' weights are one buffer (the host's weight
+// arena, runtime/weight_arena.hpp) and a table gives each tensor's offset
+// in it.  Each layer has counters of its own, so no counter is reused
+// within a launch.
 
 #if defined(TROUPE_AVX512) || defined(TROUPE_VNNI)
 #define CPU_RELAX() __asm__ volatile("pause")
@@ -67,6 +73,11 @@ INLINE void wait_items(volatile __global int* done, int n) {
     if (WAIT) wait_items(ctr + 2 * (P) + 1, n_items);                      \
   }
 
+// Counters per layer (two per phase, one spare), in a whole step's
+// counter buffer: layer l's at ctr0 + LAYER_CTRS * l, the step's own
+// (embedding, final norm, groups through) after the last layer's.
+#define LAYER_CTRS 16
+
 // Inputs of the products per activation format: the normed rows (A), and
 // attention's and the FFN's outputs (ATT, H): quantized (Q; attention and
 // the FFN write theirs to qb) or float (F).
@@ -81,27 +92,30 @@ INLINE void wait_items(volatile __global int* done, int n) {
 #define Q_QUANT_OUT 1
 #define F_QUANT_OUT 0
 
+// Buffers and sizes a layer's phases read besides its weights.
+#define LAYER_IO_ARGS                                                                         \
+  __global float *x, __global float *xn, __global char *qa_q, __global float *qa_d,           \
+      __global float2 *qa_s, __global float *qkv, __global float *att, __global char *qb_q,   \
+      __global float *qb_d, __global float2 *qb_s, __global float *h, __global kv_t *kc,      \
+      __global kv_t *vc, __global const int *pos, __global const int *row_seq,                \
+      __global const int *pt, __global const int *pt_off, __global const float2 *rope, int T, \
+      int D, int F, int n_head, int n_kv, int hd, int rope_dims, int neox, int page_size,     \
+      int n_pages, float scale, float eps, int att_rows, int one_pass, int rpi, int rpi_glu
+
 #define LAYER_ARGS                                                                                 \
   __global const uchar *qkv_q, __global const float *qkv_d, __global const float *qkv_m,           \
       __global const uchar *wo_q, __global const float *wo_d, __global const float *wo_m,          \
       __global const uchar *gu_q, __global const float *gu_d, __global const float *gu_m,          \
       __global const uchar *dn_q, __global const float *dn_d, __global const float *dn_m,          \
       __global const float *attn_norm, __global const float *ffn_norm, __global const float *bias, \
-      int has_bias, __global float *x, __global float *xn, __global char *qa_q,                    \
-      __global float *qa_d, __global float2 *qa_s, __global float *qkv, __global float *att,       \
-      __global char *qb_q, __global float *qb_d, __global float2 *qb_s, __global float *h,         \
-      __global kv_t *kc, __global kv_t *vc, __global const int *pos, __global const int *row_seq,  \
-      __global const int *pt, __global const int *pt_off, __global const float2 *rope, int T,      \
-      int D, int F, int n_head, int n_kv, int hd, int rope_dims, int neox, int page_size,          \
-      int layer, int n_pages, float scale, float eps, int att_rows, int one_pass, int rpi,         \
-      int rpi_glu, volatile __global int *ctr
+      int has_bias, int layer, LAYER_IO_ARGS, volatile __global int *ctr
 
-// One layer over T rows with the products of weight type WT (the separate
-// kernels' suffix, e.g. xq_q4_1) and token tile TS (t1, t4, tiled: TT
-// tokens), activations in format X.
-#define TROUPE_LAYER(WT, TS, TT, X)                                                                \
-  __kernel void layer_##WT##_##TS(LAYER_ARGS) {                                                    \
-    const int groups = get_num_groups(0);                                                          \
+// The phases of one layer over T rows with the products of weight type WT
+// (the separate kernels' suffix, e.g. xq_q4_1) and token tile TS (t1, t4,
+// tiled: TT tokens), activations in format X, counters at ctr.  LAST_WAIT:
+// whether the last phase waits (a whole step's next layer reads its rows).
+#define LAYER_BODY(WT, TS, TT, X, LAST_WAIT)                                                       \
+  {                                                                                                \
     const int tg = (T + TT - 1) / TT;                                                              \
     const int n_qkv = ((n_head + 2 * n_kv) * hd / 2 + rpi - 1) / rpi;                              \
     const int n_d = (D + rpi - 1) / rpi;                                                           \
@@ -123,18 +137,98 @@ INLINE void wait_items(volatile __global int* done, int n) {
     PHASE(5, n_glu* tg, 1,                                                                         \
           matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
                                       T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT))                \
-    PHASE(6, n_d* tg, 0,                                                                           \
+    PHASE(6, n_d* tg, LAST_WAIT,                                                                   \
           matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1,  \
                                   rpi))                                                            \
-    mem_fence(CLK_GLOBAL_MEM_FENCE);                                                               \
-    if (atomic_inc(ctr + 2 * LAYER_PHASES) == groups - 1)                                          \
-      for (int c = 0; c <= 2 * LAYER_PHASES; ++c) ctr[c] = 0;                                      \
   }
 
-#define TROUPE_LAYER_TILES(WT, X) \
-  TROUPE_LAYER(WT, t1, 1, X)      \
-  TROUPE_LAYER(WT, t4, 4, X)      \
-  TROUPE_LAYER(WT, tiled, TROUPE_TILE, X)
+// The last group through sets the n counters at c back to zero.
+#define RESET_COUNTERS(c, n)                            \
+  mem_fence(CLK_GLOBAL_MEM_FENCE);                      \
+  if (atomic_inc((c) + (n)-1) == get_num_groups(0) - 1) \
+    for (int z = 0; z < (n); ++z) (c)[z] = 0;
+
+#define TROUPE_LAYER(WT, TS, TT, X)             \
+  __kernel void layer_##WT##_##TS(LAYER_ARGS) { \
+    const int groups = get_num_groups(0);       \
+    LAYER_BODY(WT, TS, TT, X, 0)                \
+    RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)   \
+  }
+
+// The embedding's row of token tokens[t], block b, dequantized into x (the
+// embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, as the
+// host's type_slot).
+INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
+                        __global const float* em, __global const int* tokens, __global float* x,
+                        int D) {
+  const int nb = D / QK;
+  float16 lo, hi;
+  switch (et) {
+    case 0:
+      load_f32(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      break;
+    case 1:
+      load_f16(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      break;
+    case 2:
+      load_q4_0(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      break;
+    case 3:
+      load_q4_1(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      break;
+    default:
+      load_q8_0(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      break;
+  }
+  __global float* o = x + (size_t)t * D + b * QK;
+  vstore16(lo, 0, o);
+  vstore16(hi, 1, o);
+}
+
+// A layer's tensor k in the arena: offs holds LAYER_CTRS byte offsets per
+// layer (qkv, wo, gate/up, down: quants, scales, mins each; then the two
+// norms and the bias, -1 where the layer has none).
+#define ARENA_AT(T, k) ((__global const T*)(arena + o[k]))
+
+// A whole step: embedding (type et) of the T tokens, the n_layer layers,
+// then the final norm of the R rows logit_rows names (to qa quantized
+// where final_q8, else to xo) for the classifier's launch.
+#define TROUPE_STEP(WT, TS, TT, X)                                                                 \
+  __kernel void step_##WT##_##TS(                                                                  \
+      __global const uchar* arena, __global const long* offs, int n_layer, int et,                 \
+      __global const uchar* eq, __global const float* ed, __global const float* em,                \
+      __global const int* tokens, __global const float* out_norm, __global const int* logit_rows,  \
+      int R, int final_q8, __global float* xo, LAYER_IO_ARGS, volatile __global int* ctr0) {       \
+    const int groups = get_num_groups(0);                                                          \
+    volatile __global int* ctr = ctr0 + LAYER_CTRS * n_layer;                                      \
+    PHASE(0, T*(D / QK), 1, embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, x, D)) \
+    for (int layer = 0; layer < n_layer; ++layer) {                                                \
+      __global const long* o = offs + LAYER_CTRS * layer;                                          \
+      __global const uchar *qkv_q = ARENA_AT(uchar, 0), *wo_q = ARENA_AT(uchar, 3),                \
+                           *gu_q = ARENA_AT(uchar, 6), *dn_q = ARENA_AT(uchar, 9);                 \
+      __global const float *qkv_d = ARENA_AT(float, 1), *qkv_m = ARENA_AT(float, 2),               \
+                           *wo_d = ARENA_AT(float, 4), *wo_m = ARENA_AT(float, 5),                 \
+                           *gu_d = ARENA_AT(float, 7), *gu_m = ARENA_AT(float, 8),                 \
+                           *dn_d = ARENA_AT(float, 10), *dn_m = ARENA_AT(float, 11),               \
+                           *attn_norm = ARENA_AT(float, 12), *ffn_norm = ARENA_AT(float, 13);      \
+      const int has_bias = o[14] >= 0;                                                             \
+      __global const float* bias = has_bias ? ARENA_AT(float, 14) : attn_norm;                     \
+      volatile __global int* ctr = ctr0 + LAYER_CTRS * layer;                                      \
+      LAYER_BODY(WT, TS, TT, X, 1)                                                                 \
+    }                                                                                              \
+    PHASE(1, R, 0,                                                                                 \
+          if (final_q8) rmsnorm_q8_row(i, x, out_norm, qa_q, qa_d, qa_s, logit_rows, 1, D, eps);   \
+          else rmsnorm_row(i, x, out_norm, xo, logit_rows, 1, D, eps))                             \
+    RESET_COUNTERS(ctr0, LAYER_CTRS*(n_layer + 1))                                                 \
+  }
+
+#define TROUPE_LAYER_TILES(WT, X)         \
+  TROUPE_LAYER(WT, t1, 1, X)              \
+  TROUPE_LAYER(WT, t4, 4, X)              \
+  TROUPE_LAYER(WT, tiled, TROUPE_TILE, X) \
+  TROUPE_STEP(WT, t1, 1, X)               \
+  TROUPE_STEP(WT, t4, 4, X)               \
+  TROUPE_STEP(WT, tiled, TROUPE_TILE, X)
 
 TROUPE_LAYER_TILES(f32, F)
 TROUPE_LAYER_TILES(f16, F)

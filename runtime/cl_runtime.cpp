@@ -167,6 +167,11 @@ context::context(device_choice choice, int shards) {
   cl_ulong mem = 0;
   clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, nullptr);
   global_mem_ = static_cast<size_t>(mem);
+  clGetDeviceInfo(device_, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof(mem), &mem, nullptr);
+  max_alloc_ = static_cast<size_t>(mem);
+  cl_uint align_bits = 1024;
+  clGetDeviceInfo(device_, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof(align_bits), &align_bits, nullptr);
+  base_align_ = std::max<size_t>(align_bits / 8, 1);
   cl_uint cu = 1;
   clGetDeviceInfo(device_, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
   compute_units_ = static_cast<int>(cu);
@@ -289,6 +294,22 @@ buffer context::alloc(size_t bytes, const void* init) {
   cl_mem m = clCreateBuffer(ctx_, flags, n, const_cast<void*>(init), &rc);
   check(rc, "clCreateBuffer");
   return buffer(m, bytes);
+}
+
+buffer context::sub_buffer(const buffer& parent, size_t offset, size_t bytes) {
+  cl_buffer_region region{offset, bytes == 0 ? 4 : bytes};
+  cl_int rc = CL_SUCCESS;
+  cl_mem m = clCreateSubBuffer(parent.get(), CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION,
+                               &region, &rc);
+  check(rc, "clCreateSubBuffer");
+  return buffer(m, bytes);
+}
+
+void context::copy(const buffer& src, const buffer& dst, size_t bytes, size_t dst_offset) {
+  if (bytes == 0) return;
+  check(
+      clEnqueueCopyBuffer(queue_, src.get(), dst.get(), 0, dst_offset, bytes, 0, nullptr, nullptr),
+      "clEnqueueCopyBuffer");
 }
 
 void context::write(const buffer& b, const void* src, size_t bytes, size_t offset, bool blocking) {

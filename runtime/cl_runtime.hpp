@@ -134,6 +134,10 @@ class context {
 
   const std::string& device_name() const { return device_name_; }
   size_t global_mem_bytes() const { return global_mem_; }
+  // The largest single buffer, and the alignment a sub-buffer's offset
+  // needs (CL_DEVICE_MEM_BASE_ADDR_ALIGN, in bytes).
+  size_t max_alloc_bytes() const { return max_alloc_; }
+  size_t base_align_bytes() const { return base_align_; }
   int compute_units() const { return compute_units_; }
   bool cpu() const { return cpu_; }
   // A PoCL CPU device on an x86 host with AVX-512 VNNI: its kernel compiler
@@ -144,6 +148,11 @@ class context {
   bool x86_avx512() const { return x86_avx512_; }
 
   buffer alloc(size_t bytes, const void* init = nullptr);
+  // A region of `parent` (offset aligned to base_align_bytes()) as a
+  // buffer of its own; it shares the parent's memory.
+  buffer sub_buffer(const buffer& parent, size_t offset, size_t bytes);
+  // Enqueues a copy of src's first `bytes` into dst at dst_offset.
+  void copy(const buffer& src, const buffer& dst, size_t bytes, size_t dst_offset);
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
              bool blocking = false);
   void read(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
@@ -196,6 +205,8 @@ class context {
   cl_program program_ = nullptr;
   std::string device_name_;
   size_t global_mem_ = 0;
+  size_t max_alloc_ = 0;
+  size_t base_align_ = 128;
   int compute_units_ = 1;
   bool cpu_ = false;
   bool x86_vnni_ = false;

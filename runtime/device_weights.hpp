@@ -76,6 +76,9 @@ struct device_layer {
 };
 
 struct device_weights {
+  // Where the step runs as one launch: the layers' tensors, which are
+  // sub-buffers of it (runtime/weight_arena.hpp); null otherwise.
+  cl::buffer arena;
   device_matrix embedding;                // token_embd, [n_vocab rows, n_embd]
   std::unique_ptr<device_matrix> output;  // null when tied to the embedding
   cl::buffer output_norm;

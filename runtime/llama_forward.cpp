@@ -1,5 +1,7 @@
 #include "runtime/llama_forward.hpp"
 
+#include "runtime/weight_arena.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -39,6 +41,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION")) o.flash_attention = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_FUSE_LAYERS")) o.fuse_layers = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_FUSE_STEP")) o.fuse_step = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -92,8 +95,13 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
   // Fused layers' counters: two per phase of kernels/layer.cl's seven, one
-  // for the groups that are through (room for 16).
-  const std::vector<int32_t> ctr_zeros(16, 0);
+  // for the groups that are through (room for 16); a whole step has 16 per
+  // layer and 16 of its own.
+  if (can_fuse_step()) {
+    const auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
+    if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
+  }
+  const std::vector<int32_t> ctr_zeros(k_arena_slots * (static_cast<size_t>(hp.n_layer) + 1), 0);
   layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
     k_moe_route_ = ctx_.make_kernel("moe_route");
@@ -153,7 +161,6 @@ int llama_forward::fused_layers() const {
 }
 
 void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_rows) {
-  const auto& hp = hparams();
   const int slot = tile_slot(T);
   auto& k = k_layer_[type_slot(L.qkv.type)][slot];
   if (!k.get()) {
@@ -161,18 +168,50 @@ void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_
     k = ctx_.make_kernel(std::string("layer_") + (xq ? "xq_" : "") +
                          type_suffix[type_slot(L.qkv.type)] + slot_suffix[slot]);
   }
+  const int h_q8 = int8_for(L.down) ? 1 : 0;
+  const cl_uint io =
+      k.args_from(0, L.qkv.q, L.qkv.d, L.qkv.m, L.wo.q, L.wo.d, L.wo.m, L.gate_up.q, L.gate_up.d,
+                  L.gate_up.m, L.down.q, L.down.d, L.down.m, L.attn_norm, L.ffn_norm,
+                  L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, layer);
+  k.args_from(layer_io_args(k, io, T, att_rows, h_q8 != 0), layer_ctr_);
+  // One work-group of one work-item per compute unit (see kernels/layer.cl).
+  ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
+}
+
+cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8) {
+  const auto& hp = hparams();
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
-  const int h_q8 = int8_for(L.down) ? 1 : 0;
-  k.args(L.qkv.q, L.qkv.d, L.qkv.m, L.wo.q, L.wo.d, L.wo.m, L.gate_up.q, L.gate_up.d, L.gate_up.m,
-         L.down.q, L.down.d, L.down.m, L.attn_norm, L.ffn_norm,
-         L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, x_, xn_, qa_.q, qa_.d,
-         qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_, k_cache_, v_cache_, pos_, row_seq_, pt_,
-         pt_off_, rope_, T, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims,
-         neox, opts_.page_size, layer, n_pages_, scale, hp.rms_eps, att_rows,
-         opts_.flash_attention ? 1 : 0, grid(hp.n_embd, T).rows_per_item,
-         glu_grid(hp.n_ff, h_q8 != 0).rows_per_item, layer_ctr_);
-  // One work-group of one work-item per compute unit (see kernels/layer.cl).
+  return k.args_from(first, x_, xn_, qa_.q, qa_.d, qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_,
+                     k_cache_, v_cache_, pos_, row_seq_, pt_, pt_off_, rope_, T, hp.n_embd, hp.n_ff,
+                     hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims, neox, opts_.page_size,
+                     n_pages_, scale, hp.rms_eps, att_rows, opts_.flash_attention ? 1 : 0,
+                     grid(hp.n_embd, T).rows_per_item, glu_grid(hp.n_ff, h_q8).rows_per_item);
+}
+
+bool llama_forward::can_fuse_step() const {
+  if (!opts_.fuse_step || weights_.layers.empty()) return false;
+  const tensor_type t = weights_.layers.front().qkv.type;
+  return std::all_of(weights_.layers.begin(), weights_.layers.end(),
+                     [&](const device_layer& L) { return fused(L) && L.qkv.type == t; });
+}
+
+void llama_forward::whole_step(int T, int R, int att_rows) {
+  const auto& hp = hparams();
+  const auto& L0 = weights_.layers.front();
+  const int slot = tile_slot(T);
+  auto& k = k_step_[type_slot(L0.qkv.type)][slot];
+  if (!k.get()) {
+    const bool xq = int8_for(L0.qkv);
+    k = ctx_.make_kernel(std::string("step_") + (xq ? "xq_" : "") +
+                         type_suffix[type_slot(L0.qkv.type)] + slot_suffix[slot]);
+  }
+  const auto& emb = weights_.embedding;
+  const bool logits_q8 = int8_for(weights_.classifier());
+  const cl_uint io =
+      k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type), emb.q, emb.d,
+                  emb.m, tokens_, weights_.output_norm, logit_rows_, R, logits_q8 ? 1 : 0, xo_);
+  k.args_from(layer_io_args(k, io, T, att_rows, int8_for(L0.down)), layer_ctr_);
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
 
@@ -420,6 +459,14 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
 
+  if (fused_step()) {
+    whole_step(T, R, att_rows);
+    if (R > 0) {
+      const bool q8 = int8_for(weights_.classifier());
+      matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, q8 ? &qa_ : nullptr);
+    }
+    return;
+  }
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
 

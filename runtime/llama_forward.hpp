@@ -48,6 +48,11 @@ struct engine_options {
   // threads, which costs most in decode steps (docs/bench_engine.md).
   // Same results bit for bit; TROUPE_FUSE_LAYERS=0 turns it off.
   bool fuse_layers = true;
+  // With fused layers, where every layer fuses with one weight type and
+  // the layers' weights fit one device buffer: the whole step (embedding,
+  // layers, final norm) as one launch, the classifier a second.  Same
+  // results bit for bit; TROUPE_FUSE_STEP=0 turns it off.
+  bool fuse_step = true;
   // Mixture-of-experts models: the experts spread over this many
   // sub-devices of one compute unit each (expert parallelism; >= 2), each
   // with its own queue and weight buffers, tokens dispatched to the
@@ -82,6 +87,8 @@ class llama_forward {
   size_t weight_bytes() const { return weights_.bytes; }
   // Layers that run as one launch each (engine_options::fuse_layers).
   int fused_layers() const;
+  // Whether a step runs as one launch (engine_options::fuse_step).
+  bool fused_step() const { return static_cast<bool>(step_offs_); }
   size_t kv_bytes_per_page() const;
 
   // Mixture of experts: tokens routed to each expert of each layer since the
@@ -163,6 +170,13 @@ class llama_forward {
   // kernels/layer.cl has), and that launch.
   bool fused(const device_layer& L) const;
   void layer_step(const device_layer& L, int layer, int T, int att_rows);
+  // A whole step in one launch (engine_options::fuse_step): the embedding,
+  // every layer and the final norm of R rows.
+  bool can_fuse_step() const;
+  // Sets the arguments layer.cl's layers and steps share (LAYER_IO_ARGS)
+  // from `first` on; returns the index after them.
+  cl_uint layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8);
+  void whole_step(int T, int R, int att_rows);
 
   std::shared_ptr<const model_file> model_;
   engine_options opts_;
@@ -183,6 +197,8 @@ class llama_forward {
   cl::kernel k_mm_[2][5][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
   cl::kernel k_layer_[5][3];     // fused layers: [type][t1, t4, tiled]
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
+  cl::kernel k_step_[5][3];      // whole steps: [layer type][t1, t4, tiled]
+  cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 
   // Mixture of experts (hparams().n_expert > 0): the router's logits, each
   // assignment's slot and weight, the assignments grouped by slot, the

@@ -93,8 +93,8 @@ struct tally {
            pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
-           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, overlapped_steps = 0,
-           violations = 0;
+           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
+           overlapped_steps = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -243,6 +243,10 @@ class round_driver {
     if (chance(0.25)) {
       a += " --fuse-layers false";
       ++t_.unfused_rounds;
+    } else if (chance(0.25)) {
+      // Fused layers, one launch each, instead of the whole step.
+      a += " --fuse-step false";
+      ++t_.layer_launch_rounds;
     }
     return a;
   }
@@ -742,6 +746,7 @@ int run(const options& o) {
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
             {"unfused_rounds", t.unfused_rounds},
+            {"layer_launch_rounds", t.layer_launch_rounds},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

@@ -1,7 +1,8 @@
 // Fused layers (kernels/layer.cl, engine_options::fuse_layers): a layer run
-// as one launch gives the logits of its seven separate launches, bit for
-// bit, for every weight type, token tile, attention mode and KV type, on
-// real models and on tiny random ones.
+// as one launch, and a whole step run as one launch (fuse_step), give the
+// logits of the separate launches, bit for bit, for every weight type,
+// token tile, attention mode and KV type, on real models and on tiny
+// random ones.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -75,7 +76,8 @@ const std::vector<variant> k_variants = {
     {"float KV", false, false},
 };
 
-// Runs the steps fused and apart; every logit must be equal.
+// Runs the steps apart, with fused layers and as whole steps; every logit
+// must be equal.
 void expect_same_logits(const std::shared_ptr<const model_file>& model, bool expect_fused,
                         const std::vector<variant>& variants = k_variants) {
   for (const auto& v : variants) {
@@ -87,21 +89,31 @@ void expect_same_logits(const std::shared_ptr<const model_file>& model, bool exp
     o.fuse_layers = false;
     llama_forward apart(model, o);
     o.fuse_layers = true;
-    llama_forward fused(model, o);
+    o.fuse_step = false;
+    llama_forward layers(model, o);
+    o.fuse_step = true;
+    llama_forward whole(model, o);
     EXPECT_EQ(apart.fused_layers(), 0);
+    EXPECT_FALSE(apart.fused_step());
+    EXPECT_FALSE(layers.fused_step());
+    EXPECT_EQ(whole.fused_step(), expect_fused);
     if (expect_fused) {
-      EXPECT_EQ(fused.fused_layers(), model->hparams().n_layer);
+      EXPECT_EQ(layers.fused_layers(), model->hparams().n_layer);
     }
     int step = 0;
     for (const auto& b : steps(model->hparams().n_vocab, o.page_size)) {
       SCOPED_TRACE("step " + std::to_string(step++) + " (" + std::to_string(b.tokens.size()) +
                    " rows)");
-      const auto a = apart.run(b), f = fused.run(b);
-      ASSERT_EQ(a.logits.size(), f.logits.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < a.logits.size(); ++i)
-        differ += std::memcmp(&a.logits[i], &f.logits[i], sizeof(float)) != 0;
-      EXPECT_EQ(differ, 0u) << "of " << a.logits.size() << " logits";
+      const auto a = apart.run(b);
+      for (llama_forward* f : {&layers, &whole}) {
+        SCOPED_TRACE(f == &layers ? "fused layers" : "whole step");
+        const auto r = f->run(b);
+        ASSERT_EQ(a.logits.size(), r.logits.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < a.logits.size(); ++i)
+          differ += std::memcmp(&a.logits[i], &r.logits[i], sizeof(float)) != 0;
+        EXPECT_EQ(differ, 0u) << "of " << a.logits.size() << " logits";
+      }
     }
   }
 }

@@ -88,6 +88,7 @@ struct serve_settings {
   bool graph = false;
   bool flash_attention = false;
   bool fuse_layers = true;
+  bool fuse_step = true;
   bool step_overlap = step_overlap_default();
   int window_ms = 1000;
   pd_config pd_cfg;
@@ -247,6 +248,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "on a CPU device, each dense decoder layer as one kernel launch instead of seven "
       "(true/false; the output is the same either way)",
       bool_key(s.fuse_layers));
+  add("engine", "fuse_step",
+      "with fused layers, the embedding, every layer and the final norm as one kernel launch "
+      "where the layers share a weight type (true/false; the output is the same either way)",
+      bool_key(s.fuse_step));
   add("engine", "step_overlap",
       "step overlap: plan and send the next step while the device runs this one, the tokens "
       "it samples filled in on the device (true/false; the output is the same either way)",
@@ -608,6 +613,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.graph = s.graph;
   base.flash_attention = s.flash_attention;
   base.fuse_layers = s.fuse_layers;
+  base.fuse_step = s.fuse_step;
   base.step_overlap = s.step_overlap;
   base.expert_devices = s.engine.expert_devices;
   base.tpot_target_ms = s.tpot_target_ms;

@@ -49,6 +49,11 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
                  "on a CPU device, each dense decoder layer as one kernel launch instead of "
                  "seven (the same results; false: one launch per operation)")
       ->default_val(true);
+  app.add_option("--fuse-step", f.fuse_step,
+                 "with fused layers: the embedding, every layer and the final norm as one kernel "
+                 "launch where the layers share a weight type (the same results; false: one "
+                 "launch per layer)")
+      ->default_val(true);
   app.add_option("--expert-devices", f.expert_devices,
                  "mixture-of-experts models: spread the experts over this many sub-devices of one "
                  "compute unit each (expert parallelism; 0: on the device itself)")
@@ -72,6 +77,7 @@ engine_options to_engine_options(const engine_flags& f) {
   o.graph = f.graph;
   o.flash_attention = f.flash_attention;
   o.fuse_layers = f.fuse_layers;
+  o.fuse_step = f.fuse_step;
   o.expert_devices = f.expert_devices;
   apply_tuning_env(o);
   return o;

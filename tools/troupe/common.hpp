@@ -28,6 +28,7 @@ struct engine_flags {
   bool graph = false;
   bool flash_attention = false;
   bool fuse_layers = true;
+  bool fuse_step = true;
   int expert_devices = 0;
 };
 
