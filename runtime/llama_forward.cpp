@@ -160,14 +160,18 @@ int llama_forward::fused_layers() const {
                                         [this](const device_layer& L) { return fused(L); }));
 }
 
-void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_rows) {
+cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, int T) {
   const int slot = tile_slot(T);
-  auto& k = k_layer_[type_slot(L.qkv.type)][slot];
-  if (!k.get()) {
-    const bool xq = int8_for(L.qkv);
-    k = ctx_.make_kernel(std::string("layer_") + (xq ? "xq_" : "") +
-                         type_suffix[type_slot(L.qkv.type)] + slot_suffix[slot]);
-  }
+  auto& k = (whole_step ? k_step_ : k_layer_)[type_slot(L.qkv.type)][slot];
+  if (!k.get())
+    k = ctx_.make_kernel(std::string(whole_step ? "step_" : "layer_") +
+                         (int8_for(L.qkv) ? "xq_" : "") + type_suffix[type_slot(L.qkv.type)] +
+                         slot_suffix[slot]);
+  return k;
+}
+
+void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_rows) {
+  auto& k = layer_kernel(false, L, T);
   const int h_q8 = int8_for(L.down) ? 1 : 0;
   const cl_uint io =
       k.args_from(0, L.qkv.q, L.qkv.d, L.qkv.m, L.wo.q, L.wo.d, L.wo.m, L.gate_up.q, L.gate_up.d,
@@ -199,13 +203,7 @@ bool llama_forward::can_fuse_step() const {
 void llama_forward::whole_step(int T, int R, int att_rows) {
   const auto& hp = hparams();
   const auto& L0 = weights_.layers.front();
-  const int slot = tile_slot(T);
-  auto& k = k_step_[type_slot(L0.qkv.type)][slot];
-  if (!k.get()) {
-    const bool xq = int8_for(L0.qkv);
-    k = ctx_.make_kernel(std::string("step_") + (xq ? "xq_" : "") +
-                         type_suffix[type_slot(L0.qkv.type)] + slot_suffix[slot]);
-  }
+  auto& k = layer_kernel(true, L0, T);
   const auto& emb = weights_.embedding;
   const bool logits_q8 = int8_for(weights_.classifier());
   const cl_uint io =

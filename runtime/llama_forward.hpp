@@ -170,6 +170,8 @@ class llama_forward {
   // kernels/layer.cl has), and that launch.
   bool fused(const device_layer& L) const;
   void layer_step(const device_layer& L, int layer, int T, int att_rows);
+  // The layer's (or, whole_step, the step's) kernel for T rows, made once.
+  cl::kernel& layer_kernel(bool whole_step, const device_layer& L, int T);
   // A whole step in one launch (engine_options::fuse_step): the embedding,
   // every layer and the final norm of R rows.
   bool can_fuse_step() const;
