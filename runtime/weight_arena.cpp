@@ -36,7 +36,13 @@ std::vector<int64_t> pack_layer_weights(cl::context& ctx, std::vector<device_lay
     }
   }
   if (total == 0 || total > ctx.max_alloc_bytes()) return {};
-  arena = ctx.alloc(total);
+  // A device short of memory may refuse the arena: the layers then stay
+  // where they are and launch one by one.
+  try {
+    arena = ctx.alloc(total);
+  } catch (const cl::cl_error&) {
+    return {};
+  }
   // Layer by layer, each copy done before its source is released, so the
   // weights are held about once (the arena's pages are touched as copied).
   for (size_t l = 0; l < layers.size(); ++l) {
