@@ -214,6 +214,7 @@ struct tiny_llama_options {
   tensor_type matrix_type = tensor_type::q4_0;  // attention and FFN matrices
   tensor_type embd_type = tensor_type::q8_0;    // token_embd (and output)
   bool tied = true;
+  bool qkv_bias = false;  // attn_{q,k,v}.bias as Qwen2 has them
   uint32_t seed = 1234;
 };
 
@@ -264,6 +265,11 @@ inline gguf_writer make_tiny_llama(const tiny_llama_options& o = {}) {
     add(b + "attn_q.weight", o.matrix_type, {o.n_embd, q_dim});
     add(b + "attn_k.weight", o.matrix_type, {o.n_embd, kv_dim});
     add(b + "attn_v.weight", o.matrix_type, {o.n_embd, kv_dim});
+    if (o.qkv_bias) {
+      add(b + "attn_q.bias", tensor_type::f32, {q_dim});
+      add(b + "attn_k.bias", tensor_type::f32, {kv_dim});
+      add(b + "attn_v.bias", tensor_type::f32, {kv_dim});
+    }
     add(b + "attn_output.weight", o.matrix_type, {q_dim, o.n_embd});
     add(b + "ffn_norm.weight", tensor_type::f32, {o.n_embd});
     add(b + "ffn_gate.weight", o.matrix_type, {o.n_embd, o.n_ff});

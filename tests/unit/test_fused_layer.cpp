@@ -169,6 +169,19 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   }
 }
 
+// A QKV bias (Qwen2's) is added in the fused layer and the whole step as
+// in the separate QKV kernel: the step reads it from the arena.
+TEST_F(FusedLayerTiny, QkvBiasMatchesSeparateLaunches) {
+  testing::tiny_llama_options opts;
+  opts.n_embd = 128;
+  opts.n_head = 4;
+  opts.n_head_kv = 2;
+  opts.n_ff = 96;
+  opts.matrix_type = tensor_type::q8_0;
+  opts.qkv_bias = true;
+  expect_same_logits(write(opts, "tiny-bias"), true, {k_variants.front()});
+}
+
 // A layer that cannot be fused (head size not a whole block, for the
 // quantized types) runs apart, with the same results as ever.
 TEST_F(FusedLayerTiny, AQuantizedModelWithPartBlockHeadsRunsApart) {
