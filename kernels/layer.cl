@@ -185,9 +185,10 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
   vstore16(hi, 1, o);
 }
 
-// A layer's tensor k in the arena: offs holds LAYER_CTRS byte offsets per
-// layer (qkv, wo, gate/up, down: quants, scales, mins each; then the two
-// norms and the bias, -1 where the layer has none).
+// A layer's tensor k in the arena: offs holds ARENA_SLOTS byte offsets per
+// layer (the host's k_arena_slots: qkv, wo, gate/up, down: quants, scales,
+// mins each; then the two norms and the bias, -1 where the layer has none).
+#define ARENA_SLOTS 16
 #define ARENA_AT(T, k) ((__global const T*)(arena + o[k]))
 
 // A whole step: embedding (type et) of the T tokens, the n_layer layers,
@@ -203,7 +204,7 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
     volatile __global int* ctr = ctr0 + LAYER_CTRS * n_layer;                                      \
     PHASE(0, T*(D / QK), 1, embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, x, D)) \
     for (int layer = 0; layer < n_layer; ++layer) {                                                \
-      __global const long* o = offs + LAYER_CTRS * layer;                                          \
+      __global const long* o = offs + ARENA_SLOTS * layer;                                         \
       __global const uchar *qkv_q = ARENA_AT(uchar, 0), *wo_q = ARENA_AT(uchar, 3),                \
                            *gu_q = ARENA_AT(uchar, 6), *dn_q = ARENA_AT(uchar, 9);                 \
       __global const float *qkv_d = ARENA_AT(float, 1), *qkv_m = ARENA_AT(float, 2),               \

@@ -94,14 +94,15 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
-  // Fused layers' counters: two per phase of kernels/layer.cl's seven, one
-  // for the groups that are through (room for 16); a whole step has 16 per
-  // layer and 16 of its own.
   if (can_fuse_step()) {
     const auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
     if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
   }
-  const std::vector<int32_t> ctr_zeros(k_arena_slots * (static_cast<size_t>(hp.n_layer) + 1), 0);
+  // Fused layers' counters (kernels/layer.cl's LAYER_CTRS per layer: two
+  // per phase of its seven, one for the groups that are through); a whole
+  // step uses a set per layer and one of its own.
+  constexpr size_t k_layer_counters = 16;
+  const std::vector<int32_t> ctr_zeros(k_layer_counters * (static_cast<size_t>(hp.n_layer) + 1), 0);
   layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
     k_moe_route_ = ctx_.make_kernel("moe_route");
@@ -448,6 +449,17 @@ bool llama_forward::graph_mode(int rows) const {
 }
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
+  if (fused_step())
+    whole_step(T, R, att_rows);
+  else
+    step_apart(T, R, att_rows);
+  if (R == 0) return;
+  const bool logits_q8 = int8_for(weights_.classifier());
+  matmul(weights_.classifier(), xo_, logits_, R, hparams().n_vocab, false,
+         logits_q8 ? &qa_ : nullptr);
+}
+
+void llama_forward::step_apart(int T, int R, int att_rows) {
   const auto& hp = hparams();
   const int D = hp.n_embd, hd = hp.head_dim;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
@@ -457,14 +469,6 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
 
-  if (fused_step()) {
-    whole_step(T, R, att_rows);
-    if (R > 0) {
-      const bool q8 = int8_for(weights_.classifier());
-      matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, q8 ? &qa_ : nullptr);
-    }
-    return;
-  }
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
 
@@ -508,10 +512,7 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
     glu_ffn(L.gate_up, L.down, hp.n_ff, T, xq, x_, true);
   }
 
-  if (R == 0) return;
-  const bool logits_q8 = int8_for(weights_.classifier());
-  norm(weights_.output_norm, logits_q8, R, &logit_rows_);
-  matmul(weights_.classifier(), xo_, logits_, R, hp.n_vocab, false, logits_q8 ? &qa_ : nullptr);
+  if (R > 0) norm(weights_.output_norm, int8_for(weights_.classifier()), R, &logit_rows_);
 }
 
 void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T,

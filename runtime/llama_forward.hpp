@@ -63,7 +63,7 @@ struct engine_options {
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
 // TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
 // TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH,
-// TROUPE_FLASH_ATTENTION and TROUPE_FUSE_LAYERS 0/1), for
+// TROUPE_FLASH_ATTENTION, TROUPE_FUSE_LAYERS and TROUPE_FUSE_STEP 0/1), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 
@@ -123,6 +123,10 @@ class llama_forward {
   // Every launch of one step, from the embedding to the logits (R logit
   // rows), over the buffers run() filled.
   void enqueue_step(int T, int R, int att_rows);
+  // Its launches before the classifier (the embedding, the layers, the
+  // final norm of the R logit rows, to xo_ or quantized to qa_), one per
+  // operation or per fused layer; whole_step() is the same in one launch.
+  void step_apart(int T, int R, int att_rows);
   // Whether a step of `rows` rows is replayed from a recording.
   bool graph_mode(int rows) const;
   // Activations quantized to 8 bits (quantize.cl's format).

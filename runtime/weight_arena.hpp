@@ -12,7 +12,7 @@
 namespace troupe {
 
 // Offsets per layer in the table pack_layer_weights returns (layer.cl's
-// LAYER_CTRS): qkv, wo, gate/up, down (quants, scales, mins each), the
+// ARENA_SLOTS): qkv, wo, gate/up, down (quants, scales, mins each), the
 // attention and FFN norms, the QKV bias (-1: none), one spare.
 inline constexpr int k_arena_slots = 16;
 
