@@ -1,6 +1,7 @@
 #include "actors/device.hpp"
 
 #include <chrono>
+#include <deque>
 #include <optional>
 
 #include "runtime/elapsed.hpp"
@@ -10,34 +11,104 @@ namespace troupe {
 
 namespace {
 
-// Step overlap: what the last forward pass drew for the next one, and when
-// it ended (the idle time before the next is the gap overlap hides).
+// Pipelined steps (engine_options::pipeline; step overlap on the device):
+// a forward pass is submitted behind those still running and answered when
+// the device reports it ended (step_done), so the device starts step N+1
+// as soon as N ends.  A step whose placeholders need draws made on the
+// host waits for the step before it to be answered first.
+struct pending_step {
+  uint64_t seq = 0;  // the actor's own count of submitted steps
+  caf::typed_response_promise<forward_result> rp;
+  std::vector<presample_row> presample;  // drawn on the host when answered
+  bool device_draws = false;
+  std::chrono::steady_clock::time_point submitted;
+};
+
 struct step_chain {
-  uint64_t step = 0;  // 0: the last forward failed, or named no step
-  std::vector<int32_t> drawn;
+  uint64_t step = 0;         // the last step submitted (0: none, or it failed)
+  bool drawn_on_device = false;  // its draws are on the device
+  size_t n_drawn = 0;            // how many
+  std::vector<int32_t> drawn;    // its draws, where made on the host (once answered)
+  uint64_t submitted = 0;        // steps submitted so far
+  std::deque<pending_step> pending;  // submitted, not yet answered, oldest first
+  // When the device last ended a step (the idle time before the next is
+  // the gap step overlap hides).
   std::optional<std::chrono::steady_clock::time_point> ended;
 };
 
-// One forward pass: placeholders filled from the last pass's draws, the
-// pass, then this pass's draws for the next.
-forward_result run_forward(llama_forward& engine, forward_batch& batch, step_chain& chain) {
-  const auto start = std::chrono::steady_clock::now();
-  const double idle = chain.ended ? ms_between(*chain.ended, start) : -1;
-  const uint64_t last = std::exchange(chain.step, 0);
-  auto drawn = std::move(chain.drawn);
-  chain.drawn.clear();
-  struct mark_end {
-    step_chain& c;
-    ~mark_end() { c.ended = std::chrono::steady_clock::now(); }
-  } end{chain};
-  fill_placeholders(batch, last, drawn);
-  forward_result r = engine.run(batch);
-  r.drawn = presample(batch, r);
-  chain.step = batch.step;
-  chain.drawn = r.drawn;
-  r.idle_ms = idle;
-  r.device_ms = ms_between(start, std::chrono::steady_clock::now());
-  return r;
+// Answers the oldest pending step, waiting for the device where it has not
+// ended yet.
+void answer_oldest(llama_forward& engine, step_chain& chain) {
+  pending_step p = std::move(chain.pending.front());
+  chain.pending.pop_front();
+  const bool last = p.seq == chain.submitted;
+  try {
+    forward_result r = engine.collect();
+    const auto now = std::chrono::steady_clock::now();
+    if (!p.device_draws) {
+      forward_batch drawn_from;
+      drawn_from.presample = std::move(p.presample);
+      r.drawn = presample(drawn_from, r);
+      if (last) chain.drawn = r.drawn;
+    }
+    // The device started this step when it was submitted or when the one
+    // before ended, whichever came later.
+    const auto began = chain.ended ? std::max(p.submitted, *chain.ended) : p.submitted;
+    r.idle_ms = chain.ended ? std::max(0.0, ms_between(*chain.ended, p.submitted)) : -1;
+    r.device_ms = ms_between(began, now);
+    chain.ended = now;
+    p.rp.deliver(std::move(r));
+  } catch (const std::exception& e) {
+    if (last) chain.step = 0;
+    p.rp.deliver(caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what()));
+  }
+}
+
+void answer_all(llama_forward& engine, step_chain& chain) {
+  while (!chain.pending.empty()) answer_oldest(engine, chain);
+}
+
+// Submits one forward pass: placeholders named (device draws of the step
+// before) or filled (host draws, waiting for that step's answer first).
+caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer self,
+                                                           llama_forward& engine,
+                                                           step_chain& chain, forward_batch& b) {
+  auto rp = self->make_response_promise<forward_result>();
+  try {
+    if (!b.placeholders.empty() && chain.drawn_on_device) {
+      name_device_draws(b, chain.step, chain.n_drawn);
+    } else {
+      if (!b.placeholders.empty()) answer_all(engine, chain);
+      fill_placeholders(b, chain.step, chain.drawn);
+    }
+    for (const auto& p : b.presample)
+      if (p.logit_index < 0 || size_t(p.logit_index) >= b.logit_rows.size())
+        throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) +
+                                    " of " + std::to_string(b.logit_rows.size()));
+    const bool pipelined = engine.options().pipeline;
+    const bool device_draws =
+        pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
+    const uint64_t seq = chain.submitted + 1;
+    // The note comes from a driver thread; the handle keeps the actor's
+    // address valid until then.
+    auto notify = [h = caf::actor_cast<caf::actor>(self), seq](bool) {
+      caf::anon_send(h, step_done_atom::value, seq);
+    };
+    pending_step p{seq, rp, b.presample, device_draws, std::chrono::steady_clock::now()};
+    engine.submit(b, device_draws, pipelined ? std::function<void(bool)>(notify) : nullptr);
+    chain.submitted = seq;
+    chain.step = b.step;
+    chain.drawn_on_device = device_draws;
+    chain.n_drawn = b.presample.size();
+    chain.drawn.clear();
+    chain.pending.push_back(std::move(p));
+    if (!pipelined) answer_all(engine, chain);
+  } catch (const std::exception& e) {
+    chain.step = 0;
+    chain.drawn_on_device = false;
+    rp.deliver(caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what()));
+  }
+  return rp;
 }
 
 // The expert swap's state: a prepared placement waiting for its commit.
@@ -115,12 +186,12 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         if (swap->prepared_epoch == epoch) swap->prepared.clear();
         return epoch;
       },
-      [engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
-        try {
-          return run_forward(*engine, batch, *chain);
-        } catch (const std::exception& e) {
-          return caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what());
-        }
+      [self, engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
+        return submit_forward(self, *engine, *chain, batch);
+      },
+      [engine, chain](step_done_atom, uint64_t seq) {
+        while (!chain->pending.empty() && chain->pending.front().seq <= seq)
+          answer_oldest(*engine, *chain);
       },
       [engine](info_atom) {
         device_info info;

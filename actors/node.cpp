@@ -32,6 +32,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   eo.flash_attention = spec.flash_attention;
   eo.fuse_layers = spec.fuse_layers;
   eo.fuse_step = spec.fuse_step;
+  eo.pipeline = spec.pipeline;
   eo.expert_devices = spec.expert_devices;
   apply_tuning_env(eo);
   instance_options io;

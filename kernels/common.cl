@@ -48,6 +48,14 @@ inline float16 half_bits_to_float16(ushort16 h) {
 
 // Loaders: the 32 values of block b of row r, as two float16 halves.
 // K is the row length in values, nb = K / 32 blocks per row.
+// Row t's token: tokens[t], or where negative (-1 - k) the device's draw
+// k of the step before (draw.cl; step overlap on the device), token 0
+// where that draw was refused (as the host fills a refused placeholder).
+INLINE int token_at(__global const int* tokens, __global const int* drawn, int t) {
+  const int tok = tokens[t];
+  return tok >= 0 ? tok : max(drawn[-1 - tok], 0);
+}
+
 inline void load_f32(__global const uchar* wq, __global const float* wd, __global const float* wm,
                      int K, int nb, int r, int b, float16* lo, float16* hi) {
   __global const float* w = (__global const float*)wq + (size_t)r * K + b * QK;

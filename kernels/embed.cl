@@ -1,16 +1,17 @@
-// out[t] = row tokens[t] of the embedding table, dequantized to F32.
+// out[t] = row token_at(tokens, drawn, t) of the embedding table,
+// dequantized to F32.
 // One work-item per (block of 32 values, token).
 
 #define TROUPE_EMBED(NAME, LOAD)                                                              \
   __kernel void NAME(__global const uchar* wq, __global const float* wd,                       \
-                     __global const float* wm, __global const int* tokens, __global float* out, \
-                     int K) {                                                                 \
+                     __global const float* wm, __global const int* tokens, __global const int* drawn,  \
+                     __global float* out, int K) {                                            \
     const int b = get_global_id(0);                                                           \
     const int t = get_global_id(1);                                                           \
     const int nb = K / QK;                                                                    \
     if (b >= nb) return;                                                                      \
     float16 lo, hi;                                                                           \
-    LOAD(wq, wd, wm, K, nb, tokens[t], b, &lo, &hi);                                          \
+    LOAD(wq, wd, wm, K, nb, token_at(tokens, drawn, t), b, &lo, &hi);                                          \
     __global float* o = out + (size_t)t * K + b * QK;                                         \
     vstore16(lo, 0, o);                                                                       \
     vstore16(hi, 1, o);                                                                       \

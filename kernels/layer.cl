@@ -155,29 +155,30 @@ INLINE void wait_items(volatile __global int* done, int n) {
     RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)   \
   }
 
-// The embedding's row of token tokens[t], block b, dequantized into x (the
+// The embedding's row of row t's token (token_at), block b, dequantized into x (the
 // embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, as the
 // host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
-                        __global const float* em, __global const int* tokens, __global float* x,
-                        int D) {
+                        __global const float* em, __global const int* tokens,
+                        __global const int* drawn, __global float* x, int D) {
   const int nb = D / QK;
+  const int tok = token_at(tokens, drawn, t);
   float16 lo, hi;
   switch (et) {
     case 0:
-      load_f32(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      load_f32(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     case 1:
-      load_f16(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      load_f16(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     case 2:
-      load_q4_0(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      load_q4_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     case 3:
-      load_q4_1(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      load_q4_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     default:
-      load_q8_0(eq, ed, em, D, nb, tokens[t], b, &lo, &hi);
+      load_q8_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
   }
   __global float* o = x + (size_t)t * D + b * QK;
@@ -198,11 +199,12 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
   __kernel void step_##WT##_##TS(                                                                  \
       __global const uchar* arena, __global const long* offs, int n_layer, int et,                 \
       __global const uchar* eq, __global const float* ed, __global const float* em,                \
-      __global const int* tokens, __global const float* out_norm, __global const int* logit_rows,  \
+      __global const int* tokens, __global const int* drawn, __global const float* out_norm,      \
+      __global const int* logit_rows,                                                              \
       int R, int final_q8, __global float* xo, LAYER_IO_ARGS, volatile __global int* ctr0) {       \
     const int groups = get_num_groups(0);                                                          \
     volatile __global int* ctr = ctr0 + LAYER_CTRS * n_layer;                                      \
-    PHASE(0, T*(D / QK), 1, embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, x, D)) \
+    PHASE(0, T*(D / QK), 1, embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, drawn, x, D)) \
     for (int layer = 0; layer < n_layer; ++layer) {                                                \
       __global const long* o = offs + ARENA_SLOTS * layer;                                         \
       __global const uchar *qkv_q = ARENA_AT(uchar, 0), *wo_q = ARENA_AT(uchar, 3),                \

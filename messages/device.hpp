@@ -101,6 +101,9 @@ typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
 }
 
 using forward_atom = caf::atom_constant<caf::atom("forward")>;
+// The device actor's note to itself that its pipelined steps up to the
+// given one (its own count) have ended on the device.
+using step_done_atom = caf::atom_constant<caf::atom("stepdone")>;
 using expert_stats_atom = caf::atom_constant<caf::atom("expstats")>;
 using expert_prepare_atom = caf::atom_constant<caf::atom("expprepare")>;
 using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
@@ -131,6 +134,7 @@ using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 // forward pass sees the data from before that pass.
 using device_actor = caf::typed_actor<
     caf::replies_to<forward_atom, forward_batch>::with<forward_result>,
+    caf::reacts_to<step_done_atom, uint64_t>,
     caf::replies_to<info_atom>::with<device_info>,
     caf::replies_to<read_pages_atom, std::vector<int32_t>>::with<std::vector<uint8_t>>,
     caf::replies_to<write_pages_atom, std::vector<int32_t>, std::vector<uint8_t>>::with<int32_t>,

@@ -40,6 +40,7 @@ struct instance_spec {
   bool flash_attention = false;  // one-pass attention (engine_options)
   bool fuse_layers = true;       // one launch per dense layer (engine_options)
   bool fuse_step = true;         // one launch per step (engine_options)
+  bool pipeline = true;          // steps enqueued behind the one running (engine_options)
   bool step_overlap = true;      // plan the next step while one runs (instance_options)
   int32_t expert_devices = 0;    // expert parallelism over sub-devices (engine_options)
   int32_t cores = 0;             // > 0: a slice of the device with this many cores (device_choice)
@@ -52,7 +53,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
            x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
            x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history,
            x.tpot_target_ms, x.draft_tokens, x.int8_dot, x.graph, x.flash_attention,
-           x.expert_devices, x.cores, x.slice, x.step_overlap, x.fuse_layers, x.fuse_step);
+           x.expert_devices, x.cores, x.slice, x.step_overlap, x.fuse_layers, x.fuse_step,
+           x.pipeline);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

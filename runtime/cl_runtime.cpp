@@ -319,6 +319,60 @@ void context::write(const buffer& b, const void* src, size_t bytes, size_t offse
         "clEnqueueWriteBuffer");
 }
 
+event& event::operator=(event&& o) noexcept {
+  if (this != &o) {
+    if (e_) clReleaseEvent(e_);
+    e_ = o.e_;
+    o.e_ = nullptr;
+  }
+  return *this;
+}
+
+event::~event() {
+  if (e_) clReleaseEvent(e_);
+}
+
+void event::wait() const {
+  check(clWaitForEvents(1, &e_), "clWaitForEvents");
+  cl_int status = CL_COMPLETE;
+  check(clGetEventInfo(e_, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),
+        "clGetEventInfo");
+  check(status < 0 ? status : CL_SUCCESS, "command");
+}
+
+namespace {
+
+void CL_CALLBACK run_completion(cl_event, cl_int status, void* user) {
+  std::unique_ptr<std::function<void(bool)>> fn(static_cast<std::function<void(bool)>*>(user));
+  (*fn)(status == CL_COMPLETE);
+}
+
+}  // namespace
+
+void event::on_complete(std::function<void(bool ok)> fn) const {
+  auto* user = new std::function<void(bool)>(std::move(fn));
+  const cl_int err = clSetEventCallback(e_, CL_COMPLETE, run_completion, user);
+  if (err != CL_SUCCESS) delete user;
+  check(err, "clSetEventCallback");
+}
+
+event context::read_async(const buffer& b, void* dst, size_t bytes, size_t offset) {
+  cl_event e = nullptr;
+  check(clEnqueueReadBuffer(queue_, b.get(), CL_FALSE, offset, bytes, dst, 0, nullptr, &e),
+        "clEnqueueReadBuffer");
+  event out(e);
+  check(clFlush(queue_), "clFlush");
+  return out;
+}
+
+event context::marker() {
+  cl_event e = nullptr;
+  check(clEnqueueMarkerWithWaitList(queue_, 0, nullptr, &e), "clEnqueueMarkerWithWaitList");
+  event out(e);
+  check(clFlush(queue_), "clFlush");
+  return out;
+}
+
 void context::read(const buffer& b, void* dst, size_t bytes, size_t offset) {
   if (bytes == 0) return;
   check(clEnqueueReadBuffer(queue_, b.get(), CL_TRUE, offset, bytes, dst, 0, nullptr, nullptr),

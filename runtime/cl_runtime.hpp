@@ -6,6 +6,7 @@
 #include <CL/cl_ext.h>  // CL_PLATFORM_NOT_FOUND_KHR (ICD loader, no platform)
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -88,6 +89,29 @@ class kernel {
   cl_kernel k_ = nullptr;
 };
 
+// An enqueued command's completion (an owned reference to its cl_event).
+class event {
+ public:
+  event() = default;
+  explicit event(cl_event e) : e_(e) {}
+  event(event&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+  event& operator=(event&& o) noexcept;
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event();
+
+  explicit operator bool() const { return e_ != nullptr; }
+  // Waits for the command; throws cl_error where it (or one it waited
+  // for) failed.
+  void wait() const;
+  // Calls fn(ok) once the command has ended, on a thread of the driver's:
+  // fn must be quick and must not throw.
+  void on_complete(std::function<void(bool ok)> fn) const;
+
+ private:
+  cl_event e_ = nullptr;
+};
+
 // A recorded sequence of kernel launches (cl_khr_command_buffer), replayed
 // with one enqueue: graph mode.  Kernel arguments are captured when
 // recorded, so a replay reads whatever the same buffers hold by then.  Each
@@ -156,6 +180,11 @@ class context {
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
              bool blocking = false);
   void read(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
+  // The same without waiting: dst must stay valid until the returned event
+  // has ended.  Flushes the queue, so the device starts on what it holds.
+  event read_async(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
+  // An event that ends when every command enqueued so far has.
+  event marker();
 
   // Builds (once) every embedded kernels/*.cl source into one program
   // with the given options and returns a kernel by name.

@@ -42,6 +42,7 @@ void apply_tuning_env(engine_options& o) {
   if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION")) o.flash_attention = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_FUSE_LAYERS")) o.fuse_layers = std::atoi(v) != 0;
   if (const char* v = std::getenv("TROUPE_FUSE_STEP")) o.fuse_step = std::atoi(v) != 0;
+  if (const char* v = std::getenv("TROUPE_PIPELINE")) o.pipeline = std::atoi(v) != 0;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
@@ -94,6 +95,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
+  k_argmax_ = ctx_.make_kernel("argmax_rows");
   if (can_fuse_step()) {
     const auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
     if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
@@ -114,6 +116,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     moe_slot_off_ = ctx_.alloc((static_cast<size_t>(moe_slot_capacity_) + 1) * 4);
   }
   ensure_scratch(std::max(opts_.max_batch_tokens, 1), 1);
+  ensure_draws(1);
 }
 
 size_t llama_forward::kv_bytes_per_page() const {
@@ -209,7 +212,8 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
   const bool logits_q8 = int8_for(weights_.classifier());
   const cl_uint io =
       k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type), emb.q, emb.d,
-                  emb.m, tokens_, weights_.output_norm, logit_rows_, R, logits_q8 ? 1 : 0, xo_);
+                  emb.m, tokens_, drawn_, weights_.output_norm, logit_rows_, R,
+                  logits_q8 ? 1 : 0, xo_);
   k.args_from(layer_io_args(k, io, T, att_rows, int8_for(L0.down)), layer_ctr_);
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
@@ -297,7 +301,7 @@ bool llama_forward::ensure_scratch(int rows, int logit_rows) {
   return grows;
 }
 
-void llama_forward::validate(const forward_batch& b) const {
+void llama_forward::validate(const forward_batch& b, bool device_draws) const {
   const size_t rows = b.tokens.size();
   if (rows == 0) throw std::invalid_argument("batch has no rows");
   if (b.positions.size() != rows)
@@ -325,13 +329,26 @@ void llama_forward::validate(const forward_batch& b) const {
   for (size_t r = 0; r < rows; ++r) {
     if (owner[r] == -1)
       throw std::invalid_argument("row " + std::to_string(r) + " has no sequence");
-    if (b.tokens[r] < 0 || b.tokens[r] >= hparams().n_vocab)
-      throw std::invalid_argument("token id " + std::to_string(b.tokens[r]) +
-                                  " is outside the vocabulary");
+    const int32_t tok = b.tokens[r];
+    if (tok < 0 && -1 - tok < device_draws_) continue;  // a device draw of the last step
+    if (tok < 0)
+      throw std::invalid_argument("row " + std::to_string(r) + " names draw " +
+                                  std::to_string(-1 - tok) + " of the last step, which made " +
+                                  std::to_string(device_draws_) + " on the device");
+    if (tok >= hparams().n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(tok) + " is outside the vocabulary");
   }
   for (int r : b.logit_rows)
     if (r < 0 || static_cast<size_t>(r) >= rows)
       throw std::invalid_argument("logit row " + std::to_string(r) + " out of range");
+  if (device_draws) {
+    if (!draws_on_device(b.presample))
+      throw std::invalid_argument("device draws: a presample row is not greedy");
+    for (const auto& p : b.presample)
+      if (p.logit_index < 0 || static_cast<size_t>(p.logit_index) >= b.logit_rows.size())
+        throw std::invalid_argument("device draws: logit row " + std::to_string(p.logit_index) +
+                                    " of " + std::to_string(b.logit_rows.size()));
+  }
 }
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
@@ -370,40 +387,83 @@ void llama_forward::launch_grid(const cl::kernel& k, const matmul_grid& g, int r
   ctx_.launch(k, {static_cast<size_t>(g.items), token_groups(rows)}, {g.local, 1});
 }
 
+llama_forward::~llama_forward() {
+  // The steps in flight write into flights_' memory: let them end first.
+  try {
+    ctx_.finish();
+  } catch (const std::exception&) {
+  }
+}
+
 forward_result llama_forward::run(const forward_batch& b) {
-  validate(b);
+  submit(b, false);
+  return collect();
+}
+
+bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
+  return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
+    return p.sampling.temperature == 0.0f && !sampler::needs_history(p.sampling);
+  });
+}
+
+bool llama_forward::ensure_draws(int n) {
+  if (n <= draw_capacity_) return false;
+  const int cap = std::max(n, 2 * draw_capacity_);
+  auto rows = ctx_.alloc(static_cast<size_t>(cap) * 4);
+  auto drawn = ctx_.alloc(static_cast<size_t>(cap) * 4);
+  // The next step may read the last step's draws: they move along (in
+  // queue order, after that step has written them).
+  if (device_draws_ > 0) ctx_.copy(drawn_, drawn, static_cast<size_t>(device_draws_) * 4, 0);
+  draw_rows_ = std::move(rows);
+  drawn_ = std::move(drawn);
+  draw_capacity_ = cap;
+  return true;
+}
+
+void llama_forward::submit(const forward_batch& b, bool device_draws,
+                           std::function<void(bool ok)> on_done) {
+  validate(b, device_draws);
   const auto& hp = hparams();
   const int T = static_cast<int>(b.tokens.size());
   const int R = static_cast<int>(b.logit_rows.size());
+  const int n_draws = device_draws ? static_cast<int>(b.presample.size()) : 0;
   bool grew = ensure_scratch(T, std::max(R, 1));
+  grew = ensure_draws(std::max(n_draws, 1)) || grew;
 
-  std::vector<int32_t> row_seq(T), pt, pt_off(b.seqs.size());
+  // The writes below do not wait: what they read lives in the flight.
+  auto f = std::make_unique<flight>();
+  f->tokens = b.tokens;
+  f->positions = b.positions;
+  f->logit_rows = b.logit_rows;
+  f->row_seq.resize(T);
+  f->pt_off.resize(b.seqs.size());
   for (size_t s = 0; s < b.seqs.size(); ++s) {
-    pt_off[s] = static_cast<int32_t>(pt.size());
-    pt.insert(pt.end(), b.seqs[s].pages.begin(), b.seqs[s].pages.end());
+    f->pt_off[s] = static_cast<int32_t>(f->pt.size());
+    f->pt.insert(f->pt.end(), b.seqs[s].pages.begin(), b.seqs[s].pages.end());
     for (int r = 0; r < b.seqs[s].n_rows; ++r)
-      row_seq[b.seqs[s].first_row + r] = static_cast<int32_t>(s);
+      f->row_seq[b.seqs[s].first_row + r] = static_cast<int32_t>(s);
   }
-  if (pt_.bytes() < pt.size() * 4) {
-    pt_ = ctx_.alloc(pt.size() * 4 * 2);
+  for (int k = 0; k < n_draws; ++k) f->draw_rows.push_back(b.presample[k].logit_index);
+  if (pt_.bytes() < f->pt.size() * 4) {
+    pt_ = ctx_.alloc(f->pt.size() * 4 * 2);
     grew = true;
   }
-  if (pt_off_.bytes() < pt_off.size() * 4) {
-    pt_off_ = ctx_.alloc(pt_off.size() * 4 * 2);
+  if (pt_off_.bytes() < f->pt_off.size() * 4) {
+    pt_off_ = ctx_.alloc(f->pt_off.size() * 4 * 2);
     grew = true;
   }
-  ctx_.write(tokens_, b.tokens.data(), T * 4);
-  ctx_.write(pos_, b.positions.data(), T * 4);
-  ctx_.write(row_seq_, row_seq.data(), T * 4);
-  ctx_.write(pt_, pt.data(), pt.size() * 4);
-  ctx_.write(pt_off_, pt_off.data(), pt_off.size() * 4);
-  ctx_.write(logit_rows_, b.logit_rows.data(), R * 4);
-  const auto rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta);
-  if (rope_.bytes() < rope.size() * sizeof(float)) {
-    rope_ = ctx_.alloc(rope.size() * sizeof(float) * 2);
+  f->rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta);
+  if (rope_.bytes() < f->rope.size() * sizeof(float)) {
+    rope_ = ctx_.alloc(f->rope.size() * sizeof(float) * 2);
     grew = true;
   }
-  ctx_.write(rope_, rope.data(), rope.size() * sizeof(float));
+  ctx_.write(tokens_, f->tokens.data(), T * 4);
+  ctx_.write(pos_, f->positions.data(), T * 4);
+  ctx_.write(row_seq_, f->row_seq.data(), T * 4);
+  ctx_.write(pt_, f->pt.data(), f->pt.size() * 4);
+  ctx_.write(pt_off_, f->pt_off.data(), f->pt_off.size() * 4);
+  ctx_.write(logit_rows_, f->logit_rows.data(), R * 4);
+  ctx_.write(rope_, f->rope.data(), f->rope.size() * sizeof(float));
 
   // Rows of a prefill chunk share K/V loads in groups; a decode-only batch
   // (one row per sequence) keeps one row per work-item for parallelism.
@@ -429,16 +489,30 @@ forward_result llama_forward::run(const forward_batch& b) {
   } else {
     enqueue_step(T, R, att_rows);
   }
-
-  forward_result out;
-  out.n_vocab = hp.n_vocab;
-  if (R == 0) {
-    ctx_.finish();
-    return out;
+  if (n_draws > 0) {
+    ctx_.write(draw_rows_, f->draw_rows.data(), static_cast<size_t>(n_draws) * 4);
+    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_);
+    ctx_.launch(k_argmax_, {static_cast<size_t>(n_draws)}, {1});
   }
-  out.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
-  ctx_.read(logits_, out.logits.data(), out.logits.size() * sizeof(float));
-  return out;
+  device_draws_ = n_draws;
+
+  f->result.n_vocab = hp.n_vocab;
+  f->result.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
+  f->result.drawn.resize(static_cast<size_t>(n_draws));
+  if (n_draws > 0) ctx_.read_async(drawn_, f->result.drawn.data(), f->result.drawn.size() * 4);
+  f->done = R > 0 ? ctx_.read_async(logits_, f->result.logits.data(),
+                                    f->result.logits.size() * sizeof(float))
+                  : ctx_.marker();
+  if (on_done) f->done.on_complete(std::move(on_done));
+  flights_.push_back(std::move(f));
+}
+
+forward_result llama_forward::collect() {
+  if (flights_.empty()) throw std::logic_error("collect: no step in flight");
+  auto f = std::move(flights_.front());
+  flights_.pop_front();
+  f->done.wait();
+  return std::move(f->result);
 }
 
 bool llama_forward::graph_mode(int rows) const {
@@ -469,7 +543,7 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
 
-  k_embed_.args(emb.q, emb.d, emb.m, tokens_, x_, D);
+  k_embed_.args(emb.q, emb.d, emb.m, tokens_, drawn_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
 
   for (int l = 0; l < hp.n_layer; ++l) {

@@ -3,6 +3,8 @@
 // flattened batch (runtime/forward_batch.hpp), reading and writing a paged
 // KV arena.  No actors here: the device actor owns one of these.
 #include <algorithm>
+#include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -53,6 +55,11 @@ struct engine_options {
   // layers, final norm) as one launch, the classifier a second.  Same
   // results bit for bit; TROUPE_FUSE_STEP=0 turns it off.
   bool fuse_step = true;
+  // Pipelined steps (the device actor): a step is enqueued behind the one
+  // running instead of after its result has reached the host, greedy
+  // tokens drawn on the device for the next step (step overlap's
+  // placeholders).  Same results; TROUPE_PIPELINE=0 turns it off.
+  bool pipeline = true;
   // Mixture-of-experts models: the experts spread over this many
   // sub-devices of one compute unit each (expert parallelism; >= 2), each
   // with its own queue and weight buffers, tokens dispatched to the
@@ -63,7 +70,8 @@ struct engine_options {
 // The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
 // TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
 // TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH,
-// TROUPE_FLASH_ATTENTION, TROUPE_FUSE_LAYERS and TROUPE_FUSE_STEP 0/1), for
+// TROUPE_FLASH_ATTENTION, TROUPE_FUSE_LAYERS, TROUPE_FUSE_STEP and
+// TROUPE_PIPELINE 0/1), for
 // experiments; not flags, since the defaults are what bench/ measured best.
 void apply_tuning_env(engine_options& o);
 
@@ -76,11 +84,36 @@ class llama_forward {
  public:
   llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts);
 
-  // Runs one step; throws std::invalid_argument for a malformed batch.
+  ~llama_forward();
+  llama_forward(const llama_forward&) = delete;
+  llama_forward& operator=(const llama_forward&) = delete;
+
+  // Runs one step and waits for it: submit(batch, false), then collect().
+  // Throws std::invalid_argument for a malformed batch.
   forward_result run(const forward_batch& batch);
+
+  // Pipelined steps (step overlap on the device): submit() enqueues a step
+  // behind those already submitted and returns; collect() waits for the
+  // oldest submitted step and returns its result; on_done(ok) runs on a
+  // driver thread once the step has ended.  With device_draws, the step's
+  // presample rows (every one greedy: see draws_on_device) are drawn on
+  // the device right after its logits (result.drawn), and the next step may
+  // name them as tokens (forward_batch.hpp's device_draw_token), so it can be submitted before
+  // this one ends.  Throws std::invalid_argument for a malformed batch, a
+  // token naming a draw the last step did not make on the device, or
+  // device draws for rows that are not greedy; the batch is then not
+  // submitted.
+  void submit(const forward_batch& batch, bool device_draws,
+              std::function<void(bool ok)> on_done = {});
+  forward_result collect();
+  size_t in_flight() const { return flights_.size(); }
+  // Whether the device can make every one of these draws: greedy
+  // (temperature 0) without penalties, as sampler's first branch.
+  static bool draws_on_device(const std::vector<presample_row>& rows);
 
   const model_hparams& hparams() const { return model_->hparams(); }
   const model_file& model() const { return *model_; }
+  const engine_options& options() const { return opts_; }
   int n_pages() const { return n_pages_; }
   int page_size() const { return opts_.page_size; }
   const std::string& device_name() const { return ctx_.device_name(); }
@@ -117,7 +150,7 @@ class llama_forward {
   void copy_pages(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
 
  private:
-  void validate(const forward_batch& b) const;
+  void validate(const forward_batch& b, bool device_draws) const;
   // Grows the scratch buffers; true when any was reallocated.
   bool ensure_scratch(int rows, int logit_rows);
   // Every launch of one step, from the embedding to the logits (R logit
@@ -195,6 +228,24 @@ class llama_forward {
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
+  // Device draws (kernels/draw.cl): the logit row of each, and the tokens
+  // drawn (read by the next step's embedding); room for draw_capacity_.
+  cl::kernel k_argmax_;
+  cl::buffer draw_rows_, drawn_;
+  int draw_capacity_ = 0;
+  int device_draws_ = 0;  // draws the step submitted last made on the device
+  // Grows the draw buffers to hold n draws, keeping the last step's.
+  bool ensure_draws(int n);
+
+  // A submitted step: the host memory its writes read and its reads fill,
+  // held until collect() (the writes and reads do not wait).
+  struct flight {
+    std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows;
+    std::vector<float> rope;
+    forward_result result;
+    cl::event done;
+  };
+  std::deque<std::unique_ptr<flight>> flights_;
   // Quantized activations: qa_ the norms' rows (inputs of QKV, gate/up
   // and the classifier), qb_ attention's and the FFN's (of Wo and down).
   q8_scratch qa_, qb_;

@@ -35,8 +35,10 @@ std::vector<int32_t> presample(const forward_batch& b, const forward_result& r) 
   return drawn;
 }
 
-void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<int32_t>& drawn) {
-  if (b.placeholders.empty()) return;
+namespace {
+
+// Checks b's placeholders against the draws (n_drawn) of step last_step.
+void check_placeholders(const forward_batch& b, uint64_t last_step, size_t n_drawn) {
   if (b.after == 0 || b.after != last_step)
     throw std::invalid_argument("placeholders: step " + std::to_string(b.step) +
                                 " takes the draws of step " + std::to_string(b.after) +
@@ -46,14 +48,28 @@ void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<i
     if (p.row < 0 || size_t(p.row) >= b.tokens.size())
       throw std::invalid_argument("placeholders: row " + std::to_string(p.row) + " of " +
                                   std::to_string(b.tokens.size()));
-    if (p.drawn_index < 0 || size_t(p.drawn_index) >= drawn.size())
+    if (p.drawn_index < 0 || size_t(p.drawn_index) >= n_drawn)
       throw std::invalid_argument("placeholders: draw " + std::to_string(p.drawn_index) +
                                   " of step " + std::to_string(last_step) + " does not exist");
-    // A refused draw (NaN logits): the instance fails that sequence on the
-    // same logits and drops this row's result; token 0 keeps the row
-    // harmless, and the step's other sequences go on.
-    b.tokens[p.row] = std::max(drawn[p.drawn_index], 0);
   }
+}
+
+}  // namespace
+
+void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<int32_t>& drawn) {
+  if (b.placeholders.empty()) return;
+  check_placeholders(b, last_step, drawn.size());
+  // A refused draw (NaN logits): the instance fails that sequence on the
+  // same logits and drops this row's result; token 0 keeps the row
+  // harmless, and the step's other sequences go on.
+  for (const auto& p : b.placeholders) b.tokens[p.row] = std::max(drawn[p.drawn_index], 0);
+}
+
+void name_device_draws(forward_batch& b, uint64_t last_step, size_t n_drawn) {
+  if (b.placeholders.empty()) return;
+  check_placeholders(b, last_step, n_drawn);
+  // The device takes token 0 for a refused draw, as above.
+  for (const auto& p : b.placeholders) b.tokens[p.row] = device_draw_token(p.drawn_index);
 }
 
 }  // namespace troupe

@@ -38,4 +38,10 @@ std::vector<int32_t> presample(const forward_batch& b, const forward_result& r);
 // instance ends that sequence on the same logits and drops the row.
 void fill_placeholders(forward_batch& b, uint64_t last_step, const std::vector<int32_t>& drawn);
 
+// The same where step `last_step` made its n_drawn draws on the device and
+// has not ended yet: each placeholder row takes the token that names its
+// draw (device_draw_token), which the device resolves when
+// the step runs.  Throws as fill_placeholders.
+void name_device_draws(forward_batch& b, uint64_t last_step, size_t n_drawn);
+
 }  // namespace troupe

@@ -721,6 +721,7 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
                   [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
           return rp;
         },
+        [](step_done_atom, uint64_t) {},  // the real device's own note
         [=](info_atom a) { return relay<device_info>(self, real, caf::infinite, a); },
         [=](read_pages_atom a, std::vector<int32_t>& p) {
           return relay<std::vector<uint8_t>>(self, real, caf::infinite, a, std::move(p));

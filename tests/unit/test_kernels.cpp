@@ -225,9 +225,14 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   auto& c = ctx();
   std::mt19937 rng(99);
   const int K = 96, N = 41;
-  const std::vector<int32_t> tokens = {0, 40, 7, 7, 13, 2, 40, 25, 1};
+  // Rows 3 and 7 name device draws of the step before (token -1 - k):
+  // draw 1 (token 33) and draw 0, refused (-1: token 0).
+  const std::vector<int32_t> tokens = {0, 40, 7, -2, 13, 2, 40, -1, 1};
+  const std::vector<int32_t> drawn = {-1, 33};
+  const std::vector<int32_t> expect = {0, 40, 7, 33, 13, 2, 40, 0, 1};
   const int T = static_cast<int>(tokens.size());
   const auto tb = upload(c, tokens);
+  const auto db = upload(c, drawn);
   for (const tensor_type type : k_types) {
     SCOPED_TRACE("type " + suffix(type));
     const auto bytes = ref::random_matrix(type, K, N, rng);
@@ -236,14 +241,50 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
     const auto dm = upload_matrix(c, {&v});
     const auto out = c.alloc(static_cast<size_t>(T) * K * sizeof(float));
     auto k = c.make_kernel("embed_" + suffix(type));
-    k.args(dm.q, dm.d, dm.m, tb, out, K);
+    k.args(dm.q, dm.d, dm.m, tb, db, out, K);
     c.launch(k, {static_cast<size_t>(K / 32), static_cast<size_t>(T)});
     const auto got = download<float>(c, out, static_cast<size_t>(T) * K);
     checker chk;
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < K; ++i)
-        chk.near(got[static_cast<size_t>(t) * K + i], w[static_cast<size_t>(tokens[t]) * K + i],
+        chk.near(got[static_cast<size_t>(t) * K + i], w[static_cast<size_t>(expect[t]) * K + i],
                  0.0, [&] { return "row " + std::to_string(t) + " value " + std::to_string(i); });
+  }
+}
+
+// Device draws (draw.cl) pick what the host sampler's greedy path picks:
+// the first of equal maxima, at any lane and in the tail past the last 16,
+// with infinities; a row with a NaN is refused (-1).
+TEST_F(KernelEmbed, ArgmaxRowsDrawsAsTheHostSampler) {
+  auto& c = ctx();
+  std::mt19937 rng(17);
+  for (const int n_vocab : {5, 16, 37, 1000}) {
+    SCOPED_TRACE("n_vocab " + std::to_string(n_vocab));
+    const int R = 6;
+    auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -3.0f, 3.0f, rng);
+    auto row = [&](int r) { return logits.begin() + static_cast<ptrdiff_t>(r) * n_vocab; };
+    std::fill(row(1), row(2), 0.5f);  // all equal: the first
+    row(2)[n_vocab - 1] = 9.0f;       // the last value (the tail, where there is one)
+    row(2)[n_vocab / 2] = 9.0f;       // ... but an equal one before it wins
+    row(3)[n_vocab / 3] = std::numeric_limits<float>::infinity();
+    row(4)[n_vocab - 1] = std::nanf("");
+    std::fill(row(5), row(6), -std::numeric_limits<float>::infinity());
+    const std::vector<int32_t> rows = {5, 4, 3, 2, 1, 0, 2};
+    const auto lb = upload(c, logits), rb = upload(c, rows);
+    const auto db = c.alloc(rows.size() * 4);
+    auto k = c.make_kernel("argmax_rows");
+    k.args(lb, n_vocab, rb, db);
+    c.launch(k, {rows.size()}, {1});
+    const auto got = download<int32_t>(c, db, rows.size());
+    sampler greedy(sampling_params{});
+    for (size_t i = 0; i < rows.size(); ++i) {
+      int32_t want = -1;
+      try {
+        want = greedy.sample_at({&*row(rows[i]), static_cast<size_t>(n_vocab)}, 0);
+      } catch (const std::invalid_argument&) {
+      }
+      EXPECT_EQ(got[i], want) << "draw " << i << " of row " << rows[i];
+    }
   }
 }
 

@@ -1,7 +1,12 @@
 // troupe bench engine: llama-bench style prompt processing (pp) and token
-// generation (tg) throughput of the device actor, one sequence.
+// generation (tg) throughput of the device actor, one sequence.  tg is a
+// greedy generation: each step's token is the last step's greedy draw,
+// with two steps on their way as the instance sends them (step overlap),
+// so a pipelining device (engine_options::pipeline) runs them back to back.
+// (llama-bench's tg feeds random tokens and samples nothing.)
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -61,8 +66,39 @@ int run_bench(const bench_flags& f) {
     linear_pages pages(info.n_pages, info.page_size);
     sequence_slot seq;
     feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
+    // Step k's token: step k-1's greedy draw (a placeholder), except the first's.
+    auto decode_step = [&](uint64_t k) {
+      pages.reserve(seq, seq.length + 1);
+      forward_batch b;
+      b.step = k;
+      b.tokens = {k == 1 ? pick(rng) : 0};
+      b.positions = {seq.length};
+      b.seqs.push_back({0, 1, seq.pages});
+      b.logit_rows = {0};
+      b.presample.push_back({0, sampling_params{}, seq.length + 1});
+      if (k > 1) {
+        b.after = k - 1;
+        b.placeholders.push_back({0, 0});
+      }
+      ++seq.length;
+      return b;
+    };
+    caf::scoped_actor self{*env.sys};
+    std::deque<decltype(self->request(dev, caf::infinite, forward_atom::value, forward_batch{}))>
+        on_way;
+    auto answer = [&] {
+      std::string err;
+      on_way.front().receive([](forward_result&) {},
+                             [&](caf::error& e) { err = self->system().render(e); });
+      on_way.pop_front();
+      if (!err.empty()) throw std::runtime_error(err);
+    };
     auto t0 = clock::now();
-    for (int i = 0; i < n; ++i) feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
+    for (int k = 1; k <= n; ++k) {
+      on_way.push_back(self->request(dev, caf::infinite, forward_atom::value, decode_step(k)));
+      if (on_way.size() == 2) answer();
+    }
+    while (!on_way.empty()) answer();
     return std::chrono::duration<double>(clock::now() - t0).count();
   };
   nlohmann::json results = nlohmann::json::array();

@@ -89,6 +89,7 @@ struct serve_settings {
   bool flash_attention = false;
   bool fuse_layers = true;
   bool fuse_step = true;
+  bool pipeline = true;
   bool step_overlap = step_overlap_default();
   int window_ms = 1000;
   pd_config pd_cfg;
@@ -252,6 +253,10 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "with fused layers, the embedding, every layer and the final norm as one kernel launch "
       "where the layers share a weight type (true/false; the output is the same either way)",
       bool_key(s.fuse_step));
+  add("engine", "pipeline",
+      "enqueue each step behind the one running, greedy tokens drawn on the device "
+      "(true/false; the output is the same either way)",
+      bool_key(s.pipeline));
   add("engine", "step_overlap",
       "step overlap: plan and send the next step while the device runs this one, the tokens "
       "it samples filled in on the device (true/false; the output is the same either way)",
@@ -614,6 +619,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   base.flash_attention = s.flash_attention;
   base.fuse_layers = s.fuse_layers;
   base.fuse_step = s.fuse_step;
+  base.pipeline = s.pipeline;
   base.step_overlap = s.step_overlap;
   base.expert_devices = s.engine.expert_devices;
   base.tpot_target_ms = s.tpot_target_ms;

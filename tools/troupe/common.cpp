@@ -54,6 +54,10 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
                  "launch where the layers share a weight type (the same results; false: one "
                  "launch per layer)")
       ->default_val(true);
+  app.add_option("--pipeline", f.pipeline,
+                 "enqueue each step behind the one running, greedy tokens drawn on the device "
+                 "(the same results; false: each step waits for the last one's result)")
+      ->default_val(true);
   app.add_option("--expert-devices", f.expert_devices,
                  "mixture-of-experts models: spread the experts over this many sub-devices of one "
                  "compute unit each (expert parallelism; 0: on the device itself)")
@@ -78,6 +82,7 @@ engine_options to_engine_options(const engine_flags& f) {
   o.flash_attention = f.flash_attention;
   o.fuse_layers = f.fuse_layers;
   o.fuse_step = f.fuse_step;
+  o.pipeline = f.pipeline;
   o.expert_devices = f.expert_devices;
   apply_tuning_env(o);
   return o;

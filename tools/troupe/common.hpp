@@ -29,6 +29,7 @@ struct engine_flags {
   bool flash_attention = false;
   bool fuse_layers = true;
   bool fuse_step = true;
+  bool pipeline = true;
   int expert_devices = 0;
 };
 
