@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include "runtime/elapsed.hpp"
@@ -24,6 +25,31 @@ struct pending_step {
   std::chrono::steady_clock::time_point submitted;
 };
 
+// Carries the driver's notes that a step ended (from a driver thread) to
+// the actor, until the actor ends: a note may come after that (the
+// driver calls back once the step is done, which can be after the engine
+// has waited for it), when the actor and its system may be gone.  It
+// holds the actor only while steps are pending (armed by the actor, and
+// disarmed by it when none is left or it ends), so an idle device nobody
+// references still ends, and the last reference is never dropped on a
+// driver thread.
+class step_notifier {
+ public:
+  void arm(caf::actor self) {
+    std::lock_guard<std::mutex> lock(m_);
+    self_ = std::move(self);
+  }
+  void disarm() { arm(nullptr); }
+  void ended(uint64_t seq) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (self_) caf::anon_send(self_, step_done_atom::value, seq);
+  }
+
+ private:
+  std::mutex m_;
+  caf::actor self_;
+};
+
 struct step_chain {
   uint64_t step = 0;         // the last step submitted (0: none, or it failed)
   bool drawn_on_device = false;  // its draws are on the device
@@ -34,6 +60,7 @@ struct step_chain {
   // When the device last ended a step (the idle time before the next is
   // the gap step overlap hides).
   std::optional<std::chrono::steady_clock::time_point> ended;
+  std::shared_ptr<step_notifier> notifier;
 };
 
 // Answers the oldest pending step, waiting for the device where it has not
@@ -66,6 +93,7 @@ void answer_oldest(llama_forward& engine, step_chain& chain) {
 
 void answer_all(llama_forward& engine, step_chain& chain) {
   while (!chain.pending.empty()) answer_oldest(engine, chain);
+  chain.notifier->disarm();
 }
 
 // Submits one forward pass: placeholders named (device draws of the step
@@ -89,11 +117,8 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
     const bool device_draws =
         pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
     const uint64_t seq = chain.submitted + 1;
-    // The note comes from a driver thread; the handle keeps the actor's
-    // address valid until then.
-    auto notify = [h = caf::actor_cast<caf::actor>(self), seq](bool) {
-      caf::anon_send(h, step_done_atom::value, seq);
-    };
+    auto notify = [n = chain.notifier, seq](bool) { n->ended(seq); };
+    if (pipelined) chain.notifier->arm(caf::actor_cast<caf::actor>(self));
     pending_step p{seq, rp, b.presample, device_draws, std::chrono::steady_clock::now()};
     engine.submit(b, device_draws, pipelined ? std::function<void(bool)>(notify) : nullptr);
     chain.submitted = seq;
@@ -138,6 +163,8 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
   auto swap = std::make_shared<expert_swap>();
   auto chain = std::make_shared<step_chain>();
+  chain->notifier = std::make_shared<step_notifier>();
+  self->attach_functor([n = chain->notifier] { n->disarm(); });
   return {
       [engine, swap](expert_stats_atom) { return read_expert_stats(*engine, *swap); },
       [engine, swap](expert_prepare_atom, const expert_plan& plan) -> caf::result<uint64_t> {
@@ -192,6 +219,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
       [engine, chain](step_done_atom, uint64_t seq) {
         while (!chain->pending.empty() && chain->pending.front().seq <= seq)
           answer_oldest(*engine, *chain);
+        if (chain->pending.empty()) chain->notifier->disarm();
       },
       [engine](info_atom) {
         device_info info;
