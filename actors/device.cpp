@@ -51,11 +51,11 @@ class step_notifier {
 };
 
 struct step_chain {
-  uint64_t step = 0;         // the last step submitted (0: none, or it failed)
-  bool drawn_on_device = false;  // its draws are on the device
-  size_t n_drawn = 0;            // how many
-  std::vector<int32_t> drawn;    // its draws, where made on the host (once answered)
-  uint64_t submitted = 0;        // steps submitted so far
+  uint64_t step = 0;                 // the last step submitted (0: none, or it failed)
+  bool drawn_on_device = false;      // its draws are on the device
+  size_t n_drawn = 0;                // how many
+  std::vector<int32_t> drawn;        // its draws, where made on the host (once answered)
+  uint64_t submitted = 0;            // steps submitted so far
   std::deque<pending_step> pending;  // submitted, not yet answered, oldest first
   // When the device last ended a step (the idle time before the next is
   // the gap step overlap hides).
@@ -99,8 +99,8 @@ void answer_all(llama_forward& engine, step_chain& chain) {
 // Submits one forward pass: placeholders named (device draws of the step
 // before) or filled (host draws, waiting for that step's answer first).
 caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer self,
-                                                           llama_forward& engine,
-                                                           step_chain& chain, forward_batch& b) {
+                                                           llama_forward& engine, step_chain& chain,
+                                                           forward_batch& b) {
   auto rp = self->make_response_promise<forward_result>();
   try {
     if (!b.placeholders.empty() && chain.drawn_on_device) {

@@ -195,34 +195,35 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
 // A whole step: embedding (type et) of the T tokens, the n_layer layers,
 // then the final norm of the R rows logit_rows names (to qa quantized
 // where final_q8, else to xo) for the classifier's launch.
-#define TROUPE_STEP(WT, TS, TT, X)                                                                 \
-  __kernel void step_##WT##_##TS(                                                                  \
-      __global const uchar* arena, __global const long* offs, int n_layer, int et,                 \
-      __global const uchar* eq, __global const float* ed, __global const float* em,                \
-      __global const int* tokens, __global const int* drawn, __global const float* out_norm,      \
-      __global const int* logit_rows,                                                              \
-      int R, int final_q8, __global float* xo, LAYER_IO_ARGS, volatile __global int* ctr0) {       \
-    const int groups = get_num_groups(0);                                                          \
-    volatile __global int* ctr = ctr0 + LAYER_CTRS * n_layer;                                      \
-    PHASE(0, T*(D / QK), 1, embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, drawn, x, D)) \
-    for (int layer = 0; layer < n_layer; ++layer) {                                                \
-      __global const long* o = offs + ARENA_SLOTS * layer;                                         \
-      __global const uchar *qkv_q = ARENA_AT(uchar, 0), *wo_q = ARENA_AT(uchar, 3),                \
-                           *gu_q = ARENA_AT(uchar, 6), *dn_q = ARENA_AT(uchar, 9);                 \
-      __global const float *qkv_d = ARENA_AT(float, 1), *qkv_m = ARENA_AT(float, 2),               \
-                           *wo_d = ARENA_AT(float, 4), *wo_m = ARENA_AT(float, 5),                 \
-                           *gu_d = ARENA_AT(float, 7), *gu_m = ARENA_AT(float, 8),                 \
-                           *dn_d = ARENA_AT(float, 10), *dn_m = ARENA_AT(float, 11),               \
-                           *attn_norm = ARENA_AT(float, 12), *ffn_norm = ARENA_AT(float, 13);      \
-      const int has_bias = o[14] >= 0;                                                             \
-      __global const float* bias = has_bias ? ARENA_AT(float, 14) : attn_norm;                     \
-      volatile __global int* ctr = ctr0 + LAYER_CTRS * layer;                                      \
-      LAYER_BODY(WT, TS, TT, X, 1)                                                                 \
-    }                                                                                              \
-    PHASE(1, R, 0,                                                                                 \
-          if (final_q8) rmsnorm_q8_row(i, x, out_norm, qa_q, qa_d, qa_s, logit_rows, 1, D, eps);   \
-          else rmsnorm_row(i, x, out_norm, xo, logit_rows, 1, D, eps))                             \
-    RESET_COUNTERS(ctr0, LAYER_CTRS*(n_layer + 1))                                                 \
+#define TROUPE_STEP(WT, TS, TT, X)                                                               \
+  __kernel void step_##WT##_##TS(                                                                \
+      __global const uchar* arena, __global const long* offs, int n_layer, int et,               \
+      __global const uchar* eq, __global const float* ed, __global const float* em,              \
+      __global const int* tokens, __global const int* drawn, __global const float* out_norm,     \
+      __global const int* logit_rows, int R, int final_q8, __global float* xo, LAYER_IO_ARGS,    \
+      volatile __global int* ctr0) {                                                             \
+    const int groups = get_num_groups(0);                                                        \
+    volatile __global int* ctr = ctr0 + LAYER_CTRS * n_layer;                                    \
+    PHASE(0, T*(D / QK), 1,                                                                      \
+          embed_block(et, i / (D / QK), i % (D / QK), eq, ed, em, tokens, drawn, x, D))          \
+    for (int layer = 0; layer < n_layer; ++layer) {                                              \
+      __global const long* o = offs + ARENA_SLOTS * layer;                                       \
+      __global const uchar *qkv_q = ARENA_AT(uchar, 0), *wo_q = ARENA_AT(uchar, 3),              \
+                           *gu_q = ARENA_AT(uchar, 6), *dn_q = ARENA_AT(uchar, 9);               \
+      __global const float *qkv_d = ARENA_AT(float, 1), *qkv_m = ARENA_AT(float, 2),             \
+                           *wo_d = ARENA_AT(float, 4), *wo_m = ARENA_AT(float, 5),               \
+                           *gu_d = ARENA_AT(float, 7), *gu_m = ARENA_AT(float, 8),               \
+                           *dn_d = ARENA_AT(float, 10), *dn_m = ARENA_AT(float, 11),             \
+                           *attn_norm = ARENA_AT(float, 12), *ffn_norm = ARENA_AT(float, 13);    \
+      const int has_bias = o[14] >= 0;                                                           \
+      __global const float* bias = has_bias ? ARENA_AT(float, 14) : attn_norm;                   \
+      volatile __global int* ctr = ctr0 + LAYER_CTRS * layer;                                    \
+      LAYER_BODY(WT, TS, TT, X, 1)                                                               \
+    }                                                                                            \
+    PHASE(1, R, 0,                                                                               \
+          if (final_q8) rmsnorm_q8_row(i, x, out_norm, qa_q, qa_d, qa_s, logit_rows, 1, D, eps); \
+          else rmsnorm_row(i, x, out_norm, xo, logit_rows, 1, D, eps))                           \
+    RESET_COUNTERS(ctr0, LAYER_CTRS*(n_layer + 1))                                               \
   }
 
 #define TROUPE_LAYER_TILES(WT, X)         \

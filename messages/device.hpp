@@ -134,8 +134,7 @@ using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 // forward pass sees the data from before that pass.
 using device_actor = caf::typed_actor<
     caf::replies_to<forward_atom, forward_batch>::with<forward_result>,
-    caf::reacts_to<step_done_atom, uint64_t>,
-    caf::replies_to<info_atom>::with<device_info>,
+    caf::reacts_to<step_done_atom, uint64_t>, caf::replies_to<info_atom>::with<device_info>,
     caf::replies_to<read_pages_atom, std::vector<int32_t>>::with<std::vector<uint8_t>>,
     caf::replies_to<write_pages_atom, std::vector<int32_t>, std::vector<uint8_t>>::with<int32_t>,
     caf::replies_to<copy_pages_atom, std::vector<int32_t>, std::vector<int32_t>>::with<int32_t>,

@@ -32,7 +32,9 @@ struct placeholder_row {
 
 // The token that stands for draw k of the step before, made on the device
 // (pipelined steps: llama_forward::submit; kernels/common.cl's token_at).
-inline int32_t device_draw_token(int32_t k) { return -1 - k; }
+inline int32_t device_draw_token(int32_t k) {
+  return -1 - k;
+}
 
 struct forward_batch {
   std::vector<int32_t> tokens;     // one per row

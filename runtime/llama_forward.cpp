@@ -210,10 +210,9 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
   auto& k = layer_kernel(true, L0, T);
   const auto& emb = weights_.embedding;
   const bool logits_q8 = int8_for(weights_.classifier());
-  const cl_uint io =
-      k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type), emb.q, emb.d,
-                  emb.m, tokens_, drawn_, weights_.output_norm, logit_rows_, R,
-                  logits_q8 ? 1 : 0, xo_);
+  const cl_uint io = k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type),
+                                 emb.q, emb.d, emb.m, tokens_, drawn_, weights_.output_norm,
+                                 logit_rows_, R, logits_q8 ? 1 : 0, xo_);
   k.args_from(layer_io_args(k, io, T, att_rows, int8_for(L0.down)), layer_ctr_);
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }

@@ -44,6 +44,7 @@ struct instance_fixture {
   std::unique_ptr<tokenizer> tok;
   std::vector<int32_t> story;  // the tokens prompts are cut from, BOS not included
   bool step_overlap = true;    // for the instances it spawns
+  bool pipeline = true;        // for the devices it spawns (engine_options::pipeline)
 
   instance_fixture() {
     register_message_types(cfg);
@@ -61,6 +62,7 @@ struct instance_fixture {
     engine_options eo;
     eo.n_pages = n_pages;
     eo.max_batch_tokens = 128;
+    eo.pipeline = pipeline;
     return spawn_device(*sys, model, eo);
   }
 
@@ -298,8 +300,9 @@ TEST(Instance, PreemptionBySwapKeepsOutputs) {
 // runs, the tokens it samples drawn on the device.  No output changes,
 // whether a sequence's token is drawn ahead (greedy, seeded sampling with
 // any truncation, logprobs) or waits for the result (penalties, drafts) in
-// the same batch, also under preemption in a small arena.  Off, no step is
-// sent while another runs.
+// the same batch, also under preemption in a small arena, and whether the
+// device enqueues a step behind the one running, drawing greedy tokens
+// itself (pipeline), or not.  Off, no step is sent while another runs.
 TEST(Instance, StepOverlapKeepsEveryOutput) {
   instance_fixture f;
   auto reqs = mixed_requests(f, 12, 24, 31, 60);
@@ -346,6 +349,15 @@ TEST(Instance, StepOverlapKeepsEveryOutput) {
       EXPECT_GT(st.preempted_recompute, 0u);
     }
     f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+  // A device that runs each step only after the last one's result reached
+  // the host (no pipelined steps, every token drawn on the host): the same.
+  f.pipeline = false;
+  {
+    auto inst = f.instance(f.device(), 64, 32);
+    expect_same(f.run(inst, reqs), want);
+    EXPECT_GT(f.stats(inst).overlapped_steps, 0u);
     caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
   }
   // Alone, a sequence with penalties never lets a step be planned ahead.

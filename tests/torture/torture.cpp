@@ -94,7 +94,7 @@ struct tally {
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
            expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           overlapped_steps = 0, violations = 0;
+           unpipelined_rounds = 0, overlapped_steps = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -247,6 +247,12 @@ class round_driver {
       // Fused layers, one launch each, instead of the whole step.
       a += " --fuse-step false";
       ++t_.layer_launch_rounds;
+    }
+    // Pipelined steps (a step enqueued behind the one running, greedy
+    // tokens drawn on the device) are on by default; some rounds wait.
+    if (chance(0.25)) {
+      a += " --pipeline false";
+      ++t_.unpipelined_rounds;
     }
     return a;
   }
@@ -747,6 +753,7 @@ int run(const options& o) {
             {"overlap_off_rounds", t.overlap_off_rounds},
             {"unfused_rounds", t.unfused_rounds},
             {"layer_launch_rounds", t.layer_launch_rounds},
+            {"unpipelined_rounds", t.unpipelined_rounds},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

@@ -6,8 +6,8 @@
 // (llama-bench's tg feeds random tokens and samples nothing.)
 #include <chrono>
 #include <cmath>
-#include <deque>
 #include <cstdio>
+#include <deque>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
