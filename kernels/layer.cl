@@ -32,14 +32,16 @@
 #endif
 
 // The next run of a phase's n items for this group: returns how many (0:
-// none left) and their first in *first.  A run is an eighth of what is
-// left with two groups, so the last runs are single items and the groups
-// end a phase close together.
+// none left) and their first in *first.  A run is a third of what is left
+// with two groups, so each group streams its weights in few long runs (a
+// run is a new stream for the memory's prefetchers: runs of an eighth
+// measured 0.81x on SmolLM2 tg128) and the last runs are single items, so
+// the groups end a phase close together.
 INLINE int take_items(volatile __global int* next, int n, int groups, int* first) {
   for (;;) {
     const int cur = *next;
     if (cur >= n) return 0;
-    const int k = max(1, (n - cur) / (4 * groups));
+    const int k = max(1, (n - cur) / (groups + 1));
     if (atomic_cmpxchg(next, cur, cur + k) == cur) {
       *first = cur;
       return k;
