@@ -131,6 +131,7 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
   } catch (const std::exception& e) {
     chain.step = 0;
     chain.drawn_on_device = false;
+    if (chain.pending.empty()) chain.notifier->disarm();  // armed for a step never submitted
     rp.deliver(caf::make_error(caf::sec::invalid_argument, std::string("forward: ") + e.what()));
   }
   return rp;
