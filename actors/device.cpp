@@ -68,6 +68,7 @@ struct step_chain {
 void answer_oldest(llama_forward& engine, step_chain& chain) {
   pending_step p = std::move(chain.pending.front());
   chain.pending.pop_front();
+  if (chain.pending.empty()) chain.notifier->disarm();
   const bool last = p.seq == chain.submitted;
   try {
     forward_result r = engine.collect();
@@ -93,7 +94,6 @@ void answer_oldest(llama_forward& engine, step_chain& chain) {
 
 void answer_all(llama_forward& engine, step_chain& chain) {
   while (!chain.pending.empty()) answer_oldest(engine, chain);
-  chain.notifier->disarm();
 }
 
 // Submits one forward pass: placeholders named (device draws of the step
@@ -109,17 +109,15 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
       if (!b.placeholders.empty()) answer_all(engine, chain);
       fill_placeholders(b, chain.step, chain.drawn);
     }
-    for (const auto& p : b.presample)
-      if (p.logit_index < 0 || size_t(p.logit_index) >= b.logit_rows.size())
-        throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) +
-                                    " of " + std::to_string(b.logit_rows.size()));
     const bool pipelined = engine.options().pipeline;
     const bool device_draws =
         pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
     const uint64_t seq = chain.submitted + 1;
     auto notify = [n = chain.notifier, seq](bool) { n->ended(seq); };
     if (pipelined) chain.notifier->arm(caf::actor_cast<caf::actor>(self));
-    pending_step p{seq, rp, b.presample, device_draws, std::chrono::steady_clock::now()};
+    // Host draws need the rows' sampling when the step is answered.
+    pending_step p{seq, rp, device_draws ? std::vector<presample_row>{} : b.presample, device_draws,
+                   std::chrono::steady_clock::now()};
     engine.submit(b, device_draws, pipelined ? std::function<void(bool)>(notify) : nullptr);
     chain.submitted = seq;
     chain.step = b.step;
@@ -220,7 +218,6 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
       [engine, chain](step_done_atom, uint64_t seq) {
         while (!chain->pending.empty() && chain->pending.front().seq <= seq)
           answer_oldest(*engine, *chain);
-        if (chain->pending.empty()) chain->notifier->disarm();
       },
       [engine](info_atom) {
         device_info info;

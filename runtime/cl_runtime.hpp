@@ -100,7 +100,6 @@ class event {
   event& operator=(const event&) = delete;
   ~event();
 
-  explicit operator bool() const { return e_ != nullptr; }
   // Waits for the command; throws cl_error where it (or one it waited
   // for) failed.
   void wait() const;

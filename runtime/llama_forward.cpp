@@ -1,5 +1,6 @@
 #include "runtime/llama_forward.hpp"
 
+#include "runtime/step_overlap.hpp"
 #include "runtime/weight_arena.hpp"
 
 #include <algorithm>
@@ -340,14 +341,14 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
   for (int r : b.logit_rows)
     if (r < 0 || static_cast<size_t>(r) >= rows)
       throw std::invalid_argument("logit row " + std::to_string(r) + " out of range");
-  if (device_draws) {
-    if (!draws_on_device(b.presample))
-      throw std::invalid_argument("device draws: a presample row is not greedy");
-    for (const auto& p : b.presample)
-      if (p.logit_index < 0 || static_cast<size_t>(p.logit_index) >= b.logit_rows.size())
-        throw std::invalid_argument("device draws: logit row " + std::to_string(p.logit_index) +
-                                    " of " + std::to_string(b.logit_rows.size()));
-  }
+  // Checked here, before the step is enqueued, whoever draws: a row
+  // outside the logits would fail the step only once it has run.
+  for (const auto& p : b.presample)
+    if (p.logit_index < 0 || static_cast<size_t>(p.logit_index) >= b.logit_rows.size())
+      throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) + " of " +
+                                  std::to_string(b.logit_rows.size()));
+  if (device_draws && !draws_on_device(b.presample))
+    throw std::invalid_argument("device draws: a presample row is not greedy");
 }
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
@@ -401,7 +402,7 @@ forward_result llama_forward::run(const forward_batch& b) {
 
 bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
   return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
-    return p.sampling.temperature == 0.0f && !sampler::needs_history(p.sampling);
+    return p.sampling.temperature == 0.0f && presamplable(p.sampling);
   });
 }
 

@@ -98,8 +98,9 @@ class llama_forward {
   // driver thread once the step has ended.  With device_draws, the step's
   // presample rows (every one greedy: see draws_on_device) are drawn on
   // the device right after its logits (result.drawn), and the next step may
-  // name them as tokens (forward_batch.hpp's device_draw_token), so it can be submitted before
-  // this one ends.  Throws std::invalid_argument for a malformed batch, a
+  // name them as tokens (forward_batch.hpp's device_draw_token), so it can
+  // be submitted before this one ends.  Throws std::invalid_argument for a
+  // malformed batch (a presample row outside its logit rows included), a
   // token naming a draw the last step did not make on the device, or
   // device draws for rows that are not greedy; the batch is then not
   // submitted.
@@ -108,7 +109,8 @@ class llama_forward {
   forward_result collect();
   size_t in_flight() const { return flights_.size(); }
   // Whether the device can make every one of these draws: greedy
-  // (temperature 0) without penalties, as sampler's first branch.
+  // (temperature 0) and presamplable (no penalties), as sampler's first
+  // branch.
   static bool draws_on_device(const std::vector<presample_row>& rows);
 
   const model_hparams& hparams() const { return model_->hparams(); }
