@@ -8,6 +8,7 @@
 #include <zmq_addon.hpp>
 
 #include "actors/admin_groups.hpp"
+#include "runtime/admin_request.hpp"
 #include "runtime/secret.hpp"
 
 namespace troupe {
@@ -161,11 +162,12 @@ void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
 void on_request(self_ptr self, const std::string& peer, const std::string& address,
                 const std::string& body) {
   const auto& opts = self->state.opts;
-  json req = json::parse(body, nullptr, false);
-  if (req.is_discarded() || !req.is_object())
-    return reply(self, peer, failure("bad_request", "the request is not a JSON object"));
-  const std::string secret = req.value("secret", "");
-  const std::string command = req.value("command", "");
+  auto parsed = parse_admin_request(body);
+  if (auto* refused = std::get_if<admin_refusal>(&parsed))
+    return reply(self, peer, failure(refused->code, refused->message));
+  const auto& req = std::get<admin_request>(parsed);
+  const std::string& command = req.command;
+  const std::string& secret = req.secret;
   const bool control = !opts.control_secret.empty() && secrets_equal(secret, opts.control_secret);
   const bool read =
       control || (!opts.read_secret.empty() && secrets_equal(secret, opts.read_secret));
@@ -185,22 +187,9 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
                                           "' needs the control secret; this one is "
                                           "read-only"));
   }
-  auto number = [&](const char* key, uint64_t& out) {
-    const auto it = req.find(key);
-    if (it == req.end() || !it->is_number_unsigned()) return false;
-    out = it->get<uint64_t>();
-    return true;
-  };
-  uint64_t id = 0, instance = 0;
-  if ((command == "trace" || command == "cancel" || command == "migrate" || command == "preempt") &&
-      !number("id", id))
-    return reply(self, peer,
-                 failure("bad_request", command + " needs \"id\": a request id (unsigned)"));
-  if ((command == "migrate" || command == "drain" || command == "kill" || command == "role") &&
-      !number("instance", instance))
-    return reply(
-        self, peer,
-        failure("bad_request", command + " needs \"instance\": an instance id (unsigned)"));
+  if (!req.argument_error.empty())
+    return reply(self, peer, failure("bad_request", req.argument_error));
+  const uint64_t id = req.id, instance = req.instance;
   if (command == "config") return reply(self, peer, success(opts.config));
   if (command == "kv")
     return call<pool_stats>(
@@ -288,30 +277,20 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"request_id", id}, {"preempted", true}};
         },
         preempt_atom::value, id);
-  if (command == "set") {
-    const std::string key = req.value("key", ""), value = req.value("value", "");
-    if (key.empty() || value.empty())
-      return reply(self, peer, failure("bad_request", "set needs \"key\" and \"value\" (strings)"));
+  if (command == "set")
     return call<std::string>(
         self, peer,
         [](std::string& what) {
           return json{{"changed", what}};
         },
-        set_atom::value, key, value);
-  }
-  if (command == "spawn") {
-    const std::string node = req.value("node", "");
-    const auto count = req.find("count");
-    if (node.empty() || count == req.end() || !count->is_number_integer())
-      return reply(self, peer,
-                   failure("bad_request", "spawn needs \"node\" (HOST:PORT) and \"count\""));
+        set_atom::value, req.key, req.value);
+  if (command == "spawn")
     return call<std::vector<uint64_t>>(
         self, peer,
-        [node](std::vector<uint64_t>& ids) {
+        [node = req.node](std::vector<uint64_t>& ids) {
           return json{{"node", node}, {"instances", ids}};
         },
-        grow_atom::value, node, count->get<int32_t>());
-  }
+        grow_atom::value, req.node, req.count);
   if (command == "steps")
     return call<std::vector<instance_info>>(
         self, peer,
@@ -346,18 +325,13 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
                       {"ttft_predictions", r.ttft_predictions}};
         },
         peek_atom::value);
-  if (command == "role") {
-    const std::string role = req.value("role", "");
-    if (role.empty())
-      return reply(self, peer,
-                   failure("bad_request", "role needs \"role\": prefill, decode or mixed"));
+  if (command == "role")
     return call<std::string>(
         self, peer,
-        [instance, role](std::string& what) {
+        [instance, role = req.role](std::string& what) {
           return json{{"instance", instance}, {"role", role}, {"changed", what}};
         },
-        set_role_atom::value, instance, role);
-  }
+        set_role_atom::value, instance, req.role);
   if (command == "dp")
     return call<dp_group_status>(
         self, peer, [](dp_group_status& d) { return to_json(d); }, dp_status_atom::value);
@@ -399,17 +373,20 @@ void poll_once(self_ptr self) {
       continue;
     }
     const char* addr = parts[1].gets("Peer-Address");
-    on_request(self, parts[0].to_string(), addr ? addr : "", parts[1].to_string());
+    const std::string peer = parts[0].to_string();
+    // Nothing a request holds may end this loop: an escaped exception would
+    // end the actor, and with it the operator's shell, drain and migration.
+    try {
+      on_request(self, peer, addr ? addr : "", parts[1].to_string());
+    } catch (const std::exception& e) {
+      spdlog::error("admin: a request from {} failed: {}", addr ? addr : "an unknown peer",
+                    e.what());
+      reply(self, peer, failure("internal", std::string("the request failed: ") + e.what()));
+    }
   }
 }
 
 }  // namespace
-
-bool admin_command_is_read_only(const std::string& command) {
-  return command == "instances" || command == "nodes" || command == "requests" ||
-         command == "trace" || command == "kv" || command == "config" || command == "monitor" ||
-         command == "steps" || command == "dp" || command == "experts";
-}
 
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,
                                            admin_endpoint_options opts) {

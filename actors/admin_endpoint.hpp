@@ -15,6 +15,7 @@
 #include <string>
 
 #include "messages/admin.hpp"
+#include "runtime/admin_request.hpp"  // admin_command_is_read_only
 
 namespace troupe {
 
@@ -38,8 +39,5 @@ struct admin_endpoint_handle {
 // std::runtime_error naming service.admin_port when it cannot bind.
 admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor admin,
                                            admin_endpoint_options opts);
-
-// True for the commands a read-only secret may run.
-bool admin_command_is_read_only(const std::string& command);
 
 }  // namespace troupe

@@ -196,6 +196,15 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
     st.opts = opts;
     st.spawner = spawner;
     self->link_to(spawner);
+    // The instances it hosts end with it: nothing else holds them in this
+    // process, and the actor system (so the process) waits for every actor
+    // before it exits.  Exit messages are trapped for that alone.
+    self->set_exit_handler([self](caf::exit_msg& m) {
+      for (auto& [svc, hs] : self->state.services)
+        for (auto& [slot, h] : hs.slots) self->send_exit(h.actor, m.reason);
+      self->state.services.clear();
+      self->quit(m.reason);
+    });
     self->set_down_handler([self](const caf::down_msg& dm) {
       auto& st = self->state;
       for (auto& [svc, hs] : st.services) {

@@ -27,9 +27,23 @@ node_ptr make(node::kind_t k) {
 struct regex_parser {
   const std::string& p;
   size_t i = 0;
+  // Groups and quantifiers open around the parse position.  The parser,
+  // the NFA builder and the tree's destructor recurse once per level, so an
+  // unbounded depth ("((((...", "a****...") would end the process on a
+  // stack overflow; no real pattern comes near the limit.
+  int depth = 0;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw regex_error("regex: " + what + " at offset " + std::to_string(i) + " of '" + p + "'");
+    // A pattern may be megabytes long: the error quotes its start only.
+    const size_t shown = 80;
+    const std::string quoted = p.size() <= shown ? p : p.substr(0, shown) + "...";
+    throw regex_error("regex: " + what + " at offset " + std::to_string(i) + " of '" + quoted +
+                      "'");
+  }
+  void deeper() {
+    if (++depth > k_regex_max_depth)
+      fail("groups and quantifiers nested deeper than " + std::to_string(k_regex_max_depth) +
+           " levels");
   }
   bool more() const { return i < p.size(); }
   char peek() const { return p[i]; }
@@ -63,6 +77,7 @@ struct regex_parser {
   }
 
   node_ptr repeated() {
+    const int outer = depth;
     auto a = atom();
     while (more()) {
       int lo = 0, hi = 0;
@@ -87,12 +102,14 @@ struct regex_parser {
         break;
       }
       ++i;
+      deeper();  // each quantifier wraps what came before in one more level
       auto r = make(node::repeat);
       r->min = lo;
       r->max = hi;
       r->kids.push_back(std::move(a));
       a = std::move(r);
     }
+    depth = outer;
     return a;
   }
 
@@ -205,7 +222,9 @@ struct regex_parser {
     switch (c) {
       case '(': {
         if (i + 1 < p.size() && peek() == '?' && p[i + 1] == ':') i += 2;
+        deeper();
         auto inner = alternation();
+        --depth;
         if (!more() || peek() != ')') fail("')' expected");
         ++i;
         return inner;
@@ -330,7 +349,26 @@ regex_dfa::regex_dfa(const std::string& pattern, size_t max_nfa_states)
   }
   nfa_start_ = s;
   nfa_accept_ = e;
+  if (!accept_reachable())
+    throw regex_error("regex: the pattern matches no text (a class or range with no byte in it)");
   dfa_state({nfa_start_});
+}
+
+bool regex_dfa::accept_reachable() const {
+  std::vector<char> seen(nfa_.size(), 0);
+  std::vector<int> stack{nfa_start_};
+  seen[size_t(nfa_start_)] = 1;
+  while (!stack.empty()) {
+    const int x = stack.back();
+    stack.pop_back();
+    if (x == nfa_accept_) return true;
+    auto visit = [&](int y) {
+      if (!seen[size_t(y)]) seen[size_t(y)] = 1, stack.push_back(y);
+    };
+    for (const auto& edge : nfa_[size_t(x)].edges) visit(edge[2]);
+    for (int y : nfa_[size_t(x)].eps) visit(y);
+  }
+  return false;
 }
 
 void regex_dfa::closure(std::vector<int>& set) const {

@@ -22,10 +22,14 @@ struct regex_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// How deeply groups and quantifiers may nest (a regex_error names it).
+inline constexpr int k_regex_max_depth = 256;
+
 class regex_dfa {
  public:
-  // Throws regex_error naming what it cannot read, or when the pattern is
-  // too large (max_nfa_states).
+  // Throws regex_error naming what it cannot read, when the pattern is
+  // too large (max_nfa_states) or nested too deeply (k_regex_max_depth),
+  // and when it matches no text at all.
   explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = 200000);
 
   int start() const { return 0; }
@@ -53,6 +57,7 @@ class regex_dfa {
   std::map<std::vector<int>, int> ids_;
 
   int dfa_state(std::vector<int> set);
+  bool accept_reachable() const;
   void closure(std::vector<int>& set) const;
 
   friend struct regex_parser;

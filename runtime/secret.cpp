@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace troupe {
 
@@ -76,6 +78,55 @@ std::string run_dir() {
 
 std::string run_secret_path(const std::string& kind, int port) {
   return run_dir() + "/" + kind + "-" + std::to_string(port) + ".secret";
+}
+
+namespace {
+
+// The TCP ports some socket of this machine's network namespace listens
+// on, from /proc/net/tcp{,6} (state 0A is LISTEN).
+std::vector<int> listening_ports() {
+  std::vector<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream row(line);
+      std::string slot, local, remote, state;
+      if (!(row >> slot >> local >> remote >> state) || state != "0A") continue;
+      const auto colon = local.rfind(':');
+      if (colon == std::string::npos) continue;
+      ports.push_back(static_cast<int>(std::strtol(local.c_str() + colon + 1, nullptr, 16)));
+    }
+  }
+  return ports;
+}
+
+}  // namespace
+
+int remove_stale_run_secrets() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::directory_iterator it(run_dir(), ec);
+  if (ec) return 0;
+  const auto live = listening_ports();
+  int removed = 0;
+  for (const auto& entry : it) {
+    const std::string name = entry.path().filename().string();
+    // admin-PORT.secret and admin-read-PORT.secret, as run_secret_path names them.
+    for (const std::string kind : {"admin-read-", "admin-"}) {
+      if (name.rfind(kind, 0) != 0 || name.size() <= kind.size() + 7 ||
+          name.compare(name.size() - 7, 7, ".secret") != 0)
+        continue;
+      const std::string digits = name.substr(kind.size(), name.size() - kind.size() - 7);
+      if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 5) break;
+      const int port = std::atoi(digits.c_str());
+      if (std::find(live.begin(), live.end(), port) == live.end() && fs::remove(entry.path(), ec))
+        ++removed;
+      break;
+    }
+  }
+  return removed;
 }
 
 std::string read_or_make_secret_file(const std::string& path) {

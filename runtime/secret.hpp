@@ -29,6 +29,11 @@ std::string run_dir();
 // run_dir().  `kind` is "admin" (control) or "admin-read" (read-only).
 std::string run_secret_path(const std::string& kind, int port);
 
+// Removes the endpoint secrets in run_dir() whose port no socket on this
+// machine listens on: a server that crashed (or was killed -9) could not
+// remove its own.  Returns how many went.  `troupe serve` calls it at start.
+int remove_stale_run_secrets();
+
 // The secret in `path`, made there first if the file does not exist (so a
 // user's nodes and services on one machine share it with no set-up).
 std::string read_or_make_secret_file(const std::string& path);

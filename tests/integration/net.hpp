@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -48,6 +49,39 @@ inline std::string http_get(int port, const std::string& path,
   while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return out;
+}
+
+// POST `body` (JSON) to path on 127.0.0.1:port: the whole response, or
+// what came of it within `timeout`.
+inline std::string http_post(int port, const std::string& path, const std::string& body,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  const int fd = connect_local(port);
+  if (fd < 0) throw std::runtime_error("cannot connect to port " + std::to_string(port));
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  send_all(fd, "POST " + path +
+                   " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                   "Content-Type: application/json\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  return out;
+}
+
+// The status code of an HTTP response ("HTTP/1.1 413 ..."), or 0.
+inline int http_status(const std::string& response) {
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || response.size() < 12) return 0;
+  return std::atoi(response.c_str() + 9);
+}
+
+// The body of an HTTP response (after the blank line).
+inline std::string http_body(const std::string& response) {
+  const auto at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
 }
 
 // The value of one sample line "name{labels} value" (labels as written), or -1.

@@ -21,7 +21,11 @@
 // moved between the replicas, lockstep rounds with dummy steps in some).
 // Every round also serves the OpenAI HTTP API, driven with greedy
 // completions (equal to offline greedy), streams left after their first
-// event, choice-constrained completions, and bad values.  After every round it checks:
+// event, choice-constrained completions, and bad values.  Hostile input
+// (issue 31) rides along: regexes nested past the limit, empty or
+// matching nothing, token ids beyond int32 (HTTP and the wire), admin
+// frames with fields of the wrong types (each answered within 2 s), and
+// chunked HTTP bodies past the body limit (cut off).  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -36,6 +40,8 @@
 //
 //   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE] [--no-moe]
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 
 #include <httplib.h>
 
@@ -51,7 +57,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+#include <zmq.hpp>
 
+#include "../integration/net.hpp"
 #include "../integration/node_process.hpp"
 #include "../integration/process.hpp"
 #include "../integration/server_process.hpp"
@@ -94,7 +102,8 @@ struct tally {
            preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
            expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           unpipelined_rounds = 0, overlapped_steps = 0, violations = 0;
+           unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -165,6 +174,7 @@ class round_driver {
     std::fflush(stdout);
     server_process server(args, "troupe serve: listening on ", ref_->model);
     endpoint_ = server.endpoint();
+    admin_port_ = server.admin_port();
     const int n_sockets = 2 + pick(4);
     for (int i = 0; i < n_sockets; ++i) sockets_.push_back(new_socket());
     const auto end = clock_type::now() + std::chrono::milliseconds(int64_t(round_s * 1000));
@@ -385,6 +395,10 @@ class round_driver {
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
+    } else if (roll < 92) {
+      hostile_admin_frame();
+    } else if (roll == 92 && chance(0.3)) {
+      hostile_http_body();
     } else if (roll == 94 && instances_ > 1 && chance(0.4)) {
       // A role flip by message (troupe shell role); with --pd the router
       // moves the instance between pools as its old work drains.
@@ -484,13 +498,81 @@ class round_driver {
       else
         ++t_.http_checked;
     } else {
-      body["temperature"] = 7;
+      // A bad value, or (issue 31) one that once crashed the server or was
+      // wrapped into a valid one: each must get 400.
+      const size_t bad = pick(5);
+      std::string param = "temperature";
+      if (bad == 0) {
+        body["temperature"] = 7;
+      } else if (bad == 1) {
+        param = "";  // refused by the server (the wire's INVALID_ARGUMENT)
+        body["guided_regex"] = chance(0.5) ? std::string(50000, '(') + "a" + std::string(50000, ')')
+                                           : "a" + std::string(100000, '*');
+      } else if (bad == 2) {
+        param = "guided_regex";
+        body["guided_regex"] = "";
+      } else if (bad == 3) {
+        param = "";
+        body["guided_regex"] = R"([^\x00-\xff])";
+      } else {
+        param = "prompt";
+        body["prompt"] = {1, chance(0.5) ? (int64_t(1) << 32) + 5 : -(int64_t(1) << 31) - 1};
+      }
       auto r = http.Post("/v1/completions", body.dump(), "application/json");
       if (!r) return violation("HTTP bad value: no answer");
       auto j = json::parse(r->body, nullptr, false);
-      if (r->status != 400 || j.is_discarded() || j["error"]["param"] != "temperature")
-        violation("HTTP bad value: status " + std::to_string(r->status) + ": " + r->body);
+      if (r->status != 400 || j.is_discarded() || (!param.empty() && j["error"]["param"] != param))
+        violation("HTTP bad value: status " + std::to_string(r->status) + ": " +
+                  r->body.substr(0, 300));
     }
+  }
+
+  // Issue 31: admin frames whose fields have the wrong types (one once
+  // ended the admin endpoint for good).  Each must be answered, with an
+  // error, within 2 s.
+  void hostile_admin_frame() {
+    if (admin_port_ <= 0) return;
+    ++t_.hostile_admin;
+    static const std::vector<std::string> frames = {R"({"secret":null,"command":"kv"})",
+                                                    R"({"secret":5,"command":"instances"})",
+                                                    R"({"command":7})",
+                                                    R"({"secret":[],"command":{"a":1}})",
+                                                    "[[[[",
+                                                    "null",
+                                                    ""};
+    zmq::socket_t sock(zmq_ctx_, zmq::socket_type::dealer);
+    sock.set(zmq::sockopt::linger, 0);
+    sock.set(zmq::sockopt::rcvtimeo, 2000);
+    sock.connect("tcp://127.0.0.1:" + std::to_string(admin_port_));
+    const std::string& f = one_of(frames);
+    sock.send(zmq::buffer(f));
+    zmq::message_t reply;
+    if (!sock.recv(reply)) return violation("admin: no reply within 2 s to " + f);
+    auto j = json::parse(reply.to_string(), nullptr, false);
+    if (j.is_discarded() || j["ok"] != false)
+      violation("admin: " + f + " answered " + reply.to_string());
+  }
+
+  // Issue 31: a chunked body past the HTTP front's 8 MiB limit (once read
+  // whole, of any size).  The front must stop reading it: the connection
+  // is cut (413, or a reset) before 32 MiB went through.
+  void hostile_http_body() {
+    ++t_.hostile_http;
+    const int fd = testing::connect_local(http_port_);
+    if (fd < 0) return violation("HTTP: cannot connect for a chunked body");
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    testing::send_all(fd,
+                      "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: "
+                      "chunked\r\n\r\n");
+    const std::string chunk = "100000\r\n" + std::string(1 << 20, ' ') + "\r\n";
+    size_t sent = 0;
+    while (sent < (32u << 20) &&
+           ::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) == ssize_t(chunk.size()))
+      sent += 1 << 20;
+    ::close(fd);
+    if (sent >= (32u << 20)) violation("HTTP: a 32 MiB chunked body was read on");
   }
 
   void bad_frame(client_socket& s, uint64_t id) {
@@ -527,10 +609,15 @@ class round_driver {
         return;
       }
       case 3:
-        if (chance(0.5))
+        if (chance(0.3))
           g.mutable_sampling()->set_temperature(-1);
-        else
+        else if (chance(0.4))
           g.set_draft_tokens(chance(0.5) ? -1 : 17);
+        else  // issue 31: nested deeper than the limit (once a stack overflow), empty, or
+              // empty-language
+          g.set_guided_regex(
+              one_of<std::string>({std::string(20000, '(') + "a" + std::string(20000, ')'),
+                                   "a" + std::string(30000, '*'), "", R"([^\x00-\xff])"}));
         break;
       case 4:
         g.clear_text();
@@ -672,6 +759,8 @@ class round_driver {
   const std::vector<model_reference>& references_;
   const model_reference* ref_ = nullptr;  // this round's model
   int http_port_ = 0;
+  int admin_port_ = 0;
+  zmq::context_t zmq_ctx_;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
   tally& t_;
   std::string endpoint_;
@@ -737,6 +826,8 @@ int run(const options& o) {
             {"deadlines", t.deadlines},
             {"disconnects", t.disconnects},
             {"bad_frames", t.bad_frames},
+            {"hostile_admin", t.hostile_admin},
+            {"hostile_http", t.hostile_http},
             {"pings", t.pings},
             {"preempted_recompute", t.preempted_recompute},
             {"preempted_swap", t.preempted_swap},

@@ -36,6 +36,47 @@ TEST(RegexDfa, MatchesWholeOutputsOnly) {
     EXPECT_THROW(regex_dfa{bad}, regex_error) << bad;
 }
 
+// Issue 31: 50,000 nested groups, or a byte under 100,000 stacked
+// quantifiers, overflowed the stack (the server died with SIGSEGV).  Now a
+// regex_error names the limit, and the depth just under it still compiles.
+TEST(RegexDfa, DeepNestingIsRefusedNamingTheLimit) {
+  auto message = [](const std::string& pattern) {
+    try {
+      regex_dfa d(pattern);
+    } catch (const regex_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string limit = "nested deeper than " + std::to_string(k_regex_max_depth);
+  const std::string groups = std::string(50000, '(') + "a" + std::string(50000, ')');
+  EXPECT_NE(message(groups).find(limit), std::string::npos) << message(groups).substr(0, 200);
+  EXPECT_LT(message(groups).size(), 300u) << "the error quotes the pattern's start only";
+  const std::string stars = "a" + std::string(100000, '*');
+  EXPECT_NE(message(stars).find(limit), std::string::npos);
+  const std::string mixed = std::string(20000, '(') + "a" + std::string(20000, ')');
+  EXPECT_NE(message(mixed).find(limit), std::string::npos);
+  const int ok = k_regex_max_depth;
+  regex_dfa deepest(std::string(size_t(ok), '(') + "ab" + std::string(size_t(ok), ')'));
+  EXPECT_TRUE(matches(deepest, "ab"));
+  regex_dfa stacked("a" + std::string(size_t(ok), '?'));
+  EXPECT_TRUE(matches(stacked, "a"));
+  EXPECT_TRUE(matches(stacked, ""));
+  EXPECT_NE(message(std::string(size_t(ok) + 1, '(') + "a" + std::string(size_t(ok) + 1, ')'))
+                .find(limit),
+            std::string::npos);
+}
+
+// A pattern whose language is empty can never be met: refused at compile
+// time, not by the engine mid-request.
+TEST(RegexDfa, APatternMatchingNothingIsRefused) {
+  for (const char* empty : {R"([^\x00-\xff])", R"(a[^\x00-\xff]b)", R"(([^\x00-\xff])+)"})
+    EXPECT_THROW(regex_dfa{empty}, regex_error) << empty;
+  // An empty class under '*' or '?' still lets the empty string through.
+  regex_dfa optional(R"(a[^\x00-\xff]*)");
+  EXPECT_TRUE(matches(optional, "a"));
+}
+
 TEST(JsonSchemaRegex, AcceptsValidAndRefusesInvalidJson) {
   auto schema = nlohmann::ordered_json::parse(R"({
     "type": "object",

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include "actors/admin_endpoint.hpp"
@@ -42,6 +43,21 @@
 namespace troupe::cli {
 
 namespace {
+
+// Whether the router has an instance that takes requests now (GET
+// /health): asked from the HTTP front's thread, so with a scoped actor and
+// a short wait; no answer counts as no.
+bool any_instance_serving(caf::actor_system& sys, const router_actor& router) {
+  caf::scoped_actor self{sys};
+  bool serving = false;
+  self->request(router, std::chrono::seconds(2), registry_atom::value)
+      .receive(
+          [&](const std::vector<router_instance>& all) {
+            for (const auto& i : all) serving = serving || i.state == "serving";
+          },
+          [](caf::error&) {});
+  return serving;
+}
 
 // One [[cluster.node]] table: a node, how many instances it runs for this
 // service, and engine settings that differ there.
@@ -829,6 +845,8 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       ao.control_secret = secret(s.admin_secret_file, "admin_secret_file");
       ao.read_secret = secret(s.admin_read_secret_file, "admin_read_secret_file");
       const std::string control = ao.control_secret, read = ao.read_secret;
+      if (const int stale = remove_stale_run_secrets(); stale > 0)
+        spdlog::info("removed {} secret files of admin endpoints that no longer listen", stale);
       admin_ep = spawn_admin_endpoint(*env.sys, admin, std::move(ao));
       // The same user's tools find the secrets by port (docs/security.md).
       for (const auto& [kind, secret] : {std::pair{"admin", control}, {"admin-read", read}}) {
@@ -855,7 +873,9 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       ho.model = s.engine.model;
       ho.endpoint = gw.endpoints.at(0);
       ho.token_text = [tok](int32_t id) { return tok->decode({id}); };
+      ho.detokenize = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
       ho.draining = [draining] { return draining->load(); };
+      ho.serving = [sys = env.sys.get(), router] { return any_instance_serving(*sys, router); };
       http = std::make_unique<http_front>(std::move(ho));
     }
   } catch (...) {

@@ -123,6 +123,23 @@ std::string random_id(const char* prefix) {
   return std::string(prefix) + buf;
 }
 
+// The body, read through the route's content reader with the limit held
+// for every transfer encoding: httplib 0.11 applies its payload limit to a
+// Content-Length body only and reads a chunked one whole, of any size.
+// False when the body is larger (or the client stopped sending).
+bool read_body(const httplib::ContentReader& reader, size_t limit, std::string& body,
+               bool& too_large) {
+  too_large = false;
+  return reader([&](const char* data, size_t n) {
+    if (n > limit - body.size()) {
+      too_large = true;
+      return false;
+    }
+    body.append(data, n);
+    return true;
+  });
+}
+
 bool write_event(httplib::DataSink& sink, const std::string& data) {
   const std::string ev = "data: " + data + "\n\n";
   return sink.write(ev.data(), ev.size());
@@ -136,13 +153,37 @@ struct http_front::impl {
   std::thread thread;
   int port = 0;
 
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-    auto body = nlohmann::ordered_json::parse(req.body, nullptr, false);
+  void completions(const httplib::Request& req, httplib::Response& res,
+                   const httplib::ContentReader& reader, bool chat) {
+    std::string text;
+    // A declared length over the limit is refused unread (httplib reads
+    // none of it either).
+    bool too_large = req.get_header_value<uint64_t>("Content-Length") > opts.max_body_bytes;
+    if (too_large || !read_body(reader, opts.max_body_bytes, text, too_large)) {
+      // What is left of the body is unread: this connection cannot carry
+      // another request.
+      res.set_header("Connection", "close");
+      if (!too_large)
+        return send_error(res,
+                          {400, "the request body ended early", "invalid_request_error", "", ""});
+      return send_error(
+          res,
+          {413, "the request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes",
+           "invalid_request_error", "", "request_too_large"});
+    }
+    auto body = nlohmann::ordered_json::parse(text, nullptr, false);
     if (body.is_discarded())
       return send_error(res,
                         {400, "the request body is not JSON", "invalid_request_error", "", ""});
     auto s = std::make_shared<call_state>();
     if (auto e = openai::parse(body, chat, opts.model, s->c)) return send_error(res, *e);
+    // echo of a token-id prompt: its text (parse has no tokenizer).
+    for (size_t k = 0; s->c.echo && opts.detokenize && k < s->c.echo_text.size(); ++k) {
+      const auto& g = s->c.generates[k * size_t(s->c.n)];
+      if (g.has_tokens())
+        s->c.echo_text[k] =
+            opts.detokenize(std::vector<int32_t>(g.tokens().ids().begin(), g.tokens().ids().end()));
+    }
     s->choices.resize(s->c.generates.size());
     s->id = random_id(chat ? "chatcmpl-" : "cmpl-");
     s->created = static_cast<int64_t>(std::time(nullptr));
@@ -273,9 +314,15 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   auto& svr = p->server;
   svr.set_payload_max_length(p->opts.max_body_bytes);
   svr.Get("/health", [p](const httplib::Request&, httplib::Response& res) {
+    // 200 only while a request sent now could be served.
     const bool draining = p->opts.draining && p->opts.draining();
-    res.status = draining ? 503 : 200;
-    res.set_content(json{{"status", draining ? "draining" : "ok"}}.dump(), "application/json");
+    const bool serving = !draining && (!p->opts.serving || p->opts.serving());
+    res.status = serving ? 200 : 503;
+    res.set_content(json{{"status", serving    ? "ok"
+                                    : draining ? "draining"
+                                               : "no_instance"}}
+                        .dump(),
+                    "application/json");
   });
   svr.Get("/v1/models", [p](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", p->opts.model},
@@ -285,12 +332,12 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
     res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
                     "application/json");
   });
-  svr.Post("/v1/completions", [p](const httplib::Request& req, httplib::Response& res) {
-    p->completions(req, res, false);
-  });
-  svr.Post("/v1/chat/completions", [p](const httplib::Request& req, httplib::Response& res) {
-    p->completions(req, res, true);
-  });
+  svr.Post("/v1/completions",
+           [p](const httplib::Request& req, httplib::Response& res,
+               const httplib::ContentReader& reader) { p->completions(req, res, reader, false); });
+  svr.Post("/v1/chat/completions",
+           [p](const httplib::Request& req, httplib::Response& res,
+               const httplib::ContentReader& reader) { p->completions(req, res, reader, true); });
   const int bound = p->opts.port == 0
                         ? svr.bind_to_any_port(p->opts.host)
                         : (svr.bind_to_port(p->opts.host, p->opts.port) ? p->opts.port : -1);

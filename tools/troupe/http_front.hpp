@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tools/client/openai_api.hpp"
 
@@ -20,7 +21,9 @@ struct http_front_options {
   std::string model;                 // the name /v1/models lists and requests must name
   std::string endpoint;              // the server's own ZeroMQ endpoint (tcp://127.0.0.1:PORT)
   openai::token_text_fn token_text;  // a token id's text (logprobs)
-  std::function<bool()> draining;    // /health says 503 once true
+  std::function<std::string(const std::vector<int32_t>&)> detokenize;  // echo of token prompts
+  std::function<bool()> draining;                                      // /health says 503 once true
+  std::function<bool()> serving;  // /health says 503 while false (no instance can serve)
   size_t max_body_bytes = 8 << 20;
 };
 
