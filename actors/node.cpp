@@ -190,12 +190,14 @@ void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_
 }  // namespace
 
 node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
-  auto spawner = sys.spawn<caf::detached>(spawner_behavior);
-  auto impl = sys.spawn([opts, spawner](self_ptr self) -> node_impl::behavior_type {
+  auto impl = sys.spawn([opts](self_ptr self) -> node_impl::behavior_type {
     auto& st = self->state;
     st.opts = opts;
-    st.spawner = spawner;
-    self->link_to(spawner);
+    // Spawned here and held by the state alone: a handle captured by this
+    // closure lived as long as the node's actor object, which a pending
+    // delayed message (reap, up to reap_after) keeps; the detached
+    // spawner's thread, and the process's exit with it, waited that long.
+    st.spawner = self->spawn<caf::detached + caf::linked>(spawner_behavior);
     // The instances it hosts end with it: nothing else holds them in this
     // process, and the actor system (so the process) waits for every actor
     // before it exits.  Exit messages are trapped for that alone.

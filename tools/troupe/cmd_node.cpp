@@ -76,6 +76,7 @@ int run_node(const node_flags& f) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   self->send_exit(node, caf::exit_reason::user_shutdown);
+  env.exit_limit = std::chrono::seconds(5);
   std::fprintf(stderr, "troupe node: stopped\n");
   return 0;
 }

@@ -937,6 +937,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   self->send_exit(admin, caf::exit_reason::user_shutdown);
   self->send_exit(gw.actor, caf::exit_reason::user_shutdown);
   for (const auto& a : owned) self->send_exit(a, caf::exit_reason::user_shutdown);
+  env.exit_limit = std::chrono::seconds(5);
   std::fprintf(stderr, "troupe serve: stopped\n");
   return 0;
 }

@@ -2,7 +2,11 @@
 
 #include <caf/io/all.hpp>
 #include <caf/openssl/manager.hpp>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "runtime/model_registry.hpp"
 #include "runtime/secret.hpp"
@@ -132,7 +136,32 @@ actor_env::actor_env(const std::string& secret, const cluster_flags& c) {
 }
 
 actor_env::~actor_env() {
+  std::mutex m;
+  std::condition_variable cv;
+  bool ended = false;
+  std::thread watchdog;
+  if (exit_limit.count() > 0)
+    watchdog = std::thread([&, raw = sys.get()] {
+      std::unique_lock<std::mutex> lock(m);
+      if (cv.wait_for(lock, exit_limit, [&] { return ended; })) return;
+      // Every actor ended but the system still waits: CAF 0.17 frees a
+      // detached actor (a device) only when the last reference to it goes,
+      // and a message a cluster peer sent it around the stop can keep one.
+      // Nothing is left to do, so that wait is cut short.  Actors that
+      // still run are a bug: exit 70 says so.
+      const size_t running = raw->registry().running();
+      std::fprintf(stderr, "troupe: %zu actors still running %lld s after the stop; exiting\n",
+                   running, static_cast<long long>(exit_limit.count()));
+      if (identity) remove_cluster_identity(*identity);
+      std::_Exit(running == 0 ? 0 : 70);
+    });
   sys.reset();
+  {
+    std::lock_guard<std::mutex> lock(m);
+    ended = true;
+  }
+  cv.notify_all();
+  if (watchdog.joinable()) watchdog.join();
   if (identity) remove_cluster_identity(*identity);
 }
 

@@ -3,6 +3,7 @@
 // line, opening the model, and calling the device actor synchronously.
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,7 +69,13 @@ struct actor_env {
   // With the middleman on the cluster's TLS: only peers holding `secret`
   // get past the handshake (runtime/cluster_tls.hpp).
   actor_env(const std::string& secret, const cluster_flags& c);
+  // Waits for every actor to end, at most `exit_limit` when it is set.
   ~actor_env();
+  // Set by serve and node once they told their actors to stop: the wait
+  // for the actor system to wind down then costs this long at most, not
+  // forever.  Past it the process says how many actors still run and
+  // exits, with 70 when some do (a bug), else 0 (~actor_env explains).
+  std::chrono::seconds exit_limit{0};
   actor_env(const actor_env&) = delete;
   actor_env& operator=(const actor_env&) = delete;
 
