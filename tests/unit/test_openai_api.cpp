@@ -91,6 +91,31 @@ TEST(OpenAiApi, BadValuesNameTheirParameter) {
       param({{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"top_logprobs", 2}}, true),
       "400 top_logprobs");
   EXPECT_EQ(param({{"prompt", "x"}, {"seed", -1}}), "400 seed");
+  EXPECT_EQ(param({{"prompt", "x"}, {"guided_regex", ""}}), "400 guided_regex");
+  // Refused, never silently ignored.
+  EXPECT_EQ(param({{"prompt", "x"}, {"best_of", 3}}), "400 best_of");
+  EXPECT_EQ(param({{"prompt", "x"}, {"best_of", "3"}}), "400 best_of");
+  EXPECT_EQ(param({{"prompt", "x"}, {"best_of", 2}, {"n", 2}}), "accepted");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", json::object()}}), "accepted");
+}
+
+// Token ids are read wide and range-checked: 2^32 + 5 once wrapped to 5,
+// a valid id, and -2^31 - 1 to 2^31 - 1.
+TEST(OpenAiApi, TokenIdsOutsideInt32AreRefusedNotWrapped) {
+  call c;
+  auto param = [&](const json& prompt) {
+    auto e = parse(json{{"prompt", prompt}}, false, "m", c);
+    return e ? std::to_string(e->status) + " " + e->param : std::string("accepted");
+  };
+  EXPECT_EQ(param(json::array({1, 2, 3})), "accepted");
+  EXPECT_EQ(c.generates.at(0).tokens().ids_size(), 3);
+  EXPECT_EQ(param(json::array({1, (int64_t(1) << 32) + 5})), "400 prompt");
+  EXPECT_EQ(param(json::array({1, uint64_t(18446744073709551615ull)})), "400 prompt");
+  EXPECT_EQ(param(json::array({1, -(int64_t(1) << 31) - 1})), "400 prompt");
+  EXPECT_EQ(param(json::array({1, -1})), "400 prompt");
+  EXPECT_EQ(param(json::array({json::array({4, int64_t(1) << 40})})), "400 prompt");
+  EXPECT_EQ(param(json::array({int64_t(INT32_MAX)})), "accepted");
 }
 
 TEST(OpenAiApi, WireErrorsMapToHttpStatuses) {

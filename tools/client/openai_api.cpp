@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace troupe::openai {
 
@@ -9,6 +11,9 @@ namespace {
 
 using json = nlohmann::json;
 using in_json = nlohmann::ordered_json;  // request bodies: keys in their order
+
+const char* const k_token_prompt_rule =
+    "a token prompt must hold token ids only (integers in [0, 2147483647])";
 
 api_error bad(const std::string& param, const std::string& message) {
   api_error e;
@@ -56,13 +61,38 @@ std::optional<api_error> boolean(const in_json& body, const char* key, bool& out
   return std::nullopt;
 }
 
+// True when `key` of object `o` is the string `want` (value() would throw
+// for a key of another type).
+bool string_is(const in_json& o, const char* key, const char* want) {
+  const auto it = o.find(key);
+  return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == want;
+}
+
+// How deeply a request body may nest.  nlohmann's dump and copy recurse once
+// per level, so a body nested 100000 deep (200 KB) would overflow the stack
+// where a value is quoted in an error or a schema is copied; a real body
+// nests a few levels, a response_format schema at most 64 (json_schema_regex).
+constexpr int k_max_body_depth = 100;
+
+bool nests_deeper_than(const in_json& root, int limit) {
+  std::vector<std::pair<const in_json*, int>> todo{{&root, 1}};
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    if (depth > limit) return true;
+    if (v->is_structured())
+      for (const auto& child : *v) todo.push_back({&child, depth + 1});
+  }
+  return false;
+}
+
 // A chat message's content: a string, or text parts.
 std::optional<std::string> content_text(const in_json& c) {
   if (c.is_string()) return c.get<std::string>();
   if (!c.is_array()) return std::nullopt;
   std::string out;
   for (const auto& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+    if (!part.is_object() || !string_is(part, "type", "text") || !part.contains("text") ||
         !part["text"].is_string())
       return std::nullopt;
     out += part["text"].get<std::string>();
@@ -121,6 +151,9 @@ json error_body(const api_error& e) {
 std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
                                call& out) {
   if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  if (nests_deeper_than(body, k_max_body_depth))
+    return bad("", "the request body nests more than " + std::to_string(k_max_body_depth) +
+                       " levels deep");
   out = call{};
   out.chat = chat;
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
@@ -171,8 +204,12 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
       wire::Generate g;
       auto* t = g.mutable_tokens();
       for (const auto& x : ids) {
+        // Read wide and checked: get<int32_t> would wrap 2^32 + 5 to 5.
         if (!x.is_number_integer()) return false;
-        t->add_ids(x.get<int32_t>());
+        if (x.is_number_unsigned() ? x.get<uint64_t>() > uint64_t(INT32_MAX)
+                                   : x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+          return false;
+        t->add_ids(static_cast<int32_t>(x.get<int64_t>()));
       }
       prompts.push_back(std::move(g));
       out.echo_text.emplace_back();
@@ -181,13 +218,13 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     if (it->is_string()) {
       add_text(it->get<std::string>());
     } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
-      if (!add_ids(*it)) return bad("prompt", "a token prompt must hold integers only");
+      if (!add_ids(*it)) return bad("prompt", k_token_prompt_rule);
     } else if (it->is_array() && !it->empty()) {
       for (const auto& p : *it) {
         if (p.is_string())
           add_text(p.get<std::string>());
         else if (p.is_array() && !add_ids(p))
-          return bad("prompt", "a token prompt must hold integers only");
+          return bad("prompt", k_token_prompt_rule);
         else if (!p.is_string() && !p.is_array())
           return bad("prompt", "'prompt' must be a string, strings, token ids, or lists of them");
       }
@@ -238,6 +275,16 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   i.reset();
   if (auto e = integer(body, "n", 1, 16, i)) return e;
   out.n = i ? static_cast<int>(*i) : 1;
+  // Refused rather than ignored (issue 34): a client asking for them would
+  // silently get something else.
+  i.reset();
+  if (auto e = integer(body, "best_of", 1, 16, i)) return e;
+  if (i && *i != out.n)
+    return bad("best_of",
+               "'best_of' other than 'n' is not supported (every sample is returned: ask for n)");
+  if (auto it = body.find("logit_bias");
+      it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
+    return bad("logit_bias", "'logit_bias' is not supported yet");
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       base.add_stop(it->get<std::string>());
@@ -273,7 +320,10 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   }
   // Structured output: OpenAI's response_format, or vLLM's guided_* extras.
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
-    const std::string type = it->is_object() ? it->value("type", "") : "";
+    std::string type;  // stays "" (refused below) when absent or not a string
+    if (it->is_object())
+      if (const auto t = it->find("type"); t != it->end() && t->is_string())
+        type = t->get<std::string>();
     if (type == "json_object") {
       base.set_json_object(true);
     } else if (type == "json_schema") {
@@ -297,7 +347,9 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     }
   }
   if (auto it = body.find("guided_regex"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return bad("guided_regex", "'guided_regex' must be a string");
+    if (!it->is_string() || it->get_ref<const std::string&>().empty())
+      return bad("guided_regex",
+                 "'guided_regex' must be a non-empty string (omit it for unconstrained output)");
     base.set_guided_regex(it->get<std::string>());
   }
   if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {

@@ -113,6 +113,9 @@ struct serve_settings {
   int metrics_port = 0;  // 0: no metrics endpoint
   int http_port = 0;     // 0: no OpenAI-compatible HTTP API
   std::string http_host = "127.0.0.1";
+  std::vector<std::string> api_keys;  // the HTTP API's keys (api_key, api_key_file)
+  std::string api_key_file;
+  std::vector<std::string> cors_origins;
   std::string admin_host = "127.0.0.1";
   std::string admin_secret_file;       // control secret; empty: made at start
   std::string admin_read_secret_file;  // read-only secret; empty: made at start
@@ -205,6 +208,15 @@ key_access string_key(std::string& dst, std::vector<std::string> allowed = {}) {
             return {};
           },
           [&dst] { return nlohmann::json(dst); }};
+}
+
+// Appends the comma-separated items of `v` to `out`; "" or why not.
+std::string split_into(const std::string& v, std::vector<std::string>& out) {
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out.empty() ? "must name at least one" : "";
 }
 
 std::vector<key_spec> make_keys(serve_settings& s) {
@@ -417,6 +429,21 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "/v1/models, /health); 0 = off",
       int_key(s.http_port, 0, 65535));
   add("service", "http_host", "address the HTTP API listens on", string_key(s.http_host));
+  // Never shown back (admin config): only how many keys there are.
+  add("service", "api_key",
+      "key the HTTP API requires (Authorization: Bearer KEY; comma-separated for several); "
+      "api_key_file keeps it off the command line",
+      {[&s](const std::string& v) { return split_into(v, s.api_keys); },
+       [&s] { return nlohmann::json(std::to_string(s.api_keys.size()) + " keys (not shown)"); }},
+      true);
+  add("service", "api_key_file",
+      "file with the HTTP API's keys, one per line (mode 600, as secret files)",
+      string_key(s.api_key_file));
+  add("service", "cors_origins",
+      "origins whose browsers may call the HTTP API (comma-separated; * for any)",
+      {[&s](const std::string& v) { return split_into(v, s.cors_origins); },
+       [&s] { return nlohmann::json(s.cors_origins); }},
+      true);
   add("service", "dp_group",
       "the instances (local and on nodes) form a data-parallel group: each request goes to the "
       "replica with the most free KV, and sequences move from the most to the least loaded "
@@ -874,6 +901,24 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       ho.endpoint = gw.endpoints.at(0);
       ho.token_text = [tok](int32_t id) { return tok->decode({id}); };
       ho.detokenize = [tok](const std::vector<int32_t>& ids) { return tok->decode(ids); };
+      ho.tokenize = [tok, bos = ctx->add_bos](const std::string& text, bool add_special) {
+        return tok->encode(text, add_special && bos, true);
+      };
+      ho.vocab_size = tok->n_vocab();
+      ho.api_keys = s.api_keys;
+      if (!s.api_key_file.empty()) {
+        std::string keys;
+        try {
+          keys = read_secret_file(s.api_key_file);
+        } catch (const std::exception& e) {
+          throw std::runtime_error(std::string("service.api_key_file: ") + e.what());
+        }
+        std::stringstream lines(keys);
+        for (std::string k; std::getline(lines, k);)
+          if (auto b = k.find_first_not_of(" \t\r"); b != std::string::npos)
+            ho.api_keys.push_back(k.substr(b, k.find_last_not_of(" \t\r") - b + 1));
+      }
+      ho.cors_origins = s.cors_origins;
       ho.draining = [draining] { return draining->load(); };
       ho.serving = [sys = env.sys.get(), router] { return any_instance_serving(*sys, router); };
       http = std::make_unique<http_front>(std::move(ho));

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "runtime/secret.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::cli {
@@ -140,6 +141,15 @@ bool read_body(const httplib::ContentReader& reader, size_t limit, std::string& 
   });
 }
 
+// Whether the header carries one of the keys; every key is compared, each
+// in constant time.
+bool key_accepted(const std::vector<std::string>& keys, const std::string& authorization) {
+  const auto given = openai::bearer_key(authorization);
+  bool ok = false;
+  for (const auto& k : keys) ok = (given && secrets_equal(*given, k)) || ok;
+  return ok;
+}
+
 bool write_event(httplib::DataSink& sink, const std::string& data) {
   const std::string ev = "data: " + data + "\n\n";
   return sink.write(ev.data(), ev.size());
@@ -153,8 +163,11 @@ struct http_front::impl {
   std::thread thread;
   int port = 0;
 
-  void completions(const httplib::Request& req, httplib::Response& res,
-                   const httplib::ContentReader& reader, bool chat) {
+  // A POST body as JSON, read within the body limit; nullopt once the
+  // error response is set.
+  std::optional<nlohmann::ordered_json> json_body(const httplib::Request& req,
+                                                  httplib::Response& res,
+                                                  const httplib::ContentReader& reader) {
     std::string text;
     // A declared length over the limit is refused unread (httplib reads
     // none of it either).
@@ -164,17 +177,23 @@ struct http_front::impl {
       // another request.
       res.set_header("Connection", "close");
       if (!too_large)
-        return send_error(res,
-                          {400, "the request body ended early", "invalid_request_error", "", ""});
-      return send_error(
-          res,
-          {413, "the request body is larger than " + std::to_string(opts.max_body_bytes) + " bytes",
-           "invalid_request_error", "", "request_too_large"});
+        send_error(res, {400, "the request body ended early", "invalid_request_error", "", ""});
+      else
+        send_error(res, {413,
+                         "the request body is larger than " + std::to_string(opts.max_body_bytes) +
+                             " bytes",
+                         "invalid_request_error", "", "request_too_large"});
+      return std::nullopt;
     }
     auto body = nlohmann::ordered_json::parse(text, nullptr, false);
-    if (body.is_discarded())
-      return send_error(res,
-                        {400, "the request body is not JSON", "invalid_request_error", "", ""});
+    if (body.is_discarded()) {
+      send_error(res, {400, "the request body is not JSON", "invalid_request_error", "", ""});
+      return std::nullopt;
+    }
+    return body;
+  }
+
+  void completions(const nlohmann::ordered_json& body, httplib::Response& res, bool chat) {
     auto s = std::make_shared<call_state>();
     if (auto e = openai::parse(body, chat, opts.model, s->c)) return send_error(res, *e);
     // echo of a token-id prompt: its text (parse has no tokenizer).
@@ -324,20 +343,84 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
                         .dump(),
                     "application/json");
   });
-  svr.Get("/v1/models", [p](const httplib::Request&, httplib::Response& res) {
-    json m = {{"id", p->opts.model},
-              {"object", "model"},
-              {"created", static_cast<int64_t>(std::time(nullptr))},
-              {"owned_by", "troupe"}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(),
+  auto model_object = [p] {
+    return json{{"id", p->opts.model},
+                {"object", "model"},
+                {"created", static_cast<int64_t>(std::time(nullptr))},
+                {"owned_by", "troupe"}};
+  };
+  svr.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
+    res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(),
                     "application/json");
   });
-  svr.Post("/v1/completions",
-           [p](const httplib::Request& req, httplib::Response& res,
-               const httplib::ContentReader& reader) { p->completions(req, res, reader, false); });
-  svr.Post("/v1/chat/completions",
-           [p](const httplib::Request& req, httplib::Response& res,
-               const httplib::ContentReader& reader) { p->completions(req, res, reader, true); });
+  svr.Get(
+      R"(/v1/models/(.+))", [p, model_object](const httplib::Request& req, httplib::Response& res) {
+        if (req.matches[1] != p->opts.model)
+          return send_error(res, {404, "The model '" + req.matches[1].str() + "' does not exist",
+                                  "invalid_request_error", "model", "model_not_found"});
+        res.set_content(model_object().dump(), "application/json");
+      });
+  // Every POST route reads its body through the content reader (the body
+  // limit, whatever the transfer encoding).
+  auto post = [p, &svr](const char* path, auto handle) {
+    svr.Post(path, [p, handle](const httplib::Request& req, httplib::Response& res,
+                               const httplib::ContentReader& reader) {
+      if (auto body = p->json_body(req, res, reader)) handle(*body, res);
+    });
+  };
+  post("/v1/completions", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
+    p->completions(body, res, false);
+  });
+  post("/v1/chat/completions", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
+    p->completions(body, res, true);
+  });
+  // llama-server's shapes: {"content", "add_special", "with_pieces"} ->
+  // {"tokens": [ids] or [{"id", "piece"}]}; {"tokens"} -> {"content"}.
+  post("/tokenize", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
+    openai::tokenize_request t;
+    if (auto e = openai::parse_tokenize(body, t)) return send_error(res, *e);
+    json tokens = json::array();
+    for (int32_t id : p->opts.tokenize(t.content, t.add_special))
+      tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", p->opts.token_text(id)}}
+                                     : json(id));
+    res.set_content(json{{"tokens", tokens}}.dump(), "application/json");
+  });
+  post("/detokenize", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
+    std::vector<int32_t> ids;
+    if (auto e = openai::parse_detokenize(body, p->opts.vocab_size, ids))
+      return send_error(res, *e);
+    res.set_content(json{{"content", p->opts.detokenize(ids)}}.dump(), "application/json");
+  });
+
+  // API keys and CORS, ahead of every route; OpenAI's error body for any
+  // error a route left without one (an unknown route: 404).
+  svr.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
+    const std::string origin = req.get_header_value("Origin");
+    if (!origin.empty() && openai::origin_allowed(p->opts.cors_origins, origin)) {
+      res.set_header("Access-Control-Allow-Origin", origin);
+      res.set_header("Vary", "Origin");
+    }
+    if (req.method == "OPTIONS") {  // a browser's preflight: no key needed
+      res.status = 204;
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (req.path == "/health" || p->opts.api_keys.empty() ||
+        key_accepted(p->opts.api_keys, req.get_header_value("Authorization")))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, openai::unauthorized());
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const bool unknown = res.status == 404;
+    send_error(res, {res.status,
+                     unknown ? "unknown route: " + req.method + " " + req.path
+                             : "the request failed (HTTP " + std::to_string(res.status) + ")",
+                     "invalid_request_error", "", unknown ? "not_found" : ""});
+  });
   const int bound = p->opts.port == 0
                         ? svr.bind_to_any_port(p->opts.host)
                         : (svr.bind_to_port(p->opts.host, p->opts.port) ? p->opts.port : -1);

@@ -1,17 +1,20 @@
 #pragma once
 // troupe serve's OpenAI-compatible HTTP front (issue 13): GET /health,
-// GET /v1/models, POST /v1/completions and /v1/chat/completions, streamed
-// as server-sent events or whole.  A thin adapter: each HTTP request is a
-// client of the server's own ZeroMQ endpoint (tools/client/openai_api.hpp
-// translates), so it goes through the same gateway, admission control,
-// request actors, router and metrics as every other client.  A client that
-// disconnects mid-stream has its requests cancelled (their pages freed).
+// GET /v1/models and /v1/models/{id}, POST /v1/completions and
+// /v1/chat/completions, streamed as server-sent events or whole, and
+// llama-server's POST /tokenize and /detokenize; API keys (Authorization:
+// Bearer), CORS for listed origins, OpenAI's error body for every error.  A thin adapter: each HTTP
+// request is a client of the server's own ZeroMQ endpoint (tools/client/openai_api.hpp translates),
+// so it goes through the same gateway, admission control, request actors, router and metrics as
+// every other client.  A client that disconnects mid-stream has its requests cancelled (their pages
+// freed).
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tools/client/openai_api.hpp"
+#include "tools/client/openai_endpoints.hpp"
 
 namespace troupe::cli {
 
@@ -25,6 +28,11 @@ struct http_front_options {
   std::function<bool()> draining;                                      // /health says 503 once true
   std::function<bool()> serving;  // /health says 503 while false (no instance can serve)
   size_t max_body_bytes = 8 << 20;
+  // /tokenize: text -> ids (add_special: BOS where the model adds one).
+  std::function<std::vector<int32_t>(const std::string&, bool add_special)> tokenize;
+  int32_t vocab_size = 0;                 // /detokenize refuses ids outside it
+  std::vector<std::string> api_keys;      // empty: no key checked
+  std::vector<std::string> cors_origins;  // origins answered with CORS headers ("*": any)
 };
 
 class http_front {

@@ -317,3 +317,104 @@ def test_structured_output_always_parses_and_validates(smol):
             max_tokens=8, response_format={"type": "json_schema", "json_schema": {
                 "name": "x", "schema": {"type": "string", "pattern": "a+"}}})
     assert "'pattern' is not supported" in str(e.value)
+
+
+def http_json(method: str, url: str, body=None, headers=None):
+    """(status, headers, JSON body) of one request; error statuses too."""
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            raw = r.read()
+            return r.status, r.headers, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        return e.code, e.headers, json.loads(raw) if raw else None
+
+
+def test_an_api_key_is_refused_wrong_and_accepted_right(tmp_path):
+    # Issue 34: --api-key / --api-key-file, 401 with OpenAI's error body.
+    key_file = tmp_path / "keys"
+    key_file.write_text("second-key\n")
+    key_file.chmod(0o600)
+    s = HttpServer("--api-key", "first-key", "--api-key-file", str(key_file))
+    try:
+        for bad in ("none", "first-ke", "first-key2", ""):
+            c = openai.OpenAI(base_url=s.base + "/v1", api_key=bad or "x", max_retries=0)
+            with pytest.raises(openai.AuthenticationError) as e:
+                c.models.list()
+            assert e.value.status_code == 401
+            assert e.value.body["code"] == "invalid_api_key"
+        for good in ("first-key", "second-key"):
+            c = openai.OpenAI(base_url=s.base + "/v1", api_key=good, max_retries=0)
+            assert [m.id for m in c.models.list().data] == ["stories15m"]
+            r = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=2)
+            assert r.usage.completion_tokens == 2
+        # /health needs no key (load balancers probe it).
+        status, _, body = http_json("GET", s.base + "/health")
+        assert status == 200 and body["status"] == "ok"
+        status, _, body = http_json("POST", s.base + "/tokenize", {"content": "x"})
+        assert status == 401
+    finally:
+        s.stop()
+
+
+def test_models_by_id_tokenize_detokenize_and_unknown_routes(stories):
+    c = stories.client()
+    m = c.models.retrieve("stories15m")
+    assert m.id == "stories15m" and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found"
+    # llama-server's /tokenize and /detokenize shapes; a round trip.
+    status, _, body = http_json("POST", stories.base + "/tokenize", {"content": PROMPT})
+    assert status == 200 and all(isinstance(t, int) for t in body["tokens"])
+    ids = body["tokens"]
+    status, _, with_bos = http_json("POST", stories.base + "/tokenize",
+                                    {"content": PROMPT, "add_special": True, "with_pieces": True})
+    assert status == 200 and [t["id"] for t in with_bos["tokens"]][1:] == ids
+    assert "".join(t["piece"] for t in with_bos["tokens"][1:]).strip() == PROMPT
+    status, _, text = http_json("POST", stories.base + "/detokenize", {"tokens": ids})
+    assert status == 200 and text["content"].strip() == PROMPT
+    # The ids' completion equals the text's.
+    r = c.completions.create(model="stories15m", prompt=ids, max_tokens=8, temperature=0)
+    r2 = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=8, temperature=0)
+    assert r.choices[0].text == r2.choices[0].text
+    for bad in ({"tokens": [1, -1]}, {"tokens": [2**40]}, {"tokens": "x"}, {}):
+        status, _, body = http_json("POST", stories.base + "/detokenize", bad)
+        assert status == 400 and body["error"]["param"] == "tokens", bad
+    status, _, body = http_json("POST", stories.base + "/tokenize", {"content": 5})
+    assert status == 400 and body["error"]["param"] == "content"
+    # Unknown routes: OpenAI's error body, never an empty 404.
+    for method, path in (("GET", "/v1/nothing"), ("POST", "/v2/completions"), ("GET", "/")):
+        status, _, body = http_json(method, stories.base + path, {} if method == "POST" else None)
+        assert status == 404 and body["error"]["code"] == "not_found", (method, path)
+    # A body declared past the limit, on every route: 413 before it is sent.
+    for path in ("/tokenize", "/detokenize", "/v1/completions"):
+        with socket.create_connection(("127.0.0.1", stories.port), timeout=10) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {9 << 20}\r\n\r\n".encode())
+            assert sock.recv(4096).startswith(b"HTTP/1.1 413"), path
+
+
+def test_cors_preflight_and_listed_origins_only():
+    s = HttpServer("--cors-origins", "http://app.example,http://localhost:3000")
+    try:
+        req = urllib.request.Request(s.base + "/v1/chat/completions", method="OPTIONS", headers={
+            "Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == "http://app.example"
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert "Authorization" in r.headers["Access-Control-Allow-Headers"]
+        status, headers, _ = http_json("GET", s.base + "/v1/models",
+                                       headers={"Origin": "http://localhost:3000"})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+        status, headers, _ = http_json("GET", s.base + "/v1/models",
+                                       headers={"Origin": "http://evil.example"})
+        assert status == 200 and headers["Access-Control-Allow-Origin"] is None
+    finally:
+        s.stop()
