@@ -1,5 +1,6 @@
 #include "runtime/admin_request.hpp"
 
+#include <climits>
 #include <nlohmann/json.hpp>
 
 namespace troupe {
@@ -46,14 +47,13 @@ std::string check_arguments(const json& req, admin_request& r) {
     if (!string_field(req, "node", r.node) || r.node.empty() || count == req.end() ||
         !count->is_number_integer())
       return "spawn needs \"node\" (HOST:PORT) and \"count\"";
-    const int64_t n =
-        count->is_number_unsigned()
-            ? static_cast<int64_t>(std::min<uint64_t>(count->get<uint64_t>(), 1u << 30))
-            : count->get<int64_t>();
-    if (n < 1 || n > k_admin_max_spawn)
-      return "spawn's \"count\" must be 1.." + std::to_string(k_admin_max_spawn) + ", got " +
-             count->dump();
-    r.count = static_cast<int32_t>(n);
+    // Read wide: get<int32_t> wrapped 2^32 + 1 to 1.  The node link
+    // checks the range (1 to 64).
+    const bool fits = count->is_number_unsigned() ? count->get<uint64_t>() <= INT32_MAX
+                                                  : count->get<int64_t>() >= INT32_MIN &&
+                                                        count->get<int64_t>() <= INT32_MAX;
+    if (!fits) return "spawn: give 1 to 64 instances, not " + count->dump();
+    r.count = static_cast<int32_t>(count->get<int64_t>());
   }
   if (c == "role" && (!string_field(req, "role", r.role) || r.role.empty()))
     return "role needs \"role\": prefill, decode or mixed";

@@ -12,9 +12,6 @@
 
 namespace troupe {
 
-// The most instances one `spawn` may ask a node for.
-inline constexpr int32_t k_admin_max_spawn = 64;
-
 struct admin_request {
   std::string command, secret;
   uint64_t id = 0;         // trace, cancel, migrate, preempt: a request id

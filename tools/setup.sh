@@ -22,7 +22,7 @@ APT_PACKAGES=(
   libcaf-dev libssl-dev libprotobuf-dev protobuf-compiler libzmq3-dev cppzmq-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
-  nlohmann-json3-dev libcpp-httplib-dev libedit-dev libgtest-dev libbenchmark-dev
+  nlohmann-json3-dev libcpp-httplib-dev libedit-dev libevent-dev libgtest-dev libbenchmark-dev
   clang-format
 )
 

@@ -196,6 +196,68 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
 }
 
+// Case 5 (with issue 34's event-driven front): 16 connections sending
+// their headers a byte a second held every worker of the old front, and
+// 200 streams made /health wait 20 s.  Now 64 half-sent requests and 200
+// streams leave /health under 2 s and a completion served as usual.
+TEST(HostileInput, SlowHeadersAndManyStreamsDoNotStarveTheFront) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http) + " --max-queue 1024");
+  auto health_ms = [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = http_status(http_get(http, "/health", 10s));
+    EXPECT_EQ(status, 200);
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::vector<int> slow;
+  for (int i = 0; i < 64; ++i) {
+    const int fd = connect_local(http);
+    ASSERT_GE(fd, 0);
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le");
+    slow.push_back(fd);
+  }
+  EXPECT_LT(health_ms(), 2000.0);
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 4}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+
+  // 200 streams at once, each read to its end on a thread of its own.
+  constexpr int k_streams = 200;
+  std::vector<std::string> got(k_streams);
+  std::vector<std::thread> readers;
+  const std::string body = json{
+      {"model", "stories15m"},
+      {"prompt", "Once upon a time"},
+      {"max_tokens", 16},
+      {"stream", true}}.dump();
+  for (int i = 0; i < k_streams; ++i)
+    readers.emplace_back([&, i] {
+      const int fd = connect_local(http);
+      if (fd < 0) return;
+      timeval tv{120, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      send_all(fd,
+               "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+               "Content-Type: application/json\r\nContent-Length: " +
+                   std::to_string(body.size()) + "\r\n\r\n" + body);
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) got[size_t(i)].append(buf, size_t(n));
+      ::close(fd);
+    });
+  std::this_thread::sleep_for(300ms);
+  double worst = 0;
+  for (int i = 0; i < 5; ++i) {
+    worst = std::max(worst, health_ms());
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_LT(worst, 2000.0) << "/health under 200 streams";
+  for (auto& t : readers) t.join();
+  int done = 0;
+  for (const auto& g : got) done += g.find("data: [DONE]") != std::string::npos ? 1 : 0;
+  EXPECT_EQ(done, k_streams);
+  for (int fd : slow) ::close(fd);
+}
+
 // Case 6: /health said "ok" while no instance served (completions got 503).
 TEST(HostileInput, HealthSaysWhetherAnythingCanServe) {
   const int http = free_port();

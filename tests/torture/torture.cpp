@@ -24,8 +24,9 @@
 // event, choice-constrained completions, and bad values.  Hostile input
 // (issue 31) rides along: regexes nested past the limit, empty or
 // matching nothing, token ids beyond int32 (HTTP and the wire), admin
-// frames with fields of the wrong types (each answered within 2 s), and
-// chunked HTTP bodies past the body limit (cut off).  After every round it checks:
+// frames with fields of the wrong types (each answered within 2 s),
+// chunked HTTP bodies past the body limit (cut off), and half-sent HTTP
+// requests with bursts of unread streams (/health still under 2 s).  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`);
@@ -103,7 +104,7 @@ struct tally {
            http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
            expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
-           violations = 0;
+           starve_http = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -399,6 +400,8 @@ class round_driver {
       hostile_admin_frame();
     } else if (roll == 92 && chance(0.3)) {
       hostile_http_body();
+    } else if (roll == 93 && chance(0.3)) {
+      starve_http_front();
     } else if (roll == 94 && instances_ > 1 && chance(0.4)) {
       // A role flip by message (troupe shell role); with --pd the router
       // moves the instance between pools as its old work drains.
@@ -575,6 +578,38 @@ class round_driver {
     if (sent >= (32u << 20)) violation("HTTP: a 32 MiB chunked body was read on");
   }
 
+  // Issue 31 case 5: half-sent requests (held until the round ends) and a
+  // burst of streams at once must not keep /health waiting (the event-
+  // driven front answers it at once; the old one had 8 workers).
+  void starve_http_front() {
+    ++t_.starve_http;
+    for (int i = 0; i < 8; ++i) {
+      const int fd = testing::connect_local(http_port_);
+      if (fd < 0) return violation("HTTP: cannot connect a slow client");
+      testing::send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nCont");
+      slow_clients_.push_back(fd);
+    }
+    std::vector<int> streams;
+    const std::string body = json{
+        {"model", ref_->model},
+        {"prompt", kPrompts[pick(kPrompts.size())]},
+        {"max_tokens", 8},
+        {"stream", true}}.dump();
+    for (int i = 0; i < 24; ++i) {  // sent, then left unread until the round ends
+      const int fd = testing::connect_local(http_port_);
+      if (fd < 0) break;
+      testing::send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body);
+      slow_clients_.push_back(fd);
+    }
+    const auto t0 = clock_type::now();
+    const std::string health = testing::http_get(http_port_, "/health", 5s);
+    const double ms = std::chrono::duration<double, std::milli>(clock_type::now() - t0).count();
+    // 503 is fine while a killed instance leaves none; a slow answer is not.
+    if (ms > 2000 || testing::http_status(health) == 0)
+      violation("HTTP: /health took " + std::to_string(int(ms)) + " ms under slow clients");
+  }
+
   void bad_frame(client_socket& s, uint64_t id) {
     ++t_.bad_frames;
     const size_t which = pick(6);
@@ -705,6 +740,8 @@ class round_driver {
   }
 
   void settle(server_process& server) {
+    for (int fd : slow_clients_) ::close(fd);
+    slow_clients_.clear();
     const auto until = clock_type::now() + 120s;
     auto open = [&] {
       size_t n = 0;
@@ -760,6 +797,7 @@ class round_driver {
   const model_reference* ref_ = nullptr;  // this round's model
   int http_port_ = 0;
   int admin_port_ = 0;
+  std::vector<int> slow_clients_;  // half-sent requests and unread streams, closed at settle
   zmq::context_t zmq_ctx_;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
   tally& t_;
@@ -828,6 +866,7 @@ int run(const options& o) {
             {"bad_frames", t.bad_frames},
             {"hostile_admin", t.hostile_admin},
             {"hostile_http", t.hostile_http},
+            {"starve_http", t.starve_http},
             {"pings", t.pings},
             {"preempted_recompute", t.preempted_recompute},
             {"preempted_swap", t.preempted_swap},

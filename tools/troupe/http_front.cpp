@@ -1,144 +1,44 @@
 #include "tools/troupe/http_front.hpp"
 
-#include <httplib.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <ctime>
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
+#include <zmq.hpp>
 
 #include "runtime/secret.hpp"
-#include "tools/client/client.hpp"
 
 namespace troupe::cli {
 
 namespace {
 
 using json = nlohmann::json;
-using namespace std::chrono_literals;
+using in_json = nlohmann::ordered_json;
 
-// One choice as its messages arrive.
-struct progress {
-  openai::choice got;
-  bool accepted = false;
-  bool ended = false;
-  std::optional<openai::api_error> error;
-};
-
-struct call_state {
-  openai::call c;
-  std::vector<progress> choices;
-  std::unique_ptr<client::connection> conn;
-  std::string id;
-  int64_t created = 0;
-
-  bool all(bool progress::*flag) const {
-    for (const auto& p : choices)
-      if (!(p.*flag) && !p.error) return false;
-    return true;
-  }
-  const openai::api_error* first_error() const {
-    for (const auto& p : choices)
-      if (p.error) return &*p.error;
-    return nullptr;
-  }
-  void cancel_open() {
-    for (size_t i = 0; i < choices.size(); ++i)
-      if (!choices[i].ended && !choices[i].error) conn->cancel(i + 1);
-  }
-};
-
-// Folds one server message into its choice; the index, or -1.
-int fold(call_state& s, const wire::ServerMessage& m) {
-  auto at = [&](uint64_t id) -> progress* {
-    return id >= 1 && id <= s.choices.size() ? &s.choices[id - 1] : nullptr;
-  };
-  if (m.has_accepted()) {
-    if (auto* p = at(m.accepted().request_id())) {
-      p->accepted = true;
-      p->got.prompt_tokens = m.accepted().prompt_tokens();
-      return int(m.accepted().request_id() - 1);
-    }
-  } else if (m.has_chunk()) {
-    if (auto* p = at(m.chunk().request_id())) {
-      const auto& ch = m.chunk();
-      p->got.text += ch.text();
-      p->got.token_ids.insert(p->got.token_ids.end(), ch.token_ids().begin(), ch.token_ids().end());
-      p->got.logprobs.insert(p->got.logprobs.end(), ch.logprobs().begin(), ch.logprobs().end());
-      return int(ch.request_id() - 1);
-    }
-  } else if (m.has_finished()) {
-    if (auto* p = at(m.finished().request_id())) {
-      const auto& f = m.finished();
-      p->accepted = p->ended = true;
-      p->got.prompt_tokens = f.prompt_tokens();
-      p->got.completion_tokens = f.completion_tokens();
-      if (auto r = openai::finish_reason(f.reason())) {
-        p->got.finish = *r;
-      } else {
-        openai::api_error e;
-        e.status = f.reason() == wire::CANCELLED ? 503 : 500;
-        e.type = "server_error";
-        e.message = "the request ended: " + wire::FinishReason_Name(f.reason()) +
-                    (f.error().empty() ? "" : ": " + f.error());
-        p->error = e;
-      }
-      return int(f.request_id() - 1);
-    }
-  } else if (m.has_error() && m.error().has_request_id()) {
-    if (auto* p = at(m.error().request_id())) {
-      p->error = openai::from_wire(m.error());
-      return int(m.error().request_id() - 1);
-    }
-  }
-  return -1;
-}
-
-// Receives until `done` holds; false after `quiet` of silence.
-template <class Done, class Each>
-bool pump(call_state& s, Done done, Each each, std::chrono::milliseconds quiet) {
-  auto last = std::chrono::steady_clock::now();
-  while (!done()) {
-    auto m = s.conn->receive(50ms);
-    if (!m) {
-      if (std::chrono::steady_clock::now() - last > quiet) return false;
-      if (!each(-1)) return true;  // the caller gave up (its client left)
-      continue;
-    }
-    last = std::chrono::steady_clock::now();
-    if (!each(fold(s, *m))) return true;
-  }
-  return true;
-}
-
-void send_error(httplib::Response& res, const openai::api_error& e) {
-  res.status = e.status;
-  res.set_content(openai::error_body(e).dump(), "application/json");
-}
+// Limits of the front itself (the engine's admission control comes after).
+constexpr size_t k_max_calls = 4096;                // HTTP calls in progress at once; more get 429
+constexpr size_t k_max_stream_backlog = 16u << 20;  // bytes a stream's client may leave unread
+constexpr int k_io_timeout_s = 30;                  // a connection silent this long is closed
+constexpr int k_admission_timeout_s = 60;           // until every choice is accepted
+constexpr int k_quiet_timeout_s = 600;              // no message for a call this long: it ends
 
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(rng()));
   return std::string(prefix) + buf;
-}
-
-// The body, read through the route's content reader with the limit held
-// for every transfer encoding: httplib 0.11 applies its payload limit to a
-// Content-Length body only and reads a chunked one whole, of any size.
-// False when the body is larger (or the client stopped sending).
-bool read_body(const httplib::ContentReader& reader, size_t limit, std::string& body,
-               bool& too_large) {
-  too_large = false;
-  return reader([&](const char* data, size_t n) {
-    if (n > limit - body.size()) {
-      too_large = true;
-      return false;
-    }
-    body.append(data, n);
-    return true;
-  });
 }
 
 // Whether the header carries one of the keys; every key is compared, each
@@ -150,290 +50,566 @@ bool key_accepted(const std::vector<std::string>& keys, const std::string& autho
   return ok;
 }
 
-bool write_event(httplib::DataSink& sink, const std::string& data) {
-  const std::string ev = "data: " + data + "\n\n";
-  return sink.write(ev.data(), ev.size());
+std::string header(evhttp_request* req, const char* name) {
+  const char* v = evhttp_find_header(evhttp_request_get_input_headers(req), name);
+  return v ? v : "";
 }
+
+const char* reason_of(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 204:
+      return "No Content";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "";
+  }
+}
+
+void reply(evhttp_request* req, int status, const std::string& body,
+           const char* type = "application/json") {
+  auto* out = evhttp_request_get_output_headers(req);
+  evhttp_add_header(out, "Content-Type", type);
+  if (status == 429 || status == 503) evhttp_add_header(out, "Retry-After", "1");
+  evbuffer* buf = evbuffer_new();
+  evbuffer_add(buf, body.data(), body.size());
+  evhttp_send_reply(req, status, reason_of(status), buf);
+  evbuffer_free(buf);
+}
+
+void reply_error(evhttp_request* req, const openai::api_error& e) {
+  reply(req, e.status, openai::error_body(e).dump());
+}
+
+// One choice as its messages arrive, and how much of it a stream has shown.
+struct progress {
+  openai::choice got;
+  bool accepted = false, ended = false, closed = false;
+  std::optional<openai::api_error> error;
+  size_t shown = 0, lp_shown = 0;
+};
 
 }  // namespace
 
+// The front: a libevent loop on one thread of its own.  Every HTTP
+// connection and every stream is an event on it, never a thread, so slow
+// or idle clients cost a socket and a buffer, not a worker.  All calls
+// share one ZeroMQ DEALER socket to the server's own endpoint; each choice
+// has a request id of its own on it.
 struct http_front::impl {
-  http_front_options opts;
-  httplib::Server server;
-  std::thread thread;
-  int port = 0;
+  struct call;
 
-  // A POST body as JSON, read within the body limit; nullopt once the
-  // error response is set.
-  std::optional<nlohmann::ordered_json> json_body(const httplib::Request& req,
-                                                  httplib::Response& res,
-                                                  const httplib::ContentReader& reader) {
-    std::string text;
-    // A declared length over the limit is refused unread (httplib reads
-    // none of it either).
-    bool too_large = req.get_header_value<uint64_t>("Content-Length") > opts.max_body_bytes;
-    if (too_large || !read_body(reader, opts.max_body_bytes, text, too_large)) {
-      // What is left of the body is unread: this connection cannot carry
-      // another request.
-      res.set_header("Connection", "close");
-      if (!too_large)
-        send_error(res, {400, "the request body ended early", "invalid_request_error", "", ""});
-      else
-        send_error(res, {413,
-                         "the request body is larger than " + std::to_string(opts.max_body_bytes) +
-                             " bytes",
-                         "invalid_request_error", "", "request_too_large"});
-      return std::nullopt;
+  http_front_options opts;
+  event_base* base = nullptr;
+  evhttp* http = nullptr;
+  event* zmq_event = nullptr;
+  event* tick_event = nullptr;
+  std::thread loop, health_poll;
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> serving{true};
+  int port = 0;
+  zmq::context_t ctx{1};
+  zmq::socket_t sock{ctx, zmq::socket_type::dealer};
+  uint64_t next_id = 1;
+  std::unordered_map<uint64_t, std::pair<call*, size_t>> by_id;  // wire id -> call, choice
+  std::unordered_map<call*, std::unique_ptr<call>> calls;
+
+  struct call {
+    impl* front = nullptr;
+    evhttp_request* req = nullptr;  // null once the client left
+    evhttp_connection* conn = nullptr;
+    openai::call c;
+    std::vector<progress> choices;
+    std::vector<uint64_t> ids;  // wire request id of each choice
+    std::string id;
+    int64_t created = 0;
+    bool followers_sent = false;  // n > 1: the samples after each prompt's first
+    bool streaming = false;       // the event stream has begun
+    event* timer = nullptr;
+    ~call() {
+      if (timer) event_free(timer);
     }
-    auto body = nlohmann::ordered_json::parse(text, nullptr, false);
-    if (body.is_discarded()) {
-      send_error(res, {400, "the request body is not JSON", "invalid_request_error", "", ""});
-      return std::nullopt;
+  };
+
+  // --- the ZeroMQ side -------------------------------------------------
+
+  void send(wire::ClientMessage m) {
+    m.set_protocol_version(wire::PROTOCOL_VERSION_CURRENT);
+    const std::string bytes = m.SerializeAsString();
+    try {
+      sock.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+      // The server's own endpoint is gone: the call's timer ends it.
     }
-    return body;
+  }
+  void send_generate(call& k, size_t i) {
+    wire::ClientMessage m;
+    *m.mutable_generate() = k.c.generates[i];
+    m.mutable_generate()->set_request_id(k.ids[i]);
+    send(std::move(m));
+  }
+  void send_cancel(uint64_t id) {
+    wire::ClientMessage m;
+    m.mutable_cancel()->set_request_id(id);
+    send(std::move(m));
   }
 
-  void completions(const nlohmann::ordered_json& body, httplib::Response& res, bool chat) {
-    auto s = std::make_shared<call_state>();
-    if (auto e = openai::parse(body, chat, opts.model, s->c)) return send_error(res, *e);
-    // echo of a token-id prompt: its text (parse has no tokenizer).
-    for (size_t k = 0; s->c.echo && opts.detokenize && k < s->c.echo_text.size(); ++k) {
-      const auto& g = s->c.generates[k * size_t(s->c.n)];
-      if (g.has_tokens())
-        s->c.echo_text[k] =
-            opts.detokenize(std::vector<int32_t>(g.tokens().ids().begin(), g.tokens().ids().end()));
+  // Takes every message that has come (ZeroMQ's fd signals edges only, so
+  // it drains until none is left).
+  void drain_zmq() {
+    for (;;) {
+      zmq::message_t frame;
+      try {
+        if (!sock.recv(frame, zmq::recv_flags::dontwait)) return;
+      } catch (const zmq::error_t&) {
+        return;
+      }
+      wire::ServerMessage m;
+      if (!m.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) continue;
+      uint64_t id = 0;
+      if (m.has_accepted())
+        id = m.accepted().request_id();
+      else if (m.has_chunk())
+        id = m.chunk().request_id();
+      else if (m.has_finished())
+        id = m.finished().request_id();
+      else if (m.has_error() && m.error().has_request_id())
+        id = m.error().request_id();
+      auto it = by_id.find(id);
+      if (it == by_id.end()) continue;  // a cancelled call's late news
+      auto [k, i] = it->second;
+      fold(k->choices[i], m);
+      if (k->choices[i].ended || k->choices[i].error) by_id.erase(it);
+      arm(*k, k_quiet_timeout_s);
+      advance(*k, static_cast<int>(i));
     }
-    s->choices.resize(s->c.generates.size());
-    s->id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    s->created = static_cast<int64_t>(std::time(nullptr));
-    s->conn = std::make_unique<client::connection>(opts.endpoint);
+  }
+
+  static void fold(progress& p, const wire::ServerMessage& m) {
+    if (m.has_accepted()) {
+      p.accepted = true;
+      p.got.prompt_tokens = m.accepted().prompt_tokens();
+    } else if (m.has_chunk()) {
+      const auto& ch = m.chunk();
+      p.got.text += ch.text();
+      p.got.token_ids.insert(p.got.token_ids.end(), ch.token_ids().begin(), ch.token_ids().end());
+      p.got.logprobs.insert(p.got.logprobs.end(), ch.logprobs().begin(), ch.logprobs().end());
+    } else if (m.has_finished()) {
+      const auto& f = m.finished();
+      p.accepted = p.ended = true;
+      p.got.prompt_tokens = f.prompt_tokens();
+      p.got.completion_tokens = f.completion_tokens();
+      if (auto r = openai::finish_reason(f.reason())) {
+        p.got.finish = *r;
+      } else {
+        openai::api_error e;
+        e.status = f.reason() == wire::CANCELLED ? 503 : 500;
+        e.type = "server_error";
+        e.message = "the request ended: " + wire::FinishReason_Name(f.reason()) +
+                    (f.error().empty() ? "" : ": " + f.error());
+        p.error = e;
+      }
+    } else if (m.has_error()) {
+      p.error = openai::from_wire(m.error());
+    }
+  }
+
+  // --- a call's course -------------------------------------------------
+
+  void arm(call& k, int seconds) {
+    timeval tv{seconds, 0};
+    evtimer_add(k.timer, &tv);
+  }
+
+  bool all(const call& k, bool progress::*flag) const {
+    for (const auto& p : k.choices)
+      if (!(p.*flag) && !p.error) return false;
+    return true;
+  }
+  const openai::api_error* first_error(const call& k) const {
+    for (const auto& p : k.choices)
+      if (p.error) return &*p.error;
+    return nullptr;
+  }
+
+  // Cancels what is still open and forgets the call.
+  void finish(call& k) {
+    for (size_t i = 0; i < k.ids.size(); ++i) {
+      const bool sent = k.followers_sent || i % size_t(k.c.n) == 0;
+      if (by_id.erase(k.ids[i]) && sent) send_cancel(k.ids[i]);
+    }
+    if (k.conn) evhttp_connection_set_closecb(k.conn, nullptr, nullptr);
+    calls.erase(&k);
+  }
+
+  void fail(call& k, const openai::api_error& e) {
+    if (k.req) {
+      if (k.streaming) {
+        write_event(k, openai::error_body(e).dump());
+        evhttp_send_reply_end(k.req);
+      } else {
+        reply_error(k.req, e);
+      }
+    }
+    finish(k);
+  }
+
+  void write_event(call& k, const std::string& data) {
+    const std::string ev = "data: " + data + "\n\n";
+    evbuffer* buf = evbuffer_new();
+    evbuffer_add(buf, ev.data(), ev.size());
+    evhttp_send_reply_chunk(k.req, buf);
+    evbuffer_free(buf);
+  }
+
+  // What choice `i` has that the stream has not shown yet.
+  void flush(call& k, size_t i) {
+    auto& p = k.choices[i];
+    const std::string delta = p.got.text.substr(p.shown);
+    std::vector<wire::TokenLogprob> lps(p.got.logprobs.begin() + long(p.lp_shown),
+                                        p.got.logprobs.end());
+    if (!delta.empty() || !lps.empty())
+      write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, delta, lps,
+                                          std::nullopt, false, opts.token_text)
+                         .dump());
+    p.shown = p.got.text.size();
+    p.lp_shown = p.got.logprobs.size();
+    if (!p.closed && (p.ended || p.error)) {
+      p.closed = true;
+      if (p.error)
+        write_event(k, openai::error_body(*p.error).dump());
+      else
+        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                            p.got.finish, false, opts.token_text)
+                           .dump());
+    }
+  }
+
+  // Moves the call on after news of choice `changed` (-1: none).
+  void advance(call& k, int changed) {
+    const size_t n = static_cast<size_t>(k.c.n);
     // n samples of a prompt: the first goes alone, the others once it has
     // its first token.  By then its prompt's full KV pages are in the
     // prefix cache, so the other samples map those pages instead of
     // computing the prompt again.
-    const size_t n = static_cast<size_t>(s->c.n);
-    for (size_t i = 0; i < s->c.generates.size(); i += n) s->conn->generate(s->c.generates[i]);
-    if (n > 1) {
-      auto leaders_started = [&] {
-        for (size_t i = 0; i < s->choices.size(); i += n) {
-          const auto& p = s->choices[i];
-          if (p.got.token_ids.empty() && !p.ended && !p.error) return false;
-        }
-        return true;
-      };
-      if (!pump(
-              *s, leaders_started, [](int) { return true; }, 60s)) {
-        s->cancel_open();
-        return send_error(res, {504, "the server did not start the request in 60 s", "server_error",
-                                "", "timeout"});
+    if (!k.followers_sent) {
+      for (size_t i = 0; i < k.choices.size(); i += n) {
+        const auto& p = k.choices[i];
+        if (p.got.token_ids.empty() && !p.ended && !p.error) return;
       }
-      for (size_t i = 0; i < s->c.generates.size(); ++i)
-        if (i % n != 0) s->conn->generate(s->c.generates[i]);
+      k.followers_sent = true;
+      for (size_t i = 0; i < k.choices.size(); ++i)
+        if (i % n != 0) send_generate(k, i);
     }
-    // Admission first: a refusal (overloaded, bad value, shutting down)
-    // is an HTTP error status, before any event is streamed.
-    if (!pump(
-            *s, [&] { return s->all(&progress::accepted); }, [](int) { return true; }, 60s))
-      return send_error(
-          res, {504, "the server did not take the request in 60 s", "server_error", "", "timeout"});
-    if (const auto* e = s->first_error()) {
-      s->cancel_open();
-      return send_error(res, *e);
+    if (!k.streaming) {
+      // Admission first: a refusal (overloaded, bad value, shutting down)
+      // is an HTTP error status, before any event is streamed.
+      if (!all(k, &progress::accepted)) return;
+      if (const auto* e = first_error(k)) return fail(k, *e);
+      if (k.c.stream) return start_stream(k);
+      if (!all(k, &progress::ended)) return;
+      std::vector<openai::choice> done;
+      for (const auto& p : k.choices) done.push_back(p.got);
+      reply(k.req, 200,
+            openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text).dump());
+      return finish(k);
     }
-    if (s->c.stream) return stream(s, res);
-    if (!pump(
-            *s, [&] { return s->all(&progress::ended); }, [](int) { return true; }, 600s)) {
-      s->cancel_open();
-      return send_error(res, {504, "no progress in 600 s", "server_error", "", "timeout"});
+    if (changed >= 0) flush(k, size_t(changed));
+    if (!all(k, &progress::ended)) {
+      // A client that does not read: its stream ends before its buffer
+      // holds the whole generation.
+      auto* out = bufferevent_get_output(evhttp_connection_get_bufferevent(k.conn));
+      if (evbuffer_get_length(out) > k_max_stream_backlog) {
+        evhttp_connection_free(k.conn);  // runs on_close, which cancels
+      }
+      return;
     }
-    if (const auto* e = s->first_error()) return send_error(res, *e);
-    std::vector<openai::choice> choices;
-    for (const auto& p : s->choices) choices.push_back(p.got);
-    res.set_content(
-        openai::response(s->c, s->id, opts.model, s->created, choices, opts.token_text).dump(),
-        "application/json");
+    if (k.c.include_usage) {
+      uint64_t prompt = 0, completion = 0;
+      for (size_t i = 0; i < k.choices.size(); ++i) {
+        if (i % n == 0) prompt += k.choices[i].got.prompt_tokens;
+        completion += k.choices[i].got.completion_tokens;
+      }
+      write_event(k,
+                  openai::usage_chunk(k.c, k.id, opts.model, k.created, prompt, completion).dump());
+    }
+    write_event(k, "[DONE]");
+    evhttp_send_reply_end(k.req);
+    finish(k);
   }
 
   // Server-sent events: deltas as they come, each choice's end, the usage
   // when asked, then [DONE].  A client that goes away cancels the rest.
-  void stream(std::shared_ptr<call_state> s, httplib::Response& res) {
-    const auto token_text = opts.token_text;
-    const std::string model = opts.model;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [s, token_text, model](
-                                                              size_t, httplib::DataSink& sink) {
-      auto& c = s->c;
-      // What came before the stream began (with the acceptance).
-      std::vector<size_t> shown(s->choices.size(), 0), lp_shown(s->choices.size(), 0);
-      std::vector<bool> closed(s->choices.size(), false);
-      bool ok = true;
-      auto flush = [&](size_t i) {
-        auto& p = s->choices[i];
-        const std::string delta = p.got.text.substr(shown[i]);
-        std::vector<wire::TokenLogprob> lps(p.got.logprobs.begin() + lp_shown[i],
-                                            p.got.logprobs.end());
-        if (!delta.empty() || !lps.empty())
-          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, delta,
-                                                            lps, std::nullopt, false, token_text)
-                                           .dump());
-        shown[i] = p.got.text.size();
-        lp_shown[i] = p.got.logprobs.size();
-        if (!closed[i] && (p.ended || p.error)) {
-          closed[i] = true;
-          if (p.error)
-            ok = ok && write_event(sink, openai::error_body(*p.error).dump());
-          else
-            ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, "",
-                                                              {}, p.got.finish, false, token_text)
-                                             .dump());
-        }
-      };
-      for (size_t i = 0; i < s->choices.size(); ++i) {
-        if (c.chat)
-          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i, "", {},
-                                                            std::nullopt, true, token_text)
-                                           .dump());
-        else if (c.echo && !c.echo_text[i / size_t(c.n)].empty())
-          ok = ok && write_event(sink, openai::stream_chunk(c, s->id, model, s->created, i,
-                                                            c.echo_text[i / size_t(c.n)], {},
-                                                            std::nullopt, false, token_text)
-                                           .dump());
-        flush(i);
-      }
-      const bool finished = pump(
-          *s, [&] { return s->all(&progress::ended); },
-          [&](int i) {
-            if (i >= 0) flush(size_t(i));
-            return ok && sink.is_writable();
-          },
-          600s);
-      if (!ok || !sink.is_writable() || !finished || !s->all(&progress::ended)) {
-        s->cancel_open();  // the client left (or the server went quiet)
-        return false;
-      }
-      if (c.include_usage) {
-        uint64_t prompt = 0, completion = 0;
-        for (size_t i = 0; i < s->choices.size(); ++i) {
-          if (i % size_t(c.n) == 0) prompt += s->choices[i].got.prompt_tokens;
-          completion += s->choices[i].got.completion_tokens;
-        }
-        write_event(sink,
-                    openai::usage_chunk(c, s->id, model, s->created, prompt, completion).dump());
-      }
-      write_event(sink, "[DONE]");
-      sink.done();
-      return true;
-    });
+  void start_stream(call& k) {
+    k.streaming = true;
+    auto* out = evhttp_request_get_output_headers(k.req);
+    evhttp_add_header(out, "Content-Type", "text/event-stream");
+    evhttp_add_header(out, "Cache-Control", "no-cache");
+    evhttp_send_reply_start(k.req, 200, "OK");
+    for (size_t i = 0; i < k.choices.size(); ++i) {
+      if (k.c.chat)
+        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                            std::nullopt, true, opts.token_text)
+                           .dump());
+      else if (k.c.echo && !k.c.echo_text[i / size_t(k.c.n)].empty())
+        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i,
+                                            k.c.echo_text[i / size_t(k.c.n)], {}, std::nullopt,
+                                            false, opts.token_text)
+                           .dump());
+      flush(k, i);
+    }
+    advance(k, -1);
+  }
+
+  static void on_close(evhttp_connection*, void* arg) {
+    auto* k = static_cast<call*>(arg);
+    k->req = nullptr;  // libevent frees it
+    k->conn = nullptr;
+    k->front->finish(*k);
+  }
+
+  static void on_timer(evutil_socket_t, short, void* arg) {
+    auto* k = static_cast<call*>(arg);
+    auto* self = k->front;
+    if (!self->all(*k, &progress::accepted))
+      return self->fail(*k, {504,
+                             "the server did not take the request in " +
+                                 std::to_string(k_admission_timeout_s) + " s",
+                             "server_error", "", "timeout"});
+    self->fail(*k, {504, "no progress in " + std::to_string(k_quiet_timeout_s) + " s",
+                    "server_error", "", "timeout"});
+  }
+
+  void completions(evhttp_request* req, const in_json& body, bool chat) {
+    if (opts.draining && opts.draining())
+      return reply_error(req,
+                         {503, "the server is shutting down", "server_error", "", "shutting_down"});
+    if (calls.size() >= k_max_calls)
+      return reply_error(req, {429,
+                               "too many HTTP requests in progress (" +
+                                   std::to_string(k_max_calls) + "); retry shortly",
+                               "rate_limit_error", "", "overloaded"});
+    auto owned = std::make_unique<call>();
+    call& k = *owned;
+    k.front = this;
+    k.req = req;
+    k.conn = evhttp_request_get_connection(req);
+    if (auto e = openai::parse(body, chat, opts.model, k.c)) return reply_error(req, *e);
+    // echo of a token-id prompt: its text (parse has no tokenizer).
+    for (size_t p = 0; k.c.echo && opts.detokenize && p < k.c.echo_text.size(); ++p) {
+      const auto& g = k.c.generates[p * size_t(k.c.n)];
+      if (g.has_tokens())
+        k.c.echo_text[p] =
+            opts.detokenize(std::vector<int32_t>(g.tokens().ids().begin(), g.tokens().ids().end()));
+    }
+    k.choices.resize(k.c.generates.size());
+    k.id = random_id(chat ? "chatcmpl-" : "cmpl-");
+    k.created = static_cast<int64_t>(std::time(nullptr));
+    k.timer = evtimer_new(base, on_timer, &k);
+    calls.emplace(&k, std::move(owned));
+    evhttp_connection_set_closecb(k.conn, on_close, &k);
+    const size_t n = static_cast<size_t>(k.c.n);
+    for (size_t i = 0; i < k.choices.size(); ++i) {
+      k.ids.push_back(next_id++);
+      by_id[k.ids.back()] = {&k, i};
+    }
+    k.followers_sent = n == 1;
+    for (size_t i = 0; i < k.choices.size(); i += n) send_generate(k, i);
+    arm(k, k_admission_timeout_s);
+  }
+
+  // --- routes ----------------------------------------------------------
+
+  json model_object() const {
+    return {{"id", opts.model},
+            {"object", "model"},
+            {"created", static_cast<int64_t>(std::time(nullptr))},
+            {"owned_by", "troupe"}};
+  }
+
+  void route(evhttp_request* req) {
+    const auto method = evhttp_request_get_command(req);
+    const char* uri = evhttp_request_get_uri(req);
+    evhttp_uri* parsed = evhttp_uri_parse(uri);
+    const std::string path =
+        parsed && evhttp_uri_get_path(parsed) ? evhttp_uri_get_path(parsed) : "";
+    if (parsed) evhttp_uri_free(parsed);
+    auto* out = evhttp_request_get_output_headers(req);
+
+    // CORS for listed origins, on every answer.
+    const std::string origin = header(req, "Origin");
+    if (!origin.empty() && openai::origin_allowed(opts.cors_origins, origin)) {
+      evhttp_add_header(out, "Access-Control-Allow-Origin", origin.c_str());
+      evhttp_add_header(out, "Vary", "Origin");
+    }
+    if (method == EVHTTP_REQ_OPTIONS) {  // a browser's preflight: no key needed
+      evhttp_add_header(out, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      evhttp_add_header(out, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+      evhttp_add_header(out, "Access-Control-Max-Age", "600");
+      return evhttp_send_reply(req, 204, "No Content", nullptr);
+    }
+    // Ahead of everything, without waiting on anyone: 200 only while a
+    // request sent now could be served.
+    if (path == "/health") {
+      const bool draining = opts.draining && opts.draining();
+      const bool ok = !draining && serving.load();
+      return reply(req, ok ? 200 : 503,
+                   json{{"status", ok         ? "ok"
+                                   : draining ? "draining"
+                                              : "no_instance"}}
+                       .dump());
+    }
+    if (!opts.api_keys.empty() && !key_accepted(opts.api_keys, header(req, "Authorization")))
+      return reply_error(req, openai::unauthorized());
+
+    const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
+    const bool post = method == EVHTTP_REQ_POST;
+    if (get && path == "/v1/models")
+      return reply(req, 200,
+                   json{{"object", "list"}, {"data", json::array({model_object()})}}.dump());
+    if (get && path.rfind("/v1/models/", 0) == 0) {
+      const std::string id = path.substr(11);
+      if (id != opts.model)
+        return reply_error(req, {404, "The model '" + id + "' does not exist",
+                                 "invalid_request_error", "model", "model_not_found"});
+      return reply(req, 200, model_object().dump());
+    }
+    const bool known_post = path == "/v1/completions" || path == "/v1/chat/completions" ||
+                            path == "/tokenize" || path == "/detokenize";
+    if (known_post && !post)
+      return reply_error(req, {405, "use POST for " + path, "invalid_request_error", "", ""});
+    if (!known_post)
+      return reply_error(req, {404, "unknown route: " + std::string(get ? "GET " : "POST ") + path,
+                               "invalid_request_error", "", "not_found"});
+
+    // A POST body: libevent has read it whole, within the body limit
+    // (evhttp_set_max_body_size holds for chunked bodies too: 413).
+    evbuffer* in = evhttp_request_get_input_buffer(req);
+    const size_t len = evbuffer_get_length(in);
+    std::string text(len, '\0');
+    evbuffer_copyout(in, text.data(), len);
+    auto body = in_json::parse(text, nullptr, false);
+    if (body.is_discarded())
+      return reply_error(req,
+                         {400, "the request body is not JSON", "invalid_request_error", "", ""});
+    if (path == "/v1/completions") return completions(req, body, false);
+    if (path == "/v1/chat/completions") return completions(req, body, true);
+    if (!body.is_object())
+      return reply_error(
+          req, {400, "the request body must be a JSON object", "invalid_request_error", "", ""});
+    if (path == "/tokenize") {
+      // llama-server's shapes: {"content", "add_special", "with_pieces"}
+      // -> {"tokens": [ids] or [{"id", "piece"}]}.
+      openai::tokenize_request t;
+      if (auto e = openai::parse_tokenize(body, t)) return reply_error(req, *e);
+      json tokens = json::array();
+      for (int32_t id : opts.tokenize(t.content, t.add_special))
+        tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", opts.token_text(id)}}
+                                       : json(id));
+      return reply(req, 200, json{{"tokens", tokens}}.dump());
+    }
+    std::vector<int32_t> ids;  // /detokenize: {"tokens"} -> {"content"}
+    if (auto e = openai::parse_detokenize(body, opts.vocab_size, ids)) return reply_error(req, *e);
+    reply(req, 200, json{{"content", opts.detokenize(ids)}}.dump());
+  }
+
+  static void on_request(evhttp_request* req, void* arg) {
+    auto* self = static_cast<impl*>(arg);
+    try {
+      self->route(req);
+    } catch (const std::exception& e) {
+      // A route that throws still answers (and the loop goes on).
+      reply_error(req, {500, std::string("internal error: ") + e.what(), "server_error", "", ""});
+    }
   }
 };
 
 http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   auto* p = impl_.get();
   p->opts = std::move(o);
-  auto& svr = p->server;
-  svr.set_payload_max_length(p->opts.max_body_bytes);
-  svr.Get("/health", [p](const httplib::Request&, httplib::Response& res) {
-    // 200 only while a request sent now could be served.
-    const bool draining = p->opts.draining && p->opts.draining();
-    const bool serving = !draining && (!p->opts.serving || p->opts.serving());
-    res.status = serving ? 200 : 503;
-    res.set_content(json{{"status", serving    ? "ok"
-                                    : draining ? "draining"
-                                               : "no_instance"}}
-                        .dump(),
-                    "application/json");
-  });
-  auto model_object = [p] {
-    return json{{"id", p->opts.model},
-                {"object", "model"},
-                {"created", static_cast<int64_t>(std::time(nullptr))},
-                {"owned_by", "troupe"}};
-  };
-  svr.Get("/v1/models", [model_object](const httplib::Request&, httplib::Response& res) {
-    res.set_content(json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(),
-                    "application/json");
-  });
-  svr.Get(
-      R"(/v1/models/(.+))", [p, model_object](const httplib::Request& req, httplib::Response& res) {
-        if (req.matches[1] != p->opts.model)
-          return send_error(res, {404, "The model '" + req.matches[1].str() + "' does not exist",
-                                  "invalid_request_error", "model", "model_not_found"});
-        res.set_content(model_object().dump(), "application/json");
-      });
-  // Every POST route reads its body through the content reader (the body
-  // limit, whatever the transfer encoding).
-  auto post = [p, &svr](const char* path, auto handle) {
-    svr.Post(path, [p, handle](const httplib::Request& req, httplib::Response& res,
-                               const httplib::ContentReader& reader) {
-      if (auto body = p->json_body(req, res, reader)) handle(*body, res);
-    });
-  };
-  post("/v1/completions", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
-    p->completions(body, res, false);
-  });
-  post("/v1/chat/completions", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
-    p->completions(body, res, true);
-  });
-  // llama-server's shapes: {"content", "add_special", "with_pieces"} ->
-  // {"tokens": [ids] or [{"id", "piece"}]}; {"tokens"} -> {"content"}.
-  post("/tokenize", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
-    openai::tokenize_request t;
-    if (auto e = openai::parse_tokenize(body, t)) return send_error(res, *e);
-    json tokens = json::array();
-    for (int32_t id : p->opts.tokenize(t.content, t.add_special))
-      tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", p->opts.token_text(id)}}
-                                     : json(id));
-    res.set_content(json{{"tokens", tokens}}.dump(), "application/json");
-  });
-  post("/detokenize", [p](const nlohmann::ordered_json& body, httplib::Response& res) {
-    std::vector<int32_t> ids;
-    if (auto e = openai::parse_detokenize(body, p->opts.vocab_size, ids))
-      return send_error(res, *e);
-    res.set_content(json{{"content", p->opts.detokenize(ids)}}.dump(), "application/json");
-  });
-
-  // API keys and CORS, ahead of every route; OpenAI's error body for any
-  // error a route left without one (an unknown route: 404).
-  svr.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
-    const std::string origin = req.get_header_value("Origin");
-    if (!origin.empty() && openai::origin_allowed(p->opts.cors_origins, origin)) {
-      res.set_header("Access-Control-Allow-Origin", origin);
-      res.set_header("Vary", "Origin");
-    }
-    if (req.method == "OPTIONS") {  // a browser's preflight: no key needed
-      res.status = 204;
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
-      res.set_header("Access-Control-Max-Age", "600");
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (req.path == "/health" || p->opts.api_keys.empty() ||
-        key_accepted(p->opts.api_keys, req.get_header_value("Authorization")))
-      return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, openai::unauthorized());
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    const bool unknown = res.status == 404;
-    send_error(res, {res.status,
-                     unknown ? "unknown route: " + req.method + " " + req.path
-                             : "the request failed (HTTP " + std::to_string(res.status) + ")",
-                     "invalid_request_error", "", unknown ? "not_found" : ""});
-  });
-  const int bound = p->opts.port == 0
-                        ? svr.bind_to_any_port(p->opts.host)
-                        : (svr.bind_to_port(p->opts.host, p->opts.port) ? p->opts.port : -1);
-  if (bound <= 0)
+  static const int threads_ready = evthread_use_pthreads();  // for the stop from another thread
+  (void)threads_ready;
+  p->base = event_base_new();
+  p->http = evhttp_new(p->base);
+  if (!p->base || !p->http) throw std::runtime_error("service.http_port: libevent did not start");
+  evhttp_set_max_body_size(p->http, static_cast<ev_ssize_t>(p->opts.max_body_bytes));
+  evhttp_set_max_headers_size(p->http, 64 << 10);
+  evhttp_set_timeout(p->http, k_io_timeout_s);
+  evhttp_set_allowed_methods(
+      p->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
+  evhttp_set_gencb(p->http, impl::on_request, p);
+  evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
+      p->http, p->opts.host.c_str(), static_cast<ev_uint16_t>(p->opts.port));
+  if (!bound) {
+    evhttp_free(p->http);
+    event_base_free(p->base);
     throw std::runtime_error("service.http_port: cannot listen on " + p->opts.host + ":" +
                              std::to_string(p->opts.port) + " (in use?)");
-  p->port = bound;
-  p->thread = std::thread([p] { p->server.listen_after_bind(); });
+  }
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&ss), &len);
+  p->port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+
+  p->sock.set(zmq::sockopt::linger, 0);
+  p->sock.connect(p->opts.endpoint);
+  p->zmq_event = event_new(
+      p->base, p->sock.get(zmq::sockopt::fd), EV_READ | EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->drain_zmq(); }, p);
+  event_add(p->zmq_event, nullptr);
+  // ZeroMQ's fd signals edges: a periodic drain catches a message that
+  // came between a drain and the next edge.
+  static const timeval tick{0, 50000};
+  event* tick_event = event_new(
+      p->base, -1, EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->drain_zmq(); }, p);
+  event_add(tick_event, &tick);
+  p->tick_event = tick_event;
+
+  p->loop = std::thread([p] { event_base_dispatch(p->base); });
+  // /health reads a flag: asking the router takes a round trip, which the
+  // loop never waits for.
+  p->health_poll = std::thread([p] {
+    while (!p->stopping.load()) {
+      if (p->opts.serving) p->serving.store(p->opts.serving());
+      for (int i = 0; i < 5 && !p->stopping.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
 }
 
 http_front::~http_front() {
-  impl_->server.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
+  auto* p = impl_.get();
+  p->stopping.store(true);
+  event_base_loopbreak(p->base);
+  if (p->loop.joinable()) p->loop.join();
+  if (p->health_poll.joinable()) p->health_poll.join();
+  for (auto& [k, owned] : p->calls)
+    if (owned->conn) evhttp_connection_set_closecb(owned->conn, nullptr, nullptr);
+  p->calls.clear();
+  if (p->zmq_event) event_free(p->zmq_event);
+  if (p->tick_event) event_free(p->tick_event);
+  evhttp_free(p->http);
+  event_base_free(p->base);
 }
 
 int http_front::port() const {
