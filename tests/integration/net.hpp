@@ -33,16 +33,16 @@ inline void send_all(int fd, const std::string& bytes) {
   (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
 }
 
-// GET path on 127.0.0.1:port: the whole response, or what came of it
-// within `timeout`.  Throws when nothing listens on the port.
-inline std::string http_get(int port, const std::string& path,
-                            std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+// Sends `request` to 127.0.0.1:port: the whole response, or what came of
+// it within `timeout`.  Throws when nothing listens on the port.
+inline std::string http_exchange(int port, const std::string& request,
+                                 std::chrono::milliseconds timeout) {
   const int fd = connect_local(port);
   if (fd < 0) throw std::runtime_error("cannot connect to port " + std::to_string(port));
   timeval tv{static_cast<time_t>(timeout.count() / 1000),
              static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  send_all(fd, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  send_all(fd, request);
   std::string out;
   char buf[4096];
   ssize_t n;
@@ -51,25 +51,22 @@ inline std::string http_get(int port, const std::string& path,
   return out;
 }
 
-// POST `body` (JSON) to path on 127.0.0.1:port: the whole response, or
-// what came of it within `timeout`.
+// GET path on 127.0.0.1:port.
+inline std::string http_get(int port, const std::string& path,
+                            std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  return http_exchange(
+      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", timeout);
+}
+
+// POST `body` (JSON) to path on 127.0.0.1:port.
 inline std::string http_post(int port, const std::string& path, const std::string& body,
                              std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  const int fd = connect_local(port);
-  if (fd < 0) throw std::runtime_error("cannot connect to port " + std::to_string(port));
-  timeval tv{static_cast<time_t>(timeout.count() / 1000),
-             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  send_all(fd, "POST " + path +
-                   " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                   "Content-Type: application/json\r\nContent-Length: " +
-                   std::to_string(body.size()) + "\r\n\r\n" + body);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  return out;
+  return http_exchange(port,
+                       "POST " + path +
+                           " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                           "Content-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body,
+                       timeout);
 }
 
 // The status code of an HTTP response ("HTTP/1.1 413 ..."), or 0.
