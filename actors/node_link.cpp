@@ -16,7 +16,8 @@ struct link_state {
   std::string logged;  // the last failure logged: a node down for long logs it once  // counts
                        // connects: answers to an earlier one are dropped
   bool settled = false;
-  bool leaving = false;  // the node said it stops: no reconnect to it
+  std::string startup_error;  // why it was not up when it first settled
+  bool leaving = false;       // the node said it stops: no reconnect to it
   std::vector<caf::typed_response_promise<link_status>> waiting;            // for settled
   std::vector<caf::typed_response_promise<std::vector<uint64_t>>> growing;  // grow asked
   static inline const char* name = "node_link";
@@ -27,6 +28,7 @@ using self_ptr = node_link_full_actor::stateful_pointer<link_state>;
 void settle(self_ptr self) {
   auto& st = self->state;
   self->send(st.opts.router, nodes_atom::value, st.status);
+  if (!st.settled && st.status.state != "up") st.startup_error = st.status.error;
   st.settled = true;
   for (auto& rp : st.waiting) rp.deliver(st.status);
   st.waiting.clear();
@@ -180,7 +182,14 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
         },
         [self](settled_atom) -> caf::result<link_status> {
           auto& st = self->state;
-          if (st.settled) return st.status;
+          // Asked after it settled: the start-up's outcome says why it
+          // first failed (a retry since may have failed otherwise).
+          if (st.settled) {
+            link_status now = st.status;
+            if (now.state != "up" && !st.startup_error.empty() && now.error != st.startup_error)
+              now.error = st.startup_error + "; since then: " + now.error;
+            return now;
+          }
           auto rp = self->make_response_promise<link_status>();
           st.waiting.push_back(rp);
           return rp;
