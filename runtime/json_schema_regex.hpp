@@ -5,11 +5,14 @@
 // tokens) and an object's properties come in the schema's order, all of
 // them.  Supported: type (one or a list), properties, items, minItems,
 // maxItems, enum, const, minLength, maxLength, anyOf / oneOf (as
-// alternatives), and the string, integer, number, boolean, null, array and
-// object types; title, description, required, additionalProperties,
-// default, examples, $schema and $id are accepted and have no effect.
-// Anything else (pattern, format, $ref, allOf, not, ...) is refused with
-// an error naming it.
+// alternatives), local $ref into $defs / definitions (recursive ones unroll
+// to the depth limit), a string's format (date, time, date-time, uuid,
+// email) or pattern (one whose strings need no JSON escapes), and the
+// string, integer, number, boolean, null, array and object types; title,
+// description, required, additionalProperties, default, examples,
+// $schema, $id and $comment are accepted and have no effect.  Anything
+// else (allOf, not, remote $refs, other formats, ...) is refused with an
+// error naming it.
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>

@@ -109,8 +109,9 @@ TEST(JsonSchemaRegex, AcceptsValidAndRefusesInvalidJson) {
   EXPECT_FALSE(matches(
       d,
       R"({"name":"A","age":01,"score":1,"tags":[],"pet":{"kind":"cat","ok":true},"note":null})"));
-  for (const char* unsupported : {R"({"type":"string","pattern":"a+"})", R"({"$ref":"#/x"})",
-                                  R"({"allOf":[]})", R"({"type":"string","format":"date"})"}) {
+  for (const char* unsupported :
+       {R"({"type":"string","pattern":"a\"+"})", R"({"$ref":"#/x"})", R"({"allOf":[]})",
+        R"({"type":"string","format":"ipv6"})", R"({"$ref":"https://x.example/s.json"})"}) {
     try {
       schema_regex(nlohmann::ordered_json::parse(unsupported));
       ADD_FAILURE() << unsupported << " was accepted";
@@ -130,6 +131,75 @@ TEST(JsonSchemaRegex, AcceptsValidAndRefusesInvalidJson) {
   EXPECT_TRUE(matches(choice, "a.b"));
   EXPECT_FALSE(matches(choice, "axb"));
   EXPECT_FALSE(matches(choice, "yesno"));
+}
+
+// Issue 34: what pydantic's nested models and constrained strings emit.
+TEST(JsonSchemaRegex, RefsFormatsAndPatterns) {
+  // Nested models as $defs, a list of them, and an optional one.
+  auto schema = nlohmann::ordered_json::parse(R"({
+    "$defs": {
+      "Pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "born": {"type": "string", "format": "date"}}},
+      "Id": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{3}$"}
+    },
+    "type": "object",
+    "properties": {
+      "id": {"$ref": "#/$defs/Id"},
+      "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}, "maxItems": 2},
+      "best": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
+      "key": {"type": "string", "format": "uuid"},
+      "mail": {"type": "string", "format": "email"},
+      "at": {"type": "string", "format": "date-time"},
+      "code": {"type": "string", "pattern": "x[0-9]+"}
+    }})");
+  regex_dfa d(schema_regex(schema));
+  const std::string tail =
+      R"("key":"123e4567-e89b-12d3-a456-426614174000","mail":"a.b@c.org","at":"2026-11-26T10:00:00Z","code":"ax12y"})";
+  EXPECT_TRUE(matches(
+      d, R"({"id":"AB-123","pets":[{"kind":"cat","born":"2020-02-29"}],"best":null,)" + tail));
+  EXPECT_TRUE(
+      matches(d, R"({"id":"ZZ-000","pets":[],"best":{"kind":"dog","born":"1999-12-31"},)" + tail));
+  EXPECT_FALSE(matches(d, R"({"id":"AB-12","pets":[],"best":null,)" + tail));    // pattern
+  EXPECT_FALSE(matches(d, R"({"id":"xAB-123","pets":[],"best":null,)" + tail));  // anchored
+  EXPECT_FALSE(matches(
+      d, R"({"id":"AB-123","pets":[{"kind":"cat","born":"2020-13-01"}],"best":null,)" + tail));
+  // An unanchored pattern may have any characters around its match.
+  auto code = [&](const std::string& c) {
+    return R"({"id":"AB-123","pets":[],"best":null,"key":"123e4567-e89b-12d3-a456-426614174000","mail":"a@b.io","at":"2026-11-26T10:00:00+01:00","code":")" +
+           c + "\"}";
+  };
+  EXPECT_TRUE(matches(d, code("x1")));
+  EXPECT_FALSE(matches(d, code("no digits")));
+  // A recursive model unrolls to the depth limit; deeper is refused by name.
+  auto tree = nlohmann::ordered_json::parse(R"({
+    "$defs": {"Node": {"type": "object", "properties": {
+      "v": {"type": "integer"},
+      "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 1}}}},
+    "$ref": "#/$defs/Node"})");
+  regex_dfa t(schema_regex(tree));
+  EXPECT_TRUE(matches(t, R"({"v":1,"kids":[{"v":2,"kids":[]}]})"));
+  auto branching = nlohmann::ordered_json::parse(R"({
+    "$defs": {"N": {"type": "object", "properties": {
+      "l": {"anyOf": [{"$ref": "#/$defs/N"}, {"type": "null"}]},
+      "r": {"anyOf": [{"$ref": "#/$defs/N"}, {"type": "null"}]}}}},
+    "$ref": "#/$defs/N"})");
+  // Two recursive branches a level: bounded by the depth and the regex's
+  // size, compiled or refused, never unbounded.
+  try {
+    regex_dfa b(schema_regex(branching));
+    EXPECT_TRUE(matches(b, R"({"l":{"l":null,"r":null},"r":null})"));
+  } catch (const std::invalid_argument& e) {
+    SUCCEED() << e.what();
+  }
+  auto endless = nlohmann::ordered_json::parse(R"({
+    "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+    "$ref": "#/$defs/N"})");
+  EXPECT_THROW(schema_regex(endless), schema_error);  // no finite instance at all
+  // Patterns whose strings would need JSON escapes, and lengths beside a
+  // pattern, are refused rather than producing invalid JSON.
+  for (const char* bad :
+       {R"({"type":"string","pattern":"^.*$"})", R"({"type":"string","pattern":"^[^a]$"})",
+        R"({"type":"string","pattern":"^a$","maxLength":3})"})
+    EXPECT_THROW(schema_regex(nlohmann::ordered_json::parse(bad)), schema_error) << bad;
 }
 
 // A vocabulary of every single byte, some longer pieces, a control token

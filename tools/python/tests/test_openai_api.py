@@ -315,8 +315,38 @@ def test_structured_output_always_parses_and_validates(smol):
         smol.client().chat.completions.create(
             model="smollm2-135m-instruct", messages=[{"role": "user", "content": "x"}],
             max_tokens=8, response_format={"type": "json_schema", "json_schema": {
-                "name": "x", "schema": {"type": "string", "pattern": "a+"}}})
-    assert "'pattern' is not supported" in str(e.value)
+                "name": "x", "schema": {"allOf": [{"type": "string"}]}}})
+    assert "'allOf' is not supported" in str(e.value)
+
+
+def test_nested_pydantic_models_parse(smol):
+    # Issue 34: chat.completions.parse sends pydantic's schema: nested models
+    # as $defs/$ref, a pattern, formats, a list of models and an optional one.
+    import datetime
+    import typing
+    import uuid
+
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        kind: typing.Literal["cat", "dog", "fish"]
+        born: datetime.date
+
+    class Owner(pydantic.BaseModel):
+        code: str = pydantic.Field(pattern=r"^[A-Z]{2}-[0-9]{3}$")
+        id: uuid.UUID
+        pets: typing.List[Pet] = pydantic.Field(max_length=2)
+        favourite: typing.Optional[Pet]
+
+    c = smol.client()
+    for seed in range(3):
+        r = c.chat.completions.parse(
+            model="smollm2-135m-instruct", max_tokens=200, temperature=0.8, seed=seed,
+            messages=[{"role": "user", "content": "Describe a pet owner as JSON."}],
+            response_format=Owner)
+        owner = r.choices[0].message.parsed
+        assert isinstance(owner, Owner), r.choices[0].message.content
+        assert len(owner.pets) <= 2
 
 
 def http_json(method: str, url: str, body=None, headers=None):
