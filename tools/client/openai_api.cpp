@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <random>
+
 #include <utility>
 #include <vector>
+#include "tools/client/openai_tools.hpp"
 
 namespace troupe::openai {
 
@@ -176,19 +178,37 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       return bad("messages", "'messages' must be a non-empty array of {role, content}");
-    wire::Generate g;
+    if (auto e = parse_tools(body, out.tools)) return e;
+    std::vector<std::pair<std::string, std::string>> msgs;  // role, content
     for (const auto& m : *it) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         return bad("messages", "each message needs a 'role' string");
-      std::string role = m["role"].get<std::string>();
+      std::string role = m["role"].get<std::string>(), text;
+      bool tool_turn = false;  // a tool's result, or an assistant's calls
+      if (auto e = tool_message(m, role, text, tool_turn)) return e;
+      if (tool_turn) {
+        msgs.emplace_back(role, text);
+        continue;
+      }
       if (role == "developer") role = "system";
       if (role != "system" && role != "user" && role != "assistant")
-        return bad("messages", "unsupported role '" + role + "' (system, user, assistant)");
-      auto text = content_text(m.value("content", in_json(nullptr)));
-      if (!text) return bad("messages", "a message's 'content' must be a string or text parts");
+        return bad("messages", "unsupported role '" + role + "' (system, user, assistant, tool)");
+      auto content = content_text(m.contains("content") ? m["content"] : in_json(nullptr));
+      if (!content) return bad("messages", "a message's 'content' must be a string or text parts");
+      msgs.emplace_back(role, *content);
+    }
+    // The tools go into the system prompt (the first one's, or a new one).
+    if (out.tools.active()) {
+      if (msgs.front().first == "system")
+        msgs.front().second += "\n\n" + tools_prompt(out.tools);
+      else
+        msgs.insert(msgs.begin(), {"system", tools_prompt(out.tools)});
+    }
+    wire::Generate g;
+    for (const auto& [role, content] : msgs) {
       auto* cm = g.mutable_chat()->add_messages();
       cm->set_role(role);
-      cm->set_content(*text);
+      cm->set_content(content);
     }
     prompts.push_back(std::move(g));
   } else {
@@ -360,6 +380,14 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     else
       return bad("guided_json", "'guided_json' must be a JSON schema (an object or its text)");
   }
+  // A forced tool choice is a constraint on the output: the call's JSON.
+  if (out.tools.forced()) {
+    if (base.constraint_case() != wire::Generate::CONSTRAINT_NOT_SET)
+      return bad("tool_choice",
+                 "a required or named 'tool_choice' cannot be combined with response_format or "
+                 "guided_* (both constrain the output)");
+    base.set_guided_json(forced_schema(out.tools));
+  }
   // The wire asks for "each token's logprob and the top n" with n > 0.
   if (out.logprobs) base.set_logprobs(std::max(1, out.top_logprobs));
 
@@ -428,9 +456,15 @@ json response(const call& c, const std::string& id, const std::string& model, in
     const auto& ch = choices[i];
     if (i % size_t(c.n) == 0) prompt += ch.prompt_tokens;
     completion += ch.completion_tokens;
-    json one = {{"index", i}, {"finish_reason", ch.finish}};
+    json one = {{"index", i}, {"finish_reason", c.chat ? chat_finish(c, ch) : ch.finish}};
     if (c.chat) {
       one["message"] = {{"role", "assistant"}, {"content", ch.text}};
+      if (c.tools.active()) {
+        const auto reply = parse_reply(ch.text, c.tools);
+        one["message"]["content"] = reply.content ? json(*reply.content) : json(nullptr);
+        if (!reply.calls.empty())
+          one["message"]["tool_calls"] = tool_calls_json(reply.calls, false);
+      }
       one["logprobs"] =
           c.logprobs ? chat_logprobs(ch.logprobs, token_text, c.top_logprobs) : json(nullptr);
     } else {
@@ -476,6 +510,28 @@ json stream_chunk(const call& c, const std::string& id, const std::string& model
           {"created", created},
           {"model", model},
           {"choices", json::array({one})}};
+}
+
+std::string chat_finish(const call& c, const choice& ch) {
+  if (c.tools.active() && ch.finish == "stop" && !parse_reply(ch.text, c.tools).calls.empty())
+    return "tool_calls";
+  return ch.finish;
+}
+
+json tool_reply_chunk(const call& c, const std::string& id, const std::string& model,
+                      int64_t created, size_t index, const std::string& text) {
+  const auto reply = parse_reply(text, c.tools);
+  json delta = json::object();
+  if (reply.content) delta["content"] = *reply.content;
+  if (!reply.calls.empty()) delta["tool_calls"] = tool_calls_json(reply.calls, true);
+  return {{"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", created},
+          {"model", model},
+          {"choices", json::array({{{"index", index},
+                                    {"finish_reason", nullptr},
+                                    {"delta", delta},
+                                    {"logprobs", nullptr}}})}};
 }
 
 json usage_chunk(const call& c, const std::string& id, const std::string& model, int64_t created,

@@ -24,6 +24,23 @@ struct api_error {
 };
 nlohmann::json error_body(const api_error& e);
 
+// The tools a chat call offers (tools/client/openai_tools.hpp reads them).
+struct tool_spec {
+  std::string name, description;
+  nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
+};
+
+struct tool_request {
+  std::vector<tool_spec> tools;
+  enum class choice { none, automatic, required, named } pick = choice::automatic;
+  std::string named;  // pick == named
+  bool parallel = true;
+  // Whether the output is read for tool calls at all.
+  bool active() const { return !tools.empty() && pick != choice::none; }
+  // Whether the output must be a call (constrained, no text around it).
+  bool forced() const { return pick == choice::required || pick == choice::named; }
+};
+
 // A parsed call: one Generate per prompt and sample (choice index i is
 // prompts[i / n], sample i % n), and how to answer.
 struct call {
@@ -36,13 +53,14 @@ struct call {
   int n = 1;
   std::vector<wire::Generate> generates;  // request ids 1.. in choice order
   std::vector<std::string> echo_text;     // per prompt, when echo
+  tool_request tools;                     // chat: the tools offered, and the choice
 };
 
 // Parses a request body (ordered: a JSON schema keeps its properties'
 // order); `served` is the model name the server answers to.
 // Unknown fields are ignored; a bad value is an api_error naming it.
-std::optional<api_error> parse(const nlohmann::ordered_json& body, bool chat, const std::string& served,
-                               call& out);
+std::optional<api_error> parse(const nlohmann::ordered_json& body, bool chat,
+                               const std::string& served, call& out);
 
 // The HTTP status and OpenAI error for a server Error message.
 api_error from_wire(const wire::Error& e);
@@ -74,6 +92,16 @@ nlohmann::json stream_chunk(const call& c, const std::string& id, const std::str
                             const std::vector<wire::TokenLogprob>& logprobs,
                             const std::optional<std::string>& finish, bool first,
                             const token_text_fn& token_text);
+
+// A chat stream's delta carrying a whole reply read for tool calls
+// (content and tool_calls), sent when the choice ends: with tools, a
+// choice's text is held back until it can be read whole.
+nlohmann::json tool_reply_chunk(const call& c, const std::string& id, const std::string& model,
+                                int64_t created, size_t index, const std::string& text);
+
+// The finish reason of a chat choice: "tool_calls" where its text holds
+// calls, else what the server said.
+std::string chat_finish(const call& c, const choice& ch);
 
 // The usage chunk (stream_options.include_usage): no choices, the totals.
 nlohmann::json usage_chunk(const call& c, const std::string& id, const std::string& model,

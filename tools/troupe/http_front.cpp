@@ -280,9 +280,21 @@ struct http_front::impl {
     evbuffer_free(buf);
   }
 
-  // What choice `i` has that the stream has not shown yet.
+  // What choice `i` has that the stream has not shown yet.  A chat with
+  // tools shows a choice whole when it ends (its text is read for calls).
   void flush(call& k, size_t i) {
     auto& p = k.choices[i];
+    if (k.c.chat && k.c.tools.active()) {
+      if (p.closed || !(p.ended || p.error)) return;
+      p.closed = true;
+      if (p.error) return write_event(k, openai::error_body(*p.error).dump());
+      write_event(k,
+                  openai::tool_reply_chunk(k.c, k.id, opts.model, k.created, i, p.got.text).dump());
+      write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                          openai::chat_finish(k.c, p.got), false, opts.token_text)
+                         .dump());
+      return;
+    }
     const std::string delta = p.got.text.substr(p.shown);
     std::vector<wire::TokenLogprob> lps(p.got.logprobs.begin() + long(p.lp_shown),
                                         p.got.logprobs.end());

@@ -448,3 +448,101 @@ def test_cors_preflight_and_listed_origins_only():
         assert status == 200 and headers["Access-Control-Allow-Origin"] is None
     finally:
         s.stop()
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 24}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a timezone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 24}}}}}
+
+
+def test_tools_named_required_auto_and_a_two_turn_conversation(smol):
+    # Issue 34: tools were silently ignored.
+    c = smol.client()
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    # A named choice: one call of that function, its arguments valid JSON
+    # of its schema; finish_reason tool_calls.
+    r = c.chat.completions.create(model="smollm2-135m-instruct", messages=ask, max_tokens=80,
+                                  tools=[WEATHER, CLOCK],
+                                  tool_choice={"type": "function",
+                                               "function": {"name": "get_weather"}})
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", msg
+    assert len(msg.tool_calls) == 1 and msg.tool_calls[0].function.name == "get_weather"
+    args = json.loads(msg.tool_calls[0].function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    assert msg.tool_calls[0].id.startswith("call_") and msg.tool_calls[0].type == "function"
+    # required: at least one call, of any tool.
+    r = c.chat.completions.create(model="smollm2-135m-instruct", messages=ask, max_tokens=120,
+                                  tools=[WEATHER, CLOCK], tool_choice="required")
+    calls = r.choices[0].message.tool_calls
+    assert calls and all(t.function.name in ("get_weather", "get_time") for t in calls)
+    for t in calls:
+        assert isinstance(json.loads(t.function.arguments), dict)
+    # auto: a call or text, either well formed.
+    r = c.chat.completions.create(model="smollm2-135m-instruct", messages=ask, max_tokens=60,
+                                  tools=[WEATHER], tool_choice="auto", temperature=0)
+    m = r.choices[0].message
+    assert (m.tool_calls and r.choices[0].finish_reason == "tool_calls") or m.content is not None
+    # The second turn: the assistant's call and the tool's result go back.
+    r2 = c.chat.completions.create(
+        model="smollm2-135m-instruct", max_tokens=24, tools=[WEATHER],
+        messages=ask + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "get_weather",
+                              "arguments": json.dumps({"city": "Paris", "unit": "celsius"})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}])
+    assert r2.choices[0].message.content or r2.choices[0].message.tool_calls
+    # Streamed: the call arrives as a tool_calls delta, then the finish.
+    stream = c.chat.completions.create(
+        model="smollm2-135m-instruct", messages=ask, max_tokens=80, stream=True,
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    deltas, finish = [], None
+    for chunk in stream:
+        for ch in chunk.choices:
+            if ch.delta.tool_calls:
+                deltas += ch.delta.tool_calls
+            finish = ch.finish_reason or finish
+    assert finish == "tool_calls" and deltas[0].function.name == "get_weather"
+    assert json.loads(deltas[0].function.arguments)["unit"] in ("celsius", "fahrenheit")
+    # Garbage is a 400 that names it, never silence.
+    for bad in ({"tools": "all"}, {"tools": [WEATHER], "tool_choice": "sometimes"},
+                {"tools": [WEATHER], "tool_choice": {"type": "function",
+                                                     "function": {"name": "nope"}}}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model="smollm2-135m-instruct", messages=ask, max_tokens=4,
+                                      **bad)
+        assert e.value.body["param"] in ("tools", "tool_choice"), bad
+
+
+def test_langchain_bind_tools_and_structured_output_by_function_calling(smol):
+    # Issue 34: bind_tools returned [] and with_structured_output(method=
+    # "function_calling") None.
+    import pydantic
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=smol.base + "/v1", api_key="none", model="smollm2-135m-instruct",
+                     max_tokens=80, temperature=0, max_retries=0)
+
+    @tool
+    def get_weather(city: str, unit: str) -> str:
+        """The weather in a city."""
+        return "sunny"
+
+    m = llm.bind_tools([get_weather], tool_choice="get_weather").invoke(
+        "What is the weather in Paris?")
+    assert len(m.tool_calls) == 1 and m.tool_calls[0]["name"] == "get_weather"
+    assert set(m.tool_calls[0]["args"]) == {"city", "unit"}
+
+    class Person(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        age: int
+
+    p = llm.with_structured_output(Person, method="function_calling").invoke("Describe a person.")
+    assert isinstance(p, Person)
