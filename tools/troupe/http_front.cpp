@@ -256,7 +256,10 @@ struct http_front::impl {
       const bool sent = k.followers_sent || i % size_t(k.c.n) == 0;
       if (by_id.erase(k.ids[i]) && sent) send_cancel(k.ids[i]);
     }
-    if (k.conn) evhttp_connection_set_closecb(k.conn, nullptr, nullptr);
+    if (k.conn) {
+      evhttp_connection_set_closecb(k.conn, nullptr, nullptr);
+      evhttp_connection_set_timeout(k.conn, k_io_timeout_s);  // idle again
+    }
     calls.erase(&k);
   }
 
@@ -438,6 +441,9 @@ struct http_front::impl {
     k.timer = evtimer_new(base, on_timer, &k);
     calls.emplace(&k, std::move(owned));
     evhttp_connection_set_closecb(k.conn, on_close, &k);
+    // While the call waits for the engine (a long queue: tens of seconds)
+    // its connection carries nothing: the call's own timer governs then.
+    evhttp_connection_set_timeout(k.conn, k_quiet_timeout_s);
     const size_t n = static_cast<size_t>(k.c.n);
     for (size_t i = 0; i < k.choices.size(); ++i) {
       k.ids.push_back(next_id++);
