@@ -5,6 +5,7 @@
 #include <string_view>
 #include <utility>
 
+#include "runtime/json_depth.hpp"
 #include "runtime/regex_dfa.hpp"
 
 namespace troupe {
@@ -71,18 +72,6 @@ std::string alternatives(const std::vector<std::string>& parts) {
   alternation a;
   for (const auto& p : parts) a.add(p);
   return std::move(a).done();
-}
-
-bool nests_deeper_than(const json& root, int limit) {
-  std::vector<std::pair<const json*, int>> todo{{&root, 1}};
-  while (!todo.empty()) {
-    const auto [v, depth] = todo.back();
-    todo.pop_back();
-    if (depth > limit) return true;
-    if (v->is_structured())
-      for (const auto& child : *v) todo.push_back({&child, depth + 1});
-  }
-  return false;
 }
 
 // A size keyword (minLength, maxItems, ...): a whole number in
@@ -325,7 +314,7 @@ std::string value_regex(const json& s, int depth, walk& w) {
 }  // namespace
 
 std::string schema_regex(const nlohmann::ordered_json& schema) {
-  if (nests_deeper_than(schema, k_max_json_depth))
+  if (json_nests_deeper(schema, k_max_json_depth))
     throw schema_error("schema: nested more than " + std::to_string(k_max_json_depth) +
                        " levels deep");
   walk w{schema};

@@ -2,9 +2,10 @@
 
 #include <cmath>
 #include <random>
-
 #include <utility>
 #include <vector>
+
+#include "runtime/json_depth.hpp"
 #include "tools/client/openai_tools.hpp"
 
 namespace troupe::openai {
@@ -76,18 +77,6 @@ bool string_is(const in_json& o, const char* key, const char* want) {
 // nests a few levels, a response_format schema at most 64 (json_schema_regex).
 constexpr int k_max_body_depth = 100;
 
-bool nests_deeper_than(const in_json& root, int limit) {
-  std::vector<std::pair<const in_json*, int>> todo{{&root, 1}};
-  while (!todo.empty()) {
-    const auto [v, depth] = todo.back();
-    todo.pop_back();
-    if (depth > limit) return true;
-    if (v->is_structured())
-      for (const auto& child : *v) todo.push_back({&child, depth + 1});
-  }
-  return false;
-}
-
 // A chat message's content: a string, or text parts.
 std::optional<std::string> content_text(const in_json& c) {
   if (c.is_string()) return c.get<std::string>();
@@ -153,7 +142,7 @@ json error_body(const api_error& e) {
 std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
                                call& out) {
   if (!body.is_object()) return bad("", "the request body must be a JSON object");
-  if (nests_deeper_than(body, k_max_body_depth))
+  if (json_nests_deeper(body, k_max_body_depth))
     return bad("", "the request body nests more than " + std::to_string(k_max_body_depth) +
                        " levels deep");
   out = call{};
