@@ -919,6 +919,10 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
             ho.api_keys.push_back(k.substr(b, k.find_last_not_of(" \t\r") - b + 1));
       }
       ho.cors_origins = s.cors_origins;
+      ho.metrics = [sys = env.sys.get(), admin, metrics] {
+        poll_metrics(*sys, admin, *metrics);
+        return metrics->render();
+      };
       ho.draining = [draining] { return draining->load(); };
       ho.serving = [sys = env.sys.get(), router] { return any_instance_serving(*sys, router); };
       http = std::make_unique<http_front>(std::move(ho));

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <ctime>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -122,9 +123,11 @@ struct http_front::impl {
   evhttp* http = nullptr;
   event* zmq_event = nullptr;
   event* tick_event = nullptr;
-  std::thread loop, health_poll;
+  std::thread loop, health_poll, metrics_poll;
   std::atomic<bool> stopping{false};
   std::atomic<bool> serving{true};
+  std::mutex metrics_mutex;
+  std::string metrics_text;  // the last render (GET /metrics), by the poll thread
   int port = 0;
   zmq::context_t ctx{1};
   zmq::socket_t sock{ctx, zmq::socket_type::dealer};
@@ -497,6 +500,13 @@ struct http_front::impl {
     }
     if (!opts.api_keys.empty() && !key_accepted(opts.api_keys, header(req, "Authorization")))
       return reply_error(req, openai::unauthorized());
+    if (path == "/metrics" && opts.metrics) {
+      std::lock_guard<std::mutex> lock(metrics_mutex);
+      if (metrics_text.empty())
+        return reply_error(
+            req, {503, "the metrics are being gathered; retry shortly", "server_error", "", ""});
+      return reply(req, 200, metrics_text, "text/plain; version=0.0.4; charset=utf-8");
+    }
 
     const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
     const bool post = method == EVHTTP_REQ_POST;
@@ -604,15 +614,28 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   p->tick_event = tick_event;
 
   p->loop = std::thread([p] { event_base_dispatch(p->base); });
-  // /health reads a flag: asking the router takes a round trip, which the
-  // loop never waits for.
-  p->health_poll = std::thread([p] {
-    while (!p->stopping.load()) {
-      if (p->opts.serving) p->serving.store(p->opts.serving());
-      for (int i = 0; i < 5 && !p->stopping.load(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
+  // /health reads a flag and /metrics a text: asking the service's actors
+  // takes round trips, which the loop never waits for.  Each has a thread
+  // (a slow metrics poll must not hold the health flag back).
+  auto every = [p](std::chrono::milliseconds period, auto work) {
+    return std::thread([p, period, work] {
+      while (!p->stopping.load()) {
+        work();
+        const auto until = std::chrono::steady_clock::now() + period;
+        while (!p->stopping.load() && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+  };
+  if (p->opts.serving)
+    p->health_poll =
+        every(std::chrono::milliseconds(250), [p] { p->serving.store(p->opts.serving()); });
+  if (p->opts.metrics)
+    p->metrics_poll = every(std::chrono::seconds(1), [p] {
+      std::string text = p->opts.metrics();
+      std::lock_guard<std::mutex> lock(p->metrics_mutex);
+      p->metrics_text = std::move(text);
+    });
 }
 
 http_front::~http_front() {
@@ -621,6 +644,7 @@ http_front::~http_front() {
   event_base_loopbreak(p->base);
   if (p->loop.joinable()) p->loop.join();
   if (p->health_poll.joinable()) p->health_poll.join();
+  if (p->metrics_poll.joinable()) p->metrics_poll.join();
   for (auto& [k, owned] : p->calls)
     if (owned->conn) evhttp_connection_set_closecb(owned->conn, nullptr, nullptr);
   p->calls.clear();

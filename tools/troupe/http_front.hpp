@@ -27,6 +27,9 @@ struct http_front_options {
   std::function<std::string(const std::vector<int32_t>&)> detokenize;  // echo of token prompts
   std::function<bool()> draining;                                      // /health says 503 once true
   std::function<bool()> serving;  // /health says 503 while false (no instance can serve)
+  // GET /metrics: the Prometheus text; blocking (asks the service's
+  // actors), so called off the event loop, every second, and served cached.
+  std::function<std::string()> metrics;
   size_t max_body_bytes = 8 << 20;
   // /tokenize: text -> ids (add_special: BOS where the model adds one).
   std::function<std::vector<int32_t>(const std::string&, bool add_special)> tokenize;

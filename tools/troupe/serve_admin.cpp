@@ -7,6 +7,28 @@
 
 namespace troupe::cli {
 
+// The gauges as of now; a failed ask leaves the last values standing.
+void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_registry& registry) {
+  caf::scoped_actor self{sys};
+  std::vector<instance_info> insts;
+  size_t in_flight = 0;
+  bool ok = true;
+  self->request(admin, std::chrono::seconds(5), instances_atom::value)
+      .receive([&](std::vector<instance_info>& v) { insts = std::move(v); },
+               [&](caf::error&) { ok = false; });
+  self->request(admin, std::chrono::seconds(5), requests_atom::value)
+      .receive([&](std::vector<inflight_request>& v) { in_flight = v.size(); },
+               [&](caf::error&) { ok = false; });
+  if (ok) record_service(registry, insts, in_flight);
+  self->request(admin, std::chrono::seconds(5), peek_atom::value)
+      .receive([&](monitor_report& r) { record_monitor(registry, r); }, [](caf::error&) {});
+  // A service without a dp group or expert controller answers an error.
+  self->request(admin, std::chrono::seconds(5), dp_status_atom::value)
+      .receive([&](dp_group_status& d) { record_dp_group(registry, d); }, [](caf::error&) {});
+  self->request(admin, std::chrono::seconds(5), expert_status_atom::value)
+      .receive([&](expert_status& e) { record_experts(registry, e); }, [](caf::error&) {});
+}
+
 struct metrics_server::impl {
   caf::actor_system& sys;
   admin_actor admin;
@@ -15,28 +37,6 @@ struct metrics_server::impl {
 
   impl(caf::actor_system& s, admin_actor a, std::shared_ptr<metrics_registry> r)
       : sys(s), admin(std::move(a)), registry(std::move(r)) {}
-
-  // The gauges as of now; a failed ask leaves the last values standing.
-  void poll() {
-    caf::scoped_actor self{sys};
-    std::vector<instance_info> insts;
-    size_t in_flight = 0;
-    bool ok = true;
-    self->request(admin, std::chrono::seconds(5), instances_atom::value)
-        .receive([&](std::vector<instance_info>& v) { insts = std::move(v); },
-                 [&](caf::error&) { ok = false; });
-    self->request(admin, std::chrono::seconds(5), requests_atom::value)
-        .receive([&](std::vector<inflight_request>& v) { in_flight = v.size(); },
-                 [&](caf::error&) { ok = false; });
-    if (ok) record_service(*registry, insts, in_flight);
-    self->request(admin, std::chrono::seconds(5), peek_atom::value)
-        .receive([&](monitor_report& r) { record_monitor(*registry, r); }, [](caf::error&) {});
-    // A service without a dp group or expert controller answers an error.
-    self->request(admin, std::chrono::seconds(5), dp_status_atom::value)
-        .receive([&](dp_group_status& d) { record_dp_group(*registry, d); }, [](caf::error&) {});
-    self->request(admin, std::chrono::seconds(5), expert_status_atom::value)
-        .receive([&](expert_status& e) { record_experts(*registry, e); }, [](caf::error&) {});
-  }
 };
 
 metrics_server::metrics_server(caf::actor_system& sys, admin_actor admin,
@@ -51,7 +51,7 @@ metrics_server::metrics_server(caf::actor_system& sys, admin_actor admin,
     p->http = std::make_unique<http_get_server>(o, [p](const std::string& path) {
       if (path != "/metrics" && path.rfind("/metrics?", 0) != 0)
         return http_response{404, "text/plain; charset=utf-8", "not found: try /metrics\n"};
-      p->poll();
+      poll_metrics(p->sys, p->admin, *p->registry);
       return http_response{200, "text/plain; version=0.0.4; charset=utf-8", p->registry->render()};
     });
   } catch (const std::exception& e) {

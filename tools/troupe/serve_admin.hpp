@@ -5,8 +5,14 @@
 #include <string>
 
 #include "actors/admin.hpp"
+#include "runtime/metrics.hpp"
 
 namespace troupe::cli {
+
+// Asks the service's actors for the gauges (instances, requests, monitor,
+// dp group, experts) and records them in `registry`; blocking, up to a few
+// seconds, so never on an event loop.
+void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_registry& registry);
 
 // GET /metrics on 127.0.0.1:port, served by its own thread; each scrape
 // polls the admin actor (instances, requests in flight) into the registry

@@ -417,6 +417,18 @@ def test_models_by_id_tokenize_detokenize_and_unknown_routes(stories):
         assert status == 400 and body["error"]["param"] == "tokens", bad
     status, _, body = http_json("POST", stories.base + "/tokenize", {"content": 5})
     assert status == 400 and body["error"]["param"] == "content"
+    # /metrics on the API port too (Prometheus text, refreshed each second).
+    text = ""
+    until = time.monotonic() + 10
+    while "troupe_requests_total" not in text and time.monotonic() < until:
+        try:
+            with urllib.request.urlopen(stories.base + "/metrics", timeout=10) as r:
+                text = r.read().decode()
+                assert r.headers["Content-Type"].startswith("text/plain")
+        except urllib.error.HTTPError as e:
+            assert e.code == 503  # still gathering the first time
+        time.sleep(0.2)
+    assert "troupe_requests_total" in text
     # Unknown routes: OpenAI's error body, never an empty 404.
     for method, path in (("GET", "/v1/nothing"), ("POST", "/v2/completions"), ("GET", "/")):
         status, _, body = http_json(method, stories.base + path, {} if method == "POST" else None)
