@@ -1,6 +1,5 @@
 #include "actors/gateway.hpp"
 
-#include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
@@ -13,9 +12,9 @@
 #include "actors/relay.hpp"
 
 #include "actors/admin.hpp"
+#include "actors/wire_checks.hpp"
 #include "messages/client.pb.h"
 #include "runtime/elapsed.hpp"
-#include "runtime/unicode.hpp"
 
 namespace troupe {
 
@@ -183,58 +182,6 @@ void on_generate(self_ptr self, const std::string& client, wire::Generate& gen) 
   st.by_actor.emplace(req.address(), key);
   st.inflight.emplace(key, std::move(req));
   st.since.emplace(key, std::chrono::steady_clock::now());
-}
-
-struct utf8_fault {
-  std::string field;
-  uint64_t id = 0;
-  bool has_id = false;
-};
-
-// A frame protobuf refused: when it parses with its text fields as bytes,
-// the field that is not UTF-8 and the request it belongs to.
-std::optional<utf8_fault> invalid_utf8_field(const void* data, size_t size) {
-  wire::LenientClientMessage m;
-  if (!m.ParseFromArray(data, static_cast<int>(size)) || !m.has_generate()) return std::nullopt;
-  const auto& g = m.generate();
-  utf8_fault f{"", g.request_id(), true};
-  if (!unicode::is_valid_utf8(g.text())) f.field = "generate.text";
-  for (int i = 0; f.field.empty() && i < g.stop_size(); ++i)
-    if (!unicode::is_valid_utf8(g.stop(i))) f.field = "generate.stop[" + std::to_string(i) + "]";
-  for (int i = 0; f.field.empty() && i < g.chat().messages_size(); ++i) {
-    const auto& cm = g.chat().messages(i);
-    if (!unicode::is_valid_utf8(cm.role()))
-      f.field = "generate.chat.messages[" + std::to_string(i) + "].role";
-    else if (!unicode::is_valid_utf8(cm.content()))
-      f.field = "generate.chat.messages[" + std::to_string(i) + "].content";
-  }
-  if (f.field.empty()) return std::nullopt;
-  return f;
-}
-
-// The request id of a Generate frame the gateway refuses unparsed (too
-// large, malformed), read from its first bytes: serializers write fields in
-// number order, so protocol_version (1), then generate (2) with request_id
-// (1) first.  The Error then belongs to that request, not to the connection.
-std::optional<uint64_t> peek_generate_id(const void* data, size_t size) {
-  google::protobuf::io::CodedInputStream in(static_cast<const uint8_t*>(data),
-                                            static_cast<int>(std::min<size_t>(size, 64)));
-  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-    const int field = static_cast<int>(tag >> 3), type = static_cast<int>(tag & 7);
-    if (field == 1 && type == 0) {
-      uint32_t v;
-      if (!in.ReadVarint32(&v)) return std::nullopt;
-    } else if (field == 2 && type == 2) {
-      uint32_t len;
-      uint64_t id;
-      if (!in.ReadVarint32(&len) || in.ReadTag() != ((1u << 3) | 0u) || !in.ReadVarint64(&id))
-        return std::nullopt;
-      return id;
-    } else {
-      return std::nullopt;
-    }
-  }
-  return std::nullopt;
 }
 
 void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {

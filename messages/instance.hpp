@@ -8,6 +8,7 @@
 
 #include "messages/device.hpp"
 #include "messages/kv_pool.hpp"
+#include "runtime/ngram_draft.hpp"
 #include "runtime/sampler.hpp"
 #include "runtime/scheduler.hpp"
 
@@ -102,8 +103,7 @@ struct sequence_request {
   int32_t draft_tokens = -1;
 };
 
-// The most draft tokens a request or an instance may ask for per step.
-constexpr int32_t k_max_draft_tokens = 16;
+// k_max_draft_tokens (the most draft tokens per step): runtime/ngram_draft.hpp.
 
 enum class preempt_mode : uint8_t { recompute, swap };
 

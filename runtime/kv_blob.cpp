@@ -57,8 +57,16 @@ std::vector<uint8_t> encode_kv_blob(const kv_blob& b) {
 
 kv_blob decode_kv_blob(std::span<const uint8_t> bytes) {
   msgpack::object_handle oh;
+  // msgpack allocates an array's or map's objects when it reads the count,
+  // before their bytes: bound every count by what the bytes can hold (an
+  // element takes at least one byte, a map entry two), or a 6-byte blob
+  // claiming 2^32 elements asks for 96 GiB.  A blob nests two levels deep.
+  const size_t n = bytes.size();
+  const msgpack::unpack_limit limit(/*array=*/n, /*map=*/n / 2, /*str=*/n, /*bin=*/n,
+                                    /*ext=*/n, /*depth=*/4);
   try {
-    oh = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    oh = msgpack::unpack(reinterpret_cast<const char*>(bytes.data()), bytes.size(), nullptr,
+                         nullptr, limit);
   } catch (const std::exception& e) {
     throw kv_blob_error(std::string("KV blob: not msgpack (") + e.what() + ")");
   }

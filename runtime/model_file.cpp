@@ -121,7 +121,8 @@ std::shared_ptr<model_file> model_file::open(const std::string& path,
   {
     const mapped_file probe(path);
     size = probe.size();
-    std::memcpy(head, probe.data(), std::min(size, sizeof head));
+    // An empty file maps to nullptr, which memcpy must not get even for 0 bytes.
+    if (size > 0) std::memcpy(head, probe.data(), std::min(size, sizeof head));
   }
   if (size >= 4 && std::memcmp(head, "GGUF", 4) == 0) return gguf_file::open(path);
 

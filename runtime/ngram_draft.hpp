@@ -9,6 +9,9 @@
 
 namespace troupe {
 
+// The most draft tokens a request or an instance may ask for per step.
+constexpr int32_t k_max_draft_tokens = 16;
+
 struct ngram_options {
   int max_draft = 4;  // most tokens proposed
   int max_ngram = 3;  // longest suffix matched first

@@ -23,7 +23,7 @@ APT_PACKAGES=(
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
   nlohmann-json3-dev libcpp-httplib-dev libedit-dev libevent-dev libgtest-dev libbenchmark-dev
-  clang-format
+  clang-format clang libclang-rt-14-dev
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -160,8 +160,14 @@ step_test() {
   log "running the Python client tests"
   (cd "$ROOT/tools/python" && TROUPE_BIN="${TROUPE_BIN:-$BUILD_DIR/troupe}" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider tests) || pytest_rc=$?
+  # The parser fuzzers (tests/fuzz): build-fuzz with clang, then each target
+  # ~5 s from its seed corpus with a fixed seed; any crash fails the suite.
+  log "running the fuzz targets (bench/fuzz.sh all 5)"
+  local fuzz_rc=0
+  FUZZ_SEED=1 FUZZ_JOBS="$JOBS" bash "$ROOT/bench/fuzz.sh" all 5 || fuzz_rc=$?
   [ "$ctest_rc" -eq 0 ] || { log "ctest failed ($ctest_rc)"; return "$ctest_rc"; }
   [ "$pytest_rc" -eq 0 ] || { log "pytest failed ($pytest_rc)"; return "$pytest_rc"; }
+  [ "$fuzz_rc" -eq 0 ] || { log "fuzz targets failed ($fuzz_rc)"; return "$fuzz_rc"; }
 }
 
 case "${1:-demo}" in

@@ -1,0 +1,146 @@
+#include "actors/generate_check.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <nlohmann/json.hpp>
+
+#include "runtime/chat_template.hpp"
+#include "runtime/json_schema_regex.hpp"
+#include "runtime/regex_dfa.hpp"
+
+namespace troupe {
+
+std::optional<generate_rejection> check_generate(const wire::Generate& g,
+                                                 const generate_limits& ctx, generate_plan& plan) {
+  auto invalid = [](std::string m) {
+    return generate_rejection{wire::INVALID_ARGUMENT, std::move(m)};
+  };
+  std::vector<int32_t> prompt;
+  switch (g.prompt_case()) {
+    case wire::Generate::kText:
+      if (g.text().empty()) return invalid("empty prompt: text is \"\"");
+      prompt = ctx.tok->encode(g.text(), ctx.add_bos, false);
+      break;
+    case wire::Generate::kTokens:
+      prompt.assign(g.tokens().ids().begin(), g.tokens().ids().end());
+      for (int32_t t : prompt)
+        if (t < 0 || t >= ctx.tok->n_vocab())
+          return invalid("prompt token " + std::to_string(t) + " is outside the vocabulary of " +
+                         std::to_string(ctx.tok->n_vocab()));
+      break;
+    case wire::Generate::kChat: {
+      if (ctx.chat_template.empty()) return invalid("chat prompt: the model has no chat template");
+      if (g.chat().messages().empty()) return invalid("empty prompt: chat has no messages");
+      std::vector<chat_message> msgs;
+      for (const auto& m : g.chat().messages()) msgs.push_back({m.role(), m.content()});
+      std::string text;
+      try {
+        text = render_chat(std::string(ctx.chat_template), msgs, true);
+      } catch (const std::exception& e) {
+        return invalid(std::string("chat prompt: ") + e.what());
+      }
+      // A llama-2 prompt spells its own "<s>"; ChatML wants BOS only if the model does.
+      prompt = ctx.tok->encode(text, ctx.add_bos && text.rfind("<s>", 0) != 0, true);
+      break;
+    }
+    case wire::Generate::PROMPT_NOT_SET:
+      return invalid("empty prompt: give text, tokens or chat");
+  }
+  if (prompt.empty()) return invalid("empty prompt: it encodes to no tokens");
+
+  const auto n_prompt = static_cast<int32_t>(prompt.size());
+  const int32_t room = ctx.max_len - n_prompt;
+  if (room <= 0)
+    return generate_rejection{wire::CONTEXT_OVERFLOW, "prompt of " + std::to_string(n_prompt) +
+                                                          " tokens does not fit the context of " +
+                                                          std::to_string(ctx.max_len)};
+  int32_t max_tokens = std::min(ctx.default_max_tokens, room);
+  if (g.has_max_tokens()) {
+    if (g.max_tokens() <= 0)
+      return invalid("max_tokens must be positive, got " + std::to_string(g.max_tokens()));
+    if (g.max_tokens() > room)
+      return generate_rejection{wire::CONTEXT_OVERFLOW,
+                                "prompt of " + std::to_string(n_prompt) + " tokens + max_tokens " +
+                                    std::to_string(g.max_tokens()) + " exceed the context of " +
+                                    std::to_string(ctx.max_len)};
+    max_tokens = g.max_tokens();
+  }
+
+  sampling_params sp;
+  const auto& s = g.sampling();
+  if (s.has_temperature()) sp.temperature = s.temperature();
+  if (s.has_top_k()) sp.top_k = s.top_k();
+  if (s.has_top_p()) sp.top_p = s.top_p();
+  if (s.has_min_p()) sp.min_p = s.min_p();
+  if (s.has_repetition_penalty()) sp.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) sp.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
+  if (s.has_penalty_last_n()) sp.penalty_last_n = s.penalty_last_n();
+  if (s.has_seed()) sp.seed = s.seed();
+  if (g.logprobs() < 0 || g.logprobs() > 20)
+    return invalid("logprobs must be in [0, 20], got " + std::to_string(g.logprobs()));
+  sp.n_logprobs = g.logprobs();
+  sp.logprobs = g.logprobs() > 0;
+  if (auto why = validate(sp); !why.empty()) return invalid("sampling: " + why);
+
+  for (const auto& stop : g.stop())
+    if (stop.empty()) return invalid("stop strings must not be empty");
+  for (int32_t t : g.stop_token_ids())
+    if (t < 0 || t >= ctx.tok->n_vocab())
+      return invalid("stop token " + std::to_string(t) + " is outside the vocabulary");
+
+  // Structured output as one regular expression (runtime/json_schema_regex);
+  // it is compiled here too, so a bad one is refused before placement.
+  try {
+    switch (g.constraint_case()) {
+      case wire::Generate::kGuidedRegex:
+        // An empty pattern would read as "no constraint" further on.
+        if (g.guided_regex().empty())
+          return invalid("guided_regex is empty (omit it for unconstrained output)");
+        plan.constraint = g.guided_regex();
+        break;
+      case wire::Generate::kGuidedJson: {
+        auto schema = nlohmann::ordered_json::parse(g.guided_json(), nullptr, false);
+        if (schema.is_discarded()) return invalid("guided_json: the schema is not JSON");
+        plan.constraint = schema_regex(schema);
+        break;
+      }
+      case wire::Generate::kGuidedChoice:
+        plan.constraint = choice_regex(std::vector<std::string>(g.guided_choice().choices().begin(),
+                                                                g.guided_choice().choices().end()));
+        break;
+      case wire::Generate::kJsonObject:
+        if (g.json_object()) plan.constraint = json_object_regex();
+        break;
+      case wire::Generate::CONSTRAINT_NOT_SET:
+        break;
+    }
+    if (!plan.constraint.empty()) regex_dfa check(plan.constraint);
+  } catch (const std::exception& e) {
+    return invalid(std::string("output constraint: ") + e.what());
+  }
+
+  plan.prompt = std::move(prompt);
+  plan.sampling = sp;
+  plan.max_tokens = max_tokens;
+  plan.stop_tokens.assign(g.stop_token_ids().begin(), g.stop_token_ids().end());
+  plan.ignore_eos = g.ignore_eos();
+  plan.cls = g.request_class() == wire::OFFLINE ? seq_class::offline : seq_class::online;
+  const bool online = plan.cls == seq_class::online;
+  plan.slo_ttft_ms =
+      g.slo_ttft_ms() > 0 ? g.slo_ttft_ms() : (online ? ctx.online_ttft_ms : ctx.offline_ttft_ms);
+  plan.slo_tpot_ms =
+      g.slo_tpot_ms() > 0 ? g.slo_tpot_ms() : (online ? ctx.online_tpot_ms : ctx.offline_tpot_ms);
+  plan.ttft_target_ms = plan.slo_ttft_ms;
+  if (g.has_draft_tokens()) {
+    if (g.draft_tokens() < 0 || g.draft_tokens() > k_max_draft_tokens)
+      return invalid("draft_tokens must be 0.." + std::to_string(k_max_draft_tokens) + ", got " +
+                     std::to_string(g.draft_tokens()));
+    plan.draft_tokens = g.draft_tokens();
+  }
+  plan.stream = !g.has_stream() || g.stream();
+  plan.stops.assign(g.stop().begin(), g.stop().end());
+  return std::nullopt;
+}
+
+}  // namespace troupe

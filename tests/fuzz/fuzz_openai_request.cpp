@@ -1,0 +1,43 @@
+// troupe::openai::parse (tools/client/openai_api, with its tools from
+// openai_tools): the input is the body of POST /v1/completions and
+// /v1/chat/completions, parsed as ordered JSON as the HTTP front does
+// (non-JSON is discarded: the front answers 400 itself); the same body also
+// goes to parse_tokenize and parse_detokenize (openai_endpoints), and the
+// raw bytes to bearer_key as an Authorization header.  These report a bad
+// body as an api_error, never by exception: anything escaping is a
+// finding.  An accepted call has n Generates per prompt.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+
+#include <string>
+#include <vector>
+
+#include "tools/client/openai_api.hpp"
+#include "tools/client/openai_endpoints.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  (void)troupe::openai::bearer_key(std::string(reinterpret_cast<const char*>(data), size));
+  const auto body = nlohmann::ordered_json::parse(data, data + size, nullptr, false);
+  if (body.is_discarded()) return 0;
+  if (body.is_object()) {
+    troupe::openai::tokenize_request t;
+    (void)troupe::openai::parse_tokenize(body, t);
+    std::vector<int32_t> ids;
+    if (!troupe::openai::parse_detokenize(body, 32000, ids))
+      for (const int32_t id : ids)
+        if (id < 0 || id >= 32000) std::abort();
+  }
+  for (const bool chat : {false, true}) {
+    troupe::openai::call c;
+    const auto error = troupe::openai::parse(body, chat, "stories15m", c);
+    if (error) {
+      if (error->status < 400 || error->status > 599 || error->message.empty()) std::abort();
+      (void)troupe::openai::error_body(*error).dump();
+      continue;
+    }
+    if (c.n < 1 || c.generates.empty() || c.generates.size() % static_cast<size_t>(c.n) != 0)
+      std::abort();
+  }
+  return 0;
+}
