@@ -258,6 +258,43 @@ TEST(HostileInput, SlowHeadersAndManyStreamsDoNotStarveTheFront) {
   for (int fd : slow) ::close(fd);
 }
 
+// Found by a hostile probe of the event-driven front: logprobs of a token
+// that ends inside a UTF-8 character threw from JSON's dump on the event
+// loop and ended the process (SIGABRT); /detokenize of such an id was a
+// 500; 64 prompts x 16 samples (1024 Generates at once) overflowed the
+// front's ZeroMQ queue (1000) and the call never answered.
+TEST(HostileInput, SplitCharactersAndLargeCallsAreAnswered) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http));
+  const std::string emoji = "\xF0\x9F\x98\x80";  // one character, several byte tokens
+  for (bool stream : {false, true}) {
+    const auto raw = http_post(http, "/v1/completions",
+                               json{{"model", "stories15m"},
+                                    {"prompt", "a"},
+                                    {"max_tokens", 8},
+                                    {"logprobs", 0},
+                                    {"stream", stream},
+                                    {"guided_regex", emoji}}
+                                   .dump());
+    EXPECT_EQ(http_status(raw), 200) << raw.substr(0, 300);
+    EXPECT_EQ(::kill(server.pid(), 0), 0) << "the server died";
+  }
+  const auto detok = http_post(http, "/detokenize", R"({"tokens":[243]})");
+  EXPECT_EQ(http_status(detok), 200) << detok;
+  // 1024 sequences in one call: an answer (served, or 429 when the queue
+  // is full), within a minute.
+  json prompts = json::array();
+  for (int i = 0; i < 64; ++i) prompts.push_back("a");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto big = http_post(
+      http, "/v1/completions",
+      json{{"model", "stories15m"}, {"prompt", prompts}, {"max_tokens", 1}, {"n", 16}}.dump(), 90s);
+  const int status = http_status(big);
+  EXPECT_TRUE(status == 200 || status == 429) << big.substr(0, 300);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 60s);
+  EXPECT_EQ(http_status(http_get(http, "/health")), 200);
+}
+
 // Case 6: /health said "ok" while no instance served (completions got 503).
 TEST(HostileInput, HealthSaysWhetherAnythingCanServe) {
   const int http = free_port();

@@ -98,6 +98,18 @@ TEST(OpenAiApi, BadValuesNameTheirParameter) {
   EXPECT_EQ(param({{"prompt", "x"}, {"best_of", 2}, {"n", 2}}), "accepted");
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}), "400 logit_bias");
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", json::object()}}), "accepted");
+  // Two constraints at once (one would silently win), a stream_options of
+  // another type.
+  EXPECT_EQ(param({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"b"}}}),
+            "400 response_format");
+  EXPECT_EQ(
+      param(
+          {{"prompt", "x"}, {"guided_regex", "a"}, {"response_format", {{"type", "json_object"}}}}),
+      "400 response_format");
+  EXPECT_EQ(
+      param({{"prompt", "x"}, {"guided_regex", "a"}, {"response_format", {{"type", "text"}}}}),
+      "accepted");
+  EXPECT_EQ(param({{"prompt", "x"}, {"stream_options", 7}}), "400 stream_options");
 }
 
 // Token ids are read wide and range-checked: 2^32 + 5 once wrapped to 5,

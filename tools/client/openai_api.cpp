@@ -311,8 +311,11 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   if (auto e = boolean(body, "ignore_eos", ignore_eos)) return e;
   base.set_ignore_eos(ignore_eos);
   if (auto e = boolean(body, "stream", out.stream)) return e;
-  if (auto it = body.find("stream_options"); it != body.end() && it->is_object())
+  if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      return bad("stream_options", "'stream_options' must be an object, got " + it->dump());
     if (auto e = boolean(*it, "include_usage", out.include_usage)) return e;
+  }
   if (chat) {
     if (auto e = boolean(body, "logprobs", out.logprobs)) return e;
     i.reset();
@@ -327,7 +330,20 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     out.top_logprobs = i ? static_cast<int>(*i) : 0;
     if (auto e = boolean(body, "echo", out.echo)) return e;
   }
-  // Structured output: OpenAI's response_format, or vLLM's guided_* extras.
+  // Structured output: OpenAI's response_format, or vLLM's guided_* extras;
+  // one of them (two would each constrain the output, and one would lose).
+  {
+    int constraints = 0;
+    for (const char* key : {"guided_choice", "guided_regex", "guided_json"})
+      if (auto it = body.find(key); it != body.end() && !it->is_null()) ++constraints;
+    if (auto it = body.find("response_format"); it != body.end() && it->is_object() &&
+                                                it->contains("type") && (*it)["type"].is_string() &&
+                                                (*it)["type"] != "text")
+      ++constraints;
+    if (constraints > 1)
+      return bad("response_format",
+                 "give one of response_format, guided_json, guided_regex, guided_choice");
+  }
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     std::string type;  // stays "" (refused below) when absent or not a string
     if (it->is_object())

@@ -28,6 +28,11 @@ namespace {
 using json = nlohmann::json;
 using in_json = nlohmann::ordered_json;
 
+// JSON text with invalid UTF-8 replaced (U+FFFD): a token's text, a
+// logprob's token or a detokenized id can end inside a character, and
+// dump() would throw on it (a crash once, from the event loop).
+constexpr auto k_lossy = json::error_handler_t::replace;
+
 // Limits of the front itself (the engine's admission control comes after).
 constexpr size_t k_max_calls = 4096;                // HTTP calls in progress at once; more get 429
 constexpr size_t k_max_stream_backlog = 16u << 20;  // bytes a stream's client may leave unread
@@ -97,7 +102,7 @@ void reply(evhttp_request* req, int status, const std::string& body,
 }
 
 void reply_error(evhttp_request* req, const openai::api_error& e) {
-  reply(req, e.status, openai::error_body(e).dump());
+  reply(req, e.status, openai::error_body(e).dump(-1, ' ', false, k_lossy));
 }
 
 // One choice as its messages arrive, and how much of it a stream has shown.
@@ -154,20 +159,26 @@ struct http_front::impl {
 
   // --- the ZeroMQ side -------------------------------------------------
 
-  void send(wire::ClientMessage m) {
+  // False when the message could not be queued (the socket has no limit
+  // on queued messages, so only a closed endpoint refuses).
+  bool send(wire::ClientMessage m) {
     m.set_protocol_version(wire::PROTOCOL_VERSION_CURRENT);
     const std::string bytes = m.SerializeAsString();
     try {
-      sock.send(zmq::buffer(bytes), zmq::send_flags::dontwait);
+      return sock.send(zmq::buffer(bytes), zmq::send_flags::dontwait).has_value();
     } catch (const zmq::error_t&) {
-      // The server's own endpoint is gone: the call's timer ends it.
+      return false;
     }
   }
   void send_generate(call& k, size_t i) {
     wire::ClientMessage m;
     *m.mutable_generate() = k.c.generates[i];
     m.mutable_generate()->set_request_id(k.ids[i]);
-    send(std::move(m));
+    if (!send(std::move(m))) {
+      k.choices[i].error =
+          openai::api_error{503, "the server's endpoint took no request", "server_error", "", ""};
+      by_id.erase(k.ids[i]);
+    }
   }
   void send_cancel(uint64_t id) {
     wire::ClientMessage m;
@@ -201,8 +212,15 @@ struct http_front::impl {
       auto [k, i] = it->second;
       fold(k->choices[i], m);
       if (k->choices[i].ended || k->choices[i].error) by_id.erase(it);
-      arm(*k, k_quiet_timeout_s);
-      advance(*k, static_cast<int>(i));
+      // The admission deadline stands until every choice is taken; then
+      // each message restarts the quiet one.
+      if (all(*k, &progress::accepted)) arm(*k, k_quiet_timeout_s);
+      try {
+        advance(*k, static_cast<int>(i));
+      } catch (const std::exception& e) {
+        // Nothing a reply holds may end the loop (every client's stream).
+        fail(*k, {500, std::string("internal error: ") + e.what(), "server_error", "", ""});
+      }
     }
   }
 
@@ -269,7 +287,7 @@ struct http_front::impl {
   void fail(call& k, const openai::api_error& e) {
     if (k.req) {
       if (k.streaming) {
-        write_event(k, openai::error_body(e).dump());
+        write_event(k, openai::error_body(e).dump(-1, ' ', false, k_lossy));
         evhttp_send_reply_end(k.req);
       } else {
         reply_error(k.req, e);
@@ -293,12 +311,13 @@ struct http_front::impl {
     if (k.c.chat && k.c.tools.active()) {
       if (p.closed || !(p.ended || p.error)) return;
       p.closed = true;
-      if (p.error) return write_event(k, openai::error_body(*p.error).dump());
-      write_event(k,
-                  openai::tool_reply_chunk(k.c, k.id, opts.model, k.created, i, p.got.text).dump());
+      if (p.error)
+        return write_event(k, openai::error_body(*p.error).dump(-1, ' ', false, k_lossy));
+      write_event(k, openai::tool_reply_chunk(k.c, k.id, opts.model, k.created, i, p.got.text)
+                         .dump(-1, ' ', false, k_lossy));
       write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
                                           openai::chat_finish(k.c, p.got), false, opts.token_text)
-                         .dump());
+                         .dump(-1, ' ', false, k_lossy));
       return;
     }
     const std::string delta = p.got.text.substr(p.shown);
@@ -307,17 +326,17 @@ struct http_front::impl {
     if (!delta.empty() || !lps.empty())
       write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, delta, lps,
                                           std::nullopt, false, opts.token_text)
-                         .dump());
+                         .dump(-1, ' ', false, k_lossy));
     p.shown = p.got.text.size();
     p.lp_shown = p.got.logprobs.size();
     if (!p.closed && (p.ended || p.error)) {
       p.closed = true;
       if (p.error)
-        write_event(k, openai::error_body(*p.error).dump());
+        write_event(k, openai::error_body(*p.error).dump(-1, ' ', false, k_lossy));
       else
         write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
                                             p.got.finish, false, opts.token_text)
-                           .dump());
+                           .dump(-1, ' ', false, k_lossy));
     }
   }
 
@@ -347,7 +366,8 @@ struct http_front::impl {
       std::vector<openai::choice> done;
       for (const auto& p : k.choices) done.push_back(p.got);
       reply(k.req, 200,
-            openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text).dump());
+            openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)
+                .dump(-1, ' ', false, k_lossy));
       return finish(k);
     }
     if (changed >= 0) flush(k, size_t(changed));
@@ -366,8 +386,8 @@ struct http_front::impl {
         if (i % n == 0) prompt += k.choices[i].got.prompt_tokens;
         completion += k.choices[i].got.completion_tokens;
       }
-      write_event(k,
-                  openai::usage_chunk(k.c, k.id, opts.model, k.created, prompt, completion).dump());
+      write_event(k, openai::usage_chunk(k.c, k.id, opts.model, k.created, prompt, completion)
+                         .dump(-1, ' ', false, k_lossy));
     }
     write_event(k, "[DONE]");
     evhttp_send_reply_end(k.req);
@@ -386,12 +406,12 @@ struct http_front::impl {
       if (k.c.chat)
         write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
                                             std::nullopt, true, opts.token_text)
-                           .dump());
+                           .dump(-1, ' ', false, k_lossy));
       else if (k.c.echo && !k.c.echo_text[i / size_t(k.c.n)].empty())
         write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i,
                                             k.c.echo_text[i / size_t(k.c.n)], {}, std::nullopt,
                                             false, opts.token_text)
-                           .dump());
+                           .dump(-1, ' ', false, k_lossy));
       flush(k, i);
     }
     advance(k, -1);
@@ -455,6 +475,7 @@ struct http_front::impl {
     k.followers_sent = n == 1;
     for (size_t i = 0; i < k.choices.size(); i += n) send_generate(k, i);
     arm(k, k_admission_timeout_s);
+    if (first_error(k)) advance(k, -1);  // a send refused: answer now
   }
 
   // --- routes ----------------------------------------------------------
@@ -473,6 +494,9 @@ struct http_front::impl {
     const std::string path =
         parsed && evhttp_uri_get_path(parsed) ? evhttp_uri_get_path(parsed) : "";
     if (parsed) evhttp_uri_free(parsed);
+    if (path.empty())
+      return reply_error(
+          req, {400, "the request's URI does not parse", "invalid_request_error", "", ""});
     auto* out = evhttp_request_get_output_headers(req);
 
     // CORS for listed origins, on every answer.
@@ -496,7 +520,7 @@ struct http_front::impl {
                    json{{"status", ok         ? "ok"
                                    : draining ? "draining"
                                               : "no_instance"}}
-                       .dump());
+                       .dump(-1, ' ', false, k_lossy));
     }
     if (!opts.api_keys.empty() && !key_accepted(opts.api_keys, header(req, "Authorization")))
       return reply_error(req, openai::unauthorized());
@@ -508,17 +532,18 @@ struct http_front::impl {
       return reply(req, 200, metrics_text, "text/plain; version=0.0.4; charset=utf-8");
     }
 
-    const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
+    const bool get = method == EVHTTP_REQ_GET;
     const bool post = method == EVHTTP_REQ_POST;
     if (get && path == "/v1/models")
       return reply(req, 200,
-                   json{{"object", "list"}, {"data", json::array({model_object()})}}.dump());
+                   json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(
+                       -1, ' ', false, k_lossy));
     if (get && path.rfind("/v1/models/", 0) == 0) {
       const std::string id = path.substr(11);
       if (id != opts.model)
         return reply_error(req, {404, "The model '" + id + "' does not exist",
                                  "invalid_request_error", "model", "model_not_found"});
-      return reply(req, 200, model_object().dump());
+      return reply(req, 200, model_object().dump(-1, ' ', false, k_lossy));
     }
     const bool known_post = path == "/v1/completions" || path == "/v1/chat/completions" ||
                             path == "/tokenize" || path == "/detokenize";
@@ -552,11 +577,11 @@ struct http_front::impl {
       for (int32_t id : opts.tokenize(t.content, t.add_special))
         tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", opts.token_text(id)}}
                                        : json(id));
-      return reply(req, 200, json{{"tokens", tokens}}.dump());
+      return reply(req, 200, json{{"tokens", tokens}}.dump(-1, ' ', false, k_lossy));
     }
     std::vector<int32_t> ids;  // /detokenize: {"tokens"} -> {"content"}
     if (auto e = openai::parse_detokenize(body, opts.vocab_size, ids)) return reply_error(req, *e);
-    reply(req, 200, json{{"content", opts.detokenize(ids)}}.dump());
+    reply(req, 200, json{{"content", opts.detokenize(ids)}}.dump(-1, ' ', false, k_lossy));
   }
 
   static void on_request(evhttp_request* req, void* arg) {
@@ -581,8 +606,8 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   evhttp_set_max_body_size(p->http, static_cast<ev_ssize_t>(p->opts.max_body_bytes));
   evhttp_set_max_headers_size(p->http, 64 << 10);
   evhttp_set_timeout(p->http, k_io_timeout_s);
-  evhttp_set_allowed_methods(
-      p->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
+  evhttp_set_allowed_methods(p->http,
+                             EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_OPTIONS);  // (HEAD: 501)
   evhttp_set_gencb(p->http, impl::on_request, p);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
       p->http, p->opts.host.c_str(), static_cast<ev_uint16_t>(p->opts.port));
@@ -599,6 +624,11 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
                                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
 
   p->sock.set(zmq::sockopt::linger, 0);
+  // No limit on queued messages: a call of 64 prompts x 16 samples sends
+  // 1024 Generates at once, and ZeroMQ's default (1000) dropped the rest
+  // (dontwait), leaving the call waiting.  The calls in progress bound it.
+  p->sock.set(zmq::sockopt::sndhwm, 0);
+  p->sock.set(zmq::sockopt::rcvhwm, 0);
   p->sock.connect(p->opts.endpoint);
   p->zmq_event = event_new(
       p->base, p->sock.get(zmq::sockopt::fd), EV_READ | EV_PERSIST,
