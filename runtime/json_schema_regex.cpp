@@ -111,7 +111,7 @@ std::string format_regex(const std::string& f) {
 // characters there.  The body must stay valid JSON: a pattern that could
 // produce a quote, a backslash or a control character is refused, since
 // the output would need escapes the pattern does not spell.
-std::string pattern_regex(const std::string& pattern) {
+std::string pattern_regex(const std::string& pattern) try {
   std::string p = pattern;
   const bool head = !p.empty() && p.front() == '^';
   if (head) p.erase(0, 1);
@@ -144,6 +144,10 @@ std::string pattern_regex(const std::string& pattern) {
   }
   const std::string any = kChar + "*";
   return (head ? "" : any) + "(" + (p.empty() ? "" : p) + ")" + (tail ? "" : any);
+} catch (const regex_error& e) {
+  // What regex_dfa refuses (syntax, size, states) is a bad schema here:
+  // schema_regex reports by schema_error only (found by fuzz_json_schema).
+  throw schema_error("schema: 'pattern' '" + pattern.substr(0, 80) + "': " + e.what());
 }
 
 std::string string_regex(const json& s) {

@@ -90,6 +90,15 @@ TEST(FuzzFindings, SchemaWhoseRegexExplodesIsRefusedQuickly) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// fuzz_json_schema: a "pattern" regex_dfa cannot read let its regex_error
+// out of schema_regex, whose error channel is schema_error.
+TEST(FuzzFindings, SchemaPatternThatIsNotARegexGivesSchemaError) {
+  EXPECT_THROW(schema_regex(ojson::parse(R"({"type":"string","pattern":"[A-Z]{:}-[0-9]+"})")),
+               schema_error);
+  EXPECT_THROW(schema_regex(ojson::parse(R"({"type":"string","pattern":"(a"})")), schema_error);
+  EXPECT_NO_THROW(schema_regex(ojson::parse(R"({"type":"string","pattern":"^[A-Z]{2}$"})")));
+}
+
 // fuzz_openai_request: a content part or a response_format whose "type" is
 // not a string threw nlohmann's type_error out of parse (value("type", "")).
 TEST(FuzzFindings, OpenAiTypeFieldsOfAnyTypeGiveAnApiError) {
