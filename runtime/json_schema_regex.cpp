@@ -124,23 +124,18 @@ std::string pattern_regex(const std::string& pattern) try {
   if (tail) p.pop_back();
   regex_dfa dfa(p.empty() ? "()" : p);
   // Every state the pattern can reach, up to a bound, must refuse those bytes.
-  std::vector<int> todo{dfa.start()}, seen{dfa.start()};
-  while (!todo.empty()) {
-    const int st = todo.back();
-    todo.pop_back();
+  // DFA states are numbered as they are made, so stepping every state in
+  // turn, the new ones too, visits all that the pattern can reach.
+  for (int st = 0; st < int(dfa.states()); ++st) {
     for (int b = 0; b < 256; ++b) {
-      const int next = dfa.step(st, uint8_t(b));
-      if (next < 0) continue;
+      if (dfa.step(st, uint8_t(b)) < 0) continue;
       if (b == '"' || b == '\\' || b < 0x20)
         throw schema_error("schema: 'pattern' '" + pattern.substr(0, 80) +
                            "' can produce a quote, backslash or control character (a JSON "
                            "string would need escapes there)");
-      if (std::find(seen.begin(), seen.end(), next) != seen.end()) continue;
-      if (seen.size() >= 4096)
-        throw schema_error("schema: 'pattern' '" + pattern.substr(0, 80) + "' is too complex");
-      seen.push_back(next);
-      todo.push_back(next);
     }
+    if (dfa.states() > 4096)
+      throw schema_error("schema: 'pattern' '" + pattern.substr(0, 80) + "' is too complex");
   }
   const std::string any = kChar + "*";
   return (head ? "" : any) + "(" + (p.empty() ? "" : p) + ")" + (tail ? "" : any);
