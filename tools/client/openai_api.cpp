@@ -18,25 +18,17 @@ using in_json = nlohmann::ordered_json;  // request bodies: keys in their order
 const char* const k_token_prompt_rule =
     "a token prompt must hold token ids only (integers in [0, 2147483647])";
 
-api_error bad(const std::string& param, const std::string& message) {
-  api_error e;
-  e.status = 400;
-  e.param = param;
-  e.message = message;
-  return e;
-}
-
 // A number field in [lo, hi] (absent: nullopt, no error).
 std::optional<api_error> number(const in_json& body, const char* key, double lo, double hi,
                                 std::optional<double>& out) {
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_number())
-    return bad(key, std::string("'") + key + "' must be a number, got " + it->dump());
+    return invalid_request(key, std::string("'") + key + "' must be a number, got " + it->dump());
   const double x = it->get<double>();
   if (!std::isfinite(x) || x < lo || x > hi)
-    return bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " +
-                        json(hi).dump() + "], got " + it->dump());
+    return invalid_request(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " +
+                                    json(hi).dump() + "], got " + it->dump());
   out = x;
   return std::nullopt;
 }
@@ -46,11 +38,11 @@ std::optional<api_error> integer(const in_json& body, const char* key, int64_t l
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_number_integer())
-    return bad(key, std::string("'") + key + "' must be an integer, got " + it->dump());
+    return invalid_request(key, std::string("'") + key + "' must be an integer, got " + it->dump());
   const int64_t x = it->get<int64_t>();
   if (x < lo || x > hi)
-    return bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
-                        std::to_string(hi) + "], got " + it->dump());
+    return invalid_request(key, std::string("'") + key + "' must be in [" + std::to_string(lo) +
+                                    ", " + std::to_string(hi) + "], got " + it->dump());
   out = x;
   return std::nullopt;
 }
@@ -59,7 +51,8 @@ std::optional<api_error> boolean(const in_json& body, const char* key, bool& out
   auto it = body.find(key);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean())
-    return bad(key, std::string("'") + key + "' must be true or false, got " + it->dump());
+    return invalid_request(key,
+                           std::string("'") + key + "' must be true or false, got " + it->dump());
   out = it->get<bool>();
   return std::nullopt;
 }
@@ -131,6 +124,14 @@ json chat_logprobs(const std::vector<wire::TokenLogprob>& lps, const token_text_
 
 }  // namespace
 
+api_error invalid_request(const std::string& param, const std::string& message) {
+  api_error e;
+  e.status = 400;
+  e.param = param;
+  e.message = message;
+  return e;
+}
+
 json error_body(const api_error& e) {
   return {{"error",
            {{"message", e.message},
@@ -141,14 +142,14 @@ json error_body(const api_error& e) {
 
 std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
                                call& out) {
-  if (!body.is_object()) return bad("", "the request body must be a JSON object");
+  if (!body.is_object()) return invalid_request("", "the request body must be a JSON object");
   if (json_nests_deeper(body, k_max_body_depth))
-    return bad("", "the request body nests more than " + std::to_string(k_max_body_depth) +
-                       " levels deep");
+    return invalid_request("", "the request body nests more than " +
+                                   std::to_string(k_max_body_depth) + " levels deep");
   out = call{};
   out.chat = chat;
   if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return bad("model", "'model' must be a string");
+    if (!it->is_string()) return invalid_request("model", "'model' must be a string");
     if (it->get<std::string>() != served) {
       api_error e;
       e.status = 404;
@@ -166,12 +167,12 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   if (chat) {
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
-      return bad("messages", "'messages' must be a non-empty array of {role, content}");
+      return invalid_request("messages", "'messages' must be a non-empty array of {role, content}");
     if (auto e = parse_tools(body, out.tools)) return e;
     std::vector<std::pair<std::string, std::string>> msgs;  // role, content
     for (const auto& m : *it) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-        return bad("messages", "each message needs a 'role' string");
+        return invalid_request("messages", "each message needs a 'role' string");
       std::string role = m["role"].get<std::string>(), text;
       bool tool_turn = false;  // a tool's result, or an assistant's calls
       if (auto e = tool_message(m, role, text, tool_turn)) return e;
@@ -181,9 +182,11 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
       }
       if (role == "developer") role = "system";
       if (role != "system" && role != "user" && role != "assistant")
-        return bad("messages", "unsupported role '" + role + "' (system, user, assistant, tool)");
+        return invalid_request("messages",
+                               "unsupported role '" + role + "' (system, user, assistant, tool)");
       auto content = content_text(m.contains("content") ? m["content"] : in_json(nullptr));
-      if (!content) return bad("messages", "a message's 'content' must be a string or text parts");
+      if (!content)
+        return invalid_request("messages", "a message's 'content' must be a string or text parts");
       msgs.emplace_back(role, *content);
     }
     // The tools go into the system prompt (the first one's, or a new one).
@@ -202,7 +205,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     prompts.push_back(std::move(g));
   } else {
     auto it = body.find("prompt");
-    if (it == body.end() || it->is_null()) return bad("prompt", "'prompt' is required");
+    if (it == body.end() || it->is_null()) return invalid_request("prompt", "'prompt' is required");
     auto add_text = [&](const std::string& s) {
       wire::Generate g;
       g.set_text(s);
@@ -227,20 +230,22 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     if (it->is_string()) {
       add_text(it->get<std::string>());
     } else if (it->is_array() && !it->empty() && (*it)[0].is_number_integer()) {
-      if (!add_ids(*it)) return bad("prompt", k_token_prompt_rule);
+      if (!add_ids(*it)) return invalid_request("prompt", k_token_prompt_rule);
     } else if (it->is_array() && !it->empty()) {
       for (const auto& p : *it) {
         if (p.is_string())
           add_text(p.get<std::string>());
         else if (p.is_array() && !add_ids(p))
-          return bad("prompt", k_token_prompt_rule);
+          return invalid_request("prompt", k_token_prompt_rule);
         else if (!p.is_string() && !p.is_array())
-          return bad("prompt", "'prompt' must be a string, strings, token ids, or lists of them");
+          return invalid_request("prompt",
+                                 "'prompt' must be a string, strings, token ids, or lists of them");
       }
     } else {
-      return bad("prompt", "'prompt' must be a string, strings, token ids, or lists of them");
+      return invalid_request("prompt",
+                             "'prompt' must be a string, strings, token ids, or lists of them");
     }
-    if (prompts.size() > 64) return bad("prompt", "at most 64 prompts in one request");
+    if (prompts.size() > 64) return invalid_request("prompt", "at most 64 prompts in one request");
   }
 
   // The sampling and the rest.
@@ -289,22 +294,23 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   i.reset();
   if (auto e = integer(body, "best_of", 1, 16, i)) return e;
   if (i && *i != out.n)
-    return bad("best_of",
-               "'best_of' other than 'n' is not supported (every sample is returned: ask for n)");
+    return invalid_request(
+        "best_of",
+        "'best_of' other than 'n' is not supported (every sample is returned: ask for n)");
   if (auto it = body.find("logit_bias");
       it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
-    return bad("logit_bias", "'logit_bias' is not supported yet");
+    return invalid_request("logit_bias", "'logit_bias' is not supported yet");
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       base.add_stop(it->get<std::string>());
     } else if (it->is_array() && it->size() <= 16) {
       for (const auto& st : *it) {
         if (!st.is_string() || st.get<std::string>().empty())
-          return bad("stop", "'stop' must be a string or up to 16 non-empty strings");
+          return invalid_request("stop", "'stop' must be a string or up to 16 non-empty strings");
         base.add_stop(st.get<std::string>());
       }
     } else {
-      return bad("stop", "'stop' must be a string or up to 16 non-empty strings");
+      return invalid_request("stop", "'stop' must be a string or up to 16 non-empty strings");
     }
   }
   bool ignore_eos = false;
@@ -313,7 +319,8 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   if (auto e = boolean(body, "stream", out.stream)) return e;
   if (auto it = body.find("stream_options"); it != body.end() && !it->is_null()) {
     if (!it->is_object())
-      return bad("stream_options", "'stream_options' must be an object, got " + it->dump());
+      return invalid_request("stream_options",
+                             "'stream_options' must be an object, got " + it->dump());
     if (auto e = boolean(*it, "include_usage", out.include_usage)) return e;
   }
   if (chat) {
@@ -322,7 +329,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     if (auto e = integer(body, "top_logprobs", 0, 20, i)) return e;
     out.top_logprobs = i ? static_cast<int>(*i) : 0;
     if (out.top_logprobs > 0 && !out.logprobs)
-      return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      return invalid_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   } else {
     i.reset();
     if (auto e = integer(body, "logprobs", 0, 20, i)) return e;
@@ -341,8 +348,9 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
                                                 (*it)["type"] != "text")
       ++constraints;
     if (constraints > 1)
-      return bad("response_format",
-                 "give one of response_format, guided_json, guided_regex, guided_choice");
+      return invalid_request(
+          "response_format",
+          "give one of response_format, guided_json, guided_regex, guided_choice");
   }
   if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
     std::string type;  // stays "" (refused below) when absent or not a string
@@ -354,27 +362,31 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     } else if (type == "json_schema") {
       const in_json js = it->value("json_schema", in_json::object());
       if (!js.is_object() || !js.contains("schema") || !js["schema"].is_object())
-        return bad("response_format", "json_schema needs {\"json_schema\": {\"schema\": {...}}}");
+        return invalid_request("response_format",
+                               "json_schema needs {\"json_schema\": {\"schema\": {...}}}");
       base.set_guided_json(js["schema"].dump());
     } else if (type != "text") {
-      return bad("response_format",
-                 "'response_format' type must be text, json_object or json_schema");
+      return invalid_request("response_format",
+                             "'response_format' type must be text, json_object or json_schema");
     }
   }
   if (auto it = body.find("guided_choice"); it != body.end() && !it->is_null()) {
     if (!it->is_array() || it->empty())
-      return bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+      return invalid_request("guided_choice",
+                             "'guided_choice' must be a non-empty list of strings");
     auto* list = base.mutable_guided_choice();
     for (const auto& x : *it) {
       if (!x.is_string() || x.get<std::string>().empty())
-        return bad("guided_choice", "'guided_choice' must be a non-empty list of strings");
+        return invalid_request("guided_choice",
+                               "'guided_choice' must be a non-empty list of strings");
       list->add_choices(x.get<std::string>());
     }
   }
   if (auto it = body.find("guided_regex"); it != body.end() && !it->is_null()) {
     if (!it->is_string() || it->get_ref<const std::string&>().empty())
-      return bad("guided_regex",
-                 "'guided_regex' must be a non-empty string (omit it for unconstrained output)");
+      return invalid_request(
+          "guided_regex",
+          "'guided_regex' must be a non-empty string (omit it for unconstrained output)");
     base.set_guided_regex(it->get<std::string>());
   }
   if (auto it = body.find("guided_json"); it != body.end() && !it->is_null()) {
@@ -383,14 +395,16 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     else if (it->is_object())
       base.set_guided_json(it->dump());
     else
-      return bad("guided_json", "'guided_json' must be a JSON schema (an object or its text)");
+      return invalid_request("guided_json",
+                             "'guided_json' must be a JSON schema (an object or its text)");
   }
   // A forced tool choice is a constraint on the output: the call's JSON.
   if (out.tools.forced()) {
     if (base.constraint_case() != wire::Generate::CONSTRAINT_NOT_SET)
-      return bad("tool_choice",
-                 "a required or named 'tool_choice' cannot be combined with response_format or "
-                 "guided_* (both constrain the output)");
+      return invalid_request(
+          "tool_choice",
+          "a required or named 'tool_choice' cannot be combined with response_format or "
+          "guided_* (both constrain the output)");
     base.set_guided_json(forced_schema(out.tools));
   }
   // The wire asks for "each token's logprob and the top n" with n > 0.

@@ -24,6 +24,9 @@ struct api_error {
 };
 nlohmann::json error_body(const api_error& e);
 
+// A 400 invalid_request_error naming the offending field.
+api_error invalid_request(const std::string& param, const std::string& message);
+
 // The tools a chat call offers (tools/client/openai_tools.hpp reads them).
 struct tool_spec {
   std::string name, description;

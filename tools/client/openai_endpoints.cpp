@@ -4,17 +4,6 @@
 
 namespace troupe::openai {
 
-namespace {
-
-api_error bad(const std::string& param, const std::string& message) {
-  api_error e;
-  e.param = param;
-  e.message = message;
-  return e;
-}
-
-}  // namespace
-
 std::optional<std::string> bearer_key(const std::string& authorization) {
   const std::string prefix = "Bearer ";
   if (authorization.rfind(prefix, 0) != 0) return std::nullopt;
@@ -37,13 +26,14 @@ bool origin_allowed(const std::vector<std::string>& allowed, const std::string& 
 std::optional<api_error> parse_tokenize(const nlohmann::ordered_json& body, tokenize_request& out) {
   const auto content = body.find("content");
   if (content == body.end() || !content->is_string())
-    return bad("content", "'content' must be a string");
+    return invalid_request("content", "'content' must be a string");
   out.content = content->get<std::string>();
   for (auto [key, flag] :
        {std::pair{"add_special", &out.add_special}, std::pair{"with_pieces", &out.with_pieces}}) {
     const auto it = body.find(key);
     if (it == body.end() || it->is_null()) continue;
-    if (!it->is_boolean()) return bad(key, std::string("'") + key + "' must be true or false");
+    if (!it->is_boolean())
+      return invalid_request(key, std::string("'") + key + "' must be true or false");
     *flag = it->get<bool>();
   }
   return std::nullopt;
@@ -54,13 +44,13 @@ std::optional<api_error> parse_detokenize(const nlohmann::ordered_json& body, in
   const auto tokens = body.find("tokens");
   const std::string rule =
       "'tokens' must be a list of token ids in [0, " + std::to_string(vocab_size) + ")";
-  if (tokens == body.end() || !tokens->is_array()) return bad("tokens", rule);
+  if (tokens == body.end() || !tokens->is_array()) return invalid_request("tokens", rule);
   out.clear();
   for (const auto& t : *tokens) {
     if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= 1u << 31))
-      return bad("tokens", rule);
+      return invalid_request("tokens", rule);
     const int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= vocab_size) return bad("tokens", rule);
+    if (id < 0 || id >= vocab_size) return invalid_request("tokens", rule);
     out.push_back(static_cast<int32_t>(id));
   }
   return std::nullopt;

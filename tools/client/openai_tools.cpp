@@ -9,13 +9,6 @@ namespace {
 using json = nlohmann::json;
 using in_json = nlohmann::ordered_json;
 
-api_error bad(const std::string& param, const std::string& message) {
-  api_error e;
-  e.param = param;
-  e.message = message;
-  return e;
-}
-
 std::string call_id() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   char buf[25];
@@ -51,28 +44,31 @@ std::optional<api_error> parse_tools(const in_json& body, tool_request& out) {
   out = tool_request{};
   if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
     if (!it->is_array())
-      return bad("tools", "'tools' must be a list of {type: function, function}");
-    if (it->size() > 128) return bad("tools", "at most 128 tools");
+      return invalid_request("tools", "'tools' must be a list of {type: function, function}");
+    if (it->size() > 128) return invalid_request("tools", "at most 128 tools");
     for (const auto& t : *it) {
       if (!t.is_object() || !t.contains("type") || t["type"] != "function" ||
           !t.contains("function") || !t["function"].is_object())
-        return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {...}}");
+        return invalid_request("tools",
+                               "each tool must be {\"type\": \"function\", \"function\": {...}}");
       const auto& f = t["function"];
       tool_spec spec;
       if (!f.contains("name") || !f["name"].is_string() ||
           !valid_name(f["name"].get<std::string>()))
-        return bad("tools", "a function's 'name' must be 1 to 64 letters, digits, '_' or '-'");
+        return invalid_request("tools",
+                               "a function's 'name' must be 1 to 64 letters, digits, '_' or '-'");
       spec.name = f["name"].get<std::string>();
       for (const auto& other : out.tools)
-        if (other.name == spec.name) return bad("tools", "two tools named '" + spec.name + "'");
+        if (other.name == spec.name)
+          return invalid_request("tools", "two tools named '" + spec.name + "'");
       if (f.contains("description") && !f["description"].is_null()) {
         if (!f["description"].is_string())
-          return bad("tools", "a function's 'description' must be a string");
+          return invalid_request("tools", "a function's 'description' must be a string");
         spec.description = f["description"].get<std::string>();
       }
       if (f.contains("parameters") && !f["parameters"].is_null()) {
         if (!f["parameters"].is_object())
-          return bad("tools", "a function's 'parameters' must be a JSON schema object");
+          return invalid_request("tools", "a function's 'parameters' must be a JSON schema object");
         spec.parameters = f["parameters"];
       }
       out.tools.push_back(std::move(spec));
@@ -88,28 +84,30 @@ std::optional<api_error> parse_tools(const in_json& body, tool_request& out) {
       else if (c == "required")
         out.pick = tool_request::choice::required;
       else
-        return bad("tool_choice",
-                   "'tool_choice' must be none, auto, required or "
-                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+        return invalid_request("tool_choice",
+                               "'tool_choice' must be none, auto, required or "
+                               "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     } else if (it->is_object() && it->contains("function") && (*it)["function"].is_object() &&
                (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
       out.pick = tool_request::choice::named;
       out.named = (*it)["function"]["name"].get<std::string>();
       bool known = false;
       for (const auto& t : out.tools) known = known || t.name == out.named;
-      if (!known) return bad("tool_choice", "'tool_choice' names '" + out.named + "', not a tool");
+      if (!known)
+        return invalid_request("tool_choice",
+                               "'tool_choice' names '" + out.named + "', not a tool");
     } else {
-      return bad("tool_choice",
-                 "'tool_choice' must be none, auto, required or "
-                 "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+      return invalid_request("tool_choice",
+                             "'tool_choice' must be none, auto, required or "
+                             "{\"type\": \"function\", \"function\": {\"name\": ...}}");
     }
     if (out.tools.empty() && out.pick != tool_request::choice::none &&
         out.pick != tool_request::choice::automatic)
-      return bad("tool_choice", "'tool_choice' needs 'tools'");
+      return invalid_request("tool_choice", "'tool_choice' needs 'tools'");
   }
   if (auto it = body.find("parallel_tool_calls"); it != body.end() && !it->is_null()) {
     if (!it->is_boolean())
-      return bad("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+      return invalid_request("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
     out.parallel = it->get<bool>();
   }
   return std::nullopt;
@@ -162,7 +160,8 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
         if (part.is_object() && part.contains("text") && part["text"].is_string())
           text += part["text"].get<std::string>();
     } else {
-      return bad("messages", "a tool message's 'content' must be a string or text parts");
+      return invalid_request("messages",
+                             "a tool message's 'content' must be a string or text parts");
     }
     // Tool results come back as the user's words (Qwen's template does so).
     role = "user";
@@ -172,7 +171,8 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
   if (r != "assistant" || !m.contains("tool_calls") || m["tool_calls"].is_null())
     return std::nullopt;
   const auto& calls = m["tool_calls"];
-  if (!calls.is_array()) return bad("messages", "an assistant's 'tool_calls' must be a list");
+  if (!calls.is_array())
+    return invalid_request("messages", "an assistant's 'tool_calls' must be a list");
   is_tool_message = true;
   role = "assistant";
   content.clear();
@@ -180,7 +180,7 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
   for (const auto& call : calls) {
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
         !call["function"].contains("name") || !call["function"]["name"].is_string())
-      return bad("messages", "each tool call needs 'function': {'name', 'arguments'}");
+      return invalid_request("messages", "each tool call needs 'function': {'name', 'arguments'}");
     const auto& f = call["function"];
     in_json args = in_json::object();
     if (f.contains("arguments") && f["arguments"].is_string())
@@ -188,7 +188,8 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
     else if (f.contains("arguments") && f["arguments"].is_object())
       args = f["arguments"];
     if (args.is_discarded() || !args.is_object())
-      return bad("messages", "a tool call's 'arguments' must be a JSON object (or its text)");
+      return invalid_request("messages",
+                             "a tool call's 'arguments' must be a JSON object (or its text)");
     if (!content.empty()) content += "\n";
     content += std::string(k_open) + "\n" +
                in_json{{"name", f["name"]}, {"arguments", args}}.dump() + "\n" + k_close;

@@ -31,7 +31,9 @@ using in_json = nlohmann::ordered_json;
 // JSON text with invalid UTF-8 replaced (U+FFFD): a token's text, a
 // logprob's token or a detokenized id can end inside a character, and
 // dump() would throw on it (a crash once, from the event loop).
-constexpr auto k_lossy = json::error_handler_t::replace;
+std::string text_of(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 // Limits of the front itself (the engine's admission control comes after).
 constexpr size_t k_max_calls = 4096;                // HTTP calls in progress at once; more get 429
@@ -102,7 +104,7 @@ void reply(evhttp_request* req, int status, const std::string& body,
 }
 
 void reply_error(evhttp_request* req, const openai::api_error& e) {
-  reply(req, e.status, openai::error_body(e).dump(-1, ' ', false, k_lossy));
+  reply(req, e.status, text_of(openai::error_body(e)));
 }
 
 // One choice as its messages arrive, and how much of it a stream has shown.
@@ -287,7 +289,7 @@ struct http_front::impl {
   void fail(call& k, const openai::api_error& e) {
     if (k.req) {
       if (k.streaming) {
-        write_event(k, openai::error_body(e).dump(-1, ' ', false, k_lossy));
+        write_event(k, text_of(openai::error_body(e)));
         evhttp_send_reply_end(k.req);
       } else {
         reply_error(k.req, e);
@@ -311,32 +313,29 @@ struct http_front::impl {
     if (k.c.chat && k.c.tools.active()) {
       if (p.closed || !(p.ended || p.error)) return;
       p.closed = true;
-      if (p.error)
-        return write_event(k, openai::error_body(*p.error).dump(-1, ' ', false, k_lossy));
-      write_event(k, openai::tool_reply_chunk(k.c, k.id, opts.model, k.created, i, p.got.text)
-                         .dump(-1, ' ', false, k_lossy));
-      write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
-                                          openai::chat_finish(k.c, p.got), false, opts.token_text)
-                         .dump(-1, ' ', false, k_lossy));
+      if (p.error) return write_event(k, text_of(openai::error_body(*p.error)));
+      write_event(
+          k, text_of(openai::tool_reply_chunk(k.c, k.id, opts.model, k.created, i, p.got.text)));
+      write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                                  openai::chat_finish(k.c, p.got), false,
+                                                  opts.token_text)));
       return;
     }
     const std::string delta = p.got.text.substr(p.shown);
     std::vector<wire::TokenLogprob> lps(p.got.logprobs.begin() + long(p.lp_shown),
                                         p.got.logprobs.end());
     if (!delta.empty() || !lps.empty())
-      write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, delta, lps,
-                                          std::nullopt, false, opts.token_text)
-                         .dump(-1, ' ', false, k_lossy));
+      write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i, delta, lps,
+                                                  std::nullopt, false, opts.token_text)));
     p.shown = p.got.text.size();
     p.lp_shown = p.got.logprobs.size();
     if (!p.closed && (p.ended || p.error)) {
       p.closed = true;
       if (p.error)
-        write_event(k, openai::error_body(*p.error).dump(-1, ' ', false, k_lossy));
+        write_event(k, text_of(openai::error_body(*p.error)));
       else
-        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
-                                            p.got.finish, false, opts.token_text)
-                           .dump(-1, ' ', false, k_lossy));
+        write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                                    p.got.finish, false, opts.token_text)));
     }
   }
 
@@ -366,8 +365,7 @@ struct http_front::impl {
       std::vector<openai::choice> done;
       for (const auto& p : k.choices) done.push_back(p.got);
       reply(k.req, 200,
-            openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)
-                .dump(-1, ' ', false, k_lossy));
+            text_of(openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)));
       return finish(k);
     }
     if (changed >= 0) flush(k, size_t(changed));
@@ -386,8 +384,8 @@ struct http_front::impl {
         if (i % n == 0) prompt += k.choices[i].got.prompt_tokens;
         completion += k.choices[i].got.completion_tokens;
       }
-      write_event(k, openai::usage_chunk(k.c, k.id, opts.model, k.created, prompt, completion)
-                         .dump(-1, ' ', false, k_lossy));
+      write_event(
+          k, text_of(openai::usage_chunk(k.c, k.id, opts.model, k.created, prompt, completion)));
     }
     write_event(k, "[DONE]");
     evhttp_send_reply_end(k.req);
@@ -404,14 +402,12 @@ struct http_front::impl {
     evhttp_send_reply_start(k.req, 200, "OK");
     for (size_t i = 0; i < k.choices.size(); ++i) {
       if (k.c.chat)
-        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
-                                            std::nullopt, true, opts.token_text)
-                           .dump(-1, ' ', false, k_lossy));
+        write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
+                                                    std::nullopt, true, opts.token_text)));
       else if (k.c.echo && !k.c.echo_text[i / size_t(k.c.n)].empty())
-        write_event(k, openai::stream_chunk(k.c, k.id, opts.model, k.created, i,
-                                            k.c.echo_text[i / size_t(k.c.n)], {}, std::nullopt,
-                                            false, opts.token_text)
-                           .dump(-1, ' ', false, k_lossy));
+        write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i,
+                                                    k.c.echo_text[i / size_t(k.c.n)], {},
+                                                    std::nullopt, false, opts.token_text)));
       flush(k, i);
     }
     advance(k, -1);
@@ -517,10 +513,9 @@ struct http_front::impl {
       const bool draining = opts.draining && opts.draining();
       const bool ok = !draining && serving.load();
       return reply(req, ok ? 200 : 503,
-                   json{{"status", ok         ? "ok"
-                                   : draining ? "draining"
-                                              : "no_instance"}}
-                       .dump(-1, ' ', false, k_lossy));
+                   text_of(json{{"status", ok         ? "ok"
+                                           : draining ? "draining"
+                                                      : "no_instance"}}));
     }
     if (!opts.api_keys.empty() && !key_accepted(opts.api_keys, header(req, "Authorization")))
       return reply_error(req, openai::unauthorized());
@@ -536,14 +531,13 @@ struct http_front::impl {
     const bool post = method == EVHTTP_REQ_POST;
     if (get && path == "/v1/models")
       return reply(req, 200,
-                   json{{"object", "list"}, {"data", json::array({model_object()})}}.dump(
-                       -1, ' ', false, k_lossy));
+                   text_of(json{{"object", "list"}, {"data", json::array({model_object()})}}));
     if (get && path.rfind("/v1/models/", 0) == 0) {
       const std::string id = path.substr(11);
       if (id != opts.model)
         return reply_error(req, {404, "The model '" + id + "' does not exist",
                                  "invalid_request_error", "model", "model_not_found"});
-      return reply(req, 200, model_object().dump(-1, ' ', false, k_lossy));
+      return reply(req, 200, text_of(model_object()));
     }
     const bool known_post = path == "/v1/completions" || path == "/v1/chat/completions" ||
                             path == "/tokenize" || path == "/detokenize";
@@ -577,11 +571,11 @@ struct http_front::impl {
       for (int32_t id : opts.tokenize(t.content, t.add_special))
         tokens.push_back(t.with_pieces ? json{{"id", id}, {"piece", opts.token_text(id)}}
                                        : json(id));
-      return reply(req, 200, json{{"tokens", tokens}}.dump(-1, ' ', false, k_lossy));
+      return reply(req, 200, text_of(json{{"tokens", tokens}}));
     }
     std::vector<int32_t> ids;  // /detokenize: {"tokens"} -> {"content"}
     if (auto e = openai::parse_detokenize(body, opts.vocab_size, ids)) return reply_error(req, *e);
-    reply(req, 200, json{{"content", opts.detokenize(ids)}}.dump(-1, ' ', false, k_lossy));
+    reply(req, 200, text_of(json{{"content", opts.detokenize(ids)}}));
   }
 
   static void on_request(evhttp_request* req, void* arg) {
