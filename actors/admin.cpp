@@ -70,6 +70,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
   self->state.router = std::move(router);
   self->state.nodes = std::move(nodes);
   return {
+      // Every instance with its stats, in the router's order.
       [self](instances_atom) {
         auto rp = self->make_response_promise<std::vector<instance_info>>();
         ask_instances(self, [rp](std::vector<instance_info> v, caf::error e) mutable {
@@ -80,14 +81,17 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         });
         return rp;
       },
+      // The cluster's nodes as the service's links know them (the router's list).
       [self](nodes_atom) {
         return relay<std::vector<link_status>>(self, self->state.router, std::chrono::seconds(10),
                                                nodes_atom::value);
       },
+      // The requests in flight, from the gateway.
       [self](requests_atom) {
         return relay<std::vector<inflight_request>>(self, self->state.gateway,
                                                     std::chrono::seconds(10), requests_atom::value);
       },
+      // A request's trace: the newest finished one, else its live one.
       [self](trace_atom, uint64_t id) {
         auto rp = self->make_response_promise<request_trace>();
         auto gw = self->state.gateway;
@@ -112,6 +116,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
                 [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;
       },
+      // The KV pages of all instances, summed.
       [self](kv_atom) {
         auto rp = self->make_response_promise<pool_stats>();
         ask_instances(self, [rp](std::vector<instance_info> v, caf::error e) mutable {
@@ -140,28 +145,34 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         });
         return rp;
       },
+      // Cancel the in-flight requests with this id (the gateway finds them).
       [self](cancel_atom, uint64_t id) {
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
                               cancel_atom::value, id);
       },
+      // Move an in-flight request to that instance (the gateway finds it).
       [self](migrate_atom, uint64_t id, uint64_t instance) {
         return relay<uint64_t>(self, self->state.gateway, std::chrono::seconds(60),
                                migrate_atom::value, id, instance);
       },
+      // Fault injection: the router kills the instance.
       [self](kill_instance_atom, uint64_t instance) {
         return relay<uint64_t>(self, self->state.router, std::chrono::seconds(10),
                                kill_instance_atom::value, instance);
       },
+      // Preempt an in-flight request's sequence now (the shell, tests).
       [self](preempt_atom, uint64_t id) {
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),
                               preempt_atom::value, id);
       },
+      // The monitor's window so far; an error when the service has no monitor.
       [self](peek_atom) -> caf::result<monitor_report> {
         if (!self->state.monitor)
           return caf::make_error(caf::sec::invalid_argument, "this service has no monitor");
         return relay<monitor_report>(self, self->state.monitor, std::chrono::seconds(10),
                                      peek_atom::value);
       },
+      // The dp_group's balance, moves and rounds; an error without a group.
       [self](dp_status_atom) -> caf::result<dp_group_status> {
         if (!self->state.groups.dp)
           return caf::make_error(caf::sec::invalid_argument,
@@ -169,6 +180,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<dp_group_status>(self, self->state.groups.dp, std::chrono::seconds(10),
                                       dp_status_atom::value);
       },
+      // The expert controller's loads, placement and swaps; an error without one.
       [self](expert_status_atom) -> caf::result<expert_status> {
         if (!self->state.groups.experts)
           return caf::make_error(caf::sec::invalid_argument,
@@ -177,14 +189,17 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<expert_status>(self, self->state.groups.experts, std::chrono::seconds(10),
                                     expert_status_atom::value);
       },
+      // An instance's new role, switched by the router; replies with what changed.
       [self](set_role_atom, uint64_t id, const std::string& role) {
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
                                   set_role_atom::value, id, role);
       },
+      // Change a setting live: the router's policy, or every instance's limit.
       [self](set_atom, const std::string& key, const std::string& value) {
         return relay<std::string>(self, self->state.router, std::chrono::seconds(10),
                                   set_atom::value, key, value);
       },
+      // The node hosts n more instances (its link asks); replies with their ids.
       [self](grow_atom, const std::string& node, int32_t n) -> caf::result<std::vector<uint64_t>> {
         auto it = self->state.nodes.find(node);
         if (it == self->state.nodes.end())
@@ -193,6 +208,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<std::vector<uint64_t>>(self, it->second, std::chrono::minutes(10),
                                             grow_atom::value, n);
       },
+      // Drain an instance; the reply waits, with no timeout, until it is empty.
       [self](drain_instance_atom, uint64_t instance) {
         return relay<uint64_t>(self, self->state.router, caf::infinite, drain_instance_atom::value,
                                instance);

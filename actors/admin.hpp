@@ -1,8 +1,10 @@
 #pragma once
-// The admin actor (DESIGN.md §2): the inspection interface of a service.
-// It owns nothing and asks the gateway and the instances; `troupe serve`
-// publishes it with the middleman on service.admin_port.  Beside it, the
-// glue that turns what those actors report into metrics.
+// The admin actor (docs/architecture.md §2 "The actors"): the inspection
+// interface of a service.  It owns nothing and asks the gateway, the router
+// and the others.  It is not published on the network: tools outside the
+// process reach it through the admin endpoint (actors/admin_endpoint: JSON
+// over ZeroMQ on service.admin_port), and the metrics endpoints poll it.
+// Beside it, the glue that turns what those actors report into metrics.
 #include <map>
 #include <string>
 #include <vector>

@@ -1,4 +1,5 @@
 #include "actors/admin_endpoint.hpp"
+#include "messages/atoms.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -118,8 +119,6 @@ struct zmq_socket_box {
   zmq::socket_t sock{ctx, zmq::socket_type::router};
   ~zmq_socket_box() { sock.close(); }
 };
-
-using poll_atom = caf::atom_constant<caf::atom("poll")>;
 
 struct endpoint_state {
   admin_actor admin;
@@ -413,6 +412,7 @@ admin_endpoint_handle spawn_admin_endpoint(caf::actor_system& sys, admin_actor a
         self->state.opts = std::move(o);
         self->state.zmq = box;
         self->send(self, poll_atom::value);
+        // Its own loop: serve the socket, then the mailbox, then again.
         return {[self](poll_atom) {
           poll_once(self);
           self->send(self, poll_atom::value);

@@ -165,7 +165,9 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
   chain->notifier = std::make_shared<step_notifier>();
   self->attach_functor([n = chain->notifier] { n->disarm(); });
   return {
+      // Expert loads since the last read (reading resets the token counts).
       [engine, swap](expert_stats_atom) { return read_expert_stats(*engine, *swap); },
+      // Swap phase one: upload the plan's changed layers beside the ones in use.
       [engine, swap](expert_prepare_atom, const expert_plan& plan) -> caf::result<uint64_t> {
         const auto& hp = engine->hparams();
         if (hp.n_expert == 0)
@@ -196,6 +198,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
                                  std::string("expprepare: ") + e.what());
         }
       },
+      // Swap phase two: the prepared experts serve from the next step on.
       [engine, swap](expert_commit_atom, uint64_t epoch) -> caf::result<uint64_t> {
         if (swap->prepared.empty() || swap->prepared_epoch != epoch)
           return caf::make_error(
@@ -208,17 +211,21 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         ++swap->swaps;
         return epoch;
       },
+      // The swap was given up: drop the plan prepared for this epoch.
       [swap](expert_abort_atom, uint64_t epoch) {
         if (swap->prepared_epoch == epoch) swap->prepared.clear();
         return epoch;
       },
+      // One step: submitted behind those running, answered when it ends.
       [self, engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
         return submit_forward(self, *engine, *chain, batch);
       },
+      // The driver's note: steps up to `seq` ended, so answer them in order.
       [engine, chain](step_done_atom, uint64_t seq) {
         while (!chain->pending.empty() && chain->pending.front().seq <= seq)
           answer_oldest(*engine, *chain);
       },
+      // What the device holds: the model and its KV arena's geometry.
       [engine](info_atom) {
         device_info info;
         info.device_name = engine->device_name();
@@ -238,6 +245,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         info.kv_dtype = info.kv_bytes_per_page == 2 * elems ? "f16" : "f32";
         return info;
       },
+      // The pages' KV data, in order (swap-out, export).
       [engine](read_pages_atom,
                const std::vector<int32_t>& pages) -> caf::result<std::vector<uint8_t>> {
         try {
@@ -246,6 +254,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
           return caf::make_error(caf::sec::invalid_argument, std::string("readpages: ") + e.what());
         }
       },
+      // Write KV data into the pages (swap-in, import).
       [engine](write_pages_atom, const std::vector<int32_t>& pages,
                const std::vector<uint8_t>& data) -> caf::result<int32_t> {
         try {
@@ -256,6 +265,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
                                  std::string("writepages: ") + e.what());
         }
       },
+      // Copy the pages' data, src to dst (copy-on-write).
       [engine](copy_pages_atom, const std::vector<int32_t>& src,
                const std::vector<int32_t>& dst) -> caf::result<int32_t> {
         try {

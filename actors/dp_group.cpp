@@ -238,6 +238,7 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
   st.totals.config = cfg;
   st.page_size = page_size;
   for (auto& r : replicas) join(self, std::move(r));
+  // A replica died: it is down, and the round no longer waits for it.
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     for (auto& m : st.members) {
@@ -250,6 +251,7 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
   });
   self->send(self, tick_atom::value);
   return {
+      // Admission: the serving replica with the most free KV takes the prompt.
       [self](dp_admit_atom, int32_t prompt_tokens,
              const std::vector<uint64_t>& unavailable) -> caf::result<placement_reply> {
         auto& st = self->state;
@@ -268,21 +270,25 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
                                "dp group: most free KV (" + std::to_string(free) + " tokens)",
                                false, 0};
       },
+      // A replica joins: a node's instance that is new or came back.
       [self](dp_add_atom, router_instance& r) {
         spdlog::info("dp_group: instance {} on {} joins", r.id, r.node.empty() ? "here" : r.node);
         join(self, std::move(r));
       },
+      // The group's balance, moves and rounds, with each replica's figures.
       [self](dp_status_atom) {
         auto& st = self->state;
         dp_group_status out = st.totals;
         for (const auto& m : st.members) out.replicas.push_back(m.st);
         return out;
       },
+      // Its own timer: check the balance, again after interval_ms.
       [self](tick_atom) {
         check(self);
         self->delayed_send(self, std::chrono::milliseconds(self->state.totals.config.interval_ms),
                            tick_atom::value);
       },
+      // Lockstep: a serving replica has work; a round starts if none is open.
       [self](dp_ready_atom, uint64_t id) {
         auto& st = self->state;
         const member* m = find(st, id);
@@ -290,6 +296,7 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
         st.ready.insert(id);
         maybe_start_round(self);
       },
+      // Lockstep: a replica's step of the current round is done.
       [self](dp_done_atom, uint64_t id, uint64_t round, double ms, bool dummy) {
         auto& st = self->state;
         if (round != st.round || !st.stepping.erase(id)) return;

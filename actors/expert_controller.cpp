@@ -244,6 +244,7 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
   });
   self->send(self, tick_atom::value);
   return {
+      // One more engine's device: a node's instance that joined the router.
       [self](expert_add_atom, const device_actor& d) {
         auto& s = self->state;
         if (find(s, d)) return;
@@ -252,7 +253,9 @@ expert_controller_actor::behavior_type controller(self_ptr self, std::vector<dev
         s.engines.push_back(engine{d, {}, 0});
         self->monitor(d);
       },
+      // The controller's view: loads, placement, swaps.
       [self](expert_status_atom) { return status_of(self->state); },
+      // Read the loads and decide; a tick on schedule also sets the next one.
       [self](tick_atom) {
         read_loads(self);
         auto& st = self->state;

@@ -282,6 +282,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
   st.ctx = std::move(ctx);
   st.opts = std::move(opts);
   st.zmq = std::move(zmq);
+  // A request actor ended before its last frame: its client gets an Error.
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     auto it = st.by_actor.find(dm.source);
@@ -297,6 +298,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
   });
   self->send(self, poll_atom::value);
   return {
+      // A request's frame for its client; the last one ends the request.
       [self](reply_atom, const std::string& client, uint64_t id, const std::string& frame,
              bool last) {
         auto& st = self->state;
@@ -309,16 +311,19 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         st.inflight.erase(it);
         st.since.erase({client, id});
       },
+      // A finished request's trace: into the metrics and the history.
       [self](trace_atom, request_trace& t) {
         auto& st = self->state;
         if (st.ctx->metrics) record_request(*st.ctx->metrics, t);
         st.traces.push_back(std::move(t));
         while (st.traces.size() > st.opts.trace_history) st.traces.pop_front();
       },
+      // The most recent traces, oldest first.
       [self](traces_atom) {
         const auto& t = self->state.traces;
         return std::vector<request_trace>(t.begin(), t.end());
       },
+      // Take no new requests (cancel: end those in flight); replies how many remain.
       [self](drain_atom, bool cancel) {
         auto& st = self->state;
         st.draining = true;
@@ -326,6 +331,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
           for (const auto& [key, req] : st.inflight) self->send(req, cancel_atom::value);
         return static_cast<int32_t>(st.inflight.size());
       },
+      // The requests in flight, each with its trace so far (admin).
       [self](requests_atom) -> caf::result<std::vector<inflight_request>> {
         // Each request actor is asked for its trace so far (where it runs,
         // its state, its tokens); one that does not answer in 2 s is listed
@@ -360,22 +366,26 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
                   });
         return g->rp;
       },
+      // Cancel the in-flight requests with this id, of any client (admin).
       [self](cancel_atom, uint64_t id) {
         const auto found = requests_with_id(self->state, id);
         for (const auto& req : found) self->send(req, cancel_atom::value);
         return static_cast<int32_t>(found.size());
       },
+      // Preempt the sequence of an in-flight request with this id (admin).
       [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
         const auto found = requests_with_id(self->state, id);
         if (found.empty()) return not_in_flight(id);
         return relay<int32_t>(self, found[0], std::chrono::seconds(5), preempt_atom::value);
       },
+      // One in-flight request's trace, by its id (admin).
       [self](trace_atom, uint64_t id) -> caf::result<request_trace> {
         // The live trace of a request in flight, from its request actor.
         const auto found = requests_with_id(self->state, id);
         if (found.empty()) return not_in_flight(id);
         return relay<request_trace>(self, found[0], std::chrono::seconds(5), trace_atom::value);
       },
+      // Move the one in-flight request with this id to that instance (admin).
       [self](migrate_atom, uint64_t id, uint64_t instance) -> caf::result<uint64_t> {
         const auto found = requests_with_id(self->state, id);
         if (found.empty()) return not_in_flight(id);
@@ -386,10 +396,12 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
         return relay<uint64_t>(self, found[0], std::chrono::seconds(60), migrate_atom::value,
                                instance);
       },
+      // The admin port, told to clients in Pong; set once the admin exists.
       [self](admin_port_atom, uint32_t port) {
         self->state.admin_port = port;
         return port;
       },
+      // Its own loop: stalled frames, the socket, then the mailbox, again.
       [self](poll_atom) {
         if (!self->state.stalled.empty()) flush_stalled(self);
         poll_once(self);

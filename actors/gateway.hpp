@@ -1,10 +1,11 @@
 #pragma once
-// The gateway actor: one per service, owning a ZeroMQ ROUTER socket bound
-// to the configured endpoints (DESIGN.md §2, §5).  It decodes client frames
+// The gateway actor: one per service, owning a ZeroMQ ROUTER socket bound to
+// the configured endpoints (docs/architecture.md §2 "The actors",
+// §2.2 "Processes, threads and boundaries").  It decodes client frames
 // (anything malformed gets an Error naming the problem, never a crash),
-// spawns a request actor per Generate, routes Cancel by (client, request
-// id), answers Ping, and sends the request actors' frames back.  Detached:
-// it polls the socket with a short timeout between its mailbox messages.
+// spawns a request actor per Generate, routes Cancel by (client, request id),
+// answers Ping, and sends the request actors' frames back.  Detached: it
+// polls the socket with a short timeout between its mailbox messages.
 #include <cstddef>
 #include <memory>
 #include <string>

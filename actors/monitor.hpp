@@ -1,6 +1,7 @@
 #pragma once
-// The monitor actor (DESIGN.md §2, issue 11 item 3): one per service, a
-// thin shell over runtime/service_monitor with the service's clock.
+// The monitor actor (docs/architecture.md §2 "The actors", issue 11 item 3):
+// one per service, a thin shell over runtime/service_monitor with the
+// service's clock.
 #include "messages/monitor.hpp"
 
 namespace troupe {

@@ -1,4 +1,5 @@
 #include "actors/node.hpp"
+#include "messages/atoms.hpp"
 
 #include <CL/cl.h>
 #include <spdlog/spdlog.h>
@@ -109,6 +110,7 @@ namespace {
 // share the same cores), never on CAF's scheduler threads.
 node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer self) {
   return {
+      // Build one instance (device and instance actor) from its spec.
       [self](spawn_instance_atom, int32_t slot,
              const instance_spec& spec) -> caf::result<hosted_instance> {
         try {
@@ -135,8 +137,6 @@ struct hosted_service {
   std::map<int32_t, hosted_instance> slots;  // by slot
   std::map<int32_t, instance_spec> specs;
 };
-
-using reap_atom = caf::atom_constant<caf::atom("reap")>;
 
 struct node_state {
   node_options opts;
@@ -207,6 +207,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
       self->state.services.clear();
       self->quit(m.reason);
     });
+    // A lost link: its service's instances wait reap_after; a dead one leaves.
     self->set_down_handler([self](const caf::down_msg& dm) {
       auto& st = self->state;
       for (auto& [svc, hs] : st.services) {
@@ -228,6 +229,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
       }
     });
     return {
+        // A service's instances, one per spec: the ones it runs, else spawned now.
         [self](
             host_atom, const std::string& svc, node_link_actor link,
             const std::vector<instance_spec>& specs) -> caf::result<std::vector<hosted_instance>> {
@@ -266,12 +268,14 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           fill_slots(self, svc, std::move(todo), 0, rp);
           return rp;
         },
+        // What this machine offers, with the instances it hosts for all services.
         [self](resources_atom) {
           auto r = local_resources();
           for (const auto& [svc, hs] : self->state.services)
             r.instances += static_cast<int32_t>(hs.slots.size());
           return r;
         },
+        // The node stops: services are told once; replies with sequences still held.
         [self](stop_atom) -> caf::result<int32_t> {
           auto& st = self->state;
           if (!st.leaving) {
@@ -299,6 +303,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
                     });
           return rp;
         },
+        // A lost service did not come back in time: its instances stop.
         [self](reap_atom, const std::string& svc) {
           auto& st = self->state;
           auto it = st.services.find(svc);

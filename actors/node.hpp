@@ -1,14 +1,16 @@
 #pragma once
-// The node actor (DESIGN.md §2 "node", issue 10): one per `troupe node`
+// The node actor (docs/architecture.md §2 "The actors",
+// §2.2 "Processes, threads and boundaries"; issue 10): one per `troupe node`
 // process.  It hosts engine instances for services (messages/node.hpp):
 // builds them from specs on a detached spawner, keeps them while their
 // service's link lives (and for `reap_after` once it is gone, so a service
-// that reconnects finds its instances and sequences still there), and
-// tells the services when the node is about to stop.
+// that reconnects finds its instances and sequences still there), and tells
+// the services when the node is about to stop.
 //
 // spawn_engine is the one way an engine is built, for `troupe serve`'s
 // local instances as for a node's.
 #include <chrono>
+#include "messages/atoms.hpp"
 
 #include "messages/node.hpp"
 
@@ -34,7 +36,6 @@ struct node_options {
 // `stop_atom` on the node: the node is stopping; replies with the
 // sequences its instances still hold.  The first call tells every service
 // (leaving), which moves its sequences elsewhere; the caller polls until 0.
-using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using node_control_actor = node_actor::extend<caf::replies_to<stop_atom>::with<int32_t>>;
 
 node_control_actor spawn_node(caf::actor_system& sys, node_options opts);

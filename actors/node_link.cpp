@@ -136,6 +136,7 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
     st.opts = opts;
     st.status.address = opts.address();
     st.status.state = "down";
+    // The node is lost: report it down and try again (one that left may return).
     self->set_down_handler([self](const caf::down_msg& dm) {
       auto& st = self->state;
       if (!st.node || dm.source != st.node.address()) return;
@@ -148,7 +149,9 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
     });
     self->send(self, connect_now_atom::value);
     return {
+        // Connect to the node (at start-up, and to retry after a failure).
         [self](connect_now_atom) { connect(self); },
+        // The node stops: drain its instances so their sequences move elsewhere.
         [self](leaving_atom) {
           auto& st = self->state;
           st.leaving = true;
@@ -159,7 +162,9 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
             self->request(st.opts.router, std::chrono::minutes(10), drain_instance_atom::value, id)
                 .then([](uint64_t) {}, [](caf::error&) {});
         },
+        // What it knows now.
         [self](status_atom) { return self->state.status; },
+        // Host n more instances like the last; replies once they are up.
         [self](grow_atom, int32_t n) -> caf::result<std::vector<uint64_t>> {
           auto& st = self->state;
           auto refuse = [&](const std::string& why) {
@@ -180,6 +185,7 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
           host(self);
           return rp;
         },
+        // The status once the first attempt has an outcome (start-up).
         [self](settled_atom) -> caf::result<link_status> {
           auto& st = self->state;
           // Asked after it settled: the start-up's outcome says why it

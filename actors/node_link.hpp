@@ -11,6 +11,7 @@
 #include <chrono>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/node.hpp"
 #include "messages/router.hpp"
@@ -28,10 +29,6 @@ struct node_link_options {
   std::chrono::seconds host_timeout{600};  // loading models on the node
   std::string address() const { return host + ":" + std::to_string(port); }
 };
-
-using status_atom = caf::atom_constant<caf::atom("status")>;
-using settled_atom = caf::atom_constant<caf::atom("settled")>;
-using connect_now_atom = caf::atom_constant<caf::atom("connectnow")>;
 
 // status:  what it knows now.
 // settled: the same, once the first attempt has an outcome (for start-up).

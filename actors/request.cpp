@@ -4,6 +4,8 @@
 #include <functional>
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/admin.hpp"
 #include "actors/generate_check.hpp"
 #include "actors/relay.hpp"
@@ -41,6 +43,54 @@ struct rejection {
   std::string message;
 };
 
+// Where a request is, one phase at a time:
+//
+//   placing -> enqueueing -> running <-> moving
+//      ^            |           |          |
+//      +------------+-----------+----------+   (its instance died: recovery)
+//   any phase -> done (finished, cancelled, rejected)
+//
+// A move that ends with the sequence enqueued afresh (the target refused
+// the blob, or the hand-off's export failed) goes on running -> enqueueing.
+enum class request_phase : uint8_t {
+  placing,     // asking the router where the sequence goes
+  enqueueing,  // the enqueue (or import) is on its way to the instance
+  running,     // the instance holds the sequence
+  moving,      // its KV is being exported to another instance (migration, hand-off)
+  done,        // ended; late messages are ignored
+};
+
+const char* to_string(request_phase p) {
+  switch (p) {
+    case request_phase::placing:
+      return "placing";
+    case request_phase::enqueueing:
+      return "enqueueing";
+    case request_phase::running:
+      return "running";
+    case request_phase::moving:
+      return "moving";
+    case request_phase::done:
+      return "done";
+  }
+  return "?";
+}
+
+// Every phase change goes through here, so the allowed moves are in one
+// place; a move the diagram above does not have is a bug, logged loudly.
+void enter(request_phase& phase, request_phase next) {
+  using P = request_phase;
+  const bool ok = phase == next || next == P::done || next == P::placing ||
+                  (phase == P::placing && next == P::enqueueing) ||
+                  (phase == P::enqueueing && next == P::running) ||
+                  (phase == P::running && (next == P::moving || next == P::enqueueing)) ||
+                  (phase == P::moving && (next == P::running || next == P::enqueueing));
+  if (phase == P::done) return;  // nothing leaves done
+  if (!ok)
+    spdlog::error("request: phase {} -> {} is not a transition", to_string(phase), to_string(next));
+  phase = next;
+}
+
 struct request_state {
   std::shared_ptr<const serve_context> ctx;
   gateway_actor gateway;
@@ -48,15 +98,14 @@ struct request_state {
   wire::Generate gen;
   sequence_request seq;
   bool stream = true;
-  bool accepted = false;       // the instance holds the sequence
-  bool enqueued_sent = false;  // the enqueue is on its way or answered
-  bool announced = false;      // Accepted went out (once, whatever moves follow)
-  bool migrating = false;      // an export/import is under way
-  bool handed_off = false;     // disaggregated: the decode handoff started (once)
-  int placements_failed = 0;   // in a row, while recovering
-  instance_actor instance;     // where the sequence runs now
+  request_phase phase = request_phase::placing;
+  // Facts that hold once, whatever phases follow: the client got Accepted;
+  // the disaggregated hand-off to a decode instance started.
+  bool announced = false;
+  bool handed_off = false;
+  int placements_failed = 0;  // in a row, while recovering
+  instance_actor instance;    // where the sequence runs now
   uint64_t instance_id = 0;
-  bool done = false;
   std::unique_ptr<incremental_decoder> detok;
   std::unique_ptr<stop_matcher> stops;
   std::vector<int32_t> generated;
@@ -64,7 +113,21 @@ struct request_state {
   request_trace trace;
   clock_type::time_point arrival, enqueued, first_token, last_token;
   static inline const char* name = "request";
+
+  bool done() const { return phase == request_phase::done; }
+  // The instance holds the sequence (it may be moving it elsewhere).
+  bool accepted() const {
+    return phase == request_phase::running || phase == request_phase::moving;
+  }
+  // An instance has, or will have, the sequence: an abort must reach it.
+  bool enqueued_sent() const { return accepted() || phase == request_phase::enqueueing; }
 };
+
+// A move of the sequence ended: back to `next`, unless something else
+// (recovery, the end of the request) changed the phase meanwhile.
+void end_move(request_state& st, request_phase next) {
+  if (st.phase == request_phase::moving) enter(st.phase, next);
+}
 
 using self_ptr = request_actor::stateful_pointer<request_state>;
 
@@ -110,7 +173,7 @@ void send_frame(self_ptr self, wire::ServerMessage& m, bool last) {
 // Ends the request with an Error instead of a Finished (nothing was generated).
 void reject(self_ptr self, wire::ErrorCode code, const std::string& message) {
   auto& st = self->state;
-  st.done = true;
+  enter(st.phase, request_phase::done);
   self->send(st.gateway, reply_atom::value, st.client, st.gen.request_id(),
              error_frame(code, message, st.gen.request_id(), true), true);
   st.trace.finish = "rejected";
@@ -147,12 +210,14 @@ bool flush_text(request_state& st, wire::TokenChunk& chunk) {
 void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, bool abort,
             const std::string& error = {}) {
   auto& st = self->state;
-  st.done = true;
+  const bool was_accepted = st.accepted();
+  const bool was_enqueued = st.enqueued_sent();
+  enter(st.phase, request_phase::done);
   // The enqueue may still be unanswered: this actor quits now and would
   // never see the reply, so the abort goes out regardless.  It reaches the
   // instance after the enqueue (messages between two actors keep their
   // order), and an abort of an id the instance does not hold is ignored.
-  if (abort && st.enqueued_sent) self->send(st.instance, abort_atom::value, st.seq.id);
+  if (abort && was_enqueued) self->send(st.instance, abort_atom::value, st.seq.id);
   if (!st.stops->stopped() && flush_text(st, chunk) && reason != wire::ERROR) reason = wire::STOP;
   if (st.stream) {
     send_chunk(self, chunk);
@@ -167,7 +232,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   tr.completion_tokens = static_cast<int32_t>(st.generated.size());
   tr.state = "finished";
   tr.total_ms = ms_between(st.arrival, now);
-  tr.queue_ms = st.accepted ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
+  tr.queue_ms = was_accepted ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
   tr.ttft_ms = st.generated.empty() ? 0.0 : ms_between(st.arrival, st.first_token);
   tr.tpot_ms = st.generated.size() > 1
                    ? ms_between(st.first_token, st.last_token) / (st.generated.size() - 1)
@@ -202,7 +267,7 @@ void hand_off(self_ptr self);
 
 void on_tokens(self_ptr self, const token_batch& b) {
   auto& st = self->state;
-  if (st.done) return;
+  if (st.done()) return;
   const auto now = clock_type::now();
   if (b.cached_tokens > 0) st.trace.cached_tokens = b.cached_tokens;
   st.trace.draft_tokens += b.drafted;
@@ -299,24 +364,23 @@ void place_and_enqueue(self_ptr self);
 // Enqueues the sequence on the instance it is attached to.
 void enqueue(self_ptr self) {
   auto& st = self->state;
-  st.enqueued_sent = true;
+  enter(st.phase, request_phase::enqueueing);
   auto on = st.instance;
   const uint64_t on_id = st.instance_id;
   self->request(on, caf::infinite, enqueue_atom::value, current_sequence(st))
       .then(
           [self, on](int32_t ahead) {
             auto& st = self->state;
-            if (st.done) {  // cancelled while the enqueue was on its way
+            if (st.done()) {  // cancelled while the enqueue was on its way
               self->send(on, abort_atom::value, st.seq.id);
               return;
             }
-            st.accepted = true;
+            enter(st.phase, request_phase::running);
             st.placements_failed = 0;
             if (st.announced) return;  // a resumed sequence: the client knows it
             st.enqueued = clock_type::now();
             if (ahead >= st.ctx->max_queue) {
               self->send(on, abort_atom::value, st.seq.id);
-              st.accepted = false;
               return reject(self, wire::OVERLOADED,
                             "overloaded: " + std::to_string(ahead) +
                                 " requests are waiting (limit " +
@@ -330,7 +394,7 @@ void enqueue(self_ptr self) {
           },
           [self, on_id](caf::error& e) {
             auto& st = self->state;
-            if (st.done) return;
+            if (st.done()) return;
             if (!st.announced)
               return reject(self, wire::INVALID_ARGUMENT,
                             "the engine refused the request: " + self->system().render(e));
@@ -354,6 +418,7 @@ void place_and_enqueue(self_ptr self) {
   auto& st = self->state;
   if (st.placements_failed > 40)
     return reject(self, wire::UNAVAILABLE, "no instance is serving: the request cannot go on");
+  enter(st.phase, request_phase::placing);
   // The chained hashes of the full pages, as the instances index them, so
   // the prefix policy can find who caches the longest part of it.
   std::vector<int32_t> tokens = st.seq.prompt;
@@ -369,13 +434,13 @@ void place_and_enqueue(self_ptr self) {
                 static_cast<int32_t>(tokens.size()), std::move(hashes))
       .then(
           [self](placement_reply& p) {
-            if (self->state.done) return;
+            if (self->state.done()) return;
             attach(self, p);
             enqueue(self);
           },
           [self](caf::error& e) {
             auto& st = self->state;
-            if (st.done) return;
+            if (st.done()) return;
             if (!st.announced)
               return reject(self, wire::UNAVAILABLE,
                             "no instance can take the request: " + self->system().render(e));
@@ -396,13 +461,13 @@ struct move_outcome {
   caf::error error;  // why, unless moved
 };
 
-// The move live migration and disaggregation share (DESIGN.md §3): the
+// The move live migration and disaggregation share (docs/architecture.md §3.2 "Migration"): the
 // instance the sequence runs on exports its KV, the request attaches to
 // `to`, and `to` imports the blob.  Token batches the source sent before
 // the export's reply are handled before it (message order), so the import
 // resumes exactly after the last token streamed: none lost, none
-// repeated.  A blob `to` refuses is recomputed there.  `migrating` is
-// cleared before `done` runs.
+// repeated.  A blob `to` refuses is recomputed there.  The phase leaves
+// moving before `done` runs.
 void move_sequence(self_ptr self, placement_reply to, std::function<void(move_outcome)> done) {
   auto& st = self->state;
   const uint64_t from = st.instance_id;
@@ -413,26 +478,25 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
             auto& st = self->state;
             move_outcome out;
             out.bytes = blob.size();
-            if (st.done || st.instance_id != from) {
-              st.migrating = false;
+            if (st.done() || st.instance_id != from) {
+              end_move(st, request_phase::running);
               out.kind = move_outcome::stale;
               out.error = caf::make_error(
                   caf::sec::invalid_argument,
-                  st.done ? "the request finished meanwhile" : "the request moved meanwhile");
+                  st.done() ? "the request finished meanwhile" : "the request moved meanwhile");
               return done(std::move(out));
             }
             attach(self, to);
-            st.enqueued_sent = true;
             self->request(to.actor, caf::infinite, import_atom::value, current_sequence(st),
                           std::move(blob))
                 .then(
                     [self, done, out](int32_t) mutable {
-                      self->state.migrating = false;
+                      end_move(self->state, request_phase::running);
                       out.kind = move_outcome::moved;
                       done(std::move(out));
                     },
                     [self, done, out](caf::error& e) mutable {
-                      self->state.migrating = false;
+                      end_move(self->state, request_phase::running);
                       enqueue(self);  // recompute there
                       out.kind = move_outcome::recomputing;
                       out.error = std::move(e);
@@ -440,22 +504,21 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
                     });
           },
           [self, done](caf::error& e) {
-            self->state.migrating = false;
+            end_move(self->state, request_phase::running);
             done(move_outcome{move_outcome::not_moved, 0, std::move(e)});
           });
 }
 
-// Disaggregation (DESIGN.md §3, issue 11): the prefill instance parked the
-// sequence after its first token; the router picks where it decodes; the
-// prefill instance exports the KV (its device reads the pages between
-// forward passes, first come first served with the other transfers, never
-// inside a batch) and the decode instance imports it.  The client sees one
-// stream.  When no instance can decode, the KV goes back into the prefill
-// instance itself; when a transfer fails, the decode instance recomputes.
+// Disaggregation (docs/architecture.md §3.3 "PD hand-off", issue 11): the prefill instance parked
+// the sequence after its first token; the router picks where it decodes; the prefill instance
+// exports the KV (its device reads the pages between forward passes, first come first served with
+// the other transfers, never inside a batch) and the decode instance imports it.  The client sees
+// one stream.  When no instance can decode, the KV goes back into the prefill instance itself; when
+// a transfer fails, the decode instance recomputes.
 void hand_off(self_ptr self) {
   auto& st = self->state;
   st.handed_off = true;
-  st.migrating = true;
+  enter(st.phase, request_phase::moving);
   const auto started = clock_type::now();
   auto move_to = [self, started](placement_reply to) {
     move_sequence(self, to, [self, to, started](move_outcome m) {
@@ -505,12 +568,12 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
   auto fail = [](const std::string& why) {
     return caf::make_error(caf::sec::invalid_argument, why);
   };
-  if (st.done) return done(fail("the request has finished"));
-  if (!st.accepted) return done(fail("the request is not running yet; try again"));
-  if (st.migrating) return done(fail("the request is moving already"));
+  if (st.done()) return done(fail("the request has finished"));
+  if (st.phase == request_phase::moving) return done(fail("the request is moving already"));
+  if (!st.accepted()) return done(fail("the request is not running yet; try again"));
   if (target == st.instance_id)
     return done(fail("the request runs on instance " + std::to_string(target) + " already"));
-  st.migrating = true;
+  enter(st.phase, request_phase::moving);
   const auto started = clock_type::now();
   self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
       .then(
@@ -527,7 +590,7 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
             });
           },
           [self, done](caf::error& e) {
-            self->state.migrating = false;
+            end_move(self->state, request_phase::running);
             done(std::move(e));
           });
 }
@@ -548,7 +611,7 @@ caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
 // serves, or it is not running yet, it stays; the instance asks again.
 void relocate(self_ptr self) {
   auto& st = self->state;
-  if (st.done || st.migrating || !st.accepted) return;
+  if (st.phase != request_phase::running) return;
   const uint64_t from = st.instance_id;
   self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
                 static_cast<int32_t>(st.seq.prompt.size() + st.generated.size()),
@@ -556,7 +619,7 @@ void relocate(self_ptr self) {
       .then(
           [self, from](placement_reply& p) {
             auto& st = self->state;
-            if (st.done || st.instance_id != from || p.instance == from) return;
+            if (st.done() || st.instance_id != from || p.instance == from) return;
             start_migration(self, p.instance, [](caf::expected<uint64_t>) {});
           },
           [](caf::error&) {});
@@ -588,6 +651,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   st.trace.prompt_tokens = static_cast<int32_t>(st.seq.prompt.size());
   if (bad) {
     reject(self, bad->code, bad->message);
+    // Refused (the client has its Error): trace answers, migrate and preempt refuse, the rest drop.
     return {[](tokens_atom, const token_batch&) {},
             [](preempted_atom, uint64_t, bool) {},
             [](relocate_atom, uint64_t) {},
@@ -604,63 +668,72 @@ request_actor::behavior_type request_behavior(self_ptr self,
             }};
   }
   st.seq.sink = caf::actor_cast<token_sink_actor>(self);
+  // Its instance is lost: place the sequence again.
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
-    if (st.done || dm.source != st.instance.address()) return;
-    // Recovery (DESIGN.md §3 "Failure"): the request holds its prompt and
+    if (st.done() || dm.source != st.instance.address()) return;
+    // Recovery (docs/architecture.md §3.4 "Recovery"): the request holds its prompt and
     // every token streamed; it is placed again and recomputes from there.
     // The client sees a delay, not an error, while any instance lives.
     ++st.trace.recoveries;
-    st.accepted = false;
-    st.enqueued_sent = false;
     place_and_enqueue(self);
   });
   if (st.gen.deadline_ms() > 0)
     self->delayed_send(self, std::chrono::milliseconds(st.gen.deadline_ms()), deadline_atom::value);
   place_and_enqueue(self);
   return {
+      // Tokens from the instance: frames for the client, or its finish.
       [self](tokens_atom, const token_batch& b) { on_tokens(self, b); },
+      // The instance preempted the sequence: counted; it resumes by itself.
       [self](preempted_atom, uint64_t, bool) { ++self->state.trace.preemptions; },
+      // The instance drains: move the sequence where the router places it now.
       [self](relocate_atom, uint64_t) { relocate(self); },
+      // The client's cancel: abort the sequence, then Finished (cancelled).
       [self](cancel_atom) {
-        if (self->state.done) return;
+        if (self->state.done()) return;
         wire::TokenChunk chunk;
         finish(self, chunk, wire::CANCELLED, true);
       },
+      // The server ends it (a slow reader): Finished says why.
       [self](cancel_atom, const std::string& why) {
-        if (self->state.done) return;
+        if (self->state.done()) return;
         wire::TokenChunk chunk;
         finish(self, chunk, wire::CANCELLED, true, why);
       },
+      // Its deadline passed: abort the sequence, then Finished (timeout).
       [self](deadline_atom) {
-        if (self->state.done) return;
+        if (self->state.done()) return;
         wire::TokenChunk chunk;
         finish(self, chunk, wire::TIMEOUT, true);
       },
+      // Move the sequence to that instance, KV and all (admin, dp_group).
       [self](migrate_atom, uint64_t target) -> caf::result<uint64_t> {
         return migrate(self, target);
       },
+      // Its own timer after a failed placement: place the sequence again.
       [self](retry_atom) {
-        if (!self->state.done) place_and_enqueue(self);
+        if (!self->state.done()) place_and_enqueue(self);
       },
+      // Preempt the sequence on its instance now (the shell, tests).
       [self](preempt_atom) -> caf::result<int32_t> {
         auto& st = self->state;
-        if (st.done || !st.accepted || !st.instance)
+        if (!st.accepted() || !st.instance)
           return caf::make_error(caf::sec::invalid_argument,
                                  "the request is not on an instance now");
         return relay<int32_t>(self, st.instance, std::chrono::seconds(5), preempt_atom::value,
                               st.seq.id);
       },
+      // Its trace so far: finish in_flight, its state and where it runs.
       [self](trace_atom) {
         const auto& st = self->state;
         request_trace t = st.trace;
         t.finish = "in_flight";
         t.completion_tokens = static_cast<int32_t>(st.generated.size());
         if (!st.generated.empty()) t.ttft_ms = ms_between(st.arrival, st.first_token);
-        t.state = st.migrating       ? "migrating"
-                  : st.accepted      ? "running"
-                  : t.recoveries > 0 ? "recovering"
-                                     : "queued";
+        t.state = st.phase == request_phase::moving ? "migrating"
+                  : st.accepted()                   ? "running"
+                  : t.recoveries > 0                ? "recovering"
+                                                    : "queued";
         t.total_ms = ms_between(self->state.arrival, clock_type::now());
         return t;
       },

@@ -1,12 +1,12 @@
 #pragma once
-// The request actor: one per client Generate (DESIGN.md §3, "Generate").
-// It turns the client's prompt into tokens (raw text, token ids, or chat
-// messages through the model's template), checks that the request fits,
-// enqueues the sequence on the instance with itself as the token sink,
-// detokenizes incrementally, applies stop strings, and hands the gateway
-// wire frames: Accepted, TokenChunks, then Finished (or one Error).  Cancel
-// and the deadline end it the way a normal finish does: the sequence leaves
-// the instance first, then the stream closes.
+// The request actor: one per client Generate (docs/architecture.md
+// §3.1 "Generate").  It turns the client's prompt into tokens (raw text,
+// token ids, or chat messages through the model's template), checks that the
+// request fits, enqueues the sequence on the instance with itself as the
+// token sink, detokenizes incrementally, applies stop strings, and hands the
+// gateway wire frames: Accepted, TokenChunks, then Finished (or one Error).
+// Cancel and the deadline end it the way a normal finish does: the sequence
+// leaves the instance first, then the stream closes.
 #include <memory>
 #include <string>
 

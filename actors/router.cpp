@@ -244,6 +244,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
       st.next_id = std::max(st.next_id, i.id + 1);
       set_pool(i, initial_pool(st.opts, i.id));
     }
+    // An instance died: it is down in the registry; pending drains are checked.
     self->set_down_handler([self](const caf::down_msg& dm) {
       for (auto& i : self->state.instances)
         if (i.actor.address() == dm.source && i.state != "down") {
@@ -256,10 +257,12 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
     self->send(self, tick_atom::value);
     if (st.opts.monitor) self->delayed_send(self, st.opts.window, window_atom::value);
     return {
+        // Its own timer: the monitor's window, and role switching.
         [self](window_atom) {
           on_window(self);
           self->delayed_send(self, self->state.opts.window, window_atom::value);
         },
+        // Where a disaggregated request decodes after its prefill.
         [self](place_decode_atom, uint64_t prefill_instance,
                int32_t context) -> caf::result<placement_reply> {
           auto& st = self->state;
@@ -278,6 +281,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           r.why = d.why;
           return r;
         },
+        // The instance takes the role now; replies with what changed once it agreed.
         [self](set_role_atom, uint64_t id, const std::string& role) -> caf::result<std::string> {
           auto r = parse_role(role);
           if (!r)
@@ -292,10 +296,12 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           });
           return rp;
         },
+        // Its own timer: refresh the instances' load snapshots.
         [self](tick_atom) {
           poll(self);
           self->delayed_send(self, self->state.opts.poll, tick_atom::value);
         },
+        // An instance for a new request, by the service's policy or its dp_group.
         [self](place_atom, int32_t prompt_tokens,
                std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
           auto& st = self->state;
@@ -338,6 +344,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           st.last[r.instance].queued_prefills.push_back(prompt_tokens);
           return r;
         },
+        // That instance, if serving, for a migration.
         [self](lookup_atom, uint64_t id) -> caf::result<placement_reply> {
           auto* i = find(self->state, id);
           if (!i)
@@ -347,13 +354,17 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                                    "instance " + std::to_string(id) + " is " + i->state);
           return placement_reply{i->id, i->actor, "asked for"};
         },
+        // Every instance with its node, role and state.
         [self](registry_atom) { return self->state.instances; },
+        // A node link's news.
         [self](nodes_atom, link_status& s) { self->state.nodes[s.address] = std::move(s); },
+        // Every node's last status.
         [self](nodes_atom) {
           std::vector<link_status> out;
           for (const auto& [addr, s] : self->state.nodes) out.push_back(s);
           return out;
         },
+        // A node link's instances, up now: fresh ids, or their old ones if back.
         [self](add_instances_atom, const std::string& node,
                const std::vector<hosted_instance>& hosted) {
           auto& st = self->state;
@@ -393,6 +404,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           poll(self);
           return ids;
         },
+        // Fault injection: kill the instance as a crash would.
         [self](kill_instance_atom, uint64_t id) -> caf::result<uint64_t> {
           auto* i = find(self->state, id);
           if (!i)
@@ -401,6 +413,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           self->send_exit(i->actor, caf::exit_reason::kill);
           return id;
         },
+        // Change a setting live: the placement policy, or every instance's limit.
         [self](set_atom, const std::string& key,
                const std::string& value) -> caf::result<std::string> {
           auto& st = self->state;
@@ -462,6 +475,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                     });
           return g->rp;
         },
+        // No new placements on it; replies once it holds no sequence.
         [self](drain_instance_atom, uint64_t id) -> caf::result<uint64_t> {
           auto& st = self->state;
           auto* i = find(st, id);

@@ -1,8 +1,9 @@
 #pragma once
-// The router actor (DESIGN.md §2-3, issue 10): one per service.  It keeps
-// the registry of instances, refreshes their load snapshots (instance
-// stats) every `poll`, places each request with runtime/placement, marks
-// an instance down when it dies (it monitors them) and drains on request.
+// The router actor (docs/architecture.md §2 "The actors", §3 "The flows";
+// issue 10): one per service.  It keeps the registry of instances, refreshes
+// their load snapshots (instance stats) every `poll`, places each request
+// with runtime/placement, marks an instance down when it dies (it monitors
+// them) and drains on request.
 #include <chrono>
 #include <vector>
 

@@ -1,11 +1,13 @@
 #pragma once
-// The admin protocol (DESIGN.md §2, "admin"): inspection and control of a
-// running service.  The admin actor owns nothing; it asks the gateway and
-// the instances.  `troupe serve` publishes it on service.admin_port with
-// CAF's middleman; `troupe client admin ...` talks to it remotely.
+// The admin protocol (docs/architecture.md §2 "The actors"): inspection and
+// control of a running service.  The admin actor owns nothing; it asks the
+// gateway, the router and the others.  It is not published on the network:
+// `troupe client admin ...` and `troupe shell` reach it through the admin
+// endpoint (actors/admin_endpoint: JSON over ZeroMQ on service.admin_port).
 #include <caf/all.hpp>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/dp_group.hpp"
 #include "messages/expert_controller.hpp"
@@ -32,10 +34,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
            x.pool);
 }
 
-using instances_atom = caf::atom_constant<caf::atom("instances")>;
-using kv_atom = caf::atom_constant<caf::atom("kv")>;
-// migrate_atom: messages/gateway.hpp; drain_instance_atom: messages/router.hpp
-// trace_atom, cancel_atom, requests_atom, inflight_request: messages/gateway.hpp
+// Atoms: messages/atoms.hpp; inflight_request: messages/gateway.hpp.
 
 // instances: every instance with its stats.
 // requests:  the requests in flight.

@@ -2,27 +2,12 @@
 // The device protocol: one actor per OpenCL device runs forward passes over
 // flattened batches (runtime/forward_batch.hpp) against its paged KV arena.
 #include <caf/all.hpp>
+#include "messages/atoms.hpp"
 
+#include "runtime/engine_types.hpp"
 #include "runtime/forward_batch.hpp"
 
 namespace troupe {
-
-struct device_info {
-  std::string device_name;
-  std::string model_path;
-  std::string model_fingerprint;
-  int32_t n_vocab = 0;
-  int32_t n_ctx = 0;
-  int32_t n_pages = 0;
-  int32_t page_size = 0;
-  uint64_t weight_bytes = 0;
-  uint64_t kv_bytes_per_page = 0;
-  // The KV geometry, for blobs that move between arenas (runtime/kv_blob).
-  int32_t n_layers = 0;
-  int32_t n_kv_heads = 0;
-  int32_t head_dim = 0;
-  std::string kv_dtype;  // "f16" or "f32"
-};
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_seq& x) {
@@ -99,19 +84,6 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
   return f(caf::meta::type_name("expert_plan"), x.epoch, x.layouts);
 }
-
-using forward_atom = caf::atom_constant<caf::atom("forward")>;
-// The device actor's note to itself that its pipelined steps up to the
-// given one (its own count) have ended on the device.
-using step_done_atom = caf::atom_constant<caf::atom("stepdone")>;
-using expert_stats_atom = caf::atom_constant<caf::atom("expstats")>;
-using expert_prepare_atom = caf::atom_constant<caf::atom("expprepare")>;
-using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
-using expert_abort_atom = caf::atom_constant<caf::atom("expabort")>;
-using info_atom = caf::atom_constant<caf::atom("info")>;
-using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
-using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
-using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 
 // forward: run one step, reply with the logits of batch.logit_rows.
 // info: what the device holds.

@@ -1,15 +1,16 @@
 #pragma once
-// The data-parallel group protocol (DESIGN.md §2 "dp_group"; xLLM's
-// hierarchical DP balancing, REFERENCES.md 6.7): a group of replicas that
-// admits each request to the replica with the most free KV, moves
-// sequences from the most to the least loaded replica when their KV-token
-// gap grows past a share of the mean, and, in lockstep, makes its replicas
-// step together (each round, every replica runs one step; one with nothing
-// to do runs a dummy step), as an MoE model whose experts are shared across
-// the group needs.
+// The data-parallel group protocol (docs/architecture.md §2 "The actors";
+// xLLM's hierarchical DP balancing, REFERENCES.md 6.7): a group of replicas
+// that admits each request to the replica with the most free KV, moves
+// sequences from the most to the least loaded replica when their KV-token gap
+// grows past a share of the mean, and, in lockstep, makes its replicas step
+// together (each round, every replica runs one step; one with nothing to do
+// runs a dummy step), as an MoE model whose experts are shared across the
+// group needs.
 #include <caf/all.hpp>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/instance.hpp"
 #include "messages/router.hpp"  // placement_reply, tick_atom
@@ -81,12 +82,6 @@ typename Inspector::result_type inspect(Inspector& f, dp_group_status& x) {
            x.migrations, x.failed_migrations, x.migrated_tokens, x.rounds, x.round_ms,
            x.straggler_ms, x.last_decision);
 }
-
-using dp_admit_atom = caf::atom_constant<caf::atom("dpadmit")>;
-using dp_status_atom = caf::atom_constant<caf::atom("dpstatus")>;
-using dp_ready_atom = caf::atom_constant<caf::atom("dpready")>;
-using dp_done_atom = caf::atom_constant<caf::atom("dpdone")>;
-using dp_add_atom = caf::atom_constant<caf::atom("dpadd")>;
 
 // dpadmit:  (prompt tokens, instances not serving) the replica with the
 //           most free KV, of those serving; an error when none serves.  The

@@ -1,11 +1,12 @@
 #pragma once
-// The expert controller protocol (DESIGN.md §2; xLLM's dynamic EPLB,
-// REFERENCES.md 6.6): one controller per MoE model reads expert load from
-// the devices that run it, and when the expert devices' load is uneven it
-// moves experts with a two-phase swap (devices prepare the new placement in
-// spare buffers and report ready; only when all are ready does it tell them
-// all to commit, which each does at its next step boundary).
+// The expert controller protocol (docs/architecture.md §2 "The actors";
+// xLLM's dynamic EPLB, REFERENCES.md 6.6): one controller per MoE model reads
+// expert load from the devices that run it, and when the expert devices' load
+// is uneven it moves experts with a two-phase swap (devices prepare the new
+// placement in spare buffers and report ready; only when all are ready does
+// it tell them all to commit, which each does at its next step boundary).
 #include <caf/all.hpp>
+#include "messages/atoms.hpp"
 
 #include "messages/device.hpp"
 #include "messages/router.hpp"  // tick_atom
@@ -53,9 +54,6 @@ typename Inspector::result_type inspect(Inspector& f, expert_status& x) {
   return f(caf::meta::type_name("expert_status"), x.devices, x.engines, x.layers, x.busy_s, x.epoch,
            x.swaps, x.aborted, x.last_before, x.last_after, x.phase, x.engine_epochs, x.aligned);
 }
-
-using expert_status_atom = caf::atom_constant<caf::atom("expstatus")>;
-using expert_add_atom = caf::atom_constant<caf::atom("expadd")>;
 
 // expstatus: the controller's view (loads, placement, swaps).
 // tick: read the loads now and decide (the controller also ticks itself

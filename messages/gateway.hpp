@@ -1,12 +1,13 @@
 #pragma once
-// The gateway and request protocols (DESIGN.md §2-3, "Generate"): the
-// gateway owns a client socket and spawns one request actor per Generate;
-// each request actor speaks to an instance as its token sink and hands the
-// gateway finished wire frames (serialized troupe.wire.ServerMessage) to
-// send back to its client.
+// The gateway and request protocols (docs/architecture.md §2 "The actors",
+// §3.1 "Generate"): the gateway owns a client socket and spawns one request
+// actor per Generate; each request actor speaks to an instance as its token
+// sink and hands the gateway finished wire frames (serialized
+// troupe.wire.ServerMessage) to send back to its client.
 #include <caf/all.hpp>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/instance.hpp"
 
@@ -77,18 +78,6 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, inflight_request& x) {
   return f(caf::meta::type_name("inflight_request"), x.request_id, x.client, x.age_ms, x.live);
 }
-
-using requests_atom = caf::atom_constant<caf::atom("requests")>;
-using reply_atom = caf::atom_constant<caf::atom("reply")>;
-using trace_atom = caf::atom_constant<caf::atom("trace")>;
-using traces_atom = caf::atom_constant<caf::atom("traces")>;
-using drain_atom = caf::atom_constant<caf::atom("drain")>;
-using poll_atom = caf::atom_constant<caf::atom("poll")>;
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
-using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
-using admin_port_atom = caf::atom_constant<caf::atom("adminport")>;
-using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
-using retry_atom = caf::atom_constant<caf::atom("retry")>;
 
 // reply:  (client identity, request id, frame, last) a frame for the
 //         client; `last` ends the request (Finished, or an Error for it).

@@ -4,6 +4,7 @@
 // It never touches page data; where data must move (copy-on-write, swap,
 // import) its answers name the pages and the caller drives the device.
 #include <caf/all.hpp>
+#include "messages/atoms.hpp"
 
 #include "runtime/page_pool.hpp"
 
@@ -40,19 +41,6 @@ typename Inspector::result_type inspect(Inspector& f, pool_stats& x) {
            x.reusable, x.sequences, x.cached_tokens, x.prefix_queries, x.prefix_query_tokens,
            x.prefix_hit_tokens, x.evictions, x.alloc_failures);
 }
-
-using allocate_atom = caf::atom_constant<caf::atom("allocate")>;
-using match_atom = caf::atom_constant<caf::atom("match")>;
-using commit_atom = caf::atom_constant<caf::atom("commit")>;
-using fork_atom = caf::atom_constant<caf::atom("fork")>;
-using free_atom = caf::atom_constant<caf::atom("free")>;
-using truncate_atom = caf::atom_constant<caf::atom("truncate")>;
-using export_atom = caf::atom_constant<caf::atom("export")>;
-using reserve_atom = caf::atom_constant<caf::atom("reserve")>;
-using attach_atom = caf::atom_constant<caf::atom("attach")>;
-using unreserve_atom = caf::atom_constant<caf::atom("unreserve")>;
-using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using check_atom = caf::atom_constant<caf::atom("check")>;
 
 // allocate: grow the tables of one step's whole batch, all or nothing
 //           (ok = false with pages_short when the arena lacks pages).

@@ -1,10 +1,11 @@
 #pragma once
-// The monitor protocol (DESIGN.md §2 "monitor", issue 11 item 3): request
-// actors report first tokens (with the router's TTFT prediction) and
-// finished requests' TPOT; the router reports each instance's steps and
+// The monitor protocol (docs/architecture.md §2 "The actors", issue 11 item
+// 3): request actors report first tokens (with the router's TTFT prediction)
+// and finished requests' TPOT; the router reports each instance's steps and
 // asks, once per window, for the figures its role switching needs.
 #include <caf/all.hpp>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/instance.hpp"
 #include "runtime/service_monitor.hpp"
@@ -31,13 +32,6 @@ typename Inspector::result_type inspect(Inspector& f, monitor_report& x) {
   return f(caf::meta::type_name("monitor_report"), x.instances, x.prefills, x.unmet_prefills,
            x.ttft_mape, x.ttft_predictions);
 }
-
-using ttft_atom = caf::atom_constant<caf::atom("ttft")>;
-using tpot_atom = caf::atom_constant<caf::atom("tpot")>;
-using steps_atom = caf::atom_constant<caf::atom("steps")>;
-using placed_atom = caf::atom_constant<caf::atom("placed")>;
-using report_atom = caf::atom_constant<caf::atom("report")>;
-using peek_atom = caf::atom_constant<caf::atom("peek")>;
 
 // ttft:   (instance, predicted ms, measured ms) a request's first token.
 // tpot:   (instance, ms) a finished request's time per output token.

@@ -1,21 +1,24 @@
 #pragma once
-// The node protocol (DESIGN.md §2 "node", §8; issue 10): a `troupe node`
-// process hosts engine instances for services.  A service's node link asks
-// it to host instances built from plain, serializable specs; the node
-// spawns each one (device actor + instance actor) and hands back their
-// handles, which the service then uses exactly as local ones.  Everything
-// here crosses processes, over CAF's middleman on the cluster's TLS.
+// The node protocol (docs/architecture.md §2 "The actors",
+// §2.2 "Processes, threads and boundaries"; issue 10): a `troupe node`
+// process hosts engine instances for services.  A service's node link asks it
+// to host instances built from plain, serializable specs; the node spawns
+// each one (device actor + instance actor) and hands back their handles,
+// which the service then uses exactly as local ones.  Everything here crosses
+// processes, over CAF's middleman on the cluster's TLS.
 #include <caf/all.hpp>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
 
 namespace troupe {
 
-// What a node needs to build one engine instance.  Paths and names are as
-// the node sees them; no pointer, no open file (DESIGN.md §8 "Spawning").
+// What a node needs to build one engine instance.  Paths and names are as the
+// node sees them; no pointer, no open file (docs/architecture.md
+// §2.2 "Processes, threads and boundaries").
 struct instance_spec {
   std::string model;      // a registry name or a path on the node
   std::string tokenizer;  // llama2.c models: tokenizer.bin; empty: beside the model
@@ -105,11 +108,6 @@ typename Inspector::result_type inspect(Inspector& f, link_status& x) {
            x.instances, x.resources, x.info);
 }
 
-using host_atom = caf::atom_constant<caf::atom("host")>;
-using resources_atom = caf::atom_constant<caf::atom("resources")>;
-using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
-using grow_atom = caf::atom_constant<caf::atom("grow")>;
-
 // The service side of one node (actors/node_link): told when the node is
 // about to stop, so the service moves its sequences off first.
 using node_link_actor = caf::typed_actor<caf::reacts_to<leaving_atom>>;
@@ -131,7 +129,6 @@ using node_actor = caf::typed_actor<
     caf::replies_to<resources_atom>::with<node_resources>>;
 
 // The node's one-at-a-time builder (detached: loading a model blocks).
-using spawn_instance_atom = caf::atom_constant<caf::atom("spawninst")>;
 using node_spawner_actor = caf::typed_actor<
     caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>>;
 

@@ -1,11 +1,13 @@
 #pragma once
-// The router protocol (DESIGN.md §2 "router", issue 10): the registry of a
-// service's instances, where each request goes (runtime/placement), and
-// the instances' states.  Request actors ask it for a placement; admin for
-// the registry; drain takes an instance out of placement.
+// The router protocol (docs/architecture.md §2 "The actors", issue 10): the
+// registry of a service's instances, where each request goes
+// (runtime/placement), and the instances' states.  Request actors ask it for
+// a placement; admin for the registry; drain takes an instance out of
+// placement.
 #include <caf/all.hpp>
 #include <string>
 #include <vector>
+#include "messages/atoms.hpp"
 
 #include "messages/instance.hpp"
 #include "messages/node.hpp"
@@ -43,17 +45,6 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
   return f(caf::meta::type_name("placement_reply"), x.instance, x.actor, x.why, x.prefill_only,
            x.predicted_ttft_ms);
 }
-
-using place_atom = caf::atom_constant<caf::atom("place")>;
-using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
-using registry_atom = caf::atom_constant<caf::atom("registry")>;
-using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
-using tick_atom = caf::atom_constant<caf::atom("tick")>;
-using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
-using add_instances_atom = caf::atom_constant<caf::atom("addinst")>;
-using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
-using place_decode_atom = caf::atom_constant<caf::atom("placedec")>;
-using window_atom = caf::atom_constant<caf::atom("window")>;
 
 // place:    (prompt tokens, the prompt's full-page hashes) an instance for
 //           a new request, by the service's policy; an error when no

@@ -1,13 +1,13 @@
 #pragma once
 // The cluster simulator behind `troupe bench sim` (issue 11 item 7;
-// DESIGN.md §8): a discrete-event simulation of N instances that calls the
-// very functions the actors call (runtime/scheduler plan_step for every
-// step, runtime/placement and runtime/pd_policy for placement and role
-// switching, runtime/service_monitor for the windows) with step and
-// transfer times from a cost model fitted on the real engine
-// (runtime/cost_model).  What it leaves out, on purpose: the prefix cache
-// (every prompt is computed), swap (preemption recomputes), the router's
-// polling delay (it sees each instance's state exactly) and message
+// docs/architecture.md §2.3 "Policies are plain functions"): a discrete-event
+// simulation of N instances that calls the very functions the actors call
+// (runtime/scheduler plan_step for every step, runtime/placement and
+// runtime/pd_policy for placement and role switching, runtime/service_monitor
+// for the windows) with step and transfer times from a cost model fitted on
+// the real engine (runtime/cost_model).  What it leaves out, on purpose: the
+// prefix cache (every prompt is computed), swap (preemption recomputes), the
+// router's polling delay (it sees each instance's state exactly) and message
 // latency other than the KV transfer.
 #include <cstdint>
 #include <string>

@@ -1,11 +1,13 @@
 #pragma once
-// The KV blob (DESIGN.md §5, §8 "Sequences move as blobs"): a sequence's KV
-// pages as the device reads them, with a header that says what they are,
-// and the sampler's state, so the sequence can continue on another
-// instance (migration, PD transfer, recovery) or come back from the host
-// tier (swap).  msgpack, so any node or tool can read it.  Import checks
-// the header first: a blob from another model or geometry is refused with
-// the mismatch named, never written into an arena.
+// The KV blob (docs/architecture.md §4.9 "Export and import"): a sequence's
+// KV pages as the device reads them, with a header that says what they are,
+// so the sequence can continue on another instance (migration, the PD
+// hand-off).  No sampler state: draws derive from the seed and the position.
+// msgpack, so any node or tool can read it.  Import checks the header first:
+// a blob from another model or geometry is refused with the mismatch named,
+// never written into an arena.  Swap does not use it: a swapped-out
+// sequence's pages are read into a plain byte vector the engine holds
+// (runtime/engine) and written back as they are.
 #include <cstdint>
 #include <span>
 #include <stdexcept>

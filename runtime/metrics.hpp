@@ -1,8 +1,9 @@
 #pragma once
 // A small metrics registry that renders the Prometheus text format
-// (DESIGN.md §5): counters, gauges and histograms, each a family of series
-// told apart by their labels.  Pure and thread-safe: request actors, the
-// stats poller and the HTTP thread all use one registry at once.
+// (docs/architecture.md §2.2 "Processes, threads and boundaries"): counters,
+// gauges and histograms, each a family of series told apart by their labels.
+// Pure and thread-safe: request actors, the stats poller and the HTTP thread
+// all use one registry at once.
 #include <cstdint>
 #include <map>
 #include <mutex>

@@ -1,9 +1,11 @@
 #pragma once
-// The page metadata of one device KV arena (DESIGN.md §3, "KV pages"): page
-// states and refcounts, one page table per sequence, the chained prefix-hash
-// index of full pages, and LRU eviction of reusable pages.  Pure bookkeeping:
-// no actors and no device.  The kv_pool actor owns one of these; whoever
-// drives the device copies page data when an answer says so.
+// The page metadata of one device KV arena (docs/architecture.md
+// §4.4 "KV pages"): page states and refcounts, one page table per sequence,
+// the chained prefix-hash index of full pages, and LRU eviction of reusable
+// pages.  Pure bookkeeping: no actors and no device.  Each instance's engine
+// (runtime/engine) owns one for its arena; the kv_pool actor wraps one too,
+// though only a unit test spawns it today.  Whoever drives the device copies
+// page data when an answer says so.
 //
 // Page states: free (nobody's), allocated (reserved outside any page table,
 // e.g. while an imported sequence's KV is written), mapped (in at least one

@@ -1,8 +1,8 @@
 #pragma once
-// Prefill/decode disaggregation and dynamic role switching (issue 11;
-// xLLM report §3.2, REFERENCES.md §1): plain functions of load snapshots,
-// called by the router actor and by the cluster simulator alike (DESIGN.md
-// §8 "Policies are functions of snapshots").
+// Prefill/decode disaggregation and dynamic role switching (issue 11; xLLM
+// report §3.2, REFERENCES.md §1): plain functions of load snapshots, called
+// by the router actor and by the cluster simulator alike
+// (docs/architecture.md §2.3 "Policies are plain functions").
 //
 // Pools, as the report keeps them: P (prefill), D (decode), P->D (was
 // prefill, takes decode work now while its prefill work drains), D->P, and

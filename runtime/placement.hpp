@@ -1,7 +1,7 @@
 #pragma once
-// Where the router places a request (issue 10; DESIGN.md §8 "Policies are
-// functions of snapshots"): plain functions over the instances' load
-// snapshots, so the router actor and the cluster simulator call the same
+// Where the router places a request (issue 10; docs/architecture.md
+// §2.3 "Policies are plain functions"): plain functions over the instances'
+// load snapshots, so the router actor and the cluster simulator call the same
 // code, and tests feed them synthetic snapshots.
 //
 //   round-robin  each serving instance in turn

@@ -1,9 +1,10 @@
 #pragma once
-// The instance's step policy (DESIGN.md §3, "Step loop" and "Preemption"):
-// which sequences compute how many tokens in the next forward pass, which
-// waiting sequences are admitted, and which running ones are preempted when
-// the KV arena runs short.  Pure: no actors, no pages, no device; the
-// instance actor describes its sequences and applies the plan.
+// The instance's step policy (docs/architecture.md §4.3 "One step" and
+// §4.5 "Preemption"): which sequences compute how many tokens in the next
+// forward pass, which waiting sequences are admitted, and which running ones
+// are preempted when the KV arena runs short.  Pure: no actors, no pages, no
+// device; the engine (runtime/engine) describes its sequences and applies
+// the plan.
 #include <cstdint>
 #include <string>
 #include <vector>

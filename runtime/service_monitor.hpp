@@ -1,9 +1,10 @@
 #pragma once
-// The monitor's figures (issue 11 item 3; DESIGN.md §2 "monitor"): per
-// instance, rolling TTFT, TPOT, token interval (decode step time), device
-// busy share, queue, running tokens and KV use over a time window, and the
-// TTFT predictor's error.  Plain data in, plain data out: the monitor actor
-// wraps one, and the cluster simulator uses another the same way.
+// The monitor's figures (issue 11 item 3; docs/architecture.md
+// §2 "The actors"): per instance, rolling TTFT, TPOT, token interval (decode
+// step time), device busy share, queue, running tokens and KV use over a time
+// window, and the TTFT predictor's error.  Plain data in, plain data out: the
+// monitor actor wraps one, and the cluster simulator uses another the same
+// way.
 #include <cstdint>
 #include <deque>
 #include <map>

@@ -1,8 +1,9 @@
 #pragma once
-// Step overlap (xLLM's framework-layer pipelining; DESIGN.md §3 "Step
-// loop"): the instance plans and sends step N+1 while the device runs step
-// N, so the device starts N+1 as soon as N ends instead of waiting for the
-// result to reach the instance, be sampled, and a plan to come back.
+// Step overlap (xLLM's framework-layer pipelining; docs/architecture.md
+// §4.6 "Step overlap"): the instance plans and sends step N+1 while the
+// device runs step N, so the device starts N+1 as soon as N ends instead of
+// waiting for the result to reach the instance, be sampled, and a plan to
+// come back.
 //
 // A sequence that samples in step N has, in step N+1, a row whose token is
 // not known when N+1 is sent: a placeholder.  The device draws that token

@@ -1,9 +1,10 @@
-// troupe node: a process that hosts engine instances for services (issue
-// 10, DESIGN.md §8).  It publishes its node actor on --listen over CAF's
-// middleman on the cluster's TLS (only peers with the cluster secret get
-// in), builds instances when a service asks, and serves until SIGTERM;
-// then it tells its services, which move their sequences elsewhere, and
-// stops once its instances hold none (or the grace period ends).
+// troupe node: a process that hosts engine instances for services (issue 10,
+// docs/architecture.md §2.2 "Processes, threads and boundaries").  It
+// publishes its node actor on --listen over CAF's middleman on the cluster's
+// TLS (only peers with the cluster secret get in), builds instances when a
+// service asks, and serves until SIGTERM; then it tells its services, which
+// move their sequences elsewhere, and stops once its instances hold none (or
+// the grace period ends).
 #include <pthread.h>
 #include <signal.h>
 

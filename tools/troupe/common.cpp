@@ -121,9 +121,9 @@ actor_env::actor_env(const std::string& secret, const cluster_flags& c) {
   cfg.openssl_certificate = identity->cert;
   cfg.openssl_key = identity->key;
   cfg.openssl_cafile = identity->cert;
-  // A peer that stops answering without closing its connection (hung,
-  // cut off) is declared lost after the timeout: its proxies go down and
-  // every actor monitoring them hears of it (DESIGN.md §8 "Failure").
+  // A peer that stops answering without closing its connection (hung, cut
+  // off) is declared lost after the timeout: its proxies go down and every
+  // actor monitoring them hears of it (docs/architecture.md §3.4 "Recovery").
   cfg.set("middleman.heartbeat-interval", caf::timespan{std::chrono::milliseconds(c.heartbeat_ms)});
   cfg.set("middleman.connection-timeout",
           caf::timespan{std::chrono::milliseconds(c.connection_timeout_ms)});

@@ -1,0 +1,119 @@
+#pragma once
+// Every atom of troupe's actor protocols, in one place: a message's first
+// element names what it asks for.  Grouped by the protocol that uses them;
+// the typed interfaces (messages/*.hpp) say what each message carries and
+// answers.  An atom's text is at most 10 characters (CAF 0.17) and is
+// unique across troupe: the same text is the same type everywhere.
+#include <caf/atom.hpp>
+
+namespace troupe {
+
+// The instance protocol (messages/instance.hpp) and its token sinks.
+using tokens_atom = caf::atom_constant<caf::atom("tokens")>;
+using preempted_atom = caf::atom_constant<caf::atom("preempted")>;
+using relocate_atom = caf::atom_constant<caf::atom("relocate")>;
+using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
+using abort_atom = caf::atom_constant<caf::atom("abort")>;
+using export_atom = caf::atom_constant<caf::atom("export")>;
+using import_atom = caf::atom_constant<caf::atom("import")>;
+using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
+using set_atom = caf::atom_constant<caf::atom("set")>;
+using set_role_atom = caf::atom_constant<caf::atom("setrole")>;
+using sequences_atom = caf::atom_constant<caf::atom("sequences")>;
+using dp_join_atom = caf::atom_constant<caf::atom("dpjoin")>;
+using dp_go_atom = caf::atom_constant<caf::atom("dpgo")>;
+
+// The device protocol (messages/device.hpp).
+using forward_atom = caf::atom_constant<caf::atom("forward")>;
+// stepdone: the device actor's note to itself that its pipelined steps up to
+// the given one (its own count) have ended on the device.
+using step_done_atom = caf::atom_constant<caf::atom("stepdone")>;
+using expert_stats_atom = caf::atom_constant<caf::atom("expstats")>;
+using expert_prepare_atom = caf::atom_constant<caf::atom("expprepare")>;
+using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
+using expert_abort_atom = caf::atom_constant<caf::atom("expabort")>;
+using info_atom = caf::atom_constant<caf::atom("info")>;
+using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
+using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
+using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
+
+// The KV page pool protocol (messages/kv_pool.hpp).
+using allocate_atom = caf::atom_constant<caf::atom("allocate")>;
+using match_atom = caf::atom_constant<caf::atom("match")>;
+using commit_atom = caf::atom_constant<caf::atom("commit")>;
+using fork_atom = caf::atom_constant<caf::atom("fork")>;
+using free_atom = caf::atom_constant<caf::atom("free")>;
+using truncate_atom = caf::atom_constant<caf::atom("truncate")>;
+using reserve_atom = caf::atom_constant<caf::atom("reserve")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using unreserve_atom = caf::atom_constant<caf::atom("unreserve")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using check_atom = caf::atom_constant<caf::atom("check")>;
+
+// The router protocol (messages/router.hpp).
+using place_atom = caf::atom_constant<caf::atom("place")>;
+using lookup_atom = caf::atom_constant<caf::atom("lookup")>;
+using registry_atom = caf::atom_constant<caf::atom("registry")>;
+using drain_instance_atom = caf::atom_constant<caf::atom("draininst")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
+using add_instances_atom = caf::atom_constant<caf::atom("addinst")>;
+using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
+using place_decode_atom = caf::atom_constant<caf::atom("placedec")>;
+using window_atom = caf::atom_constant<caf::atom("window")>;
+
+// The gateway and request protocols (messages/gateway.hpp).
+using requests_atom = caf::atom_constant<caf::atom("requests")>;
+using reply_atom = caf::atom_constant<caf::atom("reply")>;
+using trace_atom = caf::atom_constant<caf::atom("trace")>;
+using traces_atom = caf::atom_constant<caf::atom("traces")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using poll_atom = caf::atom_constant<caf::atom("poll")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+using admin_port_atom = caf::atom_constant<caf::atom("adminport")>;
+using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
+using retry_atom = caf::atom_constant<caf::atom("retry")>;
+
+// The service monitor protocol (messages/monitor.hpp).
+using ttft_atom = caf::atom_constant<caf::atom("ttft")>;
+using tpot_atom = caf::atom_constant<caf::atom("tpot")>;
+using steps_atom = caf::atom_constant<caf::atom("steps")>;
+using placed_atom = caf::atom_constant<caf::atom("placed")>;
+using report_atom = caf::atom_constant<caf::atom("report")>;
+using peek_atom = caf::atom_constant<caf::atom("peek")>;
+
+// The node protocol (messages/node.hpp).
+using host_atom = caf::atom_constant<caf::atom("host")>;
+using resources_atom = caf::atom_constant<caf::atom("resources")>;
+using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
+using grow_atom = caf::atom_constant<caf::atom("grow")>;
+using spawn_instance_atom = caf::atom_constant<caf::atom("spawninst")>;
+
+// The data-parallel group protocol (messages/dp_group.hpp).
+using dp_admit_atom = caf::atom_constant<caf::atom("dpadmit")>;
+using dp_status_atom = caf::atom_constant<caf::atom("dpstatus")>;
+using dp_ready_atom = caf::atom_constant<caf::atom("dpready")>;
+using dp_done_atom = caf::atom_constant<caf::atom("dpdone")>;
+using dp_add_atom = caf::atom_constant<caf::atom("dpadd")>;
+
+// The expert controller protocol (messages/expert_controller.hpp).
+using expert_status_atom = caf::atom_constant<caf::atom("expstatus")>;
+using expert_add_atom = caf::atom_constant<caf::atom("expadd")>;
+
+// The admin protocol (messages/admin.hpp).
+using instances_atom = caf::atom_constant<caf::atom("instances")>;
+using kv_atom = caf::atom_constant<caf::atom("kv")>;
+
+// The node link's own messages (actors/node_link).
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using settled_atom = caf::atom_constant<caf::atom("settled")>;
+using connect_now_atom = caf::atom_constant<caf::atom("connectnow")>;
+
+// The node actor's own messages (actors/node).
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+
+// The node actor's own messages (actors/node).
+using reap_atom = caf::atom_constant<caf::atom("reap")>;
+
+}  // namespace troupe

@@ -1,0 +1,562 @@
+// runtime/engine without an actor system: a fake device that carries out
+// the engine's commands in order and records every step plan.  Its "model"
+// reads the context back from the KV pages it was written to, so a token
+// comes out right only when every page the step's table names holds the
+// right tokens: prefix caching, preemption (recompute and swap), drafts,
+// step overlap, export and import are checked by the outputs alone against
+// a reference computed from the tokens.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <variant>
+
+#include "runtime/engine.hpp"
+#include "runtime/kv_blob.hpp"
+
+namespace troupe {
+namespace {
+
+constexpr int32_t k_vocab = 61;
+constexpr int32_t k_page = 4;
+
+// The next token after a context: a hash of every (position, token).
+int32_t next_of(const std::vector<int32_t>& ctx) {
+  uint64_t h = 7;
+  for (size_t i = 0; i < ctx.size(); ++i) h = h * 31 + uint64_t(ctx[i]) * (i + 3);
+  return static_cast<int32_t>(h % k_vocab);
+}
+
+// What greedy decoding gives for `prompt`, `n` tokens.
+std::vector<int32_t> reference(std::vector<int32_t> prompt, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(next_of(prompt));
+    prompt.push_back(out.back());
+  }
+  return out;
+}
+
+device_info fake_info(int32_t n_pages) {
+  device_info d;
+  d.device_name = "fake";
+  d.model_fingerprint = "fake-model";
+  d.n_vocab = k_vocab;
+  d.n_ctx = 512;
+  d.n_pages = n_pages;
+  d.page_size = k_page;
+  // K and V of one layer, one head of one float: what kv_blob expects of
+  // this geometry.  The fake keeps the token in both.
+  d.kv_bytes_per_page = 2 * k_page * sizeof(int32_t);
+  d.n_layers = 1;
+  d.n_kv_heads = 1;
+  d.head_dim = 1;
+  d.kv_dtype = "f32";
+  return d;
+}
+
+struct seq_out {
+  std::vector<int32_t> tokens;
+  finish_reason finish = finish_reason::none;
+  std::string error;
+  int32_t cached = 0;
+  int preempted = 0;
+  int32_t accepted = 0;
+};
+
+// Carries out an engine's commands as a device would, in order, and
+// answers them one at a time (the device answers in order too).
+struct fake_device {
+  engine& eng;
+  std::vector<int32_t> kv;  // per page slot: the token whose KV it holds (-1: never written)
+  std::vector<forward_batch> plans;
+  std::map<uint64_t, seq_out> by_key;
+  std::deque<std::function<void()>> answers;
+  std::vector<int32_t> last_drawn;  // the previous step's draws (placeholders)
+  int most_in_flight = 0;
+  int asked_rounds = 0;
+  std::vector<engine_cmd::round_done> rounds;
+  bool fail_next_forward = false;
+  bool fail_swap_in = false;
+
+  explicit fake_device(engine& e) : eng(e), kv(size_t(e.info().n_pages) * k_page, -1) {}
+
+  int32_t& slot(const std::vector<int32_t>& pages, int32_t pos) {
+    return kv.at(size_t(pages.at(pos / k_page)) * k_page + pos % k_page);
+  }
+
+  forward_result run_forward(forward_batch b) {
+    for (const auto& p : b.placeholders) b.tokens[p.row] = last_drawn.at(p.drawn_index);
+    forward_result r;
+    r.n_vocab = k_vocab;
+    std::vector<int32_t> next(b.tokens.size(), -1);
+    for (const auto& s : b.seqs) {
+      for (int32_t j = 0; j < s.n_rows; ++j) {
+        const int32_t row = s.first_row + j;
+        const int32_t pos = b.positions[row];
+        slot(s.pages, pos) = b.tokens[row];
+        std::vector<int32_t> ctx;
+        bool garbage = false;
+        for (int32_t q = 0; q <= pos; ++q) {
+          ctx.push_back(slot(s.pages, q));
+          garbage = garbage || ctx.back() < 0;
+        }
+        // A row that reads an unwritten slot gives a token no reference has.
+        next[row] = garbage ? k_vocab - 1 : next_of(ctx);
+      }
+    }
+    for (int32_t row : b.logit_rows) {
+      std::vector<float> l(k_vocab, 0.0f);
+      l[next.at(row)] = 10.0f;
+      r.logits.insert(r.logits.end(), l.begin(), l.end());
+    }
+    last_drawn.clear();
+    for (const auto& p : b.presample) last_drawn.push_back(next.at(b.logit_rows.at(p.logit_index)));
+    r.drawn = last_drawn;
+    return r;
+  }
+
+  std::vector<uint8_t> read(const std::vector<int32_t>& pages) {
+    std::vector<uint8_t> out;
+    for (int32_t p : pages) {
+      const auto* b = reinterpret_cast<const uint8_t*>(&kv[size_t(p) * k_page]);
+      for (int half = 0; half < 2; ++half) out.insert(out.end(), b, b + k_page * sizeof(int32_t));
+    }
+    return out;
+  }
+
+  void write(const std::vector<int32_t>& pages, const std::vector<uint8_t>& data) {
+    const size_t page_bytes = 2 * k_page * sizeof(int32_t);
+    ASSERT_GE(data.size(), pages.size() * page_bytes);
+    for (size_t i = 0; i < pages.size(); ++i)
+      std::memcpy(&kv[size_t(pages[i]) * k_page], data.data() + i * page_bytes,
+                  k_page * sizeof(int32_t));
+  }
+
+  void carry_out() {
+    for (auto& cmd : eng.take_commands()) {
+      std::visit(
+          [this](auto& c) {
+            using T = std::decay_t<decltype(c)>;
+            if constexpr (std::is_same_v<T, engine_cmd::forward>) {
+              plans.push_back(c.batch);
+              const uint64_t id = c.step;
+              if (c.dummy) {
+                answers.push_back([this] { eng.on_dummy_done(); });
+              } else if (std::exchange(fail_next_forward, false)) {
+                answers.push_back([this, id] { eng.on_step_failed(id, "injected"); });
+              } else {
+                auto r = std::make_shared<forward_result>(run_forward(std::move(c.batch)));
+                answers.push_back([this, id, r] { eng.on_step_done(id, *r); });
+              }
+            } else if constexpr (std::is_same_v<T, engine_cmd::copy_pages>) {
+              for (size_t i = 0; i < c.src.size(); ++i)
+                for (int32_t s = 0; s < k_page; ++s)
+                  kv[size_t(c.dst[i]) * k_page + s] = kv[size_t(c.src[i]) * k_page + s];
+            } else if constexpr (std::is_same_v<T, engine_cmd::swap_out>) {
+              auto data = read(c.pages);
+              const uint64_t key = c.key;
+              answers.push_back([this, key, data] { eng.on_swapped_out(key, data); });
+            } else if constexpr (std::is_same_v<T, engine_cmd::swap_in>) {
+              if (fail_swap_in) {
+                const uint64_t key = c.key;
+                answers.push_back([this, key] { eng.fail(key, "swap-in: injected"); });
+              } else {
+                write(c.pages, c.data);
+              }
+            } else if constexpr (std::is_same_v<T, engine_cmd::export_read>) {
+              exported[c.key] = read(c.pages);
+            } else if constexpr (std::is_same_v<T, engine_cmd::emit>) {
+              auto& o = by_key[c.key];
+              o.tokens.insert(o.tokens.end(), c.batch.tokens.begin(), c.batch.tokens.end());
+              o.cached += c.batch.cached_tokens;
+              o.accepted += c.batch.accepted;
+              EXPECT_EQ(o.finish, finish_reason::none) << "a batch after the last one";
+              o.finish = c.batch.finish;
+              o.error = c.batch.error;
+            } else if constexpr (std::is_same_v<T, engine_cmd::preempted>) {
+              ++by_key[c.key].preempted;
+            } else if constexpr (std::is_same_v<T, engine_cmd::ask_round>) {
+              ++asked_rounds;
+            } else if constexpr (std::is_same_v<T, engine_cmd::round_done>) {
+              rounds.push_back(c);
+            }
+          },
+          cmd);
+    }
+    most_in_flight = std::max(most_in_flight, static_cast<int>(eng.in_flight()));
+  }
+
+  // Until nothing is left to answer; `between` runs after each answer.
+  void settle(const std::function<void()>& between = {}) {
+    carry_out();
+    for (int guard = 0; !answers.empty() && guard < 100000; ++guard) {
+      auto a = std::move(answers.front());
+      answers.pop_front();
+      a();
+      if (between) between();
+      carry_out();
+    }
+    ASSERT_TRUE(answers.empty()) << "the engine never went idle";
+  }
+
+  std::map<uint64_t, std::vector<uint8_t>> exported;
+};
+
+instance_options options(int32_t max_batch, int32_t chunk,
+                         preempt_mode mode = preempt_mode::recompute) {
+  instance_options o;
+  o.limits.max_batch_tokens = max_batch;
+  o.limits.max_seqs = 16;
+  o.limits.chunk_size = chunk;
+  o.preemption = mode;
+  o.step_overlap = false;
+  return o;
+}
+
+sequence_spec spec(uint64_t id, std::vector<int32_t> prompt, int32_t max_tokens) {
+  sequence_spec r;
+  r.id = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> prompt_of(int32_t seed, int32_t len) {
+  std::vector<int32_t> p;
+  for (int32_t i = 0; i < len; ++i) p.push_back((seed * 7 + i * 3) % (k_vocab - 1));
+  return p;
+}
+
+uint64_t enqueue(engine& e, sequence_spec r) {
+  uint64_t key = 0;
+  int32_t ahead = 0;
+  EXPECT_EQ(e.enqueue(std::move(r), key, ahead), "");
+  return key;
+}
+
+// Every page free or reusable, no sequence left, the invariants hold.
+void expect_released(const engine& e) {
+  auto s = e.stats();
+  EXPECT_EQ(s.kv_check, "");
+  EXPECT_EQ(s.kv.allocated, 0);
+  EXPECT_EQ(s.kv.sequences, 0);
+  EXPECT_EQ(s.waiting + s.running, 0);
+}
+
+// Several sequences, enqueued together: each gets what it gets alone, in
+// steps that batch them (chunked prefill included).
+void check_batched(instance_options o, int32_t n_pages) {
+  engine e(fake_info(n_pages), o);
+  fake_device dev(e);
+  std::map<uint64_t, std::vector<int32_t>> want;
+  for (int i = 0; i < 6; ++i) {
+    auto p = prompt_of(i + 1, 5 + 7 * i);
+    want[enqueue(e, spec(100 + i, p, 12))] = reference(p, 12);
+  }
+  dev.settle();
+  for (const auto& [key, w] : want) {
+    EXPECT_EQ(dev.by_key[key].tokens, w) << "key " << key;
+    EXPECT_EQ(dev.by_key[key].finish, finish_reason::max_tokens);
+  }
+  expect_released(e);
+  size_t widest = 0;
+  for (const auto& b : dev.plans) widest = std::max(widest, b.seqs.size());
+  EXPECT_GT(widest, 1u) << "the steps never batched two sequences";
+  for (const auto& b : dev.plans)
+    EXPECT_LE(static_cast<int32_t>(b.tokens.size()), o.limits.max_batch_tokens);
+}
+
+TEST(Engine, BatchedSequencesGetWhatTheyGetAlone) {
+  check_batched(options(32, 8), 64);
+}
+
+TEST(Engine, StepOverlapKeepsEveryOutputWithTwoStepsInFlight) {
+  auto o = options(32, 8);
+  o.step_overlap = true;
+  engine e(fake_info(64), o);
+  fake_device dev(e);
+  auto p = prompt_of(3, 9);
+  const uint64_t k = enqueue(e, spec(1, p, 20));
+  auto q = prompt_of(5, 6);
+  const uint64_t k2 = enqueue(e, spec(2, q, 15));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k].tokens, reference(p, 20));
+  EXPECT_EQ(dev.by_key[k2].tokens, reference(q, 15));
+  EXPECT_EQ(dev.most_in_flight, 2);
+  EXPECT_GT(e.stats().overlapped_steps, 0u);
+  bool placeholders = false;
+  for (const auto& b : dev.plans) placeholders = placeholders || !b.placeholders.empty();
+  EXPECT_TRUE(placeholders);
+  expect_released(e);
+}
+
+TEST(Engine, ASharedPrefixIsComputedOnce) {
+  engine e(fake_info(64), options(64, 64));
+  fake_device dev(e);
+  auto prefix = prompt_of(2, 16);  // four full pages
+  auto a = prefix, b = prefix;
+  a.push_back(1);
+  b.push_back(2);
+  const uint64_t ka = enqueue(e, spec(1, a, 4));
+  dev.settle();
+  const size_t plans_before = dev.plans.size();
+  const uint64_t kb = enqueue(e, spec(2, b, 4));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[ka].tokens, reference(a, 4));
+  EXPECT_EQ(dev.by_key[kb].tokens, reference(b, 4));
+  EXPECT_EQ(dev.by_key[ka].cached, 0);
+  EXPECT_EQ(dev.by_key[kb].cached, 16);
+  // b's prefill computed only what was not cached: its first step's rows.
+  EXPECT_EQ(dev.plans.at(plans_before).tokens.size(), 1u);
+  EXPECT_EQ(e.stats().cached_tokens, 16u);
+  expect_released(e);
+}
+
+// Too few pages for everyone: preemption, invisible in the outputs.
+void check_preemption(preempt_mode mode) {
+  engine e(fake_info(14), options(64, 16, mode));
+  fake_device dev(e);
+  std::map<uint64_t, std::vector<int32_t>> want;
+  for (int i = 0; i < 4; ++i) {
+    auto p = prompt_of(10 + i, 10);
+    want[enqueue(e, spec(i + 1, p, 14))] = reference(p, 14);
+  }
+  dev.settle();
+  int preempted = 0;
+  for (const auto& [key, w] : want) {
+    EXPECT_EQ(dev.by_key[key].tokens, w) << "key " << key;
+    preempted += dev.by_key[key].preempted;
+  }
+  EXPECT_GT(preempted, 0) << "the pool was large enough: nothing tested";
+  auto s = e.stats();
+  EXPECT_GT(mode == preempt_mode::swap ? s.preempted_swap : s.preempted_recompute, 0u);
+  EXPECT_EQ(s.swap_bytes, 0u);
+  expect_released(e);
+}
+
+TEST(Engine, PreemptionByRecomputeKeepsOutputs) {
+  check_preemption(preempt_mode::recompute);
+}
+TEST(Engine, PreemptionBySwapKeepsOutputs) {
+  check_preemption(preempt_mode::swap);
+}
+
+TEST(Engine, DraftsAreVerifiedAndKeepEveryOutput) {
+  auto o = options(64, 16);
+  o.draft_tokens = 4;
+  engine e(fake_info(64), o);
+  fake_device dev(e);
+  // A prompt that repeats itself gives the n-gram proposer drafts; the
+  // fake model decides which are accepted.
+  std::vector<int32_t> p;
+  for (int i = 0; i < 24; ++i) p.push_back(i % 6);
+  const uint64_t k = enqueue(e, spec(1, p, 24));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k].tokens, reference(p, 24));
+  EXPECT_GT(e.stats().draft_tokens, 0u);
+  expect_released(e);
+}
+
+TEST(Engine, CancelAtAnyPointReleasesEverything) {
+  for (auto mode : {preempt_mode::recompute, preempt_mode::swap}) {
+    for (int at = 0; at < 12; ++at) {
+      engine e(fake_info(14), options(32, 8, mode));
+      fake_device dev(e);
+      for (int i = 0; i < 4; ++i) enqueue(e, spec(i + 1, prompt_of(i, 11), 10));
+      int answered = 0;
+      dev.settle([&] {
+        if (++answered == at) {
+          e.abort(2);
+          e.abort(3);
+        }
+      });
+      for (uint64_t id : {2, 3}) {
+        if (at == 0 || answered < at) continue;
+        EXPECT_NE(dev.by_key[id].finish, finish_reason::none);
+      }
+      expect_released(e);
+    }
+  }
+}
+
+TEST(Engine, RefusesBadRequestsByName) {
+  engine e(fake_info(16), options(32, 8));
+  uint64_t key = 0;
+  int32_t ahead = 0;
+  auto refused = [&](sequence_spec r, const std::string& why) {
+    auto got = e.enqueue(std::move(r), key, ahead);
+    EXPECT_NE(got.find(why), std::string::npos) << got;
+  };
+  refused(spec(1, {}, 4), "empty prompt");
+  refused(spec(1, prompt_of(1, 64), 4), "leaves no room");
+  refused(spec(1, {1, k_vocab}, 4), "outside the vocabulary");
+  refused(spec(1, {1, -1}, 4), "outside the vocabulary");
+  refused(spec(1, {1, 2}, 0), "max_tokens must be positive");
+  auto r = spec(1, {1, 2}, 4);
+  r.sampling.top_p = 2;
+  refused(r, "top_p");
+  r = spec(1, {1, 2}, 4);
+  r.constraint = "a+";
+  refused(r, "cannot apply output constraints");
+  EXPECT_EQ(e.enqueue(spec(1, {1, 2}, 4), key, ahead), "");
+  refused(spec(1, {3}, 4), "already in use");
+}
+
+TEST(Engine, ExportedMidStreamItContinuesIdenticallyElsewhere) {
+  engine a(fake_info(64), options(32, 8));
+  engine b(fake_info(64), options(32, 8));
+  fake_device da(a), db(b);
+  auto p = prompt_of(4, 13);
+  const uint64_t ka = enqueue(a, spec(7, p, 20));
+  int answered = 0;
+  std::vector<uint8_t> blob;
+  da.settle([&] {
+    if (++answered != 4) return;
+    engine::export_start x;
+    ASSERT_EQ(a.begin_export(7, x), "");
+    ASSERT_FALSE(x.pages.empty());
+    da.carry_out();
+    ASSERT_TRUE(a.end_export(x.key));
+    x.blob.pages = da.exported.at(x.key);
+    blob = encode_kv_blob(x.blob);
+  });
+  const auto& first = da.by_key[ka].tokens;
+  ASSERT_FALSE(blob.empty());
+  ASSERT_LT(first.size(), 20u);
+  auto r = spec(7, p, 20);
+  r.generated = first;
+  uint64_t kb = 0;
+  int32_t n_kv = 0;
+  ASSERT_EQ(b.import(r, blob, kb, n_kv), "");
+  EXPECT_GT(n_kv, 0);
+  db.settle();
+  auto all = first;
+  all.insert(all.end(), db.by_key[kb].tokens.begin(), db.by_key[kb].tokens.end());
+  EXPECT_EQ(all, reference(p, 20));
+  expect_released(a);
+  expect_released(b);
+}
+
+TEST(Engine, ABlobThatDoesNotFitIsRefusedByName) {
+  engine a(fake_info(64), options(32, 8));
+  fake_device da(a);
+  auto p = prompt_of(4, 9);
+  enqueue(a, spec(7, p, 3));
+  da.carry_out();
+  auto answer = std::move(da.answers.front());  // the first prefill chunk
+  da.answers.pop_front();
+  answer();
+  da.carry_out();
+  engine::export_start x;
+  ASSERT_EQ(a.begin_export(7, x), "");
+  da.carry_out();
+  a.end_export(x.key);
+  ASSERT_EQ(x.blob.tokens.size(), 8u);
+  x.blob.pages = da.exported.at(x.key);
+  auto info = fake_info(64);
+  info.page_size = 8;
+  info.kv_bytes_per_page = 2 * 8 * sizeof(int32_t);
+  engine other(info, options(32, 8));
+  uint64_t key = 0;
+  int32_t n_kv = 0;
+  auto why = other.import(spec(7, p, 3), encode_kv_blob(x.blob), key, n_kv);
+  EXPECT_NE(why.find("does not fit"), std::string::npos) << why;
+  auto q = p;
+  q[0] = (q[0] + 1) % k_vocab;
+  engine same(fake_info(64), options(32, 8));
+  why = same.import(spec(7, q, 3), encode_kv_blob(x.blob), key, n_kv);
+  EXPECT_NE(why.find("not the start"), std::string::npos) << why;
+  why = same.import(spec(7, p, 3), {1, 2, 3}, key, n_kv);
+  EXPECT_FALSE(why.empty());
+}
+
+TEST(Engine, AFailedStepFailsItsSequencesAndTheRestGoOn) {
+  engine e(fake_info(64), options(32, 32));
+  fake_device dev(e);
+  auto p = prompt_of(1, 6);
+  const uint64_t k1 = enqueue(e, spec(1, p, 6));
+  dev.fail_next_forward = true;
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k1].finish, finish_reason::error);
+  EXPECT_NE(dev.by_key[k1].error.find("forward: injected"), std::string::npos);
+  const uint64_t k2 = enqueue(e, spec(2, p, 6));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k2].tokens, reference(p, 6));
+  expect_released(e);
+}
+
+TEST(Engine, AFailedPageWriteFailsThatSequenceOnly) {
+  engine e(fake_info(14), options(64, 16, preempt_mode::swap));
+  fake_device dev(e);
+  dev.fail_swap_in = true;
+  std::map<uint64_t, std::vector<int32_t>> want;
+  for (int i = 0; i < 4; ++i) {
+    auto p = prompt_of(20 + i, 10);
+    want[enqueue(e, spec(i + 1, p, 14))] = reference(p, 14);
+  }
+  dev.settle();
+  int failed = 0;
+  for (const auto& [key, w] : want) {
+    const auto& o = dev.by_key[key];
+    if (o.finish == finish_reason::error) {
+      ++failed;
+      EXPECT_NE(o.error.find("swap-in"), std::string::npos);
+    } else {
+      EXPECT_EQ(o.tokens, w);
+    }
+  }
+  EXPECT_GT(failed, 0);
+  expect_released(e);
+}
+
+TEST(Engine, LockstepStepsOnlyInRoundsAndRunsDummySteps) {
+  engine e(fake_info(64), options(32, 32));
+  fake_device dev(e);
+  ASSERT_EQ(e.join_group(), "");
+  EXPECT_EQ(e.stats().kv_check, "");
+  auto p = prompt_of(1, 5);
+  const uint64_t k = enqueue(e, spec(1, p, 3));
+  dev.carry_out();
+  EXPECT_TRUE(dev.plans.empty()) << "stepped outside a round";
+  EXPECT_EQ(dev.asked_rounds, 1);
+  for (uint64_t round = 1; round < 10 && dev.by_key[k].finish == finish_reason::none; ++round) {
+    e.on_round(round);
+    dev.settle();
+  }
+  EXPECT_EQ(dev.by_key[k].tokens, reference(p, 3));
+  const size_t before = dev.plans.size();
+  e.on_round(100);  // nothing to compute: a one-row dummy step
+  dev.settle();
+  ASSERT_EQ(dev.plans.size(), before + 1);
+  EXPECT_EQ(dev.plans.back().tokens.size(), 1u);
+  ASSERT_FALSE(dev.rounds.empty());
+  EXPECT_TRUE(dev.rounds.back().dummy);
+  EXPECT_EQ(dev.rounds.back().round, 100u);
+  e.leave_group();
+  expect_released(e);
+}
+
+TEST(Engine, LiveLimitsAreCheckedAndTakeEffect) {
+  engine e(fake_info(64), options(32, 8));
+  int32_t old = 0;
+  EXPECT_NE(e.set_limit("page_size", 8, old).find("cannot change live"), std::string::npos);
+  EXPECT_NE(e.set_limit("max_seqs", 0, old), "");
+  ASSERT_EQ(e.set_limit("max_seqs", 1, old), "");
+  EXPECT_EQ(old, 16);
+  fake_device dev(e);
+  for (int i = 0; i < 3; ++i) enqueue(e, spec(i + 1, prompt_of(i, 5), 4));
+  dev.settle();
+  for (const auto& b : dev.plans) EXPECT_EQ(b.seqs.size(), 1u);
+  std::string was;
+  EXPECT_NE(e.set_role("chef", was), "");
+  EXPECT_EQ(e.set_role("prefill", was), "");
+  EXPECT_EQ(was, "mixed");
+  EXPECT_EQ(e.stats().role, "prefill");
+}
+
+}  // namespace
+}  // namespace troupe
