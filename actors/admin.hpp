@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "messages/admin.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/service/metrics.hpp"
 
 namespace troupe {
 

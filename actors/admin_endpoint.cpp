@@ -9,8 +9,8 @@
 #include <zmq_addon.hpp>
 
 #include "actors/admin_groups.hpp"
-#include "runtime/admin_request.hpp"
-#include "runtime/secret.hpp"
+#include "net/admin_request.hpp"
+#include "net/secret.hpp"
 
 namespace troupe {
 

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "messages/admin.hpp"
-#include "runtime/admin_request.hpp"  // admin_command_is_read_only
+#include "net/admin_request.hpp"  // admin_command_is_read_only
 
 namespace troupe {
 

@@ -5,7 +5,7 @@
 
 #include "messages/dp_group.hpp"
 #include "messages/expert_controller.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/service/metrics.hpp"
 
 namespace troupe {
 

@@ -5,8 +5,8 @@
 #include <mutex>
 #include <optional>
 
-#include "runtime/elapsed.hpp"
-#include "runtime/step_overlap.hpp"
+#include "runtime/common/elapsed.hpp"
+#include "runtime/engine/step_overlap.hpp"
 
 namespace troupe {
 

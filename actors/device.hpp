@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "messages/device.hpp"
-#include "runtime/llama_forward.hpp"
+#include "runtime/device/llama_forward.hpp"
 
 namespace troupe {
 

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "messages/gateway.hpp"  // request_actor, migrate_atom
-#include "runtime/dp_balance.hpp"
+#include "runtime/service/dp_balance.hpp"
 
 namespace troupe {
 

@@ -6,7 +6,7 @@
 #include <memory>
 #include <set>
 
-#include "runtime/expert_placement.hpp"
+#include "runtime/device/expert_placement.hpp"
 
 namespace troupe {
 

@@ -1,7 +1,7 @@
 #pragma once
 // The expert_controller actor (docs/architecture.md §2 "The actors", issue
 // 15): reads expert load from the device actors of an MoE model, plans
-// placements with runtime/expert_placement and swaps them in two phases.
+// placements with runtime/device/expert_placement and swaps them in two phases.
 #include <vector>
 
 #include "messages/expert_controller.hpp"

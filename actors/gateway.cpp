@@ -14,7 +14,7 @@
 #include "actors/admin.hpp"
 #include "actors/wire_checks.hpp"
 #include "messages/client.pb.h"
-#include "runtime/elapsed.hpp"
+#include "runtime/common/elapsed.hpp"
 
 namespace troupe {
 

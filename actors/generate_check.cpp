@@ -4,9 +4,9 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 
-#include "runtime/chat_template.hpp"
-#include "runtime/json_schema_regex.hpp"
-#include "runtime/regex_dfa.hpp"
+#include "runtime/text/chat_template.hpp"
+#include "runtime/text/json_schema_regex.hpp"
+#include "runtime/text/regex_dfa.hpp"
 
 namespace troupe {
 
@@ -89,7 +89,7 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
     if (t < 0 || t >= ctx.tok->n_vocab())
       return invalid("stop token " + std::to_string(t) + " is outside the vocabulary");
 
-  // Structured output as one regular expression (runtime/json_schema_regex);
+  // Structured output as one regular expression (runtime/text/json_schema_regex);
   // it is compiled here too, so a bad one is refused before placement.
   try {
     switch (g.constraint_case()) {

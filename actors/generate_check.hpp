@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "messages/client.pb.h"
-#include "runtime/ngram_draft.hpp"  // k_max_draft_tokens
-#include "runtime/sampler.hpp"
-#include "runtime/scheduler.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/engine/ngram_draft.hpp"  // k_max_draft_tokens
+#include "runtime/engine/sampler.hpp"
+#include "runtime/engine/scheduler.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe {
 

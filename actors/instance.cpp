@@ -9,10 +9,10 @@
 #include <variant>
 
 #include "messages/dp_group.hpp"
-#include "runtime/engine.hpp"
-#include "runtime/kv_blob.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/kv_blob.hpp"
 
-// The instance actor is message glue around runtime/engine: each handler
+// The instance actor is message glue around runtime/engine/engine: each handler
 // calls the engine, then carries out the commands the engine appended
 // (flush), in order; what the device answers goes back into the engine.
 // The actor keeps what only an actor has: the sinks sequences stream to

@@ -2,13 +2,13 @@
 // The instance actor: one engine replica over one device
 // (docs/architecture.md §4.1 "The engine and its actor").  The engine's
 // logic (sequences, step plans, admission, preemption, sampling, drafts,
-// export and import) is runtime/engine, a plain class; this actor is its
+// export and import) is runtime/engine/engine, a plain class; this actor is its
 // message glue: it hands the engine's commands to the device actor and the
 // sequences' sinks in order, feeds the device's answers back, monitors the
 // sinks, and steps in a dp_group's rounds when it joins one.
 //
 // The engine owns the page metadata of the device's whole KV arena (a
-// runtime/page_pool) rather than asking a kv_pool actor: the scheduler
+// runtime/engine/page_pool) rather than asking a kv_pool actor: the scheduler
 // needs the exact free-page count and the prefix match of each admission
 // before it can plan, which would cost several round trips per step.  So:
 // one instance per device arena.
@@ -20,8 +20,8 @@
 
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
-#include "runtime/engine_types.hpp"
-#include "runtime/scheduler.hpp"
+#include "runtime/engine/engine_types.hpp"
+#include "runtime/engine/scheduler.hpp"
 
 namespace troupe {
 

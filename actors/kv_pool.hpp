@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "messages/kv_pool.hpp"
-#include "runtime/page_pool.hpp"
+#include "runtime/engine/page_pool.hpp"
 
 namespace troupe {
 

@@ -11,9 +11,9 @@
 
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/model/model_registry.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe {
 

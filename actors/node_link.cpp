@@ -118,7 +118,7 @@ void connect(self_ptr self) {
           },
           [self](caf::error& e) {
             // A TLS refusal shows here as a closed connection; the log line
-            // of the handshake says more (runtime/cluster_tls.cpp).
+            // of the handshake says more (net/cluster_tls.cpp).
             auto why = self->system().render(e);
             if (why.find("disconnect_during_handshake") != std::string::npos)
               why +=

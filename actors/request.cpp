@@ -9,11 +9,11 @@
 #include "actors/admin.hpp"
 #include "actors/generate_check.hpp"
 #include "actors/relay.hpp"
-#include "runtime/elapsed.hpp"
-#include "runtime/incremental_decoder.hpp"
-#include "runtime/page_pool.hpp"
-#include "runtime/sampler.hpp"
-#include "runtime/stop_matcher.hpp"
+#include "runtime/common/elapsed.hpp"
+#include "runtime/engine/page_pool.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/text/incremental_decoder.hpp"
+#include "runtime/text/stop_matcher.hpp"
 
 namespace troupe {
 

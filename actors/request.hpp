@@ -14,8 +14,8 @@
 #include "messages/gateway.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
-#include "runtime/metrics.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/service/metrics.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe {
 

@@ -5,7 +5,7 @@
 #include <functional>
 #include <map>
 
-#include "runtime/elapsed.hpp"
+#include "runtime/common/elapsed.hpp"
 
 namespace troupe {
 

@@ -2,7 +2,7 @@
 // The router actor (docs/architecture.md §2 "The actors", §3 "The flows";
 // issue 10): one per service.  It keeps the registry of instances, refreshes
 // their load snapshots (instance stats) every `poll`, places each request
-// with runtime/placement, marks an instance down when it dies (it monitors
+// with runtime/service/placement, marks an instance down when it dies (it monitors
 // them) and drains on request.
 #include <chrono>
 #include <vector>
@@ -11,8 +11,8 @@
 #include "messages/expert_controller.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
-#include "runtime/pd_policy.hpp"
-#include "runtime/placement.hpp"
+#include "runtime/service/pd_policy.hpp"
+#include "runtime/service/placement.hpp"
 
 namespace troupe {
 

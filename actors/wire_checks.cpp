@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "messages/client.pb.h"
-#include "runtime/unicode.hpp"
+#include "runtime/text/unicode.hpp"
 
 namespace troupe {
 

@@ -1,4 +1,4 @@
-// Greedy draws on the device (step overlap, runtime/step_overlap.hpp): the
+// Greedy draws on the device (step overlap, runtime/engine/step_overlap.hpp): the
 // token of draw k is the first maximum of logit row rows[k], -1 where the
 // row holds a NaN: what the host sampler's greedy path picks, or refuses.
 // The next step's embedding reads drawn[] (token_at), so it can be

@@ -21,7 +21,7 @@
 //
 // A whole step (step_*): the embedding, every layer and the final norm in
 // one launch, where the layers' weights are one buffer (the host's weight
-// arena, runtime/weight_arena.hpp) and a table gives each tensor's offset
+// arena, runtime/device/weight_arena.hpp) and a table gives each tensor's offset
 // in it.  Each layer has counters of its own, so no counter is reused
 // within a launch.
 

@@ -1,11 +1,11 @@
 #pragma once
 // The device protocol: one actor per OpenCL device runs forward passes over
-// flattened batches (runtime/forward_batch.hpp) against its paged KV arena.
+// flattened batches (runtime/engine/forward_batch.hpp) against its paged KV arena.
 #include <caf/all.hpp>
 #include "messages/atoms.hpp"
 
-#include "runtime/engine_types.hpp"
-#include "runtime/forward_batch.hpp"
+#include "runtime/engine/engine_types.hpp"
+#include "runtime/engine/forward_batch.hpp"
 
 namespace troupe {
 
@@ -51,7 +51,7 @@ typename Inspector::result_type inspect(Inspector& f, device_info& x) {
 }
 
 // Mixture of experts: one layer's placement, for each expert device the
-// experts it holds (runtime/device_weights.hpp's expert_layout).
+// experts it holds (runtime/device/device_weights.hpp's expert_layout).
 using layer_experts = std::vector<std::vector<int32_t>>;
 
 // What the expert controller reads from a device: tokens routed to each

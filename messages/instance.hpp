@@ -9,10 +9,10 @@
 
 #include "messages/device.hpp"
 #include "messages/kv_pool.hpp"
-#include "runtime/engine_types.hpp"
-#include "runtime/ngram_draft.hpp"
-#include "runtime/sampler.hpp"
-#include "runtime/scheduler.hpp"
+#include "runtime/engine/engine_types.hpp"
+#include "runtime/engine/ngram_draft.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/engine/scheduler.hpp"
 
 namespace troupe {
 
@@ -32,7 +32,7 @@ struct sequence_request : sequence_spec {
   token_sink_actor sink;
 };
 
-// k_max_draft_tokens (the most draft tokens per step): runtime/ngram_draft.hpp.
+// k_max_draft_tokens (the most draft tokens per step): runtime/engine/ngram_draft.hpp.
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, step_timing& x) {
@@ -91,7 +91,7 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 //          its pages are freed.  Unknown ids are ignored (finish and
 //          cancel may cross).
 // export:  (id) takes sequence `id` out, whatever its state, and replies
-//          with its KV blob (runtime/kv_blob: the KV of its computed tokens,
+//          with its KV blob (runtime/engine/kv_blob: the KV of its computed tokens,
 //          its sampler state).  The sink gets no last batch: whoever asked
 //          moves the sequence on.  A batch the sink may still receive was
 //          sent before the reply.

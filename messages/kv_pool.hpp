@@ -1,12 +1,12 @@
 #pragma once
 // The kv_pool protocol: one actor per device KV arena keeps the page
-// metadata (runtime/page_pool.hpp): page tables, refcounts, the prefix index.
+// metadata (runtime/engine/page_pool.hpp): page tables, refcounts, the prefix index.
 // It never touches page data; where data must move (copy-on-write, swap,
 // import) its answers name the pages and the caller drives the device.
 #include <caf/all.hpp>
 #include "messages/atoms.hpp"
 
-#include "runtime/page_pool.hpp"
+#include "runtime/engine/page_pool.hpp"
 
 namespace troupe {
 

@@ -8,7 +8,7 @@
 #include "messages/atoms.hpp"
 
 #include "messages/instance.hpp"
-#include "runtime/service_monitor.hpp"
+#include "runtime/service/service_monitor.hpp"
 
 namespace troupe {
 

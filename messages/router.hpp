@@ -1,7 +1,7 @@
 #pragma once
 // The router protocol (docs/architecture.md §2 "The actors", issue 10): the
 // registry of a service's instances, where each request goes
-// (runtime/placement), and the instances' states.  Request actors ask it for
+// (runtime/service/placement), and the instances' states.  Request actors ask it for
 // a placement; admin for the registry; drain takes an instance out of
 // placement.
 #include <caf/all.hpp>
@@ -21,7 +21,7 @@ struct router_instance {
   std::string role = "mixed";
   std::string state = "serving";  // serving, draining, down
   instance_actor actor;
-  std::string pool = "M";  // disaggregation: M, P, D, P->D, D->P (runtime/pd_policy)
+  std::string pool = "M";  // disaggregation: M, P, D, P->D, D->P (runtime/service/pd_policy)
 };
 
 template <class Inspector>
@@ -64,7 +64,7 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 // nodes:    (status) a node link's news; () every node's last status.
 // tick:     its own timer: refresh the instances' load snapshots.
 // placedec: (prefill instance, context tokens) where a disaggregated
-//           request decodes after its prefill (runtime/pd_policy).
+//           request decodes after its prefill (runtime/service/pd_policy).
 // setrole:  (instance id, prefill|decode|mixed) the instance takes the role
 //           now (pool X->Y: new work of the new role at once, its old work
 //           finishing); replies with what changed once the instance agreed.

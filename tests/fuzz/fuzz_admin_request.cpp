@@ -1,4 +1,4 @@
-// The admin endpoint's request parser (runtime/admin_request): the input is
+// The admin endpoint's request parser (net/admin_request): the input is
 // a request body as the endpoint receives it.  parse_admin_request never
 // throws (any exception is a finding) and what it accepts is a request
 // whose command is a string and whose count is in range.
@@ -8,7 +8,7 @@
 #include <string_view>
 #include <variant>
 
-#include "runtime/admin_request.hpp"
+#include "net/admin_request.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);

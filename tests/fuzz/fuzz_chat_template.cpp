@@ -1,4 +1,4 @@
-// troupe::parse_chat_template and render_chat (runtime/chat_template): the
+// troupe::parse_chat_template and render_chat (runtime/text/chat_template): the
 // input up to its first NUL is a template; the rest is messages, each
 // "role\x01content" and separated by NUL.  std::runtime_error is the
 // documented error channel (unsupported template, unknown role, llama-2
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/chat_template.hpp"
+#include "runtime/text/chat_template.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

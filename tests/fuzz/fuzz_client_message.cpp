@@ -18,7 +18,7 @@
 #include "actors/generate_check.hpp"
 #include "actors/wire_checks.hpp"
 #include "messages/client.pb.h"
-#include "runtime/unicode.hpp"
+#include "runtime/text/unicode.hpp"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The GGUF reader (runtime/gguf_reader): the input is a .gguf file, opened
+// The GGUF reader (runtime/model/gguf_reader): the input is a .gguf file, opened
 // through model_file::open as troupe opens any --model path (the GGUF magic
 // picks gguf_file::open; other bytes get the llama2.c probe).  model_error is the documented error
 // channel; a file that opens must have every tensor inside the mapping.
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "runtime/gguf_reader.hpp"
+#include "runtime/model/gguf_reader.hpp"
 #include "tests/fuzz/fuzz_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,4 @@
-// Structured output (runtime/json_schema_regex): the input, parsed as JSON
+// Structured output (runtime/text/json_schema_regex): the input, parsed as JSON
 // (non-JSON is discarded), is a response_format JSON schema; schema_regex's
 // regex is then compiled by regex_dfa, as the request actor does.  An
 // array of strings is also tried as guided_choice.  schema_error is
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/json_schema_regex.hpp"
-#include "runtime/regex_dfa.hpp"
+#include "runtime/text/json_schema_regex.hpp"
+#include "runtime/text/regex_dfa.hpp"
 
 namespace {
 

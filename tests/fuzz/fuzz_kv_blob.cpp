@@ -1,4 +1,4 @@
-// troupe::decode_kv_blob (runtime/kv_blob): the input is a blob as it
+// troupe::decode_kv_blob (runtime/engine/kv_blob): the input is a blob as it
 // arrives from another instance or node.  kv_blob_error is the documented
 // error channel; a blob that decodes must encode back to the same blob.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <span>
 
-#include "runtime/kv_blob.hpp"
+#include "runtime/engine/kv_blob.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   troupe::kv_blob b;

@@ -1,4 +1,4 @@
-// The llama2.c readers (runtime/llama2c_reader): the input is a checkpoint
+// The llama2.c readers (runtime/model/llama2c_reader): the input is a checkpoint
 // followed by its tokenizer.bin.  When the first 28 bytes are a plausible
 // header, the checkpoint is as long as that header implies (so the fuzzer
 // reaches the tensors and the tokenizer) and the rest is the tokenizer;
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstdlib>
 
-#include "runtime/llama2c_reader.hpp"
+#include "runtime/model/llama2c_reader.hpp"
 #include "tests/fuzz/fuzz_file.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

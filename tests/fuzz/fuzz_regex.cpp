@@ -1,4 +1,4 @@
-// troupe::regex_dfa (runtime/regex_dfa): the input is a pattern, then the
+// troupe::regex_dfa (runtime/text/regex_dfa): the input is a pattern, then the
 // bytes after its first NUL (or the pattern's own first bytes) are stepped
 // through the DFA.  regex_error is the documented error channel (syntax,
 // size, depth, too many DFA states); anything else is a finding.
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "runtime/regex_dfa.hpp"
+#include "runtime/text/regex_dfa.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);

@@ -14,8 +14,8 @@
 
 #include "actors/device.hpp"
 #include "messages/actors.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/sequence_runner.hpp"
+#include "runtime/engine/sequence_runner.hpp"
+#include "runtime/model/model_registry.hpp"
 
 namespace troupe::testing {
 

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "runtime/perplexity.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/engine/perplexity.hpp"
+#include "runtime/text/tokenizer.hpp"
 #include "tests/integration/engine_fixture.hpp"
 
 namespace troupe {

@@ -18,9 +18,9 @@
 #include "actors/instance.hpp"
 #include "actors/relay.hpp"
 #include "messages/actors.hpp"
-#include "runtime/kv_blob.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/engine/kv_blob.hpp"
+#include "runtime/model/model_registry.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe {
 namespace {
@@ -296,7 +296,7 @@ TEST(Instance, PreemptionBySwapKeepsOutputs) {
   preemption_run(preempt_mode::swap);
 }
 
-// Step overlap (runtime/step_overlap.hpp): the next step is sent while one
+// Step overlap (runtime/engine/step_overlap.hpp): the next step is sent while one
 // runs, the tokens it samples drawn on the device.  No output changes,
 // whether a sequence's token is drawn ahead (greedy, seeded sampling with
 // any truncation, logprobs) or waits for the result (penalties, drafts) in

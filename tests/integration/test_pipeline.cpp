@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/llama_forward.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/sampler.hpp"
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/model/model_registry.hpp"
 
 namespace troupe {
 namespace {

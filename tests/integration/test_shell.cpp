@@ -18,9 +18,9 @@
 #include <sstream>
 #include <thread>
 
+#include "net/secret.hpp"
 #include "process.hpp"
 #include "requests.hpp"
-#include "runtime/secret.hpp"
 #include "server_process.hpp"
 #include "tools/client/client.hpp"
 

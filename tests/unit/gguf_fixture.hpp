@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/llama2c_reader.hpp"
-#include "runtime/tensor_type.hpp"
+#include "runtime/model/llama2c_reader.hpp"
+#include "runtime/model/tensor_type.hpp"
 
 namespace troupe::testing {
 

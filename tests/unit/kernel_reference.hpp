@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/tensor_type.hpp"
+#include "runtime/model/tensor_type.hpp"
 
 namespace troupe::kernel_ref {
 

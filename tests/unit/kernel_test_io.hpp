@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cl_runtime.hpp"
-#include "runtime/tensor_type.hpp"
+#include "runtime/device/cl_runtime.hpp"
+#include "runtime/model/tensor_type.hpp"
 
 namespace troupe::kernel_test {
 

@@ -1,4 +1,4 @@
-// The admin endpoint's request parser (runtime/admin_request): every field
+// The admin endpoint's request parser (net/admin_request): every field
 // of every type gets an answer, never an exception.  Issue 31: a
 // `"secret": null` threw out of the endpoint's loop and the admin port was
 // gone for the life of the process.
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "runtime/admin_request.hpp"
+#include "net/admin_request.hpp"
 
 namespace troupe {
 namespace {

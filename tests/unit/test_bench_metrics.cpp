@@ -1,10 +1,10 @@
-// Serving benchmark metrics (runtime/bench_metrics.hpp) on synthetic
+// Serving benchmark metrics (bench/bench_metrics.hpp) on synthetic
 // timestamp streams whose answers follow by hand from vLLM's definitions.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 
-#include "runtime/bench_metrics.hpp"
+#include "bench/bench_metrics.hpp"
 
 namespace troupe::bench {
 namespace {

@@ -14,8 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "runtime/bench_driver.hpp"
-#include "runtime/bench_openai.hpp"
+#include "bench/bench_driver.hpp"
+#include "bench/bench_openai.hpp"
 
 namespace troupe::bench {
 namespace {

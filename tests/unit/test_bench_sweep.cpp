@@ -1,4 +1,4 @@
-// The rate sweep's policy (runtime/bench_sweep.hpp), driven by synthetic
+// The rate sweep's policy (bench/bench_sweep.hpp), driven by synthetic
 // monotone pass/fail functions: the threshold is found within the
 // precision, a failing start halves the rate, all-fail gives no answer, all-pass stops at the cap,
 // the probe limit holds; and the sweep's argument checks.
@@ -8,7 +8,7 @@
 #include <functional>
 #include <stdexcept>
 
-#include "runtime/bench_sweep.hpp"
+#include "bench/bench_sweep.hpp"
 
 namespace troupe::bench {
 namespace {

@@ -1,4 +1,4 @@
-// Serving benchmark workloads (runtime/bench_workload.hpp): dataset lengths
+// Serving benchmark workloads (bench/bench_workload.hpp): dataset lengths
 // and token ranges, seeding, shared prefixes, JSONL and trace files, class
 // mix, and the gamma arrival process's rate and burstiness.
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "runtime/bench_workload.hpp"
+#include "bench/bench_workload.hpp"
 
 namespace troupe::bench {
 namespace {

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/chat_template.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/model/model_registry.hpp"
+#include "runtime/text/chat_template.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe {
 namespace {

@@ -1,8 +1,8 @@
-// The cluster simulator (runtime/cluster_sim.hpp) on cases worked out by
-// hand, and the cost model's fit (runtime/cost_model.hpp).
+// The cluster simulator (sim/cluster_sim.hpp) on cases worked out by
+// hand, and the cost model's fit (sim/cost_model.hpp).
 #include <gtest/gtest.h>
 
-#include "runtime/cluster_sim.hpp"
+#include "sim/cluster_sim.hpp"
 
 namespace troupe {
 namespace {

@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "runtime/cluster_tls.hpp"
+#include "net/cluster_tls.hpp"
 
 namespace troupe {
 namespace {

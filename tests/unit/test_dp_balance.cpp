@@ -1,9 +1,9 @@
-// The data-parallel balance policy (runtime/dp_balance): admission to the
+// The data-parallel balance policy (runtime/service/dp_balance): admission to the
 // replica with the most free KV, the gap measure, and the moves that bring
 // the gap under its threshold.
 #include <gtest/gtest.h>
 
-#include "runtime/dp_balance.hpp"
+#include "runtime/service/dp_balance.hpp"
 
 namespace troupe {
 namespace {

@@ -1,4 +1,4 @@
-// runtime/engine without an actor system: a fake device that carries out
+// runtime/engine/engine without an actor system: a fake device that carries out
 // the engine's commands in order and records every step plan.  Its "model"
 // reads the context back from the KV pages it was written to, so a token
 // comes out right only when every page the step's table names holds the
@@ -13,8 +13,8 @@
 #include <map>
 #include <variant>
 
-#include "runtime/engine.hpp"
-#include "runtime/kv_blob.hpp"
+#include "runtime/engine/engine.hpp"
+#include "runtime/engine/kv_blob.hpp"
 
 namespace troupe {
 namespace {

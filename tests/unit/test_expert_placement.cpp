@@ -1,11 +1,11 @@
-// The expert placement policy (runtime/expert_placement): balance figures,
+// The expert placement policy (runtime/device/expert_placement): balance figures,
 // plans that replicate hot experts into spare slots and spread the load,
 // and the decision to move.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include "runtime/expert_placement.hpp"
+#include "runtime/device/expert_placement.hpp"
 
 namespace troupe {
 namespace {

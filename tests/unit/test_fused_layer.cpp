@@ -13,8 +13,8 @@
 
 #include <unistd.h>
 
-#include "runtime/llama_forward.hpp"
-#include "runtime/model_registry.hpp"
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/model/model_registry.hpp"
 #include "tests/unit/gguf_fixture.hpp"
 
 namespace troupe {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gguf_reader.hpp"
-#include "runtime/json_schema_regex.hpp"
-#include "runtime/kv_blob.hpp"
-#include "runtime/model_file.hpp"
+#include "runtime/engine/kv_blob.hpp"
+#include "runtime/model/gguf_reader.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/text/json_schema_regex.hpp"
 #include "tools/client/openai_api.hpp"
 
 namespace troupe {

@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/cl_runtime.hpp"
-#include "runtime/device_weights.hpp"
-#include "runtime/llama_forward.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/tensor_type.hpp"
+#include "runtime/device/cl_runtime.hpp"
+#include "runtime/device/device_weights.hpp"
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/model/tensor_type.hpp"
 #include "tests/unit/kernel_reference.hpp"
 #include "tests/unit/kernel_test_io.hpp"
 

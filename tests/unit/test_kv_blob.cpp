@@ -1,4 +1,4 @@
-// The KV blob (runtime/kv_blob.hpp): round trip, every geometry mismatch
+// The KV blob (runtime/engine/kv_blob.hpp): round trip, every geometry mismatch
 // named, damaged bytes refused; and seeded sampling that needs no state
 // carried (a seeded sequence draws the same after a move or a recompute).
 #include <gtest/gtest.h>
@@ -6,8 +6,8 @@
 #include <random>
 #include <set>
 
-#include "runtime/kv_blob.hpp"
-#include "runtime/sampler.hpp"
+#include "runtime/engine/kv_blob.hpp"
+#include "runtime/engine/sampler.hpp"
 
 namespace troupe {
 namespace {

@@ -1,6 +1,6 @@
-// runtime/metrics: the Prometheus text format, counters that only go up,
+// runtime/service/metrics: the Prometheus text format, counters that only go up,
 // cumulative histogram buckets, label escaping, and use from many threads.
-#include "runtime/metrics.hpp"
+#include "runtime/service/metrics.hpp"
 
 #include <gtest/gtest.h>
 

@@ -8,10 +8,10 @@
 #include <fstream>
 #include <functional>
 
-#include "runtime/gguf_reader.hpp"
-#include "runtime/llama2c_reader.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/model_registry.hpp"
+#include "runtime/model/gguf_reader.hpp"
+#include "runtime/model/llama2c_reader.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/model/model_registry.hpp"
 #include "tests/unit/gguf_fixture.hpp"
 
 namespace troupe {

@@ -1,8 +1,8 @@
-// Prompt-lookup drafting (runtime/ngram_draft): what follows the latest
+// Prompt-lookup drafting (runtime/engine/ngram_draft): what follows the latest
 // earlier occurrence of the longest matching suffix.
 #include <gtest/gtest.h>
 
-#include "runtime/ngram_draft.hpp"
+#include "runtime/engine/ngram_draft.hpp"
 
 namespace troupe {
 namespace {

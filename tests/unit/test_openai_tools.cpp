@@ -4,8 +4,8 @@
 // choice turned into a constraint whose outputs parse back into calls.
 #include <gtest/gtest.h>
 
-#include "runtime/json_schema_regex.hpp"
-#include "runtime/regex_dfa.hpp"
+#include "runtime/text/json_schema_regex.hpp"
+#include "runtime/text/regex_dfa.hpp"
 #include "tools/client/openai_tools.hpp"
 
 namespace troupe::openai {

@@ -1,4 +1,4 @@
-// The KV page pool (runtime/page_pool.hpp) and its actor (actors/kv_pool.hpp):
+// The KV page pool (runtime/engine/page_pool.hpp) and its actor (actors/kv_pool.hpp):
 // each operation, LRU eviction, prefix hits, copy-on-write, and a randomized
 // run against a fake arena that records which token each KV slot holds.
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 
 #include "actors/kv_pool.hpp"
 #include "messages/actors.hpp"
-#include "runtime/page_pool.hpp"
+#include "runtime/engine/page_pool.hpp"
 
 namespace troupe {
 namespace {

@@ -1,11 +1,11 @@
-// Disaggregation and role switching (runtime/pd_policy.hpp, issue 11) on
+// Disaggregation and role switching (runtime/service/pd_policy.hpp, issue 11) on
 // synthetic snapshots: pools, prefill and decode placement, flip triggers,
 // pool order, minimum instances, hysteresis and cooldown; and the
-// monitor's windows (runtime/service_monitor.hpp).
+// monitor's windows (runtime/service/service_monitor.hpp).
 #include <gtest/gtest.h>
 
-#include "runtime/pd_policy.hpp"
-#include "runtime/service_monitor.hpp"
+#include "runtime/service/pd_policy.hpp"
+#include "runtime/service/service_monitor.hpp"
 
 namespace troupe {
 namespace {

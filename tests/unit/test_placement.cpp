@@ -1,8 +1,8 @@
-// The router's placement policies (runtime/placement.hpp) on synthetic
+// The router's placement policies (runtime/service/placement.hpp) on synthetic
 // snapshots, and the online prefill-time model.
 #include <gtest/gtest.h>
 
-#include "runtime/placement.hpp"
+#include "runtime/service/placement.hpp"
 
 namespace troupe {
 namespace {

@@ -1,4 +1,4 @@
-// Token sampling (runtime/sampler.hpp): greedy choice, seeding, the
+// Token sampling (runtime/engine/sampler.hpp): greedy choice, seeding, the
 // distribution each truncation leaves (checked by chi-square over many
 // draws), the penalties (measured exactly by probing greedy choices),
 // logprobs, and parameter validation.
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/sampler.hpp"
+#include "runtime/engine/sampler.hpp"
 
 namespace troupe {
 namespace {

@@ -1,4 +1,4 @@
-// The step policy (runtime/scheduler.hpp): decode before prefill, token
+// The step policy (runtime/engine/scheduler.hpp): decode before prefill, token
 // budget, chunking, the sequence cap, admission order, preemption victims.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "runtime/scheduler.hpp"
+#include "runtime/engine/scheduler.hpp"
 
 namespace troupe {
 namespace {

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <string>
 
-#include "runtime/secret.hpp"
+#include "net/secret.hpp"
 
 namespace troupe {
 namespace {

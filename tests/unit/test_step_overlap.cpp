@@ -1,4 +1,4 @@
-// Step overlap's device side (runtime/step_overlap.hpp): the device draws
+// Step overlap's device side (runtime/engine/step_overlap.hpp): the device draws
 // the very token the instance's sampler will (greedy and seeded sampling,
 // at any position), refuses what it cannot draw, and fills a step's
 // placeholders only from the draws of the step it ran just before.
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/step_overlap.hpp"
+#include "runtime/engine/step_overlap.hpp"
 
 namespace troupe {
 namespace {

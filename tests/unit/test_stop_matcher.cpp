@@ -1,4 +1,4 @@
-// Stop strings over streamed text deltas (runtime/stop_matcher.hpp): matches
+// Stop strings over streamed text deltas (runtime/text/stop_matcher.hpp): matches
 // that span deltas, overlapping stops, non-ASCII stops, and a randomized run
 // checking that any split of a text into deltas gives the same output as
 // matching on the whole text.
@@ -11,8 +11,8 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/stop_matcher.hpp"
-#include "runtime/unicode.hpp"
+#include "runtime/text/stop_matcher.hpp"
+#include "runtime/text/unicode.hpp"
 
 namespace troupe {
 namespace {

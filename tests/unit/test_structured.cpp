@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "runtime/json_schema_regex.hpp"
-#include "runtime/regex_dfa.hpp"
-#include "runtime/token_constraint.hpp"
+#include "runtime/text/json_schema_regex.hpp"
+#include "runtime/text/regex_dfa.hpp"
+#include "runtime/text/token_constraint.hpp"
 
 namespace troupe {
 namespace {

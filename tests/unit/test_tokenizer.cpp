@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/incremental_decoder.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/model_registry.hpp"
-#include "runtime/tokenizer.hpp"
-#include "runtime/unicode.hpp"
+#include "runtime/model/model_file.hpp"
+#include "runtime/model/model_registry.hpp"
+#include "runtime/text/incremental_decoder.hpp"
+#include "runtime/text/tokenizer.hpp"
+#include "runtime/text/unicode.hpp"
 
 namespace troupe {
 namespace {

@@ -1,4 +1,4 @@
-// The weight arena (runtime/weight_arena.hpp): every layer tensor moved
+// The weight arena (runtime/device/weight_arena.hpp): every layer tensor moved
 // into one buffer keeps its bytes, its sub-buffer reads as the tensor did,
 // and the offset table points at the same bytes in the arena.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "runtime/weight_arena.hpp"
+#include "runtime/device/weight_arena.hpp"
 #include "tests/unit/gguf_fixture.hpp"
 
 namespace troupe {

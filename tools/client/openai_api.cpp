@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime/json_depth.hpp"
+#include "runtime/common/json_depth.hpp"
 #include "tools/client/openai_tools.hpp"
 
 namespace troupe::openai {

@@ -11,7 +11,7 @@
 #include <zmq.hpp>
 
 #include "actors/admin_endpoint.hpp"
-#include "runtime/secret.hpp"
+#include "net/secret.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::cli {

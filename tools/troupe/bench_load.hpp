@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/bench_metrics.hpp"
-#include "runtime/bench_sweep.hpp"
-#include "runtime/bench_workload.hpp"
+#include "bench/bench_metrics.hpp"
+#include "bench/bench_sweep.hpp"
+#include "bench/bench_workload.hpp"
 
 namespace troupe::cli {
 

@@ -15,7 +15,7 @@
 
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/text/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
 #include "tools/troupe/local_engine.hpp"
 

@@ -1,5 +1,5 @@
 // troupe bench sim-calibrate: measures the real engine and writes the cost
-// model the cluster simulator runs on (runtime/cost_model.hpp).  One
+// model the cluster simulator runs on (sim/cost_model.hpp).  One
 // instance in this process runs single prompts of several lengths,
 // decode batches of several sizes and contexts, and a mixed batch; every
 // forward pass is one sample (rows, decode rows, attention work, ms).  A
@@ -15,8 +15,8 @@
 
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
-#include "runtime/cost_model.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/text/tokenizer.hpp"
+#include "sim/cost_model.hpp"
 #include "tools/troupe/admin_link.hpp"
 #include "tools/troupe/bench_load.hpp"
 #include "tools/troupe/common.hpp"

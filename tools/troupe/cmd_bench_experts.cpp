@@ -3,7 +3,7 @@
 // --expert-devices one-core sub-devices; --seqs sequences decode together
 // (random tokens, a batched decode step per token).  The first phase runs
 // the initial placement; then a placement is planned from the expert loads
-// the device counted (runtime/expert_placement, the controller's policy)
+// the device counted (runtime/device/expert_placement, the controller's policy)
 // and swapped in with the device's two-phase protocol (expprepare,
 // expcommit); the second phase runs it.  Each phase reports decode
 // throughput, tokens per expert device (max over mean) and each expert
@@ -18,7 +18,7 @@
 #include <stdexcept>
 
 #include "actors/device.hpp"
-#include "runtime/expert_placement.hpp"
+#include "runtime/device/expert_placement.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {

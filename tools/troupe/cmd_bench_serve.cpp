@@ -10,9 +10,9 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "runtime/bench_driver.hpp"
-#include "runtime/bench_openai.hpp"
-#include "runtime/bench_sweep.hpp"
+#include "bench/bench_driver.hpp"
+#include "bench/bench_openai.hpp"
+#include "bench/bench_sweep.hpp"
 #include "tools/client/client.hpp"
 #include "tools/troupe/bench_load.hpp"
 #include "tools/troupe/common.hpp"

@@ -1,4 +1,4 @@
-// troupe bench sim: the cluster simulator (runtime/cluster_sim) driven by
+// troupe bench sim: the cluster simulator (sim/cluster_sim) driven by
 // the load options of `troupe bench serve`, reporting the same metrics and
 // the same JSON, for as many instances as wanted; the cost model comes
 // from `troupe bench sim-calibrate`.
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
-#include "runtime/cluster_sim.hpp"
+#include "sim/cluster_sim.hpp"
 #include "tools/troupe/bench_load.hpp"
 #include "tools/troupe/common.hpp"
 

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/device.hpp"
-#include "runtime/chat_template.hpp"
-#include "runtime/incremental_decoder.hpp"
-#include "runtime/sampler.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "runtime/text/chat_template.hpp"
+#include "runtime/text/incremental_decoder.hpp"
+#include "runtime/text/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {

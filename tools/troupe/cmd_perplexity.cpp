@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "actors/device.hpp"
-#include "runtime/perplexity.hpp"
-#include "runtime/tokenizer.hpp"
+#include "runtime/engine/perplexity.hpp"
+#include "runtime/text/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {

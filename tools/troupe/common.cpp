@@ -8,8 +8,8 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/model_registry.hpp"
-#include "runtime/secret.hpp"
+#include "net/secret.hpp"
+#include "runtime/model/model_registry.hpp"
 
 namespace troupe::cli {
 

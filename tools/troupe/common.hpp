@@ -9,10 +9,10 @@
 #include <string>
 
 #include "messages/actors.hpp"
-#include "runtime/cluster_tls.hpp"
-#include "runtime/llama_forward.hpp"
-#include "runtime/model_file.hpp"
-#include "runtime/sequence_runner.hpp"
+#include "net/cluster_tls.hpp"
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/engine/sequence_runner.hpp"
+#include "runtime/model/model_file.hpp"
 
 namespace troupe::cli {
 
@@ -67,7 +67,7 @@ struct actor_env {
   std::optional<cluster_identity> identity;  // removed at exit
   actor_env();
   // With the middleman on the cluster's TLS: only peers holding `secret`
-  // get past the handshake (runtime/cluster_tls.hpp).
+  // get past the handshake (net/cluster_tls.hpp).
   actor_env(const std::string& secret, const cluster_flags& c);
   // Waits for every actor to end, at most `exit_limit` when it is set.
   ~actor_env();

@@ -19,7 +19,7 @@
 #include <unordered_map>
 #include <zmq.hpp>
 
-#include "runtime/secret.hpp"
+#include "net/secret.hpp"
 
 namespace troupe::cli {
 

@@ -3,7 +3,7 @@
 #include <stdexcept>
 
 #include "actors/admin_groups.hpp"
-#include "runtime/http_get_server.hpp"
+#include "net/http_get_server.hpp"
 
 namespace troupe::cli {
 

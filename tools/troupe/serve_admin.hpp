@@ -5,7 +5,7 @@
 #include <string>
 
 #include "actors/admin.hpp"
-#include "runtime/metrics.hpp"
+#include "runtime/service/metrics.hpp"
 
 namespace troupe::cli {
 

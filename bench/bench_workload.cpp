@@ -1,0 +1,198 @@
+#include "bench/bench_workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+
+namespace troupe::bench {
+
+namespace {
+
+void check_tokens(const token_space& t) {
+  if (t.first_id < 0 || t.vocab_size <= t.first_id)
+    throw std::invalid_argument("token ids: need 0 <= first id < vocab size (got " +
+                                std::to_string(t.first_id) + ", " + std::to_string(t.vocab_size) +
+                                ")");
+}
+
+int32_t token_at(const token_space& t, uint64_t k) {
+  return t.first_id + static_cast<int32_t>(k % static_cast<uint64_t>(t.vocab_size - t.first_id));
+}
+
+std::vector<int32_t> random_tokens(std::mt19937_64& rng, const token_space& t, int n) {
+  std::uniform_int_distribution<uint64_t> pick(0, std::numeric_limits<uint32_t>::max());
+  std::vector<int32_t> out(n);
+  for (auto& id : out) id = token_at(t, pick(rng));
+  return out;
+}
+
+// vLLM's random-range-ratio bounds, inclusive.
+std::pair<int, int> length_range(int len, double ratio, int floor_at) {
+  int lo = static_cast<int>(std::floor(len * (1.0 - ratio)));
+  int hi = static_cast<int>(std::ceil(len * (1.0 + ratio)));
+  return {std::max(lo, floor_at), std::max(hi, floor_at)};
+}
+
+}  // namespace
+
+std::vector<bench_request> random_dataset(size_t n, const random_spec& spec, uint64_t seed) {
+  check_tokens(spec.tokens);
+  if (spec.input_len < 0 || spec.output_len < 1 || spec.prefix_len < 0)
+    throw std::invalid_argument("random dataset: input length >= 0, output length >= 1");
+  if (!(spec.range_ratio >= 0 && spec.range_ratio < 1))
+    throw std::invalid_argument("random dataset: range ratio must be in [0, 1)");
+  if (spec.input_len + spec.prefix_len < 1)
+    throw std::invalid_argument("random dataset: prompts need at least one token");
+  std::mt19937_64 rng(seed);
+  auto [in_lo, in_hi] = length_range(spec.input_len, spec.range_ratio, 0);
+  auto [out_lo, out_hi] = length_range(spec.output_len, spec.range_ratio, 1);
+  if (spec.prefix_len == 0) in_lo = std::max(in_lo, 1);
+  in_hi = std::max(in_hi, in_lo);
+  std::uniform_int_distribution<int> in_len(in_lo, in_hi), out_len(out_lo, out_hi);
+  std::uniform_int_distribution<uint64_t> offset(0, spec.tokens.vocab_size - 1);
+  const auto prefix = random_tokens(rng, spec.tokens, spec.prefix_len);
+  std::vector<bench_request> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto& r = out[i];
+    r.index = i;
+    const int len = in_len(rng);
+    r.output_len = out_len(rng);
+    const uint64_t off = offset(rng);
+    r.prompt_tokens = prefix;
+    for (int j = 0; j < len; ++j) r.prompt_tokens.push_back(token_at(spec.tokens, off + i + j));
+    r.prompt_len = static_cast<int>(r.prompt_tokens.size());
+  }
+  return out;
+}
+
+std::vector<bench_request> shared_prefix_dataset(size_t n, const shared_prefix_spec& spec,
+                                                 uint64_t seed) {
+  check_tokens(spec.tokens);
+  if (spec.num_groups < 1 || spec.prefix_len < 0 || spec.suffix_len < 0 || spec.output_len < 1 ||
+      spec.prefix_len + spec.suffix_len < 1)
+    throw std::invalid_argument(
+        "shared-prefix dataset: groups >= 1, output length >= 1, prompts need a token");
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prefixes;
+  for (int g = 0; g < spec.num_groups; ++g)
+    prefixes.push_back(random_tokens(rng, spec.tokens, spec.prefix_len));
+  std::vector<bench_request> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto& r = out[i];
+    r.prompt_tokens = prefixes[i % prefixes.size()];
+    auto suffix = random_tokens(rng, spec.tokens, spec.suffix_len);
+    r.prompt_tokens.insert(r.prompt_tokens.end(), suffix.begin(), suffix.end());
+    r.prompt_len = static_cast<int>(r.prompt_tokens.size());
+    r.output_len = spec.output_len;
+  }
+  // Interleave the groups as vLLM's prefix_repetition does.
+  std::shuffle(out.begin(), out.end(), rng);
+  for (size_t i = 0; i < n; ++i) out[i].index = i;
+  return out;
+}
+
+std::vector<bench_request> jsonl_dataset(const std::string& path, size_t n, int default_output) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("dataset " + path + ": cannot open");
+  std::vector<bench_request> lines;
+  std::string line;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto where = path + ":" + std::to_string(lineno) + ": ";
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw std::runtime_error(where + e.what());
+    }
+    if (!j.is_object() || !j.contains("prompt"))
+      throw std::runtime_error(where + "expected an object with \"prompt\"");
+    bench_request r;
+    const auto& p = j["prompt"];
+    if (p.is_string()) {
+      r.prompt_text = p.get<std::string>();
+    } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const auto& x) {
+                 return x.is_number_integer();
+               })) {
+      r.prompt_tokens = p.get<std::vector<int32_t>>();
+      r.prompt_len = static_cast<int>(r.prompt_tokens.size());
+    } else {
+      throw std::runtime_error(where + "\"prompt\" must be a string or an array of token ids");
+    }
+    r.output_len = default_output;
+    for (const char* key : {"output_tokens", "output_len", "max_tokens"})
+      if (j.contains(key)) {
+        if (!j[key].is_number_integer() || j[key].get<int>() < 1)
+          throw std::runtime_error(where + "\"" + key + "\" must be a positive integer");
+        r.output_len = j[key].get<int>();
+        break;
+      }
+    lines.push_back(std::move(r));
+  }
+  if (lines.empty()) throw std::runtime_error("dataset " + path + ": no prompts");
+  std::vector<bench_request> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = lines[i % lines.size()];
+    out[i].index = i;
+  }
+  return out;
+}
+
+void assign_classes(std::vector<bench_request>& reqs, double offline_fraction, uint64_t seed) {
+  if (!(offline_fraction >= 0 && offline_fraction <= 1))
+    throw std::invalid_argument("offline fraction must be in [0, 1]");
+  std::vector<size_t> order(reqs.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed ^ 0x0ff1e);
+  std::shuffle(order.begin(), order.end(), rng);
+  const auto k = static_cast<size_t>(std::llround(reqs.size() * offline_fraction));
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[order[i]].offline = i < k;
+}
+
+std::vector<double> gamma_arrivals(size_t n, double rate, double burstiness, uint64_t seed) {
+  if (!(rate > 0)) throw std::invalid_argument("request rate must be > 0 (or inf)");
+  if (!(burstiness > 0 && std::isfinite(burstiness)))
+    throw std::invalid_argument("burstiness must be > 0");
+  std::vector<double> out(n, 0.0);
+  if (std::isinf(rate)) return out;
+  std::mt19937_64 rng(seed);
+  std::gamma_distribution<double> gap(burstiness, 1.0 / (rate * burstiness));
+  for (size_t i = 1; i < n; ++i) out[i] = out[i - 1] + gap(rng);
+  return out;
+}
+
+std::vector<double> load_trace(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("trace " + path + ": cannot open");
+  std::vector<double> out;
+  std::string line;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto where = path + ":" + std::to_string(lineno) + ": ";
+    double t = 0;
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.is_number())
+        t = j.get<double>();
+      else if (j.is_object() && j.contains("timestamp") && j["timestamp"].is_number())
+        t = j["timestamp"].get<double>();
+      else
+        throw std::runtime_error("expected a number or {\"timestamp\": seconds}");
+    } catch (const std::exception& e) {
+      throw std::runtime_error(where + e.what());
+    }
+    if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
+    if (!out.empty() && t < out.back()) throw std::runtime_error(where + "timestamps decrease");
+    out.push_back(t);
+  }
+  if (out.empty()) throw std::runtime_error("trace " + path + ": no timestamps");
+  const double t0 = out.front();
+  for (auto& t : out) t -= t0;
+  return out;
+}
+
+}  // namespace troupe::bench

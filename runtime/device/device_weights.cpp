@@ -1,0 +1,205 @@
+#include "runtime/device/device_weights.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace troupe {
+
+namespace {
+
+// Bytes of the scale (and min) header at the start of a block of each type.
+struct block_layout {
+  size_t header;  // 2 (d) or 4 (d, m)
+  size_t quants;  // bytes of quants per block
+  bool has_min;
+};
+
+block_layout layout_of(tensor_type t) {
+  switch (t) {
+    case tensor_type::q4_0:
+      return {2, 16, false};
+    case tensor_type::q4_1:
+      return {4, 16, true};
+    case tensor_type::q8_0:
+      return {2, 32, false};
+    default:
+      return {0, 0, false};
+  }
+}
+
+bool quantized(tensor_type t) {
+  return layout_of(t).quants != 0;
+}
+
+}  // namespace
+
+device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
+  device_matrix out;
+  const tensor_view& first = *parts.front();
+  out.type = first.type;
+  out.cols = first.row_len();
+  for (const auto* p : parts) {
+    if (p->type != out.type || p->row_len() != out.cols)
+      throw model_error("tensor '" + p->name + "' does not match '" + first.name +
+                        "' in type or row length, so they cannot be fused");
+    out.rows += p->rows();
+  }
+  if (out.cols % 32 != 0)
+    throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
+                      " values; troupe needs a multiple of 32");
+  if (!quantized(out.type)) {
+    std::vector<uint8_t> raw;
+    for (const auto* p : parts) raw.insert(raw.end(), p->data, p->data + p->bytes);
+    out.q = ctx.alloc(raw.size(), raw.data());
+    out.d = ctx.alloc(4);
+    out.m = ctx.alloc(4);
+    return out;
+  }
+  const auto lay = layout_of(out.type);
+  const size_t block_bytes = lay.header + lay.quants;
+  const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
+  std::vector<uint8_t> q(n_blocks * lay.quants);
+  std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
+  size_t blk = 0;
+  for (const auto* p : parts) {
+    const size_t nb = p->bytes / block_bytes;
+    for (size_t i = 0; i < nb; ++i, ++blk) {
+      const uint8_t* src = p->data + i * block_bytes;
+      uint16_t h[2];
+      std::memcpy(h, src, lay.header);
+      d[blk] = half_to_float(h[0]);
+      if (lay.has_min) m[blk] = half_to_float(h[1]);
+      std::memcpy(&q[blk * lay.quants], src + lay.header, lay.quants);
+    }
+  }
+  out.q = ctx.alloc(q.size(), q.data());
+  out.d = ctx.alloc(d.size() * sizeof(float), d.data());
+  out.m = ctx.alloc(m.size() * sizeof(float), m.data());
+  return out;
+}
+
+namespace {
+
+// Tensors' values as F32, one after another.
+std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
+  std::vector<float> v;
+  for (const auto* t : parts) {
+    const size_t at = v.size();
+    v.resize(at + static_cast<size_t>(t->row_len() * t->rows()));
+    dequantize_row(t->type, t->data, v.data() + at, static_cast<int64_t>(v.size() - at));
+  }
+  return v;
+}
+
+}  // namespace
+
+cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
+  const auto v = floats_of({&t});
+  return ctx.alloc(v.size() * sizeof(float), v.data());
+}
+
+tensor_view expert_slice(const tensor_view& stacked, int e) {
+  if (stacked.shape.size() != 3 || e < 0 || e >= stacked.shape[2])
+    throw model_error("tensor '" + stacked.name + "' has no expert " + std::to_string(e));
+  tensor_view v;
+  v.name = stacked.name + "[" + std::to_string(e) + "]";
+  v.type = stacked.type;
+  v.shape = {stacked.shape[0], stacked.shape[1]};
+  v.bytes = stacked.bytes / static_cast<size_t>(stacked.shape[2]);
+  v.data = stacked.data + v.bytes * static_cast<size_t>(e);
+  return v;
+}
+
+std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& model, int layer,
+                                           const expert_layout& layout) {
+  const int E = model.hparams().n_expert;
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  auto where = [&] { return model.path() + ": layer " + std::to_string(layer) + ": "; };
+  auto moe = std::make_shared<device_moe>();
+  moe->layout = layout;
+  moe->router = upload_matrix(ctx, {&model.tensor(p + "ffn_gate_inp.weight")});
+  const auto& gate = model.tensor(p + "ffn_gate_exps.weight");
+  const auto& up = model.tensor(p + "ffn_up_exps.weight");
+  const auto& down = model.tensor(p + "ffn_down_exps.weight");
+  std::vector<std::vector<int32_t>> slots_of(static_cast<size_t>(E));
+  for (const auto& held : layout) {
+    if (held.empty()) throw model_error(where() + "an expert device holds no expert");
+    expert_shard sh;
+    sh.slot0 = moe->n_slots();
+    sh.n = static_cast<int>(held.size());
+    std::vector<tensor_view> gu, dn;  // the views the parts point at
+    for (const int e : held) {
+      if (e < 0 || e >= E)
+        throw model_error(where() + "expert " + std::to_string(e) + " does not exist (" +
+                          std::to_string(E) + " experts)");
+      gu.push_back(expert_slice(gate, e));
+      gu.push_back(expert_slice(up, e));
+      dn.push_back(expert_slice(down, e));
+      slots_of[e].push_back(static_cast<int32_t>(sh.slot0 + dn.size() - 1));
+    }
+    std::vector<const tensor_view*> gu_parts, dn_parts;
+    for (const auto& v : gu) gu_parts.push_back(&v);
+    for (const auto& v : dn) dn_parts.push_back(&v);
+    sh.gate_up = upload_matrix(ctx, gu_parts);
+    sh.down = upload_matrix(ctx, dn_parts);
+    moe->shards.push_back(std::move(sh));
+  }
+  if (moe->shards.empty()) throw model_error(where() + "no expert device");
+  std::vector<int32_t> rep_off{0}, rep_slot;
+  for (int e = 0; e < E; ++e) {
+    if (slots_of[e].empty())
+      throw model_error(where() + "expert " + std::to_string(e) + " is in no slot");
+    rep_slot.insert(rep_slot.end(), slots_of[e].begin(), slots_of[e].end());
+    rep_off.push_back(static_cast<int32_t>(rep_slot.size()));
+  }
+  moe->rep_off = ctx.alloc(rep_off.size() * 4, rep_off.data());
+  moe->rep_slot = ctx.alloc(rep_slot.size() * 4, rep_slot.data());
+  return moe;
+}
+
+expert_layout initial_expert_layout(int n_expert, int devices) {
+  devices = std::clamp(devices, 1, std::max(1, n_expert));
+  expert_layout out(static_cast<size_t>(devices));
+  for (int e = 0; e < n_expert; ++e) out[static_cast<size_t>(e) * devices / n_expert].push_back(e);
+  return out;
+}
+
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices) {
+  device_weights w;
+  const auto& hp = model.hparams();
+  w.embedding = upload_matrix(ctx, {&model.tensor("token_embd.weight")});
+  if (const auto* out = model.find_tensor("output.weight"))
+    w.output = std::make_unique<device_matrix>(upload_matrix(ctx, {out}));
+  w.output_norm = upload_vector(ctx, model.tensor("output_norm.weight"));
+  for (int l = 0; l < hp.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto t = [&](const char* name) -> const tensor_view* { return &model.tensor(p + name); };
+    device_layer layer;
+    layer.attn_norm = upload_vector(ctx, *t("attn_norm.weight"));
+    layer.ffn_norm = upload_vector(ctx, *t("ffn_norm.weight"));
+    layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
+    if (model.find_tensor(p + "attn_q.bias")) {
+      const auto b = floats_of({t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")});
+      layer.qkv_bias = ctx.alloc(b.size() * sizeof(float), b.data());
+    }
+    layer.wo = upload_matrix(ctx, {t("attn_output.weight")});
+    if (hp.n_expert > 0) {
+      layer.moe = upload_experts(ctx, model, l, initial_expert_layout(hp.n_expert, expert_devices));
+      if (hp.n_ff_shared > 0) {
+        layer.shared = std::make_unique<device_shared_expert>();
+        layer.shared->gate_up =
+            upload_matrix(ctx, {t("ffn_gate_shexp.weight"), t("ffn_up_shexp.weight")});
+        layer.shared->down = upload_matrix(ctx, {t("ffn_down_shexp.weight")});
+        layer.shared->gate = upload_matrix(ctx, {t("ffn_gate_inp_shexp.weight")});
+      }
+    } else {
+      layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
+      layer.down = upload_matrix(ctx, {t("ffn_down.weight")});
+    }
+    w.layers.push_back(std::move(layer));
+  }
+  for (const auto& [name, tv] : model.tensors()) w.bytes += tv.bytes;
+  return w;
+}
+
+}  // namespace troupe

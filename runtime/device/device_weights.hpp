@@ -1,0 +1,107 @@
+#pragma once
+// Model weights resident on an OpenCL device, in the file's own type.
+// Quantized tensors are split into structure-of-arrays form (quants,
+// scales, mins) so kernels read whole blocks with aligned vector loads;
+// see kernels/common.cl for the layouts.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/device/cl_runtime.hpp"
+#include "runtime/model/model_file.hpp"
+
+namespace troupe {
+
+struct device_matrix {
+  tensor_type type = tensor_type::f32;
+  int64_t rows = 0;  // output features
+  int64_t cols = 0;  // input features (contiguous)
+  cl::buffer q;      // raw values (f32/f16) or quants
+  cl::buffer d;      // per-block scales as float (quantized types)
+  cl::buffer m;      // per-block mins as float (q4_1)
+};
+
+// Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
+// All parts must share type and row length; throws model_error otherwise.
+device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts);
+
+// Uploads a 1-D tensor (norm weights) as F32.
+cl::buffer upload_vector(cl::context& ctx, const tensor_view& t);
+
+// Where a layer's experts are: for each expert device (a shard; one where
+// experts are not spread), the experts it holds, one slot each.  An expert
+// may be in several slots (replicated, on different devices); every expert
+// is in at least one.
+using expert_layout = std::vector<std::vector<int>>;
+
+// The slots one expert device holds: slots [slot0, slot0 + n) of the
+// layer's slot order, with their weights in its own buffers (slot s at
+// gate_up rows [(s - slot0) 2F, +2F): gate then up; down rows
+// [(s - slot0) D, +D)).
+struct expert_shard {
+  int slot0 = 0, n = 0;
+  device_matrix gate_up, down;
+};
+
+// A mixture-of-experts FFN.  Slots are numbered device by device (shard 0's
+// first, in layout order).  rep_off/rep_slot list each expert's slots
+// (expert e: rep_slot[rep_off[e] .. rep_off[e+1])), for the router kernel,
+// which sends a token to replica t mod n.
+struct device_moe {
+  device_matrix router;  // ffn_gate_inp, [n_expert rows, n_embd]
+  expert_layout layout;
+  std::vector<expert_shard> shards;
+  cl::buffer rep_off, rep_slot;
+
+  int n_slots() const { return shards.empty() ? 0 : shards.back().slot0 + shards.back().n; }
+};
+
+// Qwen2-MoE's shared expert: a dense FFN every token runs, scaled by
+// sigmoid(gate . x).
+struct device_shared_expert {
+  device_matrix gate_up;  // [gate | up] rows
+  device_matrix down;
+  device_matrix gate;  // ffn_gate_inp_shexp: one row
+};
+
+struct device_layer {
+  cl::buffer attn_norm, ffn_norm;
+  device_matrix qkv;      // [q | k | v] rows
+  cl::buffer qkv_bias;    // [bq | bk | bv] as F32 (Qwen2); null where the file has none
+  device_matrix wo;       // attention output
+  device_matrix gate_up;  // [gate | up] rows (dense FFN)
+  device_matrix down;
+  std::shared_ptr<device_moe> moe;               // set for a mixture-of-experts FFN instead
+  std::unique_ptr<device_shared_expert> shared;  // beside moe, where the model has one
+};
+
+struct device_weights {
+  // Where the step runs as one launch: the layers' tensors, which are
+  // sub-buffers of it (runtime/device/weight_arena.hpp); null otherwise.
+  cl::buffer arena;
+  device_matrix embedding;                // token_embd, [n_vocab rows, n_embd]
+  std::unique_ptr<device_matrix> output;  // null when tied to the embedding
+  cl::buffer output_norm;
+  std::vector<device_layer> layers;
+  size_t bytes = 0;  // device memory used by weights
+
+  const device_matrix& classifier() const { return output ? *output : embedding; }
+};
+
+// Experts of MoE layers spread over `expert_devices` devices
+// (initial_expert_layout).
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices = 1);
+
+// Experts 0..n-1 split into `devices` contiguous runs, one slot each.
+expert_layout initial_expert_layout(int n_expert, int devices);
+
+// Expert e of a stacked expert tensor (ffn_*_exps: shape [cols, rows, n_expert]).
+tensor_view expert_slice(const tensor_view& stacked, int e);
+
+// Layer `layer`'s experts uploaded as `layout` places them, with the
+// router.  Throws model_error for an expert id out of range, an expert in
+// no slot or a device with no slot.
+std::shared_ptr<device_moe> upload_experts(cl::context& ctx, const model_file& model, int layer,
+                                           const expert_layout& layout);
+
+}  // namespace troupe

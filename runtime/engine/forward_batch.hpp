@@ -1,0 +1,58 @@
+#pragma once
+// One step's work for the device: the new tokens of several sequences,
+// flattened into rows (continuous batching without padding), each sequence
+// with the page table its KV lives in.
+#include <cstdint>
+#include <vector>
+
+#include "runtime/engine/sampler.hpp"
+
+namespace troupe {
+
+struct forward_seq {
+  int32_t first_row = 0;  // its rows are [first_row, first_row + n_rows)
+  int32_t n_rows = 0;
+  std::vector<int32_t> pages;  // page table, covering positions 0..last row's position
+};
+
+// Step overlap (runtime/engine/step_overlap.hpp): a token the device draws from
+// this step's logits, as the instance's sampler will, for the next step.
+struct presample_row {
+  int32_t logit_index = 0;  // into logit_rows
+  sampling_params sampling;
+  int64_t position = 0;  // the sequence's length when it samples (the seeded draw's counter)
+};
+
+// Step overlap: a row whose token is still being sampled when the step is
+// sent; the device takes it from the previous step's draws.
+struct placeholder_row {
+  int32_t row = 0;
+  int32_t drawn_index = 0;  // into the previous step's presample
+};
+
+// The token that stands for draw k of the step before, made on the device
+// (pipelined steps: llama_forward::submit; kernels/common.cl's token_at).
+inline int32_t device_draw_token(int32_t k) {
+  return -1 - k;
+}
+
+struct forward_batch {
+  std::vector<int32_t> tokens;     // one per row
+  std::vector<int32_t> positions;  // one per row
+  std::vector<forward_seq> seqs;
+  std::vector<int32_t> logit_rows;  // rows whose logits come back, in this order
+  uint64_t step = 0;                // the sender's step id (0: none)
+  std::vector<presample_row> presample;
+  uint64_t after = 0;  // the step whose draws fill the placeholders
+  std::vector<placeholder_row> placeholders;
+};
+
+struct forward_result {
+  int32_t n_vocab = 0;
+  std::vector<float> logits;   // logit_rows.size() x n_vocab
+  std::vector<int32_t> drawn;  // per presample row: the token (-1: the logits were refused)
+  double device_ms = 0;        // the device's time on this step
+  double idle_ms = -1;         // the device's idle time before it (-1: its first step)
+};
+
+}  // namespace troupe

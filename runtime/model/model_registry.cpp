@@ -1,0 +1,97 @@
+#include "runtime/model/model_registry.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+
+#include "runtime/model/model_file.hpp"
+
+namespace troupe {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct known_model {
+  const char* name;
+  const char* file;
+  const char* tokenizer;  // nullptr: the model file carries its tokenizer
+};
+
+constexpr known_model k_models[] = {
+    {"smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", nullptr},
+    {"stories15m", "stories15M.bin", "tokenizer.bin"},
+    // Mixture-of-experts fixtures with seeded random weights, written by
+    // tools/make_moe_fixtures.py (`bash tools/setup.sh fixtures`).
+    {"moe-4x2-f32", "moe/moe-4x2-f32.gguf", nullptr},
+    {"moe-8x2-q", "moe/moe-8x2-q.gguf", nullptr},
+    {"moe-8x2-skew", "moe/moe-8x2-skew.gguf", nullptr},
+    {"qwen2moe-4x2-shared", "moe/qwen2moe-4x2-shared.gguf", nullptr},
+};
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string names_list() {
+  std::string s;
+  for (const auto& m : k_models) s += (s.empty() ? "" : ", ") + std::string(m.name);
+  return s;
+}
+
+std::string fetch_hint() {
+  return "`bash tools/setup.sh models` fetches them (and `bash tools/setup.sh fixtures` writes "
+         "the moe-* fixtures) into " +
+         model_dir();
+}
+
+}  // namespace
+
+std::string model_dir() {
+  if (const char* d = std::getenv("TROUPE_MODEL_DIR"); d && *d) return d;
+  const char* home = std::getenv("HOME");
+  return (fs::path(home && *home ? home : ".") / ".cache" / "troupe" / "models").string();
+}
+
+std::vector<std::string> known_model_names() {
+  std::vector<std::string> names;
+  for (const auto& m : k_models) names.emplace_back(m.name);
+  return names;
+}
+
+resolved_model resolve_model(const std::string& name_or_path) {
+  const std::string key = lower(name_or_path);
+  for (const auto& m : k_models) {
+    if (key != m.name) continue;
+    resolved_model r;
+    r.name = m.name;
+    r.model_path = (fs::path(model_dir()) / m.file).string();
+    if (m.tokenizer) r.tokenizer_path = (fs::path(model_dir()) / m.tokenizer).string();
+    for (const auto* p : {&r.model_path, &r.tokenizer_path}) {
+      if (!p->empty() && !fs::is_regular_file(*p))
+        throw_model_error(name_or_path, "model '" + r.name + "' needs " + *p +
+                                            ", which does not exist; " + fetch_hint());
+    }
+    return r;
+  }
+
+  std::error_code ec;
+  if (fs::is_regular_file(name_or_path, ec)) {
+    const fs::path p(name_or_path);
+    resolved_model r;
+    r.model_path = name_or_path;
+    r.name = p.stem().string();
+    for (const auto& m : k_models)
+      if (p.filename() == fs::path(m.file).filename()) r.name = m.name;
+    if (lower(p.extension().string()) != ".gguf")
+      r.tokenizer_path = (p.parent_path() / "tokenizer.bin").string();
+    return r;
+  }
+  throw_model_error(name_or_path, "no such model file and not a known model name (known: " +
+                                      names_list() + "; " + fetch_hint() + ")");
+}
+
+}  // namespace troupe

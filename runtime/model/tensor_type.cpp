@@ -1,0 +1,196 @@
+#include "runtime/model/tensor_type.hpp"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace troupe {
+
+namespace {
+
+// Block layouts, identical to ggml's.
+struct block_q4_0 {
+  uint16_t d;
+  uint8_t qs[16];
+};
+struct block_q4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[16];
+};
+struct block_q8_0 {
+  uint16_t d;
+  int8_t qs[32];
+};
+static_assert(sizeof(block_q4_0) == 18);
+static_assert(sizeof(block_q4_1) == 20);
+static_assert(sizeof(block_q8_0) == 34);
+
+constexpr type_traits k_f32{"F32", 1, 4};
+constexpr type_traits k_f16{"F16", 1, 2};
+constexpr type_traits k_q4_0{"Q4_0", 32, sizeof(block_q4_0)};
+constexpr type_traits k_q4_1{"Q4_1", 32, sizeof(block_q4_1)};
+constexpr type_traits k_q8_0{"Q8_0", 32, sizeof(block_q8_0)};
+
+// ggml's type numbering; empty names are numbers ggml retired.
+constexpr std::array<std::string_view, 40> k_gguf_names = {
+    "F32",   "F16",        "Q4_0",       "Q4_1",       "",         "",         "Q5_0",
+    "Q5_1",  "Q8_0",       "Q8_1",       "Q2_K",       "Q3_K",     "Q4_K",     "Q5_K",
+    "Q6_K",  "Q8_K",       "IQ2_XXS",    "IQ2_XS",     "IQ3_XXS",  "IQ1_S",    "IQ4_NL",
+    "IQ3_S", "IQ2_S",      "IQ4_XS",     "I8",         "I16",      "I32",      "I64",
+    "F64",   "IQ1_M",      "BF16",       "Q4_0_4_4",   "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",
+    "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",
+};
+
+void check_multiple(tensor_type t, int64_t n) {
+  const auto& tr = traits_of(t);
+  if (n < 0 || n % static_cast<int64_t>(tr.block_elems) != 0)
+    throw std::invalid_argument("row of " + std::to_string(n) +
+                                " values is not a multiple of the " + std::string(tr.name) +
+                                " block size");
+}
+
+}  // namespace
+
+std::optional<type_traits> traits_of(uint32_t gguf_type) {
+  switch (gguf_type) {
+    case static_cast<uint32_t>(tensor_type::f32):
+      return k_f32;
+    case static_cast<uint32_t>(tensor_type::f16):
+      return k_f16;
+    case static_cast<uint32_t>(tensor_type::q4_0):
+      return k_q4_0;
+    case static_cast<uint32_t>(tensor_type::q4_1):
+      return k_q4_1;
+    case static_cast<uint32_t>(tensor_type::q8_0):
+      return k_q8_0;
+    default:
+      return std::nullopt;
+  }
+}
+
+const type_traits& traits_of(tensor_type t) {
+  switch (t) {
+    case tensor_type::f32:
+      return k_f32;
+    case tensor_type::f16:
+      return k_f16;
+    case tensor_type::q4_0:
+      return k_q4_0;
+    case tensor_type::q4_1:
+      return k_q4_1;
+    case tensor_type::q8_0:
+      return k_q8_0;
+  }
+  throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
+}
+
+size_t row_bytes(tensor_type t, int64_t n) {
+  check_multiple(t, n);
+  const auto& tr = traits_of(t);
+  return static_cast<size_t>(n) / tr.block_elems * tr.block_bytes;
+}
+
+std::string_view gguf_type_name(uint32_t gguf_type) {
+  if (gguf_type < k_gguf_names.size() && !k_gguf_names[gguf_type].empty())
+    return k_gguf_names[gguf_type];
+  return "unknown";
+}
+
+// The two conversions below are ggml's portable ones (from the FP16 library),
+// so results match ggml bit for bit, NaN and subnormals included.
+float half_to_float(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+
+  const uint32_t exp_offset = 0xE0u << 23;
+  const float exp_scale = 0x1.0p-112f;
+  const float normalized = std::bit_cast<float>((two_w >> 4) + exp_offset) * exp_scale;
+
+  const uint32_t magic_mask = 126u << 23;
+  const float magic_bias = 0.5f;
+  const float denormalized = std::bit_cast<float>((two_w >> 17) | magic_mask) - magic_bias;
+
+  const uint32_t denormalized_cutoff = 1u << 27;
+  const uint32_t result =
+      sign | (two_w < denormalized_cutoff ? std::bit_cast<uint32_t>(denormalized)
+                                          : std::bit_cast<uint32_t>(normalized));
+  return std::bit_cast<float>(result);
+}
+
+uint16_t float_to_half(float f) {
+  const float scale_to_inf = 0x1.0p+112f;
+  const float scale_to_zero = 0x1.0p-110f;
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+
+  const uint32_t w = std::bit_cast<uint32_t>(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+
+  base = std::bit_cast<float>((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = std::bit_cast<uint32_t>(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
+  check_multiple(t, n);
+  const auto* bytes = static_cast<const uint8_t*>(src);
+  switch (t) {
+    case tensor_type::f32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+      return;
+    case tensor_type::f16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        dst[i] = half_to_float(h);
+      }
+      return;
+    case tensor_type::q4_0:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        block_q4_0 blk;
+        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+        const float d = half_to_float(blk.d);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = static_cast<float>((blk.qs[j] & 0x0F) - 8) * d;
+          y[j + 16] = static_cast<float>((blk.qs[j] >> 4) - 8) * d;
+        }
+      }
+      return;
+    case tensor_type::q4_1:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        block_q4_1 blk;
+        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+        const float d = half_to_float(blk.d);
+        const float m = half_to_float(blk.m);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          y[j] = static_cast<float>(blk.qs[j] & 0x0F) * d + m;
+          y[j + 16] = static_cast<float>(blk.qs[j] >> 4) * d + m;
+        }
+      }
+      return;
+    case tensor_type::q8_0:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        block_q8_0 blk;
+        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+        const float d = half_to_float(blk.d);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(blk.qs[j]) * d;
+      }
+      return;
+  }
+  throw std::invalid_argument("dequantize_row: unknown tensor_type");
+}
+
+}  // namespace troupe

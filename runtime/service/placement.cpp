@@ -1,0 +1,170 @@
+#include "runtime/service/placement.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+
+namespace troupe {
+
+const char* to_string(placement_policy p) {
+  switch (p) {
+    case placement_policy::round_robin:
+      return "round-robin";
+    case placement_policy::least_load:
+      return "least-load";
+    case placement_policy::prefix:
+      return "prefix";
+    case placement_policy::slo:
+      return "slo";
+  }
+  return "?";
+}
+
+std::optional<placement_policy> parse_placement_policy(std::string_view name) {
+  for (auto p : {placement_policy::round_robin, placement_policy::least_load,
+                 placement_policy::prefix, placement_policy::slo})
+    if (name == to_string(p)) return p;
+  return std::nullopt;
+}
+
+prefill_model::prefill_model(double forgetting) : lambda_(forgetting) {
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) p_[i][j] = i == j ? 1e6 : 0;
+}
+
+void prefill_model::observe(double tokens, double ms) {
+  // Features scaled so L^2 and L are of similar size (L in thousands).
+  const double l = tokens / 1000.0;
+  const double x[3] = {l * l, l, 1.0};
+  double px[3] = {0, 0, 0};
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) px[i] += p_[i][j] * x[j];
+  double denom = lambda_;
+  for (int i = 0; i < 3; ++i) denom += x[i] * px[i];
+  double k[3];
+  for (int i = 0; i < 3; ++i) k[i] = px[i] / denom;
+  double err = ms;
+  for (int i = 0; i < 3; ++i) err -= theta_[i] * x[i];
+  for (int i = 0; i < 3; ++i) theta_[i] += k[i] * err;
+  double np[3][3];
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) np[i][j] = (p_[i][j] - k[i] * px[j]) / lambda_;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j) p_[i][j] = np[i][j];
+  // Forgetting with inputs that do not vary (a steady load repeats the same
+  // step shapes) makes P grow without bound until the update is all
+  // rounding error (RLS "windup"; millions of steps in the simulator blew
+  // predictions up).  Capping P's trace at its starting size keeps the
+  // gain bounded.
+  const double trace = p_[0][0] + p_[1][1] + p_[2][2];
+  if (trace > 3e6 || !std::isfinite(trace)) {
+    const double f = std::isfinite(trace) ? 3e6 / trace : 0;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j)
+        p_[i][j] = std::isfinite(trace) ? p_[i][j] * f : (i == j ? 1e6 : 0);
+  }
+  ++samples_;
+}
+
+double prefill_model::predict_ms(double tokens) const {
+  if (tokens <= 0) return 0;
+  const double l = tokens / 1000.0;
+  return std::max(0.0, theta_[0] * l * l + theta_[1] * l + theta_[2]);
+}
+
+int64_t load_score(const instance_snapshot& s) {
+  return 4 * int64_t(s.waiting) + s.running;
+}
+
+namespace {
+
+// Leading pages of `hashes` that `s` holds (a prefix run: the first miss ends it).
+int32_t prefix_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
+  int32_t n = 0;
+  for (uint64_t h : hashes) {
+    if (!s.prefix_hashes.count(h)) break;
+    ++n;
+  }
+  return n;
+}
+
+const instance_snapshot* least_loaded(const std::vector<const instance_snapshot*>& c) {
+  const instance_snapshot* best = nullptr;
+  for (const auto* s : c)
+    if (!best || load_score(*s) < load_score(*best) ||
+        (load_score(*s) == load_score(*best) && s->free_pages > best->free_pages))
+      best = s;
+  return best;
+}
+
+std::string load_text(const instance_snapshot& s) {
+  return "load 4x" + std::to_string(s.waiting) + "+" + std::to_string(s.running) + "=" +
+         std::to_string(load_score(s));
+}
+
+}  // namespace
+
+placement place(placement_policy policy, const placement_request& req,
+                const std::vector<instance_snapshot>& instances, placement_cursor& cursor,
+                const prefill_model& model, double ttft_target_ms) {
+  std::vector<const instance_snapshot*> up;
+  for (const auto& s : instances)
+    if (s.serving) up.push_back(&s);
+  placement out;
+  if (up.empty()) {
+    out.why = "no serving instance";
+    return out;
+  }
+  auto pick = [&](const instance_snapshot* s, std::string why) {
+    out.instance = s->instance;
+    out.why = std::string(to_string(policy)) + ": " + std::move(why);
+    return out;
+  };
+  switch (policy) {
+    case placement_policy::round_robin: {
+      const auto* s = up[cursor.next++ % up.size()];
+      return pick(s, "turn of instance " + std::to_string(s->instance));
+    }
+    case placement_policy::least_load: {
+      const auto* s = least_loaded(up);
+      return pick(s, load_text(*s));
+    }
+    case placement_policy::prefix: {
+      int32_t best_run = 0;
+      std::vector<const instance_snapshot*> best;
+      for (const auto* s : up) {
+        const int32_t run = prefix_run(*s, req.page_hashes);
+        if (run > best_run) best.clear(), best_run = run;
+        if (run == best_run) best.push_back(s);
+      }
+      const auto* s = least_loaded(best);
+      out.prefix_pages = best_run;
+      return pick(s, best_run > 0
+                         ? std::to_string(best_run) + " cached prefix pages, " + load_text(*s)
+                         : "no cached prefix anywhere, " + load_text(*s));
+    }
+    case placement_policy::slo: {
+      std::vector<const instance_snapshot*> meet;
+      const instance_snapshot* fastest = nullptr;
+      double fastest_ms = std::numeric_limits<double>::infinity();
+      for (const auto* s : up) {
+        const double t = model.predict_ms(double(s->queued_prefill_tokens)) +
+                         model.predict_ms(double(req.prompt_tokens));
+        if (t <= ttft_target_ms) meet.push_back(s);
+        if (t < fastest_ms) fastest_ms = t, fastest = s;
+      }
+      const auto* s = meet.empty() ? fastest : least_loaded(meet);
+      out.predicted_ttft_ms = model.predict_ms(double(s->queued_prefill_tokens)) +
+                              model.predict_ms(double(req.prompt_tokens));
+      char t_ms[32];
+      std::snprintf(t_ms, sizeof t_ms, "%.1f", out.predicted_ttft_ms);
+      const std::string t = "predicted TTFT " + std::string(t_ms) + " ms (target " +
+                            std::to_string(int64_t(ttft_target_ms)) + ")";
+      return pick(s, meet.empty() ? t + ", none meets it: the fastest" : t + ", " + load_text(*s));
+    }
+  }
+  return out;
+}
+
+}  // namespace troupe

@@ -1,0 +1,49 @@
+#include "runtime/text/token_constraint.hpp"
+
+#include <algorithm>
+
+namespace troupe {
+
+token_constraint::token_constraint(const std::string& regex,
+                                   std::shared_ptr<const std::vector<std::string>> token_bytes,
+                                   std::vector<int32_t> eog_tokens)
+    : dfa_(regex), bytes_(std::move(token_bytes)), eog_(std::move(eog_tokens)) {}
+
+bool token_constraint::is_end(int32_t token) const {
+  return std::find(eog_.begin(), eog_.end(), token) != eog_.end();
+}
+
+const std::vector<uint8_t>& token_constraint::allowed(int state) {
+  auto it = masks_.find(state);
+  if (it != masks_.end()) return it->second;
+  const auto& bytes = *bytes_;
+  std::vector<uint8_t> mask(bytes.size(), 0);
+  for (size_t t = 0; t < bytes.size(); ++t) {
+    if (is_end(int32_t(t))) {
+      mask[t] = dfa_.accepting(state) ? 1 : 0;
+      continue;
+    }
+    // A token with no bytes (control tokens) never moves a match on.
+    if (bytes[t].empty()) continue;
+    mask[t] = dfa_.step(state, bytes[t]) >= 0 ? 1 : 0;
+  }
+  return masks_.emplace(state, std::move(mask)).first->second;
+}
+
+int token_constraint::advance(int state, int32_t token) {
+  if (state < 0 || token < 0 || size_t(token) >= bytes_->size()) return -1;
+  if (is_end(token)) return dfa_.accepting(state) ? state : -1;
+  if ((*bytes_)[size_t(token)].empty()) return -1;
+  return dfa_.step(state, (*bytes_)[size_t(token)]);
+}
+
+int token_constraint::replay(const std::vector<int32_t>& tokens) {
+  int state = start();
+  for (int32_t t : tokens) {
+    state = advance(state, t);
+    if (state < 0) return -1;
+  }
+  return state;
+}
+
+}  // namespace troupe

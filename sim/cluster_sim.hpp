@@ -1,0 +1,75 @@
+#pragma once
+// The cluster simulator behind `troupe bench sim` (issue 11 item 7;
+// docs/architecture.md §2.3 "Policies are plain functions"): a discrete-event
+// simulation of N instances that calls the very functions the actors call
+// (runtime/engine/scheduler plan_step for every step, runtime/service/placement and
+// runtime/service/pd_policy for placement and role switching, runtime/service/service_monitor
+// for the windows) with step and transfer times from a cost model fitted on
+// the real engine (sim/cost_model).  What it leaves out, on purpose: the
+// prefix cache (every prompt is computed), swap (preemption recomputes), the
+// router's polling delay (it sees each instance's state exactly) and message
+// latency other than the KV transfer.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bench/bench_metrics.hpp"
+#include "runtime/engine/scheduler.hpp"
+#include "runtime/service/pd_policy.hpp"
+#include "runtime/service/placement.hpp"
+#include "sim/cost_model.hpp"
+
+namespace troupe {
+
+struct sim_request {
+  double arrival = 0;  // seconds
+  int32_t prompt = 0;
+  int32_t output = 0;
+  bool offline = false;
+};
+
+// How requests are placed.
+//   mixed:   every instance prefills and decodes; `mixed_policy` places.
+//   pd:      prefill and decode instances (`roles`, default half and half);
+//            `pd_placement` is slo (the report's: predicted TTFT in pool
+//            order, decode under caps, and role switching when enabled),
+//            least-load (least queued prefill tokens / fewest running
+//            tokens) or round-robin, both without flips.
+struct sim_config {
+  int32_t instances = 2;
+  bool pd = false;
+  placement_policy mixed_policy = placement_policy::least_load;
+  std::string pd_placement = "slo";
+  bool role_switching = false;
+  std::vector<instance_role> roles;
+  scheduler_limits limits;
+  pd_targets targets;  // online requests' SLO; TTFT also sets EDF deadlines
+  pd_config pd_cfg;
+  double window_s = 1;
+  cost_model cost;
+};
+
+struct sim_stats {
+  uint64_t steps = 0;
+  uint64_t events = 0;
+  uint64_t flips = 0;
+  uint64_t transfers = 0;
+  uint64_t preemptions = 0;
+  double transfer_bytes = 0;
+  double transfer_ms_total = 0;
+  double ttft_mape = 0;  // the TTFT predictor's error
+  double simulated_s = 0;
+  double wall_s = 0;
+  std::vector<std::string> flip_log;  // "t=12.0s instance 3 -> prefill: why"
+};
+
+struct sim_result {
+  std::vector<bench::request_record> records;  // in request order
+  std::vector<double> itl_s;  // token intervals of a sample of requests (all when small)
+  sim_stats stats;
+};
+
+// Throws std::invalid_argument for a bad configuration.
+sim_result simulate(const sim_config& cfg, const std::vector<sim_request>& reqs);
+
+}  // namespace troupe

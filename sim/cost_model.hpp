@@ -1,0 +1,52 @@
+#pragma once
+// Step and transfer costs of one engine instance, fitted to measurements of
+// the real engine (troupe bench sim-calibrate) and read by the cluster
+// simulator (sim/cluster_sim).  A forward pass costs
+//   t = c0 + c_prefill * prefill rows + c_decode * decode rows
+//       + c_context * attention work
+// in ms, where attention work is the sum over rows of the positions each
+// row attends to (runtime: step_timing::context).  The fit is least
+// squares of the relative error with every coefficient kept non-negative (a feature whose
+// coefficient comes out negative is dropped and the rest refitted).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace troupe {
+
+struct step_sample {
+  int32_t rows = 0;
+  int32_t decode_rows = 0;
+  int64_t context = 0;
+  double ms = 0;
+};
+
+struct cost_model {
+  std::string model;  // what it was measured on
+  std::string machine;
+  double c0 = 1, c_prefill = 0.1, c_decode = 0.1, c_context = 0;
+  // KV handoff: ms = transfer_fixed_ms + bytes / (transfer_mb_per_s * 1e3).
+  double transfer_fixed_ms = 1;
+  double transfer_mb_per_s = 100;
+  int64_t kv_bytes_per_token = 0;
+  int32_t kv_pages = 0;  // the instance's arena, pages
+  int32_t page_size = 16;
+  // Fit quality on the samples: mean absolute percentage error, R^2, count.
+  double fit_mape = 0, fit_r2 = 0;
+  size_t samples = 0;
+
+  double step_ms(int32_t rows, int32_t decode_rows, int64_t context) const;
+  double transfer_ms(int64_t bytes) const;
+
+  static cost_model fit(const std::vector<step_sample>& samples);
+  // Takes the step coefficients and fit figures of `fitted`, keeping the rest.
+  void take_step_costs(const cost_model& fitted);
+  nlohmann::json to_json() const;
+  // Throws std::runtime_error naming the missing or bad field.
+  static cost_model from_json(const nlohmann::json& j);
+  static cost_model load(const std::string& path);
+};
+
+}  // namespace troupe
