@@ -131,6 +131,16 @@ void end_move(request_state& st, request_phase next) {
 
 using self_ptr = request_actor::stateful_pointer<request_state>;
 
+// The request ends: it stops monitoring its instance first.  CAF keeps a
+// monitor on the monitored actor until that actor ends, and the monitor
+// holds the monitoring actor's memory: without this, each finished request
+// left about 2 KB on its long-lived instance (RSS grew with every request).
+void quit(self_ptr self) {
+  auto& st = self->state;
+  if (st.instance) self->demonitor(st.instance.address());
+  self->quit();
+}
+
 // The sequence the client asked for, or why not (actors/generate_check).
 std::optional<rejection> build_sequence(request_state& st) {
   const auto& ctx = *st.ctx;
@@ -180,7 +190,7 @@ void reject(self_ptr self, wire::ErrorCode code, const std::string& message) {
   st.trace.error = message;
   st.trace.total_ms = ms_between(st.arrival, clock_type::now());
   self->send(st.gateway, trace_atom::value, st.trace);
-  self->quit();
+  quit(self);
 }
 
 void send_chunk(self_ptr self, wire::TokenChunk& chunk) {
@@ -260,7 +270,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   for (auto& c : tr.finish) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   send_frame(self, m, true);
   self->send(st.gateway, trace_atom::value, tr);
-  self->quit();
+  quit(self);
 }
 
 void hand_off(self_ptr self);
