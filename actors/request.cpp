@@ -77,7 +77,9 @@ const char* to_string(request_phase p) {
 }
 
 // Every phase change goes through here, so the allowed moves are in one
-// place; a move the diagram above does not have is a bug, logged loudly.
+// place.  A move the diagram above does not have is logged: it means an
+// answer came late (an enqueue answered after a retry placed the request
+// again), which the code tolerates but should not be common.
 void enter(request_phase& phase, request_phase next) {
   using P = request_phase;
   const bool ok = phase == next || next == P::done || next == P::placing ||
@@ -87,7 +89,7 @@ void enter(request_phase& phase, request_phase next) {
                   (phase == P::moving && (next == P::running || next == P::enqueueing));
   if (phase == P::done) return;  // nothing leaves done
   if (!ok)
-    spdlog::error("request: phase {} -> {} is not a transition", to_string(phase), to_string(next));
+    spdlog::warn("request: phase {} -> {} is not a transition", to_string(phase), to_string(next));
   phase = next;
 }
 
@@ -104,6 +106,7 @@ struct request_state {
   bool announced = false;
   bool handed_off = false;
   int placements_failed = 0;  // in a row, while recovering
+  uint64_t move = 0;          // the number of the latest move (the moving phase's)
   instance_actor instance;    // where the sequence runs now
   uint64_t instance_id = 0;
   std::unique_ptr<incremental_decoder> detok;
@@ -123,10 +126,17 @@ struct request_state {
   bool enqueued_sent() const { return accepted() || phase == request_phase::enqueueing; }
 };
 
-// A move of the sequence ended: back to `next`, unless something else
-// (recovery, the end of the request) changed the phase meanwhile.
-void end_move(request_state& st, request_phase next) {
-  if (st.phase == request_phase::moving) enter(st.phase, next);
+// A move of the sequence (migration, hand-off) starts; its number tells
+// its callbacks from those of a move abandoned by a recovery.
+uint64_t begin_move(request_state& st) {
+  enter(st.phase, request_phase::moving);
+  return ++st.move;
+}
+
+// Move `move` ended: back to `next`, unless something else (recovery, the
+// end of the request, a newer move) changed the phase meanwhile.
+void end_move(request_state& st, uint64_t move, request_phase next) {
+  if (st.phase == request_phase::moving && st.move == move) enter(st.phase, next);
 }
 
 using self_ptr = request_actor::stateful_pointer<request_state>;
@@ -220,7 +230,6 @@ bool flush_text(request_state& st, wire::TokenChunk& chunk) {
 void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, bool abort,
             const std::string& error = {}) {
   auto& st = self->state;
-  const bool was_accepted = st.accepted();
   const bool was_enqueued = st.enqueued_sent();
   enter(st.phase, request_phase::done);
   // The enqueue may still be unanswered: this actor quits now and would
@@ -242,7 +251,8 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   tr.completion_tokens = static_cast<int32_t>(st.generated.size());
   tr.state = "finished";
   tr.total_ms = ms_between(st.arrival, now);
-  tr.queue_ms = was_accepted ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
+  // From arrival to the first acceptance (Accepted went out then).
+  tr.queue_ms = st.announced ? ms_between(st.arrival, st.enqueued) : tr.total_ms;
   tr.ttft_ms = st.generated.empty() ? 0.0 : ms_between(st.arrival, st.first_token);
   tr.tpot_ms = st.generated.size() > 1
                    ? ms_between(st.first_token, st.last_token) / (st.generated.size() - 1)
@@ -481,15 +491,16 @@ struct move_outcome {
 void move_sequence(self_ptr self, placement_reply to, std::function<void(move_outcome)> done) {
   auto& st = self->state;
   const uint64_t from = st.instance_id;
+  const uint64_t move = st.move;
   to.prefill_only = false;  // it decodes where it goes
   self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
       .then(
-          [self, to, from, done](std::vector<uint8_t>& blob) {
+          [self, to, from, move, done](std::vector<uint8_t>& blob) {
             auto& st = self->state;
             move_outcome out;
             out.bytes = blob.size();
             if (st.done() || st.instance_id != from) {
-              end_move(st, request_phase::running);
+              end_move(st, move, request_phase::running);
               out.kind = move_outcome::stale;
               out.error = caf::make_error(
                   caf::sec::invalid_argument,
@@ -500,21 +511,21 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
             self->request(to.actor, caf::infinite, import_atom::value, current_sequence(st),
                           std::move(blob))
                 .then(
-                    [self, done, out](int32_t) mutable {
-                      end_move(self->state, request_phase::running);
+                    [self, move, done, out](int32_t) mutable {
+                      end_move(self->state, move, request_phase::running);
                       out.kind = move_outcome::moved;
                       done(std::move(out));
                     },
-                    [self, done, out](caf::error& e) mutable {
-                      end_move(self->state, request_phase::running);
+                    [self, move, done, out](caf::error& e) mutable {
+                      end_move(self->state, move, request_phase::running);
                       enqueue(self);  // recompute there
                       out.kind = move_outcome::recomputing;
                       out.error = std::move(e);
                       done(std::move(out));
                     });
           },
-          [self, done](caf::error& e) {
-            end_move(self->state, request_phase::running);
+          [self, move, done](caf::error& e) {
+            end_move(self->state, move, request_phase::running);
             done(move_outcome{move_outcome::not_moved, 0, std::move(e)});
           });
 }
@@ -528,7 +539,7 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
 void hand_off(self_ptr self) {
   auto& st = self->state;
   st.handed_off = true;
-  enter(st.phase, request_phase::moving);
+  begin_move(st);
   const auto started = clock_type::now();
   auto move_to = [self, started](placement_reply to) {
     move_sequence(self, to, [self, to, started](move_outcome m) {
@@ -583,7 +594,7 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
   if (!st.accepted()) return done(fail("the request is not running yet; try again"));
   if (target == st.instance_id)
     return done(fail("the request runs on instance " + std::to_string(target) + " already"));
-  enter(st.phase, request_phase::moving);
+  const uint64_t move = begin_move(st);
   const auto started = clock_type::now();
   self->request(st.ctx->router, std::chrono::seconds(10), lookup_atom::value, target)
       .then(
@@ -599,8 +610,8 @@ void start_migration(self_ptr self, uint64_t target, migration_done done) {
               done(target);
             });
           },
-          [self, done](caf::error& e) {
-            end_move(self->state, request_phase::running);
+          [self, move, done](caf::error& e) {
+            end_move(self->state, move, request_phase::running);
             done(std::move(e));
           });
 }

@@ -7,6 +7,7 @@
 // a reference computed from the tokens.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -22,8 +23,14 @@ namespace {
 constexpr int32_t k_vocab = 61;
 constexpr int32_t k_page = 4;
 
-// The next token after a context: a hash of every (position, token).
+// The next token after a context: a hash of every (position, token).  The
+// cyclic model instead continues 0, 1, ..., 5, 0, ... from the last token
+// (text that repeats itself, so that n-gram drafts are accepted); both read
+// the whole context from the pages.
+bool cyclic_model = false;
+
 int32_t next_of(const std::vector<int32_t>& ctx) {
+  if (cyclic_model) return (ctx.back() + 1) % 6;
   uint64_t h = 7;
   for (size_t i = 0; i < ctx.size(); ++i) h = h * 31 + uint64_t(ctx[i]) * (i + 3);
   return static_cast<int32_t>(h % k_vocab);
@@ -80,6 +87,8 @@ struct fake_device {
   std::vector<engine_cmd::round_done> rounds;
   bool fail_next_forward = false;
   bool fail_swap_in = false;
+  bool fail_swap_out = false;
+  int32_t nan_at_position = -1;  // logits of a row at this position come back NaN
 
   explicit fake_device(engine& e) : eng(e), kv(size_t(e.info().n_pages) * k_page, -1) {}
 
@@ -110,6 +119,7 @@ struct fake_device {
     for (int32_t row : b.logit_rows) {
       std::vector<float> l(k_vocab, 0.0f);
       l[next.at(row)] = 10.0f;
+      if (b.positions[row] == nan_at_position) l.assign(k_vocab, std::nanf(""));
       r.logits.insert(r.logits.end(), l.begin(), l.end());
     }
     last_drawn.clear();
@@ -158,7 +168,10 @@ struct fake_device {
             } else if constexpr (std::is_same_v<T, engine_cmd::swap_out>) {
               auto data = read(c.pages);
               const uint64_t key = c.key;
-              answers.push_back([this, key, data] { eng.on_swapped_out(key, data); });
+              if (fail_swap_out)
+                answers.push_back([this, key] { eng.on_swap_out_failed(key, "injected"); });
+              else
+                answers.push_back([this, key, data] { eng.on_swapped_out(key, data); });
             } else if constexpr (std::is_same_v<T, engine_cmd::swap_in>) {
               if (fail_swap_in) {
                 const uint64_t key = c.key;
@@ -351,13 +364,23 @@ TEST(Engine, DraftsAreVerifiedAndKeepEveryOutput) {
   engine e(fake_info(64), o);
   fake_device dev(e);
   // A prompt that repeats itself gives the n-gram proposer drafts; the
-  // fake model decides which are accepted.
+  // hash model rejects nearly all of them, the cyclic one accepts them.
   std::vector<int32_t> p;
   for (int i = 0; i < 24; ++i) p.push_back(i % 6);
   const uint64_t k = enqueue(e, spec(1, p, 24));
   dev.settle();
   EXPECT_EQ(dev.by_key[k].tokens, reference(p, 24));
   EXPECT_GT(e.stats().draft_tokens, 0u);
+  cyclic_model = true;
+  const size_t plans_before = dev.plans.size();
+  const uint64_t kc = enqueue(e, spec(2, p, 24));
+  dev.settle();
+  cyclic_model = false;
+  std::vector<int32_t> want;
+  for (int i = 0; i < 24; ++i) want.push_back(i % 6);  // the prompt's cycle, continued
+  EXPECT_EQ(dev.by_key[kc].tokens, want);
+  EXPECT_GE(dev.by_key[kc].accepted, 16) << "drafts of a cycle were not accepted";
+  EXPECT_LE(dev.plans.size() - plans_before, 8u) << "accepted drafts saved no steps";
   expect_released(e);
 }
 
@@ -366,17 +389,28 @@ TEST(Engine, CancelAtAnyPointReleasesEverything) {
     for (int at = 0; at < 12; ++at) {
       engine e(fake_info(14), options(32, 8, mode));
       fake_device dev(e);
-      for (int i = 0; i < 4; ++i) enqueue(e, spec(i + 1, prompt_of(i, 11), 10));
+      std::vector<uint64_t> keys;
+      for (int i = 0; i < 4; ++i) keys.push_back(enqueue(e, spec(i + 1, prompt_of(i, 11), 10)));
       int answered = 0;
+      bool aborted[2] = {false, false};
       dev.settle([&] {
         if (++answered == at) {
-          e.abort(2);
-          e.abort(3);
+          aborted[0] = e.abort(2);
+          aborted[1] = e.abort(3);
         }
       });
-      for (uint64_t id : {2, 3}) {
-        if (at == 0 || answered < at) continue;
-        EXPECT_NE(dev.by_key[id].finish, finish_reason::none);
+      for (int i : {1, 2}) {
+        const auto& o = dev.by_key[keys[i]];
+        if (aborted[i - 1]) {
+          EXPECT_EQ(o.finish, finish_reason::aborted) << "at " << at;
+          EXPECT_LT(o.tokens.size(), 10u);
+        } else {
+          EXPECT_EQ(o.tokens, reference(prompt_of(i, 11), 10)) << "at " << at;
+        }
+      }
+      for (int i : {0, 3}) EXPECT_EQ(dev.by_key[keys[i]].tokens, reference(prompt_of(i, 11), 10));
+      if (at > 0 && at < 6) {
+        EXPECT_TRUE(aborted[0] && aborted[1]) << "at " << at;
       }
       expect_released(e);
     }
@@ -480,12 +514,38 @@ TEST(Engine, AFailedStepFailsItsSequencesAndTheRestGoOn) {
   auto p = prompt_of(1, 6);
   const uint64_t k1 = enqueue(e, spec(1, p, 6));
   dev.fail_next_forward = true;
+  dev.carry_out();  // the failing step is on the device
+  auto q = prompt_of(2, 7);
+  const uint64_t k2 = enqueue(e, spec(2, q, 6));  // waits behind it, then runs
   dev.settle();
   EXPECT_EQ(dev.by_key[k1].finish, finish_reason::error);
   EXPECT_NE(dev.by_key[k1].error.find("forward: injected"), std::string::npos);
-  const uint64_t k2 = enqueue(e, spec(2, p, 6));
+  EXPECT_EQ(dev.by_key[k2].tokens, reference(q, 6));
+  const uint64_t k3 = enqueue(e, spec(3, p, 6));
   dev.settle();
-  EXPECT_EQ(dev.by_key[k2].tokens, reference(p, 6));
+  EXPECT_EQ(dev.by_key[k3].tokens, reference(p, 6));
+  expect_released(e);
+}
+
+// An exception in one sequence's bookkeeping (the sampler refusing NaN
+// logits) ends that sequence with an error; the others go on untouched.
+TEST(Engine, AnExceptionInOneSequenceEndsOnlyThatSequence) {
+  engine e(fake_info(64), options(64, 32));
+  fake_device dev(e);
+  dev.nan_at_position = 9;
+  auto hit = prompt_of(1, 6);      // samples at positions 5, 6, ...: 9 among them
+  auto spared = prompt_of(2, 12);  // its first sample is at position 11
+  const uint64_t kh = enqueue(e, spec(1, hit, 10));
+  const uint64_t ks = enqueue(e, spec(2, spared, 10));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[kh].finish, finish_reason::error);
+  EXPECT_NE(dev.by_key[kh].error.find("step result"), std::string::npos) << dev.by_key[kh].error;
+  EXPECT_EQ(dev.by_key[kh].tokens, reference(hit, 4)) << "the tokens of positions 5 to 8";
+  EXPECT_EQ(dev.by_key[ks].tokens, reference(spared, 10));
+  dev.nan_at_position = -1;
+  const uint64_t k3 = enqueue(e, spec(3, hit, 10));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k3].tokens, reference(hit, 10)) << "the engine serves on";
   expect_released(e);
 }
 
@@ -524,8 +584,14 @@ TEST(Engine, LockstepStepsOnlyInRoundsAndRunsDummySteps) {
   EXPECT_TRUE(dev.plans.empty()) << "stepped outside a round";
   EXPECT_EQ(dev.asked_rounds, 1);
   for (uint64_t round = 1; round < 10 && dev.by_key[k].finish == finish_reason::none; ++round) {
+    const size_t plans = dev.plans.size();
+    const int asked = dev.asked_rounds;
     e.on_round(round);
     dev.settle();
+    EXPECT_EQ(dev.plans.size(), plans + 1) << "one step per round";
+    if (dev.by_key[k].finish == finish_reason::none) {
+      EXPECT_EQ(dev.asked_rounds, asked + 1) << "work left: the next round is asked for";
+    }
   }
   EXPECT_EQ(dev.by_key[k].tokens, reference(p, 3));
   const size_t before = dev.plans.size();
@@ -556,6 +622,67 @@ TEST(Engine, LiveLimitsAreCheckedAndTakeEffect) {
   EXPECT_EQ(e.set_role("prefill", was), "");
   EXPECT_EQ(was, "mixed");
   EXPECT_EQ(e.stats().role, "prefill");
+}
+
+TEST(Engine, APreemptedSequenceWhoseSwapOutFailsIsRecomputed) {
+  engine e(fake_info(64), options(32, 32, preempt_mode::swap));
+  fake_device dev(e);
+  dev.fail_swap_out = true;
+  auto p = prompt_of(3, 9);
+  const uint64_t k = enqueue(e, spec(1, p, 12));
+  int answered = 0;
+  dev.settle([&] {
+    if (++answered == 3) {
+      EXPECT_EQ(e.preempt_request(1), "");
+      EXPECT_NE(e.preempt_request(1).find("not running"), std::string::npos);
+    }
+  });
+  EXPECT_EQ(dev.by_key[k].preempted, 1);
+  EXPECT_EQ(dev.by_key[k].tokens, reference(p, 12));
+  EXPECT_EQ(e.stats().preempted_swap, 1u);
+  EXPECT_NE(e.preempt_request(1).find("no sequence"), std::string::npos);
+  expect_released(e);
+}
+
+TEST(Engine, ASequenceWithNothingComputedExportsAtOnceAndStartsAfreshElsewhere) {
+  engine a(fake_info(64), options(32, 8));
+  engine b(fake_info(64), options(32, 8));
+  fake_device db(b);
+  auto p = prompt_of(5, 10);
+  enqueue(a, spec(4, p, 6));
+  a.take_commands();  // its first step never runs
+  engine::export_start x;
+  ASSERT_EQ(a.begin_export(4, x), "");
+  EXPECT_TRUE(x.pages.empty());
+  EXPECT_TRUE(x.blob.tokens.empty());
+  EXPECT_FALSE(a.end_export(x.key)) << "it left at once";
+  uint64_t key = 0;
+  int32_t n_kv = -1;
+  ASSERT_EQ(b.import(spec(4, p, 6), encode_kv_blob(x.blob), key, n_kv), "");
+  EXPECT_EQ(n_kv, 0);
+  db.settle();
+  EXPECT_EQ(db.by_key[key].tokens, reference(p, 6));
+  EXPECT_EQ(a.stats().kv.allocated, 0);
+  expect_released(b);
+}
+
+TEST(Engine, ASequenceAbortedWhileItsPagesAreReadLeavesNoExport) {
+  engine a(fake_info(64), options(32, 32));
+  fake_device da(a);
+  enqueue(a, spec(9, prompt_of(6, 12), 20));
+  da.carry_out();
+  auto answer = std::move(da.answers.front());
+  da.answers.pop_front();
+  answer();  // prefilled: its KV is in pages
+  engine::export_start x;
+  ASSERT_EQ(a.begin_export(9, x), "");
+  ASSERT_FALSE(x.pages.empty());
+  EXPECT_NE(a.begin_export(9, x).find("being read"), std::string::npos);
+  EXPECT_TRUE(a.abort(9));
+  EXPECT_FALSE(a.end_export(x.key)) << "it ended while its pages were read";
+  da.settle();
+  EXPECT_EQ(da.by_key[x.key].finish, finish_reason::aborted);
+  expect_released(a);
 }
 
 }  // namespace
