@@ -54,6 +54,26 @@ TEST(Cli, SmolLM2AnswersAChatQuestion) {
   EXPECT_EQ(j["finish_reason"], "eos");
 }
 
+// --pipeline was renamed --queue-steps (issue 32: the old name would
+// collide with pipeline parallelism).  The old name still works, says so on
+// stderr (stdout stays pure JSON) and is left out of --help.
+TEST(Cli, TheOldNameOfQueueStepsStillWorksAndSaysSo) {
+  const std::string run =
+      troupe_bin() + " generate -m stories15m -p 'Once upon a time' -n 8 --json";
+  auto renamed = run_process(run + " --queue-steps false");
+  ASSERT_EQ(renamed.exit_code, 0) << renamed.err;
+  EXPECT_EQ(renamed.err.find("deprecated"), std::string::npos) << renamed.err;
+  auto old = run_process(run + " --pipeline false");
+  ASSERT_EQ(old.exit_code, 0) << old.err;
+  EXPECT_NE(old.err.find("--pipeline is deprecated; use --queue-steps"), std::string::npos)
+      << old.err;
+  EXPECT_EQ(nlohmann::json::parse(old.out)["token_ids"],
+            nlohmann::json::parse(renamed.out)["token_ids"]);
+  auto help = run_process(troupe_bin() + " generate --help");
+  EXPECT_NE(help.out.find("--queue-steps"), std::string::npos);
+  EXPECT_EQ(help.out.find("--pipeline"), std::string::npos) << help.out;
+}
+
 TEST(Cli, PerplexityJson) {
   auto r = run_process(
       troupe_bin() + " perplexity -m stories15m -c 128 --json -f " +

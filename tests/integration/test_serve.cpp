@@ -352,6 +352,17 @@ TEST(ServeConfig, BadValuesAreRefusedByKey) {
   r = run_process(troupe_bin() + " serve --listen 'tcp://127.0.0.1:*' --config " + path);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("unknown key engine.modle"), std::string::npos) << r.err;
+  {
+    // The old name of engine.queue_steps is taken, with a note.
+    std::ofstream f(path);
+    f << "[engine]\npipeline = false\n[service]\nmax_queue = 0\n";
+  }
+  r = run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' --config " +
+                  path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("engine.pipeline is deprecated; use engine.queue_steps"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("service.max_queue"), std::string::npos) << r.err;
   std::remove(path.c_str());
 }
 

@@ -262,7 +262,7 @@ class round_driver {
     // Pipelined steps (a step enqueued behind the one running, greedy
     // tokens drawn on the device) are on by default; some rounds wait.
     if (chance(0.25)) {
-      a += " --pipeline false";
+      a += " --queue-steps false";
       ++t_.unpipelined_rounds;
     }
     return a;

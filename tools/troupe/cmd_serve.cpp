@@ -147,6 +147,9 @@ struct key_spec {
   std::vector<std::string> cli_values;
   CLI::Option* opt = nullptr;
   std::string flag_name;  // when not --key
+  // An old name kept working: setting it says so on stderr and names this
+  // key; it is left out of --help and of the effective config.
+  std::string deprecated_for;
   std::string flag() const {
     if (!flag_name.empty()) return flag_name;
     std::string f = "--" + key;
@@ -281,10 +284,13 @@ std::vector<key_spec> make_keys(serve_settings& s) {
       "with fused layers, the embedding, every layer and the final norm as one kernel launch "
       "where the layers share a weight type (true/false; the output is the same either way)",
       bool_key(s.fuse_step));
-  add("engine", "pipeline",
-      "enqueue each step behind the one running, greedy tokens drawn on the device "
+  add("engine", "queue_steps",
+      "queue each step on the device behind the one running, greedy tokens drawn on the device "
       "(true/false; the output is the same either way)",
       bool_key(s.pipeline));
+  // The old name of queue_steps (it would collide with pipeline parallelism).
+  add("engine", "pipeline", "deprecated: engine.queue_steps", bool_key(s.pipeline));
+  k.back().deprecated_for = "engine.queue_steps";
   add("engine", "step_overlap",
       "step overlap: plan and send the next step while the device runs this one, the tokens "
       "it samples filled in on the device (true/false; the output is the same either way)",
@@ -564,6 +570,9 @@ void load_config(const std::string& path, std::vector<key_spec>& keys, serve_set
       auto it = std::find_if(keys.begin(), keys.end(),
                              [&](const key_spec& k) { return k.name() == name; });
       if (it == keys.end()) throw std::invalid_argument("config " + path + ": unknown key " + name);
+      if (!it->deprecated_for.empty())
+        std::fprintf(stderr, "troupe serve: config %s: %s is deprecated; use %s\n", path.c_str(),
+                     name.c_str(), it->deprecated_for.c_str());
       if (it->opt && it->opt->count() > 0) continue;  // the command line wins
       std::vector<std::string> values;
       if (const auto* arr = value.as_array(); arr && it->list) {
@@ -589,6 +598,12 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
   if (!config.empty()) load_config(config, keys, s);
   for (auto& k : keys) {
     if (!k.opt || k.opt->count() == 0) continue;
+    if (!k.deprecated_for.empty()) {
+      auto now = std::find_if(keys.begin(), keys.end(),
+                              [&](const key_spec& x) { return x.name() == k.deprecated_for; });
+      std::fprintf(stderr, "troupe serve: %s is deprecated; use %s (%s)\n", k.flag().c_str(),
+                   now == keys.end() ? "" : now->flag().c_str(), k.deprecated_for.c_str());
+    }
     std::vector<std::string> values = k.list ? k.cli_values : std::vector<std::string>{k.cli_value};
     if (!k.list && values[0].empty() && k.get().is_boolean()) values[0] = "true";
     for (const auto& v : values)
@@ -866,7 +881,7 @@ int run_serve(serve_settings& s, std::vector<key_spec>& keys, const std::string&
       // the secret keys name files).
       nlohmann::json effective = nlohmann::json::object();
       for (const auto& k : keys)
-        if (k.get) effective[k.section][k.key] = k.get();
+        if (k.get && k.deprecated_for.empty()) effective[k.section][k.key] = k.get();
       if (!config.empty()) effective["config_file"] = config;
       ao.config = effective;
       ao.control_secret = secret(s.admin_secret_file, "admin_secret_file");
@@ -1009,6 +1024,7 @@ void add_serve(CLI::App& app) {
                    : cmd->add_option(flags, k.cli_value, help);
     // A true/false key may be given as a bare flag (--pd means --pd true).
     if (k.get().is_boolean()) k.opt->expected(0, 1);
+    if (!k.deprecated_for.empty()) k.opt->group("");  // not in --help
   }
   cmd->callback([s, keys, config] {
     int rc = run_serve(*s, *keys, *config);

@@ -58,10 +58,20 @@ void add_engine_flags(CLI::App& app, engine_flags& f) {
                  "launch where the layers share a weight type (the same results; false: one "
                  "launch per layer)")
       ->default_val(true);
-  app.add_option("--pipeline", f.pipeline,
-                 "enqueue each step behind the one running, greedy tokens drawn on the device "
-                 "(the same results; false: each step waits for the last one's result)")
+  app.add_option("--queue-steps", f.pipeline,
+                 "queue each step on the device behind the one running, greedy tokens drawn on "
+                 "the device (the same results; false: each step waits for the last one's result)")
       ->default_val(true);
+  // The old name of --queue-steps (it would collide with pipeline
+  // parallelism): still taken, with a note on stderr, not in --help.
+  app.add_option("--pipeline", f.pipeline, "deprecated: --queue-steps")
+      ->group("")
+      ->check(CLI::Validator(
+          [](std::string&) {
+            std::fprintf(stderr, "troupe: --pipeline is deprecated; use --queue-steps\n");
+            return std::string();
+          },
+          "", "deprecated"));
   app.add_option("--expert-devices", f.expert_devices,
                  "mixture-of-experts models: spread the experts over this many sub-devices of one "
                  "compute unit each (expert parallelism; 0: on the device itself)")
