@@ -14,7 +14,7 @@ struct kv_pool_state {
   static inline const char* name = "kv_pool";
 };
 
-// The behavior, for spawn_kv_pool and for a node's add_actor_type.  Throws
+// The behavior, for spawn_kv_pool.  Throws
 // std::invalid_argument for a bad geometry (n_pages < 0, page_size <= 0).
 kv_pool_actor::behavior_type kv_pool_behavior(kv_pool_actor::stateful_pointer<kv_pool_state> self,
                                               int n_pages, int page_size, uint64_t salt);

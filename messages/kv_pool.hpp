@@ -1,6 +1,9 @@
 #pragma once
-// The kv_pool protocol: one actor per device KV arena keeps the page
-// metadata (runtime/engine/page_pool.hpp): page tables, refcounts, the prefix index.
+// The kv_pool protocol: an actor that keeps the page metadata of one KV
+// arena (runtime/engine/page_pool.hpp): page tables, refcounts, the prefix
+// index.  Serving does not spawn it today (each instance's engine holds its
+// own page_pool; docs/architecture.md §1.3); tests/unit/test_page_pool.cpp
+// drives it, and the KV store issue makes it the host and disk tiers.
 // It never touches page data; where data must move (copy-on-write, swap,
 // import) its answers name the pages and the caller drives the device.
 #include <caf/all.hpp>

@@ -2,7 +2,8 @@
 // Drives single sequences through a forward function page by page: the
 // plain path `troupe generate`, `troupe perplexity` and the engine
 // benchmark use, where one client owns the whole KV arena.  (The serving
-// path schedules many sequences with the kv_pool and instance actors.)
+// path schedules many sequences with runtime/engine/engine in the instance
+// actor.)
 #include <functional>
 #include <vector>
 

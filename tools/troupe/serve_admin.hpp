@@ -1,6 +1,8 @@
 #pragma once
-// What `troupe serve` runs beside the gateway: the admin actor published on
-// service.admin_port, and the Prometheus endpoint on service.metrics_port.
+// What `troupe serve` runs beside the gateway for operators: the admin
+// metrics poll and the Prometheus endpoint on service.metrics_port.  (The
+// admin actor is reached through the admin endpoint on service.admin_port,
+// actors/admin_endpoint: JSON over ZeroMQ, never the CAF middleman.)
 #include <memory>
 #include <string>
 
