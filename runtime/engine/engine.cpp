@@ -585,17 +585,13 @@ void engine::on_step_done(uint64_t id, forward_result& r) {
   if (!recent_steps_.empty()) recent_steps_.back().host_ms = ms_since(host_start);
 }
 
-namespace {
-
-// Samples the token after `tokens` from `logits` (masked by the output
-// constraint, which then advances), appends it to the sequence and to `out`
-// (with its logprobs when asked).
-int32_t sample_next(sampler& smp, const sampling_params& sp, token_constraint* constraint,
-                    int& constraint_state, std::vector<int32_t>& tokens,
-                    std::span<const float> logits, token_batch& out) {
+// Samples the token after the sequence's tokens from `logits` (masked by
+// its output constraint, which then advances), appends it to the sequence
+// and to `out` (with its logprobs when asked).
+int32_t engine::sample_next(live_seq& s, std::span<const float> logits, token_batch& out) {
   std::vector<float> masked;  // structured output: only tokens that keep the output valid
-  if (constraint) {
-    const auto& allow = constraint->allowed(constraint_state);
+  if (s.constraint) {
+    const auto& allow = s.constraint->allowed(s.constraint_state);
     masked.assign(logits.begin(), logits.end());
     bool any = false;
     for (size_t t = 0; t < masked.size(); ++t) {
@@ -606,23 +602,21 @@ int32_t sample_next(sampler& smp, const sampling_params& sp, token_constraint* c
     if (!any) throw std::runtime_error("the output constraint allows no token here");
     logits = masked;
   }
-  auto res = smp.sample(logits, tokens);
-  if (constraint) {
-    constraint_state = constraint->advance(constraint_state, res.token);
-    if (constraint_state < 0)
+  auto res = s.smp.sample(logits, s.tokens);
+  if (s.constraint) {
+    s.constraint_state = s.constraint->advance(s.constraint_state, res.token);
+    if (s.constraint_state < 0)
       throw std::runtime_error("token " + std::to_string(res.token) +
                                " left the output constraint");
   }
-  tokens.push_back(res.token);
+  s.tokens.push_back(res.token);
   out.tokens.push_back(res.token);
-  if (sampler::wants_logprobs(sp)) {
+  if (sampler::wants_logprobs(s.req.sampling)) {
     out.logprobs.push_back(res.logprob);
-    if (sp.n_logprobs > 0) out.top.push_back(std::move(res.top));
+    if (s.req.sampling.n_logprobs > 0) out.top.push_back(std::move(res.top));
   }
   return res.token;
 }
-
-}  // namespace
 
 // One sequence's part of a step's result.  A drafted decode chunk is
 // verified as sequential decoding would run: row j's logits give the token
@@ -663,8 +657,7 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
       s.tokens.push_back(token);
       batch.tokens.push_back(token);
     } else {
-      token = sample_next(s.smp, s.req.sampling, s.constraint.get(), s.constraint_state, s.tokens,
-                          logits, batch);
+      token = sample_next(s, logits, batch);
     }
     batch.finish = stop_reason(s, token);
     if (batch.finish != finish_reason::none || j == c.draft.size() || token != c.draft[j]) break;

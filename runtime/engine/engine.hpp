@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -273,6 +274,7 @@ class engine {
   bool ends_at_next_token(const live_seq& s) const;
   void guard_tpot(const std::vector<step_chunk>& chunks, size_t n_decode, double ms);
   void check_draw(const step_chunk& c, int32_t dev);
+  static int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out);
   void advance(const step_chunk& c, bool decode, const forward_result& r, size_t logits_row,
                int32_t drawn);
   std::string check_request(const sequence_spec& r) const;

@@ -202,13 +202,18 @@ struct fake_device {
     most_in_flight = std::max(most_in_flight, static_cast<int>(eng.in_flight()));
   }
 
+  // The oldest outstanding answer goes back to the engine.
+  void answer_next() {
+    auto a = std::move(answers.front());
+    answers.pop_front();
+    a();
+  }
+
   // Until nothing is left to answer; `between` runs after each answer.
   void settle(const std::function<void()>& between = {}) {
     carry_out();
     for (int guard = 0; !answers.empty() && guard < 100000; ++guard) {
-      auto a = std::move(answers.front());
-      answers.pop_front();
-      a();
+      answer_next();
       if (between) between();
       carry_out();
     }
@@ -481,9 +486,7 @@ TEST(Engine, ABlobThatDoesNotFitIsRefusedByName) {
   auto p = prompt_of(4, 9);
   enqueue(a, spec(7, p, 3));
   da.carry_out();
-  auto answer = std::move(da.answers.front());  // the first prefill chunk
-  da.answers.pop_front();
-  answer();
+  da.answer_next();  // the first prefill chunk
   da.carry_out();
   engine::export_start x;
   ASSERT_EQ(a.begin_export(7, x), "");
@@ -671,9 +674,7 @@ TEST(Engine, ASequenceAbortedWhileItsPagesAreReadLeavesNoExport) {
   fake_device da(a);
   enqueue(a, spec(9, prompt_of(6, 12), 20));
   da.carry_out();
-  auto answer = std::move(da.answers.front());
-  da.answers.pop_front();
-  answer();  // prefilled: its KV is in pages
+  da.answer_next();  // prefilled: its KV is in pages
   engine::export_start x;
   ASSERT_EQ(a.begin_export(9, x), "");
   ASSERT_FALSE(x.pages.empty());
