@@ -12,7 +12,7 @@ namespace troupe {
 
 namespace {
 
-// Pipelined steps (engine_options::pipeline; step overlap on the device):
+// Pipelined steps (engine_options::queue_steps; step overlap on the device):
 // a forward pass is submitted behind those still running and answered when
 // the device reports it ended (step_done), so the device starts step N+1
 // as soon as N ends.  A step whose placeholders need draws made on the
@@ -109,7 +109,7 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
       if (!b.placeholders.empty()) answer_all(engine, chain);
       fill_placeholders(b, chain.step, chain.drawn);
     }
-    const bool pipelined = engine.options().pipeline;
+    const bool pipelined = engine.options().queue_steps;
     const bool device_draws =
         pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
     const uint64_t seq = chain.submitted + 1;

@@ -17,44 +17,35 @@
 
 namespace troupe {
 
-engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec) {
-  auto where = resolve_model(spec.model);
-  auto model = model_file::open(where.model_path,
-                                spec.tokenizer.empty() ? where.tokenizer_path : spec.tokenizer);
+engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
+                            std::shared_ptr<const model_file> model) {
+  const engine_settings& es = spec.engine;
+  if (!model) {
+    auto where = resolve_model(es.model);
+    model = model_file::open(where.model_path,
+                             es.tokenizer.empty() ? where.tokenizer_path : es.tokenizer);
+  }
   auto tok = tokenizer::create(model->vocab());
-  engine_options eo;
-  eo.device = {spec.platform, spec.device, spec.cores, spec.slice};
-  eo.page_size = spec.page_size;
-  eo.kv_bytes = static_cast<size_t>(spec.kv_mb) << 20;
-  eo.kv_f16 = !spec.kv_f32;
-  eo.max_batch_tokens = std::max(spec.batch, spec.max_batch_tokens);
-  eo.int8_dot = spec.int8_dot;
-  eo.graph = spec.graph;
-  eo.flash_attention = spec.flash_attention;
-  eo.fuse_layers = spec.fuse_layers;
-  eo.fuse_step = spec.fuse_step;
-  eo.pipeline = spec.pipeline;
-  eo.expert_devices = spec.expert_devices;
-  apply_tuning_env(eo);
+  engine_options eo = engine_options_from(es, {es.platform, es.device, spec.cores, spec.slice});
   instance_options io;
-  io.limits.max_batch_tokens = spec.max_batch_tokens;
-  io.limits.max_seqs = spec.max_seqs;
-  io.limits.chunk_size = spec.chunk_size;
-  io.limits.page_size = spec.page_size;
-  io.preemption = spec.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
+  io.limits.max_batch_tokens = es.max_batch_tokens;
+  io.limits.max_seqs = es.max_seqs;
+  io.limits.chunk_size = es.chunk_size;
+  io.limits.page_size = es.page_size;
+  io.limits.offline_yields = es.colocate;
+  io.preemption = es.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
   io.eog_tokens = tok->end_of_generation_ids();
   {
     auto bytes = std::make_shared<std::vector<std::string>>();
     for (int32_t id = 0; id < tok->n_vocab(); ++id) bytes->push_back(tok->token_bytes(id));
     io.token_bytes = std::move(bytes);
   }
-  io.prefix_caching = spec.prefix_caching;
-  io.limits.offline_yields = spec.offline_yields;
+  io.prefix_caching = es.prefix_caching;
   io.role = spec.role;
   io.tpot_target_ms = spec.tpot_target_ms;
-  io.draft_tokens = spec.draft_tokens;
-  io.step_overlap = spec.step_overlap;
-  io.kept_steps = static_cast<size_t>(std::max(1, spec.step_history));
+  io.draft_tokens = es.draft_tokens;
+  io.step_overlap = es.step_overlap;
+  io.kept_steps = static_cast<size_t>(std::max(1, es.step_history));
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);
   h.hosted.device = h.device;
@@ -122,9 +113,9 @@ node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer s
           });
           return h.hosted;
         } catch (const std::exception& e) {
-          return caf::make_error(
-              caf::sec::runtime_error,
-              "instance " + std::to_string(slot) + " (model " + spec.model + "): " + e.what());
+          return caf::make_error(caf::sec::runtime_error, "instance " + std::to_string(slot) +
+                                                              " (model " + spec.engine.model +
+                                                              "): " + e.what());
         }
       },
   };

@@ -10,9 +10,11 @@
 // spawn_engine is the one way an engine is built, for `troupe serve`'s
 // local instances as for a node's.
 #include <chrono>
+#include <memory>
 #include "messages/atoms.hpp"
 
 #include "messages/node.hpp"
+#include "runtime/model/model_file.hpp"
 
 namespace troupe {
 
@@ -21,10 +23,13 @@ struct engine_handles {
   device_actor device;  // exit it after the instance
 };
 
-// Opens the model the spec names, loads it on the device and spawns the
-// device and instance actors.  Blocks while the model loads (call it from a
-// detached actor or before serving).  Throws with the reason when it cannot.
-engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec);
+// Loads the model on a device and spawns the device and instance actors.
+// `model` is the spec's model already open (troupe serve opens it once for
+// all its local instances); null: opened here from the name in the spec.
+// Blocks while the model loads (call it from a detached actor or before
+// serving).  Throws with the reason when it cannot.
+engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
+                            std::shared_ptr<const model_file> model = nullptr);
 
 // What this machine has (cores, memory, OpenCL devices).
 node_resources local_resources();

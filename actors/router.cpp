@@ -1,11 +1,14 @@
 #include "actors/router.hpp"
 
+#include "runtime/config/settings.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <functional>
 #include <map>
 
 #include "runtime/common/elapsed.hpp"
+#include "runtime/config/settings.hpp"
 
 namespace troupe {
 
@@ -413,31 +416,31 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           self->send_exit(i->actor, caf::exit_reason::kill);
           return id;
         },
-        // Change a setting live: the placement policy, or every instance's limit.
-        [self](set_atom, const std::string& key,
+        // Change a live setting (the schema's live trait): the placement
+        // policy here, an [engine] key on every instance.  The value is
+        // checked once, here, by its key.
+        [self](set_atom, const std::string& name,
                const std::string& value) -> caf::result<std::string> {
           auto& st = self->state;
-          if (key == "router") {
-            auto p = parse_placement_policy(value);
-            if (!p)
-              return caf::make_error(
-                  caf::sec::invalid_argument,
-                  "set router: '" + value +
-                      "' is not a policy (round-robin, least-load, prefix, slo)");
+          const setting_key* k = find_setting(name);
+          if (!k || !k->has(trait::live) || k->alias())
+            return caf::make_error(
+                caf::sec::invalid_argument,
+                "set: '" + name + "' cannot change live (" + keys_with(trait::live) + " can)");
+          settings checked;
+          if (auto why = k->set(checked, value); !why.empty())
+            return caf::make_error(caf::sec::invalid_argument, "set " + k->key + ": " + why);
+          if (k->name() == "service.router") {
             const std::string old = to_string(st.opts.policy);
-            st.opts.policy = *p;
+            st.opts.policy = *parse_placement_policy(value);
             spdlog::info("router: placement policy {} -> {}", old, value);
             return "router: " + old + " -> " + value;
           }
-          int32_t v = 0;
-          try {
-            size_t used = 0;
-            v = std::stoi(value, &used);
-            if (used != value.size()) throw std::invalid_argument(value);
-          } catch (const std::exception&) {
+          if (k->where != applies::engine || k->type != value_type::integer)
             return caf::make_error(caf::sec::invalid_argument,
-                                   "set " + key + ": '" + value + "' is not an integer");
-          }
+                                   "set " + k->key + ": live, but nothing here applies it");
+          const std::string key = k->key;
+          const int32_t v = k->get(checked).get<int32_t>();
           // Every instance that serves takes the limit; the first refusal
           // (a bad key or value) is the answer.
           struct gathering {

@@ -5,7 +5,10 @@ Alternates the two systems round by round so both see the same machine
 load, and prints a markdown table with throughputs and ratios.
 
   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin python3 bench/engine_vs_llamacpp.py \
-      [--rounds 3] [--reps 3] [--threads 2] [--troupe build/troupe]
+      [--rounds 3] [--reps 3] [--threads 2] [--troupe build/troupe] [--baseline OLD/troupe]
+
+--baseline adds a second troupe binary (an earlier build: a refactor's
+"before") to every round, and its column and ratio: new / before.
 
 Models: SmolLM2-135M-Instruct Q4_1 (both systems read the same GGUF) and
 stories15M (troupe reads the llama2.c checkpoint; llama.cpp needs the F32
@@ -51,6 +54,7 @@ def main():
     ap.add_argument("--n-prompt", type=int, default=512)
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "troupe"))
+    ap.add_argument("--baseline", help="an earlier troupe binary, measured in the same rounds")
     args = ap.parse_args()
     bin_dir = os.environ.get("LLAMA_CPP_BIN")
     if not bin_dir or not os.path.isfile(os.path.join(bin_dir, "llama-bench")):
@@ -66,24 +70,37 @@ def main():
         print(f"note: {stories} missing, stories15M skipped (see docs/peer_llamacpp.md)", file=sys.stderr)
 
     tests = [f"pp{args.n_prompt}", f"tg{args.n_gen}"]
-    print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp |")
-    print("|---|---|---|---|---|")
+    if args.baseline:
+        print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp | before t/s | troupe / before |")
+        print("|---|---|---|---|---|---|---|")
+    else:
+        print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp |")
+        print("|---|---|---|---|---|")
     for label, troupe_name, gguf in models:
-        peer, ours = {t: [] for t in tests}, {t: [] for t in tests}
+        peer, ours, before = ({t: [] for t in tests} for _ in range(3))
         # One untimed troupe run first: PoCL compiles each kernel variant on
         # its first launch (then caches it on disk), which llama.cpp, built
         # ahead of time, never pays inside a round.
         print(f"[{label}] warm-up (troupe, not recorded)", file=sys.stderr)
         troupe_bench(args.troupe, troupe_name, 1, args.n_prompt, args.n_gen)
+        if args.baseline:
+            troupe_bench(args.baseline, troupe_name, 1, args.n_prompt, args.n_gen)
         for rnd in range(args.rounds):
             print(f"[{label}] round {rnd + 1}/{args.rounds}", file=sys.stderr)
             for t, v in llama_bench(bin_dir, gguf, args.threads, args.reps, args.n_prompt, args.n_gen).items():
                 peer[t].append(v)
             for t, v in troupe_bench(args.troupe, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
                 ours[t].append(v)
+            if args.baseline:
+                for t, v in troupe_bench(args.baseline, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
+                    before[t].append(v)
         for t in tests:
             p, o = statistics.median(peer[t]), statistics.median(ours[t])
-            print(f"| {label} | {t} | {p:.1f} | {o:.1f} | {o / p:.2f} |")
+            row = f"| {label} | {t} | {p:.1f} | {o:.1f} | {o / p:.2f} |"
+            if args.baseline:
+                b = statistics.median(before[t])
+                row += f" {b:.1f} | {o / b:.2f} |"
+            print(row)
         sys.stdout.flush()
 
 

@@ -13,6 +13,7 @@
 
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
+#include "runtime/config/settings.hpp"
 
 namespace troupe {
 
@@ -20,44 +21,37 @@ namespace troupe {
 // node sees them; no pointer, no open file (docs/architecture.md
 // §2.2 "Processes, threads and boundaries").
 struct instance_spec {
-  std::string model;      // a registry name or a path on the node
-  std::string tokenizer;  // llama2.c models: tokenizer.bin; empty: beside the model
-  int32_t platform = 0;
-  int32_t device = 0;
-  int32_t page_size = 16;
-  int32_t kv_mb = 256;
-  bool kv_f32 = false;
-  int32_t batch = 512;  // device rows per forward call
-  int32_t max_batch_tokens = 256;
-  int32_t max_seqs = 64;
-  int32_t chunk_size = 128;
-  std::string preemption = "recompute";  // or "swap"
-  bool prefix_caching = true;
-  bool offline_yields = false;   // co-location: offline work takes what online work leaves
-  std::string role = "mixed";    // reported by the instance (the router decides its work)
-  int32_t step_history = 16;     // forward passes each instance keeps for stats (calibration)
-  double tpot_target_ms = 0;     // co-location's TPOT guard (instance_options)
-  int32_t draft_tokens = 0;      // speculative decoding's default (instance_options)
-  bool int8_dot = true;          // integer matmuls for 4/8-bit weights (engine_options)
-  bool graph = false;            // graph mode (engine_options)
-  bool flash_attention = false;  // one-pass attention (engine_options)
-  bool fuse_layers = true;       // one launch per dense layer (engine_options)
-  bool fuse_step = true;         // one launch per step (engine_options)
-  bool pipeline = true;          // steps enqueued behind the one running (engine_options)
-  bool step_overlap = true;      // plan the next step while one runs (instance_options)
-  int32_t expert_devices = 0;    // expert parallelism over sub-devices (engine_options)
-  int32_t cores = 0;             // > 0: a slice of the device with this many cores (device_choice)
-  int32_t slice = 0;             // which slice
+  // The service's [engine] settings, with the node's overrides
+  // ([[cluster.node]]): resolved where the service started, so the node's
+  // own environment does not change them.
+  engine_settings engine;
+  std::string role = "mixed";  // reported by the instance (the router decides its work)
+  int32_t cores = 0;           // > 0: a slice of the device with this many cores (device_choice)
+  int32_t slice = 0;           // which slice
+  double tpot_target_ms = 0;   // service.tpot_target_ms: co-location's TPOT guard
 };
+
+// Every [engine] field of the schema, in its order (generated from
+// runtime/config/settings.def, so a new engine setting travels with no
+// edit here).
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, engine_settings& x) {
+#define TROUPE_INSPECT_IN_engine(key) , x.key
+#define TROUPE_INSPECT_IN_service(key)
+#define TROUPE_INSPECT_IN_cluster(key)
+#define TROUPE_SETTING(section, key, ...) TROUPE_INSPECT_IN_##section(key)
+  return f(caf::meta::type_name("engine_settings")
+#include "runtime/config/settings.def"
+  );
+#undef TROUPE_INSPECT_IN_engine
+#undef TROUPE_INSPECT_IN_service
+#undef TROUPE_INSPECT_IN_cluster
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
-  return f(caf::meta::type_name("instance_spec"), x.model, x.tokenizer, x.platform, x.device,
-           x.page_size, x.kv_mb, x.kv_f32, x.batch, x.max_batch_tokens, x.max_seqs, x.chunk_size,
-           x.preemption, x.prefix_caching, x.offline_yields, x.role, x.step_history,
-           x.tpot_target_ms, x.draft_tokens, x.int8_dot, x.graph, x.flash_attention,
-           x.expert_devices, x.cores, x.slice, x.step_overlap, x.fuse_layers, x.fuse_step,
-           x.pipeline);
+  return f(caf::meta::type_name("instance_spec"), x.engine, x.role, x.cores, x.slice,
+           x.tpot_target_ms);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

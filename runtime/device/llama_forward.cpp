@@ -33,17 +33,25 @@ const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
 
-void apply_tuning_env(engine_options& o) {
-  if (const char* v = std::getenv("TROUPE_ROWS_PER_ITEM")) o.rows_per_item = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_GROUP_SIZE")) o.group_size = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_TOKEN_TILE")) o.token_tile = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_ATTENTION_ROWS")) o.attention_rows = std::atoi(v);
-  if (const char* v = std::getenv("TROUPE_INT8_DOT")) o.int8_dot = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_GRAPH")) o.graph = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_FLASH_ATTENTION")) o.flash_attention = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_FUSE_LAYERS")) o.fuse_layers = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_FUSE_STEP")) o.fuse_step = std::atoi(v) != 0;
-  if (const char* v = std::getenv("TROUPE_PIPELINE")) o.pipeline = std::atoi(v) != 0;
+engine_options engine_options_from(const engine_settings& s, cl::device_choice where) {
+  engine_options o;
+  o.device = where;
+  o.page_size = s.page_size;
+  o.kv_bytes = static_cast<size_t>(s.kv_mb) << 20;
+  o.kv_f16 = !s.kv_f32;
+  o.max_batch_tokens = std::max(s.batch, s.max_batch_tokens);
+  o.rows_per_item = s.rows_per_item;
+  o.group_size = s.group_size;
+  o.token_tile = s.token_tile;
+  o.attention_rows = s.attention_rows;
+  o.int8_dot = s.int8_dot;
+  o.graph = s.graph;
+  o.flash_attention = s.flash_attention;
+  o.fuse_layers = s.fuse_layers;
+  o.fuse_step = s.fuse_step;
+  o.queue_steps = s.queue_steps;
+  o.expert_devices = s.expert_devices;
+  return o;
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "runtime/config/settings.hpp"
 #include "runtime/device/cl_runtime.hpp"
 #include "runtime/device/device_weights.hpp"
 #include "runtime/engine/forward_batch.hpp"
@@ -48,18 +49,18 @@ struct engine_options {
   // launch (kernels/layer.cl) instead of seven, its work-groups sharing
   // the work phase by phase.  Every launch wakes the driver's worker
   // threads, which costs most in decode steps (docs/bench_engine.md).
-  // Same results bit for bit; TROUPE_FUSE_LAYERS=0 turns it off.
+  // Same results bit for bit; engine.fuse_layers false turns it off.
   bool fuse_layers = true;
   // With fused layers, where every layer fuses with one weight type and
   // the layers' weights fit one device buffer: the whole step (embedding,
   // layers, final norm) as one launch, the classifier a second.  Same
-  // results bit for bit; TROUPE_FUSE_STEP=0 turns it off.
+  // results bit for bit; engine.fuse_step false turns it off.
   bool fuse_step = true;
-  // Pipelined steps (the device actor): a step is enqueued behind the one
+  // Queued steps (the device actor): a step is enqueued behind the one
   // running instead of after its result has reached the host, greedy
   // tokens drawn on the device for the next step (step overlap's
-  // placeholders).  Same results; TROUPE_PIPELINE=0 turns it off.
-  bool pipeline = true;
+  // placeholders).  Same results; engine.queue_steps false turns it off.
+  bool queue_steps = true;
   // Mixture-of-experts models: the experts spread over this many
   // sub-devices of one compute unit each (expert parallelism; >= 2), each
   // with its own queue and weight buffers, tokens dispatched to the
@@ -67,13 +68,9 @@ struct engine_options {
   int expert_devices = 0;
 };
 
-// The launch-geometry knobs from the environment (TROUPE_ROWS_PER_ITEM,
-// TROUPE_GROUP_SIZE, TROUPE_TOKEN_TILE, TROUPE_ATTENTION_ROWS, and
-// TROUPE_INT8_DOT=0 for float matmuls on quantized weights, TROUPE_GRAPH,
-// TROUPE_FLASH_ATTENTION, TROUPE_FUSE_LAYERS, TROUPE_FUSE_STEP and
-// TROUPE_PIPELINE 0/1), for
-// experiments; not flags, since the defaults are what bench/ measured best.
-void apply_tuning_env(engine_options& o);
+// The device's part of the [engine] settings (runtime/config/settings.def),
+// on the device `where` (a slice of it when where.cores > 0).
+engine_options engine_options_from(const engine_settings& s, cl::device_choice where);
 
 // (cos, sin) of every row's RoPE angle for each rotation pair,
 // [rows][rope_dims / 2][2]: computed once per step, read by every layer.

@@ -74,6 +74,26 @@ TEST(Cli, TheOldNameOfQueueStepsStillWorksAndSaysSo) {
   EXPECT_EQ(help.out.find("--pipeline"), std::string::npos) << help.out;
 }
 
+// docs/settings.md holds `troupe settings --markdown`: adding a key to the
+// schema without regenerating the document fails here.
+TEST(Cli, TheSettingsDocumentIsCurrent) {
+  auto r = run_process(troupe_bin() + " settings --markdown");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("| `engine.max_seqs` | `--max-seqs` | integer [1, 65536] | 64 | engine | "
+                       "live, per-node |"),
+            std::string::npos)
+      << r.out;
+  const std::string doc = slurp(std::string(TROUPE_SOURCE_DIR) + "/docs/settings.md");
+  EXPECT_NE(doc.find(r.out), std::string::npos)
+      << "docs/settings.md is out of date: regenerate its table with troupe settings --markdown";
+  // A bad value in a one-process command names its key and its source.
+  auto bad = run_process(troupe_bin() + " generate -m stories15m -p x -n 1 --token-tile 0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--token-tile (engine.token_tile): must be an integer in [1, 16]"),
+            std::string::npos)
+      << bad.err;
+}
+
 TEST(Cli, PerplexityJson) {
   auto r = run_process(
       troupe_bin() + " perplexity -m stories15m -c 128 --json -f " +

@@ -62,7 +62,7 @@ struct instance_fixture {
     engine_options eo;
     eo.n_pages = n_pages;
     eo.max_batch_tokens = 128;
-    eo.pipeline = pipeline;
+    eo.queue_steps = pipeline;
     return spawn_device(*sys, model, eo);
   }
 

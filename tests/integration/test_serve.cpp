@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -363,6 +364,60 @@ TEST(ServeConfig, BadValuesAreRefusedByKey) {
   EXPECT_NE(r.err.find("engine.pipeline is deprecated; use engine.queue_steps"), std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("service.max_queue"), std::string::npos) << r.err;
+  std::remove(path.c_str());
+}
+
+// One settings schema (runtime/config/settings.def): each layer overrides
+// the one before it, key by key: default < TROUPE_<KEY> < the TOML file < the
+// command line; admin config shows what came out.
+TEST(ServeConfig, LayersApplyInOrderDefaultEnvironmentFileCommandLine) {
+  const std::string path = "/tmp/troupe_serve_layers_" + std::to_string(::getpid()) + ".toml";
+  {
+    std::ofstream f(path);
+    f << "[engine]\ngraph = false\nmax_seqs = 12\n[service]\nmax_queue = 77\n";
+  }
+  // The child inherits these; they are gone again before any other test.
+  ::setenv("TROUPE_STEP_OVERLAP", "0", 1);  // env only: wins over the default
+  ::setenv("TROUPE_GRAPH", "1", 1);         // the file says false: the file wins
+  ::setenv("TROUPE_FUSE_STEP", "0", 1);     // the command line says true: it wins
+  std::unique_ptr<server_process> server;
+  try {
+    server =
+        std::make_unique<server_process>("--config " + path + " --fuse-step true --max-queue 99");
+  } catch (...) {
+    for (const char* v : {"TROUPE_STEP_OVERLAP", "TROUPE_GRAPH", "TROUPE_FUSE_STEP"}) ::unsetenv(v);
+    throw;
+  }
+  for (const char* v : {"TROUPE_STEP_OVERLAP", "TROUPE_GRAPH", "TROUPE_FUSE_STEP"}) ::unsetenv(v);
+  std::remove(path.c_str());
+  auto cfg = server->admin("config");
+  EXPECT_EQ(cfg["engine"]["step_overlap"], false) << cfg;
+  EXPECT_EQ(cfg["engine"]["graph"], false) << cfg;
+  EXPECT_EQ(cfg["engine"]["fuse_step"], true) << cfg;
+  EXPECT_EQ(cfg["engine"]["max_seqs"], 12) << cfg;
+  EXPECT_EQ(cfg["service"]["max_queue"], 99) << cfg;
+  EXPECT_EQ(cfg["engine"]["chunk_size"], 128) << "the default" << cfg;
+  EXPECT_FALSE(cfg["engine"].contains("pipeline")) << "aliases are not shown" << cfg;
+  // Node overrides are checked by their key when the file is read.
+  {
+    std::ofstream f(path);
+    f << "[[cluster.node]]\naddress = \"127.0.0.1:1\"\nmax_seqs = 0\n";
+  }
+  auto r = run_process(troupe_bin() +
+                       " serve -m stories15m --listen 'tcp://127.0.0.1:*' --config " + path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("cluster.node: max_seqs: must be an integer in [1, 65536]"),
+            std::string::npos)
+      << r.err;
+  {
+    std::ofstream f(path);
+    f << "[[cluster.node]]\naddress = \"127.0.0.1:1\"\nmodel = \"x\"\n";
+  }
+  r = run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' --config " +
+                  path);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("unknown key model (known: address, instances, platform"), std::string::npos)
+      << r.err;
   std::remove(path.c_str());
 }
 

@@ -113,9 +113,12 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("role 1 both", "role: give prefill, decode or mixed");
   expect_error("role 9 prefill", "no serving instance 9");
   expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
-  expect_error("set max_seqs 100000", "max_seqs must not exceed max_batch_tokens");
+  // The key's own range (the schema's), then the limits' rule across keys.
+  expect_error("set max_seqs 100000", "set max_seqs: must be an integer in [1, 65536]");
+  expect_error("set max_seqs 1000", "max_seqs must not exceed max_batch_tokens");
+  expect_error("set kv_mb 10", "'kv_mb' cannot change live (max_batch_tokens, max_seqs");
   expect_error("set page_size 8", "cannot change live");
-  expect_error("set router fastest", "'fastest' is not a policy");
+  expect_error("set router fastest", "must be one of round-robin, least-load, prefix, slo");
   expect_error("preempt 31337", "no request with id 31337");
   // One failing command fails the run; the others still ran.
   auto mixed = shell(server, "--exec 'kv --json; bogus'");

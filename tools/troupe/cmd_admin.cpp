@@ -1,6 +1,6 @@
 // troupe client admin: inspects and steers a running `troupe serve` through
 // its admin endpoint (service.admin_port; JSON over ZeroMQ, docs/security.md):
-//   troupe client --server EP admin [--admin HOST:PORT] kv|instances|requests
+//   troupe client --server EP admin [--admin HOST:PORT] kv|instances|requests|config
 //   troupe client --server EP admin [--admin HOST:PORT] trace ID | cancel ID
 // Without --admin the server is pinged over the client protocol: its Pong
 // names the admin port, on the host of EP.  The secret comes from
@@ -115,6 +115,10 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("instances", "the instances with their queues and counters", false);
   action("nodes", "the cluster's nodes: address, state, resources, instances", false);
   action("requests", "the requests in flight", false);
+  action("config",
+         "the effective settings, every key of troupe settings (secrets as a count), and the "
+         "config file",
+         false);
   action("trace", "one request's trace (the newest with this id)", true);
   action("cancel", "cancel the in-flight requests with this id", true);
   action("migrate", "move an in-flight request to another instance (KV and all)", true, true);
@@ -156,9 +160,10 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   }
   {
     auto* sub = cmd->add_subcommand(
-        "set", "change a scheduler limit on every instance, or the router policy, live");
+        "set", "change a setting live (engine keys on every instance): " + keys_with(trait::live));
     sub->fallthrough();
-    sub->add_option("key", f->key, "max_seqs, max_batch_tokens, chunk_size or router")->required();
+    sub->add_option("key", f->key, "a live key of troupe settings: " + keys_with(trait::live))
+        ->required();
     sub->add_option("value", f->value, "the new value")->required();
     sub->callback([f] {
       f->action = "set";

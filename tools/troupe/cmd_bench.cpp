@@ -20,7 +20,7 @@ namespace troupe::cli {
 namespace {
 
 struct bench_flags {
-  engine_flags engine;
+  engine_settings engine;
   int n_prompt = 512;
   int n_gen = 128;
   int reps = 3;
@@ -43,7 +43,7 @@ stat summarize(const std::vector<double>& v) {
 int run_bench(const bench_flags& f) {
   auto model = open_model(f.engine);
   actor_env env;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.n_prompt);
   auto dev = spawn_device(*env.sys, model, opts);
   auto fwd = blocking_forward(*env.sys, dev);

@@ -24,7 +24,7 @@ namespace troupe::cli {
 namespace {
 
 struct batch_flags {
-  engine_flags engine;
+  engine_settings engine;
   int requests = 64;
   int prompt_len = 128;
   int gen_len = 128;
@@ -35,14 +35,13 @@ struct batch_flags {
   bool no_prefix_cache = false;
   bool json = false;
   bool kv_mb_given = false;
-  bool step_overlap = true;
 };
 
 int run_batch(const batch_flags& f) {
   auto model = open_model(f.engine);
   auto tok = tokenizer::create(model->vocab());
   actor_env env;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.max_batch_tokens);
   const int pages_per_seq =
       (f.prompt_len + f.gen_len + f.engine.page_size - 1) / f.engine.page_size;
@@ -61,7 +60,7 @@ int run_batch(const batch_flags& f) {
   io.limits.page_size = info.page_size;
   io.eog_tokens = tok->end_of_generation_ids();
   io.prefix_caching = !f.no_prefix_cache;
-  io.step_overlap = f.step_overlap;
+  io.step_overlap = f.engine.step_overlap;
   auto inst = spawn_instance(*env.sys, dev, io);
 
   std::mt19937 rng(f.seed);
@@ -175,7 +174,10 @@ void add_bench_batch(CLI::App& bench) {
   auto f = std::make_shared<batch_flags>();
   auto* cmd = bench.add_subcommand(
       "batch", "offline throughput with many requests in flight (continuous batching)");
-  add_engine_flags(*cmd, f->engine);
+  // The one-process engine keys, and step overlap (an instance runs here).
+  add_engine_flags(*cmd, f->engine, [](const setting_key& k) {
+    return settings_flags::local_keys(k) || k.name() == "engine.step_overlap";
+  });
   cmd->add_option("--requests", f->requests, "requests, all enqueued at once")
       ->default_val(64)
       ->check(CLI::Range(1, 100000));
@@ -197,9 +199,6 @@ void add_bench_batch(CLI::App& bench) {
   cmd->add_option("--seed", f->seed, "prompt seed")->default_val(42);
   cmd->add_flag("--no-prefix-cache", f->no_prefix_cache, "disable prefix caching");
   cmd->add_flag("--json", f->json, "print one JSON object");
-  cmd->add_option("--step-overlap", f->step_overlap,
-                  "plan the next step while the device runs this one")
-      ->default_val(step_overlap_default());
   cmd->callback([f, cmd] {
     // Without --kv-mb the arena is sized to hold every request at once.
     f->kv_mb_given = cmd->count("--kv-mb") > 0;

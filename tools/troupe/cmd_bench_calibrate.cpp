@@ -27,7 +27,7 @@ namespace troupe::cli {
 namespace {
 
 struct calibrate_flags {
-  engine_flags engine;
+  engine_settings engine;
   admin_target target;  // --server: refit from a live service's steps
   std::string base;     // with --server: the cost model whose other fields are kept
   int max_batch_tokens = 256;
@@ -46,7 +46,7 @@ struct engine {
 engine start(caf::actor_system& sys, const calibrate_flags& f,
              std::shared_ptr<const model_file> model, const tokenizer& tok) {
   engine e;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.max_batch_tokens);
   e.dev = spawn_device(sys, std::move(model), opts);
   e.info = query_info(sys, e.dev);

@@ -26,7 +26,7 @@ namespace troupe::cli {
 namespace {
 
 struct experts_flags {
-  engine_flags engine;
+  engine_settings engine;
   int seqs = 8;
   int prompt = 16;
   int steps = 64;
@@ -119,7 +119,7 @@ int run_experts(const experts_flags& f) {
   if (f.engine.expert_devices < 2)
     throw std::invalid_argument("--expert-devices must be 2 or more for this benchmark");
   actor_env env;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.seqs * f.prompt);
   auto dev = spawn_device(*env.sys, model, opts);
   const auto info = query_info(*env.sys, dev);

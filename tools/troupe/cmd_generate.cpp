@@ -19,7 +19,7 @@ namespace troupe::cli {
 namespace {
 
 struct generate_flags {
-  engine_flags engine;
+  engine_settings engine;
   std::vector<std::string> prompts;
   std::string chat;
   std::string system;
@@ -129,7 +129,7 @@ int run_generate(const generate_flags& f) {
   }
 
   actor_env env;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   auto dev = spawn_device(*env.sys, model, opts);
   auto fwd = blocking_forward(*env.sys, dev);
   const auto info = query_info(*env.sys, dev);

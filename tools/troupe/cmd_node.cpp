@@ -22,7 +22,7 @@ namespace {
 
 struct node_flags {
   std::string listen = "127.0.0.1:0";
-  cluster_flags cluster;
+  cluster_settings cluster;
   double grace_s = 30;
   int reap_after_s = 60;
 };
@@ -84,24 +84,16 @@ int run_node(const node_flags& f) {
 
 }  // namespace
 
-void add_cluster_flags(CLI::App& cmd, cluster_flags& c) {
-  cmd.add_option("--cluster-secret-file", c.secret_file,
-                 "file holding the cluster secret (mode 600); default: cluster.secret in the run "
-                 "folder, made on first use (docs/security.md)");
-  cmd.add_option("--heartbeat-ms", c.heartbeat_ms, "heartbeat between cluster processes")
-      ->check(CLI::Range(10, 60000));
-  cmd.add_option("--connection-timeout-ms", c.connection_timeout_ms,
-                 "a peer silent this long is lost (its instances go down)")
-      ->check(CLI::Range(100, 600000));
-}
-
 void add_node(CLI::App& app) {
   auto f = std::make_shared<node_flags>();
   auto* cmd = app.add_subcommand(
       "node", "host engine instances for troupe services (troupe serve --nodes HOST:PORT)");
   cmd->add_option("-l,--listen", f->listen,
                   "HOST:PORT to listen on (default 127.0.0.1:0: loopback, a port the OS picks)");
-  add_cluster_flags(*cmd, f->cluster);
+  // The schema's [cluster] keys every process of a cluster takes.
+  auto cluster = std::make_shared<settings_flags>(
+      *cmd, [](const setting_key& k) { return k.where == applies::cluster; });
+  cmd->parse_complete_callback([f, cluster] { f->cluster = cluster->resolve().cluster; });
   cmd->add_option("--grace-s", f->grace_s,
                   "at SIGTERM: seconds to wait for the services to move their sequences away")
       ->check(CLI::Range(0.0, 3600.0));

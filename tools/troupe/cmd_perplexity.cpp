@@ -15,7 +15,7 @@ namespace troupe::cli {
 namespace {
 
 struct perplexity_flags {
-  engine_flags engine;
+  engine_settings engine;
   std::string file;
   int ctx = 512;
   bool json = false;
@@ -32,7 +32,7 @@ int run_perplexity(const perplexity_flags& f) {
   auto tokens = tok->encode(ss.str(), add_bos, false);
 
   actor_env env;
-  auto opts = to_engine_options(f.engine);
+  auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.ctx);
   auto dev = spawn_device(*env.sys, model, opts);
   const auto info = query_info(*env.sys, dev);

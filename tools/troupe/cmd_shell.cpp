@@ -151,9 +151,14 @@ class shell {
         ((cmd == "drain" || cmd == "kill" || cmd == "kv" || cmd == "role") && index == 1))
       return ids("instances", "id");
     if (cmd == "role" && index == 2) return {"prefill", "decode", "mixed"};
-    if (cmd == "set" && index == 1) return {"max_seqs", "max_batch_tokens", "chunk_size", "router"};
-    if (cmd == "set" && index == 2 && words.args.size() >= 1 && words.args[0] == "router")
-      return {"round-robin", "least-load", "prefix", "slo"};
+    if (cmd == "set" && index == 1) {
+      std::vector<std::string> live;  // the schema's live keys
+      for (const auto& k : setting_keys())
+        if (k.has(trait::live) && !k.alias()) live.push_back(k.key);
+      return live;
+    }
+    if (cmd == "set" && index == 2 && words.args.size() >= 1)
+      if (const auto* k = find_setting(words.args[0])) return k->rule.allowed;
     if (cmd == "spawn" && index == 1) return strings("nodes", "address");
     return {};
   }
@@ -247,8 +252,9 @@ class shell {
             throw failure{"spawn: N must be a count, not '" + l.args[1] + "'"};
           self->control(l, "spawn", {{"node", l.args[0]}, {"count", n}});
         });
-    add("set", "set max_seqs|max_batch_tokens|chunk_size|router VALUE",
-        "change a scheduler limit on every instance, or the router's policy, live",
+    add("set", "set KEY VALUE",
+        "change a setting live: " + keys_with(trait::live) +
+            " (troupe settings lists them; engine keys change on every instance)",
         [self](const command_line& l) {
           if (l.args.size() != 2)
             throw failure{"set: give a key and a value (" + self->usage_of("set") + ")"};

@@ -13,98 +13,19 @@
 
 namespace troupe::cli {
 
-void add_engine_flags(CLI::App& app, engine_flags& f) {
-  app.add_option(
-         "-m,--model", f.model,
-         "model name (smollm2-135m-instruct, stories15m) or path to a .gguf / llama2.c .bin")
-      ->required();
-  app.add_option("--tokenizer", f.tokenizer,
-                 "tokenizer.bin for a llama2.c model (default: beside it)");
-  app.add_option("--platform", f.platform, "OpenCL platform index")
-      ->default_val(0)
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--device", f.device, "OpenCL device index on the platform")
-      ->default_val(0)
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--page-size", f.page_size, "KV page size in tokens")
-      ->default_val(16)
-      ->check(CLI::Range(1, 4096));
-  app.add_option("--kv-mb", f.kv_mb, "KV arena size in MiB")
-      ->default_val(256)
-      ->check(CLI::Range(1, 1 << 20));
-  app.add_flag("--kv-f32", f.kv_f32,
-               "store the KV cache as F32 (default: half, with llama.cpp's attention numerics)");
-  app.add_option("--batch", f.batch, "most tokens per forward call (prefill chunk)")
-      ->default_val(512)
-      ->check(CLI::Range(1, 65536));
-  app.add_option("--int8-dot", f.int8_dot,
-                 "4- and 8-bit weights: activations quantized to 8 bits, integer dot products "
-                 "(false: weights dequantized to float)")
-      ->default_val(true);
-  app.add_option("--graph", f.graph,
-                 "graph mode: record steps of up to 64 rows as OpenCL command buffers and replay "
-                 "them")
-      ->default_val(false);
-  app.add_option("--flash-attention", f.flash_attention,
-                 "one-pass attention over the half KV cache (llama.cpp's -fa) instead of "
-                 "llama.cpp's default two-pass numerics")
-      ->default_val(false);
-  app.add_option("--fuse-layers", f.fuse_layers,
-                 "on a CPU device, each dense decoder layer as one kernel launch instead of "
-                 "seven (the same results; false: one launch per operation)")
-      ->default_val(true);
-  app.add_option("--fuse-step", f.fuse_step,
-                 "with fused layers: the embedding, every layer and the final norm as one kernel "
-                 "launch where the layers share a weight type (the same results; false: one "
-                 "launch per layer)")
-      ->default_val(true);
-  app.add_option("--queue-steps", f.pipeline,
-                 "queue each step on the device behind the one running, greedy tokens drawn on "
-                 "the device (the same results; false: each step waits for the last one's result)")
-      ->default_val(true);
-  // The old name of --queue-steps (it would collide with pipeline
-  // parallelism): still taken, with a note on stderr, not in --help.
-  app.add_option("--pipeline", f.pipeline, "deprecated: --queue-steps")
-      ->group("")
-      ->check(CLI::Validator(
-          [](std::string&) {
-            std::fprintf(stderr, "troupe: --pipeline is deprecated; use --queue-steps\n");
-            return std::string();
-          },
-          "", "deprecated"));
-  app.add_option("--expert-devices", f.expert_devices,
-                 "mixture-of-experts models: spread the experts over this many sub-devices of one "
-                 "compute unit each (expert parallelism; 0: on the device itself)")
-      ->default_val(0)
-      ->check(CLI::Range(0, 256));
+void add_engine_flags(CLI::App& cmd, engine_settings& out, settings_flags::pick_fn pick) {
+  auto flags = std::make_shared<settings_flags>(cmd, std::move(pick));
+  // Before the command's own callback, which reads `out`.
+  cmd.parse_complete_callback([flags, &out] { out = flags->resolve().engine; });
 }
 
-bool step_overlap_default() {
-  const char* v = std::getenv("TROUPE_STEP_OVERLAP");
-  return v ? std::atoi(v) != 0 : true;
+engine_options device_options(const engine_settings& e) {
+  return engine_options_from(e, {e.platform, e.device});
 }
 
-engine_options to_engine_options(const engine_flags& f) {
-  engine_options o;
-  o.device = {f.platform, f.device};
-  o.page_size = f.page_size;
-  o.kv_bytes = static_cast<size_t>(f.kv_mb) << 20;
-  o.kv_f16 = !f.kv_f32;
-  o.max_batch_tokens = f.batch;
-  o.int8_dot = f.int8_dot;
-  o.graph = f.graph;
-  o.flash_attention = f.flash_attention;
-  o.fuse_layers = f.fuse_layers;
-  o.fuse_step = f.fuse_step;
-  o.pipeline = f.pipeline;
-  o.expert_devices = f.expert_devices;
-  apply_tuning_env(o);
-  return o;
-}
-
-std::shared_ptr<const model_file> open_model(const engine_flags& f) {
-  auto r = resolve_model(f.model);
-  return model_file::open(r.model_path, f.tokenizer.empty() ? r.tokenizer_path : f.tokenizer);
+std::shared_ptr<const model_file> open_model(const engine_settings& e) {
+  auto r = resolve_model(e.model);
+  return model_file::open(r.model_path, e.tokenizer.empty() ? r.tokenizer_path : e.tokenizer);
 }
 
 void actor_env::configure() {
@@ -123,7 +44,7 @@ actor_env::actor_env() {
   sys = std::make_unique<caf::actor_system>(cfg);
 }
 
-actor_env::actor_env(const std::string& secret, const cluster_flags& c) {
+actor_env::actor_env(const std::string& secret, const cluster_settings& c) {
   configure();
   identity = write_cluster_identity(secret);
   cfg.load<caf::io::middleman>();
@@ -188,7 +109,7 @@ std::pair<std::string, uint16_t> split_address(const std::string& a, const char*
   return {a.substr(0, colon), static_cast<uint16_t>(p)};
 }
 
-std::string load_cluster_secret(const cluster_flags& c) {
+std::string load_cluster_secret(const cluster_settings& c) {
   try {
     return c.secret_file.empty() ? read_or_make_secret_file(run_dir() + "/cluster.secret")
                                  : read_secret_file(c.secret_file);

@@ -13,49 +13,25 @@
 #include "runtime/device/llama_forward.hpp"
 #include "runtime/engine/sequence_runner.hpp"
 #include "runtime/model/model_file.hpp"
+#include "tools/troupe/settings_flags.hpp"
 
 namespace troupe::cli {
 
-struct engine_flags {
-  std::string model;
-  std::string tokenizer;
-  int platform = 0;
-  int device = 0;
-  int page_size = 16;
-  int kv_mb = 256;
-  bool kv_f32 = false;
-  int batch = 512;  // max rows per forward call
-  bool int8_dot = true;
-  bool graph = false;
-  bool flash_attention = false;
-  bool fuse_layers = true;
-  bool fuse_step = true;
-  bool pipeline = true;
-  int expert_devices = 0;
-};
+// The schema's [engine] keys a one-process command takes (trait local;
+// runtime/config/settings.def) as its flags; once the command line is
+// parsed, `out` holds them with every layer applied (settings_flags.hpp).
+// `pick` widens or narrows the keys (bench batch adds step_overlap).
+void add_engine_flags(CLI::App& cmd, engine_settings& out,
+                      settings_flags::pick_fn pick = settings_flags::local_keys);
 
-void add_engine_flags(CLI::App& app, engine_flags& f);
-
-// Step overlap's default for the commands that run instances: on, unless
-// TROUPE_STEP_OVERLAP=0 (bench/engine_ab.py's on/off variants set it).
-bool step_overlap_default();
-engine_options to_engine_options(const engine_flags& f);
+// The device options for a one-process command: the whole device.
+engine_options device_options(const engine_settings& e);
 
 // Resolves a model name or path and opens it (throws model_error).
-std::shared_ptr<const model_file> open_model(const engine_flags& f);
+std::shared_ptr<const model_file> open_model(const engine_settings& e);
 
-// How a process joins the cluster (troupe node, troupe serve --nodes).
-struct cluster_flags {
-  std::string secret_file;           // empty: run_dir()/cluster.secret, made if missing
-  int heartbeat_ms = 250;            // CAF's BASP heartbeat between nodes
-  int connection_timeout_ms = 2000;  // no message for this long: the peer is lost
-};
-
-// The cluster secret the flags name (a bad file names the flag).
-std::string load_cluster_secret(const cluster_flags& c);
-
-// --cluster-secret-file, --heartbeat-ms, --connection-timeout-ms.
-void add_cluster_flags(CLI::App& cmd, cluster_flags& c);
+// The cluster secret the settings name (a bad file names the flag).
+std::string load_cluster_secret(const cluster_settings& c);
 
 // "host:port" -> (host, port); throws naming `what` when it is not one.
 std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what);
@@ -68,7 +44,7 @@ struct actor_env {
   actor_env();
   // With the middleman on the cluster's TLS: only peers holding `secret`
   // get past the handshake (net/cluster_tls.hpp).
-  actor_env(const std::string& secret, const cluster_flags& c);
+  actor_env(const std::string& secret, const cluster_settings& c);
   // Waits for every actor to end, at most `exit_limit` when it is set.
   ~actor_env();
   // Set by serve and node once they told their actors to stop: the wait

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_node(app);
   troupe::cli::add_shell(app);
   troupe::cli::add_client(app);
+  troupe::cli::add_settings(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -441,6 +441,24 @@ def test_models_by_id_tokenize_detokenize_and_unknown_routes(stories):
             assert sock.recv(4096).startswith(b"HTTP/1.1 413"), path
 
 
+def test_the_body_limit_is_a_setting():
+    # service.http_max_body_bytes: a body past it is refused with 413 before
+    # it is read; one within it is served.
+    s = HttpServer("--http-max-body-bytes", "4096")
+    try:
+        big = json.dumps({"model": "stories15m", "prompt": "x" * 5000, "max_tokens": 1}).encode()
+        req = urllib.request.Request(s.base + "/v1/completions", data=big, method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=30)
+        assert e.value.code == 413
+        small = {"model": "stories15m", "prompt": "Once upon a time", "max_tokens": 2}
+        status, _, body = http_json("POST", s.base + "/v1/completions", small)
+        assert status == 200, body
+    finally:
+        s.stop()
+
+
 def test_cors_preflight_and_listed_origins_only():
     s = HttpServer("--cors-origins", "http://app.example,http://localhost:3000")
     try:
