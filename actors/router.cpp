@@ -1,7 +1,5 @@
 #include "actors/router.hpp"
 
-#include "runtime/config/settings.hpp"
-
 #include <spdlog/spdlog.h>
 
 #include <functional>

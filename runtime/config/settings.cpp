@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
@@ -67,8 +68,12 @@ std::string list_text(const std::vector<std::string>& items) {
 std::string parse(const std::string& v, const value_rule& rule, int32_t& out) {
   long long x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size() || x < rule.lo || x > rule.hi)
-    return "must be an integer in " + rule.describe() + ", got '" + v + "'";
+  const bool in_range = rule.what != value_rule::kind::range || (x >= rule.lo && x <= rule.hi);
+  if (ec != std::errc() || p != v.data() + v.size() || !in_range ||
+      x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
+    return "must be an integer" +
+           (rule.what == value_rule::kind::range ? " in " + rule.describe() : std::string()) +
+           ", got '" + v + "'";
   out = static_cast<int32_t>(x);
   return {};
 }
@@ -76,19 +81,24 @@ std::string parse(const std::string& v, const value_rule& rule, int32_t& out) {
 std::string parse(const std::string& v, const value_rule& rule, double& out) {
   char* end = nullptr;
   const double x = std::strtod(v.c_str(), &end);
-  if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || x < rule.lo || x > rule.hi)
-    return "must be a number in " + rule.describe() + ", got '" + v + "'";
+  const bool in_range = rule.what != value_rule::kind::range || (x >= rule.lo && x <= rule.hi);
+  if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || !in_range)
+    return "must be a number" +
+           (rule.what == value_rule::kind::range ? " in " + rule.describe() : std::string()) +
+           ", got '" + v + "'";
   out = x;
   return {};
 }
 
-std::string parse(const std::string& v, const value_rule&, bool& out) {
+std::string parse(const std::string& text, const value_rule&, bool& out) {
+  std::string v = text;  // TRUE, True and true alike
+  for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (v == "true" || v == "1" || v == "yes" || v == "on")
     out = true;
   else if (v == "false" || v == "0" || v == "no" || v == "off")
     out = false;
   else
-    return "must be true or false, got '" + v + "'";
+    return "must be true or false, got '" + text + "'";
   return {};
 }
 
@@ -301,9 +311,9 @@ std::string keys_with(unsigned t) {
   return all;
 }
 
-void apply_env(settings& s) {
+void apply_env(settings& s, const std::function<bool(const setting_key&)>& pick) {
   for (const auto& k : setting_keys()) {
-    if (!k.has(trait::env)) continue;
+    if (!k.has(trait::env) || (pick && !pick(k))) continue;
     const std::string var = k.env_name();
     const char* v = std::getenv(var.c_str());
     if (!v) continue;
@@ -323,7 +333,7 @@ nlohmann::json to_json(const settings& s) {
     auto v = k.get(s);
     if (k.has(trait::secret))
       v = std::to_string(v.is_array() ? v.size() : size_t(!v.get<std::string>().empty())) +
-          " values (not shown)";
+          " keys (not shown)";
     out[k.section][k.key] = std::move(v);
   }
   return out;

@@ -7,6 +7,7 @@
 // checked once, by its key, where it enters; the code that uses a setting
 // reads the struct field (docs/architecture.md §6.5).
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -112,9 +113,10 @@ const setting_key* find_setting(const std::string& name);
 // The keys with trait `t`, bare names ("max_seqs, max_batch_tokens, ...").
 std::string keys_with(unsigned t);
 
-// TROUPE_<KEY> of every key with the env trait, into `s`; throws
-// std::invalid_argument naming the variable when its value is refused.
-void apply_env(settings& s);
+// TROUPE_<KEY> of every key with the env trait (that `pick` takes, when
+// given), into `s`; throws std::invalid_argument naming the variable when
+// its value is refused.
+void apply_env(settings& s, const std::function<bool(const setting_key&)>& pick = nullptr);
 
 // {section: {key: value}}: every key but aliases, secrets as a count.
 nlohmann::json to_json(const settings& s);

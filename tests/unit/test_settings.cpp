@@ -12,6 +12,7 @@
 #include "messages/actors.hpp"
 #include "messages/node.hpp"
 #include "runtime/config/settings.hpp"
+#include "runtime/engine/ngram_draft.hpp"
 
 namespace troupe {
 namespace {
@@ -59,6 +60,8 @@ TEST(Settings, ValuesAreCheckedByTheirKey) {
   const auto* graph = find_setting("graph");
   EXPECT_EQ(graph->set(s, "1"), "");
   EXPECT_TRUE(s.engine.graph);
+  EXPECT_EQ(graph->set(s, "FALSE"), "");
+  EXPECT_FALSE(s.engine.graph);
   EXPECT_NE(graph->set(s, "maybe").find("true or false"), std::string::npos);
 
   // A list takes comma-separated items, each checked; clear() starts over.
@@ -85,6 +88,17 @@ TEST(Settings, TheOldNameOfQueueStepsSetsTheNewOne) {
   EXPECT_FALSE(s.engine.queue_steps);
 }
 
+// The rules a number may have: a range (the parsers bound-check ranges
+// only), and the draft limit is the engine's.
+TEST(Settings, NumbersHaveRangesAndTheDraftLimitIsTheEngines) {
+  for (const auto& k : setting_keys()) {
+    if (k.type == value_type::integer || k.type == value_type::real) {
+      EXPECT_EQ(k.rule.what, value_rule::kind::range) << k.name();
+    }
+  }
+  EXPECT_EQ(find_setting("engine.draft_tokens")->rule.hi, k_max_draft_tokens);
+}
+
 TEST(Settings, LiveKeysAreTheOnesSomethingAppliesLive) {
   // The router applies service.router; the engine applies these three
   // (engine::set_limit).  A key marked live that nothing applies would be
@@ -99,7 +113,9 @@ TEST(Settings, EnvironmentVariablesOnlyWhereTheSchemaSays) {
   apply_env(s);
   EXPECT_TRUE(s.engine.graph);
   EXPECT_EQ(s.engine.max_seqs, 64);
+  // A command that does not take a key does not read its variable.
   ::setenv("TROUPE_TOKEN_TILE", "99", 1);
+  apply_env(s, [](const setting_key& k) { return k.section == "cluster"; });
   try {
     apply_env(s);
     ADD_FAILURE() << "a bad value in the environment must stop the start";
@@ -117,7 +133,7 @@ TEST(Settings, AdminConfigShowsValuesButNoSecrets) {
   const auto j = to_json(s);
   EXPECT_EQ(j["engine"]["max_seqs"], 64);
   EXPECT_EQ(j["service"]["router"], "least-load");
-  EXPECT_EQ(j["service"]["api_key"], "2 values (not shown)");
+  EXPECT_EQ(j["service"]["api_key"], "2 keys (not shown)");
   EXPECT_EQ(j.dump().find("sk-one"), std::string::npos);
   EXPECT_FALSE(j["engine"].contains("pipeline"));
 }

@@ -116,8 +116,8 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   action("nodes", "the cluster's nodes: address, state, resources, instances", false);
   action("requests", "the requests in flight", false);
   action("config",
-         "the effective settings, every key of troupe settings (secrets as a count), and the "
-         "config file",
+         "the settings the server started with, every key of troupe settings (secrets as a "
+         "count), and its config file",
          false);
   action("trace", "one request's trace (the newest with this id)", true);
   action("cancel", "cancel the in-flight requests with this id", true);

@@ -451,7 +451,8 @@ void add_serve(CLI::App& app) {
   cmd->add_option("-c,--config", *config, "TOML config file ([engine], [service], [cluster])")
       ->check(CLI::ExistingFile);
   // Every key of the schema is a flag of serve.
-  auto flags = std::make_shared<settings_flags>(*cmd, [](const setting_key&) { return true; });
+  auto flags = std::make_shared<settings_flags>(
+      *cmd, [](const setting_key&) { return true; }, /*takes_file=*/true);
   cmd->callback([flags, config] {
     int rc = run_serve(*flags, *config);
     if (rc != 0) throw CLI::RuntimeError(rc);

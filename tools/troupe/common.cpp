@@ -20,7 +20,11 @@ void add_engine_flags(CLI::App& cmd, engine_settings& out, settings_flags::pick_
 }
 
 engine_options device_options(const engine_settings& e) {
-  return engine_options_from(e, {e.platform, e.device});
+  engine_options o = engine_options_from(e, {e.platform, e.device});
+  // No scheduler here: the scratch is for --batch rows (max_batch_tokens
+  // is serve's, not a flag of these commands).
+  o.max_batch_tokens = e.batch;
+  return o;
 }
 
 std::shared_ptr<const model_file> open_model(const engine_settings& e) {

@@ -75,6 +75,9 @@ std::vector<node_entry> parse_node_entries(const std::string& path, const toml::
       if (!sk || !sk->has(trait::per_node))
         throw bad("unknown key " + key + " (known: address, instances, " +
                   keys_with(trait::per_node) + ")");
+      if (sk->alias())
+        std::fprintf(stderr, "troupe: config %s: cluster.node: %s is deprecated; use %s\n",
+                     path.c_str(), key.c_str(), sk->deprecated_for.c_str());
       auto text = scalar_text(v);
       if (!text) throw bad(key + ": not a value");
       if (auto why = sk->set(scratch, *text); !why.empty()) throw bad(key + ": " + why);
@@ -95,10 +98,15 @@ engine_settings node_entry::apply(const engine_settings& base) const {
   return s.engine;
 }
 
-settings_flags::settings_flags(CLI::App& cmd, pick_fn pick) {
+// CLI11's names' long one: "-m,--model" -> "--model".
+static std::string long_flag(const setting_key& k) {
+  return k.flag_names.substr(k.flag_names.rfind(',') + 1);
+}
+
+settings_flags::settings_flags(CLI::App& cmd, pick_fn pick, bool takes_file)
+    : pick_(std::move(pick)), takes_file_(takes_file) {
   for (const auto& k : setting_keys()) {
-    const setting_key* target = k.alias() ? find_setting(k.deprecated_for) : &k;
-    if (!pick(*target)) continue;
+    if (!picked(k)) continue;
     auto b = std::make_unique<bound>();
     b->key = &k;
     std::string help = k.help;
@@ -124,12 +132,15 @@ settings_flags::settings_flags(CLI::App& cmd, pick_fn pick) {
   }
 }
 
+bool settings_flags::picked(const setting_key& k) const {
+  return pick_(k.alias() ? *find_setting(k.deprecated_for) : k);
+}
+
 void settings_flags::set_from(settings& s, const setting_key& k,
-                              const std::vector<std::string>& values, const std::string& where) {
+                              const std::vector<std::string>& values, const std::string& prefix) {
   if (k.clear) k.clear(s);  // a list given here replaces the earlier layer's
   for (const auto& v : values)
-    if (auto why = k.set(s, v); !why.empty())
-      throw std::invalid_argument(where + " (" + k.name() + "): " + why);
+    if (auto why = k.set(s, v); !why.empty()) throw std::invalid_argument(prefix + why);
 }
 
 void settings_flags::load_file(const std::string& path, settings& s) {
@@ -160,14 +171,14 @@ void settings_flags::load_file(const std::string& path, settings& s) {
       if (k->alias())
         std::fprintf(stderr, "troupe: config %s: %s is deprecated; use %s\n", path.c_str(),
                      name.c_str(), k->deprecated_for.c_str());
-      set_from(s, *k, file_values(path, *k, value), "config " + path + ": " + name);
+      set_from(s, *k, file_values(path, *k, value), "config " + path + ": " + name + ": ");
     }
   }
 }
 
 settings settings_flags::resolve(const std::string& config_file) {
   settings s;
-  apply_env(s);
+  apply_env(s, [this](const setting_key& k) { return picked(k); });
   nodes_.clear();
   if (!config_file.empty()) load_file(config_file, s);
   for (const auto& b : bound_) {
@@ -175,30 +186,24 @@ settings settings_flags::resolve(const std::string& config_file) {
     if (b->opt->count() == 0) continue;
     if (k.alias()) {
       const setting_key* now = find_setting(k.deprecated_for);
-      std::fprintf(stderr, "troupe: %s is deprecated; use %s (%s)\n", k.flag_names.c_str(),
-                   now->flag_names.c_str(), now->name().c_str());
+      std::fprintf(stderr, "troupe: %s is deprecated; use %s (%s)\n", long_flag(k).c_str(),
+                   long_flag(*now).c_str(), now->name().c_str());
     }
     std::vector<std::string> values =
         k.type == value_type::list ? b->values : std::vector{b->value};
     if (k.type == value_type::boolean && values[0].empty()) values[0] = "true";
-    set_from(s, k, values, k.flag_names);
+    set_from(s, k, values, long_flag(k) + " (" + k.name() + "): ");
   }
   for (const auto& b : bound_) {
     const setting_key& k = *b->key;
     if (!k.has(trait::required)) continue;
     const auto v = k.get(s);
     if ((v.is_string() && v.get<std::string>().empty()) || (v.is_array() && v.empty()))
-      throw std::invalid_argument(k.name() + ": required (" +
-                                  k.flag_names.substr(k.flag_names.rfind(',') + 1) + ", or " +
-                                  k.key + " in [" + k.section + "])");
+      throw std::invalid_argument(k.name() + ": required (" + long_flag(k) +
+                                  (takes_file_ ? ", or " + k.key + " in [" + k.section + "]" : "") +
+                                  ")");
   }
   return s;
-}
-
-bool settings_flags::given(const std::string& name) const {
-  for (const auto& b : bound_)
-    if (b->key->name() == name) return b->opt->count() > 0;
-  return false;
 }
 
 void add_settings(CLI::App& app) {

@@ -33,18 +33,17 @@ class settings_flags {
   using pick_fn = std::function<bool(const setting_key&)>;
 
   // Adds a flag to `cmd` for every key `pick` takes (aliases of picked
-  // keys too, out of --help).
-  settings_flags(CLI::App& cmd, pick_fn pick);
+  // keys too, out of --help).  `takes_file`: the command reads a TOML file
+  // (troupe serve --config), which its messages then mention.
+  settings_flags(CLI::App& cmd, pick_fn pick, bool takes_file = false);
 
-  // The settings after every layer; `config_file` may be empty.  Throws
+  // The settings after every layer; `config_file` may be empty.  Only the
+  // picked keys' TROUPE_* variables are read.  Throws
   // std::invalid_argument.
   settings resolve(const std::string& config_file = {});
 
   // The [[cluster.node]] tables of the last resolve's file.
   const std::vector<node_entry>& node_entries() const { return nodes_; }
-
-  // Whether the key ("engine.kv_mb") was given on the command line.
-  bool given(const std::string& name) const;
 
   // Keys the one-process commands take (generate, perplexity, bench).
   static bool local_keys(const setting_key& k) { return k.has(trait::local); }
@@ -57,10 +56,14 @@ class settings_flags {
     std::vector<std::string> values;  // a list's
   };
   void load_file(const std::string& path, settings& s);
+  // `prefix` starts any error: where the value came from, and the key.
   void set_from(settings& s, const setting_key& k, const std::vector<std::string>& values,
-                const std::string& where);
+                const std::string& prefix);
+  bool picked(const setting_key& k) const;     // an alias as the key it names
   std::vector<std::unique_ptr<bound>> bound_;  // CLI11 keeps pointers into these
   std::vector<node_entry> nodes_;
+  pick_fn pick_;
+  bool takes_file_ = false;
 };
 
 // `troupe settings`: every key of the schema, as text or a markdown table.
