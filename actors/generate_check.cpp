@@ -77,6 +77,17 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
   if (s.has_frequency_penalty()) sp.frequency_penalty = s.frequency_penalty();
   if (s.has_penalty_last_n()) sp.penalty_last_n = s.penalty_last_n();
   if (s.has_seed()) sp.seed = s.seed();
+  if (static_cast<size_t>(s.logit_bias_size()) > k_max_logit_bias)
+    return invalid("logit_bias may hold at most " + std::to_string(k_max_logit_bias) +
+                   " tokens, got " + std::to_string(s.logit_bias_size()));
+  for (const auto& [token, bias] : s.logit_bias()) {
+    if (token < 0 || token >= ctx.tok->n_vocab())
+      return invalid("logit_bias: token " + std::to_string(token) + " is outside the vocabulary");
+    sp.logit_bias.push_back({token, bias});
+  }
+  // A map's order is unspecified: sorted, the same request is the same params.
+  std::sort(sp.logit_bias.begin(), sp.logit_bias.end(),
+            [](const token_bias& a, const token_bias& b) { return a.token < b.token; });
   if (g.logprobs() < 0 || g.logprobs() > 20)
     return invalid("logprobs must be in [0, 20], got " + std::to_string(g.logprobs()));
   sp.n_logprobs = g.logprobs();

@@ -15,10 +15,15 @@ typename Inspector::result_type inspect(Inspector& f, forward_seq& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_bias& x) {
+  return f(caf::meta::type_name("token_bias"), x.token, x.bias);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.penalty_last_n, x.seed,
-           x.logprobs, x.n_logprobs);
+           x.logprobs, x.n_logprobs, x.logit_bias);
 }
 
 template <class Inspector>

@@ -410,7 +410,10 @@ forward_result llama_forward::run(const forward_batch& b) {
 
 bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
   return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
-    return p.sampling.temperature == 0.0f && presamplable(p.sampling);
+    // The device's argmax knows no logit_bias: a biased row is drawn on
+    // the host (the same sampler, so the same token).
+    return p.sampling.temperature == 0.0f && presamplable(p.sampling) &&
+           p.sampling.logit_bias.empty();
   });
 }
 

@@ -24,6 +24,13 @@ std::string validate(const sampling_params& p) {
     return "frequency_penalty must be in [-10, 10]";
   if (p.penalty_last_n < -1) return "penalty_last_n must be >= -1";
   if (p.n_logprobs < 0 || p.n_logprobs > 20) return "n_logprobs must be in [0, 20]";
+  if (p.logit_bias.size() > k_max_logit_bias)
+    return "logit_bias may hold at most " + std::to_string(k_max_logit_bias) + " tokens";
+  for (const auto& b : p.logit_bias) {
+    if (b.token < 0) return "logit_bias: token " + std::to_string(b.token) + " is negative";
+    if (!finite(b.bias) || std::fabs(b.bias) > 100.0f)
+      return "logit_bias: the bias of token " + std::to_string(b.token) + " must be in [-100, 100]";
+  }
   return {};
 }
 
@@ -74,11 +81,20 @@ int32_t sampler::sample_at(std::span<const float> logits, size_t position) {
   return pick(logits, {}, position).token;
 }
 
-sample_result sampler::pick(std::span<const float> logits, std::span<const int32_t> history,
+sample_result sampler::pick(std::span<const float> raw, std::span<const int32_t> history,
                             size_t position) {
   const auto& p = params_;
-  const int32_t n = static_cast<int32_t>(logits.size());
+  const int32_t n = static_cast<int32_t>(raw.size());
   sample_result res;
+  // logit_bias first: every later stage (greedy, penalties, top-k/p, the
+  // draw) sees the biased logits; logprobs are reported from `raw`.
+  std::span<const float> logits = raw;
+  if (!p.logit_bias.empty()) {
+    biased_.assign(raw.begin(), raw.end());
+    for (const auto& b : p.logit_bias)
+      if (b.token < n) biased_[static_cast<size_t>(b.token)] += b.bias;
+    logits = biased_;
+  }
 
   // A broken forward pass (or a malformed reply from a remote device) must
   // end this sequence with an error, not pick an arbitrary token.
@@ -94,7 +110,7 @@ sample_result sampler::pick(std::span<const float> logits, std::span<const int32
       if (logits[i] > logits[best]) best = i;
     }
     res.token = best;
-    return with_logprobs(res, logits);
+    return with_logprobs(res, raw);
   }
   cand_.resize(n);
   for (int32_t i = 0; i < n; ++i) {
@@ -166,7 +182,7 @@ sample_result sampler::pick(std::span<const float> logits, std::span<const int32
     }
   }
 
-  return with_logprobs(res, logits);
+  return with_logprobs(res, raw);
 }
 
 // Logprobs are reported under the model's own distribution.

@@ -16,6 +16,16 @@
 
 namespace troupe {
 
+// OpenAI's logit_bias: added to a token's logit before anything else
+// (-100 all but bans it, 100 all but forces it).
+struct token_bias {
+  int32_t token = 0;
+  float bias = 0.0f;
+};
+
+// At most this many biased tokens per request (OpenAI allows 300).
+constexpr size_t k_max_logit_bias = 1024;
+
 struct sampling_params {
   float temperature = 0.0f;         // 0: greedy
   int top_k = 0;                    // 0: off
@@ -26,8 +36,9 @@ struct sampling_params {
   float frequency_penalty = 0.0f;
   int penalty_last_n = 64;  // window of recent tokens the penalties see; -1: all
   uint64_t seed = 0;
-  bool logprobs = false;  // report the chosen token's logprob
-  int n_logprobs = 0;     // and the top-n alternatives (implies logprobs)
+  bool logprobs = false;               // report the chosen token's logprob
+  int n_logprobs = 0;                  // and the top-n alternatives (implies logprobs)
+  std::vector<token_bias> logit_bias;  // each in [-100, 100]; logprobs stay unbiased
 };
 
 // Returns an empty string when valid, else what is wrong ("top_p must be in (0, 1]").
@@ -79,6 +90,7 @@ class sampler {
 
   sampling_params params_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+  std::vector<float> biased_;                    // the logits with logit_bias added
 };
 
 }  // namespace troupe

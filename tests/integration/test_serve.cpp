@@ -311,6 +311,45 @@ TEST_F(Serve, TokenIdPromptsEqualTextPrompts) {
   EXPECT_EQ(by_ids.finished.prompt_tokens(), 5u);
 }
 
+// OpenAI's logit_bias on the wire: a banned token is never drawn, a forced
+// one always, greedy (drawn on the device when unbiased: a biased row must
+// go to the host's sampler) and sampled alike; ids outside the vocabulary
+// are refused.
+TEST_F(Serve, LogitBiasForcesAndBansTokens) {
+  client::connection c(endpoint());
+  auto plain = client::run(c, {text_request(1, "Once upon a time", 8)}, 30s).at(0);
+  ASSERT_FALSE(plain.error) << plain.error->message();
+  ASSERT_FALSE(plain.token_ids.empty());
+
+  auto banned = text_request(2, "Once upon a time", 8);
+  (*banned.mutable_sampling()->mutable_logit_bias())[plain.token_ids[0]] = -100;
+  auto forced = text_request(3, "Once upon a time", 8);
+  forced.set_ignore_eos(true);
+  (*forced.mutable_sampling()->mutable_logit_bias())[263] = 100;
+  auto sampled = forced;
+  sampled.set_request_id(4);
+  sampled.mutable_sampling()->set_temperature(0.8f);
+  sampled.mutable_sampling()->set_seed(11);
+  auto rs = client::run(c, {banned, forced, sampled}, 60s);
+  for (const auto& r : rs) ASSERT_FALSE(r.error) << r.error->message();
+  ASSERT_FALSE(rs[0].token_ids.empty());
+  EXPECT_NE(rs[0].token_ids[0], plain.token_ids[0]);
+  for (const auto& r : {rs[1], rs[2]}) {
+    ASSERT_EQ(r.token_ids.size(), 8u);
+    for (int32_t t : r.token_ids) EXPECT_EQ(t, 263);
+  }
+
+  auto outside = text_request(5, "Once upon a time", 4);
+  (*outside.mutable_sampling()->mutable_logit_bias())[32000] = 1;
+  c.generate(outside);
+  expect_error_about(expect_error(c), wire::INVALID_ARGUMENT,
+                     "logit_bias: token 32000 is outside the vocabulary");
+  auto huge = text_request(6, "Once upon a time", 4);
+  (*huge.mutable_sampling()->mutable_logit_bias())[5] = 1000;
+  c.generate(huge);
+  expect_error_about(expect_error(c), wire::INVALID_ARGUMENT, "must be in [-100, 100]");
+}
+
 TEST(ServeShutdown, SigtermLetsInFlightRequestsFinish) {
   server_process server("--grace-s 30");
   client::connection c(server.endpoint());

@@ -4,8 +4,8 @@
 // preemption, few sequences, small chunks), then drives it from several
 // sockets with a seeded mix of what broke before and its neighbours:
 // pipelined greedy and sampled requests over shared prefixes, online and
-// offline, cancels and deadlines at random moments (right behind the
-// Generate, mid-stream), disconnects with requests in flight, and bad
+// offline, requests with a logit_bias (a token forced or banned), cancels and deadlines at random
+// moments (right behind the Generate, mid-stream), disconnects with requests in flight, and bad
 // frames (random bytes, oversized, invalid UTF-8, bad values, duplicate
 // ids); with two local instances behind the router, live migrations of
 // random requests through admin, and at most one instance killed per
@@ -29,7 +29,8 @@
 // requests with bursts of unread streams (/health still under 2 s).  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
-//     (`troupe generate`);
+//     (`troupe generate`); biased ones hold only their forced token, or
+//     start with another than their banned one;
 //   - the engine holds no sequence and no used page, and its page
 //     invariants hold (admin instances);
 //   - the server answers a ping and exits 0 on SIGTERM within its grace.
@@ -46,6 +47,7 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -96,23 +98,28 @@ struct options {
 };
 
 struct tally {
-  uint64_t rounds = 0, requests = 0, greedy_checked = 0, sampled = 0, cancels = 0, deadlines = 0,
-           disconnects = 0, bad_frames = 0, pings = 0, preempted_recompute = 0, preempted_swap = 0,
-           migrations = 0, migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0,
-           pd_rounds = 0, role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0,
-           preempts_refused = 0, sets = 0, http_requests = 0, http_checked = 0,
-           http_disconnects = 0, spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0,
-           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
-           starve_http = 0, violations = 0;
+  uint64_t rounds = 0, requests = 0, greedy_checked = 0, biased_checked = 0, sampled = 0,
+           cancels = 0, deadlines = 0, disconnects = 0, bad_frames = 0, pings = 0,
+           preempted_recompute = 0, preempted_swap = 0, migrations = 0, migrations_refused = 0,
+           kills = 0, node_rounds = 0, node_kills = 0, pd_rounds = 0, role_flips = 0,
+           role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0, sets = 0,
+           http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0, dp_rounds = 0,
+           dp_lockstep_rounds = 0, moe_rounds = 0, expert_swaps = 0, overlap_off_rounds = 0,
+           unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
+           overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
-enum class kind { greedy, sampled, refused };
+// biased: logit_bias forcing one token (+100, greedy or sampled: every
+// token is it) or banning the offline greedy first token (-100: the first
+// token differs).
+enum class kind { greedy, sampled, biased, refused };
 
 struct tracked {
   kind k = kind::greedy;
   size_t prompt = 0;
+  int32_t forced = -1, banned = -1;  // kind::biased
   std::vector<int32_t> tokens;
   int terminals = 0;
   // Generates sent again with this id while it looked in flight: each is
@@ -354,6 +361,29 @@ class round_driver {
     return g;
   }
 
+  // A greedy or sampled request with a logit_bias: a token of the prompt's
+  // offline answer forced, or its first token banned.
+  wire::Generate biased(client_socket& s, uint64_t id) {
+    const size_t prompt = pick(kPrompts.size());
+    wire::Generate g = greedy(s, id, prompt);
+    tracked t = track(kind::biased, prompt);
+    const auto& answer = ref_->tokens[prompt];
+    auto& bias = *g.mutable_sampling()->mutable_logit_bias();
+    if (chance(0.5) || answer.empty()) {
+      t.forced = answer.empty() ? 3 : answer[pick(answer.size())];
+      bias[t.forced] = 100;
+      if (chance(0.5)) {
+        g.mutable_sampling()->set_temperature(0.8f);
+        g.mutable_sampling()->set_seed(id);
+      }
+    } else {
+      t.banned = answer[0];
+      bias[t.banned] = -100;
+    }
+    s.reqs[id] = t;
+    return g;
+  }
+
   void act() {
     client_socket& s = sockets_[pick(sockets_.size())];
     const size_t roll = pick(100);
@@ -362,11 +392,13 @@ class round_driver {
       s.conn->generate(greedy(s, id, pick(kPrompts.size())));
       ++t_.requests;
     } else if (roll < 45) {
-      s.conn->generate(sampled(s, id));
+      s.conn->generate(chance(0.7) ? sampled(s, id) : biased(s, id));
       ++t_.requests;
     } else if (roll < 57) {
       // Cancel right behind the Generate: the enqueue race.
-      s.conn->generate(chance(0.5) ? greedy(s, id, pick(kPrompts.size())) : sampled(s, id));
+      s.conn->generate(chance(0.5)   ? greedy(s, id, pick(kPrompts.size()))
+                       : chance(0.8) ? sampled(s, id)
+                                     : biased(s, id));
       s.conn->cancel(id);
       ++t_.requests;
       ++t_.cancels;
@@ -731,6 +763,16 @@ class round_driver {
     ++t_.terminals[how];
     if (r.k == kind::refused && m.has_finished())
       violation("bad request " + std::to_string(id) + " was served (" + how + ")");
+    if (r.k == kind::biased && how == "LENGTH" && r.duplicates == 0) {
+      ++t_.biased_checked;
+      const bool forced_ok = r.forced < 0 || std::all_of(r.tokens.begin(), r.tokens.end(),
+                                                         [&](int32_t x) { return x == r.forced; });
+      const bool banned_ok = r.banned < 0 || (!r.tokens.empty() && r.tokens[0] != r.banned);
+      if (!forced_ok || !banned_ok || r.tokens.empty())
+        violation("logit_bias request " + std::to_string(id) + " (forced " +
+                  std::to_string(r.forced) + ", banned " + std::to_string(r.banned) +
+                  ") was not biased");
+    }
     if (r.k == kind::greedy && how == "LENGTH" && r.duplicates == 0) {
       ++t_.greedy_checked;
       if (r.tokens != ref_->tokens[r.prompt])
@@ -859,6 +901,7 @@ int run(const options& o) {
             {"rounds", t.rounds},
             {"requests", t.requests},
             {"greedy_checked", t.greedy_checked},
+            {"biased_checked", t.biased_checked},
             {"sampled", t.sampled},
             {"cancels", t.cancels},
             {"deadlines", t.deadlines},

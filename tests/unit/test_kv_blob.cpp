@@ -112,7 +112,10 @@ TEST(SamplerState, ASeededSequenceDrawsTheSameAfterAMove) {
   p.seed = 43;
   sampler other(p);
   std::vector<int32_t> h3 = {1, 2, 3}, h4 = {1, 2, 3};
-  sampler again(sampling_params{p.temperature, 0, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 64, 42});
+  sampling_params same_as_before;
+  same_as_before.temperature = p.temperature;
+  same_as_before.seed = 42;
+  sampler again(same_as_before);
   int differ = 0;
   for (int i = 0; i < 20; ++i) {
     const int32_t a = other.sample(logits, h3).token, b = again.sample(logits, h4).token;

@@ -96,8 +96,15 @@ TEST(OpenAiApi, BadValuesNameTheirParameter) {
   EXPECT_EQ(param({{"prompt", "x"}, {"best_of", 3}}), "400 best_of");
   EXPECT_EQ(param({{"prompt", "x"}, {"best_of", "3"}}), "400 best_of");
   EXPECT_EQ(param({{"prompt", "x"}, {"best_of", 2}, {"n", 2}}), "accepted");
-  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}), "400 logit_bias");
+  // logit_bias: token ids as strings to biases in [-100, 100] (the ids'
+  // range is the vocabulary's, checked with the request).
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"50256", -100}, {"7", 2.5}}}}), "accepted");
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", json::object()}}), "accepted");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"x", 1}}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"-3", 1}}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"5", 101}}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"5", "1"}}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {5, 1}}}), "400 logit_bias");
   // Two constraints at once (one would silently win), a stream_options of
   // another type.
   EXPECT_EQ(param({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"b"}}}),

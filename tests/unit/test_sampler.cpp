@@ -99,6 +99,51 @@ TEST(Sampler, GreedyPicksArgmaxLowestIdOnTies) {
     EXPECT_EQ(s2.sample(std::vector<float>{0.1f, 0.3f, 0.2f}, {}).token, 1);
 }
 
+// OpenAI's logit_bias: added before everything else, greedy or sampled;
+// -100 bans a token, +100 forces it; logprobs stay those of the raw logits.
+TEST(Sampler, LogitBiasIsAddedBeforeSamplingAndLogprobsStayRaw) {
+  const std::vector<float> logits{1.0f, 5.0f, 3.0f, 4.0f};
+  sampling_params p;
+  p.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(sampler(p).sample(logits, {}).token, 3) << "the argmax banned: the next best";
+  p.logit_bias = {{0, 4.5f}};
+  EXPECT_EQ(sampler(p).sample(logits, {}).token, 0) << "1 + 4.5 > 5";
+  p.logit_bias = {{0, 3.9f}};
+  EXPECT_EQ(sampler(p).sample(logits, {}).token, 1);
+  // Sampled, with a seed: a forced token is always drawn, a banned one never.
+  p.temperature = 1.0f;
+  p.seed = 3;
+  p.logit_bias = {{2, 100.0f}};
+  sampler forced(p);
+  for (size_t pos = 0; pos < 100; ++pos) EXPECT_EQ(forced.sample_at(logits, pos), 2);
+  p.logit_bias = {{1, -100.0f}, {3, -100.0f}};
+  sampler banned(p);
+  for (size_t pos = 0; pos < 200; ++pos) {
+    const int32_t t = banned.sample_at(logits, pos);
+    EXPECT_TRUE(t == 0 || t == 2) << t;
+  }
+  // Penalties and bias together; logprobs from the unbiased logits.
+  sampling_params q;
+  q.logit_bias = {{0, 10.0f}};
+  q.n_logprobs = 2;
+  q.logprobs = true;
+  q.presence_penalty = 1.0f;
+  const auto r = sampler(q).sample(logits, std::vector<int32_t>{1});
+  EXPECT_EQ(r.token, 0);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_EQ(r.top[0].token, 1) << "the raw distribution's best";
+  // Out of range biases are refused by validate; ids past the logits are
+  // skipped (the vocabulary check is the request's).
+  sampling_params bad;
+  bad.logit_bias = {{0, 101.0f}};
+  EXPECT_NE(validate(bad), "");
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_NE(validate(bad), "");
+  bad.logit_bias = {{99, 100.0f}};
+  EXPECT_EQ(validate(bad), "");
+  EXPECT_EQ(sampler(bad).sample(logits, {}).token, 1);
+}
+
 TEST(Sampler, TopKOneIsArgmax) {
   sampling_params p;
   p.temperature = 1.5f;

@@ -1,6 +1,9 @@
 #include "tools/client/openai_api.hpp"
 
+#include <charconv>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <utility>
 #include <vector>
@@ -297,9 +300,28 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     return invalid_request(
         "best_of",
         "'best_of' other than 'n' is not supported (every sample is returned: ask for n)");
-  if (auto it = body.find("logit_bias");
-      it != body.end() && !it->is_null() && !(it->is_object() && it->empty()))
-    return invalid_request("logit_bias", "'logit_bias' is not supported yet");
+  // {"token id": bias}: the ids are checked against the vocabulary where
+  // the request is checked (actors/generate_check), the biases here.
+  if (auto it = body.find("logit_bias"); it != body.end() && !it->is_null()) {
+    if (!it->is_object() || it->size() > 1024)
+      return invalid_request("logit_bias",
+                             "'logit_bias' must be an object of at most 1024 token ids (as "
+                             "strings) mapping to biases in [-100, 100]");
+    auto& bias = *base.mutable_sampling()->mutable_logit_bias();
+    for (const auto& [key, value] : it->items()) {
+      int64_t id = -1;
+      auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0 ||
+          id > INT32_MAX)
+        return invalid_request("logit_bias",
+                               "'logit_bias' keys must be token ids, got '" + key + "'");
+      if (!value.is_number() || !std::isfinite(value.get<double>()) ||
+          std::fabs(value.get<double>()) > 100.0)
+        return invalid_request(
+            "logit_bias", "'logit_bias' values must be numbers in [-100, 100] (token " + key + ")");
+      bias[static_cast<int32_t>(id)] = value.get<float>();
+    }
+  }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
     if (it->is_string()) {
       base.add_stop(it->get<std::string>());

@@ -21,6 +21,14 @@ def test_one_stop_string_is_not_split_into_characters():
         c.build_generate(1, "x", stop=[1])
 
 
+def test_logit_bias_is_a_map_of_token_ids_to_bounded_biases():
+    g = generate_of(c.build_generate(1, "x", logit_bias={5: -100, 7: 2.5}))
+    assert dict(g.sampling.logit_bias) == {5: -100.0, 7: 2.5}
+    for bad in ({"5": 1}, {-1: 1}, {5: 101}, {5: "1"}, {5: True}):
+        with pytest.raises(ValueError, match="logit_bias"):
+            c.build_generate(1, "x", logit_bias=bad)
+
+
 def test_bytes_are_not_a_prompt():
     with pytest.raises(TypeError, match="prompt: bytes"):
         c.build_generate(1, b"Once upon a time")

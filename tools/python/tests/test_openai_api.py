@@ -176,6 +176,36 @@ def test_logprobs_match_the_sampled_tokens(stories, smol):
         assert math.isclose(t.top_logprobs[0].logprob, t.logprob, abs_tol=1e-5)
 
 
+def test_logit_bias_bans_and_forces_tokens(stories, smol):
+    # OpenAI's logit_bias through the SDK: a token id (as OpenAI's tokenizer
+    # would give it; here troupe's /tokenize) and a bias in [-100, 100].
+    c = stories.client()
+    plain = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=6, temperature=0,
+                                 logprobs=1)
+    first = plain.choices[0].logprobs.tokens[0]
+    # The first token's id: what the prompt with it tokenizes to, past the prompt.
+    _, _, before = http_json("POST", stories.base + "/tokenize", {"content": PROMPT})
+    _, _, after = http_json("POST", stories.base + "/tokenize", {"content": PROMPT + first})
+    assert after["tokens"][:-1] == before["tokens"]
+    banned = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=6, temperature=0,
+                                  logprobs=1, logit_bias={str(after["tokens"][-1]): -100})
+    assert banned.choices[0].logprobs.tokens[0] != first
+    _, _, the = http_json("POST", stories.base + "/tokenize", {"content": " the"})
+    forced = c.completions.create(model="stories15m", prompt=PROMPT, max_tokens=5, temperature=0.9,
+                                  seed=4, logit_bias={str(the["tokens"][-1]): 100})
+    assert forced.choices[0].text == " the" * 5
+    # Chat, streamed, on the other model.
+    _, _, yes = http_json("POST", smol.base + "/tokenize", {"content": "Yes"})
+    stream = smol.client().chat.completions.create(
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi"}], max_tokens=3,
+        temperature=0, stream=True, logit_bias={str(yes["tokens"][-1]): 100})
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == "Yes" * 3
+    for bad in ({"x": 1}, {"5": 101}, {"99999999": 1}):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="stories15m", prompt="x", max_tokens=2, logit_bias=bad)
+        assert e.value.status_code == 400 and "logit_bias" in str(e.value), bad
+
+
 def test_errors_get_openai_statuses_and_objects(stories):
     c = stories.client()
     with pytest.raises(openai.NotFoundError) as e:

@@ -126,6 +126,7 @@ def build_generate(
     frequency_penalty: Optional[float] = None,
     penalty_last_n: Optional[int] = None,
     seed: Optional[int] = None,
+    logit_bias: Optional[Mapping[int, float]] = None,
     stop: Union[str, Iterable[str]] = (),
     stop_token_ids: Iterable[int] = (),
     ignore_eos: bool = False,
@@ -176,6 +177,12 @@ def build_generate(
     ):
         if value is not None:
             _set_field(s, name, value, name)
+    for t, b in (logit_bias or {}).items():
+        if not _is_token_id(t) or not 0 <= t < 2**31:
+            raise ValueError(f"logit_bias: key {t!r} is not a token id")
+        if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100 <= b <= 100:
+            raise ValueError(f"logit_bias: the bias of token {t} must be a number in [-100, 100], got {b!r}")
+        s.logit_bias[t] = float(b)
     if max_tokens is not None:
         _set_field(g, "max_tokens", max_tokens, "max_tokens")
     # One stop string is a str, not a sequence of one-character stops.

@@ -74,8 +74,9 @@ class Client:
         Chunks; `.result` when done).  stream=False: waits and returns the
         Result.  options: max_tokens, temperature, top_k, top_p, min_p,
         repetition_penalty, presence_penalty, frequency_penalty,
-        penalty_last_n, seed, stop, stop_token_ids, ignore_eos, offline,
-        priority, deadline_ms, logprobs."""
+        penalty_last_n, seed, logit_bias ({token id: bias in [-100, 100]}),
+        stop, stop_token_ids, ignore_eos, offline, priority, deadline_ms,
+        logprobs."""
         self._check_open()
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)
