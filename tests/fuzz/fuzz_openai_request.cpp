@@ -3,7 +3,9 @@
 // /v1/chat/completions, parsed as ordered JSON as the HTTP front does
 // (non-JSON is discarded: the front answers 400 itself); the same body also
 // goes to parse_tokenize and parse_detokenize (openai_endpoints), and the
-// raw bytes to bearer_key as an Authorization header.  These report a bad
+// raw bytes to bearer_key as an Authorization header; and the body as one
+// of POST /v1/responses (openai_responses), whose chat translation is
+// parsed in turn.  These report a bad
 // body as an api_error, never by exception: anything escaping is a
 // finding.  An accepted call has n Generates per prompt.
 #include <cstddef>
@@ -15,6 +17,7 @@
 
 #include "tools/client/openai_api.hpp"
 #include "tools/client/openai_endpoints.hpp"
+#include "tools/client/openai_responses.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)troupe::openai::bearer_key(std::string(reinterpret_cast<const char*>(data), size));
@@ -27,6 +30,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!troupe::openai::parse_detokenize(body, 32000, ids))
       for (const int32_t id : ids)
         if (id < 0 || id >= 32000) std::abort();
+  }
+  {
+    nlohmann::ordered_json chat;
+    troupe::openai::call c;
+    if (!troupe::openai::responses_as_chat(body, chat) &&
+        !troupe::openai::parse(chat, true, "stories15m", c) && c.generates.size() != 1)
+      std::abort();  // a Response is one choice
   }
   for (const bool chat : {false, true}) {
     troupe::openai::call c;

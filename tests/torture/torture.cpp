@@ -481,11 +481,13 @@ class round_driver {
 
   // The OpenAI HTTP API: a greedy completion that must equal offline
   // greedy, a stream the client leaves after its first event (the server
-  // cancels it), or a bad value that must get 400 naming it.
+  // cancels it), a Responses call (a Response or its events; 400 for a
+  // model without a chat template), or a bad value that must get 400
+  // naming it.
   void http_call() {
     httplib::Client http("127.0.0.1", http_port_);
     http.set_read_timeout(60, 0);
-    const size_t which = pick(4);
+    const size_t which = pick(5);
     const size_t prompt = pick(kPrompts.size());
     json body = {{"model", ref_->model},
                  {"prompt", kPrompts[prompt]},
@@ -517,6 +519,27 @@ class round_driver {
       req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++events < 2; };
       http.send(req);
       ++t_.http_disconnects;
+    } else if (which == 4) {
+      const bool stream = chance(0.5);
+      json rb = {{"model", ref_->model},
+                 {"input", kPrompts[prompt]},
+                 {"max_output_tokens", 8},
+                 {"temperature", 0},
+                 {"stream", stream}};
+      auto r = http.Post("/v1/responses", rb.dump(), "application/json");
+      if (!r) return violation("HTTP response: no answer");
+      if (r->status == 429) return;
+      if (r->status == 400 && r->body.find("chat template") != std::string::npos) return;
+      const bool ok =
+          r->status == 200 &&
+          (stream ? r->body.rfind("event: response.created\n", 0) == 0 &&
+                        (r->body.find("event: response.completed\n") != std::string::npos ||
+                         r->body.find("event: response.incomplete\n") != std::string::npos)
+                  : json::parse(r->body, nullptr, false).value("object", "") == "response");
+      if (!ok)
+        return violation("HTTP response: status " + std::to_string(r->status) + ": " +
+                         r->body.substr(0, 300));
+      ++t_.http_checked;
     } else if (which == 2) {
       // Structured output: the answer must be one of the choices.
       body["guided_choice"] = {"the cat", "a dog", "Lily"};

@@ -20,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "net/secret.hpp"
+#include "tools/client/openai_responses.hpp"
 
 namespace troupe::cli {
 
@@ -153,6 +154,11 @@ struct http_front::impl {
     int64_t created = 0;
     bool followers_sent = false;  // n > 1: the samples after each prompt's first
     bool streaming = false;       // the event stream has begun
+    // POST /v1/responses: a chat call answered as a Response
+    // (tools/client/openai_responses.hpp); its stream's event count.
+    bool responses = false;
+    openai::response_state resp;
+    uint64_t sequence = 0;
     event* timer = nullptr;
     ~call() {
       if (timer) event_free(timer);
@@ -298,17 +304,70 @@ struct http_front::impl {
     finish(k);
   }
 
-  void write_event(call& k, const std::string& data) {
-    const std::string ev = "data: " + data + "\n\n";
+  void write_raw(call& k, const std::string& ev) {
     evbuffer* buf = evbuffer_new();
     evbuffer_add(buf, ev.data(), ev.size());
     evhttp_send_reply_chunk(k.req, buf);
     evbuffer_free(buf);
   }
+  void write_event(call& k, const std::string& data) { write_raw(k, "data: " + data + "\n\n"); }
+  void write_response_event(call& k, const std::string& type, json fields) {
+    write_raw(k, openai::response_event(type, std::move(fields), k.sequence++));
+  }
+
+  // The Response a finished choice makes.
+  void settle_response(call& k, const openai::choice& got) {
+    k.resp.text = got.text;
+    k.resp.input_tokens = got.prompt_tokens;
+    k.resp.output_tokens = got.completion_tokens;
+    k.resp.status = got.finish == "length" ? "incomplete" : "completed";
+  }
+
+  // A Responses stream: each delta as response.output_text.delta, then the
+  // text, part, item and response done (completed or incomplete), or an
+  // error event.
+  void flush_response(call& k) {
+    auto& p = k.choices[0];
+    const json where = {{"item_id", k.resp.item_id}, {"output_index", 0}, {"content_index", 0}};
+    const std::string delta = p.got.text.substr(p.shown);
+    if (!delta.empty()) {
+      json ev = where;
+      ev["delta"] = delta;
+      ev["logprobs"] = json::array();
+      write_response_event(k, "response.output_text.delta", std::move(ev));
+    }
+    p.shown = p.got.text.size();
+    if (p.closed || !(p.ended || p.error)) return;
+    p.closed = true;
+    if (p.error) {
+      return write_response_event(
+          k, "error",
+          {{"code", p.error->code.empty() ? p.error->type : p.error->code},
+           {"message", p.error->message},
+           {"param", p.error->param.empty() ? json() : json(p.error->param)}});
+    }
+    settle_response(k, p.got);
+    json text_done = where;
+    text_done["text"] = k.resp.text;
+    text_done["logprobs"] = json::array();
+    write_response_event(k, "response.output_text.done", std::move(text_done));
+    json part_done = where;
+    part_done["part"] = openai::output_message(k.resp, "completed")["content"][0];
+    write_response_event(k, "response.content_part.done", std::move(part_done));
+    write_response_event(
+        k, "response.output_item.done",
+        {{"output_index", 0},
+         {"item", openai::output_message(
+                      k.resp, k.resp.status == "completed" ? "completed" : "incomplete")}});
+    write_response_event(
+        k, k.resp.status == "completed" ? "response.completed" : "response.incomplete",
+        {{"response", openai::response_object(k.resp)}});
+  }
 
   // What choice `i` has that the stream has not shown yet.  A chat with
   // tools shows a choice whole when it ends (its text is read for calls).
   void flush(call& k, size_t i) {
+    if (k.responses) return flush_response(k);
     auto& p = k.choices[i];
     if (k.c.chat && k.c.tools.active()) {
       if (p.closed || !(p.ended || p.error)) return;
@@ -364,8 +423,13 @@ struct http_front::impl {
       if (!all(k, &progress::ended)) return;
       std::vector<openai::choice> done;
       for (const auto& p : k.choices) done.push_back(p.got);
-      reply(k.req, 200,
-            text_of(openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)));
+      if (k.responses) {
+        settle_response(k, done.at(0));
+        reply(k.req, 200, text_of(openai::response_object(k.resp)));
+      } else {
+        reply(k.req, 200,
+              text_of(openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)));
+      }
       return finish(k);
     }
     if (changed >= 0) flush(k, size_t(changed));
@@ -377,6 +441,10 @@ struct http_front::impl {
         evhttp_connection_free(k.conn);  // runs on_close, which cancels
       }
       return;
+    }
+    if (k.responses) {  // its last event was response.completed (or an error)
+      evhttp_send_reply_end(k.req);
+      return finish(k);
     }
     if (k.c.include_usage) {
       uint64_t prompt = 0, completion = 0;
@@ -400,8 +468,23 @@ struct http_front::impl {
     evhttp_add_header(out, "Content-Type", "text/event-stream");
     evhttp_add_header(out, "Cache-Control", "no-cache");
     evhttp_send_reply_start(k.req, 200, "OK");
+    if (k.responses) {
+      write_response_event(k, "response.created", {{"response", openai::response_object(k.resp)}});
+      write_response_event(k, "response.in_progress",
+                           {{"response", openai::response_object(k.resp)}});
+      json item = openai::output_message(k.resp, "in_progress");
+      item["content"] = json::array();
+      write_response_event(k, "response.output_item.added",
+                           {{"output_index", 0}, {"item", std::move(item)}});
+      write_response_event(
+          k, "response.content_part.added",
+          {{"item_id", k.resp.item_id},
+           {"output_index", 0},
+           {"content_index", 0},
+           {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+    }
     for (size_t i = 0; i < k.choices.size(); ++i) {
-      if (k.c.chat)
+      if (k.c.chat && !k.responses)
         write_event(k, text_of(openai::stream_chunk(k.c, k.id, opts.model, k.created, i, "", {},
                                                     std::nullopt, true, opts.token_text)));
       else if (k.c.echo && !k.c.echo_text[i / size_t(k.c.n)].empty())
@@ -432,7 +515,17 @@ struct http_front::impl {
                     "server_error", "", "timeout"});
   }
 
-  void completions(evhttp_request* req, const in_json& body, bool chat) {
+  // POST /v1/responses: the same call as a chat completion, answered as a
+  // Response (tools/client/openai_responses.hpp).
+  void responses(evhttp_request* req, const in_json& body) {
+    in_json chat;
+    if (auto e = openai::responses_as_chat(body, chat)) return reply_error(req, *e);
+    completions(req, chat, true, &body);
+  }
+
+  // `responses_body`: the Responses request this chat call stands for.
+  void completions(evhttp_request* req, const in_json& body, bool chat,
+                   const in_json* responses_body = nullptr) {
     if (opts.draining && opts.draining())
       return reply_error(req,
                          {503, "the server is shutting down", "server_error", "", "shutting_down"});
@@ -457,6 +550,16 @@ struct http_front::impl {
     k.choices.resize(k.c.generates.size());
     k.id = random_id(chat ? "chatcmpl-" : "cmpl-");
     k.created = static_cast<int64_t>(std::time(nullptr));
+    if (responses_body) {
+      k.responses = true;
+      k.resp.id = random_id("resp_");
+      k.resp.item_id = random_id("msg_");
+      k.resp.model = opts.model;
+      k.resp.created = k.created;
+      if (auto it = responses_body->find("max_output_tokens");
+          it != responses_body->end() && it->is_number_integer())
+        k.resp.max_output_tokens = it->get<int64_t>();
+    }
     k.timer = evtimer_new(base, on_timer, &k);
     calls.emplace(&k, std::move(owned));
     evhttp_connection_set_closecb(k.conn, on_close, &k);
@@ -540,7 +643,7 @@ struct http_front::impl {
       return reply(req, 200, text_of(model_object()));
     }
     const bool known_post = path == "/v1/completions" || path == "/v1/chat/completions" ||
-                            path == "/tokenize" || path == "/detokenize";
+                            path == "/v1/responses" || path == "/tokenize" || path == "/detokenize";
     if (known_post && !post)
       return reply_error(req, {405, "use POST for " + path, "invalid_request_error", "", ""});
     if (!known_post)
@@ -559,6 +662,7 @@ struct http_front::impl {
                          {400, "the request body is not JSON", "invalid_request_error", "", ""});
     if (path == "/v1/completions") return completions(req, body, false);
     if (path == "/v1/chat/completions") return completions(req, body, true);
+    if (path == "/v1/responses") return responses(req, body);
     if (!body.is_object())
       return reply_error(
           req, {400, "the request body must be a JSON object", "invalid_request_error", "", ""});

@@ -206,6 +206,55 @@ def test_logit_bias_bans_and_forces_tokens(stories, smol):
         assert e.value.status_code == 400 and "logit_bias" in str(e.value), bad
 
 
+def test_the_responses_api_for_text(smol):
+    # POST /v1/responses through the SDK: the same tokens as the chat
+    # completion it stands for, the typed stream events, the SDK's stream
+    # helper and parse(), and what it cannot do refused by name.
+    c = smol.client()
+    m = "smollm2-135m-instruct"
+    q = "What is the capital of France?"
+    r = c.responses.create(model=m, input=q, max_output_tokens=12, temperature=0)
+    chat = c.chat.completions.create(model=m, messages=[{"role": "user", "content": q}],
+                                     max_tokens=12, temperature=0)
+    assert r.output_text == chat.choices[0].message.content
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 12 and r.usage.input_tokens == chat.usage.prompt_tokens
+    r = c.responses.create(model=m, instructions="Answer in one word.", max_output_tokens=100,
+                           input=[{"role": "user", "content": [{"type": "input_text", "text": q}]}],
+                           temperature=0)
+    assert r.status == "completed" and r.output[0].content[0].type == "output_text"
+    events = list(c.responses.create(model=m, input=q, max_output_tokens=12, temperature=0,
+                                     stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.incomplete"]
+    assert set(types[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events[4:-4]) == chat.choices[0].message.content
+    with c.responses.stream(model=m, input="Say hi", max_output_tokens=100, temperature=0) as st:
+        final = st.get_final_response()
+    assert final.status == "completed" and final.output_text
+
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        country: str
+
+    p = c.responses.parse(model=m, input="Name a city in France.", text_format=City,
+                          max_output_tokens=60, temperature=0)
+    assert isinstance(p.output_parsed, City)
+    for bad in ({"previous_response_id": "resp_1"},
+                {"tools": [{"type": "function", "name": "f", "parameters": {}}]},
+                {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}):
+        kw = {"model": m, "input": "x", **bad}
+        with pytest.raises(openai.BadRequestError) as e:
+            c.responses.create(**kw)
+        assert e.value.status_code == 400, bad
+
+
 def test_errors_get_openai_statuses_and_objects(stories):
     c = stories.client()
     with pytest.raises(openai.NotFoundError) as e:
