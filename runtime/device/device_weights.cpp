@@ -31,15 +31,21 @@ bool quantized(tensor_type t) {
   return layout_of(t).quants != 0;
 }
 
+// The type a tensor has on the device: Q5_0 and IQ4_NL as Q8_0
+// (tensor_type.hpp says why that is exact).
+tensor_type on_device(tensor_type t) {
+  return widens_to_q8_0(t) ? tensor_type::q8_0 : t;
+}
+
 }  // namespace
 
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
   device_matrix out;
   const tensor_view& first = *parts.front();
-  out.type = first.type;
+  out.type = on_device(first.type);
   out.cols = first.row_len();
   for (const auto* p : parts) {
-    if (p->type != out.type || p->row_len() != out.cols)
+    if (on_device(p->type) != out.type || p->row_len() != out.cols)
       throw model_error("tensor '" + p->name + "' does not match '" + first.name +
                         "' in type or row length, so they cannot be fused");
     out.rows += p->rows();
@@ -62,6 +68,16 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
   size_t blk = 0;
   for (const auto* p : parts) {
+    if (widens_to_q8_0(p->type)) {
+      const size_t nb = p->bytes / traits_of(p->type).block_bytes;
+      for (size_t i = 0; i < nb; ++i, ++blk) {
+        uint16_t h = 0;
+        widen_block_to_q8_0(p->type, p->data, static_cast<int64_t>(i), h,
+                            reinterpret_cast<int8_t*>(&q[blk * lay.quants]));
+        d[blk] = half_to_float(h);
+      }
+      continue;
+    }
     const size_t nb = p->bytes / block_bytes;
     for (size_t i = 0; i < nb; ++i, ++blk) {
       const uint8_t* src = p->data + i * block_bytes;

@@ -25,15 +25,31 @@ struct block_q8_0 {
   uint16_t d;
   int8_t qs[32];
 };
+struct block_q5_0 {
+  uint16_t d;
+  uint8_t qh[4];   // the fifth bit of each value, value j at bit j
+  uint8_t qs[16];  // low nibbles: values 0..15, high nibbles: 16..31
+};
+struct block_iq4_nl {
+  uint16_t d;
+  uint8_t qs[16];  // indices into k_iq4nl_values, nibbles as Q4_0's
+};
+// IQ4_NL's non-linear quant values (ggml's kvalues_iq4nl).
+constexpr int8_t k_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                       1,    13,   25,  38,  53,  69,  89,  113};
 static_assert(sizeof(block_q4_0) == 18);
 static_assert(sizeof(block_q4_1) == 20);
 static_assert(sizeof(block_q8_0) == 34);
+static_assert(sizeof(block_q5_0) == 22);
+static_assert(sizeof(block_iq4_nl) == 18);
 
 constexpr type_traits k_f32{"F32", 1, 4};
 constexpr type_traits k_f16{"F16", 1, 2};
 constexpr type_traits k_q4_0{"Q4_0", 32, sizeof(block_q4_0)};
 constexpr type_traits k_q4_1{"Q4_1", 32, sizeof(block_q4_1)};
 constexpr type_traits k_q8_0{"Q8_0", 32, sizeof(block_q8_0)};
+constexpr type_traits k_q5_0{"Q5_0", 32, sizeof(block_q5_0)};
+constexpr type_traits k_iq4_nl{"IQ4_NL", 32, sizeof(block_iq4_nl)};
 
 // ggml's type numbering; empty names are numbers ggml retired.
 constexpr std::array<std::string_view, 40> k_gguf_names = {
@@ -67,6 +83,10 @@ std::optional<type_traits> traits_of(uint32_t gguf_type) {
       return k_q4_1;
     case static_cast<uint32_t>(tensor_type::q8_0):
       return k_q8_0;
+    case static_cast<uint32_t>(tensor_type::q5_0):
+      return k_q5_0;
+    case static_cast<uint32_t>(tensor_type::iq4_nl):
+      return k_iq4_nl;
     default:
       return std::nullopt;
   }
@@ -84,6 +104,10 @@ const type_traits& traits_of(tensor_type t) {
       return k_q4_1;
     case tensor_type::q8_0:
       return k_q8_0;
+    case tensor_type::q5_0:
+      return k_q5_0;
+    case tensor_type::iq4_nl:
+      return k_iq4_nl;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -189,8 +213,49 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
         for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(blk.qs[j]) * d;
       }
       return;
+    case tensor_type::q5_0:
+    case tensor_type::iq4_nl:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        uint16_t d;
+        int8_t q[32];
+        widen_block_to_q8_0(t, src, b, d, q);
+        const float scale = half_to_float(d);
+        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(q[j]) * scale;
+      }
+      return;
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");
+}
+
+bool widens_to_q8_0(tensor_type t) {
+  return t == tensor_type::q5_0 || t == tensor_type::iq4_nl;
+}
+
+void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d, int8_t q[32]) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  if (t == tensor_type::q5_0) {
+    block_q5_0 blk;
+    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+    uint32_t qh;
+    std::memcpy(&qh, blk.qh, 4);
+    d = blk.d;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int8_t>(((blk.qs[j] & 0x0F) | (((qh >> j) & 1u) << 4)) - 16);
+      q[j + 16] = static_cast<int8_t>(((blk.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16);
+    }
+    return;
+  }
+  if (t == tensor_type::iq4_nl) {
+    block_iq4_nl blk;
+    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+    d = blk.d;
+    for (int j = 0; j < 16; ++j) {
+      q[j] = k_iq4nl_values[blk.qs[j] & 0x0F];
+      q[j + 16] = k_iq4nl_values[blk.qs[j] >> 4];
+    }
+    return;
+  }
+  throw std::invalid_argument(std::string(traits_of(t).name) + " does not widen to Q8_0");
 }
 
 }  // namespace troupe

@@ -13,7 +13,9 @@ enum class tensor_type : uint32_t {
   f16 = 1,
   q4_0 = 2,
   q4_1 = 3,
+  q5_0 = 6,
   q8_0 = 8,
+  iq4_nl = 20,
 };
 
 struct type_traits {
@@ -38,5 +40,14 @@ uint16_t float_to_half(float f);
 
 // Dequantize one row of n values (reference path, used by tests and loaders).
 void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n);
+
+// Q5_0 and IQ4_NL blocks are Q8_0 blocks with fewer distinct quants: the
+// same 32 values times the same half scale, the quants within int8 (Q5_0:
+// q - 16; IQ4_NL: its non-linear table's entries).  llama.cpp computes
+// both against Q8_0 activations exactly as Q8_0 weights, so a device that
+// holds them as Q8_0 gives llama.cpp's numerics.
+bool widens_to_q8_0(tensor_type t);
+// Block `b` of such a row: its half scale's bits and its 32 quants.
+void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d, int8_t q[32]);
 
 }  // namespace troupe

@@ -107,7 +107,7 @@ TEST(Cli, PerplexityJson) {
 // Every weight type the kernels support runs end to end through the CLI.
 TEST(Cli, EveryWeightTypeGenerates) {
   for (auto t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                 tensor_type::q8_0}) {
+                 tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
     tiny_llama_options o;
     o.matrix_type = t;
     o.embd_type = t;

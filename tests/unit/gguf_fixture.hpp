@@ -197,6 +197,11 @@ inline std::vector<uint8_t> random_weights(tensor_type t, int64_t n, std::mt1993
         put<uint16_t>(out, float_to_half(val(rng)));
         for (int j = 0; j < 16; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
         break;
+      case tensor_type::q5_0:  // a scale, then random high bits and nibbles
+      case tensor_type::iq4_nl:
+        put<uint16_t>(out, float_to_half(scale(rng) / (t == tensor_type::iq4_nl ? 8 : 1)));
+        for (size_t j = 2; j < tr.block_bytes; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
+        break;
     }
   }
   return out;

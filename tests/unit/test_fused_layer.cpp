@@ -154,7 +154,7 @@ class FusedLayerTiny : public ::testing::Test {
 // and FFN width are whole blocks (the quantized types' condition).
 TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                        tensor_type::q8_0}) {
+                        tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
     testing::tiny_llama_options opts;
     opts.n_embd = 128;

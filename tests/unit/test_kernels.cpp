@@ -26,8 +26,11 @@ namespace {
 
 namespace ref = kernel_ref;
 
-constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::q4_0,
-                                   tensor_type::q4_1, tensor_type::q8_0};
+// Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the kernel
+// named by the uploaded matrix's type, against their own dequantization.
+constexpr tensor_type k_types[] = {tensor_type::f32,   tensor_type::f16,  tensor_type::q4_0,
+                                   tensor_type::q4_1,  tensor_type::q8_0, tensor_type::q5_0,
+                                   tensor_type::iq4_nl};
 
 using kernel_test::shared_context;
 
@@ -130,7 +133,7 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
       ASSERT_EQ(dm.rows, N);
       ASSERT_EQ(dm.cols, K);
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_" + suffix(type) + kernel_suffix(ls));
+        auto k = c.make_kernel("matmul_" + suffix(dm.type) + kernel_suffix(ls));
         for (const int T : {1, 3, 4, 7, 33}) {
           for (const int acc : {0, 1}) {
             SCOPED_TRACE(trace_of(ls, T) + " accumulate=" + std::to_string(acc));
@@ -188,7 +191,7 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
       ASSERT_EQ(dm.cols, K);
       checker chk;
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_glu_" + suffix(type) + kernel_suffix(ls));
+        auto k = c.make_kernel("matmul_glu_" + suffix(dm.type) + kernel_suffix(ls));
         for (const int T : {1, 3, 4, 7, 33}) {
           SCOPED_TRACE(trace_of(ls, T));
           const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
@@ -240,7 +243,7 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
     const tensor_view v = view_of(type, K, N, bytes.data());
     const auto dm = upload_matrix(c, {&v});
     const auto out = c.alloc(static_cast<size_t>(T) * K * sizeof(float));
-    auto k = c.make_kernel("embed_" + suffix(type));
+    auto k = c.make_kernel("embed_" + suffix(dm.type));
     k.args(dm.q, dm.d, dm.m, tb, db, out, K);
     c.launch(k, {static_cast<size_t>(K / 32), static_cast<size_t>(T)});
     const auto got = download<float>(c, out, static_cast<size_t>(T) * K);
@@ -405,7 +408,7 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       const auto bias = random_floats(static_cast<size_t>(width), -1.0f, 1.0f, rng);
       const auto biasb = upload(c, bias);
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_qkv_" + suffix(type) + kernel_suffix(ls));
+        auto k = c.make_kernel("matmul_qkv_" + suffix(dm.type) + kernel_suffix(ls));
         for (const auto& sp : splits) {
           const auto b = ref::make_batch(sp.first_pos, sp.n_rows, page_size, n_pages, rng);
           const int T = b.rows();

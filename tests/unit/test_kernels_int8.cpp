@@ -24,7 +24,10 @@ namespace {
 
 namespace ref = kernel_ref;
 
-constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0};
+// Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the
+// reference below reads their own blocks, so the widening is checked too.
+constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
+                                         tensor_type::q5_0, tensor_type::iq4_nl};
 
 using kernel_test::shared_context;
 
@@ -154,6 +157,14 @@ ublock unpack(tensor_type t, const std::vector<uint8_t>& bytes, int K, int r, in
   };
   ublock u{};
   u.d = half_at(0);
+  if (widens_to_q8_0(t)) {  // llama.cpp: Q8_0 activations, d * dx * sum(q * qx)
+    uint16_t h = 0;
+    int8_t q[32];
+    widen_block_to_q8_0(t, &bytes[row_bytes(t, K) * r], b, h, q);
+    for (int i = 0; i < 32; ++i) u.u[i] = q[i] + 128;
+    u.mq = -128 * u.d;
+    return u;
+  }
   if (t == tensor_type::q8_0) {
     for (int i = 0; i < 32; ++i) u.u[i] = static_cast<int8_t>(bytes[at + 2 + i]) + 128;
     u.mq = -128 * u.d;
@@ -238,7 +249,7 @@ TEST_P(KernelInt8, MatmulEveryQuantTypeTileAndShapeMatchesIntegerDot) {
       const tensor_view v{"w", type, {K, N}, bytes.data(), bytes.size()};
       const auto dm = upload_matrix(c, {&v});
       for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_xq_" + suffix(type) + kernel_suffix(ls));
+        auto k = c.make_kernel("matmul_xq_" + suffix(dm.type) + kernel_suffix(ls));
         for (const int T : {1, 4, 7}) {
           for (const int acc : {0, 1}) {
             SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
@@ -283,7 +294,7 @@ TEST_P(KernelInt8, MatmulGluGatesUpBySiluOfGate) {
     const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
     const auto dm = upload_matrix(c, {&v});
     for (const launch_shape ls : k_launches) {
-      auto k = c.make_kernel("matmul_glu_xq_" + suffix(type) + kernel_suffix(ls));
+      auto k = c.make_kernel("matmul_glu_xq_" + suffix(dm.type) + kernel_suffix(ls));
       const int T = 5;
       const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
       const auto in = quantize_on_device(c, x, T, K);
@@ -315,7 +326,7 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
     const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
     const auto dm = upload_matrix(c, {&v});
     for (const char* tile : {"_t1", "_t4", "_tiled"}) {
-      auto k = c.make_kernel(std::string("matmul_glu_xq_") + suffix(type) + tile);
+      auto k = c.make_kernel(std::string("matmul_glu_xq_") + suffix(dm.type) + tile);
       const int tt = std::string(tile) == "_t1" ? 1 : 4;
       const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
       const auto in = quantize_on_device(c, x, T, K);

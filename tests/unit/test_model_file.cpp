@@ -153,6 +153,43 @@ TEST(TensorType, DequantizeQ8_0TwoBlocks) {
   }
 }
 
+// Q5_0 (ggml's layout: the half scale, 32 fifth bits, 16 bytes of
+// nibbles) and IQ4_NL (the scale, 16 bytes of indices into its table),
+// written by hand: their values, and the same as Q8_0 blocks.
+TEST(TensorType, DequantizeQ5_0AndIq4NlAsQ8_0Blocks) {
+  std::vector<uint8_t> q5;
+  testing::put<uint16_t>(q5, uint16_t{0x4000});  // d = 2
+  // Value j: low nibble j % 16, fifth bit set for the odd values, so the
+  // quants are (j % 16) + 16 * (j odd) - 16.
+  testing::put<uint32_t>(q5, 0xAAAAAAAAu);
+  for (int j = 0; j < 16; ++j) q5.push_back(static_cast<uint8_t>(j | ((15 - j) << 4)));
+  ASSERT_EQ(q5.size(), traits_of(tensor_type::q5_0).block_bytes);
+  float out[32];
+  dequantize_row(tensor_type::q5_0, q5.data(), out, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], 2.0f * (j + 16 * (j & 1) - 16)) << j;
+    EXPECT_EQ(out[16 + j], 2.0f * ((15 - j) + 16 * (j & 1) - 16)) << j;
+  }
+  std::vector<uint8_t> nl;
+  testing::put<uint16_t>(nl, uint16_t{0xB800});  // d = -0.5
+  for (int j = 0; j < 16; ++j) nl.push_back(static_cast<uint8_t>(j | ((15 - j) << 4)));
+  dequantize_row(tensor_type::iq4_nl, nl.data(), out, 32);
+  const int table[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], -0.5f * table[j]);
+    EXPECT_EQ(out[16 + j], -0.5f * table[15 - j]);
+  }
+  uint16_t d = 0;
+  int8_t q[32];
+  widen_block_to_q8_0(tensor_type::iq4_nl, nl.data(), 0, d, q);
+  EXPECT_EQ(d, 0xB800);
+  EXPECT_EQ(q[0], -127);
+  EXPECT_EQ(q[31], -127);
+  EXPECT_TRUE(widens_to_q8_0(tensor_type::q5_0));
+  EXPECT_FALSE(widens_to_q8_0(tensor_type::q4_0));
+  EXPECT_THROW(widen_block_to_q8_0(tensor_type::q4_0, nl.data(), 0, d, q), std::invalid_argument);
+}
+
 TEST(TensorType, DequantizeF16AndF32) {
   const uint16_t h[4] = {0x3C00, 0xC000, 0x3555, 0x0000};
   float out[4];
@@ -173,7 +210,7 @@ using GgufReader = TempDir;
 
 TEST_F(GgufReader, TinyLlamaEveryType) {
   for (auto t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                 tensor_type::q8_0}) {
+                 tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
     tiny_llama_options o;
     o.matrix_type = t;
     o.embd_type = t;
