@@ -123,12 +123,17 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
     const int K = sh.K, N = sh.N;
     for (const tensor_type type : k_types) {
       SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
-      const auto bytes = ref::random_matrix(type, K, N, rng);
-      const auto w = ref::dequantize(type, bytes, K, N);
-      // N = 37 goes up as two stacked parts, fused the way Wq, Wk, Wv are.
+      // N = 37 goes up as two stacked parts, fused the way Wq, Wk, Wv are;
+      // a Q5_0 or IQ4_NL part with a Q8_0 one, as mixed files have them.
       const int n1 = N == 37 ? 12 : N;
+      const tensor_type type_b = widens_to_q8_0(type) ? tensor_type::q8_0 : type;
+      const auto bytes = ref::random_matrix(type, K, n1, rng);
+      const auto bytes_b = ref::random_matrix(type_b, K, N - n1, rng);
+      auto w = ref::dequantize(type, bytes, K, n1);
+      const auto w_b = ref::dequantize(type_b, bytes_b, K, N - n1);
+      w.insert(w.end(), w_b.begin(), w_b.end());
       const tensor_view a = view_of(type, K, n1, bytes.data());
-      const tensor_view b = view_of(type, K, N - n1, bytes.data() + row_bytes(type, K) * n1);
+      const tensor_view b = view_of(type_b, K, N - n1, bytes_b.data());
       const auto dm = n1 < N ? upload_matrix(c, {&a, &b}) : upload_matrix(c, {&a});
       ASSERT_EQ(dm.rows, N);
       ASSERT_EQ(dm.cols, K);

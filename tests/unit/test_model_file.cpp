@@ -179,6 +179,17 @@ TEST(TensorType, DequantizeQ5_0AndIq4NlAsQ8_0Blocks) {
     EXPECT_EQ(out[j], -0.5f * table[j]);
     EXPECT_EQ(out[16 + j], -0.5f * table[15 - j]);
   }
+  // An asymmetric fifth-bit mask: bit j and bit j + 16 differ, so values
+  // j and j + 16 must each take their own bit (ggml's layout).
+  q5.clear();
+  testing::put<uint16_t>(q5, uint16_t{0x3C00});  // d = 1
+  testing::put<uint32_t>(q5, 0x0000FFFFu);       // bits 0..15 set: values 0..15 only
+  for (int j = 0; j < 16; ++j) q5.push_back(0x00);
+  dequantize_row(tensor_type::q5_0, q5.data(), out, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(out[j], 0.0f) << j;         // 16 - 16
+    EXPECT_EQ(out[16 + j], -16.0f) << j;  // 0 - 16
+  }
   uint16_t d = 0;
   int8_t q[32];
   widen_block_to_q8_0(tensor_type::iq4_nl, nl.data(), 0, d, q);

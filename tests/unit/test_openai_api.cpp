@@ -105,6 +105,7 @@ TEST(OpenAiApi, BadValuesNameTheirParameter) {
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"5", 101}}}}), "400 logit_bias");
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"5", "1"}}}}), "400 logit_bias");
   EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {5, 1}}}), "400 logit_bias");
+  EXPECT_EQ(param({{"prompt", "x"}, {"logit_bias", {{"5", 1}, {"05", 2}}}}), "400 logit_bias");
   // Two constraints at once (one would silently win), a stream_options of
   // another type.
   EXPECT_EQ(param({{"prompt", "x"}, {"guided_regex", "a"}, {"guided_choice", {"b"}}}),

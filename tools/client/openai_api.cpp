@@ -319,6 +319,9 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
           std::fabs(value.get<double>()) > 100.0)
         return invalid_request(
             "logit_bias", "'logit_bias' values must be numbers in [-100, 100] (token " + key + ")");
+      if (bias.count(static_cast<int32_t>(id)))  // "5" and "05": which would win?
+        return invalid_request("logit_bias",
+                               "'logit_bias' names token " + std::to_string(id) + " twice");
       bias[static_cast<int32_t>(id)] = value.get<float>();
     }
   }

@@ -294,7 +294,13 @@ struct http_front::impl {
 
   void fail(call& k, const openai::api_error& e) {
     if (k.req) {
-      if (k.streaming) {
+      if (k.streaming && k.responses) {  // a typed event, as the Responses stream's others
+        write_response_event(k, "error",
+                             {{"code", e.code.empty() ? e.type : e.code},
+                              {"message", e.message},
+                              {"param", e.param.empty() ? json() : json(e.param)}});
+        evhttp_send_reply_end(k.req);
+      } else if (k.streaming) {
         write_event(k, text_of(openai::error_body(e)));
         evhttp_send_reply_end(k.req);
       } else {
