@@ -17,6 +17,16 @@
 
 namespace troupe {
 
+scheduler_limits limits_of(const engine_settings& es) {
+  scheduler_limits lim;
+  lim.max_batch_tokens = es.max_batch_tokens;
+  lim.max_seqs = es.max_seqs;
+  lim.chunk_size = es.chunk_size;
+  lim.page_size = es.page_size;
+  lim.offline_yields = es.colocate;
+  return lim;
+}
+
 engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
                             std::shared_ptr<const model_file> model) {
   const engine_settings& es = spec.engine;
@@ -28,11 +38,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   auto tok = tokenizer::create(model->vocab());
   engine_options eo = engine_options_from(es, {es.platform, es.device, spec.cores, spec.slice});
   instance_options io;
-  io.limits.max_batch_tokens = es.max_batch_tokens;
-  io.limits.max_seqs = es.max_seqs;
-  io.limits.chunk_size = es.chunk_size;
-  io.limits.page_size = es.page_size;
-  io.limits.offline_yields = es.colocate;
+  io.limits = limits_of(es);
   io.preemption = es.preemption == "swap" ? preempt_mode::swap : preempt_mode::recompute;
   io.eog_tokens = tok->end_of_generation_ids();
   {

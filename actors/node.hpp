@@ -31,6 +31,10 @@ struct engine_handles {
 engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
                             std::shared_ptr<const model_file> model = nullptr);
 
+// The scheduler limits an engine with these settings runs under (checked
+// by troupe serve at start, taken by spawn_engine).
+scheduler_limits limits_of(const engine_settings& es);
+
 // What this machine has (cores, memory, OpenCL devices).
 node_resources local_resources();
 

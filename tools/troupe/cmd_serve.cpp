@@ -64,12 +64,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // The one check across keys, at the edge (the engine repeats it only for
   // live changes).
   auto check_limits = [](const engine_settings& x, const std::string& where) {
-    scheduler_limits lim;
-    lim.max_batch_tokens = x.max_batch_tokens;
-    lim.max_seqs = x.max_seqs;
-    lim.chunk_size = x.chunk_size;
-    lim.page_size = x.page_size;
-    if (auto why = validate(lim); !why.empty())
+    if (auto why = validate(limits_of(x)); !why.empty())
       throw std::invalid_argument(where + "max_batch_tokens/max_seqs/chunk_size: " + why);
   };
   check_limits(e, "engine.");

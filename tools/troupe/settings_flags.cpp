@@ -164,9 +164,7 @@ void settings_flags::load_file(const std::string& path, settings& s) {
         nodes_ = parse_node_entries(path, value);
         continue;
       }
-      const setting_key* k = nullptr;
-      for (const auto& x : setting_keys())
-        if (x.name() == name) k = &x;
+      const setting_key* k = find_setting(name);  // "section.key": its exact key
       if (!k) throw std::invalid_argument("config " + path + ": unknown key " + name);
       if (k->alias())
         std::fprintf(stderr, "troupe: config %s: %s is deprecated; use %s\n", path.c_str(),
