@@ -31,10 +31,27 @@ bool quantized(tensor_type t) {
   return layout_of(t).quants != 0;
 }
 
-// The type a tensor has on the device: Q5_0 and IQ4_NL as Q8_0
-// (tensor_type.hpp says why that is exact).
+// The type a tensor has on the device, each exactly its file's values
+// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1.  Q6_K
+// (a scale per 16 values) fits no block of 32 with one scale, so it is
+// held as F32: d * scale * q is exact in float.  That costs 4.9x its
+// file's bytes; an integer kernel for it is still to come.
 tensor_type on_device(tensor_type t) {
-  return widens_to_q8_0(t) ? tensor_type::q8_0 : t;
+  if (widens_to_q8_0(t)) return tensor_type::q8_0;
+  if (t == tensor_type::q4_k) return tensor_type::q4_1;
+  if (t == tensor_type::q6_k) return tensor_type::f32;
+  return t;
+}
+
+// Tensors' values as F32, one after another.
+std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
+  std::vector<float> v;
+  for (const auto* t : parts) {
+    const size_t at = v.size();
+    v.resize(at + static_cast<size_t>(t->row_len() * t->rows()));
+    dequantize_row(t->type, t->data, v.data() + at, static_cast<int64_t>(v.size() - at));
+  }
+  return v;
 }
 
 }  // namespace
@@ -53,6 +70,13 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
                       " values; troupe needs a multiple of 32");
+  if (out.type == tensor_type::f32) {
+    const auto v = floats_of(parts);
+    out.q = ctx.alloc(v.size() * sizeof(float), v.data());
+    out.d = ctx.alloc(4);
+    out.m = ctx.alloc(4);
+    return out;
+  }
   if (!quantized(out.type)) {
     std::vector<uint8_t> raw;
     for (const auto* p : parts) raw.insert(raw.end(), p->data, p->data + p->bytes);
@@ -78,6 +102,15 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
       }
       continue;
     }
+    if (p->type == tensor_type::q4_k) {
+      const size_t nsb = p->bytes / traits_of(p->type).block_bytes;
+      for (size_t i = 0; i < nsb; ++i, blk += 8) {
+        uint8_t qs[8][16];
+        split_q4_k_to_q4_1(p->data, static_cast<int64_t>(i), &d[blk], &m[blk], qs);
+        std::memcpy(&q[blk * lay.quants], qs, sizeof(qs));
+      }
+      continue;
+    }
     const size_t nb = p->bytes / block_bytes;
     for (size_t i = 0; i < nb; ++i, ++blk) {
       const uint8_t* src = p->data + i * block_bytes;
@@ -93,21 +126,6 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   out.m = ctx.alloc(m.size() * sizeof(float), m.data());
   return out;
 }
-
-namespace {
-
-// Tensors' values as F32, one after another.
-std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
-  std::vector<float> v;
-  for (const auto* t : parts) {
-    const size_t at = v.size();
-    v.resize(at + static_cast<size_t>(t->row_len() * t->rows()));
-    dequantize_row(t->type, t->data, v.data() + at, static_cast<int64_t>(v.size() - at));
-  }
-  return v;
-}
-
-}  // namespace
 
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
   const auto v = floats_of({&t});

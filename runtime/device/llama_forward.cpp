@@ -24,8 +24,10 @@ int type_slot(tensor_type t) {
       return 3;
     case tensor_type::q8_0:
       return 4;
-    case tensor_type::q5_0:  // held as Q8_0 on the device (device_weights)
+    case tensor_type::q5_0:  // held as Q8_0, Q4_1 or F32 on the device (device_weights)
     case tensor_type::iq4_nl:
+    case tensor_type::q4_k:
+    case tensor_type::q6_k:
       break;
   }
   throw std::logic_error("unsupported tensor type");

@@ -267,7 +267,7 @@ void gguf_file::parse() {
       const auto name = gguf_type_name(type);
       fail(what + " has type " +
            (name == "unknown" ? "number " + std::to_string(type) : std::string(name)) +
-           ", which troupe does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL)");
+           ", which troupe does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q6_K)");
     }
     p.view.type = static_cast<tensor_type>(type);
     if (p.view.shape[0] % static_cast<int64_t>(tr->block_elems) != 0)

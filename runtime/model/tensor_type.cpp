@@ -34,6 +34,19 @@ struct block_iq4_nl {
   uint16_t d;
   uint8_t qs[16];  // indices into k_iq4nl_values, nibbles as Q4_0's
 };
+// K-quants: 256 values per super-block (ggml's QK_K).
+struct block_q4_k {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // eight 6-bit scales and eight 6-bit mins, packed
+  uint8_t qs[128];     // per 64 values: low nibbles the first 32, high the next
+};
+struct block_q6_k {
+  uint8_t ql[128];    // low four bits
+  uint8_t qh[64];     // high two bits
+  int8_t scales[16];  // one per 16 values
+  uint16_t d;
+};
 // IQ4_NL's non-linear quant values (ggml's kvalues_iq4nl).
 constexpr int8_t k_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                        1,    13,   25,  38,  53,  69,  89,  113};
@@ -42,6 +55,20 @@ static_assert(sizeof(block_q4_1) == 20);
 static_assert(sizeof(block_q8_0) == 34);
 static_assert(sizeof(block_q5_0) == 22);
 static_assert(sizeof(block_iq4_nl) == 18);
+static_assert(sizeof(block_q4_k) == 144);
+static_assert(sizeof(block_q6_k) == 210);
+
+// Sub-block j's 6-bit scale and min of a Q4_K block (ggml's
+// get_scale_min_k4).
+void q4_k_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
 
 constexpr type_traits k_f32{"F32", 1, 4};
 constexpr type_traits k_f16{"F16", 1, 2};
@@ -50,6 +77,8 @@ constexpr type_traits k_q4_1{"Q4_1", 32, sizeof(block_q4_1)};
 constexpr type_traits k_q8_0{"Q8_0", 32, sizeof(block_q8_0)};
 constexpr type_traits k_q5_0{"Q5_0", 32, sizeof(block_q5_0)};
 constexpr type_traits k_iq4_nl{"IQ4_NL", 32, sizeof(block_iq4_nl)};
+constexpr type_traits k_q4_k{"Q4_K", 256, sizeof(block_q4_k)};
+constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
 
 // ggml's type numbering; empty names are numbers ggml retired.
 constexpr std::array<std::string_view, 40> k_gguf_names = {
@@ -87,6 +116,10 @@ std::optional<type_traits> traits_of(uint32_t gguf_type) {
       return k_q5_0;
     case static_cast<uint32_t>(tensor_type::iq4_nl):
       return k_iq4_nl;
+    case static_cast<uint32_t>(tensor_type::q4_k):
+      return k_q4_k;
+    case static_cast<uint32_t>(tensor_type::q6_k):
+      return k_q6_k;
     default:
       return std::nullopt;
   }
@@ -108,6 +141,10 @@ const type_traits& traits_of(tensor_type t) {
       return k_q5_0;
     case tensor_type::iq4_nl:
       return k_iq4_nl;
+    case tensor_type::q4_k:
+      return k_q4_k;
+    case tensor_type::q6_k:
+      return k_q6_k;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -223,8 +260,67 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
         for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(q[j]) * scale;
       }
       return;
+    case tensor_type::q4_k:
+      for (int64_t b = 0; b < n / 256; ++b) {
+        float d[8], m[8];
+        uint8_t qs[8][16];
+        split_q4_k_to_q4_1(src, b, d, m, qs);
+        for (int j = 0; j < 8; ++j) {
+          float* y = dst + b * 256 + j * 32;
+          for (int i = 0; i < 16; ++i) {
+            y[i] = d[j] * static_cast<float>(qs[j][i] & 0x0F) + m[j];
+            y[i + 16] = d[j] * static_cast<float>(qs[j][i] >> 4) + m[j];
+          }
+        }
+      }
+      return;
+    case tensor_type::q6_k:
+      // ggml's dequantize_row_q6_K: four 32-value runs per 128, sharing
+      // the bytes of ql and qh; (d * scale) * q is exact in float.
+      for (int64_t b = 0; b < n / 256; ++b) {
+        block_q6_k blk;
+        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+        const float d = half_to_float(blk.d);
+        for (int half = 0; half < 2; ++half) {
+          const uint8_t* ql = blk.ql + half * 64;
+          const uint8_t* qh = blk.qh + half * 32;
+          const int8_t* sc = blk.scales + half * 8;
+          float* y = dst + b * 256 + half * 128;
+          for (int l = 0; l < 32; ++l) {
+            const int is = l / 16;
+            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+            y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+            y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+            y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+          }
+        }
+      }
+      return;
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");
+}
+
+void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]) {
+  block_q4_k blk;
+  std::memcpy(&blk, static_cast<const uint8_t*>(row) + sb * sizeof(blk), sizeof(blk));
+  const float dd = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
+  for (int j = 0; j < 8; ++j) {
+    int sc = 0, mn = 0;
+    q4_k_scale_min(j, blk.scales, sc, mn);
+    d[j] = dd * static_cast<float>(sc);
+    m[j] = -(dmin * static_cast<float>(mn));
+    // Sub-block j sits in the low (even j) or high (odd j) nibbles of the
+    // 32 bytes of its pair.
+    const uint8_t* q = blk.qs + (j / 2) * 32;
+    const int shift = (j % 2) * 4;
+    for (int i = 0; i < 16; ++i)
+      qs[j][i] =
+          static_cast<uint8_t>(((q[i] >> shift) & 0x0F) | (((q[i + 16] >> shift) & 0x0F) << 4));
+  }
 }
 
 bool widens_to_q8_0(tensor_type t) {

@@ -15,6 +15,8 @@ enum class tensor_type : uint32_t {
   q4_1 = 3,
   q5_0 = 6,
   q8_0 = 8,
+  q4_k = 12,
+  q6_k = 14,
   iq4_nl = 20,
 };
 
@@ -49,5 +51,13 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n);
 bool widens_to_q8_0(tensor_type t);
 // Block `b` of such a row: its half scale's bits and its 32 quants.
 void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d, int8_t q[32]);
+
+// A Q4_K super-block (256 values) is eight Q4_1 blocks: sub-block j's
+// values are d*sc_j*q - dmin*m_j with 6-bit sc_j and m_j, so as Q4_1 its
+// scale is d*sc_j and its min -dmin*m_j, both exact in float (an 11-bit
+// half times a 6-bit integer).  Super-block `sb` of a row as eight such
+// blocks: scales, mins and quants in Q4_1's nibble order (low nibbles
+// values 0..15, high 16..31).
+void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]);
 
 }  // namespace troupe

@@ -202,6 +202,16 @@ inline std::vector<uint8_t> random_weights(tensor_type t, int64_t n, std::mt1993
         put<uint16_t>(out, float_to_half(scale(rng) / (t == tensor_type::iq4_nl ? 8 : 1)));
         for (size_t j = 2; j < tr.block_bytes; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
         break;
+      case tensor_type::q4_k:  // d and dmin over 6-bit scales and mins, then random bytes
+        put<uint16_t>(out, float_to_half(scale(rng) / 32));
+        put<uint16_t>(out, float_to_half(scale(rng) / 32));
+        for (size_t j = 4; j < tr.block_bytes; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
+        break;
+      case tensor_type::q6_k:  // random quants, scales of either sign, then d
+        for (size_t j = 0; j < 192; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
+        for (int j = 0; j < 16; ++j) out.push_back(static_cast<uint8_t>(byte(rng) - 128));
+        put<uint16_t>(out, float_to_half(scale(rng) / 128));
+        break;
     }
   }
   return out;

@@ -46,6 +46,19 @@ inline std::vector<uint8_t> random_matrix(tensor_type t, int K, int N, std::mt19
     }
   } else if (t == tensor_type::f16) {
     for (size_t i = 0; i < n; ++i) put_half(2 * i, val(rng));
+  } else if (t == tensor_type::q4_k || t == tensor_type::q6_k) {
+    // Random bytes, then sane halves where the scales sit: Q4_K's d and
+    // dmin lead its super-block, Q6_K's d ends it.
+    for (auto& b : out) b = static_cast<uint8_t>(byte(rng));
+    const size_t block = traits_of(t).block_bytes;
+    for (size_t at = 0; at < out.size(); at += block) {
+      if (t == tensor_type::q4_k) {
+        put_half(at, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / 16);
+        put_half(at + 2, scale(rng) / 16);
+      } else {
+        put_half(at + block - 2, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / 64);
+      }
+    }
   } else {
     const size_t block = traits_of(t).block_bytes;
     const size_t header = t == tensor_type::q4_1 ? 4 : 2;

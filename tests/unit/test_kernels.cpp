@@ -26,11 +26,17 @@ namespace {
 
 namespace ref = kernel_ref;
 
-// Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the kernel
-// named by the uploaded matrix's type, against their own dequantization.
-constexpr tensor_type k_types[] = {tensor_type::f32,   tensor_type::f16,  tensor_type::q4_0,
-                                   tensor_type::q4_1,  tensor_type::q8_0, tensor_type::q5_0,
-                                   tensor_type::iq4_nl};
+// Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, Q6_K as F32
+// (device_weights): the kernel named by the uploaded matrix's type,
+// against their own dequantization.  K-types only where rows are whole
+// super-blocks of 256.
+constexpr tensor_type k_types[] = {tensor_type::f32,    tensor_type::f16,  tensor_type::q4_0,
+                                   tensor_type::q4_1,   tensor_type::q8_0, tensor_type::q5_0,
+                                   tensor_type::iq4_nl, tensor_type::q4_k, tensor_type::q6_k};
+
+bool holds_rows_of(tensor_type t, int K) {
+  return K % static_cast<int>(traits_of(t).block_elems) == 0;
+}
 
 using kernel_test::shared_context;
 
@@ -122,6 +128,7 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
   for (const shape sh : {shape{32, 5}, shape{96, 37}, shape{256, 50}, shape{1024, 19}}) {
     const int K = sh.K, N = sh.N;
     for (const tensor_type type : k_types) {
+      if (!holds_rows_of(type, K)) continue;
       SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
       // N = 37 goes up as two stacked parts, fused the way Wq, Wk, Wv are;
       // a Q5_0 or IQ4_NL part with a Q8_0 one, as mixed files have them.
@@ -186,6 +193,7 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
   for (const shape sh : {shape{32, 5}, shape{96, 37}, shape{256, 50}, shape{1024, 19}}) {
     const int K = sh.K, F = sh.F;
     for (const tensor_type type : k_types) {
+      if (!holds_rows_of(type, K)) continue;
       SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " F=" + std::to_string(F));
       const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
       const auto w = ref::dequantize(type, bytes, K, 2 * F);
@@ -242,6 +250,7 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   const auto tb = upload(c, tokens);
   const auto db = upload(c, drawn);
   for (const tensor_type type : k_types) {
+    if (!holds_rows_of(type, K)) continue;
     SCOPED_TRACE("type " + suffix(type));
     const auto bytes = ref::random_matrix(type, K, N, rng);
     const auto w = ref::dequantize(type, bytes, K, N);
@@ -393,6 +402,7 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
     const int heads = n_head + 2 * n_kv, width = heads * hd, K = hd == 64 ? 64 : 96;
     const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
     for (const tensor_type type : k_types) {
+      if (!holds_rows_of(type, K)) continue;
       SCOPED_TRACE("type " + suffix(type) + " hd " + std::to_string(hd) + " n_head " +
                    std::to_string(n_head) + " n_kv " + std::to_string(n_kv) + " rope_dims " +
                    std::to_string(rope_dims) + (cf.neox ? " neox" : " normal") +

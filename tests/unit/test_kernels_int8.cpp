@@ -26,8 +26,9 @@ namespace ref = kernel_ref;
 
 // Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the
 // reference below reads their own blocks, so the widening is checked too.
-constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
-                                         tensor_type::q5_0, tensor_type::iq4_nl};
+// Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it.
+constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1,   tensor_type::q8_0,
+                                         tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_k};
 
 using kernel_test::shared_context;
 
@@ -149,13 +150,26 @@ struct ublock {
 };
 
 ublock unpack(tensor_type t, const std::vector<uint8_t>& bytes, int K, int r, int b) {
-  const size_t at = row_bytes(t, K) * r + traits_of(t).block_bytes * b;
+  const size_t at =
+      row_bytes(t, K) * r + (t == tensor_type::q4_k ? 0 : traits_of(t).block_bytes * b);
   auto half_at = [&](size_t o) {
     uint16_t h;
     std::memcpy(&h, &bytes[at + o], 2);
     return static_cast<double>(half_to_float(h));
   };
   ublock u{};
+  if (t == tensor_type::q4_k) {  // sub-block b % 8 of super-block b / 8, as Q4_1
+    float d[8], m[8];
+    uint8_t qs[8][16];
+    split_q4_k_to_q4_1(&bytes[row_bytes(t, K) * r], b / 8, d, m, qs);
+    for (int i = 0; i < 16; ++i) {
+      u.u[i] = qs[b % 8][i] & 0xF;
+      u.u[16 + i] = qs[b % 8][i] >> 4;
+    }
+    u.d = d[b % 8];
+    u.ms = m[b % 8];
+    return u;
+  }
   u.d = half_at(0);
   if (widens_to_q8_0(t)) {  // llama.cpp: Q8_0 activations, d * dx * sum(q * qx)
     uint16_t h = 0;
@@ -244,6 +258,7 @@ TEST_P(KernelInt8, MatmulEveryQuantTypeTileAndShapeMatchesIntegerDot) {
   for (const auto& [K, N] :
        {std::pair{32, 5}, std::pair{96, 7}, std::pair{256, 37}, std::pair{1024, 19}}) {
     for (const tensor_type type : k_quant_types) {
+      if (K % static_cast<int>(traits_of(type).block_elems) != 0) continue;
       SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
       const auto bytes = ref::random_matrix(type, K, N, rng);
       const tensor_view v{"w", type, {K, N}, bytes.data(), bytes.size()};
@@ -321,6 +336,7 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
   std::mt19937 rng(2026);
   const int K = 128, F = 96, T = 5;
   for (const tensor_type type : k_quant_types) {
+    if (type == tensor_type::q4_k) continue;  // rows of 128: no whole super-block
     SCOPED_TRACE("type " + suffix(type));
     const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
     const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};

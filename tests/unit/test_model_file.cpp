@@ -75,7 +75,9 @@ TEST(TensorType, TraitsAndNames) {
   EXPECT_EQ(traits_of(tensor_type::f16).block_bytes, 2u);
   ASSERT_TRUE(traits_of(3u).has_value());
   EXPECT_EQ(traits_of(3u)->name, "Q4_1");
-  EXPECT_FALSE(traits_of(12u).has_value());
+  EXPECT_FALSE(traits_of(13u).has_value());  // Q5_K
+  EXPECT_EQ(traits_of(12u)->block_elems, 256u);
+  EXPECT_EQ(traits_of(tensor_type::q6_k).block_bytes, 210u);
   EXPECT_EQ(gguf_type_name(12), "Q4_K");
   EXPECT_EQ(gguf_type_name(14), "Q6_K");
   EXPECT_EQ(gguf_type_name(30), "BF16");
@@ -199,6 +201,74 @@ TEST(TensorType, DequantizeQ5_0AndIq4NlAsQ8_0Blocks) {
   EXPECT_TRUE(widens_to_q8_0(tensor_type::q5_0));
   EXPECT_FALSE(widens_to_q8_0(tensor_type::q4_0));
   EXPECT_THROW(widen_block_to_q8_0(tensor_type::q4_0, nl.data(), 0, d, q), std::invalid_argument);
+}
+
+// Q4_K and Q6_K: the first two super-blocks of two tensors of the Gemma 3
+// 270M Q4_K_M file (blk.0.attn_output, blk.0.ffn_down), against the values
+// gguf-py's dequantize (llama.cpp's October 2026 tree) gives them, exactly.
+std::vector<uint8_t> from_hex(const std::string& hex) {
+  std::vector<uint8_t> out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<uint8_t>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+TEST(TensorType, DequantizeKQuantsAsLlamaCppDoes) {
+  const auto q4k = from_hex(
+      "240b6416f2f1f0f0e6a8f5f47c5327ff84ea423b3509e4386a07a54f825056b36229fcc5363980dd"
+      "2f79e1b474181700bc63778b92785bdecb7679f72a9c05896d9a89b9787eb85937aed5e586e760cb"
+      "046872e4a9f07575688a6727355ca86a44e653854a626421062d4c6916685f643a5b58a590899994"
+      "6634630c59945695362881f636316063c9730ba889be45a5ad09cd14f5f2bceefbeefffe9c9f8d20"
+      "a56b13c0d569b7eb9a046596389a3a4a9705a48786cb2065729c5f427c62ff2885666277688c9d66"
+      "4817ca85bc23885c01c7b0f744a47f6df8b87b57b8b78a6cf4947e282759fbbaad9490238789027a"
+      "275769529c2f7766551087b5d86f785bad3b882c78ff8b80d506635a8479a67c49f54c28049c3928"
+      "87ca5c3b59d94c1b");
+  const auto q6k = from_hex(
+      "da277d901132d47259b9570599d2679ae7a3bb95474b76d10ab1b4d99f755174a382b5e0c4103309"
+      "42d44535e784e60fa6d231850201026c014498ae09ae0bc50d847656eda22085e900d34fff622b29"
+      "546bd9ffcb62f2c211c0004ef4d84d8e7306c135d2f61bf1450946b112731b3973b1f41919e43f56"
+      "991efc84da1fb917a578a35938235d9697566e4555ae1a65a9aa525ada19d8c642987a6198d5ad65"
+      "4adb39d94e166401e906755de4ae64da69a159d8d9afdad96a16889944d6e4663baab498995a65bd"
+      "5357706838805252f780b0a66e1ef9b9519082dd3b96016c35ec139db027e027b95c1e73436a9996"
+      "ee105cdc055d82514cb2bae1b90770f575fafeec4beef16cd67dd5cb014a30ec088a96a8d651c1b6"
+      "14f6d01abf8fc6deede072d033b4c38070e079e41115031967afec1f3962fa3a76e16ee6041daa0d"
+      "373802f0626283036b685a7d4e319b33b5e5e96dce85564994559961842669a85b26722a269672a5"
+      "a47744a22fe5a6959674e39199bd2dd26e63a805942905a2579fb672796ada16fa15d76624b15d8d"
+      "95a4b551af59a8a6b775bd80515d6ab85e5ce880");
+  ASSERT_EQ(q4k.size(), 2 * traits_of(tensor_type::q4_k).block_bytes);
+  ASSERT_EQ(q6k.size(), 2 * traits_of(tensor_type::q6_k).block_bytes);
+  const int at[] = {0, 1, 15, 16, 31, 32, 63, 64, 100, 127, 128, 200, 255, 256, 300, 511};
+  const float q4k_want[] = {-0x1.015p-6, 0x1.96e4p-5,   -0x1.b3d4p-6, -0x1.332cp-5,
+                            -0x1.e5bp-5, 0x1.791p-6,    -0x1.ff4p-5,  0x1.5ed8p-5,
+                            0x1.aa4p-7,  0x1.6bap-5,    -0x1.1288p-5, -0x1.8fbp-8,
+                            0x1.3f6ep-5, -0x1.7cf18p-6, -0x1.c9a9p-6, -0x1.9bf8p-5};
+  const float q6k_want[] = {0x1.558ep-8,  0x1.63c94p-6, 0x1.558ep-8,   -0x1.7565p-7,
+                            -0x1.f1dcp-7, -0x1.dca2p-7, -0x1.13f2p-6,  0x1.42fb4p-6,
+                            0x1.e73fp-6,  -0x1.0294p-8, -0x1.04444p-6, -0x1.7a38p-7,
+                            0x1.28b08p-6, -0x1.0fep-6,  0.0f,          -0x1.23dp-6};
+  std::vector<float> out(512);
+  double sum = 0, sum_abs = 0;
+  dequantize_row(tensor_type::q4_k, q4k.data(), out.data(), 512);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(out[at[i]], q4k_want[i]) << "Q4_K value " << at[i];
+  for (float v : out) sum += v, sum_abs += std::fabs(v);
+  EXPECT_NEAR(sum, 1.3030155897140503, 1e-6);
+  EXPECT_NEAR(sum_abs, 16.355730175971985, 1e-6);
+  sum = sum_abs = 0;
+  dequantize_row(tensor_type::q6_k, q6k.data(), out.data(), 512);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(out[at[i]], q6k_want[i]) << "Q6_K value " << at[i];
+  for (float v : out) sum += v, sum_abs += std::fabs(v);
+  EXPECT_NEAR(sum, 0.22768813371658325, 1e-6);
+  EXPECT_NEAR(sum_abs, 7.6227505803108215, 1e-6);
+  // Q4_K as eight Q4_1 blocks per super-block gives the same values.
+  float d[8], m[8];
+  uint8_t qs[8][16];
+  split_q4_k_to_q4_1(q4k.data(), 1, d, m, qs);
+  dequantize_row(tensor_type::q4_k, q4k.data(), out.data(), 512);
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 16; ++i) {
+      EXPECT_EQ(d[j] * static_cast<float>(qs[j][i] & 0x0F) + m[j], out[256 + j * 32 + i]);
+      EXPECT_EQ(d[j] * static_cast<float>(qs[j][i] >> 4) + m[j], out[256 + j * 32 + 16 + i]);
+    }
 }
 
 TEST(TensorType, DequantizeF16AndF32) {
