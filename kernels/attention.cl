@@ -118,7 +118,8 @@ SCORE_LEVEL(score_sum_1, score_sum_2, 1)
 // K was transposed), the same for any row grouping, so a row's result does
 // not depend on the batch it came in.
 INLINE void block_scores(float16* sc, const float qs[ATT_ROWS][HD_MAX], __global const kv_t* kc,
-                         __global const int* table, const int* last, int nr, int j0, int max_last,
+                         __global const int* table, const int* first, const int* last, int nr,
+                         int j0, int max_last,
                          int layer, int n_pages, int n_kv, int g, int page_size, int hd,
                          float post_scale) {
   key_block kb;
@@ -139,7 +140,8 @@ INLINE void block_scores(float16* sc, const float qs[ATT_ROWS][HD_MAX], __global
   float16 s[ATT_ROWS];
   score_sum_1(s, qs, kc, &kb, 0, nr, hd);
   const int16 key = (int16)(j0) + (int16)(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  FOR_ROWS(r) sc[r] = select(s[r] * post_scale, (float16)(-INFINITY), key > (int16)last[r]);
+  FOR_ROWS(r) sc[r] = select(s[r] * post_scale, (float16)(-INFINITY),
+                             key > (int16)last[r] || key < (int16)first[r]);
 }
 
 // acc[r] += p[r][k] * V[j0 + k] for the keys of a block that exist.
@@ -162,20 +164,24 @@ INLINE void block_values(float16 acc[ATT_ROWS][HD_MAX / 16], const float p[ATT_R
 }
 
 // Rows t0 .. t0+nr-1 (nr <= ATT_ROWS) of one sequence, head h: row t
-// attends to positions 0..pos[t] with an online softmax.
+// attends to positions 0..pos[t] with an online softmax; with a sliding
+// window (window > 0: Gemma's local layers), to pos[t] - window + 1 ..
+// pos[t] only (llama.cpp's standard SWA mask: key p0 hidden from query p1
+// where p1 - p0 >= window).  Blocks wholly before a row's window are
+// skipped for it, as blocks past its last position are.
 INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __global const kv_t* vc,
                         __global float* out, __global const int* pos, __global const int* table,
                         int t0, int nr, int h, int g, int n_head, int n_kv, int hd, int page_size,
                         int layer, int n_pages, float scale, __global char* oq, __global float* od,
-                        __global float2* os, int one_pass) {
+                        __global float2* os, int one_pass, int window) {
   const int hd16 = hd / 16;
   float qs[ATT_ROWS][HD_MAX];
   float16 acc[ATT_ROWS][HD_MAX / 16];
   float16 sc[ATT_ROWS];
   float p[ATT_ROWS][ATT_KEYS];
   float m[ATT_ROWS], l[ATT_ROWS];
-  int last[ATT_ROWS];
-  int max_last = 0;
+  int first[ATT_ROWS], last[ATT_ROWS];
+  int max_last = 0, min_first = INT_MAX;
 #ifdef TROUPE_KV_F16
   const int two_pass = !one_pass;
 #else
@@ -191,38 +197,41 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
     m[r] = -INFINITY;
     l[r] = 0.0f;
     last[r] = pos[t0 + r];
+    first[r] = window > 0 ? max(0, last[r] - window + 1) : 0;
     max_last = max(max_last, last[r]);
+    min_first = min(min_first, first[r]);
   }
+  const int j_begin = min_first / ATT_KEYS * ATT_KEYS;
   // With a half KV cache, follow llama.cpp's (non flash-attention) numerics:
   // q is rounded to half before q.k, the scale applied after, and the
   // normalized probabilities are rounded to half before p.v.  This needs
   // the softmax denominator first, hence two passes.  one_pass (flash
   // attention, as llama.cpp's -fa) takes one pass with an online softmax.
   if (two_pass) {
-    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
-                   hd, scale);
+    for (int j0 = j_begin; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
+                   page_size, hd, scale);
       FOR_ROWS(r) {
-        if (j0 > last[r]) continue;
+        if (j0 > last[r] || j0 + ATT_KEYS <= first[r]) continue;
         const float m_new = fmax(m[r], hmax16(sc[r]));
         l[r] = l[r] * exp(m[r] - m_new) + hsum16(exp(sc[r] - m_new));
         m[r] = m_new;
       }
     }
     FOR_ROWS(r) l[r] = 1.0f / l[r];
-    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
-                   hd, scale);
+    for (int j0 = j_begin; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
+                   page_size, hd, scale);
       FOR_ROWS(r) vstore16(round_to_half16(exp(sc[r] - m[r]) * l[r]), 0, p[r]);
       block_values(acc, p, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
     }
     FOR_ROWS(r) l[r] = 1.0f;
   } else {
-    for (int j0 = 0; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qs, kc, table, last, nr, j0, max_last, layer, n_pages, n_kv, g, page_size,
-                   hd, 1.0f);
+    for (int j0 = j_begin; j0 <= max_last; j0 += ATT_KEYS) {
+      block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
+                   page_size, hd, 1.0f);
       FOR_ROWS(r) {
-        if (j0 > last[r]) {
+        if (j0 > last[r] || j0 + ATT_KEYS <= first[r]) {
           vstore16((float16)0.0f, 0, p[r]);
           continue;
         }
@@ -258,18 +267,20 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
   __global const float *qkv, __global const kv_t *kc, __global const kv_t *vc,                 \
       __global float *out, __global const int *pos, __global const int *table, int t0, int nr, \
       int h, int g, int n_head, int n_kv, int hd, int page_size, int layer, int n_pages,       \
-      float scale, __global char *oq, __global float *od, __global float2 *os, int one_pass
+      float scale, __global char *oq, __global float *od, __global float2 *os, int one_pass,   \
+      int window
 #define ATTEND_ARGS                                                                               \
   qkv, kc, vc, out, pos, table, t0, nr, h, g, n_head, n_kv, hd, page_size, layer, n_pages, scale, \
-      q8, od, os, one_pass
+      q8, od, os, one_pass, window
 #define ATTEND_FOR(NAME, HD)                                                                    \
   __attribute__((noinline)) void NAME(ATTEND_PARAMS) {                                          \
     attend_rows(qkv, kc, vc, out, pos, table, t0, nr, h, g, n_head, n_kv, HD, page_size, layer, \
-                n_pages, scale, oq, od, os, one_pass);                                          \
+                n_pages, scale, oq, od, os, one_pass, window);                                  \
   }
 ATTEND_FOR(attend_hd48, 48)
 ATTEND_FOR(attend_hd64, 64)
 ATTEND_FOR(attend_hd128, 128)
+ATTEND_FOR(attend_hd256, 256)
 ATTEND_FOR(attend_any, hd)
 
 // Causal attention through page tables, for decode rows (one new token) and
@@ -284,7 +295,8 @@ ATTEND_FOR(attend_any, hd)
       __global float *out, __global const int *pos, __global const int *row_seq,         \
       __global const int *pt, __global const int *pt_off, int n_head, int n_kv, int hd,  \
       int page_size, int layer, int n_pages, float scale, int n_rows, int rows_per_item, \
-      __global char *oq, __global float *od, __global float2 *os, int quant_out, int one_pass
+      __global char *oq, __global float *od, __global float2 *os, int quant_out, int one_pass, \
+      int window
 
 // Work-item (h, gy): head h, rows gy * rows_per_item onwards.
 INLINE void attention_at(int h, int gy, ATTENTION_ARGS) {
@@ -303,6 +315,8 @@ INLINE void attention_at(int h, int gy, ATTENTION_ARGS) {
       attend_hd64(ATTEND_ARGS);
     else if (hd == 128)
       attend_hd128(ATTEND_ARGS);
+    else if (hd == 256)
+      attend_hd256(ATTEND_ARGS);
     else
       attend_any(ATTEND_ARGS);
     t0 += nr;
@@ -312,5 +326,5 @@ INLINE void attention_at(int h, int gy, ATTENTION_ARGS) {
 __kernel void attention(ATTENTION_ARGS) {
   attention_at(get_global_id(0), get_global_id(1), qkv, kc, vc, out, pos, row_seq, pt, pt_off,
                n_head, n_kv, hd, page_size, layer, n_pages, scale, n_rows, rows_per_item, oq, od,
-               os, quant_out, one_pass);
+               os, quant_out, one_pass, window);
 }

@@ -110,6 +110,18 @@ inline float round_to_half(float x) {
   return as_float(u & ~0x1FFFu);
 }
 
+// GELU (tanh form) as ggml's CPU backend computes it, through its half
+// table: x rounded to half, gelu in float, the result rounded to half
+// (ggml_vec_geglu_f32 with GGML_GELU_FP16); saturated outside +-10.
+inline float gelu_ggml(float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const float h = round_to_half(x);
+  return round_to_half(0.5f * h *
+                       (1.0f + tanh(0.79788456080286535587989211986876f * h *
+                                    (1.0f + 0.044715f * h * h))));
+}
+
 inline float16 round_to_half16(float16 v) {
   const float16 sub = rint(v * 16777216.0f) / 16777216.0f;  // half subnormals: 2^-24 steps
   uint16 u = as_uint16(v);

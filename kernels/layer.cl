@@ -131,7 +131,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
     PHASE(2, n_head*((T + att_rows - 1) / att_rows), 1,                                            \
           attention_at(i % n_head, i / n_head, qkv, kc, vc, att, pos, row_seq, pt, pt_off, n_head, \
                        n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q, qb_d, qb_s,  \
-                       X##_QUANT_OUT, one_pass))                                                   \
+                       X##_QUANT_OUT, one_pass, 0))                                                \
     PHASE(3, n_d* tg, 1,                                                                           \
           matmul_##WT##_##TS##_at(i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x, n_head * hd,  \
                                   D, T, D, 1, rpi))                                                \

@@ -222,6 +222,10 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     NAME##_at(get_global_id(0), get_global_id(1), MATMUL_NAMES(X));        \
   }
 
+// quant_out's bits: h also written quantized; GELU (Gemma) instead of SiLU.
+#define GLU_QUANT_OUT 1
+#define GLU_GELU 2
+
 // The gated FFN's rows of one work-item for its tile: gate row W0 + n, up
 // row W0 + F + n of the stacked matrix; tile entry j, where VALID(j), goes
 // to h's row OUT(j), and with quant_out also quantized for an integer down
@@ -232,9 +236,10 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
     X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)               \
         _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] = \
-            silu(X##_SUM(g, j)) * X##_SUM(u, j);                                                   \
+            (quant_out & GLU_GELU ? gelu_ggml(X##_SUM(g, j)) : silu(X##_SUM(g, j))) *              \
+            X##_SUM(u, j);                                                                         \
   }                                                                                                \
-  if (quant_out)                                                                                   \
+  if (quant_out & GLU_QUANT_OUT)                                                                   \
     _Pragma("unroll") for (int j = 0; j < TT;                                                      \
                            ++j) if (VALID(j)) for (int n = n0; n < min(n0 + rows_per_item, F);     \
                                                    n += QK) {                                      \

@@ -41,3 +41,23 @@ __kernel void rmsnorm_q8(__global const float* x, __global const float* w, __glo
                          int gather, int D, float eps) {
   rmsnorm_q8_row(get_global_id(0), x, w, xq, xd, xsum, rows, gather, D, eps);
 }
+
+// x[r] += rmsnorm(t[r]) * w: Gemma's post-attention and post-FFN norms,
+// applied to a sublayer's output before the residual add (ggml's order:
+// (t * scale) * w, then + x).  One work-item per row.
+__kernel void rmsnorm_add(__global float* x, __global const float* t, __global const float* w,
+                          int D, float eps) {
+  const int r = get_global_id(0);
+  __global const float* tr = t + (size_t)r * D;
+  __global float* xr = x + (size_t)r * D;
+  float ss = 0.0f;
+  for (int i = 0; i < D; ++i) ss = fma(tr[i], tr[i], ss);
+  const float scale = 1.0f / sqrt(ss / (float)D + eps);
+  for (int i = 0; i < D; ++i) xr[i] = tr[i] * scale * w[i] + xr[i];
+}
+
+// x *= s over n values (Gemma's embedding times sqrt(n_embd), as ggml_scale).
+__kernel void scale_values(__global float* x, float s, int n) {
+  const int i = get_global_id(0);
+  if (i < n) x[i] *= s;
+}

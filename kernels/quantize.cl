@@ -15,3 +15,61 @@ __kernel void quantize_q8(__global const float* x, int K, __global char* xq, __g
   quantize_block(vload16(0, x + blk * QK), vload16(1, x + blk * QK), xq + blk * QK, xd + blk,
                  xsum + blk);
 }
+
+// The same format from llama.cpp's Q8_K quantization, the activations its
+// K-quant dot products take (ggml's quantize_row_q8_K_ref): per 256
+// values one float scale from the value of largest magnitude (the first
+// such), iscale = -127 / max, quants min(127, round(iscale * x)), scale 1 /
+// iscale, not rounded to half.  Written as eight blocks of 32 sharing that
+// scale, each sum exact both ways (xsum.x too: K-quant dot products use
+// integer block sums), so Q4_K held as Q4_1 computes what llama.cpp's
+// Q4_K x Q8_K does.  One work-item per (256 values, row) of x [rows][K].
+__kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, __global float* xd,
+                            __global float2* xsum) {
+  const int b = get_global_id(0), r = get_global_id(1);
+  const int nb = K / 256;
+  if (b >= nb) return;
+  __global const float* xr = x + (size_t)r * K + (size_t)b * 256;
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 256; ++j) {
+    const float ax = fabs(xr[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = xr[j];
+    }
+  }
+  const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
+  const float d = amax > 0.0f ? 1.0f / iscale : 0.0f;
+  const size_t blk0 = ((size_t)r * K + (size_t)b * 256) / QK;
+  for (int sb = 0; sb < 256 / QK; ++sb) {
+    int sum = 0;
+    for (int j = 0; j < QK; ++j) {
+      const int v = min(127, convert_int_rte(iscale * xr[sb * QK + j]));
+      xq[(blk0 + sb) * QK + j] = (char)v;
+      sum += v;
+    }
+    xd[blk0 + sb] = d;
+    xsum[blk0 + sb] = (float2)(d * (float)sum, d * (float)sum);
+  }
+}
+
+// x's rows rounded in place to the values their Q8_K quantization holds
+// (d * q, as quantize_q8_k computes them): the float input of a Q6_K
+// matrix held as F32, so that its float products see what llama.cpp's
+// Q6_K x Q8_K dot products see.  One work-item per (256 values, row).
+__kernel void round_q8_k(__global float* x, int K) {
+  const int b = get_global_id(0), r = get_global_id(1);
+  if (b >= K / 256) return;
+  __global float* xr = x + (size_t)r * K + (size_t)b * 256;
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 256; ++j) {
+    const float ax = fabs(xr[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = xr[j];
+    }
+  }
+  const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
+  const float d = amax > 0.0f ? 1.0f / iscale : 0.0f;
+  for (int j = 0; j < 256; ++j) xr[j] = d * (float)min(127, convert_int_rte(iscale * xr[j]));
+}

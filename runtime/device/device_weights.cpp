@@ -61,8 +61,12 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   const tensor_view& first = *parts.front();
   out.type = on_device(first.type);
   out.cols = first.row_len();
+  auto k_quant = [](const tensor_view* p) {
+    return p->type == tensor_type::q4_k || p->type == tensor_type::q6_k;
+  };
+  out.q8_k_acts = k_quant(&first);
   for (const auto* p : parts) {
-    if (on_device(p->type) != out.type || p->row_len() != out.cols)
+    if (on_device(p->type) != out.type || p->row_len() != out.cols || k_quant(p) != out.q8_k_acts)
       throw model_error("tensor '" + p->name + "' does not match '" + first.name +
                         "' in type or row length, so they cannot be fused");
     out.rows += p->rows();
@@ -211,6 +215,14 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
     device_layer layer;
     layer.attn_norm = upload_vector(ctx, *t("attn_norm.weight"));
     layer.ffn_norm = upload_vector(ctx, *t("ffn_norm.weight"));
+    if (hp.qk_norm) {
+      layer.q_norm = upload_vector(ctx, *t("attn_q_norm.weight"));
+      layer.k_norm = upload_vector(ctx, *t("attn_k_norm.weight"));
+    }
+    if (hp.sandwich_norms) {
+      layer.post_attn_norm = upload_vector(ctx, *t("post_attention_norm.weight"));
+      layer.post_ffn_norm = upload_vector(ctx, *t("post_ffw_norm.weight"));
+    }
     layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
     if (model.find_tensor(p + "attn_q.bias")) {
       const auto b = floats_of({t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")});

@@ -19,6 +19,11 @@ struct device_matrix {
   cl::buffer q;      // raw values (f32/f16) or quants
   cl::buffer d;      // per-block scales as float (quantized types)
   cl::buffer m;      // per-block mins as float (q4_1)
+  // Held from a K-quant (Q4_K as Q4_1, Q6_K as F32): products take
+  // activations quantized as llama.cpp's Q8_K, which is what its K-quant
+  // dot products read: integer ones from quantize.cl's quantize_q8_k,
+  // float ones (F32) the values round_q8_k rounds them to.
+  bool q8_k_acts = false;
 };
 
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
@@ -66,7 +71,9 @@ struct device_shared_expert {
 
 struct device_layer {
   cl::buffer attn_norm, ffn_norm;
-  device_matrix qkv;      // [q | k | v] rows
+  cl::buffer q_norm, k_norm;                 // per-head QK-norm weights (Gemma 3); else null
+  cl::buffer post_attn_norm, post_ffn_norm;  // sandwich norms (Gemma 3); else null
+  device_matrix qkv;                         // [q | k | v] rows
   cl::buffer qkv_bias;    // [bq | bk | bv] as F32 (Qwen2); null where the file has none
   device_matrix wo;       // attention output
   device_matrix gate_up;  // [gate | up] rows (dense FFN)

@@ -110,6 +110,9 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
   k_argmax_ = ctx_.make_kernel("argmax_rows");
+  if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
+  if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
+  if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
   if (can_fuse_step()) {
     const auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
     if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
@@ -162,6 +165,13 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
 
 bool llama_forward::fused(const device_layer& L) const {
   if (!opts_.fuse_layers || !ctx_.cpu() || L.moe) return false;
+  // layer.cl runs the llama layer only (no QK-norm, sandwich norms, GELU
+  // or sliding window: Gemma 3 runs launch by launch).
+  const auto& h = hparams();
+  if (h.qk_norm || h.sandwich_norms || h.gelu_ffn || h.sliding_window > 0) return false;
+  // Nor Q8_K activations (K-quant weights).
+  for (const device_matrix* m : {&L.qkv, &L.wo, &L.gate_up, &L.down})
+    if (m->q8_k_acts) return false;
   const tensor_type t = L.qkv.type;
   for (const device_matrix* m : {&L.wo, &L.gate_up, &L.down})
     if (m->type != t) return false;
@@ -236,10 +246,32 @@ bool llama_forward::int8_for(const device_matrix& w) const {
                             w.type == tensor_type::q8_0);
 }
 
-void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out) {
+void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out,
+                             const device_matrix& w) {
+  if (w.q8_k_acts) {
+    if (!k_quant_k_.get()) k_quant_k_ = ctx_.make_kernel("quantize_q8_k");
+    k_quant_k_.args(x, K, out.q, out.d, out.s);
+    ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)});
+    return;
+  }
   k_quant_.args(x, K, out.q, out.d, out.s);
   ctx_.launch(k_quant_, {static_cast<size_t>(K / 32), static_cast<size_t>(rows)},
               {static_cast<size_t>(K / 32), 1});
+}
+
+void llama_forward::round_for(const device_matrix& w, const cl::buffer& x, int rows) {
+  if (!w.q8_k_acts || int8_for(w)) return;
+  if (!k_round_k_.get()) k_round_k_ = ctx_.make_kernel("round_q8_k");
+  const int K = static_cast<int>(w.cols);
+  k_round_k_.args(x, K);
+  ctx_.launch(k_round_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)});
+}
+
+const llama_forward::q8_scratch* llama_forward::normed_input(const device_matrix& w, int rows) {
+  round_for(w, xn_, rows);
+  if (!int8_for(w)) return nullptr;
+  if (w.q8_k_acts) quantize(xn_, static_cast<int>(w.cols), rows, qa_, w);
+  return &qa_;
 }
 
 void llama_forward::norm(const cl::buffer& weight, bool to_q8, int n, const cl::buffer* rows) {
@@ -370,9 +402,10 @@ void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl
   auto& k = family_kernel(mm_family::plain, w.type, rows, int8);
   const int K = static_cast<int>(w.cols), N = static_cast<int>(w.rows);
   if (int8 && !xq) {
-    quantize(x, K, rows, qb_);
+    quantize(x, K, rows, qb_, w);
     xq = &qb_;
   }
+  round_for(w, x, rows);
   const auto g = grid(N, rows);
   k.args_from(matmul_inputs(k, w, x, int8 ? xq : nullptr), y, K, N, rows, ldy, accumulate ? 1 : 0,
               g.rows_per_item);
@@ -473,6 +506,13 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
     rope_ = ctx_.alloc(f->rope.size() * sizeof(float) * 2);
     grew = true;
   }
+  if (hp.sliding_window > 0) {
+    f->rope_swa = rope_table(b.positions, hp.rope_dims, hp.rope_theta_swa);
+    if (rope_swa_.bytes() < f->rope_swa.size() * sizeof(float)) {
+      rope_swa_ = ctx_.alloc(f->rope_swa.size() * sizeof(float) * 2);
+      grew = true;
+    }
+  }
   ctx_.write(tokens_, f->tokens.data(), T * 4);
   ctx_.write(pos_, f->positions.data(), T * 4);
   ctx_.write(row_seq_, f->row_seq.data(), T * 4);
@@ -480,6 +520,8 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   ctx_.write(pt_off_, f->pt_off.data(), f->pt_off.size() * 4);
   ctx_.write(logit_rows_, f->logit_rows.data(), R * 4);
   ctx_.write(rope_, f->rope.data(), f->rope.size() * sizeof(float));
+  if (hp.sliding_window > 0)
+    ctx_.write(rope_swa_, f->rope_swa.data(), f->rope_swa.size() * sizeof(float));
 
   // Rows of a prefill chunk share K/V loads in groups; a decode-only batch
   // (one row per sequence) keeps one row per work-item for parallelism.
@@ -544,7 +586,9 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   else
     step_apart(T, R, att_rows);
   if (R == 0) return;
-  const bool logits_q8 = int8_for(weights_.classifier());
+  // The final norm wrote qa_ where the classifier takes per-32
+  // activations; else matmul quantizes xo_ as the classifier needs.
+  const bool logits_q8 = quantized_inline(weights_.classifier());
   matmul(weights_.classifier(), xo_, logits_, R, hparams().n_vocab, false,
          logits_q8 ? &qa_ : nullptr);
 }
@@ -554,13 +598,18 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
   const int D = hp.n_embd, hd = hp.head_dim;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale =
+      hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
   const int page_size = opts_.page_size;
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
 
   k_embed_.args(emb.q, emb.d, emb.m, tokens_, drawn_, x_, D);
   ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
+  if (k_scale_.get()) {
+    k_scale_.args(x_, hp.embd_scale, T * D);
+    ctx_.launch(k_scale_, {uT * static_cast<size_t>(D)});
+  }
 
   for (int l = 0; l < hp.n_layer; ++l) {
     const auto& L = weights_.layers[l];
@@ -568,22 +617,33 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
       layer_step(L, l, T, att_rows);
       continue;
     }
+    const bool swa = hp.is_swa(l);
+    const cl::buffer& rope = swa ? rope_swa_ : rope_;
     {
-      const bool xq = int8_for(L.qkv);
-      norm(L.attn_norm, xq, T);
-      auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq);
-      const auto gq = grid(qkv_w / 2, T);
-      k.args_from(matmul_inputs(k, L.qkv, xn_, xq ? &qa_ : nullptr), qkv_, D, T, pos_, row_seq_,
-                  pt_, pt_off_, k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims,
-                  rope_, neox, page_size, l, n_pages_, gq.rows_per_item,
-                  L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0);
-      launch_grid(k, gq, T);
+      norm(L.attn_norm, quantized_inline(L.qkv), T);
+      const q8_scratch* xq = normed_input(L.qkv, T);
+      if (hp.qk_norm) {
+        // Plain projection, then each head normed, rotated and stored.
+        matmul(L.qkv, xn_, qkv_, T, qkv_w, false, xq);
+        k_qk_norm_.args(qkv_, L.q_norm, L.k_norm, pos_, row_seq_, pt_, pt_off_, k_cache_, v_cache_,
+                        hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope, neox, page_size, l,
+                        n_pages_, hp.rms_eps);
+        ctx_.launch(k_qk_norm_, {static_cast<size_t>(hp.n_head + 2 * hp.n_head_kv), uT});
+      } else {
+        auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq != nullptr);
+        const auto gq = grid(qkv_w / 2, T);
+        k.args_from(matmul_inputs(k, L.qkv, xn_, xq), qkv_, D, T, pos_, row_seq_, pt_, pt_off_,
+                    k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope, neox,
+                    page_size, l, n_pages_, gq.rows_per_item,
+                    L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0);
+        launch_grid(k, gq, T);
+      }
     }
     // Attention writes its output quantized too where Wo takes it so.
-    const bool att_q8 = int8_for(L.wo) && hd % 32 == 0;
+    const bool att_q8 = quantized_inline(L.wo) && hd % 32 == 0;
     k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
                  hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
-                 att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0);
+                 att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0, swa ? hp.sliding_window : 0);
     // A work-group size independent of the row count (see
     // cl::context::launch), one work-item per group: that also spreads
     // one-token decode's heads over both cores (PoCL's choice put them all
@@ -592,17 +652,28 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
         k_attn_,
         {static_cast<size_t>(hp.n_head), static_cast<size_t>((T + att_rows - 1) / att_rows)},
         {1, 1});
-    matmul(L.wo, att_, x_, T, D, true, att_q8 ? &qb_ : nullptr);
+    // Sandwich norms: a sublayer's output goes to xn_ (free by then), is
+    // normed and added to x_; otherwise it is added to x_ directly.
+    const bool sandwich = hp.sandwich_norms;
+    matmul(L.wo, att_, sandwich ? xn_ : x_, T, D, !sandwich, att_q8 ? &qb_ : nullptr);
+    if (sandwich) norm_add(L.post_attn_norm, T);
     if (L.moe) {
       moe_ffn(L, l, T);
       continue;
     }
-    const bool xq = int8_for(L.gate_up);
-    norm(L.ffn_norm, xq, T);
-    glu_ffn(L.gate_up, L.down, hp.n_ff, T, xq, x_, true);
+    norm(L.ffn_norm, quantized_inline(L.gate_up), T);
+    const bool xq = normed_input(L.gate_up, T) != nullptr;
+    glu_ffn(L.gate_up, L.down, hp.n_ff, T, xq, sandwich ? xn_ : x_, !sandwich);
+    if (sandwich) norm_add(L.post_ffn_norm, T);
   }
 
-  if (R > 0) norm(weights_.output_norm, int8_for(weights_.classifier()), R, &logit_rows_);
+  if (R > 0) norm(weights_.output_norm, quantized_inline(weights_.classifier()), R, &logit_rows_);
+}
+
+void llama_forward::norm_add(const cl::buffer& weight, int T) {
+  const auto& hp = hparams();
+  k_norm_add_.args(x_, xn_, weight, hp.n_embd, hp.rms_eps);
+  ctx_.launch(k_norm_add_, {static_cast<size_t>(T)});
 }
 
 void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T,
@@ -611,10 +682,12 @@ void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& d
   auto& k = family_kernel(mm_family::glu, gate_up.type, T, xq);
   // The FFN writes h quantized too where down takes it so: each work-item
   // then holds whole blocks of 32.
-  const bool h_q8 = int8_for(down) && F % 32 == 0;
+  const bool h_q8 = quantized_inline(down) && F % 32 == 0;
   const auto gg = glu_grid(F, h_q8);
+  // kernels/matmul.cl's GLU_QUANT_OUT and GLU_GELU bits.
+  const int flags = (h_q8 ? 1 : 0) | (hparams().gelu_ffn ? 2 : 0);
   k.args_from(matmul_inputs(k, gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T, gg.rows_per_item,
-              qb_.q, qb_.d, qb_.s, h_q8 ? 1 : 0);
+              qb_.q, qb_.d, qb_.s, flags);
   launch_grid(k, gg, T);
   matmul(down, h_, y, T, D, accumulate, h_q8 ? &qb_ : nullptr);
 }
@@ -628,8 +701,9 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   // llama.cpp's files); integer expert products read them quantized too.
   norm(L.ffn_norm, false, T);
   matmul(M.router, xn_, moe_logits_, T, E, false);
-  const bool xq = int8_for(M.shards.front().gate_up);
-  if (xq) quantize(xn_, D, T, qa_);
+  const auto& gate_up0 = M.shards.front().gate_up;
+  const bool xq = int8_for(gate_up0);
+  if (xq) quantize(xn_, D, T, qa_, gate_up0);
   k_moe_route_.args(moe_logits_, T, E, K, M.rep_off, M.rep_slot, S, moe_sel_, moe_w_, moe_slot_off_,
                     moe_slot_rows_, expert_counts_, layer * E, hp.expert_weights_norm ? 1 : 0);
   ctx_.launch(k_moe_route_, {1});
@@ -639,7 +713,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const int share = std::max(1, (T * K + S - 1) / S);
   const int tile = tile_for(share);
   const int tiles = (T + tile - 1) / tile;
-  const bool h_q8 = int8_for(M.shards.front().down);
+  const bool h_q8 = quantized_inline(M.shards.front().down);
   // Each expert device runs its slots' products on its own queue, after the
   // routing; the combination waits for all of them.
   const bool spread = ctx_.shards() > 0;
@@ -671,7 +745,8 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const auto* sh = L.shared.get();
   if (sh) {
     const bool sxq = int8_for(sh->gate_up);
-    if (sxq && !xq) quantize(xn_, D, T, qa_);
+    if (sxq && (!xq || sh->gate_up.q8_k_acts != gate_up0.q8_k_acts))
+      quantize(xn_, D, T, qa_, sh->gate_up);
     glu_ffn(sh->gate_up, sh->down, hp.n_ff_shared, T, sxq, shared_y_, false);
     matmul(sh->gate, xn_, shared_g_, T, 1, false);
   }

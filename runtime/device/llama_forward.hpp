@@ -159,6 +159,8 @@ class llama_forward {
   // final norm of the R logit rows, to xo_ or quantized to qa_), one per
   // operation or per fused layer; whole_step() is the same in one launch.
   void step_apart(int T, int R, int att_rows);
+  // x_ += RMSNorm(xn_) * weight over T rows (Gemma 3's sandwich norms).
+  void norm_add(const cl::buffer& weight, int T);
   // Whether a step of `rows` rows is replayed from a recording.
   bool graph_mode(int rows) const;
   // Activations quantized to 8 bits (quantize.cl's format).
@@ -173,7 +175,19 @@ class llama_forward {
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows, bool xq);
   // Whether products with `w` take quantized activations (int8_dot).
   bool int8_for(const device_matrix& w) const;
-  void quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out);
+  // x's rows quantized for products with w: per 32 (llama.cpp's q8_1),
+  // or per 256 as Q8_K where w is held from a K-quant.
+  void quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out,
+                const device_matrix& w);
+  // Whether the kernel producing w's input (a norm, attention, the FFN)
+  // writes it quantized itself: integer products, per-32 activations.
+  bool quantized_inline(const device_matrix& w) const { return int8_for(w) && !w.q8_k_acts; }
+  // The normed rows in xn_ as w's quantized input in qa_ where w takes
+  // Q8_K activations (null otherwise: the norm wrote qa_ or w reads xn_).
+  // For a float w held from a K-quant (Q6_K), x rounded in place to its
+  // Q8_K values instead (x's only reader is w's product, everywhere).
+  const q8_scratch* normed_input(const device_matrix& w, int rows);
+  void round_for(const device_matrix& w, const cl::buffer& x, int rows);
   // RMSNorm of x_'s rows into xn_ (as float) or, for an integer matmul, into
   // qa_ (`rows`: the logit rows to gather, or null for all `n` rows).
   void norm(const cl::buffer& weight, bool to_q8, int n, const cl::buffer* rows = nullptr);
@@ -227,6 +241,7 @@ class llama_forward {
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
+  cl::buffer rope_swa_;  // windowed layers' RoPE table (their own base)
   // Device draws (kernels/draw.cl): the logit row of each, and the tokens
   // drawn (read by the next step's embedding); room for draw_capacity_.
   cl::kernel k_argmax_;
@@ -240,7 +255,7 @@ class llama_forward {
   // held until collect() (the writes and reads do not wait).
   struct flight {
     std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows;
-    std::vector<float> rope;
+    std::vector<float> rope, rope_swa;
     forward_result result;
     cl::event done;
   };
@@ -249,7 +264,10 @@ class llama_forward {
   // and the classifier), qb_ attention's and the FFN's (of Wo and down).
   q8_scratch qa_, qb_;
 
-  cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_attn_;
+  cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_quant_k_, k_round_k_, k_attn_;
+  // Gemma 3's extra operations (null for other models): the embedding
+  // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
+  cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
   cl::kernel k_mm_[2][5][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
   cl::kernel k_layer_[5][3];     // fused layers: [type][t1, t4, tiled]
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)

@@ -1,6 +1,7 @@
 #include "runtime/model/gguf_reader.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 #include <optional>
@@ -267,7 +268,8 @@ void gguf_file::parse() {
       const auto name = gguf_type_name(type);
       fail(what + " has type " +
            (name == "unknown" ? "number " + std::to_string(type) : std::string(name)) +
-           ", which troupe does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, Q4_K, Q6_K)");
+           ", which troupe does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, "
+           "Q4_K, Q6_K)");
     }
     p.view.type = static_cast<tensor_type>(type);
     if (p.view.shape[0] % static_cast<int64_t>(tr->block_elems) != 0)
@@ -370,8 +372,9 @@ void gguf_file::build_hparams() {
   const auto* arch = find_kv("general.architecture");
   if (!arch) fail("missing metadata key 'general.architecture'");
   h.arch = get_string("general.architecture", "");
-  if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe")
-    fail("architecture '" + h.arch + "' is not supported (troupe runs llama, qwen2 and qwen2moe)");
+  if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe" && h.arch != "gemma3")
+    fail("architecture '" + h.arch +
+         "' is not supported (troupe runs llama, qwen2, qwen2moe and gemma3)");
   const std::string a = h.arch + ".";
 
   // Reads a required positive count that must fit an int.
@@ -418,7 +421,9 @@ void gguf_file::build_hparams() {
   const std::string scaling = get_string(a + "rope.scaling.type", "none");
   if (scaling != "none")
     fail("RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
-  h.rope = (h.arch == "qwen2" || h.arch == "qwen2moe") ? rope_layout::neox : rope_layout::normal;
+  h.rope = (h.arch == "qwen2" || h.arch == "qwen2moe" || h.arch == "gemma3") ? rope_layout::neox
+                                                                             : rope_layout::normal;
+  if (h.arch == "gemma3") read_gemma3(h);
   if (find_kv(a + "expert_count") && get_int(a + "expert_count") > 0) {
     h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);
     h.n_expert_used = count(a + "expert_used_count", std::nullopt, h.n_expert);
@@ -435,6 +440,43 @@ void gguf_file::build_hparams() {
     h.expert_weights_norm = false;
   }
   h.tied_embeddings = find_tensor("output.weight") == nullptr;
+}
+
+void gguf_file::read_gemma3(model_hparams& h) {
+  // As llama.cpp's llama_model_gemma3 reads the file.
+  const std::string a = "gemma3.";
+  h.qk_norm = true;
+  h.sandwich_norms = true;
+  h.gelu_ffn = true;
+  h.embd_scale = std::sqrt(static_cast<float>(h.n_embd));
+  // Gemma's query scale: 1/sqrt(head_dim), except the 27B model (62 layers),
+  // which scales by 1/sqrt(n_embd / n_head).
+  h.attn_scale = h.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(h.n_embd / h.n_head))
+                                 : 1.0f / std::sqrt(static_cast<float>(h.head_dim));
+  if (const double cap = get_float(a + "final_logit_softcapping", 0.0); cap != 0.0)
+    fail("metadata key '" + a + "final_logit_softcapping' is " + std::to_string(cap) +
+         ": final logit softcapping is not supported yet");
+  if (const double cap = get_float(a + "attn_logit_softcapping", 0.0); cap != 0.0)
+    fail("metadata key '" + a + "attn_logit_softcapping' is " + std::to_string(cap) +
+         ": attention logit softcapping is not supported yet");
+  const int64_t window = get_int(a + "attention.sliding_window", 0);
+  if (window < 0 || window > (1 << 24))
+    fail("metadata key '" + a + "attention.sliding_window' is " + std::to_string(window));
+  if (window == 0) return;
+  h.sliding_window = static_cast<int>(window);
+  // Every sixth layer global, the others windowed (llama.cpp's
+  // set_swa_pattern(6)), unless the file gives the period.
+  const std::string pk = a + "attention.sliding_window_pattern";
+  if (const auto* kv = find_kv(pk); kv && kv->type == gguf_value_type::array)
+    fail("metadata key '" + pk + "' as a per-layer array is not supported yet");
+  const int64_t period = get_int(pk, 6);
+  if (period < 0 || period > 4096) fail("metadata key '" + pk + "' is " + std::to_string(period));
+  h.swa_layers.assign(static_cast<size_t>(h.n_layer), false);
+  for (int l = 0; l < h.n_layer; ++l)
+    h.swa_layers[static_cast<size_t>(l)] = period == 0 || (l % period < period - 1);
+  h.rope_theta_swa = static_cast<float>(get_float(a + "rope.freq_base_swa", 10000.0));
+  if (!(h.rope_theta_swa > 0.0f))
+    fail("metadata key '" + a + "rope.freq_base_swa' must be positive");
 }
 
 void gguf_file::build_vocab() {
@@ -522,6 +564,14 @@ void gguf_file::check_llama_tensors() {
       expect(b + "attn_v.bias", {kv_dim});
     }
     expect(b + "ffn_norm.weight", {h.n_embd});
+    if (h.qk_norm) {
+      expect(b + "attn_q_norm.weight", {h.head_dim});
+      expect(b + "attn_k_norm.weight", {h.head_dim});
+    }
+    if (h.sandwich_norms) {
+      expect(b + "post_attention_norm.weight", {h.n_embd});
+      expect(b + "post_ffw_norm.weight", {h.n_embd});
+    }
     if (h.n_expert > 0) {  // Mixtral layout: the experts stacked in a third dimension
       expect(b + "ffn_gate_inp.weight", {h.n_embd, h.n_expert});
       expect(b + "ffn_gate_exps.weight", {h.n_embd, h.n_ff, h.n_expert});

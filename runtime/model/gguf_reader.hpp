@@ -64,6 +64,7 @@ class gguf_file : public model_file {
   gguf_file() = default;
   void parse();
   void build_hparams();
+  void read_gemma3(model_hparams& h);  // gemma3.* keys, from build_hparams
   void build_vocab();
   void check_llama_tensors();
 

@@ -57,6 +57,26 @@ struct model_hparams {
   // output scaled by sigmoid(ffn_gate_inp_shexp . x); 0 where there is none.
   // For such files n_ff above is the routed experts' width.
   int n_ff_shared = 0;
+  // Gemma 3 (llama.cpp's gemma3 graph).  qk_norm: each q and k head
+  // RMS-normed by attn_q_norm / attn_k_norm before RoPE.  sandwich_norms:
+  // the attention and FFN outputs RMS-normed (post_attention_norm,
+  // post_ffw_norm) before their residual adds.  gelu_ffn: the gate through
+  // GELU (tanh) instead of SiLU.
+  bool qk_norm = false;
+  bool sandwich_norms = false;
+  bool gelu_ffn = false;
+  float embd_scale = 1.0f;  // token embeddings times this (Gemma: sqrt(n_embd))
+  float attn_scale = 0.0f;  // q.k scale; 0: 1 / sqrt(head_dim)
+  // Sliding-window attention: windowed layers see the last
+  // `sliding_window` positions only, with their own RoPE base; 0: none.
+  int sliding_window = 0;
+  std::vector<bool> swa_layers;  // per layer: windowed (empty: none)
+  float rope_theta_swa = 10000.0f;
+
+  bool is_swa(int layer) const {
+    return sliding_window > 0 && layer >= 0 && static_cast<size_t>(layer) < swa_layers.size() &&
+           swa_layers[static_cast<size_t>(layer)];
+  }
 };
 
 // Token kinds, as GGUF numbers them (tokenizer.ggml.token_type).

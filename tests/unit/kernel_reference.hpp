@@ -218,11 +218,11 @@ inline void rope(double* v, int rope_dims, double theta_base, bool neox, int p) 
 // out[i] and slack[i] (zeroed here) hold hd values.
 template <class KeyFn, class ValFn>
 void attention(const float* q, int hd, int last, double scale, KeyFn k, ValFn v, bool llama_f16,
-               double* out, double* slack) {
+               double* out, double* slack, int first = 0) {
   std::vector<double> qd(hd), s(last + 1);
   for (int i = 0; i < hd; ++i) qd[i] = llama_f16 ? round_half(q[i]) : q[i];
   double m = -INFINITY;
-  for (int j = 0; j <= last; ++j) {
+  for (int j = first; j <= last; ++j) {
     const float* kj = k(j);
     double d = 0.0;
     for (int i = 0; i < hd; ++i) d += qd[i] * kj[i];
@@ -230,9 +230,9 @@ void attention(const float* q, int hd, int last, double scale, KeyFn k, ValFn v,
     m = std::max(m, s[j]);
   }
   double l = 0.0;
-  for (int j = 0; j <= last; ++j) l += std::exp(s[j] - m);
+  for (int j = first; j <= last; ++j) l += std::exp(s[j] - m);
   for (int i = 0; i < hd; ++i) out[i] = slack[i] = 0.0;
-  for (int j = 0; j <= last; ++j) {
+  for (int j = first; j <= last; ++j) {
     const double p = std::exp(s[j] - m) / l;
     double pr = p, flip = 0.0;
     if (llama_f16) {

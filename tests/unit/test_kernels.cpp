@@ -530,11 +530,13 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
 // work-item; 3 makes groups cross sequence boundaries.
 // one_pass: flash attention (one pass, online softmax) over the half cache,
 // against the exact reference only.
+// window > 0: a sliding window (Gemma 3's local layers), row t seeing
+// positions pos - window + 1 .. pos only.
 void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, bool one_pass = false,
-                     int page_size = 4) {
+                     int page_size = 4, int window = 0) {
   SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32") + ", " +
                std::to_string(rows_per_item) + " rows per item" + (one_pass ? ", one pass" : "") +
-               ", pages of " + std::to_string(page_size));
+               ", pages of " + std::to_string(page_size) + ", window " + std::to_string(window));
   std::mt19937 rng(kv_f16 ? 300 + hd : 200 + hd);
   auto k = c.make_kernel("attention");
   const int n_kv = 2, n_head = 3 * n_kv, n_layer = 2, layer = 1, n_pages = 40;
@@ -555,7 +557,7 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, boo
   const int quant_out = hd % 32 == 0 ? 1 : 0;
   const auto oq = c.alloc(n_out), od = c.alloc(n_out / 32 * 4), os = c.alloc(n_out / 16 * 4);
   k.args(qkvb, kcb, vcb, outb, posb, rsb, ptb, offb, n_head, n_kv, hd, page_size, layer, n_pages,
-         scale, T, rows_per_item, oq, od, os, quant_out, one_pass ? 1 : 0);
+         scale, T, rows_per_item, oq, od, os, quant_out, one_pass ? 1 : 0, window);
   c.launch(k, {static_cast<size_t>(n_head),
                static_cast<size_t>((T + rows_per_item - 1) / rows_per_item)});
   const auto out = download<float>(c, outb, n_out);
@@ -587,9 +589,11 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, boo
         return &vc.f[geo.v_offset(layer, pages[j / page_size], g, j % page_size, 0)];
       };
       const float* q = &qkv[static_cast<size_t>(t) * width + static_cast<size_t>(h) * hd];
-      ref::attention(q, hd, b.pos[t], scale, key, val, false, exact.data(), no_slack.data());
+      const int first = window > 0 ? std::max(0, b.pos[t] - window + 1) : 0;
+      ref::attention(q, hd, b.pos[t], scale, key, val, false, exact.data(), no_slack.data(), first);
       if (kv_f16 && !one_pass)
-        ref::attention(q, hd, b.pos[t], scale, key, val, true, emulated.data(), slack.data());
+        ref::attention(q, hd, b.pos[t], scale, key, val, true, emulated.data(), slack.data(),
+                       first);
       for (int i = 0; i < hd; ++i) {
         const float got = out[(static_cast<size_t>(t) * n_head + h) * hd + i];
         auto where = [&] {
@@ -623,6 +627,20 @@ TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16EmulatesLlamaCpp) {
     for (const int hd : {32, 48, 64, 128})
       for (const int rows : {1, 3, 4, 8})
         check_attention(ctx(true), true, hd, rows, false, page_size);
+}
+
+// Windows shorter than a block of 16 keys, a block's width, and longer;
+// the batch's positions (up to 37 + 7) put whole blocks before a row's
+// window, which must be skipped without a NaN, and rows of one work-item
+// with different windows.  Head size 256 (Gemma 3) too.
+TEST_F(KernelAttention, SlidingWindowSeesOnlyTheLastPositions) {
+  for (const int window : {1, 5, 16, 20})
+    for (const int hd : {64, 256})
+      for (const int rows : {1, 4}) {
+        check_attention(ctx(false), false, hd, rows, false, 16, window);
+        check_attention(ctx(true), true, hd, rows, false, 4, window);
+        check_attention(ctx(true), true, hd, rows, true, 16, window);
+      }
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16OnePass) {

@@ -1,0 +1,52 @@
+// Q and K normed per head, then rotated, for models with QK-norm (Gemma 3,
+// Qwen 3): the projection wrote [q | k | v] per row to qkv (plain matmul);
+// this kernel RMS-norms each q and k head with its weights (qn, kn: hd
+// values, shared by the heads), applies RoPE from the row's table, writes
+// q back in place and k and v into the paged cache, as the fused qkv
+// kernel does for the other models.  ggml's order: (x * scale) * w, then
+// the rotation.  One work-item per (head of the stacked projection, row).
+__kernel void qk_norm_rope(__global float* qkv, __global const float* qn,
+                           __global const float* kn, __global const int* pos,
+                           __global const int* row_seq, __global const int* pt,
+                           __global const int* pt_off, __global kv_t* kc, __global kv_t* vc,
+                           int n_head, int n_kv, int hd, int rope_dims,
+                           __global const float2* rope, int neox, int page_size, int layer,
+                           int n_pages, float eps) {
+  const int head = get_global_id(0);
+  const int t = get_global_id(1);
+  if (head >= n_head + 2 * n_kv) return;
+  __global float* x = qkv + (size_t)t * (n_head + 2 * n_kv) * hd + (size_t)head * hd;
+  const int is_v = head >= n_head + n_kv;
+  float v[HD_MAX];
+  if (is_v) {
+    for (int i = 0; i < hd; ++i) v[i] = x[i];
+  } else {
+    __global const float* w = head < n_head ? qn : kn;
+    float ss = 0.0f;
+    for (int i = 0; i < hd; ++i) ss = fma(x[i], x[i], ss);
+    const float scale = 1.0f / sqrt(ss / (float)hd + eps);
+    for (int i = 0; i < hd; ++i) v[i] = x[i] * scale * w[i];
+    const int half_rope = rope_dims / 2;
+    for (int i = 0; i < half_rope; ++i) {
+      const int d0 = neox ? i : 2 * i;
+      const int d1 = neox ? i + half_rope : 2 * i + 1;
+      const float2 cs = rope[(size_t)t * half_rope + i];
+      const float v0 = v[d0], v1 = v[d1];
+      v[d0] = v0 * cs.x - v1 * cs.y;
+      v[d1] = v0 * cs.y + v1 * cs.x;
+    }
+  }
+  if (head < n_head) {
+    for (int i = 0; i < hd; ++i) x[i] = v[i];
+    return;
+  }
+  const int g = is_v ? head - n_head - n_kv : head - n_head;
+  const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];
+  const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);
+  const int slot = pos[t] % page_size;
+  if (is_v) {
+    for (int i = 0; i < hd; ++i) KV_STORE(v[i], o + (size_t)slot * hd + i, vc);
+  } else {  // K: transposed within the page
+    for (int i = 0; i < hd; ++i) KV_STORE(v[i], o + (size_t)i * page_size + slot, kc);
+  }
+}
