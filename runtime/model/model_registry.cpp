@@ -22,6 +22,8 @@ struct known_model {
 constexpr known_model k_models[] = {
     {"smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", nullptr},
     {"stories15m", "stories15M.bin", "tokenizer.bin"},
+    // Gemma 3 270M Q4_K_M (`bash tools/setup.sh gemma3`; `test` fetches it).
+    {"gemma3-270m", "gemma-3-270m-q4_k_m.gguf", nullptr},
     // Mixture-of-experts fixtures with seeded random weights, written by
     // tools/make_moe_fixtures.py (`bash tools/setup.sh fixtures`).
     {"moe-4x2-f32", "moe/moe-4x2-f32.gguf", nullptr},
@@ -43,8 +45,8 @@ std::string names_list() {
 }
 
 std::string fetch_hint() {
-  return "`bash tools/setup.sh models` fetches them (and `bash tools/setup.sh fixtures` writes "
-         "the moe-* fixtures) into " +
+  return "`bash tools/setup.sh models` fetches them (`bash tools/setup.sh gemma3` fetches "
+         "gemma3-270m, and `bash tools/setup.sh fixtures` writes the moe-* fixtures) into " +
          model_dir();
 }
 

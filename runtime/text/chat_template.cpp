@@ -139,6 +139,28 @@ std::string render_llama2(const std::vector<chat_message>& messages) {
   return out;
 }
 
+// Gemma's turns, as llama.cpp's built-in gemma template renders them: the
+// system messages (trimmed) prefixed to the next user turn, "assistant"
+// named "model", every content trimmed; BOS comes from the tokenizer.
+std::string render_gemma(const std::vector<chat_message>& messages, bool add_generation_prompt) {
+  std::string out, system;
+  for (const chat_message& m : messages) {
+    if (m.role == "system") {
+      system += strip(m.content);
+      continue;
+    }
+    const std::string role = m.role == "assistant" ? "model" : m.role;
+    out.append("<start_of_turn>").append(role).append("\n");
+    if (!system.empty() && role != "model") {
+      out.append(system).append("\n\n");
+      system.clear();
+    }
+    out.append(strip(m.content)).append("<end_of_turn>\n");
+  }
+  if (add_generation_prompt) out.append("<start_of_turn>model\n");
+  return out;
+}
+
 }  // namespace
 
 chat_template_info parse_chat_template(const std::string& source) {
@@ -153,7 +175,11 @@ chat_template_info parse_chat_template(const std::string& source) {
     info.format = chat_format::llama2;
     return info;
   }
-  refuse(source, "neither ChatML nor llama-2 [INST]/<<SYS>>");
+  if (source.find("<start_of_turn>") != std::string::npos) {
+    info.format = chat_format::gemma;
+    return info;
+  }
+  refuse(source, "neither ChatML, llama-2 [INST]/<<SYS>> nor Gemma <start_of_turn>");
 }
 
 std::string render_chat(const chat_template_info& info, const std::vector<chat_message>& messages,
@@ -164,6 +190,8 @@ std::string render_chat(const chat_template_info& info, const std::vector<chat_m
       return render_chatml(info, messages, add_generation_prompt);
     case chat_format::llama2:
       return render_llama2(messages);
+    case chat_format::gemma:
+      return render_gemma(messages, add_generation_prompt);
   }
   throw std::runtime_error("unsupported chat template: unknown format");
 }

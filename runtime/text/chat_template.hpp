@@ -2,7 +2,9 @@
 // Chat prompts from the Jinja template a model ships, for the template
 // families troupe recognises (no Jinja interpreter): ChatML
 // ("<|im_start|>role\ncontent<|im_end|>\n", SmolLM2, Qwen) with the default
-// system message the template inserts, and llama-2 ("[INST] <<SYS>>").
+// system message the template inserts, llama-2 ("[INST] <<SYS>>") and
+// Gemma ("<start_of_turn>user\n...<end_of_turn>\n", "model" for the
+// assistant, a system message folded into the first user turn).
 // Anything else is refused rather than guessed at.
 #include <string>
 #include <vector>
@@ -14,7 +16,7 @@ struct chat_message {
   std::string content;
 };
 
-enum class chat_format { chatml, llama2 };
+enum class chat_format { chatml, llama2, gemma };
 
 struct chat_template_info {
   chat_format format = chat_format::chatml;

@@ -124,10 +124,24 @@ TEST(ChatTemplate, Llama2Style) {
   EXPECT_THROW(render_chat(source, {{"user", "a"}, {"user", "b"}}, true), std::runtime_error);
 }
 
+// Gemma: what llama.cpp's built-in gemma template renders (llama-server
+// --no-jinja --chat-template gemma, /apply-template, October 2026), and
+// the template troupe gives Gemma 3 files that carry none.
+TEST(ChatTemplate, GemmaFoldsSystemIntoTheFirstUserTurn) {
+  const std::string source = "{{ bos_token }}{% for m in messages %}<start_of_turn>...";
+  EXPECT_EQ(parse_chat_template(source).format, chat_format::gemma);
+  const std::vector<chat_message> messages = {
+      {"system", "Be brief. "}, {"user", " Hi "}, {"assistant", " Hello!"}, {"user", "Bye"}};
+  EXPECT_EQ(render_chat(source, messages, true),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+            "<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(render_chat(source, {{"user", "Hi"}}, false), "<start_of_turn>user\nHi<end_of_turn>\n");
+}
+
 TEST(ChatTemplate, RefusesUnknownTemplatesAndRoles) {
   EXPECT_THROW(render_chat("", {{"user", "Hi"}}, true), std::runtime_error);
   try {
-    render_chat("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m.content }}{% endfor %}",
+    render_chat("{% for m in messages %}<|user|>{{ m.content }}<|end|>{% endfor %}",
                 {{"user", "Hi"}}, true);
     FAIL() << "expected a refusal";
   } catch (const std::runtime_error& e) {

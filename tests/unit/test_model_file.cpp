@@ -438,9 +438,14 @@ TEST_F(GgufReader, BadHeaders) {
 TEST_F(GgufReader, UnsupportedTensorTypeIsNamed) {
   gguf_writer w = make_tiny_llama();
   auto* t = w.find_tensor("blk.0.ffn_down.weight");
-  t->type = 12;  // Q4_K
+  t->type = 13;  // Q5_K
   auto msg = open_error(write("k.gguf", w.bytes()));
-  EXPECT_TRUE(contains(msg, "tensor 'blk.0.ffn_down.weight' has type Q4_K")) << msg;
+  EXPECT_TRUE(contains(msg, "tensor 'blk.0.ffn_down.weight' has type Q5_K")) << msg;
+  // A K-quant troupe runs, on rows that are not whole super-blocks.
+  t->type = 12;  // Q4_K
+  msg = open_error(write("k.gguf", w.bytes()));
+  EXPECT_TRUE(contains(msg, "has rows of 96 values, not a multiple of the Q4_K block size 256"))
+      << msg;
   t->type = 77;
   msg = open_error(write("k.gguf", w.bytes()));
   EXPECT_TRUE(contains(msg, "type number 77")) << msg;

@@ -1,0 +1,90 @@
+// Real models besides the two troupe was built around, against llama.cpp:
+// Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0 and Q8_0 weights; QK-norm, sandwich
+// norms, GELU, sliding-window layers), llama.cpp's greedy tokens and
+// perplexities recorded by tools/record_model_golden.py in
+// tests/data/model_golden.json.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/engine/perplexity.hpp"
+#include "runtime/text/tokenizer.hpp"
+#include "tests/integration/engine_fixture.hpp"
+
+namespace troupe {
+namespace {
+
+using testing::engine_fixture;
+using testing::read_file;
+
+nlohmann::json model_golden(const std::string& name) {
+  std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/tests/data/model_golden.json");
+  EXPECT_TRUE(in.good()) << "missing tests/data/model_golden.json";
+  return nlohmann::json::parse(in)["models"][name];
+}
+
+// Gemma 3 is sensitive to the last bits of its sums: llama.cpp's own two
+// attention paths (-fa off and on) move the top-2 gap of the first token
+// after "In the beginning" from 0.124 to 0.338 (and swap its candidates'
+// order).  So the tokens must match up to the first step where llama.cpp's
+// two best candidates are closer than k_near_tie, or where llama.cpp did
+// not reproduce its own token when fed the prefix as a prompt (a null
+// gap: its batched prefill and its decode disagree there); and, overall,
+// at least 30% of the tokens (measured: 49%, three prompts whole).
+constexpr double k_near_tie = 0.3;
+
+TEST(Gemma3, GreedyTokensMatchLlamaCppUpToANearTie) {
+  const auto g = model_golden("gemma3-270m");
+  engine_fixture e("gemma3-270m");
+  auto tok = tokenizer::create(e.model->vocab());
+  size_t matched = 0, total = 0;
+  int whole = 0;
+  for (const auto& p : g["greedy"]) {
+    const auto prompt = p["prompt_token_ids"].get<std::vector<int32_t>>();
+    const auto want = p["greedy_token_ids"].get<std::vector<int32_t>>();
+    const auto& margins = p["top2_margin"];
+    EXPECT_EQ(tok->encode(p["prompt"].get<std::string>(), true, false), prompt) << p["prompt"];
+    const auto got = e.greedy(prompt, static_cast<int>(want.size()));
+    size_t same = 0;
+    while (same < want.size() && got[same] == want[same]) ++same;
+    matched += same;
+    total += want.size();
+    whole += same == want.size();
+    if (same == want.size()) continue;
+    const double margin = margins[same].is_null() ? 0.0 : margins[same].get<double>();
+    EXPECT_LT(margin, k_near_tie) << p["prompt"] << ": token " << same << " is " << got[same]
+                                  << ", llama.cpp's is " << want[same] << " (its top-2 gap "
+                                  << margins[same] << ", no near-tie)";
+    std::printf("[gemma3] \"%s\": %zu of %zu tokens, then a llama.cpp near-tie (gap %s)\n",
+                p["prompt"].get<std::string>().c_str(), same, want.size(),
+                margins[same].dump().c_str());
+  }
+  std::printf("[gemma3] %zu of %zu tokens before the first near-tie, %d of %zu prompts whole\n",
+              matched, total, whole, g["greedy"].size());
+  EXPECT_GE(matched * 10, total * 3);
+}
+
+// Perplexity within 0.5% of llama-perplexity's at context 128, and at
+// context 1024, where the windowed layers see only the last 512 tokens.
+TEST(Gemma3, PerplexityWithinHalfPercentOfLlamaCpp) {
+  const auto g = model_golden("gemma3-270m");
+  engine_options opts;
+  opts.kv_bytes = 64u << 20;
+  engine_fixture e("gemma3-270m", opts);
+  auto tok = tokenizer::create(e.model->vocab());
+  const std::string dir = std::string(TROUPE_SOURCE_DIR);
+  for (const auto& [ctx, text] : {std::pair{128, dir + "/../shared/golden/ppl_stories.txt"},
+                                  std::pair{1024, dir + "/tests/data/ppl_long.txt"}}) {
+    const auto tokens = tok->encode(read_file(text), true, false);
+    const auto res =
+        perplexity(e.forward(), e.info.n_pages, e.info.page_size, tokens, ctx, tok->bos(), 512);
+    const double want = g["ppl"][std::to_string(ctx)].get<double>();
+    EXPECT_NEAR(res.ppl, want, want * 0.005) << "context " << ctx;
+    std::printf("[gemma3] perplexity at context %d: %.4f, llama.cpp %.4f (%+.2f%%)\n", ctx, res.ppl,
+                want, 100.0 * (res.ppl / want - 1.0));
+  }
+}
+
+}  // namespace
+}  // namespace troupe
