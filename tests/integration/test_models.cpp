@@ -11,6 +11,10 @@
 #include "runtime/engine/perplexity.hpp"
 #include "runtime/text/tokenizer.hpp"
 #include "tests/integration/engine_fixture.hpp"
+#include "tests/integration/process.hpp"
+#include "tests/integration/requests.hpp"
+#include "tests/integration/server_process.hpp"
+#include "tools/client/client.hpp"
 
 namespace troupe {
 namespace {
@@ -84,6 +88,58 @@ TEST(Gemma3, PerplexityWithinHalfPercentOfLlamaCpp) {
     std::printf("[gemma3] perplexity at context %d: %.4f, llama.cpp %.4f (%+.2f%%)\n", ctx, res.ppl,
                 want, 100.0 * (res.ppl / want - 1.0));
   }
+}
+
+// troupe serve with Gemma 3 on two instances: eight concurrent streams
+// (four prompts twice, so prefix caching shares their pages) equal
+// `troupe generate` run alone, one of them moved to the other instance
+// and back while it streams, and the pages all come back.
+TEST(Gemma3, ServedConcurrentlyAndMigratedItMatchesOffline) {
+  using namespace std::chrono_literals;
+  const std::vector<std::string> prompts = {"Once upon a time", "The capital of France is",
+                                            "Water boils at", "The history of the Roman Empire"};
+  const int n = 40;
+  std::vector<std::vector<int32_t>> want;
+  for (const auto& p : prompts) want.push_back(testing::offline_tokens("gemma3-270m", p, n));
+  testing::server_process server("--local-instances 2", "troupe serve: listening on ",
+                                 "gemma3-270m");
+  client::connection c(server.endpoint());
+  std::map<uint64_t, client::result> results;
+  for (uint64_t id = 1; id <= 8; ++id) {
+    wire::Generate g;
+    g.set_request_id(id);
+    g.set_text(prompts[(id - 1) % prompts.size()]);
+    g.set_max_tokens(id == 1 ? 160 : n);
+    g.set_ignore_eos(true);
+    results[id];
+    c.generate(g);
+  }
+  auto find = [&](uint64_t id) {
+    auto it = results.find(id);
+    return it == results.end() ? nullptr : &it->second;
+  };
+  auto& moving = results[1];
+  ASSERT_TRUE(testing::receive_until(
+      c, find, [&] { return !moving.token_ids.empty() || moving.done(); }, 60s));
+  const int moved = testing::migrate_back_and_forth(server, c, moving, find, 1, 4, 2);
+  ASSERT_TRUE(testing::receive_until(
+      c, find,
+      [&] {
+        for (const auto& [id, r] : results)
+          if (!r.done()) return false;
+        return true;
+      },
+      120s));
+  for (const auto& [id, r] : results) {
+    ASSERT_FALSE(r.error) << "request " << id << ": " << r.error->message();
+    const auto& w = want[(id - 1) % prompts.size()];
+    const std::vector<int32_t> head(r.token_ids.begin(),
+                                    r.token_ids.begin() + std::min<size_t>(n, r.token_ids.size()));
+    EXPECT_EQ(head, w) << "request " << id;
+  }
+  EXPECT_GE(moved, 1);
+  EXPECT_GE(server.admin("trace 1")["migrations"].get<int>(), 1);
+  for (const auto& i : server.wait_engine_idle(15s)) EXPECT_EQ(i["used_pages"], 0) << i.dump();
 }
 
 }  // namespace
