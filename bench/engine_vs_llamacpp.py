@@ -10,10 +10,12 @@ load, and prints a markdown table with throughputs and ratios.
 --baseline adds a second troupe binary (an earlier build: a refactor's
 "before") to every round, and its column and ratio: new / before.
 
-Models: SmolLM2-135M-Instruct Q4_1 (both systems read the same GGUF) and
+Models: SmolLM2-135M-Instruct Q4_1 (both systems read the same GGUF),
 stories15M (troupe reads the llama2.c checkpoint; llama.cpp needs the F32
-GGUF made from it, see docs/peer_llamacpp.md: STORIES_GGUF).  This script
-never builds llama.cpp.
+GGUF made from it, see docs/peer_llamacpp.md: STORIES_GGUF) and Gemma 3
+270M Q4_K_M where `bash tools/setup.sh gemma3` fetched it; or, with
+--gguf PATH (repeatable), those files only, both systems reading each.
+This script never builds llama.cpp.
 """
 import argparse
 import json
@@ -55,6 +57,8 @@ def main():
     ap.add_argument("--n-gen", type=int, default=128)
     ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "troupe"))
     ap.add_argument("--baseline", help="an earlier troupe binary, measured in the same rounds")
+    ap.add_argument("--gguf", action="append", default=[],
+                    help="bench this GGUF file instead of the default models (repeatable)")
     args = ap.parse_args()
     bin_dir = os.environ.get("LLAMA_CPP_BIN")
     if not bin_dir or not os.path.isfile(os.path.join(bin_dir, "llama-bench")):
@@ -68,6 +72,11 @@ def main():
         models.append(("stories15M F32", "stories15m", stories))
     else:
         print(f"note: {stories} missing, stories15M skipped (see docs/peer_llamacpp.md)", file=sys.stderr)
+    gemma = os.path.join(model_dir, "gemma-3-270m-q4_k_m.gguf")
+    if os.path.isfile(gemma):
+        models.append(("Gemma 3 270M Q4_K_M", "gemma3-270m", gemma))
+    if args.gguf:
+        models = [(os.path.basename(g), os.path.abspath(g), os.path.abspath(g)) for g in args.gguf]
 
     tests = [f"pp{args.n_prompt}", f"tg{args.n_gen}"]
     if args.baseline:

@@ -62,6 +62,15 @@ FIXTURES = {
         n_expert=4, n_used=2, n_vocab=2048, seed=15, skew=0.0,
         types=dict(embd=Q.Q8_0, attn=Q.Q8_0, gate_up=Q.Q4_1, down=Q.Q8_0, output=Q.F16,
                    shared_gate_up=Q.Q8_0, shared_down=Q.F16)),
+    # Not a mixture: Qwen 3's dense layout (issue 33), here because the
+    # fixture machinery is the same.  Per-head RMSNorm of q and k
+    # (attn_q_norm, attn_k_norm) before the NeoX rotation, no biases, and a
+    # head size (64) that is not n_embd / n_head (32), as Qwen 3's files
+    # have.  (gguf-py cannot write K-quants; the Gemma 3 file covers them.)
+    "qwen3-dense": dict(
+        arch="qwen3", n_embd=128, n_ff=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+        n_expert=0, n_used=0, n_vocab=2048, seed=33, skew=0.0,
+        types=dict(embd=Q.Q8_0, attn=Q.Q8_0, gate_up=Q.F16, down=Q.Q8_0, output=Q.F16)),
 }
 
 CONTEXT_LENGTH = 256
@@ -124,7 +133,7 @@ def build(name, spec, tokenizer, out_dir):
     D, F, L = spec["n_embd"], spec["n_ff"], spec["n_layer"]
     H, HKV, E = spec["n_head"], spec["n_head_kv"], spec["n_expert"]
     V, seed, skew = spec["n_vocab"], spec["seed"], spec["skew"]
-    hd = D // H
+    hd = spec.get("head_dim", D // H)
     types = spec["types"]
     path = os.path.join(out_dir, name + ".gguf")
     tmp = path + ".tmp"
@@ -144,10 +153,14 @@ def build(name, spec, tokenizer, out_dir):
     w.add_head_count(H)
     w.add_head_count_kv(HKV)
     w.add_rope_dimension_count(hd)
+    if hd != D // H:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_expert_count(E)
-    w.add_expert_used_count(spec["n_used"])
+    if E:
+        w.add_expert_count(E)
+        w.add_expert_used_count(spec["n_used"])
     tokens, scores, ttypes = read_llama2c_tokenizer(tokenizer, V)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -179,19 +192,27 @@ def build(name, spec, tokenizer, out_dir):
     tensor("token_embd.weight", (V, D), 1.0, types["embd"], extra=embd_extra)
     tensor("output_norm.weight", (D,), 0.1, Q.F32, offset=1.0)
     tensor("output.weight", (V, D), 4.0 * np.sqrt(3.0 / D), types["output"])
-    s_d, s_f = np.sqrt(3.0 / D), np.sqrt(3.0 / F)
+    s_d, s_f, s_q = np.sqrt(3.0 / D), np.sqrt(3.0 / F), np.sqrt(3.0 / (H * hd))
     for l in range(L):
         b = "blk.%d." % l
         tensor(b + "attn_norm.weight", (D,), 0.1, Q.F32, offset=1.0)
         tensor(b + "attn_q.weight", (H * hd, D), s_d, types["attn"])
         tensor(b + "attn_k.weight", (HKV * hd, D), s_d, types["attn"])
         tensor(b + "attn_v.weight", (HKV * hd, D), s_d, types["attn"])
-        tensor(b + "attn_output.weight", (D, H * hd), s_d, types["attn"])
+        tensor(b + "attn_output.weight", (D, H * hd), s_q, types["attn"])
+        if arch == "qwen3":
+            tensor(b + "attn_q_norm.weight", (hd,), 0.1, Q.F32, offset=1.0)
+            tensor(b + "attn_k_norm.weight", (hd,), 0.1, Q.F32, offset=1.0)
         if arch == "qwen2moe":
             tensor(b + "attn_q.bias", (H * hd,), 0.5, Q.F32)
             tensor(b + "attn_k.bias", (HKV * hd,), 0.5, Q.F32)
             tensor(b + "attn_v.bias", (HKV * hd,), 0.5, Q.F32)
         tensor(b + "ffn_norm.weight", (D,), 0.1, Q.F32, offset=1.0)
+        if not E:  # dense
+            tensor(b + "ffn_gate.weight", (F, D), s_d, types["gate_up"])
+            tensor(b + "ffn_up.weight", (F, D), s_d, types["gate_up"])
+            tensor(b + "ffn_down.weight", (D, F), s_f, types["down"])
+            continue
         router_extra = None
         if skew > 0:
             router_extra = np.zeros((E, D), dtype=np.float32)

@@ -372,9 +372,10 @@ void gguf_file::build_hparams() {
   const auto* arch = find_kv("general.architecture");
   if (!arch) fail("missing metadata key 'general.architecture'");
   h.arch = get_string("general.architecture", "");
-  if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe" && h.arch != "gemma3")
+  if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe" && h.arch != "qwen3" &&
+      h.arch != "gemma3")
     fail("architecture '" + h.arch +
-         "' is not supported (troupe runs llama, qwen2, qwen2moe and gemma3)");
+         "' is not supported (troupe runs llama, qwen2, qwen2moe, qwen3 and gemma3)");
   const std::string a = h.arch + ".";
 
   // Reads a required positive count that must fit an int.
@@ -421,8 +422,12 @@ void gguf_file::build_hparams() {
   const std::string scaling = get_string(a + "rope.scaling.type", "none");
   if (scaling != "none")
     fail("RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
-  h.rope = (h.arch == "qwen2" || h.arch == "qwen2moe" || h.arch == "gemma3") ? rope_layout::neox
-                                                                             : rope_layout::normal;
+  const bool neox =
+      h.arch == "qwen2" || h.arch == "qwen2moe" || h.arch == "qwen3" || h.arch == "gemma3";
+  h.rope = neox ? rope_layout::neox : rope_layout::normal;
+  // Qwen 3: per-head RMSNorm of q and k before RoPE (llama.cpp's qwen3
+  // graph), otherwise Qwen 2's layer without biases.
+  if (h.arch == "qwen3") h.qk_norm = true;
   if (h.arch == "gemma3") read_gemma3(h);
   if (find_kv(a + "expert_count") && get_int(a + "expert_count") > 0) {
     h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);

@@ -30,6 +30,7 @@ constexpr known_model k_models[] = {
     {"moe-8x2-q", "moe/moe-8x2-q.gguf", nullptr},
     {"moe-8x2-skew", "moe/moe-8x2-skew.gguf", nullptr},
     {"qwen2moe-4x2-shared", "moe/qwen2moe-4x2-shared.gguf", nullptr},
+    {"qwen3-dense", "moe/qwen3-dense.gguf", nullptr},  // Qwen 3's layout, same script
 };
 
 std::string lower(std::string s) {

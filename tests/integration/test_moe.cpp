@@ -1,7 +1,10 @@
 // Mixture-of-experts models against llama.cpp: the fixtures of
 // tools/make_moe_fixtures.py (seeded random weights, written by
 // `bash tools/setup.sh fixtures`), llama.cpp's greedy tokens and perplexity
-// on them recorded in tests/data/moe_golden.json.
+// on them recorded in tests/data/moe_golden.json.  The same machinery
+// covers qwen3-dense, a random-weight model of Qwen 3's dense layout
+// (QK-norm, head size 64 != n_embd / n_head), recorded against the October
+// 2026 llama.cpp.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -77,7 +80,7 @@ TEST_P(MoeGolden, PerplexityWithinHalfPercentOfLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeGolden,
                          ::testing::Values("moe-4x2-f32", "moe-8x2-q", "moe-8x2-skew",
-                                           "qwen2moe-4x2-shared"),
+                                           "qwen2moe-4x2-shared", "qwen3-dense"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& c : n)

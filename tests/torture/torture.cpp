@@ -66,6 +66,7 @@
 #include "../integration/node_process.hpp"
 #include "../integration/process.hpp"
 #include "../integration/server_process.hpp"
+#include "runtime/model/model_registry.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::torture {
@@ -95,6 +96,9 @@ struct options {
   double round_s = 12;
   std::string json_out;
   bool moe = true;  // some rounds serve the MoE fixtures (they must be present)
+  // Some rounds serve Gemma 3 270M (K-quant weights, sliding-window
+  // layers), where `bash tools/setup.sh gemma3` fetched it.
+  bool gemma = true;
 };
 
 struct tally {
@@ -104,10 +108,10 @@ struct tally {
            kills = 0, node_rounds = 0, node_kills = 0, pd_rounds = 0, role_flips = 0,
            role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0, sets = 0,
            http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0, dp_rounds = 0,
-           dp_lockstep_rounds = 0, moe_rounds = 0, expert_swaps = 0, overlap_off_rounds = 0,
-           unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
-           overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
-           violations = 0;
+           dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
+           overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
+           unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
+           starve_http = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -145,6 +149,8 @@ struct client_socket {
 
 // A model the rounds serve, with its offline greedy answers to kPrompts.
 struct model_reference {
+  enum class kind { dense, moe, gemma };
+  kind what = kind::dense;
   std::string model;
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::string> texts;
@@ -172,9 +178,18 @@ class round_driver {
     // its experts on two sub-devices and the expert controller moving them
     // at a low threshold, so swaps land under the round's load.
     ref_ = &references_[0];
-    if (references_.size() > 1 && chance(0.3)) {
-      ref_ = &references_[1 + pick(references_.size() - 1)];
+    std::vector<const model_reference*> moe, gemma;
+    for (const auto& r : references_) {
+      if (r.what == model_reference::kind::moe) moe.push_back(&r);
+      if (r.what == model_reference::kind::gemma) gemma.push_back(&r);
+    }
+    if (!moe.empty() && chance(0.3)) {
+      ref_ = moe[pick(moe.size())];
       ++t_.moe_rounds;
+    } else if (!gemma.empty() && chance(0.2)) {
+      // Issue 33: a real model with K-quants and sliding-window layers.
+      ref_ = gemma.front();
+      ++t_.gemma_rounds;
     }
     const std::string args = pick_server_args();
     std::printf("round %llu: troupe serve -m %s %s\n", static_cast<unsigned long long>(t_.rounds),
@@ -203,7 +218,9 @@ class round_driver {
   }
 
   std::string pick_server_args() {
-    const int kv_mb = one_of<int>({2, 3, 4, 8});
+    // Gemma 3's KV takes 18 KiB a token (stories15m's 2.25): arenas 8x.
+    const int kv_mb =
+        one_of<int>({2, 3, 4, 8}) * (ref_->what == model_reference::kind::gemma ? 8 : 1);
     const int max_seqs = one_of<int>({2, 4, 8, 16});
     const std::string where = nodes_.empty()
                                   ? "--local-instances " + std::to_string(instances_)
@@ -211,7 +228,7 @@ class round_driver {
                                         " --cluster-secret-file " + secret_->path();
     http_port_ = testing::free_port();
     std::string model;  // the model itself goes to server_process
-    if (ref_ != &references_[0])
+    if (ref_->what == model_reference::kind::moe)
       model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
                std::to_string(one_of<int>({20, 100}));
     return where + model + " --http-port " + std::to_string(http_port_) + " --router " +
@@ -833,7 +850,7 @@ class round_driver {
     } catch (const std::exception& e) {
       violation(std::string("admin: ") + e.what());
     }
-    if (ref_ != &references_[0]) {
+    if (ref_->what == model_reference::kind::moe) {
       // The expert controller over the engines' expert devices (local or
       // on the nodes).
       auto r = admin("experts");
@@ -879,9 +896,20 @@ class round_driver {
   std::vector<std::string> violations_;
 };
 
+bool gemma_fetched() {
+  try {
+    resolve_model("gemma3-270m");  // throws where its file is absent
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Offline greedy tokens of every prompt, from one `troupe generate` run.
-model_reference offline_reference(const std::string& model) {
+model_reference offline_reference(const std::string& model,
+                                  model_reference::kind what = model_reference::kind::dense) {
   model_reference ref;
+  ref.what = what;
   ref.model = model;
   std::string cmd = testing::troupe_bin() + " generate -m " + model + " --ignore-eos --json -n " +
                     std::to_string(kGreedyTokens);
@@ -906,7 +934,9 @@ int run(const options& o) {
   std::vector<model_reference> references = {offline_reference("stories15m")};
   if (o.moe)
     for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared"})
-      references.push_back(offline_reference(m));
+      references.push_back(offline_reference(m, model_reference::kind::moe));
+  if (o.gemma && gemma_fetched())
+    references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
   const auto start = clock_type::now();
   const auto end = start + std::chrono::milliseconds(int64_t(o.duration_s * 1000));
   std::vector<std::string> all;
@@ -945,6 +975,7 @@ int run(const options& o) {
             {"dp_rounds", t.dp_rounds},
             {"dp_lockstep_rounds", t.dp_lockstep_rounds},
             {"moe_rounds", t.moe_rounds},
+            {"gemma_rounds", t.gemma_rounds},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
             {"unfused_rounds", t.unfused_rounds},
@@ -995,12 +1026,15 @@ int main(int argc, char** argv) {
       o.json_out = value();
     else if (a == "--no-moe")
       o.moe = false;
+    else if (a == "--no-gemma")
+      o.gemma = false;
     else {
       std::fprintf(stderr,
                    "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
-                   "                      [--no-moe]\n"
+                   "                      [--no-moe] [--no-gemma]\n"
                    "Drives live troupe serve processes (stories15m, and moe-8x2-skew or\n"
-                   "qwen2moe-4x2-shared in some rounds unless --no-moe) with a seeded random\n"
+                   "qwen2moe-4x2-shared in some rounds unless --no-moe, gemma3-270m in some\n"
+                   "where it was fetched unless --no-gemma) with a seeded random\n"
                    "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
                    "when clean.\n");
       return a == "--help" || a == "-h" ? 0 : 2;
