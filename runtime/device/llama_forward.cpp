@@ -223,6 +223,9 @@ cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int at
 
 bool llama_forward::can_fuse_step() const {
   if (!opts_.fuse_step || weights_.layers.empty()) return false;
+  // layer.cl's final norm quantizes per 32 for an integer classifier: a
+  // K-quant one (Q8_K activations) runs after a step apart.
+  if (weights_.classifier().q8_k_acts) return false;
   const tensor_type t = weights_.layers.front().qkv.type;
   return std::all_of(weights_.layers.begin(), weights_.layers.end(),
                      [&](const device_layer& L) { return fused(L) && L.qkv.type == t; });
@@ -268,7 +271,6 @@ void llama_forward::round_for(const device_matrix& w, const cl::buffer& x, int r
 }
 
 const llama_forward::q8_scratch* llama_forward::normed_input(const device_matrix& w, int rows) {
-  round_for(w, xn_, rows);
   if (!int8_for(w)) return nullptr;
   if (w.q8_k_acts) quantize(xn_, static_cast<int>(w.cols), rows, qa_, w);
   return &qa_;
@@ -630,6 +632,7 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
                         n_pages_, hp.rms_eps);
         ctx_.launch(k_qk_norm_, {static_cast<size_t>(hp.n_head + 2 * hp.n_head_kv), uT});
       } else {
+        round_for(L.qkv, xn_, T);  // the fused qkv kernel reads xn_ itself
         auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq != nullptr);
         const auto gq = grid(qkv_w / 2, T);
         k.args_from(matmul_inputs(k, L.qkv, xn_, xq), qkv_, D, T, pos_, row_seq_, pt_, pt_off_,
@@ -679,6 +682,7 @@ void llama_forward::norm_add(const cl::buffer& weight, int T) {
 void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T,
                             bool xq, const cl::buffer& y, bool accumulate) {
   const int D = hparams().n_embd;
+  if (!xq) round_for(gate_up, xn_, T);  // the glu kernel reads xn_ itself
   auto& k = family_kernel(mm_family::glu, gate_up.type, T, xq);
   // The FFN writes h quantized too where down takes it so: each work-item
   // then holds whole blocks of 32.

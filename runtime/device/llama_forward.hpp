@@ -184,9 +184,12 @@ class llama_forward {
   bool quantized_inline(const device_matrix& w) const { return int8_for(w) && !w.q8_k_acts; }
   // The normed rows in xn_ as w's quantized input in qa_ where w takes
   // Q8_K activations (null otherwise: the norm wrote qa_ or w reads xn_).
-  // For a float w held from a K-quant (Q6_K), x rounded in place to its
-  // Q8_K values instead (x's only reader is w's product, everywhere).
   const q8_scratch* normed_input(const device_matrix& w, int rows);
+  // For a float w held from a K-quant (Q6_K), x rounded in place to its
+  // Q8_K values (matmul does it for its input; the fused qkv and glu
+  // kernels' callers for xn_).  x's only reader must be w's product: true
+  // in the dense path; a K-quant MoE router would round the experts' input
+  // too (llama.cpp's files keep routers F32).
   void round_for(const device_matrix& w, const cl::buffer& x, int rows);
   // RMSNorm of x_'s rows into xn_ (as float) or, for an integer matmul, into
   // qa_ (`rows`: the logit rows to gather, or null for all `n` rows).

@@ -429,6 +429,8 @@ void gguf_file::build_hparams() {
   // graph), otherwise Qwen 2's layer without biases.
   if (h.arch == "qwen3") h.qk_norm = true;
   if (h.arch == "gemma3") read_gemma3(h);
+  if ((h.arch == "gemma3" || h.arch == "qwen3") && find_kv(a + "expert_count"))
+    fail("metadata key '" + a + "expert_count': troupe runs " + h.arch + " dense only");
   if (find_kv(a + "expert_count") && get_int(a + "expert_count") > 0) {
     h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);
     h.n_expert_used = count(a + "expert_used_count", std::nullopt, h.n_expert);
@@ -456,6 +458,9 @@ void gguf_file::read_gemma3(model_hparams& h) {
   h.embd_scale = std::sqrt(static_cast<float>(h.n_embd));
   // Gemma's query scale: 1/sqrt(head_dim), except the 27B model (62 layers),
   // which scales by 1/sqrt(n_embd / n_head).
+  if (h.n_layer == 62 && h.n_embd < h.n_head)
+    fail("embedding length " + std::to_string(h.n_embd) + " is below the head count " +
+         std::to_string(h.n_head));
   h.attn_scale = h.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(h.n_embd / h.n_head))
                                  : 1.0f / std::sqrt(static_cast<float>(h.head_dim));
   if (const double cap = get_float(a + "final_logit_softcapping", 0.0); cap != 0.0)
@@ -572,6 +577,8 @@ void gguf_file::check_llama_tensors() {
     expect(b + "attn_output.weight", {q_dim, h.n_embd});
     // Qwen2's projections add biases (all three or none; qwen2moe's files
     // must have them, as llama.cpp requires).
+    if (h.qk_norm && find_tensor(b + "attn_q.bias"))
+      fail("tensor '" + b + "attn_q.bias': " + h.arch + " projections have no biases");
     if (h.arch == "qwen2moe" || find_tensor(b + "attn_q.bias")) {
       expect(b + "attn_q.bias", {q_dim});
       expect(b + "attn_k.bias", {kv_dim});

@@ -237,6 +237,96 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
   }
 }
 
+// llama.cpp's quantize_row_q8_K_ref, in plain C++: per 256 values the
+// first value of largest magnitude sets iscale = -127 / max; quants
+// min(127, round-to-nearest-even(iscale * x)); scale 1 / iscale.
+void q8_k_reference(const float* x, int8_t* q, float& d) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 256; ++j)
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  if (amax == 0.0f) {
+    d = 0.0f;
+    std::fill(q, q + 256, int8_t{0});
+    return;
+  }
+  const float iscale = -127.0f / max;
+  for (int j = 0; j < 256; ++j)
+    q[j] = static_cast<int8_t>(std::min(127, static_cast<int>(std::nearbyint(iscale * x[j]))));
+  d = 1.0f / iscale;
+}
+
+// Q8_K activations (K-quant products): quantize_q8_k writes llama.cpp's
+// quants and float scale as eight blocks of 32 with exact sums, and
+// round_q8_k rounds values in place to d * q; a row of zeros stays zero.
+TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
+  auto& c = ctx();
+  std::mt19937 rng(88);
+  const int K = 512, T = 3;
+  auto x = random_floats(static_cast<size_t>(T) * K, -2.0f, 2.0f, rng);
+  std::fill(x.begin() + 2 * K, x.begin() + 2 * K + 256, 0.0f);  // row 2's first block
+  x[5] = 3.5f;                                                  // a positive maximum
+  x[K + 300] = -3.0f;                                           // a negative one
+  const auto xb = upload(c, x);
+  const size_t nb = x.size() / 32;
+  const auto qb = c.alloc(x.size()), db = c.alloc(nb * 4), sb = c.alloc(nb * 8);
+  auto k = c.make_kernel("quantize_q8_k");
+  k.args(xb, K, qb, db, sb);
+  c.launch(k, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
+  const auto q = download<int8_t>(c, qb, x.size());
+  const auto d = download<float>(c, db, nb);
+  const auto sums = download<float>(c, sb, nb * 2);
+  auto r = c.make_kernel("round_q8_k");
+  r.args(xb, K);
+  c.launch(r, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
+  const auto rounded = download<float>(c, xb, x.size());
+  checker chk;
+  for (size_t blk = 0; blk < x.size() / 256; ++blk) {
+    int8_t want_q[256];
+    float want_d = 0;
+    q8_k_reference(&x[blk * 256], want_q, want_d);
+    for (int b = 0; b < 8; ++b) {
+      const size_t at = blk * 8 + b;
+      chk.near(d[at], want_d, 0.0, [&] { return "scale of block " + std::to_string(at); });
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) sum += want_q[b * 32 + j];
+      chk.near(sums[2 * at], want_d * static_cast<float>(sum), 0.0, [&] { return "sum"; });
+      chk.near(sums[2 * at + 1], want_d * static_cast<float>(sum), 0.0, [&] { return "sum"; });
+    }
+    for (int j = 0; j < 256; ++j) {
+      const size_t i = blk * 256 + j;
+      chk.near(q[i], want_q[j], 0.0, [&] { return "quant " + std::to_string(i); });
+      chk.near(rounded[i], want_d * static_cast<float>(want_q[j]), 0.0,
+               [&] { return "rounded value " + std::to_string(i); });
+    }
+  }
+}
+
+// Q4_K and Q6_K parts of one matrix (llama.cpp's Q4_K_M gives some layers
+// a Q6_K attn_v beside Q4_K attn_q and attn_k): held as F32, their exact
+// values, taking Q8_K activations.
+TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
+  auto& c = ctx();
+  std::mt19937 rng(89);
+  const int K = 256;
+  const auto a = ref::random_matrix(tensor_type::q4_k, K, 3, rng);
+  const auto b = ref::random_matrix(tensor_type::q6_k, K, 2, rng);
+  const tensor_view va = view_of(tensor_type::q4_k, K, 3, a.data());
+  const tensor_view vb = view_of(tensor_type::q6_k, K, 2, b.data());
+  const auto dm = upload_matrix(c, {&va, &vb});
+  EXPECT_EQ(dm.type, tensor_type::f32);
+  EXPECT_TRUE(dm.q8_k_acts);
+  auto want = ref::dequantize(tensor_type::q4_k, a, K, 3);
+  const auto wb = ref::dequantize(tensor_type::q6_k, b, K, 2);
+  want.insert(want.end(), wb.begin(), wb.end());
+  EXPECT_EQ(download<float>(c, dm.q, want.size()), want);
+  const auto q8 = ref::random_matrix(tensor_type::q8_0, K, 2, rng);
+  const tensor_view vq = view_of(tensor_type::q8_0, K, 2, q8.data());
+  EXPECT_FALSE(upload_matrix(c, {&va, &vq}).q8_k_acts);  // a K-quant beside Q8_0: float inputs
+}
+
 TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   auto& c = ctx();
   std::mt19937 rng(99);
