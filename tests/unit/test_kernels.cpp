@@ -607,6 +607,86 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
   }
 }
 
+// QK-norm (Gemma 3, Qwen 3): each q and k head of the projected rows
+// RMS-normed with its weights ((x * scale) * w, ggml's order), then rotated
+// (NeoX and normal layouts, partial rope); q written back in place, k and
+// v into the row's page and slot of `layer`, every other cache value
+// untouched.  F32 cache, against the same float arithmetic in C++.
+TEST_F(KernelMatmulQkv, QkNormRotatesNormedHeadsAndStoresKv) {
+  auto& c = ctx(false);
+  std::mt19937 rng(77);
+  const int page_size = 4, n_layer = 2, layer = 1, n_pages = 16, n_kv = 2, n_head = 4;
+  const float eps = 1e-6f;
+  const auto b = ref::make_batch({0, 9, 3}, {5, 1, 2}, page_size, n_pages, rng);
+  const int T = b.rows();
+  for (const int hd : {64, 256})
+    for (const bool neox : {true, false}) {
+      const int rope_dims = neox ? hd : hd / 2;
+      SCOPED_TRACE("hd " + std::to_string(hd) + (neox ? " neox" : " normal"));
+      const int width = (n_head + 2 * n_kv) * hd;
+      const auto qkv = random_floats(static_cast<size_t>(T) * width, -3.0f, 3.0f, rng);
+      const auto qn = random_floats(hd, 0.5f, 1.5f, rng), kn = random_floats(hd, 0.5f, 1.5f, rng);
+      const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
+      const host_cache kc(false, geo.elems(), rng), vc(false, geo.elems(), rng);
+      const auto rope = troupe::rope_table(b.pos, rope_dims, 10000.0f);
+      const auto qkvb = upload(c, qkv), kcb = kc.upload_to(c), vcb = vc.upload_to(c);
+      // (Buffers named: a temporary's memory would be gone before the launch.)
+      const auto qnb = upload(c, qn), knb = upload(c, kn), posb = upload(c, b.pos);
+      const auto rsb = upload(c, b.row_seq), ptb = upload(c, b.pt), offb = upload(c, b.pt_off);
+      const auto ropeb = upload(c, rope);
+      auto k = c.make_kernel("qk_norm_rope");
+      k.args(qkvb, qnb, knb, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd, rope_dims, ropeb,
+             neox ? 1 : 0, page_size, layer, n_pages, eps);
+      c.launch(k, {static_cast<size_t>(n_head + 2 * n_kv), static_cast<size_t>(T)});
+      const auto out = download<float>(c, qkvb, qkv.size());
+      auto kwant = kc.f, vwant = vc.f;
+      std::vector<float> qwant(qkv.begin(), qkv.end());
+      for (int t = 0; t < T; ++t) {
+        const auto& pages = b.pages[b.row_seq[t]];
+        const int page = pages[b.pos[t] / page_size], slot = b.pos[t] % page_size;
+        for (int head = 0; head < n_head + 2 * n_kv; ++head) {
+          const float* x = &qkv[static_cast<size_t>(t) * width + static_cast<size_t>(head) * hd];
+          std::vector<float> v(x, x + hd);
+          if (head < n_head + n_kv) {
+            const auto& w = head < n_head ? qn : kn;
+            float ss = 0.0f;
+            for (int i = 0; i < hd; ++i) ss = std::fma(x[i], x[i], ss);
+            const float scale = 1.0f / std::sqrt(ss / static_cast<float>(hd) + eps);
+            for (int i = 0; i < hd; ++i) v[i] = x[i] * scale * w[i];
+            for (int i = 0; i < rope_dims / 2; ++i) {
+              const int d0 = neox ? i : 2 * i, d1 = neox ? i + rope_dims / 2 : 2 * i + 1;
+              const float cs = rope[(static_cast<size_t>(t) * (rope_dims / 2) + i) * 2];
+              const float sn = rope[(static_cast<size_t>(t) * (rope_dims / 2) + i) * 2 + 1];
+              const float v0 = v[d0], v1 = v[d1];
+              v[d0] = v0 * cs - v1 * sn;
+              v[d1] = v0 * sn + v1 * cs;
+            }
+          }
+          if (head < n_head) {
+            std::copy(v.begin(), v.end(),
+                      qwant.begin() + static_cast<std::ptrdiff_t>(t) * width + head * hd);
+          } else if (head < n_head + n_kv) {
+            for (int d = 0; d < hd; ++d)
+              kwant[geo.k_offset(layer, page, head - n_head, slot, d)] = v[d];
+          } else {
+            for (int d = 0; d < hd; ++d)
+              vwant[geo.v_offset(layer, page, head - n_head - n_kv, slot, d)] = v[d];
+          }
+        }
+      }
+      checker chk;
+      for (size_t i = 0; i < out.size(); ++i)
+        chk.near(out[i], qwant[i], 1e-5 * (1 + std::fabs(qwant[i])),
+                 [&] { return "qkv " + std::to_string(i); });
+      const auto kg = kc.download_from(c, kcb), vg = vc.download_from(c, vcb);
+      for (size_t i = 0; i < kg.size(); ++i) {
+        chk.near(kg[i], kwant[i], 1e-5 * (1 + std::fabs(kwant[i])),
+                 [&] { return "k cache " + std::to_string(i); });
+        chk.near(vg[i], vwant[i], 0.0, [&] { return "v cache " + std::to_string(i); });
+      }
+    }
+}
+
 TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF32) {
   check_matmul_qkv(ctx(false), false);
 }
