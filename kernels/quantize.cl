@@ -16,6 +16,21 @@ __kernel void quantize_q8(__global const float* x, int K, __global char* xq, __g
                  xsum + blk);
 }
 
+// The Q8_K scale of 256 values: iscale = -127 / (the first value of
+// largest magnitude), d = 1 / iscale; both 0 for a block of zeros.
+INLINE void q8_k_scale(__global const float* xr, float* iscale, float* d) {
+  float amax = 0.0f, max = 0.0f;
+  for (int j = 0; j < 256; ++j) {
+    const float ax = fabs(xr[j]);
+    if (ax > amax) {
+      amax = ax;
+      max = xr[j];
+    }
+  }
+  *iscale = amax > 0.0f ? -127.0f / max : 0.0f;
+  *d = amax > 0.0f ? 1.0f / *iscale : 0.0f;
+}
+
 // The same format from llama.cpp's Q8_K quantization, the activations its
 // K-quant dot products take (ggml's quantize_row_q8_K_ref): per 256
 // values one float scale from the value of largest magnitude (the first
@@ -30,16 +45,8 @@ __kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, _
   const int nb = K / 256;
   if (b >= nb) return;
   __global const float* xr = x + (size_t)r * K + (size_t)b * 256;
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < 256; ++j) {
-    const float ax = fabs(xr[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = xr[j];
-    }
-  }
-  const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
-  const float d = amax > 0.0f ? 1.0f / iscale : 0.0f;
+  float iscale, d;
+  q8_k_scale(xr, &iscale, &d);
   const size_t blk0 = ((size_t)r * K + (size_t)b * 256) / QK;
   for (int sb = 0; sb < 256 / QK; ++sb) {
     int sum = 0;
@@ -61,15 +68,7 @@ __kernel void round_q8_k(__global float* x, int K) {
   const int b = get_global_id(0), r = get_global_id(1);
   if (b >= K / 256) return;
   __global float* xr = x + (size_t)r * K + (size_t)b * 256;
-  float amax = 0.0f, max = 0.0f;
-  for (int j = 0; j < 256; ++j) {
-    const float ax = fabs(xr[j]);
-    if (ax > amax) {
-      amax = ax;
-      max = xr[j];
-    }
-  }
-  const float iscale = amax > 0.0f ? -127.0f / max : 0.0f;
-  const float d = amax > 0.0f ? 1.0f / iscale : 0.0f;
+  float iscale, d;
+  q8_k_scale(xr, &iscale, &d);
   for (int j = 0; j < 256; ++j) xr[j] = d * (float)min(127, convert_int_rte(iscale * xr[j]));
 }

@@ -8,6 +8,7 @@
 #include <caf/all.hpp>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "messages/actors.hpp"
 #include "runtime/engine/sequence_runner.hpp"
 #include "runtime/model/model_registry.hpp"
+#include "runtime/text/tokenizer.hpp"
 
 namespace troupe::testing {
 
@@ -65,6 +67,26 @@ struct engine_fixture {
     return out;
   }
 };
+
+// One prompt of a golden file (tools/record_*_golden.py): its text must
+// encode to llama.cpp's prompt tokens; then `e`'s greedy tokens against
+// llama.cpp's.  Returns troupe's tokens and how many agree before the first
+// difference (all of them where none differs).
+struct golden_run {
+  std::vector<int32_t> want, got;
+  size_t same = 0;
+  bool whole() const { return same == want.size(); }
+};
+inline golden_run run_golden_prompt(engine_fixture& e, const tokenizer& tok,
+                                    const nlohmann::json& p) {
+  golden_run r;
+  const auto prompt = p["prompt_token_ids"].get<std::vector<int32_t>>();
+  r.want = p["greedy_token_ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(tok.encode(p["prompt"].get<std::string>(), true, false), prompt) << p["prompt"];
+  r.got = e.greedy(prompt, static_cast<int>(r.want.size()));
+  while (r.same < r.want.size() && r.got[r.same] == r.want[r.same]) ++r.same;
+  return r;
+}
 
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
