@@ -35,8 +35,12 @@ nlohmann::json model_golden(const std::string& name) {
 // two best candidates are closer than k_near_tie, or where llama.cpp did
 // not reproduce its own token when fed the prefix as a prompt (a null
 // gap: its batched prefill and its decode disagree there); and, overall,
-// at least 30% of the tokens (measured: 49%, three prompts whole).
-constexpr double k_near_tie = 0.3;
+// at least 30% of the tokens (measured: 49%, three prompts whole; every
+// divergence at a gap of 0.2526 or less).  The bound is 0.5, more than
+// twice llama.cpp's own 0.21 shift, because another CPU's kernel code adds
+// its own rounding; a wrong RoPE base for the windowed layers still fails
+// it (divergences at gaps of 0.597, 1.03 and 3.9, 15% of the tokens).
+constexpr double k_near_tie = 0.5;
 
 TEST(Gemma3, GreedyTokensMatchLlamaCppUpToANearTie) {
   const auto g = model_golden("gemma3-270m");
