@@ -30,16 +30,14 @@ nlohmann::json model_golden(const std::string& name) {
 
 // Gemma 3 is sensitive to the last bits of its sums: llama.cpp's own two
 // attention paths (-fa off and on) move the top-2 gap of the first token
-// after "In the beginning" from 0.124 to 0.338 (and swap its candidates'
-// order).  So the tokens must match up to the first step where llama.cpp's
-// two best candidates are closer than k_near_tie, or where llama.cpp did
-// not reproduce its own token when fed the prefix as a prompt (a null
-// gap: its batched prefill and its decode disagree there); and, overall,
-// at least 30% of the tokens (measured: 49%, three prompts whole; every
-// divergence at a gap of 0.2526 or less).  The bound is 0.5, more than
-// twice llama.cpp's own 0.21 shift, because another CPU's kernel code adds
-// its own rounding; a wrong RoPE base for the windowed layers still fails
-// it (divergences at gaps of 0.597, 1.03 and 3.9, 15% of the tokens).
+// after "In the beginning" from 0.124 to 0.338.  So the tokens must match up to the first step
+// where llama.cpp's two best candidates are closer than k_near_tie, or where llama.cpp did not
+// reproduce its own token when fed the prefix as a prompt (a null gap: its batched prefill and its
+// decode disagree there); and, overall, at least 30% of the tokens (measured: 49%, three prompts
+// whole; every divergence at a gap of 0.2526 or less).  The bound is 0.5, more than twice
+// llama.cpp's own 0.21 shift, because another CPU's kernel code adds its own rounding; a wrong RoPE
+// base for the windowed layers still fails it (divergences at gaps of 0.597, 1.03 and 3.9, 15% of
+// the tokens).
 constexpr double k_near_tie = 0.5;
 
 TEST(Gemma3, GreedyTokensMatchLlamaCppUpToANearTie) {
