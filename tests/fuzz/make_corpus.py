@@ -113,6 +113,21 @@ write("gguf", "qwen2_bpe.gguf", gguf(
         ("tokenizer.ggml.token_type", ARRAY, (I32, [1, 1, 1, 1, 3, 3])),
         ("tokenizer.chat_template", STRING, "<|im_start|>{{ m }}<|im_end|>")],
     llama_tensors(4, 4, 6, 2, bias=True), version=2))
+# Gemma 3: QK-norm, sandwich norms, a sliding window every layer but the
+# sixth, a head size of its own (key_length), no chat template.
+gemma_tensors = llama_tensors(4, 8, 6, 1, kv_dim=2) + [
+    ("blk.0.attn_q_norm.weight", [2]), ("blk.0.attn_k_norm.weight", [2]),
+    ("blk.0.post_attention_norm.weight", [4]), ("blk.0.post_ffw_norm.weight", [4])]
+write("gguf", "gemma3_spm.gguf", gguf(
+    hparams("gemma3", 4, 8, 2, 1) + [
+        ("gemma3.attention.key_length", U32, 2), ("gemma3.attention.value_length", U32, 2),
+        ("gemma3.attention.sliding_window", U32, 16),
+        ("tokenizer.ggml.model", STRING, "llama"),
+        ("tokenizer.ggml.tokens", ARRAY, (STRING, spm_tokens)),
+        ("tokenizer.ggml.scores", ARRAY, (F32, [0.0, 0.0, 0.0, -1.0, -2.0, -3.0])),
+        ("tokenizer.ggml.token_type", ARRAY, (I32, [2, 3, 3, 1, 1, 1])),
+        ("tokenizer.ggml.add_space_prefix", BOOL, 0)],
+    gemma_tensors))
 write("gguf", "header_only.gguf", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) +
       gkv("general.architecture", STRING, "llama"))
 
