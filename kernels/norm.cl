@@ -2,13 +2,20 @@
 // src(r) = rows[r] when gather is set (only the rows whose logits are
 // wanted reach the final norm), else r.  One work-item per row; the row's
 // body, rmsnorm_row / rmsnorm_q8_row, is also a fused layer's (layer.cl).
+
+// 1 / sqrt(mean(x^2) + eps) over n values: the scale of every RMSNorm here
+// (the rows' norms, Gemma's sandwich norms, norm_rope.cl's per-head QK-norm).
+INLINE float rms_scale(__global const float* x, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss = fma(x[i], x[i], ss);
+  return 1.0f / sqrt(ss / (float)n + eps);
+}
+
 INLINE void rmsnorm_row(int r, __global const float* x, __global const float* w, __global float* y,
                         __global const int* rows, int gather, int D, float eps) {
   __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;
   __global float* yr = y + (size_t)r * D;
-  float ss = 0.0f;
-  for (int i = 0; i < D; ++i) ss = fma(xr[i], xr[i], ss);
-  const float scale = 1.0f / sqrt(ss / (float)D + eps);
+  const float scale = rms_scale(xr, D, eps);
   for (int i = 0; i < D; ++i) yr[i] = xr[i] * scale * w[i];
 }
 
@@ -23,9 +30,7 @@ INLINE void rmsnorm_q8_row(int r, __global const float* x, __global const float*
                            __global char* xq, __global float* xd, __global float2* xsum,
                            __global const int* rows, int gather, int D, float eps) {
   __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;
-  float ss = 0.0f;
-  for (int i = 0; i < D; ++i) ss = fma(xr[i], xr[i], ss);
-  const float scale = 1.0f / sqrt(ss / (float)D + eps);
+  const float scale = rms_scale(xr, D, eps);
   const int nb = D / QK;
   for (int b = 0; b < nb; ++b) {
     const size_t blk = (size_t)r * nb + b;
@@ -50,9 +55,7 @@ __kernel void rmsnorm_add(__global float* x, __global const float* t, __global c
   const int r = get_global_id(0);
   __global const float* tr = t + (size_t)r * D;
   __global float* xr = x + (size_t)r * D;
-  float ss = 0.0f;
-  for (int i = 0; i < D; ++i) ss = fma(tr[i], tr[i], ss);
-  const float scale = 1.0f / sqrt(ss / (float)D + eps);
+  const float scale = rms_scale(tr, D, eps);
   for (int i = 0; i < D; ++i) xr[i] = tr[i] * scale * w[i] + xr[i];
 }
 

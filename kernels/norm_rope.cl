@@ -22,9 +22,7 @@ __kernel void qk_norm_rope(__global float* qkv, __global const float* qn,
     for (int i = 0; i < hd; ++i) v[i] = x[i];
   } else {
     __global const float* w = head < n_head ? qn : kn;
-    float ss = 0.0f;
-    for (int i = 0; i < hd; ++i) ss = fma(x[i], x[i], ss);
-    const float scale = 1.0f / sqrt(ss / (float)hd + eps);
+    const float scale = rms_scale(x, hd, eps);
     for (int i = 0; i < hd; ++i) v[i] = x[i] * scale * w[i];
     const int half_rope = rope_dims / 2;
     for (int i = 0; i < half_rope; ++i) {

@@ -682,7 +682,7 @@ void llama_forward::norm_add(const cl::buffer& weight, int T) {
 void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& down, int F, int T,
                             bool xq, const cl::buffer& y, bool accumulate) {
   const int D = hparams().n_embd;
-  if (!xq) round_for(gate_up, xn_, T);  // the glu kernel reads xn_ itself
+  round_for(gate_up, xn_, T);  // the glu kernel reads xn_ itself
   auto& k = family_kernel(mm_family::glu, gate_up.type, T, xq);
   // The FFN writes h quantized too where down takes it so: each work-item
   // then holds whole blocks of 32.
