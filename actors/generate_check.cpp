@@ -151,6 +151,24 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
   }
   plan.stream = !g.has_stream() || g.stream();
   plan.stops.assign(g.stop().begin(), g.stop().end());
+  if (g.embedding()) {
+    // Nothing is generated: what shapes a generation is refused by name.
+    const std::pair<bool, const char*> unused[] = {
+        {g.has_max_tokens(), "max_tokens"},
+        {g.stop_size() > 0, "stop"},
+        {g.stop_token_ids_size() > 0, "stop_token_ids"},
+        {g.ignore_eos(), "ignore_eos"},
+        {g.logprobs() > 0, "logprobs"},
+        {g.constraint_case() != wire::Generate::CONSTRAINT_NOT_SET, "an output constraint"},
+        {g.has_draft_tokens(), "draft_tokens"},
+        {g.has_sampling() && g.sampling().ByteSizeLong() > 0, "sampling"}};
+    for (const auto& [set, name] : unused)
+      if (set)
+        return invalid(std::string("embedding: ") + name +
+                       " does not apply (nothing is generated)");
+    plan.embed = true;
+    plan.max_tokens = 1;
+  }
   return std::nullopt;
 }
 

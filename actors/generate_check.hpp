@@ -46,6 +46,7 @@ struct generate_plan {
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
   bool stream = true;
   std::vector<std::string> stops;
+  bool embed = false;  // Generate.embedding: the pooled prompt, no tokens
 };
 
 // A request the client got wrong: the code and what to tell it.

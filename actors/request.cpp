@@ -112,7 +112,8 @@ struct request_state {
   std::unique_ptr<incremental_decoder> detok;
   std::unique_ptr<stop_matcher> stops;
   std::vector<int32_t> generated;
-  wire::TokenChunk pending;  // non-streaming: everything, sent before Finished
+  std::vector<float> embedding;  // an embedding request's answer (Finished.embedding)
+  wire::TokenChunk pending;      // non-streaming: everything, sent before Finished
   request_trace trace;
   clock_type::time_point arrival, enqueued, first_token, last_token;
   static inline const char* name = "request";
@@ -176,6 +177,7 @@ std::optional<rejection> build_sequence(request_state& st) {
   st.seq.constraint = std::move(plan.constraint);
   st.seq.ttft_target_ms = plan.ttft_target_ms;
   st.seq.draft_tokens = plan.draft_tokens;
+  st.seq.embed = plan.embed;
   st.trace.slo_ttft_ms = plan.slo_ttft_ms;
   st.trace.slo_tpot_ms = plan.slo_tpot_ms;
   if (bad) return rejection{bad->code, std::move(bad->message)};
@@ -276,6 +278,7 @@ void finish(self_ptr self, wire::TokenChunk& chunk, wire::FinishReason reason, b
   f->set_stop_matched(tr.stop_matched);
   f->set_error(error);
   for (uint64_t i : tr.instances) f->add_instances(i);
+  f->mutable_embedding()->Add(st.embedding.begin(), st.embedding.end());
   tr.finish = wire::FinishReason_Name(reason);
   for (auto& c : tr.finish) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   send_frame(self, m, true);
@@ -342,6 +345,9 @@ void on_tokens(self_ptr self, const token_batch& b) {
       return finish(self, chunk, wire::CANCELLED, false);
     case finish_reason::error:
       return finish(self, chunk, wire::ERROR, false, "engine: " + b.error);
+    case finish_reason::embedded:
+      st.embedding = b.embedding;
+      return finish(self, chunk, wire::STOP, false);
   }
   if (st.stream) {
     send_chunk(self, chunk);
@@ -365,7 +371,8 @@ sequence_request current_sequence(const request_state& st) {
 // From now on the sequence runs on `p` (monitored; the trace says where).
 void attach(self_ptr self, const placement_reply& p) {
   auto& st = self->state;
-  st.seq.prefill_only = p.prefill_only;
+  // An embedding ends where its prompt is computed: nothing to hand off.
+  st.seq.prefill_only = p.prefill_only && !st.seq.embed;
   if (st.trace.instances.empty()) st.trace.predicted_ttft_ms = p.predicted_ttft_ms;
   if (p.prefill_only) {
     st.trace.prefill_instance = p.instance;

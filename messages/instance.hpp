@@ -48,14 +48,14 @@ typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
   return f(caf::meta::type_name("token_batch"), x.id, x.tokens, x.logprobs, x.top, x.finish,
-           x.cached_tokens, x.error, x.drafted, x.accepted);
+           x.cached_tokens, x.error, x.drafted, x.accepted, x.embedding);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
            x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
-           x.ttft_target_ms, x.draft_tokens);
+           x.ttft_target_ms, x.draft_tokens, x.embed);
 }
 
 template <class Inspector>

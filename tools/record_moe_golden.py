@@ -15,6 +15,7 @@ between the log-probabilities of llama.cpp's two best candidates; and llama-perp
 the text at context 128 (llama.cpp's method: see ../shared/golden/README.md).
 """
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -49,10 +50,12 @@ def post(port, path, body):
         return json.loads(r.read())
 
 
-def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
+@contextlib.contextmanager
+def llama_server(bin_dir, model, args):
+    """A llama-server on a free loopback port, ready; yields the port."""
     port = free_port()
     proc = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--port",
-                             str(port), "-t", "2", "-np", "1", "-c", "256", "-fa", "off"],
+                             str(port), "-t", "2", "-np", "1"] + args,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(300):
@@ -64,6 +67,14 @@ def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
                 time.sleep(0.1)
         else:
             raise RuntimeError("llama-server did not get ready")
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
+    with llama_server(bin_dir, model, ["-c", "256", "-fa", "off"]) as port:
         out = []
         for p in prompts:
             toks = post(port, "/tokenize", {"content": p, "add_special": True})["tokens"]
@@ -89,9 +100,6 @@ def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
             out.append({"prompt": p, "prompt_token_ids": toks, "greedy_token_ids": r["tokens"],
                         "top2_margin": margins})
         return out
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def perplexity(bin_dir, model, text, ctx=PPL_CTX):

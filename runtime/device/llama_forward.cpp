@@ -388,6 +388,9 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
   for (int r : b.logit_rows)
     if (r < 0 || static_cast<size_t>(r) >= rows)
       throw std::invalid_argument("logit row " + std::to_string(r) + " out of range");
+  for (int r : b.hidden_rows)
+    if (r < 0 || static_cast<size_t>(r) >= rows)
+      throw std::invalid_argument("hidden row " + std::to_string(r) + " out of range");
   // Checked here, before the step is enqueued, whoever draws: a row
   // outside the logits would fail the step only once it has run.
   for (const auto& p : b.presample)
@@ -556,6 +559,23 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   }
   device_draws_ = n_draws;
 
+  // Embedding rows: the final norm of their residual rows (x_ holds every
+  // row's after the layers, in both step forms), read back beside the logits.
+  const int H = static_cast<int>(b.hidden_rows.size());
+  f->result.n_embd = hp.n_embd;
+  if (H > 0) {
+    if (H > hidden_capacity_) {
+      hidden_capacity_ = std::max(H, 2 * hidden_capacity_);
+      hidden_rows_ = ctx_.alloc(static_cast<size_t>(hidden_capacity_) * 4);
+      xh_ = ctx_.alloc(static_cast<size_t>(hidden_capacity_) * hp.n_embd * sizeof(float));
+    }
+    f->hidden_rows = b.hidden_rows;
+    ctx_.write(hidden_rows_, f->hidden_rows.data(), static_cast<size_t>(H) * 4);
+    k_rmsnorm_.args(x_, weights_.output_norm, xh_, hidden_rows_, 1, hp.n_embd, hp.rms_eps);
+    ctx_.launch(k_rmsnorm_, {static_cast<size_t>(H)}, {1});
+    f->result.hidden.resize(static_cast<size_t>(H) * hp.n_embd);
+    ctx_.read_async(xh_, f->result.hidden.data(), f->result.hidden.size() * sizeof(float));
+  }
   f->result.n_vocab = hp.n_vocab;
   f->result.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
   f->result.drawn.resize(static_cast<size_t>(n_draws));

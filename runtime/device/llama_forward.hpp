@@ -245,6 +245,9 @@ class llama_forward {
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
   cl::buffer rope_swa_;  // windowed layers' RoPE table (their own base)
+  // Embedding rows (forward_batch::hidden_rows) and their normed states.
+  cl::buffer hidden_rows_, xh_;
+  int hidden_capacity_ = 0;
   // Device draws (kernels/draw.cl): the logit row of each, and the tokens
   // drawn (read by the next step's embedding); room for draw_capacity_.
   cl::kernel k_argmax_;
@@ -257,7 +260,7 @@ class llama_forward {
   // A submitted step: the host memory its writes read and its reads fill,
   // held until collect() (the writes and reads do not wait).
   struct flight {
-    std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows;
+    std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows, hidden_rows;
     std::vector<float> rope, rope_swa;
     forward_result result;
     cl::event done;

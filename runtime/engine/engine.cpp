@@ -161,7 +161,9 @@ void engine::admit(uint64_t key) {
   ++counters_.admitted;
   s.computed = 0;
   s.pages = 0;
-  if (opts_.prefix_caching) {
+  s.pooled.clear();
+  // An embedding pools every row's hidden state: cached rows have none.
+  if (opts_.prefix_caching && !s.req.embed) {
     auto m = pool_->match_prefix(key, s.tokens);
     s.computed = m.cached_tokens;
     s.pages = static_cast<int32_t>(m.pages.size());
@@ -325,13 +327,13 @@ bool engine::may_plan_ahead() const {
 bool engine::drawable(const live_seq& s, const step_chunk& c) const {
   const int32_t drafts = s.req.draft_tokens >= 0 ? s.req.draft_tokens : opts_.draft_tokens;
   return opts_.step_overlap && !lockstep_ && c.sample && c.draft.empty() && !s.constraint &&
-         !s.req.prefill_only && drafts <= 0 && presamplable(s.req.sampling);
+         !s.req.prefill_only && !s.req.embed && drafts <= 0 && presamplable(s.req.sampling);
 }
 
 // Whether the token a sequence samples next ends it (max_tokens, context),
 // whatever it is: a step planned ahead leaves it out.
 bool engine::ends_at_next_token(const live_seq& s) const {
-  return s.generated() + 1 >= s.req.max_tokens ||
+  return s.req.embed || s.generated() + 1 >= s.req.max_tokens ||
          static_cast<int32_t>(s.tokens.size()) + 1 >= max_len_;
 }
 
@@ -472,12 +474,18 @@ void engine::step() {
       } else if (c.sample) {
         fl.chainable = false;
       }
-      // A drafted chunk is verified row by row: every row's logits.
-      for (int32_t j = c.draft.empty() ? c.n_tokens - 1 : 0; c.sample && j < c.n_tokens; ++j)
-        b.logit_rows.push_back(fs.first_row + j);
+      // A drafted chunk is verified row by row: every row's logits.  An
+      // embedding's rows come back as hidden states instead.
+      if (s.req.embed) {
+        for (int32_t j = 0; j < c.n_tokens; ++j) b.hidden_rows.push_back(fs.first_row + j);
+      } else {
+        for (int32_t j = c.draft.empty() ? c.n_tokens - 1 : 0; c.sample && j < c.n_tokens; ++j)
+          b.logit_rows.push_back(fs.first_row + j);
+      }
       b.seqs.push_back(std::move(fs));
       fl.epochs.push_back(s.epoch);
       fl.drawn.push_back(drawn);
+      fl.embeds.push_back(s.req.embed);
     }
     fl.chunks = std::move(chunks);
     fl.sent = std::chrono::steady_clock::now();
@@ -566,11 +574,15 @@ void engine::on_step_done(uint64_t id, forward_result& r) {
   if (recent_steps_.size() > opts_.kept_steps) recent_steps_.pop_front();
   guard_tpot(chunks, done.n_decode, ms);
   const auto host_start = std::chrono::steady_clock::now();
-  size_t row = 0;
+  size_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const auto& c = chunks[i];
     const size_t logits_row = row;
-    if (c.sample) row += c.draft.empty() ? 1 : c.draft.size() + 1;
+    const size_t first_hidden = hidden_row;
+    if (done.embeds[i])
+      hidden_row += static_cast<size_t>(c.n_tokens);
+    else if (c.sample)
+      row += c.draft.empty() ? 1 : c.draft.size() + 1;
     // Aborted, being exported or preempted while the step ran: its part is
     // dropped (an export carries the KV it had when it began).
     auto it = seqs_.find(c.id);
@@ -578,7 +590,12 @@ void engine::on_step_done(uint64_t id, forward_result& r) {
     // Step overlap: the device's draw for this chunk (-1: none, or refused).
     const int32_t k = done.drawn[i];
     const int32_t drawn = k >= 0 && static_cast<size_t>(k) < r.drawn.size() ? r.drawn[k] : -1;
-    guarded(c.id, "step result", [&] { advance(c, i < done.n_decode, r, logits_row, drawn); });
+    guarded(c.id, "step result", [&] {
+      if (done.embeds[i])
+        pool_rows(c, r, first_hidden);
+      else
+        advance(c, i < done.n_decode, r, logits_row, drawn);
+    });
     if (k >= 0) check_draw(c, drawn);
   }
   step();
@@ -591,7 +608,10 @@ void engine::on_step_done(uint64_t id, forward_result& r) {
 int32_t engine::sample_next(live_seq& s, std::span<const float> logits, token_batch& out) {
   std::vector<float> masked;  // structured output: only tokens that keep the output valid
   if (s.constraint) {
-    const auto& allow = s.constraint->allowed(s.constraint_state);
+    // The output must close before the sequence's budget ends.
+    const int32_t left = std::min(s.req.max_tokens - s.generated(),
+                                  max_len_ - static_cast<int32_t>(s.tokens.size()));
+    const auto& allow = s.constraint->allowed(s.constraint_state, left);
     masked.assign(logits.begin(), logits.end());
     bool any = false;
     for (size_t t = 0; t < masked.size(); ++t) {
@@ -692,6 +712,41 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
   // Disaggregation: the prefill is done; the KV waits here for its export.
   if (s.req.prefill_only) s.state = seq_state::parked;
   out(engine_cmd::emit{s.key, std::move(batch)});
+}
+
+// An embedding's part of a step's result: its rows' hidden states are
+// summed; after the prompt's last row the mean, L2-normalised (llama.cpp's
+// mean pooling and llama-server's default normalisation), is its answer.
+void engine::pool_rows(const step_chunk& c, const forward_result& r, size_t first_hidden) {
+  live_seq& s = seqs_.at(c.id);
+  const auto d = static_cast<size_t>(r.n_embd);
+  if (d == 0 || r.hidden.size() < (first_hidden + size_t(c.n_tokens)) * d)
+    throw std::runtime_error("the forward pass returned " + std::to_string(r.hidden.size()) +
+                             " hidden values for an embedding");
+  if (s.pooled.empty()) s.pooled.assign(d, 0.0);
+  for (int32_t j = 0; j < c.n_tokens; ++j) {
+    const float* h = r.hidden.data() + (first_hidden + size_t(j)) * d;
+    for (size_t e = 0; e < d; ++e) s.pooled[e] += h[e];
+  }
+  s.computed += c.n_tokens;
+  counters_.prefill_tokens += c.n_tokens;
+  if (opts_.prefix_caching && s.computed / info_.page_size > s.committed_pages) {
+    pool_->commit_full_pages(s.key, s.tokens);  // other prompts may reuse its KV
+    s.committed_pages = s.computed / info_.page_size;
+  }
+  if (!c.sample) return;  // more of the prompt to come
+  double norm = 0;
+  for (double& v : s.pooled) {
+    v /= s.computed;
+    norm += v * v;
+  }
+  norm = std::sqrt(norm);
+  token_batch last;
+  last.id = s.req.id;
+  last.finish = finish_reason::embedded;
+  last.embedding.reserve(d);
+  for (double v : s.pooled) last.embedding.push_back(static_cast<float>(norm > 0 ? v / norm : 0.0));
+  finish(s.key, std::move(last));
 }
 
 std::string engine::check_request(const sequence_spec& r) const {
@@ -819,6 +874,14 @@ std::string engine::begin_export(uint64_t id, export_start& x) {
   ++counters_.exported;
   x.key = key;
   x.blob.geometry = arena_geometry();
+  if (s.req.embed) {
+    // Its pooled sum does not travel with the KV: the importer computes
+    // the prompt afresh (an empty blob).
+    pool_->free_sequence(key);
+    take_out(key);
+    step();
+    return {};
+  }
   x.blob.tokens.assign(s.tokens.begin(), s.tokens.begin() + s.computed);
   x.blob.n_prompt = std::min(s.n_prompt, s.computed);
   x.pages.clear();

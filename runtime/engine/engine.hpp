@@ -215,6 +215,9 @@ class engine {
     // Verifying rows costs compute, so text that does not repeat itself
     // soon stops paying for it.
     int32_t draft_cap = 1 << 20;
+    // An embedding request: the sum of its rows' normed hidden states so
+    // far (rows [0, computed) of its tokens; reset when it recomputes).
+    std::vector<double> pooled;
     int32_t draft_rest = 0;
     // Bumped at each preemption: a chunk planned before it (in a step still
     // on the device) no longer describes the sequence, and its result is
@@ -250,6 +253,7 @@ class engine {
     // the step is chainable: the next one may be planned and sent while it
     // runs.
     std::vector<int32_t> drawn;
+    std::vector<bool> embeds;  // per chunk: an embedding's rows (hidden states, no logits)
     bool chainable = false;
     std::chrono::steady_clock::time_point sent;
   };
@@ -274,7 +278,8 @@ class engine {
   bool ends_at_next_token(const live_seq& s) const;
   void guard_tpot(const std::vector<step_chunk>& chunks, size_t n_decode, double ms);
   void check_draw(const step_chunk& c, int32_t dev);
-  static int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out);
+  int32_t sample_next(live_seq& s, std::span<const float> logits, token_batch& out);
+  void pool_rows(const step_chunk& c, const forward_result& r, size_t first_hidden);
   void advance(const step_chunk& c, bool decode, const forward_result& r, size_t logits_row,
                int32_t drawn);
   std::string check_request(const sequence_spec& r) const;

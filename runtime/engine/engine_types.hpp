@@ -38,6 +38,7 @@ enum class finish_reason : uint8_t {
   context,     // reached the model's context length (or the KV arena's size)
   aborted,     // abort(id): cancel, timeout, disconnect
   error,       // the device failed the step; the batch's `error` says why
+  embedded,    // an embedding request: its prompt was computed and pooled
 };
 inline const char* to_string(finish_reason r) {
   switch (r) {
@@ -55,6 +56,8 @@ inline const char* to_string(finish_reason r) {
       return "aborted";
     case finish_reason::error:
       return "error";
+    case finish_reason::embedded:
+      return "embedded";
   }
   return "?";
 }
@@ -75,6 +78,9 @@ struct token_batch {
   // verified and accepted (the trace sums them).
   int32_t drafted = 0;
   int32_t accepted = 0;
+  // An embedding request's last batch (finish embedded): the mean over the
+  // prompt's rows of the final normed hidden state, L2-normalised.
+  std::vector<float> embedding;
 };
 
 // A sequence as the engine takes it: the request side's id, its tokens and
@@ -105,6 +111,10 @@ struct sequence_spec {
   // Speculative decoding (n-gram drafts verified in one step): the most
   // draft tokens per step; -1: the instance's default, 0: off.
   int32_t draft_tokens = -1;
+  // An embedding instead of a generation (/v1/embeddings): the prompt is
+  // computed without the prefix cache's pages (every row's hidden state is
+  // pooled), nothing is sampled, and the last batch carries the vector.
+  bool embed = false;
 };
 
 enum class preempt_mode : uint8_t { recompute, swap };

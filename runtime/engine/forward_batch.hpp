@@ -45,14 +45,19 @@ struct forward_batch {
   std::vector<presample_row> presample;
   uint64_t after = 0;  // the step whose draws fill the placeholders
   std::vector<placeholder_row> placeholders;
+  // Rows whose final normed hidden states come back (embedding requests'
+  // rows), in this order; the classifier does not run on them.
+  std::vector<int32_t> hidden_rows;
 };
 
 struct forward_result {
   int32_t n_vocab = 0;
   std::vector<float> logits;   // logit_rows.size() x n_vocab
   std::vector<int32_t> drawn;  // per presample row: the token (-1: the logits were refused)
-  double device_ms = 0;        // the device's time on this step
-  double idle_ms = -1;         // the device's idle time before it (-1: its first step)
+  int32_t n_embd = 0;
+  std::vector<float> hidden;  // hidden_rows.size() x n_embd: after the output norm
+  double device_ms = 0;       // the device's time on this step
+  double idle_ms = -1;        // the device's idle time before it (-1: its first step)
 };
 
 }  // namespace troupe

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bitset>
+#include <deque>
 #include <memory>
 
 namespace troupe {
@@ -351,7 +352,41 @@ regex_dfa::regex_dfa(const std::string& pattern, size_t max_nfa_states)
   nfa_accept_ = e;
   if (!accept_reachable())
     throw regex_error("regex: the pattern matches no text (a class or range with no byte in it)");
+  measure_to_end();
   dfa_state({nfa_start_});
+}
+
+// Shortest paths to the accept state over the reversed NFA, a byte edge
+// costing 1 and an epsilon edge 0 (a 0-1 breadth-first search).
+void regex_dfa::measure_to_end() {
+  std::vector<std::vector<std::pair<int, int>>> into(nfa_.size());  // (from, cost)
+  for (size_t x = 0; x < nfa_.size(); ++x) {
+    for (const auto& edge : nfa_[x].edges) into[size_t(edge[2])].push_back({int(x), 1});
+    for (int y : nfa_[x].eps) into[size_t(y)].push_back({int(x), 0});
+  }
+  nfa_to_end_.assign(nfa_.size(), k_unreachable);
+  std::deque<int> queue{nfa_accept_};
+  nfa_to_end_[size_t(nfa_accept_)] = 0;
+  while (!queue.empty()) {
+    const int y = queue.front();
+    queue.pop_front();
+    for (auto [x, cost] : into[size_t(y)]) {
+      const int32_t d = nfa_to_end_[size_t(y)] + cost;
+      if (d >= nfa_to_end_[size_t(x)]) continue;
+      nfa_to_end_[size_t(x)] = d;
+      if (cost == 0)
+        queue.push_front(x);
+      else
+        queue.push_back(x);
+    }
+  }
+}
+
+int32_t regex_dfa::bytes_to_end(int state) const {
+  if (state < 0) return k_unreachable;
+  int32_t best = k_unreachable;
+  for (int x : sets_[size_t(state)]) best = std::min(best, nfa_to_end_[size_t(x)]);
+  return best;
 }
 
 bool regex_dfa::accept_reachable() const {

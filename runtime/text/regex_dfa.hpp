@@ -10,6 +10,7 @@
 // ( ) and (?: ); alternation |; quantifiers * + ? {m} {m,} {m,n}.  No
 // anchors (the match is always whole), no backreferences, no lookaround.
 #include <array>
+#include <climits>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -39,6 +40,11 @@ class regex_dfa {
   bool accepting(int state) const { return accept_.at(size_t(state)); }
   // True when no byte continues from `state` (only the end may follow).
   bool final(int state);
+  // The fewest bytes that complete a match from `state` (0 where it is
+  // accepting; k_unreachable where none can), for closing an output
+  // before its token budget runs out.
+  int32_t bytes_to_end(int state) const;
+  static constexpr int32_t k_unreachable = INT32_MAX;
   size_t states() const { return sets_.size(); }
 
  private:
@@ -49,6 +55,7 @@ class regex_dfa {
   };
   std::vector<nfa_state> nfa_;
   int nfa_start_ = 0, nfa_accept_ = 0;
+  std::vector<int32_t> nfa_to_end_;  // per NFA state: the fewest bytes to the accept state
   size_t max_states_;
 
   std::vector<std::vector<int>> sets_;      // DFA state -> sorted NFA states
@@ -58,6 +65,7 @@ class regex_dfa {
 
   int dfa_state(std::vector<int> set);
   bool accept_reachable() const;
+  void measure_to_end();
   void closure(std::vector<int>& set) const;
 
   friend struct regex_parser;

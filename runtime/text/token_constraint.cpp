@@ -30,6 +30,34 @@ const std::vector<uint8_t>& token_constraint::allowed(int state) {
   return masks_.emplace(state, std::move(mask)).first->second;
 }
 
+const std::vector<uint8_t>& token_constraint::allowed(int state, int32_t tokens_left) {
+  const auto& base = allowed(state);
+  auto [it, made] = closing_.try_emplace(state);
+  closing& c = it->second;
+  if (made) {
+    c.after.assign(base.size(), k_far);
+    for (size_t t = 0; t < base.size(); ++t) {
+      if (!base[t] || is_end(int32_t(t))) continue;
+      const int32_t d = dfa_.bytes_to_end(dfa_.step(state, (*bytes_)[t]));
+      c.after[t] = static_cast<uint16_t>(std::min<int32_t>(d, k_far));
+      c.most = std::max<int32_t>(c.most, c.after[t]);
+    }
+  }
+  // After this token: room for the bytes to the end and the end token.
+  const int32_t room = tokens_left - 2;
+  if (room >= c.most) return base;
+  if (c.budget == room) return c.mask;
+  c.budget = room;
+  c.mask.assign(base.size(), 0);
+  int32_t nearest = k_far;
+  for (size_t t = 0; t < base.size(); ++t)
+    if (base[t] && !is_end(int32_t(t))) nearest = std::min<int32_t>(nearest, c.after[t]);
+  const int32_t bound = std::max(room, nearest);  // none fits: the nearest ones
+  for (size_t t = 0; t < base.size(); ++t)
+    c.mask[t] = base[t] && (is_end(int32_t(t)) || c.after[t] <= bound) ? 1 : 0;
+  return c.mask;
+}
+
 int token_constraint::advance(int state, int32_t token) {
   if (state < 0 || token < 0 || size_t(token) >= bytes_->size()) return -1;
   if (is_end(token)) return dfa_.accepting(state) ? state : -1;

@@ -4,6 +4,7 @@
 // regex's DFA, computed once per state from the tokens' bytes and kept.
 // A token is allowed when all its bytes continue a possible match; an
 // end-of-generation token only where the output may end.
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,13 @@ class token_constraint {
   int start() const { return dfa_.start(); }
   // 1 where the token may come next in `state`.
   const std::vector<uint8_t>& allowed(int state);
+  // The same, for a sequence that may generate at most `tokens_left` more
+  // tokens, this one included: only tokens after which the match can
+  // still be completed (one byte a token at worst) and the end token fit
+  // in what is left, so the output closes before max_tokens cuts it
+  // (json_object's unbounded strings included).  Where none fit, the
+  // tokens that come nearest to the end.
+  const std::vector<uint8_t>& allowed(int state, int32_t tokens_left);
   // The state after `token`, or -1 when it was not allowed.
   int advance(int state, int32_t token);
   // The state after a whole token sequence (an imported or recovered
@@ -37,6 +45,17 @@ class token_constraint {
   std::shared_ptr<const std::vector<std::string>> bytes_;
   std::vector<int32_t> eog_;
   std::unordered_map<int, std::vector<uint8_t>> masks_;
+  // Per state, for the last tokens of a budget: each allowed token's bytes
+  // to the end after it (k_far beyond), its largest, and the last budget
+  // mask made (reused while the budget stays the same).
+  static constexpr uint16_t k_far = UINT16_MAX;
+  struct closing {
+    std::vector<uint16_t> after;
+    int32_t most = 0;
+    int32_t budget = INT32_MIN;  // (room may be negative: none made yet)
+    std::vector<uint8_t> mask;
+  };
+  std::unordered_map<int, closing> closing_;
 };
 
 }  // namespace troupe

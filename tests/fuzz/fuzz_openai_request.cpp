@@ -5,7 +5,8 @@
 // goes to parse_tokenize and parse_detokenize (openai_endpoints), and the
 // raw bytes to bearer_key as an Authorization header; and the body as one
 // of POST /v1/responses (openai_responses), whose chat translation is
-// parsed in turn.  These report a bad
+// parsed in turn; and as one of POST /v1/embeddings (openai_embeddings),
+// whose response is built for what it accepts.  These report a bad
 // body as an api_error, never by exception: anything escaping is a
 // finding.  An accepted call has n Generates per prompt.
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "tools/client/openai_api.hpp"
+#include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_endpoints.hpp"
 #include "tools/client/openai_responses.hpp"
 
@@ -30,6 +32,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!troupe::openai::parse_detokenize(body, 32000, ids))
       for (const int32_t id : ids)
         if (id < 0 || id >= 32000) std::abort();
+  }
+  {
+    troupe::openai::embeddings_call e;
+    if (!troupe::openai::parse_embeddings(body, "stories15m", e)) {
+      if (e.generates.empty() || e.generates.size() > troupe::openai::k_max_embedding_inputs)
+        std::abort();
+      std::vector<std::vector<float>> vectors(e.generates.size(), std::vector<float>(3, 0.5f));
+      (void)troupe::openai::embeddings_response(e, "stories15m", vectors, 1).dump();
+    }
   }
   {
     nlohmann::ordered_json chat;

@@ -71,6 +71,7 @@ struct seq_out {
   int32_t cached = 0;
   int preempted = 0;
   int32_t accepted = 0;
+  std::vector<float> embedding;
 };
 
 // Carries out an engine's commands as a device would, in order, and
@@ -121,6 +122,13 @@ struct fake_device {
       l[next.at(row)] = 10.0f;
       if (b.positions[row] == nan_at_position) l.assign(k_vocab, std::nanf(""));
       r.logits.insert(r.logits.end(), l.begin(), l.end());
+    }
+    // An embedding row's "hidden state": its next token and a 1, so the
+    // pooled vector is right only if every row read the right context.
+    r.n_embd = 2;
+    for (int32_t row : b.hidden_rows) {
+      r.hidden.push_back(static_cast<float>(next.at(row)));
+      r.hidden.push_back(1.0f);
     }
     last_drawn.clear();
     for (const auto& p : b.presample) last_drawn.push_back(next.at(b.logit_rows.at(p.logit_index)));
@@ -189,6 +197,7 @@ struct fake_device {
               EXPECT_EQ(o.finish, finish_reason::none) << "a batch after the last one";
               o.finish = c.batch.finish;
               o.error = c.batch.error;
+              o.embedding = c.batch.embedding;
             } else if constexpr (std::is_same_v<T, engine_cmd::preempted>) {
               ++by_key[c.key].preempted;
             } else if constexpr (std::is_same_v<T, engine_cmd::ask_round>) {
@@ -286,6 +295,93 @@ void check_batched(instance_options o, int32_t n_pages) {
   EXPECT_GT(widest, 1u) << "the steps never batched two sequences";
   for (const auto& b : dev.plans)
     EXPECT_LE(static_cast<int32_t>(b.tokens.size()), o.limits.max_batch_tokens);
+}
+
+// What the fake device's pooled embedding of `prompt` is: the mean over
+// its positions of (the next token after the prefix, 1), L2-normalised.
+std::vector<float> reference_embedding(const std::vector<int32_t>& prompt) {
+  double a = 0, b = 0;
+  for (size_t i = 1; i <= prompt.size(); ++i) {
+    a += next_of(std::vector<int32_t>(prompt.begin(), prompt.begin() + long(i)));
+    b += 1;
+  }
+  a /= double(prompt.size());
+  b /= double(prompt.size());
+  const double n = std::sqrt(a * a + b * b);
+  return {float(a / n), float(b / n)};
+}
+
+// An embedding request pools every row of its prompt, in chunks, beside a
+// generating sequence, even where the prefix cache holds its prompt's
+// pages (a generation of the same prompt ran first); nothing is sampled.
+TEST(Engine, EmbeddingsPoolEveryRowOfThePrompt) {
+  engine e(fake_info(64), options(16, 6));
+  fake_device dev(e);
+  const auto p = prompt_of(4, 23);
+  const uint64_t gen = enqueue(e, spec(1, p, 4));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[gen].tokens, reference(p, 4));
+  auto embed_spec = [](uint64_t id, std::vector<int32_t> prompt) {
+    auto r = spec(id, std::move(prompt), 1);
+    r.embed = true;
+    return r;
+  };
+  const size_t plans_before = dev.plans.size();
+  const uint64_t k1 = enqueue(e, embed_spec(2, p));
+  const auto q = prompt_of(9, 11);
+  const uint64_t k2 = enqueue(e, embed_spec(3, q));
+  const uint64_t g2 = enqueue(e, spec(4, prompt_of(5, 7), 6));
+  dev.settle();
+  for (auto [key, prompt] : {std::pair{k1, p}, std::pair{k2, q}}) {
+    const auto want = reference_embedding(prompt);
+    ASSERT_EQ(dev.by_key[key].embedding.size(), 2u) << key;
+    EXPECT_NEAR(dev.by_key[key].embedding[0], want[0], 1e-6);
+    EXPECT_NEAR(dev.by_key[key].embedding[1], want[1], 1e-6);
+    EXPECT_EQ(dev.by_key[key].finish, finish_reason::embedded);
+    EXPECT_TRUE(dev.by_key[key].tokens.empty());
+    EXPECT_EQ(dev.by_key[key].cached, 0);
+  }
+  EXPECT_EQ(dev.by_key[g2].tokens, reference(prompt_of(5, 7), 6));
+  // Every row of both prompts was computed (no cached rows), none sampled.
+  size_t hidden = 0, most_rows = 0;
+  for (size_t i = plans_before; i < dev.plans.size(); ++i) {
+    hidden += dev.plans[i].hidden_rows.size();
+    most_rows = std::max(most_rows, dev.plans[i].tokens.size());
+  }
+  EXPECT_EQ(hidden, p.size() + q.size());
+  EXPECT_LE(most_rows, 16u);
+  expect_released(e);
+}
+
+// Exported mid-prompt (a migration), an embedding leaves no KV behind it:
+// the importer computes its prompt afresh and pools the same vector.
+TEST(Engine, AnExportedEmbeddingStartsAfreshWhereItGoes) {
+  engine a(fake_info(64), options(4, 4));
+  fake_device da(a);
+  const auto p = prompt_of(6, 19);
+  auto r = spec(7, p, 1);
+  r.embed = true;
+  enqueue(a, r);
+  da.carry_out();
+  da.answer_next();  // one chunk of 4 rows done
+  da.carry_out();
+  engine::export_start x;
+  ASSERT_EQ(a.begin_export(7, x), "");
+  EXPECT_TRUE(x.blob.tokens.empty());
+  da.settle();
+  expect_released(a);
+  engine b(fake_info(64), options(4, 4));
+  fake_device db(b);
+  uint64_t key = 0;
+  int32_t n_kv = -1;
+  ASSERT_EQ(b.import(r, encode_kv_blob(x.blob), key, n_kv), "");
+  EXPECT_EQ(n_kv, 0);
+  db.settle();
+  const auto want = reference_embedding(p);
+  ASSERT_EQ(db.by_key[key].embedding.size(), 2u);
+  EXPECT_NEAR(db.by_key[key].embedding[0], want[0], 1e-6);
+  EXPECT_EQ(db.by_key[key].finish, finish_reason::embedded);
+  expect_released(b);
 }
 
 TEST(Engine, BatchedSequencesGetWhatTheyGetAlone) {

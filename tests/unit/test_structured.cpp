@@ -264,5 +264,62 @@ TEST(TokenConstraint, TheMaskNeverRemovesEveryTokenAndWalksEndValid) {
   EXPECT_LT(c.replay({int32_t('x')}), 0);
 }
 
+TEST(RegexDfa, BytesToEndAreTheShortestCompletion) {
+  regex_dfa d(R"(\{"a":"[a-z]*"(,"bc":[0-9]+)?\})");
+  int s = d.start();
+  EXPECT_EQ(d.bytes_to_end(s), 8);  // {"a":""}
+  s = d.step(s, std::string(R"({"a":"xyz)"));
+  EXPECT_EQ(d.bytes_to_end(s), 2);  // "}
+  s = d.step(s, std::string(R"(","bc":)"));
+  EXPECT_EQ(d.bytes_to_end(s), 2);  // 1}
+  s = d.step(s, std::string("7}"));
+  EXPECT_TRUE(d.accepting(s));
+  EXPECT_EQ(d.bytes_to_end(s), 0);
+  EXPECT_EQ(d.bytes_to_end(-1), regex_dfa::k_unreachable);
+}
+
+// With a token budget, a walk that prefers to go on (the way a model fills
+// a JSON string until max_tokens) still closes: every walk ends valid
+// within its budget, for json_object and a schema with unbounded strings.
+TEST(TokenConstraint, ABudgetClosesTheOutputBeforeItEnds) {
+  auto vocab = vocabulary();
+  const int32_t end = int32_t(vocab->size() - 1);
+  const auto schema = nlohmann::ordered_json::parse(
+      R"({"type": "object", "properties": {"name": {"type": "string"},
+          "items": {"type": "array", "items": {"type": "string"}}},
+          "required": ["name", "items"]})");
+  for (const std::string& pattern : {json_object_regex(), schema_regex(schema)}) {
+    token_constraint c(pattern, vocab, {end});
+    regex_dfa check(pattern);
+    std::mt19937 rng(11);
+    for (const int32_t budget : {24, 32, 48, 64}) {  // the schema's shortest output: 22 bytes
+      for (int walk = 0; walk < 40; ++walk) {
+        int state = c.start();
+        std::string out;
+        bool ended = false;
+        for (int32_t used = 0; used < budget && !ended; ++used) {
+          const auto& allow = c.allowed(state, budget - used);
+          std::vector<int32_t> ok;
+          for (size_t t = 0; t < allow.size(); ++t)
+            if (allow[t] && int32_t(t) != end) ok.push_back(int32_t(t));
+          // Never end early: go on while anything but the end is allowed.
+          if (ok.empty()) {
+            ASSERT_TRUE(allow[size_t(end)]) << "nothing allowed after '" << out << "'";
+            ended = true;
+            break;
+          }
+          const int32_t t = ok[rng() % ok.size()];
+          out += (*vocab)[size_t(t)];
+          state = c.advance(state, t);
+          ASSERT_GE(state, 0);
+        }
+        EXPECT_TRUE(ended) << "budget " << budget << " ran out at '" << out << "'";
+        EXPECT_TRUE(matches(check, out)) << out;
+        EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe

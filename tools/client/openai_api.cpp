@@ -143,6 +143,21 @@ json error_body(const api_error& e) {
             {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
 }
 
+std::optional<api_error> check_model(const in_json& body, const std::string& served) {
+  auto it = body.find("model");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) return invalid_request("model", "'model' must be a string");
+  if (it->get<std::string>() == served) return std::nullopt;
+  api_error e;
+  e.status = 404;
+  e.type = "NotFoundError";
+  e.param = "model";
+  e.code = "model_not_found";
+  e.message = "The model '" + it->get<std::string>() + "' does not exist (this server serves '" +
+              served + "')";
+  return e;
+}
+
 std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
                                call& out) {
   if (!body.is_object()) return invalid_request("", "the request body must be a JSON object");
@@ -151,19 +166,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
                                    std::to_string(k_max_body_depth) + " levels deep");
   out = call{};
   out.chat = chat;
-  if (auto it = body.find("model"); it != body.end() && !it->is_null()) {
-    if (!it->is_string()) return invalid_request("model", "'model' must be a string");
-    if (it->get<std::string>() != served) {
-      api_error e;
-      e.status = 404;
-      e.type = "NotFoundError";
-      e.param = "model";
-      e.code = "model_not_found";
-      e.message = "The model '" + it->get<std::string>() +
-                  "' does not exist (this server serves '" + served + "')";
-      return e;
-    }
-  }
+  if (auto e = check_model(body, served)) return e;
 
   // The prompts.
   std::vector<wire::Generate> prompts;

@@ -59,6 +59,9 @@ struct call {
   tool_request tools;                     // chat: the tools offered, and the choice
 };
 
+// A 404 model_not_found where the body names a model other than `served`.
+std::optional<api_error> check_model(const nlohmann::ordered_json& body, const std::string& served);
+
 // Parses a request body (ordered: a JSON schema keeps its properties'
 // order); `served` is the model name the server answers to.
 // Unknown fields are ignored; a bad value is an api_error naming it.
@@ -79,6 +82,7 @@ struct choice {
   std::string finish;  // stop or length
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
+  std::vector<float> embedding;  // an embedding request's vector
 };
 
 using token_text_fn = std::function<std::string(int32_t)>;

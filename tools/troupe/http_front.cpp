@@ -20,6 +20,7 @@
 #include <zmq.hpp>
 
 #include "net/secret.hpp"
+#include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_responses.hpp"
 
 namespace troupe::cli {
@@ -158,6 +159,9 @@ struct http_front::impl {
     // (tools/client/openai_responses.hpp); its stream's event count.
     bool responses = false;
     openai::response_state resp;
+    // POST /v1/embeddings: its inputs (one choice each) and their encoding.
+    bool embeddings = false;
+    openai::embeddings_call emb;
     uint64_t sequence = 0;
     event* timer = nullptr;
     ~call() {
@@ -246,6 +250,7 @@ struct http_front::impl {
       p.accepted = p.ended = true;
       p.got.prompt_tokens = f.prompt_tokens();
       p.got.completion_tokens = f.completion_tokens();
+      p.got.embedding.assign(f.embedding().begin(), f.embedding().end());
       if (auto r = openai::finish_reason(f.reason())) {
         p.got.finish = *r;
       } else {
@@ -432,6 +437,15 @@ struct http_front::impl {
       if (k.responses) {
         settle_response(k, done.at(0));
         reply(k.req, 200, text_of(openai::response_object(k.resp)));
+      } else if (k.embeddings) {
+        std::vector<std::vector<float>> vectors;
+        uint64_t prompt_tokens = 0;
+        for (auto& d : done) {
+          prompt_tokens += d.prompt_tokens;
+          vectors.push_back(std::move(d.embedding));
+        }
+        reply(k.req, 200,
+              text_of(openai::embeddings_response(k.emb, opts.model, vectors, prompt_tokens)));
       } else {
         reply(k.req, 200,
               text_of(openai::response(k.c, k.id, opts.model, k.created, done, opts.token_text)));
@@ -529,22 +543,46 @@ struct http_front::impl {
     completions(req, chat, true, &body);
   }
 
+  // A new call for `req`, or null when the front takes no more (answered).
+  std::unique_ptr<call> new_call(evhttp_request* req) {
+    if (opts.draining && opts.draining()) {
+      reply_error(req, {503, "the server is shutting down", "server_error", "", "shutting_down"});
+      return nullptr;
+    }
+    if (calls.size() >= k_max_calls) {
+      reply_error(req, {429,
+                        "too many HTTP requests in progress (" + std::to_string(k_max_calls) +
+                            "); retry shortly",
+                        "rate_limit_error", "", "overloaded"});
+      return nullptr;
+    }
+    auto owned = std::make_unique<call>();
+    owned->front = this;
+    owned->req = req;
+    owned->conn = evhttp_request_get_connection(req);
+    owned->created = static_cast<int64_t>(std::time(nullptr));
+    return owned;
+  }
+
+  // POST /v1/embeddings: one Generate (embedding) per input, answered
+  // together (tools/client/openai_embeddings.hpp).
+  void embeddings(evhttp_request* req, const in_json& body) {
+    auto owned = new_call(req);
+    if (!owned) return;
+    call& k = *owned;
+    if (auto e = openai::parse_embeddings(body, opts.model, k.emb)) return reply_error(req, *e);
+    k.embeddings = true;
+    k.c.generates = k.emb.generates;
+    k.choices.resize(k.c.generates.size());
+    launch(std::move(owned));
+  }
+
   // `responses_body`: the Responses request this chat call stands for.
   void completions(evhttp_request* req, const in_json& body, bool chat,
                    const in_json* responses_body = nullptr) {
-    if (opts.draining && opts.draining())
-      return reply_error(req,
-                         {503, "the server is shutting down", "server_error", "", "shutting_down"});
-    if (calls.size() >= k_max_calls)
-      return reply_error(req, {429,
-                               "too many HTTP requests in progress (" +
-                                   std::to_string(k_max_calls) + "); retry shortly",
-                               "rate_limit_error", "", "overloaded"});
-    auto owned = std::make_unique<call>();
+    auto owned = new_call(req);
+    if (!owned) return;
     call& k = *owned;
-    k.front = this;
-    k.req = req;
-    k.conn = evhttp_request_get_connection(req);
     if (auto e = openai::parse(body, chat, opts.model, k.c)) return reply_error(req, *e);
     // echo of a token-id prompt: its text (parse has no tokenizer).
     for (size_t p = 0; k.c.echo && opts.detokenize && p < k.c.echo_text.size(); ++p) {
@@ -555,7 +593,6 @@ struct http_front::impl {
     }
     k.choices.resize(k.c.generates.size());
     k.id = random_id(chat ? "chatcmpl-" : "cmpl-");
-    k.created = static_cast<int64_t>(std::time(nullptr));
     if (responses_body) {
       k.responses = true;
       k.resp.id = random_id("resp_");
@@ -566,6 +603,13 @@ struct http_front::impl {
           it != responses_body->end() && it->is_number_integer())
         k.resp.max_output_tokens = it->get<int64_t>();
     }
+    launch(std::move(owned));
+  }
+
+  // Sends a parsed call's first Generates (n > 1: each prompt's first
+  // sample; advance() sends the rest) and waits for the server.
+  void launch(std::unique_ptr<call> owned) {
+    call& k = *owned;
     k.timer = evtimer_new(base, on_timer, &k);
     calls.emplace(&k, std::move(owned));
     evhttp_connection_set_closecb(k.conn, on_close, &k);
@@ -649,7 +693,8 @@ struct http_front::impl {
       return reply(req, 200, text_of(model_object()));
     }
     const bool known_post = path == "/v1/completions" || path == "/v1/chat/completions" ||
-                            path == "/v1/responses" || path == "/tokenize" || path == "/detokenize";
+                            path == "/v1/responses" || path == "/v1/embeddings" ||
+                            path == "/tokenize" || path == "/detokenize";
     if (known_post && !post)
       return reply_error(req, {405, "use POST for " + path, "invalid_request_error", "", ""});
     if (!known_post)
@@ -669,6 +714,7 @@ struct http_front::impl {
     if (path == "/v1/completions") return completions(req, body, false);
     if (path == "/v1/chat/completions") return completions(req, body, true);
     if (path == "/v1/responses") return responses(req, body);
+    if (path == "/v1/embeddings") return embeddings(req, body);
     if (!body.is_object())
       return reply_error(
           req, {400, "the request body must be a JSON object", "invalid_request_error", "", ""});

@@ -655,3 +655,88 @@ def test_langchain_bind_tools_and_structured_output_by_function_calling(smol):
 
     p = llm.with_structured_output(Person, method="function_calling").invoke("Describe a person.")
     assert isinstance(p, Person)
+
+
+def cosine(a, b) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+
+def test_embeddings_through_the_sdk_and_langchain(smol):
+    # Issue 34: /v1/embeddings was a 404.  The SDK asks for base64 unless
+    # told otherwise; both encodings must give the same vectors.
+    c = smol.client()
+    texts = ["The cat sat on the mat.", "A cat was sitting on a mat.",
+             "Quarterly revenue grew by four percent."]
+    r = c.embeddings.create(model="smollm2-135m-instruct", input=texts)
+    vecs = [d.embedding for d in r.data]
+    assert [d.index for d in r.data] == [0, 1, 2]
+    assert all(len(v) == 576 for v in vecs)
+    assert all(abs(sum(x * x for x in v) - 1.0) < 1e-4 for v in vecs)
+    assert r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens
+    as_float = c.embeddings.create(model="smollm2-135m-instruct", input=texts[0],
+                                   encoding_format="float")
+    assert cosine(as_float.data[0].embedding, vecs[0]) > 0.999999
+    # Paraphrases are nearer each other than an unrelated sentence.
+    assert cosine(vecs[0], vecs[1]) > cosine(vecs[0], vecs[2])
+    # Token ids embed as the text they spell.
+    ids = json.loads(urllib.request.urlopen(urllib.request.Request(
+        smol.base + "/tokenize", data=json.dumps({"content": texts[0]}).encode(),
+        headers={"Content-Type": "application/json"}), timeout=30).read())["tokens"]
+    by_ids = c.embeddings.create(model="smollm2-135m-instruct", input=[ids])
+    assert cosine(by_ids.data[0].embedding, vecs[0]) > 0.999999
+    with pytest.raises(openai.BadRequestError) as e:
+        c.embeddings.create(model="smollm2-135m-instruct", input="x", dimensions=64)
+    assert "'dimensions' is not supported" in str(e.value)
+
+    from langchain_openai import OpenAIEmbeddings
+    lc = OpenAIEmbeddings(base_url=smol.base + "/v1", api_key="none", model="smollm2-135m-instruct",
+                          check_embedding_ctx_length=False, max_retries=0)
+    docs = lc.embed_documents(texts)
+    assert len(docs) == 3 and cosine(docs[0], vecs[0]) > 0.999999
+    assert cosine(lc.embed_query(texts[2]), vecs[2]) > 0.999999
+
+
+def test_json_object_closes_within_max_tokens(smol):
+    # Issue 34: json_object ran to the length limit filling one string.
+    # The constraint now keeps room to close: every output parses.
+    c = smol.client()
+    for max_tokens in (12, 24, 48):
+        r = c.chat.completions.create(
+            model="smollm2-135m-instruct", max_tokens=max_tokens, temperature=1, seed=5, n=4,
+            messages=[{"role": "user", "content": "Write a long story as a JSON object."}],
+            response_format={"type": "json_object"})
+        for ch in r.choices:
+            assert isinstance(json.loads(ch.message.content), dict), ch.message.content
+            assert r.usage.completion_tokens <= 4 * max_tokens
+
+
+def test_litellm_completion_stream_tools_and_embeddings(smol, monkeypatch):
+    # Issue 34: the clients users already run, litellm among them (its
+    # "openai/" provider against an OpenAI-compatible base).
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch at import
+    import litellm
+
+    common = dict(model="openai/smollm2-135m-instruct", api_base=smol.base + "/v1",
+                  api_key="none", num_retries=0)
+    msgs = [{"role": "user", "content": "Say hello."}]
+    r = litellm.completion(messages=msgs, max_tokens=12, temperature=0, **common)
+    text = r.choices[0].message.content
+    assert text and r.usage.completion_tokens <= 12
+    streamed = "".join(chunk.choices[0].delta.content or ""
+                       for chunk in litellm.completion(messages=msgs, max_tokens=12, temperature=0,
+                                                       stream=True, **common))
+    assert streamed == text
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}
+    t = litellm.completion(messages=[{"role": "user", "content": "Weather in Paris?"}],
+                           tools=[weather], max_tokens=40, temperature=0,
+                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                           **common)
+    calls = t.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "get_weather"
+    assert "city" in json.loads(calls[0].function.arguments)
+    e = litellm.embedding(input=["one", "two"], **common)
+    assert len(e.data) == 2 and len(e.data[0]["embedding"]) == 576
