@@ -730,6 +730,7 @@ void engine::pool_rows(const step_chunk& c, const forward_result& r, size_t firs
   }
   s.computed += c.n_tokens;
   counters_.prefill_tokens += c.n_tokens;
+  s.run();
   if (opts_.prefix_caching && s.computed / info_.page_size > s.committed_pages) {
     pool_->commit_full_pages(s.key, s.tokens);  // other prompts may reuse its KV
     s.committed_pages = s.computed / info_.page_size;
@@ -741,6 +742,8 @@ void engine::pool_rows(const step_chunk& c, const forward_result& r, size_t firs
     norm += v * v;
   }
   norm = std::sqrt(norm);
+  if (!std::isfinite(norm))  // as NaN logits fail a generation
+    throw std::runtime_error("the embedding's hidden states are not finite");
   token_batch last;
   last.id = s.req.id;
   last.finish = finish_reason::embedded;
@@ -838,8 +841,11 @@ std::string engine::import(sequence_spec r, const std::vector<uint8_t>& bytes, u
   int c_state = -1;
   if (auto why = constrain(r, c, c_state); !why.empty()) return why;
   // At least the last token is computed here, for the logits of the next.
-  const int32_t n_kv = std::min<int32_t>(static_cast<int32_t>(b.tokens.size()),
-                                         static_cast<int32_t>(all.size()) - 1);
+  // An embedding pools every row, and its sum does not travel: none of a
+  // blob's KV is taken for it.
+  const int32_t n_kv = r.embed ? 0
+                               : std::min<int32_t>(static_cast<int32_t>(b.tokens.size()),
+                                                   static_cast<int32_t>(all.size()) - 1);
   live_seq& s = add_sequence(std::move(r));
   s.first_admission = false;
   s.constraint = std::move(c);

@@ -69,11 +69,18 @@ std::string find_default_system(const std::string& source) {
   return {};
 }
 
-void check_role(const chat_message& m) {
-  if (m.role != "system" && m.role != "user" && m.role != "assistant") {
-    throw std::runtime_error("unsupported chat role '" + m.role +
-                             "' (allowed: system, user, assistant)");
-  }
+void check_role(chat_format f, const chat_message& m) {
+  if (m.role == "system" || m.role == "user" || m.role == "assistant") return;
+  if (f == chat_format::llama3 && m.role == "ipython") return;
+  if (f == chat_format::mistral &&
+      (m.role == "available_tools" || m.role == "tool_calls" || m.role == "tool_results"))
+    return;
+  throw std::runtime_error(
+      "unsupported chat role '" + m.role + "' (allowed: system, user, assistant" +
+      (f == chat_format::llama3    ? ", ipython"
+       : f == chat_format::mistral ? ", available_tools, tool_calls, tool_results"
+                                   : "") +
+      ")");
 }
 
 std::string strip(std::string_view s) {
@@ -161,6 +168,69 @@ std::string render_gemma(const std::vector<chat_message>& messages, bool add_gen
   return out;
 }
 
+// Llama 3, as llama.cpp's built-in llama3 template: every turn a header,
+// its trimmed content and <|eot_id|>; BOS comes from the tokenizer.
+std::string render_llama3(const std::vector<chat_message>& messages, bool add_generation_prompt) {
+  std::string out;
+  for (const chat_message& m : messages)
+    out.append("<|start_header_id|>")
+        .append(m.role)
+        .append("<|end_header_id|>\n\n")
+        .append(strip(m.content))
+        .append("<|eot_id|>");
+  if (add_generation_prompt) out.append("<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out;
+}
+
+// Mistral's [INST] turns.  v1 as llama.cpp's built-in mistral-v1
+// template (the system message opens the first turn).  v3 and v3-tekken as
+// Mistral's own Jinja templates (Mistral-7B-v0.3's, Nemo's), which llama.cpp
+// runs with --jinja: the system message goes into the last user turn
+// (when the conversation ends with one), an answer is " " + its trimmed
+// text (v3) or its text (tekken), and the tool turns are written as they
+// are, the available tools just before the last user turn.  BOS comes
+// from the tokenizer; the answer follows [/INST] or a tool's results.
+std::string render_mistral(mistral_style style, const std::vector<chat_message>& messages) {
+  std::string out, system;
+  if (style == mistral_style::v1) {
+    bool inside = false;
+    for (const chat_message& m : messages) {
+      if (!inside) out.append(" [INST] ");
+      inside = true;
+      if (m.role == "system") {
+        out.append(m.content).append("\n\n");
+      } else if (m.role == "user") {
+        out.append(m.content).append(" [/INST]");
+      } else {
+        out.append(" ").append(m.content).append("</s>");
+        inside = false;
+      }
+    }
+    return out;
+  }
+  const std::string space = style == mistral_style::v3 ? " " : "";
+  for (const chat_message& m : messages)
+    if (m.role == "system") system.append(m.content);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const chat_message& m = messages[i];
+    if (m.role == "system") continue;
+    if (m.role == "available_tools" || m.role == "tool_results") {
+      out.append(m.content);
+    } else if (m.role == "tool_calls") {
+      out.append(m.content).append("</s>");
+    } else if (m.role == "user") {
+      out.append("[INST]").append(space);
+      if (i + 1 == messages.size() && !system.empty()) out.append(system).append("\n\n");
+      out.append(m.content).append("[/INST]");
+    } else {
+      out.append(space)
+          .append(style == mistral_style::v3 ? strip(m.content) : m.content)
+          .append("</s>");
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 chat_template_info parse_chat_template(const std::string& source) {
@@ -179,12 +249,31 @@ chat_template_info parse_chat_template(const std::string& source) {
     info.format = chat_format::gemma;
     return info;
   }
-  refuse(source, "neither ChatML, llama-2 [INST]/<<SYS>> nor Gemma <start_of_turn>");
+  if (source.find("<|start_header_id|>") != std::string::npos &&
+      source.find("<|end_header_id|>") != std::string::npos) {
+    info.format = chat_format::llama3;
+    return info;
+  }
+  // Mistral's official v1, v3 and v3-tekken templates, told apart as
+  // llama.cpp tells them ([SYSTEM_PROMPT] templates, v7, are not read).
+  if (source.find("[INST]") != std::string::npos &&
+      source.find("[SYSTEM_PROMPT]") == std::string::npos &&
+      (source.find("' [INST] ' + system_message") != std::string::npos ||
+       source.find("[AVAILABLE_TOOLS]") != std::string::npos)) {
+    info.format = chat_format::mistral;
+    info.mistral = source.find(" [INST]") != std::string::npos      ? mistral_style::v1
+                   : source.find("\"[INST]\"") != std::string::npos ? mistral_style::tekken
+                                                                    : mistral_style::v3;
+    return info;
+  }
+  refuse(source,
+         "neither ChatML, llama-2 [INST]/<<SYS>>, Gemma <start_of_turn>, Llama 3 "
+         "<|start_header_id|> nor Mistral [INST]/[AVAILABLE_TOOLS]");
 }
 
 std::string render_chat(const chat_template_info& info, const std::vector<chat_message>& messages,
                         bool add_generation_prompt) {
-  for (const chat_message& m : messages) check_role(m);
+  for (const chat_message& m : messages) check_role(info.format, m);
   switch (info.format) {
     case chat_format::chatml:
       return render_chatml(info, messages, add_generation_prompt);
@@ -192,6 +281,10 @@ std::string render_chat(const chat_template_info& info, const std::vector<chat_m
       return render_llama2(messages);
     case chat_format::gemma:
       return render_gemma(messages, add_generation_prompt);
+    case chat_format::llama3:
+      return render_llama3(messages, add_generation_prompt);
+    case chat_format::mistral:
+      return render_mistral(info.mistral, messages);
   }
   throw std::runtime_error("unsupported chat template: unknown format");
 }

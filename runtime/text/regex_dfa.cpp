@@ -380,13 +380,12 @@ void regex_dfa::measure_to_end() {
         queue.push_back(x);
     }
   }
+  for (int32_t d : nfa_to_end_)
+    if (d != k_unreachable) longest_ = std::max(longest_, d);
 }
 
 int32_t regex_dfa::bytes_to_end(int state) const {
-  if (state < 0) return k_unreachable;
-  int32_t best = k_unreachable;
-  for (int x : sets_[size_t(state)]) best = std::min(best, nfa_to_end_[size_t(x)]);
-  return best;
+  return state < 0 ? k_unreachable : to_end_[size_t(state)];
 }
 
 bool regex_dfa::accept_reachable() const {
@@ -429,6 +428,9 @@ int regex_dfa::dfa_state(std::vector<int> set) {
   if (sets_.size() >= 100000) throw regex_error("regex: the pattern needs too many states");
   const int id = int(sets_.size());
   accept_.push_back(std::binary_search(set.begin(), set.end(), nfa_accept_));
+  int32_t to_end = k_unreachable;
+  for (int x : set) to_end = std::min(to_end, nfa_to_end_[size_t(x)]);
+  to_end_.push_back(to_end);
   std::array<int, 256> unknown;
   unknown.fill(-2);
   next_.push_back(unknown);

@@ -44,6 +44,9 @@ class regex_dfa {
   // accepting; k_unreachable where none can), for closing an output
   // before its token budget runs out.
   int32_t bytes_to_end(int state) const;
+  // The largest finite bytes_to_end of any state: a budget at least this
+  // large never needs closing.
+  int32_t longest_completion() const { return longest_; }
   static constexpr int32_t k_unreachable = INT32_MAX;
   size_t states() const { return sets_.size(); }
 
@@ -56,6 +59,8 @@ class regex_dfa {
   std::vector<nfa_state> nfa_;
   int nfa_start_ = 0, nfa_accept_ = 0;
   std::vector<int32_t> nfa_to_end_;  // per NFA state: the fewest bytes to the accept state
+  int32_t longest_ = 0;
+  std::vector<int32_t> to_end_;  // per DFA state: bytes_to_end
   size_t max_states_;
 
   std::vector<std::vector<int>> sets_;      // DFA state -> sorted NFA states

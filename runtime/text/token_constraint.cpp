@@ -32,6 +32,9 @@ const std::vector<uint8_t>& token_constraint::allowed(int state) {
 
 const std::vector<uint8_t>& token_constraint::allowed(int state, int32_t tokens_left) {
   const auto& base = allowed(state);
+  // After this token: room for the bytes to the end and the end token.
+  const int32_t room = tokens_left - 2;
+  if (room >= dfa_.longest_completion()) return base;  // far from the end: nothing to close
   auto [it, made] = closing_.try_emplace(state);
   closing& c = it->second;
   if (made) {
@@ -43,8 +46,6 @@ const std::vector<uint8_t>& token_constraint::allowed(int state, int32_t tokens_
       c.most = std::max<int32_t>(c.most, c.after[t]);
     }
   }
-  // After this token: room for the bytes to the end and the end token.
-  const int32_t room = tokens_left - 2;
   if (room >= c.most) return base;
   if (c.budget == room) return c.mask;
   c.budget = room;
@@ -52,7 +53,9 @@ const std::vector<uint8_t>& token_constraint::allowed(int state, int32_t tokens_
   int32_t nearest = k_far;
   for (size_t t = 0; t < base.size(); ++t)
     if (base[t] && !is_end(int32_t(t))) nearest = std::min<int32_t>(nearest, c.after[t]);
-  const int32_t bound = std::max(room, nearest);  // none fits: the nearest ones
+  // Where the output may end now, only what still fits (the end token
+  // always does); else, where nothing fits, the tokens nearest the end.
+  const int32_t bound = dfa_.accepting(state) ? room : std::max(room, nearest);
   for (size_t t = 0; t < base.size(); ++t)
     c.mask[t] = base[t] && (is_end(int32_t(t)) || c.after[t] <= bound) ? 1 : 0;
   return c.mask;

@@ -123,7 +123,7 @@ TEST(Embeddings, Gemma3MatchesLlamaCpp) {
   matches_llama_cpp("gemma3-270m", 1e-2);
 }
 
-TEST(Embeddings, BadInputsAreRefusedByName) {
+TEST(Embeddings, BadInputsAreRefusedByNameAndLargeCallsAnswered) {
   const int http = free_port();
   server_process server("--http-port " + std::to_string(http));
   for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
@@ -146,6 +146,15 @@ TEST(Embeddings, BadInputsAreRefusedByName) {
   // And the server still answers.
   const auto ok = http_post(http, "/v1/embeddings", R"({"input": "Once upon a time"})");
   EXPECT_EQ(http_status(ok), 200) << ok.substr(0, 300);
+  // A call of 300 inputs (more than the gateway queues for everyone at
+  // once) goes a window at a time and is answered whole, in order.
+  json many = json::array();
+  for (int i = 0; i < 300; ++i) many.push_back("Story number " + std::to_string(i));
+  const auto vectors = embed(http, many, nullptr);
+  ASSERT_EQ(vectors.size(), 300u);
+  // (Alone its batch differs: the same vector up to the sums' order.)
+  EXPECT_GT(compare(vectors[7], embed(http, many[7], nullptr).at(0)).cosine, 1.0 - 1e-6);
+  EXPECT_LT(compare(vectors[7], vectors[8]).cosine, 1.0 - 1e-4);
 }
 
 }  // namespace

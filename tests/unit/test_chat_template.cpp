@@ -138,6 +138,46 @@ TEST(ChatTemplate, GemmaFoldsSystemIntoTheFirstUserTurn) {
   EXPECT_EQ(render_chat(source, {{"user", "Hi"}}, false), "<start_of_turn>user\nHi<end_of_turn>\n");
 }
 
+// Llama 3 and Mistral v1: what llama.cpp's built-in llama3 and mistral-v1
+// templates render (llama-server --no-jinja --chat-template NAME,
+// /apply-template, October 2026); Mistral v3-tekken: what llama.cpp
+// renders through Mistral Nemo's own template (--jinja
+// --chat-template-file models/templates/mistralai-Mistral-Nemo-Instruct-
+// 2407.jinja: the system message in the last user turn), v3 by the same
+// rules with Mistral-7B-v0.3's spacing.
+TEST(ChatTemplate, Llama3AndMistralAsLlamaCppRendersThem) {
+  const std::vector<chat_message> messages = {{"system", "You are terse."},
+                                              {"user", "Hi there"},
+                                              {"assistant", " Hello! "},
+                                              {"user", "Weather?"}};
+  const std::string llama3 =
+      "{{- bos_token }}{%- for message in messages %}{{- '<|start_header_id|>' + message['role'] "
+      "+ '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}{%- endfor %}";
+  EXPECT_EQ(parse_chat_template(llama3).format, chat_format::llama3);
+  EXPECT_EQ(render_chat(llama3, messages, true),
+            "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nHello!<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nWeather?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  const std::string v3 = "{%- if tools %}[AVAILABLE_TOOLS]{%- endif %}{{ '[INST] ' + m }}";
+  const std::string tekken = "{{- \"[AVAILABLE_TOOLS][\" }}{{- \"[INST]\" + m + \"[/INST]\" }}";
+  const std::string v1 = "{{ bos_token + ' [INST] ' + system_message }}";
+  EXPECT_EQ(parse_chat_template(v3).mistral, mistral_style::v3);
+  EXPECT_EQ(parse_chat_template(tekken).mistral, mistral_style::tekken);
+  EXPECT_EQ(parse_chat_template(v1).mistral, mistral_style::v1);
+  EXPECT_EQ(render_chat(v3, messages, true),
+            "[INST] Hi there[/INST] Hello!</s>[INST] You are terse.\n\nWeather?[/INST]");
+  EXPECT_EQ(render_chat(tekken, messages, true),
+            "[INST]Hi there[/INST] Hello! </s>[INST]You are terse.\n\nWeather?[/INST]");
+  EXPECT_EQ(render_chat(v1, messages, true),
+            " [INST] You are terse.\n\nHi there [/INST]  Hello! </s> [INST] Weather? [/INST]");
+  // Tool turns only where their family has them.
+  EXPECT_NO_THROW(render_chat(llama3, {{"user", "x"}, {"ipython", "\"ok\""}}, true));
+  EXPECT_THROW(render_chat(llama3, {{"tool_calls", "x"}}, true), std::runtime_error);
+  EXPECT_THROW(render_chat(v3, {{"ipython", "x"}}, true), std::runtime_error);
+}
+
 TEST(ChatTemplate, RefusesUnknownTemplatesAndRoles) {
   EXPECT_THROW(render_chat("", {{"user", "Hi"}}, true), std::runtime_error);
   try {

@@ -278,6 +278,26 @@ TEST(RegexDfa, BytesToEndAreTheShortestCompletion) {
   EXPECT_EQ(d.bytes_to_end(-1), regex_dfa::k_unreachable);
 }
 
+// Where the output may end, only tokens whose completion still fits are
+// offered: the end token always does.
+TEST(TokenConstraint, AtTheBudgetsEndOnlyWhatFitsIsOffered) {
+  auto vocab = vocabulary();
+  const int32_t end = int32_t(vocab->size() - 1);
+  token_constraint c("ab|abcde", vocab, {end});
+  const int s = c.replay({int32_t('a'), int32_t('b')});
+  ASSERT_TRUE(c.may_end(s));
+  for (const auto& [left, c_allowed] :
+       std::vector<std::pair<int32_t, bool>>{{1, false}, {2, false}, {3, false}, {4, true}}) {
+    const auto& allow = c.allowed(s, left);
+    EXPECT_TRUE(allow[size_t(end)]) << left;
+    // After 'c', "de" and the end need 3 more tokens.
+    EXPECT_EQ(bool(allow[size_t('c')]), c_allowed) << left;
+  }
+  // Where it may not end yet and nothing fits, the nearest way on is kept.
+  const int a = c.replay({int32_t('a')});
+  EXPECT_TRUE(c.allowed(a, 1)[size_t('b')]);
+}
+
 // With a token budget, a walk that prefers to go on (the way a model fills
 // a JSON string until max_tokens) still closes: every walk ends valid
 // within its budget, for json_object and a schema with unbounded strings.

@@ -158,8 +158,8 @@ std::optional<api_error> check_model(const in_json& body, const std::string& ser
   return e;
 }
 
-std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served,
-                               call& out) {
+std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served, call& out,
+                               tool_format tools) {
   if (!body.is_object()) return invalid_request("", "the request body must be a JSON object");
   if (json_nests_deeper(body, k_max_body_depth))
     return invalid_request("", "the request body nests more than " +
@@ -174,14 +174,22 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     auto it = body.find("messages");
     if (it == body.end() || !it->is_array() || it->empty())
       return invalid_request("messages", "'messages' must be a non-empty array of {role, content}");
+    // The deprecated function-calling fields would otherwise be dropped
+    // without a word, as tools once were.
+    for (const char* legacy : {"functions", "function_call"})
+      if (auto f = body.find(legacy); f != body.end() && !f->is_null())
+        return invalid_request(legacy, std::string("'") + legacy +
+                                           "' is OpenAI's deprecated form: use 'tools' and "
+                                           "'tool_choice'");
     if (auto e = parse_tools(body, out.tools)) return e;
+    out.tools.format = tools;
     std::vector<std::pair<std::string, std::string>> msgs;  // role, content
     for (const auto& m : *it) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         return invalid_request("messages", "each message needs a 'role' string");
       std::string role = m["role"].get<std::string>(), text;
       bool tool_turn = false;  // a tool's result, or an assistant's calls
-      if (auto e = tool_message(m, role, text, tool_turn)) return e;
+      if (auto e = tool_message(m, tools, role, text, tool_turn)) return e;
       if (tool_turn) {
         msgs.emplace_back(role, text);
         continue;
@@ -195,12 +203,8 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
         return invalid_request("messages", "a message's 'content' must be a string or text parts");
       msgs.emplace_back(role, *content);
     }
-    // The tools go into the system prompt (the first one's, or a new one).
     if (out.tools.active()) {
-      if (msgs.front().first == "system")
-        msgs.front().second += "\n\n" + tools_prompt(out.tools);
-      else
-        msgs.insert(msgs.begin(), {"system", tools_prompt(out.tools)});
+      if (auto e = place_tools(out.tools, msgs)) return e;
     }
     wire::Generate g;
     for (const auto& [role, content] : msgs) {

@@ -33,8 +33,21 @@ struct tool_spec {
   nlohmann::ordered_json parameters = nlohmann::ordered_json::object();
 };
 
+// How the model's chat template writes tools, calls and results: Hermes
+// (<tool_call> blocks; ChatML, Qwen and the families without a convention
+// of their own), Llama 3's JSON calls ({"name", "parameters"}, results in
+// an "ipython" turn), Mistral's [AVAILABLE_TOOLS] / [TOOL_CALLS] /
+// [TOOL_RESULTS] as its v3-tekken templates spell them (Nemo's) and as
+// its v3 ones do (a space after each tag).
+enum class tool_format { hermes, llama3, mistral, mistral_v3 };
+
+inline bool is_mistral(tool_format f) {
+  return f == tool_format::mistral || f == tool_format::mistral_v3;
+}
+
 struct tool_request {
   std::vector<tool_spec> tools;
+  tool_format format = tool_format::hermes;
   enum class choice { none, automatic, required, named } pick = choice::automatic;
   std::string named;  // pick == named
   bool parallel = true;
@@ -63,10 +76,12 @@ struct call {
 std::optional<api_error> check_model(const nlohmann::ordered_json& body, const std::string& served);
 
 // Parses a request body (ordered: a JSON schema keeps its properties'
-// order); `served` is the model name the server answers to.
-// Unknown fields are ignored; a bad value is an api_error naming it.
+// order); `served` is the model name the server answers to, `tools` how
+// its chat template writes tools.  Unknown fields are ignored; a bad
+// value is an api_error naming it.
 std::optional<api_error> parse(const nlohmann::ordered_json& body, bool chat,
-                               const std::string& served, call& out);
+                               const std::string& served, call& out,
+                               tool_format tools = tool_format::hermes);
 
 // The HTTP status and OpenAI error for a server Error message.
 api_error from_wire(const wire::Error& e);

@@ -1,6 +1,10 @@
 #include "tools/client/openai_tools.hpp"
 
+#include <algorithm>
+#include <cstring>
 #include <random>
+
+#include "runtime/common/json_depth.hpp"
 
 namespace troupe::openai {
 
@@ -23,19 +27,84 @@ bool valid_name(const std::string& n) {
   return true;
 }
 
+constexpr int k_max_arguments_depth = 100;  // as the request body's (openai_api.cpp)
+
 const char* const k_open = "<tool_call>";
 const char* const k_close = "</tool_call>";
 
-// One {"name", "arguments"} object naming a known tool, as a call.
+// Mistral's v3 templates put a space after each tag, v3-tekken's none.
+const char* gap(tool_format f) {
+  return f == tool_format::mistral_v3 ? " " : "";
+}
+
+// The key of a call's arguments in t's format.
+const char* args_key(tool_format f) {
+  return f == tool_format::llama3 ? "parameters" : "arguments";
+}
+
+// One {"name", "arguments"} object ("parameters" for Llama 3) naming a
+// known tool, as a call.
 std::optional<tool_call> as_call(const in_json& j, const tool_request& t) {
   if (!j.is_object() || !j.contains("name") || !j["name"].is_string()) return std::nullopt;
   const std::string name = j["name"].get<std::string>();
   bool known = false;
   for (const auto& spec : t.tools) known = known || spec.name == name;
   if (!known) return std::nullopt;
-  const in_json args = j.contains("arguments") ? j["arguments"] : in_json::object();
+  // Llama 3 models write "parameters" as their template asks, and at
+  // times "arguments": either is read.
+  const char* key = args_key(t.format);
+  if (!j.contains(key) && j.contains("arguments")) key = "arguments";
+  const in_json args = j.contains(key) ? j[key] : in_json::object();
   if (!args.is_object()) return std::nullopt;
   return tool_call{call_id(), name, args.dump()};
+}
+
+// JSON as Python's json.dumps writes it by default (", " and ": "), which
+// the templates' `tojson` filter is.
+std::string py_json(const in_json& j) {
+  if (j.is_object()) {
+    std::string s = "{";
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it != j.begin()) s += ", ";
+      s += in_json(it.key()).dump() + ": " + py_json(it.value());
+    }
+    return s + "}";
+  }
+  if (j.is_array()) {
+    std::string s = "[";
+    for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + py_json(j[i]);
+    return s + "]";
+  }
+  return j.dump(-1, ' ', false, in_json::error_handler_t::replace);
+}
+
+// The tool as OpenAI's request wrote it, for the templates that print it.
+in_json tool_object(const tool_spec& spec) {
+  in_json f = {{"name", spec.name}};
+  if (!spec.description.empty()) f["description"] = spec.description;
+  f["parameters"] = spec.parameters;
+  return {{"type", "function"}, {"function", f}};
+}
+
+// Mistral's call ids are 9 letters or digits: an OpenAI id's last ones.
+std::string mistral_id(const std::string& id) {
+  std::string alnum;
+  for (char c : id)
+    if (std::isalnum(static_cast<unsigned char>(c))) alnum += c;
+  if (alnum.size() > 9) alnum = alnum.substr(alnum.size() - 9);
+  return std::string(9 - alnum.size(), '0') + alnum;
+}
+
+// A message's text content: a string or text parts.
+std::optional<std::string> text_of(const in_json& m) {
+  const auto c = m.find("content");
+  if (c != m.end() && c->is_string()) return c->get<std::string>();
+  if (c == m.end() || !c->is_array()) return std::nullopt;
+  std::string text;
+  for (const auto& part : *c)
+    if (part.is_object() && part.contains("text") && part["text"].is_string())
+      text += part["text"].get<std::string>();
+  return text;
 }
 
 }  // namespace
@@ -119,16 +188,62 @@ std::string tools_prompt(const tool_request& t) {
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
       "provided with function signatures within <tools></tools> XML tags:\n<tools>";
   for (const auto& spec : t.tools) {
-    in_json f = {{"name", spec.name}};
-    if (!spec.description.empty()) f["description"] = spec.description;
-    f["parameters"] = spec.parameters;
     s += '\n';
-    s += in_json{{"type", "function"}, {"function", f}}.dump();
+    s += tool_object(spec).dump();
   }
   s += "\n</tools>\n\nFor each function call, return a json object with function name and "
        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
   return s;
+}
+
+std::optional<api_error> place_tools(const tool_request& t,
+                                     std::vector<std::pair<std::string, std::string>>& msgs) {
+  switch (t.format) {
+    case tool_format::hermes:
+      if (!msgs.empty() && msgs.front().first == "system")
+        msgs.front().second += "\n\n" + tools_prompt(t);
+      else
+        msgs.insert(msgs.begin(), {"system", tools_prompt(t)});
+      return std::nullopt;
+    case tool_format::llama3: {
+      // Llama 3.1-3.3's template with tools_in_user_message (its default).
+      auto user =
+          std::find_if(msgs.begin(), msgs.end(), [](const auto& m) { return m.first == "user"; });
+      if (user == msgs.end())
+        return invalid_request("messages", "tools for this model's template need a user message");
+      std::string s =
+          "Given the following functions, please respond with a JSON for a function call with its "
+          "proper arguments that best answers the given prompt.\n\nRespond in the format "
+          "{\"name\": function name, \"parameters\": dictionary of argument name and its "
+          "value}.Do not use variables.\n\n";
+      for (const auto& spec : t.tools) s += tool_object(spec).dump(4) + "\n\n";
+      user->second = s + user->second;
+      return std::nullopt;
+    }
+    case tool_format::mistral:
+    case tool_format::mistral_v3: {
+      // Mistral's v3 templates: the tools just before the last user turn.
+      auto last =
+          std::find_if(msgs.rbegin(), msgs.rend(), [](const auto& m) { return m.first == "user"; });
+      if (last == msgs.rend())
+        return invalid_request("messages", "tools for this model's template need a user message");
+      std::string s = std::string("[AVAILABLE_TOOLS]") + gap(t.format) + "[";
+      for (size_t i = 0; i < t.tools.size(); ++i) {
+        const auto& spec = t.tools[i];
+        // As the template prints it: string values between quotes as they
+        // are, the parameters through tojson.
+        s += "{\"type\": \"function\", \"function\": {\"name\": \"" + spec.name + "\"";
+        if (!spec.description.empty()) s += ", \"description\": \"" + spec.description + "\"";
+        s += ", \"parameters\": " + py_json(spec.parameters) + "}}";
+        s += i + 1 < t.tools.size() ? ", " : "]";
+      }
+      s += "[/AVAILABLE_TOOLS]";
+      msgs.insert(last.base() - 1, {"available_tools", s});
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
 }
 
 std::string forced_schema(const tool_request& t) {
@@ -137,35 +252,45 @@ std::string forced_schema(const tool_request& t) {
     if (t.pick == tool_request::choice::named && spec.name != t.named) continue;
     alternatives.push_back(
         {{"type", "object"},
-         {"properties", {{"name", {{"const", spec.name}}}, {"arguments", spec.parameters}}}});
+         {"properties",
+          {{"name", {{"const", spec.name}}}, {args_key(t.format), spec.parameters}}}});
   }
   const in_json one = alternatives.size() == 1 ? alternatives[0] : in_json{{"anyOf", alternatives}};
-  if (t.parallel && t.pick == tool_request::choice::required)
+  const bool several = t.parallel && t.pick == tool_request::choice::required;
+  if (is_mistral(t.format))  // always a list (what follows [TOOL_CALLS])
+    return in_json{
+        {"type", "array"}, {"items", one}, {"minItems", 1}, {"maxItems", several ? 4 : 1}}
+        .dump();
+  if (several && t.format == tool_format::hermes)  // (Llama 3 calls one function at a time)
     return in_json{{"type", "array"}, {"items", one}, {"minItems", 1}, {"maxItems", 4}}.dump();
   return one.dump();
 }
 
-std::optional<api_error> tool_message(const in_json& m, std::string& role, std::string& content,
-                                      bool& is_tool_message) {
+std::optional<api_error> tool_message(const in_json& m, tool_format format, std::string& role,
+                                      std::string& content, bool& is_tool_message) {
   is_tool_message = false;
   const std::string r = m["role"].get<std::string>();
   if (r == "tool") {
     is_tool_message = true;
-    const auto c = m.find("content");
-    std::string text;
-    if (c != m.end() && c->is_string())
-      text = c->get<std::string>();
-    else if (c != m.end() && c->is_array()) {
-      for (const auto& part : *c)
-        if (part.is_object() && part.contains("text") && part["text"].is_string())
-          text += part["text"].get<std::string>();
-    } else {
+    const auto text = text_of(m);
+    if (!text)
       return invalid_request("messages",
                              "a tool message's 'content' must be a string or text parts");
+    if (format == tool_format::llama3) {
+      role = "ipython";
+      content = in_json(*text).dump();  // its template's tojson of the content, quotes and all
+    } else if (is_mistral(format)) {
+      const auto id = m.find("tool_call_id");
+      role = "tool_results";
+      content = std::string("[TOOL_RESULTS]") + gap(format) + "{\"content\": " + *text +
+                ", \"call_id\": \"" +
+                mistral_id(id != m.end() && id->is_string() ? id->get<std::string>() : "") +
+                "\"}[/TOOL_RESULTS]";
+    } else {
+      // Tool results come back as the user's words (Qwen's template does so).
+      role = "user";
+      content = "<tool_response>\n" + *text + "\n</tool_response>";
     }
-    // Tool results come back as the user's words (Qwen's template does so).
-    role = "user";
-    content = "<tool_response>\n" + text + "\n</tool_response>";
     return std::nullopt;
   }
   if (r != "assistant" || !m.contains("tool_calls") || m["tool_calls"].is_null())
@@ -174,10 +299,12 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
   if (!calls.is_array())
     return invalid_request("messages", "an assistant's 'tool_calls' must be a list");
   is_tool_message = true;
-  role = "assistant";
+  role = is_mistral(format) ? "tool_calls" : "assistant";
   content.clear();
-  if (m.contains("content") && m["content"].is_string()) content = m["content"].get<std::string>();
-  for (const auto& call : calls) {
+  if (format == tool_format::hermes && m.contains("content") && m["content"].is_string())
+    content = m["content"].get<std::string>();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto& call = calls[i];
     if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
         !call["function"].contains("name") || !call["function"]["name"].is_string())
       return invalid_request("messages", "each tool call needs 'function': {'name', 'arguments'}");
@@ -190,15 +317,57 @@ std::optional<api_error> tool_message(const in_json& m, std::string& role, std::
     if (args.is_discarded() || !args.is_object())
       return invalid_request("messages",
                              "a tool call's 'arguments' must be a JSON object (or its text)");
-    if (!content.empty()) content += "\n";
-    content += std::string(k_open) + "\n" +
-               in_json{{"name", f["name"]}, {"arguments", args}}.dump() + "\n" + k_close;
+    // Text the body's own depth check could not see into: dumping it
+    // recurses once per level.
+    if (json_nests_deeper(args, k_max_arguments_depth))
+      return invalid_request("messages", "a tool call's 'arguments' nest more than " +
+                                             std::to_string(k_max_arguments_depth) +
+                                             " levels deep");
+    const std::string name = f["name"].get<std::string>();
+    if (format == tool_format::llama3) {
+      // One call a turn in its template: the first (the others are
+      // dropped, as llama.cpp's handler for it does).
+      if (i == 0) content = "{\"name\": \"" + name + "\", \"parameters\": " + py_json(args) + "}";
+    } else if (is_mistral(format)) {
+      const auto id = call.find("id");
+      std::string one = py_json(in_json{{"name", name}, {"arguments", args}});
+      one.pop_back();
+      one += ", \"id\": \"" +
+             mistral_id(id != call.end() && id->is_string() ? id->get<std::string>() : "") + "\"}";
+      content += (i == 0 ? std::string("[TOOL_CALLS]") + gap(format) + "[" : ", ") + one +
+                 (i + 1 == calls.size() ? "]" : "");
+    } else {
+      if (!content.empty()) content += "\n";
+      content += std::string(k_open) + "\n" + in_json{{"name", name}, {"arguments", args}}.dump() +
+                 "\n" + k_close;
+    }
   }
   return std::nullopt;
 }
 
 parsed_reply parse_reply(const std::string& text, const tool_request& t) {
   parsed_reply r;
+  if (t.format != tool_format::hermes) {
+    // The whole reply is the call(s) or it is content: Llama 3's one JSON
+    // object (after an optional <|python_tag|>), Mistral's list after
+    // [TOOL_CALLS] (the control token's text, where the detokenizer kept
+    // it; a forced reply is the list alone).
+    std::string body = text;
+    for (const char* prefix : {"<|python_tag|>", "[TOOL_CALLS]"}) {
+      const size_t b = body.find_first_not_of(" \t\r\n");
+      if (b != std::string::npos && body.compare(b, std::strlen(prefix), prefix) == 0)
+        body = body.substr(b + std::strlen(prefix));
+    }
+    const in_json j = in_json::parse(body, nullptr, false);
+    if (j.is_array() && t.format != tool_format::llama3) {  // (Llama 3: one call a turn)
+      for (const auto& one : j)
+        if (auto c = as_call(one, t); c && (t.parallel || r.calls.empty())) r.calls.push_back(*c);
+    } else if (auto c = as_call(j, t)) {
+      r.calls.push_back(*c);
+    }
+    if (r.calls.empty()) r.content = text;
+    return r;
+  }
   if (t.forced()) {
     // The constraint made the whole output one call, or a list of them.
     const in_json j = in_json::parse(text, nullptr, false);

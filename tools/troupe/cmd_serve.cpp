@@ -32,6 +32,7 @@
 #include "actors/router.hpp"
 #include "net/secret.hpp"
 #include "runtime/engine/page_pool.hpp"
+#include "runtime/text/chat_template.hpp"
 #include "runtime/text/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
 #include "tools/troupe/http_front.hpp"
@@ -40,6 +41,27 @@
 namespace troupe::cli {
 
 namespace {
+
+// How the model's chat template writes tools: Llama 3's and Mistral's
+// families have their own conventions; the others (and a template troupe
+// does not read, whose chats are refused anyway) get Hermes.
+openai::tool_format tool_format_of(const std::string& chat_template) {
+  try {
+    const auto info = parse_chat_template(chat_template);
+    switch (info.format) {
+      case chat_format::llama3:
+        return openai::tool_format::llama3;
+      case chat_format::mistral:  // (v1 templates have no tool turns)
+        return info.mistral == mistral_style::tekken ? openai::tool_format::mistral
+               : info.mistral == mistral_style::v3   ? openai::tool_format::mistral_v3
+                                                     : openai::tool_format::hermes;
+      default:
+        return openai::tool_format::hermes;
+    }
+  } catch (const std::exception&) {
+    return openai::tool_format::hermes;
+  }
+}
 
 // Whether the router has an instance that takes requests now (GET
 // /health): asked from the HTTP front's thread, so with a scoped actor and
@@ -352,6 +374,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
         return tok->encode(text, add_special && bos, true);
       };
       ho.vocab_size = tok->n_vocab();
+      ho.tools = tool_format_of(ctx->chat_template);
       ho.api_keys = s.api_key;
       if (!s.api_key_file.empty()) {
         std::string keys;

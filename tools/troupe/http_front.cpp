@@ -43,6 +43,9 @@ constexpr size_t k_max_stream_backlog = 16u << 20;  // bytes a stream's client m
 constexpr int k_io_timeout_s = 30;                  // a connection silent this long is closed
 constexpr int k_admission_timeout_s = 60;           // until every choice is accepted
 constexpr int k_quiet_timeout_s = 600;              // no message for a call this long: it ends
+// Inputs of one /v1/embeddings call in the server at once: a call of 2048
+// would otherwise fill the gateway's queue alone (and be refused).
+constexpr size_t k_embedding_window = 32;
 
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -162,6 +165,7 @@ struct http_front::impl {
     // POST /v1/embeddings: its inputs (one choice each) and their encoding.
     bool embeddings = false;
     openai::embeddings_call emb;
+    size_t sent = 0;  // its inputs sent so far (k_embedding_window at a time)
     uint64_t sequence = 0;
     event* timer = nullptr;
     ~call() {
@@ -225,8 +229,9 @@ struct http_front::impl {
       fold(k->choices[i], m);
       if (k->choices[i].ended || k->choices[i].error) by_id.erase(it);
       // The admission deadline stands until every choice is taken; then
-      // each message restarts the quiet one.
-      if (all(*k, &progress::accepted)) arm(*k, k_quiet_timeout_s);
+      // each message restarts the quiet one (an embeddings call's inputs
+      // go a window at a time: every message restarts it).
+      if (k->embeddings || all(*k, &progress::accepted)) arm(*k, k_quiet_timeout_s);
       try {
         advance(*k, static_cast<int>(i));
       } catch (const std::exception& e) {
@@ -287,7 +292,7 @@ struct http_front::impl {
   // Cancels what is still open and forgets the call.
   void finish(call& k) {
     for (size_t i = 0; i < k.ids.size(); ++i) {
-      const bool sent = k.followers_sent || i % size_t(k.c.n) == 0;
+      const bool sent = k.embeddings ? i < k.sent : k.followers_sent || i % size_t(k.c.n) == 0;
       if (by_id.erase(k.ids[i]) && sent) send_cancel(k.ids[i]);
     }
     if (k.conn) {
@@ -409,9 +414,22 @@ struct http_front::impl {
     }
   }
 
+  // An embeddings call's next inputs, up to k_embedding_window in the
+  // server at once.
+  void send_more(call& k) {
+    size_t open = 0;
+    for (size_t i = 0; i < k.sent; ++i) open += k.choices[i].ended || k.choices[i].error ? 0 : 1;
+    for (; k.sent < k.choices.size() && open < k_embedding_window; ++k.sent, ++open)
+      send_generate(k, k.sent);
+  }
+
   // Moves the call on after news of choice `changed` (-1: none).
   void advance(call& k, int changed) {
     const size_t n = static_cast<size_t>(k.c.n);
+    if (k.embeddings) {
+      if (const auto* e = first_error(k)) return fail(k, *e);  // one input refused fails the call
+      send_more(k);
+    }
     // n samples of a prompt: the first goes alone, the others once it has
     // its first token.  By then its prompt's full KV pages are in the
     // prefix cache, so the other samples map those pages instead of
@@ -583,7 +601,8 @@ struct http_front::impl {
     auto owned = new_call(req);
     if (!owned) return;
     call& k = *owned;
-    if (auto e = openai::parse(body, chat, opts.model, k.c)) return reply_error(req, *e);
+    if (auto e = openai::parse(body, chat, opts.model, k.c, opts.tools))
+      return reply_error(req, *e);
     // echo of a token-id prompt: its text (parse has no tokenizer).
     for (size_t p = 0; k.c.echo && opts.detokenize && p < k.c.echo_text.size(); ++p) {
       const auto& g = k.c.generates[p * size_t(k.c.n)];
@@ -622,7 +641,10 @@ struct http_front::impl {
       by_id[k.ids.back()] = {&k, i};
     }
     k.followers_sent = n == 1;
-    for (size_t i = 0; i < k.choices.size(); i += n) send_generate(k, i);
+    if (k.embeddings)
+      send_more(k);
+    else
+      for (size_t i = 0; i < k.choices.size(); i += n) send_generate(k, i);
     arm(k, k_admission_timeout_s);
     if (first_error(k)) advance(k, -1);  // a send refused: answer now
   }

@@ -36,6 +36,8 @@ struct http_front_options {
   int32_t vocab_size = 0;                 // /detokenize refuses ids outside it
   std::vector<std::string> api_keys;      // empty: no key checked
   std::vector<std::string> cors_origins;  // origins answered with CORS headers ("*": any)
+  // How the model's chat template writes tools (from its family).
+  openai::tool_format tools = openai::tool_format::hermes;
 };
 
 class http_front {

@@ -50,6 +50,18 @@ def test_greedy_equals_offline_generate(client):
     assert t.token_ids == ref["token_ids"]
 
 
+def test_embeddings_over_the_zeromq_protocol(client):
+    a = client.generate(PROMPT, embedding=True, stream=False)
+    assert a.finish_reason == "stop" and a.completion_tokens == 0 and a.token_ids == []
+    assert len(a.embedding) == 288  # stories15M's hidden size
+    assert abs(sum(v * v for v in a.embedding) - 1.0) < 1e-4
+    assert client.generate(PROMPT, embedding=True, stream=False).embedding == a.embedding
+    assert client.generate("A different story", embedding=True, stream=False).embedding != a.embedding
+    with pytest.raises(TroupeError) as e:  # nothing is generated: generation options are refused
+        client.generate(PROMPT, embedding=True, max_tokens=4, stream=False)
+    assert "max_tokens does not apply" in str(e.value)
+
+
 def test_stream_deltas_concatenate_to_final_text(client):
     ref = offline_generate(PROMPT, 32)
     stream = client.generate(PROMPT, max_tokens=32, temperature=0.0)

@@ -708,7 +708,8 @@ def test_json_object_closes_within_max_tokens(smol):
             response_format={"type": "json_object"})
         for ch in r.choices:
             assert isinstance(json.loads(ch.message.content), dict), ch.message.content
-            assert r.usage.completion_tokens <= 4 * max_tokens
+            # Closed by the model's end token, within the budget: not cut.
+            assert ch.finish_reason == "stop", (max_tokens, ch.message.content)
 
 
 def test_litellm_completion_stream_tools_and_embeddings(smol, monkeypatch):

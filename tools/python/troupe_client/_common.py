@@ -62,6 +62,7 @@ class Result:
     stop_matched: str = ""
     error: str = ""
     accepted: bool = False
+    embedding: List[float] = dataclasses.field(default_factory=list)  # embedding=True requests
 
 
 @dataclasses.dataclass
@@ -135,6 +136,7 @@ def build_generate(
     priority: int = 0,
     deadline_ms: int = 0,
     logprobs: int = 0,
+    embedding: bool = False,
 ) -> bytes:
     """The Generate frame; arguments are checked here, and a bad one raises
     ValueError or TypeError naming it (nothing is sent)."""
@@ -205,6 +207,9 @@ def build_generate(
     _set_field(g, "priority", priority, "priority")
     _set_field(g, "deadline_ms", deadline_ms, "deadline_ms")
     _set_field(g, "logprobs", logprobs, "logprobs")
+    # The prompt's pooled, normalised hidden states instead of a
+    # generation (Result.embedding); generation options are refused with it.
+    g.embedding = bool(embedding)
     return msg.SerializeToString()
 
 
@@ -261,6 +266,7 @@ def apply_finished(result: Result, f: Any) -> None:
     result.preemptions = f.preemptions
     result.stop_matched = f.stop_matched
     result.error = f.error
+    result.embedding = list(f.embedding)
 
 
 def error_of(msg: Any) -> TroupeError:

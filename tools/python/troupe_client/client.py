@@ -76,7 +76,8 @@ class Client:
         repetition_penalty, presence_penalty, frequency_penalty,
         penalty_last_n, seed, logit_bias ({token id: bias in [-100, 100]}),
         stop, stop_token_ids, ignore_eos, offline, priority, deadline_ms,
-        logprobs."""
+        logprobs, embedding (True: the prompt's embedding in Result.embedding,
+        nothing generated)."""
         self._check_open()
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)
