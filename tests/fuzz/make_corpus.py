@@ -173,6 +173,8 @@ frames = {
                        'guided_choice { choices: ["red", "green"] } ignore_eos: true }',
     "generate_json_object": 'protocol_version: 1 generate { request_id: 12 text: "x" '
                             'json_object: true max_tokens: 100 }',
+    "generate_embedding": 'protocol_version: 1 generate { request_id: 13 text: "Once upon a time" '
+                          'embedding: true stream: false }',
     "cancel": "protocol_version: 1 cancel { request_id: 7 }",
     "ping": "protocol_version: 1 ping { nonce: 42 }",
 }

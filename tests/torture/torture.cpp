@@ -46,6 +46,7 @@
 #include <sys/time.h>
 
 #include <httplib.h>
+#include <cmath>
 
 #include <algorithm>
 #include <chrono>
@@ -499,12 +500,13 @@ class round_driver {
   // The OpenAI HTTP API: a greedy completion that must equal offline
   // greedy, a stream the client leaves after its first event (the server
   // cancels it), a Responses call (a Response or its events; 400 for a
-  // model without a chat template), or a bad value that must get 400
-  // naming it.
+  // model without a chat template), embeddings, a json_object completion
+  // with a small budget, a named tool call, or a bad value that must get
+  // 400 naming it.
   void http_call() {
     httplib::Client http("127.0.0.1", http_port_);
     http.set_read_timeout(60, 0);
-    const size_t which = pick(5);
+    const size_t which = pick(8);
     const size_t prompt = pick(kPrompts.size());
     json body = {{"model", ref_->model},
                  {"prompt", kPrompts[prompt]},
@@ -556,6 +558,72 @@ class round_driver {
       if (!ok)
         return violation("HTTP response: status " + std::to_string(r->status) + ": " +
                          r->body.substr(0, 300));
+      ++t_.http_checked;
+    } else if (which == 5) {
+      // Embeddings (issue 34): a prompt twice and another, under whatever
+      // the round does to the engine (preemption, migration, kills): the
+      // twins equal up to the sums' order, unit length, the other apart.
+      const size_t other = (prompt + 1) % kPrompts.size();
+      json eb = {{"model", ref_->model},
+                 {"input", {kPrompts[prompt], kPrompts[prompt], kPrompts[other]}}};
+      auto r = http.Post("/v1/embeddings", eb.dump(), "application/json");
+      if (!r) return violation("HTTP embeddings: no answer");
+      if (r->status == 429 || r->status == 503) return;
+      auto j = json::parse(r->body, nullptr, false);
+      if (r->status != 200 || j.is_discarded() || j["data"].size() != 3)
+        return violation("HTTP embeddings: status " + std::to_string(r->status) + ": " +
+                         r->body.substr(0, 300));
+      std::vector<std::vector<double>> v;
+      for (const auto& d : j["data"]) v.push_back(d["embedding"].get<std::vector<double>>());
+      auto dot = [](const std::vector<double>& a, const std::vector<double>& b) {
+        double s = 0;
+        for (size_t i = 0; i < a.size() && i < b.size(); ++i) s += a[i] * b[i];
+        return s;
+      };
+      if (std::fabs(dot(v[0], v[0]) - 1) > 1e-3 || dot(v[0], v[1]) < 1 - 1e-4 ||
+          (kPrompts[prompt] != kPrompts[other] && dot(v[0], v[2]) > 1 - 1e-4))
+        return violation("HTTP embeddings: twins " + std::to_string(dot(v[0], v[1])) + ", norm " +
+                         std::to_string(dot(v[0], v[0])) + ", other " +
+                         std::to_string(dot(v[0], v[2])));
+      ++t_.http_checked;
+    } else if (which == 6) {
+      // json_object with a small budget (issue 34): closed, and valid.
+      body["response_format"] = {{"type", "json_object"}};
+      body["temperature"] = 1.0;
+      body["max_tokens"] = 6 + pick(20);
+      body.erase("ignore_eos");
+      auto r = http.Post("/v1/completions", body.dump(), "application/json");
+      if (!r) return violation("HTTP json_object: no answer");
+      if (r->status == 429) return;
+      auto j = json::parse(r->body, nullptr, false);
+      const bool ok =
+          r->status == 200 && !j.is_discarded() && j["choices"][0]["finish_reason"] == "stop" &&
+          json::parse(j["choices"][0].value("text", std::string()), nullptr, false).is_object();
+      if (!ok) return violation("HTTP json_object: " + r->body.substr(0, 300));
+      ++t_.http_checked;
+    } else if (which == 7) {
+      // A named tool (issue 34): the call comes back with its arguments.
+      json cb = {{"model", ref_->model},
+                 {"messages", {{{"role", "user"}, {"content", kPrompts[prompt]}}}},
+                 {"max_tokens", 48},
+                 {"tools",
+                  {{{"type", "function"},
+                    {"function",
+                     {{"name", "tell"},
+                      {"parameters",
+                       {{"type", "object"},
+                        {"properties", {{"who", {{"type", "string"}, {"maxLength", 8}}}}},
+                        {"required", {"who"}}}}}}}}},
+                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "tell"}}}}}};
+      auto r = http.Post("/v1/chat/completions", cb.dump(), "application/json");
+      if (!r) return violation("HTTP tool call: no answer");
+      if (r->status == 429) return;
+      if (r->status == 400 && r->body.find("chat template") != std::string::npos) return;
+      auto j = json::parse(r->body, nullptr, false);
+      const bool ok = r->status == 200 && !j.is_discarded() &&
+                      j["choices"][0]["finish_reason"] == "tool_calls" &&
+                      j["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "tell";
+      if (!ok) return violation("HTTP tool call: " + r->body.substr(0, 300));
       ++t_.http_checked;
     } else if (which == 2) {
       // Structured output: the answer must be one of the choices.

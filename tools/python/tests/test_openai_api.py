@@ -741,3 +741,31 @@ def test_litellm_completion_stream_tools_and_embeddings(smol, monkeypatch):
     assert "city" in json.loads(calls[0].function.arguments)
     e = litellm.embedding(input=["one", "two"], **common)
     assert len(e.data) == 2 and len(e.data[0]["embedding"]) == 576
+
+
+async def test_async_openai_concurrent_streams_and_embeddings(smol):
+    # Issue 34: the SDK's asyncio client, many streams at once on the
+    # event-driven front; each equal to the same request sent alone.
+    import asyncio
+
+    c = openai.AsyncOpenAI(base_url=smol.base + "/v1", api_key="none", max_retries=0)
+    ask = dict(model="smollm2-135m-instruct", max_tokens=16, temperature=0)
+
+    async def one(i):
+        text = ""
+        stream = await c.chat.completions.create(
+            messages=[{"role": "user", "content": f"Count to {i}."}], stream=True, **ask)
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                text += chunk.choices[0].delta.content
+        return text
+
+    texts = await asyncio.gather(*(one(i) for i in range(16)))
+    sync = smol.client()
+    for i in (0, 9):
+        alone = sync.chat.completions.create(
+            messages=[{"role": "user", "content": f"Count to {i}."}], **ask)
+        assert alone.choices[0].message.content == texts[i]
+    e = await c.embeddings.create(model="smollm2-135m-instruct", input=["one", "two"])
+    assert [d.index for d in e.data] == [0, 1] and len(e.data[1].embedding) == 576
+    await c.close()
