@@ -50,7 +50,8 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
 
   const auto n_prompt = static_cast<int32_t>(prompt.size());
   const int32_t room = ctx.max_len - n_prompt;
-  if (room <= 0)
+  // An embedding generates nothing after its prompt: the whole context is its.
+  if (room < 0 || (room == 0 && !g.embedding()))
     return generate_rejection{wire::CONTEXT_OVERFLOW, "prompt of " + std::to_string(n_prompt) +
                                                           " tokens does not fit the context of " +
                                                           std::to_string(ctx.max_len)};

@@ -5,8 +5,30 @@
 // enqueued before this step's logits reach the host.  One work-item per
 // draw; sixteen lanes each keep their first maximum, then the largest
 // value wins with the smallest index among equals.
+//
+// OpenAI's logit_bias: draw k's biased tokens are bias_tok[bias_off[k] ..
+// bias_off[k + 1]) (sorted, distinct) with bias_val beside them; the draw
+// is the first maximum of logit + bias, as the host sampler adds them.
+// The unbiased maximum stands unless its token is biased; then the first
+// maximum of the unbiased tokens is found again (one pass, skipping the
+// biased ones); the biased tokens' sums then compete with it.
+
+// Whether `t` is among the sorted toks[0, n).
+int biased(__global const int* toks, int n, int t) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (toks[mid] < t)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && toks[lo] == t;
+}
+
 __kernel void argmax_rows(__global const float* logits, int n_vocab, __global const int* rows,
-                          __global int* drawn) {
+                          __global int* drawn, __global const int* bias_off,
+                          __global const int* bias_tok, __global const float* bias_val) {
   const int k = get_global_id(0);
   __global const float* l = logits + (size_t)rows[k] * n_vocab;
   const int n16 = n_vocab / 16 * 16;
@@ -46,5 +68,29 @@ __kernel void argmax_rows(__global const float* logits, int n_vocab, __global co
       best_i = i;
     }
   }
-  drawn[k] = nan_seen ? -1 : best_i;
+  const int b0 = bias_off[k], nb = bias_off[k + 1] - b0;
+  if (nan_seen || nb == 0) {
+    drawn[k] = nan_seen ? -1 : best_i;
+    return;
+  }
+  __global const int* toks = bias_tok + b0;
+  __global const float* vals = bias_val + b0;
+  if (biased(toks, nb, best_i)) {
+    best_i = -1;
+    for (int i = 0; i < n_vocab; ++i)
+      if (!biased(toks, nb, i) && (best_i < 0 || l[i] > best_v)) {
+        best_v = l[i];
+        best_i = i;
+      }
+  }
+  for (int j = 0; j < nb; ++j) {
+    const int t = toks[j];
+    if (t >= n_vocab) continue;
+    const float v = l[t] + vals[j];
+    if (best_i < 0 || v > best_v || (v == best_v && t < best_i)) {
+      best_v = v;
+      best_i = t;
+    }
+  }
+  drawn[k] = best_i;
 }

@@ -453,10 +453,14 @@ forward_result llama_forward::run(const forward_batch& b) {
 
 bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
   return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
-    // The device's argmax knows no logit_bias: a biased row is drawn on
-    // the host (the same sampler, so the same token).
-    return p.sampling.temperature == 0.0f && presamplable(p.sampling) &&
-           p.sampling.logit_bias.empty();
+    // logit_bias included: draw.cl adds it as the sampler does, for a
+    // list sorted by token without repeats (check_generate sorts it; the
+    // wire's map has no repeats); another list is drawn on the host.
+    const auto& lb = p.sampling.logit_bias;
+    const bool sorted = std::adjacent_find(lb.begin(), lb.end(), [](const auto& a, const auto& b) {
+                          return a.token >= b.token;
+                        }) == lb.end();
+    return p.sampling.temperature == 0.0f && presamplable(p.sampling) && sorted;
   });
 }
 
@@ -554,7 +558,28 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   }
   if (n_draws > 0) {
     ctx_.write(draw_rows_, f->draw_rows.data(), static_cast<size_t>(n_draws) * 4);
-    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_);
+    // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs.
+    f->bias_off.assign(1, 0);
+    for (int k = 0; k < n_draws; ++k) {
+      for (const auto& tb : b.presample[k].sampling.logit_bias) {
+        f->bias_tok.push_back(tb.token);
+        f->bias_val.push_back(tb.bias);
+      }
+      f->bias_off.push_back(static_cast<int32_t>(f->bias_tok.size()));
+    }
+    const size_t n_bias = std::max<size_t>(f->bias_tok.size(), 1);
+    if (bias_off_.bytes() < f->bias_off.size() * 4)
+      bias_off_ = ctx_.alloc(f->bias_off.size() * 4 * 2);
+    if (bias_tok_.bytes() < n_bias * 4) {
+      bias_tok_ = ctx_.alloc(n_bias * 4 * 2);
+      bias_val_ = ctx_.alloc(n_bias * 4 * 2);
+    }
+    ctx_.write(bias_off_, f->bias_off.data(), f->bias_off.size() * 4);
+    if (!f->bias_tok.empty()) {
+      ctx_.write(bias_tok_, f->bias_tok.data(), f->bias_tok.size() * 4);
+      ctx_.write(bias_val_, f->bias_val.data(), f->bias_val.size() * 4);
+    }
+    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_);
     ctx_.launch(k_argmax_, {static_cast<size_t>(n_draws)}, {1});
   }
   device_draws_ = n_draws;

@@ -252,6 +252,7 @@ class llama_forward {
   // drawn (read by the next step's embedding); room for draw_capacity_.
   cl::kernel k_argmax_;
   cl::buffer draw_rows_, drawn_;
+  cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
   int draw_capacity_ = 0;
   int device_draws_ = 0;  // draws the step submitted last made on the device
   // Grows the draw buffers to hold n draws, keeping the last step's.
@@ -261,6 +262,8 @@ class llama_forward {
   // held until collect() (the writes and reads do not wait).
   struct flight {
     std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows, hidden_rows;
+    std::vector<int32_t> bias_off, bias_tok;  // the draws' logit_bias (draw.cl)
+    std::vector<float> bias_val;
     std::vector<float> rope, rope_swa;
     forward_result result;
     cl::event done;

@@ -756,7 +756,8 @@ std::string engine::check_request(const sequence_spec& r) const {
   if (keys_.count(r.id)) return "id is already in use";
   if (r.prompt.empty()) return "empty prompt";
   const size_t total = r.prompt.size() + r.generated.size();
-  if (static_cast<int32_t>(total) >= max_len_)
+  // (An embedding may fill the context: nothing comes after its prompt.)
+  if (static_cast<int32_t>(total) >= max_len_ + (r.embed ? 1 : 0))
     return "prompt of " + std::to_string(total) + " tokens leaves no room: at most " +
            std::to_string(max_len_ - 1) + " fit";
   for (const auto* part : {&r.prompt, &r.generated})

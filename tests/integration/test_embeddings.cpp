@@ -6,11 +6,13 @@
 // chunks; the same prompt again (its pages now in the prefix cache) must
 // give the same vector, since an embedding pools every row.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/integration/net.hpp"
 #include "tests/integration/server_process.hpp"
@@ -155,6 +157,42 @@ TEST(Embeddings, BadInputsAreRefusedByNameAndLargeCallsAnswered) {
   // (Alone its batch differs: the same vector up to the sums' order.)
   EXPECT_GT(compare(vectors[7], embed(http, many[7], nullptr).at(0)).cosine, 1.0 - 1e-6);
   EXPECT_LT(compare(vectors[7], vectors[8]).cosine, 1.0 - 1e-4);
+}
+
+// A client that closes its connection while its (non-streamed) embeddings
+// call is computed: the front notices within a second and cancels the
+// call's requests, those not sent yet included (they once ran on for
+// minutes, the window feeding a dead call).
+TEST(Embeddings, AClientThatLeavesCancelsItsCall) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http));
+  json many = json::array();
+  std::string words;
+  for (int i = 0; i < 20; ++i)
+    words += "the little dog ran to the park and ";  // (under 256 tokens)
+  for (int i = 0; i < 2048; ++i) many.push_back(words + std::to_string(i));
+  const std::string body = json{{"input", many}}.dump();
+  const int fd = testing::connect_local(http);
+  testing::send_all(fd,
+                    "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    "application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  // It is being served (not refused up front).
+  const auto busy = server.admin("instances");
+  int64_t active = 0;
+  for (const auto& i : busy) active += i["running"].get<int64_t>() + i["waiting"].get<int64_t>();
+  EXPECT_GT(active, 0) << busy.dump();
+  ::close(fd);
+  // Within a few seconds nothing runs or waits any more.
+  const auto idle = server.wait_engine_idle(std::chrono::seconds(8));
+  for (const auto& i : idle) {
+    EXPECT_EQ(i["running"], 0) << idle.dump();
+    EXPECT_EQ(i["waiting"], 0) << idle.dump();
+  }
+  // And the server serves the next client.
+  const auto ok = http_post(http, "/v1/embeddings", R"({"input": "Once upon a time"})");
+  EXPECT_EQ(http_status(ok), 200) << ok.substr(0, 300);
 }
 
 }  // namespace

@@ -380,7 +380,10 @@ TEST_F(KernelEmbed, ArgmaxRowsDrawsAsTheHostSampler) {
     const auto lb = upload(c, logits), rb = upload(c, rows);
     const auto db = c.alloc(rows.size() * 4);
     auto k = c.make_kernel("argmax_rows");
-    k.args(lb, n_vocab, rb, db);
+    const std::vector<int32_t> no_bias(rows.size() + 1, 0), none = {0};
+    const std::vector<float> none_f = {0.0f};
+    const auto ob = upload(c, no_bias), tb = upload(c, none), vb = upload(c, none_f);
+    k.args(lb, n_vocab, rb, db, ob, tb, vb);
     c.launch(k, {rows.size()}, {1});
     const auto got = download<int32_t>(c, db, rows.size());
     sampler greedy(sampling_params{});
@@ -390,6 +393,61 @@ TEST_F(KernelEmbed, ArgmaxRowsDrawsAsTheHostSampler) {
         want = greedy.sample_at({&*row(rows[i]), static_cast<size_t>(n_vocab)}, 0);
       } catch (const std::invalid_argument&) {
       }
+      EXPECT_EQ(got[i], want) << "draw " << i << " of row " << rows[i];
+    }
+  }
+}
+
+// With logit_bias (OpenAI's), a draw is the first maximum of logit + bias,
+// as the host sampler picks it: a bias that bans the maximum, one that
+// lifts a token past it, one that ties it from below or above in index
+// order, every token biased, a token past the vocabulary.
+TEST_F(KernelEmbed, ArgmaxRowsAddsLogitBiasAsTheHostSampler) {
+  auto& c = ctx();
+  std::mt19937 rng(23);
+  for (const int n_vocab : {7, 40, 1000}) {
+    SCOPED_TRACE("n_vocab " + std::to_string(n_vocab));
+    auto logits = random_floats(static_cast<size_t>(3) * n_vocab, -3.0f, 3.0f, rng);
+    auto row = [&](int r) { return logits.begin() + static_cast<ptrdiff_t>(r) * n_vocab; };
+    const int top = static_cast<int>(std::max_element(row(0), row(1)) - row(0));
+    for (auto it = row(1); it != row(3); ++it) *it = *it / 3 - 1;  // below 0: the ties decide
+    row(1)[2] = 5.0f;
+    row(1)[n_vocab - 1] = 4.0f;  // +1 ties token 2: the first (2) wins
+    row(2)[1] = 2.0f;
+    row(2)[4] = 3.0f;  // -1 ties token 1 from above: 1 wins
+    std::vector<std::vector<token_bias>> biases = {
+        {},
+        {{top, -100.0f}},                                 // the maximum banned
+        {{0, 50.0f}},                                     // lifted past it
+        {{n_vocab - 1, 1.0f}},                            // a tie: the first
+        {{4, -1.0f}},                                     // a tie from above
+        {{1, 0.5f}, {3, -0.25f}, {n_vocab + 5, 100.0f}},  // several, one outside
+    };
+    std::vector<token_bias> all;  // every token biased
+    for (int t = 0; t < n_vocab; ++t) all.push_back({t, float(t % 5) - 2.0f});
+    biases.push_back(all);
+    const std::vector<int32_t> rows = {0, 0, 0, 1, 2, 0, 1};
+    std::vector<int32_t> off = {0}, toks;
+    std::vector<float> vals;
+    for (const auto& b : biases) {
+      for (const auto& tb : b) {
+        toks.push_back(tb.token);
+        vals.push_back(tb.bias);
+      }
+      off.push_back(static_cast<int32_t>(toks.size()));
+    }
+    const auto lb = upload(c, logits), rb = upload(c, rows), ob = upload(c, off),
+               tb = upload(c, toks), vb = upload(c, vals);
+    const auto db = c.alloc(rows.size() * 4);
+    auto k = c.make_kernel("argmax_rows");
+    k.args(lb, n_vocab, rb, db, ob, tb, vb);
+    c.launch(k, {rows.size()}, {1});
+    const auto got = download<int32_t>(c, db, rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      sampling_params p;
+      p.logit_bias = biases[i];
+      sampler greedy(p);
+      const int32_t want = greedy.sample_at({&*row(rows[i]), static_cast<size_t>(n_vocab)}, 0);
       EXPECT_EQ(got[i], want) << "draw " << i << " of row " << rows[i];
     }
   }

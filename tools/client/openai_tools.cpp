@@ -101,9 +101,14 @@ std::optional<std::string> text_of(const in_json& m) {
   if (c != m.end() && c->is_string()) return c->get<std::string>();
   if (c == m.end() || !c->is_array()) return std::nullopt;
   std::string text;
-  for (const auto& part : *c)
-    if (part.is_object() && part.contains("text") && part["text"].is_string())
-      text += part["text"].get<std::string>();
+  for (const auto& part : *c) {
+    // Only text parts (an image in a tool's result is refused, as in a
+    // user message, not dropped).
+    if (!part.is_object() || !part.contains("text") || !part["text"].is_string())
+      return std::nullopt;
+    if (part.contains("type") && part["type"] != "text") return std::nullopt;
+    text += part["text"].get<std::string>();
+  }
   return text;
 }
 

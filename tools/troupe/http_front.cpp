@@ -9,7 +9,9 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -45,7 +47,7 @@ constexpr int k_admission_timeout_s = 60;           // until every choice is acc
 constexpr int k_quiet_timeout_s = 600;              // no message for a call this long: it ends
 // Inputs of one /v1/embeddings call in the server at once: a call of 2048
 // would otherwise fill the gateway's queue alone (and be refused).
-constexpr size_t k_embedding_window = 32;
+constexpr size_t k_embedding_window = 8;
 
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -135,6 +137,7 @@ struct http_front::impl {
   evhttp* http = nullptr;
   event* zmq_event = nullptr;
   event* tick_event = nullptr;
+  event* probe_event = nullptr;
   std::thread loop, health_poll, metrics_poll;
   std::atomic<bool> stopping{false};
   std::atomic<bool> serving{true};
@@ -534,6 +537,26 @@ struct http_front::impl {
     advance(k, -1);
   }
 
+  // Whether the peer of `conn` has closed it (end of stream or an error
+  // on a peek; bytes of a next pipelined request are not a close).
+  static bool peer_closed(evhttp_connection* conn) {
+    bufferevent* bev = evhttp_connection_get_bufferevent(conn);
+    const evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0) return false;
+    char byte;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+
+  void drop_abandoned() {
+    std::vector<evhttp_connection*> gone;
+    for (auto& [k, owned] : calls)
+      if (!k->streaming && k->conn && peer_closed(k->conn) &&
+          std::find(gone.begin(), gone.end(), k->conn) == gone.end())
+        gone.push_back(k->conn);
+    for (auto* conn : gone) evhttp_connection_free(conn);  // runs on_close, which cancels
+  }
+
   static void on_close(evhttp_connection*, void* arg) {
     auto* k = static_cast<call*>(arg);
     k->req = nullptr;  // libevent frees it
@@ -806,6 +829,16 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
       p->base, p->sock.get(zmq::sockopt::fd), EV_READ | EV_PERSIST,
       [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->drain_zmq(); }, p);
   event_add(p->zmq_event, nullptr);
+  // A client that closed its connection while its whole (non-streamed)
+  // answer was still being computed: libevent notices a close only when
+  // it reads or writes, and nothing is written until the answer, so every
+  // second the waiting calls' sockets are peeked.  A closed one is freed,
+  // which runs on_close: the call's requests are cancelled.
+  static const timeval probe_period{1, 0};
+  p->probe_event = event_new(
+      p->base, -1, EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->drop_abandoned(); }, p);
+  event_add(p->probe_event, &probe_period);
   // ZeroMQ's fd signals edges: a periodic drain catches a message that
   // came between a drain and the next edge.
   static const timeval tick{0, 50000};
@@ -852,6 +885,7 @@ http_front::~http_front() {
   p->calls.clear();
   if (p->zmq_event) event_free(p->zmq_event);
   if (p->tick_event) event_free(p->tick_event);
+  if (p->probe_event) event_free(p->probe_event);
   evhttp_free(p->http);
   event_base_free(p->base);
 }
