@@ -154,6 +154,11 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
   plan.stops.assign(g.stop().begin(), g.stop().end());
   if (g.embedding()) {
     // Nothing is generated: what shapes a generation is refused by name.
+    std::vector<const google::protobuf::FieldDescriptor*> sampling;
+    g.sampling().GetReflection()->ListFields(g.sampling(), &sampling);
+    if (!sampling.empty())
+      return invalid("embedding: sampling." + sampling.front()->name() +
+                     " does not apply (nothing is generated)");
     const std::pair<bool, const char*> unused[] = {
         {g.has_max_tokens(), "max_tokens"},
         {g.stop_size() > 0, "stop"},
@@ -161,8 +166,7 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
         {g.ignore_eos(), "ignore_eos"},
         {g.logprobs() > 0, "logprobs"},
         {g.constraint_case() != wire::Generate::CONSTRAINT_NOT_SET, "an output constraint"},
-        {g.has_draft_tokens(), "draft_tokens"},
-        {g.has_sampling() && g.sampling().ByteSizeLong() > 0, "sampling"}};
+        {g.has_draft_tokens(), "draft_tokens"}};
     for (const auto& [set, name] : unused)
       if (set)
         return invalid(std::string("embedding: ") + name +

@@ -114,5 +114,31 @@ TEST(GenerateCheck, BadRequestsNameWhatIsWrong) {
   EXPECT_EQ(c.plan.draft_tokens, 4);
 }
 
+// An embedding (Generate.embedding): nothing is generated, so what shapes
+// a generation is refused naming the field; the prompt may fill the context.
+TEST(GenerateCheck, EmbeddingsRefuseGenerationFieldsByName) {
+  wire::Generate g;
+  g.set_embedding(true);
+  for (int i = 0; i < 64; ++i) g.mutable_tokens()->add_ids(5);
+  auto c = run(g);
+  ASSERT_FALSE(c.bad) << c.bad->message;
+  EXPECT_TRUE(c.plan.embed);
+  EXPECT_EQ(c.plan.max_tokens, 1);
+  g.mutable_tokens()->add_ids(5);  // one past the context
+  EXPECT_EQ(run(g).bad->code, wire::CONTEXT_OVERFLOW);
+  g.mutable_tokens()->mutable_ids()->RemoveLast();
+  g.mutable_sampling()->set_temperature(0.5f);
+  EXPECT_EQ(run(g).bad->message,
+            "embedding: sampling.temperature does not apply (nothing is generated)");
+  g.clear_sampling();
+  g.mutable_sampling()->mutable_logit_bias()->insert({3, 1.0f});
+  EXPECT_EQ(run(g).bad->message,
+            "embedding: sampling.logit_bias does not apply (nothing is generated)");
+  g.clear_sampling();
+  g.mutable_tokens()->mutable_ids()->Truncate(8);
+  g.set_max_tokens(4);
+  EXPECT_EQ(run(g).bad->message, "embedding: max_tokens does not apply (nothing is generated)");
+}
+
 }  // namespace
 }  // namespace troupe

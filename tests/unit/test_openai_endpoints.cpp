@@ -3,6 +3,7 @@
 // /tokenize and /detokenize with their errors.
 #include <gtest/gtest.h>
 
+#include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_endpoints.hpp"
 
 namespace troupe::openai {
@@ -48,6 +49,37 @@ TEST(OpenAiEndpoints, TokenizeAndDetokenizeBodies) {
     ASSERT_TRUE(e.has_value()) << bad.dump();
     EXPECT_EQ(e->param, "tokens");
   }
+}
+
+// POST /v1/embeddings' shapes (tools/client/openai_embeddings): one
+// Generate per input, a list of one shape, the base64 answer as OpenAI's.
+TEST(OpenAiEmbeddings, InputsBecomeGeneratesAndBase64IsLittleEndianFloats) {
+  using oj = nlohmann::ordered_json;
+  embeddings_call c;
+  ASSERT_FALSE(parse_embeddings(oj::parse(R"({"input": ["a", "bb"], "encoding_format": "base64"})"),
+                                "m", c));
+  ASSERT_EQ(c.generates.size(), 2u);
+  EXPECT_TRUE(c.generates[1].embedding());
+  EXPECT_EQ(c.generates[1].text(), "bb");
+  EXPECT_TRUE(c.base64);
+  ASSERT_FALSE(parse_embeddings(oj::parse(R"({"input": [[1, 2], [3]]})"), "m", c));
+  EXPECT_EQ(c.generates[1].tokens().ids_size(), 1);
+  ASSERT_FALSE(parse_embeddings(oj::parse(R"({"input": [7, 8, 9]})"), "m", c));
+  EXPECT_EQ(c.generates.size(), 1u);
+  for (const char* bad :
+       {R"({"input": [[1, 2], "a"]})", R"({"input": ["a", [1]]})", R"({"input": ""})",
+        R"({"input": [[]]})", R"({"input": "a", "dimensions": 8})"}) {
+    const auto e = parse_embeddings(oj::parse(bad), "m", c);
+    ASSERT_TRUE(e.has_value()) << bad;
+    EXPECT_EQ(e->status, 400) << bad;
+  }
+  c.base64 = true;
+  const auto r = embeddings_response(c, "m", {{1.0f, -2.5f}}, 3);
+  // 1.0f = 00 00 80 3f, -2.5f = 00 00 20 c0 (little-endian float32).
+  EXPECT_EQ(r["data"][0]["embedding"], "AACAPwAAIMA=");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 3);
+  c.base64 = false;
+  EXPECT_EQ(embeddings_response(c, "m", {{1.0f, -2.5f}}, 3)["data"][0]["embedding"][1], -2.5);
 }
 
 }  // namespace

@@ -73,9 +73,14 @@ std::optional<api_error> parse_embeddings(const ojson& body, const std::string& 
         "input", "'input' may hold at most " + std::to_string(k_max_embedding_inputs) + " items");
   if ((*input)[0].is_number())  // one prompt of token ids
     return token_prompt(*input, "input", add());
+  const bool strings = (*input)[0].is_string();  // one shape for the whole list, as OpenAI's
   for (size_t i = 0; i < input->size(); ++i) {
     const auto& item = (*input)[i];
     const std::string where = "input[" + std::to_string(i) + "]";
+    if (item.is_string() != strings)
+      return invalid_request("input", "'" + where +
+                                          "': a list of strings or a list of token-id lists, "
+                                          "not both");
     if (item.is_string()) {
       if (item.get<std::string>().empty())
         return invalid_request("input", "'" + where + "' must not be an empty string");
