@@ -125,22 +125,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
             return;
           }
           pool_stats sum;
-          for (const auto& i : v) {
-            const auto& k = i.stats.kv;
-            sum.page_size = k.page_size;
-            sum.total += k.total;
-            sum.free += k.free;
-            sum.allocated += k.allocated;
-            sum.mapped += k.mapped;
-            sum.reusable += k.reusable;
-            sum.sequences += k.sequences;
-            sum.cached_tokens += k.cached_tokens;
-            sum.prefix_queries += k.prefix_queries;
-            sum.prefix_query_tokens += k.prefix_query_tokens;
-            sum.prefix_hit_tokens += k.prefix_hit_tokens;
-            sum.evictions += k.evictions;
-            sum.alloc_failures += k.alloc_failures;
-          }
+          for (const auto& i : v) sum += i.stats.kv;
           rp.deliver(sum);
         });
         return rp;

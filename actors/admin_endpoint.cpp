@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
@@ -33,6 +34,44 @@ json to_json(const pool_stats& k) {
           {"prefix_hit_rate", k.hit_rate()},
           {"evictions", k.evictions},
           {"alloc_failures", k.alloc_failures}};
+}
+
+json to_json(const tier_stats& t) {
+  return {{"tier", t.name},         {"budget_bytes", t.budget}, {"bytes", t.bytes},
+          {"pages", t.pages},       {"hits", t.hits},           {"misses", t.misses},
+          {"bytes_in", t.bytes_in}, {"bytes_out", t.bytes_out}, {"evictions", t.evictions},
+          {"dropped", t.dropped}};
+}
+
+// The device arenas added up (as before), with every process's KV store
+// once (its instances each carry the same one) under "stores".
+json kv_json(const std::vector<instance_info>& v) {
+  pool_stats sum;
+  for (const auto& i : v) sum += i.stats.kv;
+  json out = to_json(sum);
+  json stores = json::array();
+  std::set<std::string> seen;
+  for (const auto& i : v) {
+    const auto& k = i.stats.store;
+    if (k.tiers.empty() || !seen.insert(i.node).second) continue;
+    json tiers = json::array();
+    for (const auto& t : k.tiers) tiers.push_back(to_json(t));
+    stores.push_back({{"node", i.node},
+                      {"tiers", tiers},
+                      {"offered_pages", k.offered_pages},
+                      {"fetches", k.fetches},
+                      {"fetched_pages", k.fetched_pages},
+                      {"check", k.check}});
+  }
+  uint64_t spilled = 0, loaded = 0;
+  for (const auto& i : v) {
+    spilled += i.stats.spilled_pages;
+    loaded += i.stats.loaded_pages;
+  }
+  out["spilled_pages"] = spilled;
+  out["loaded_pages"] = loaded;
+  out["stores"] = stores;
+  return out;
 }
 
 json to_json(const instance_info& i) {
@@ -66,6 +105,8 @@ json to_json(const instance_info& i) {
           {"aborted", s.aborted},
           {"preempted_recompute", s.preempted_recompute},
           {"preempted_swap", s.preempted_swap},
+          {"spilled_pages", s.spilled_pages},
+          {"loaded_pages", s.loaded_pages},
           {"kv", to_json(s.kv)},
           {"kv_check", s.kv_check}};
 }
@@ -191,8 +232,9 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
   const uint64_t id = req.id, instance = req.instance;
   if (command == "config") return reply(self, peer, success(opts.config));
   if (command == "kv")
-    return call<pool_stats>(
-        self, peer, [](pool_stats& k) { return to_json(k); }, kv_atom::value);
+    return call<std::vector<instance_info>>(
+        self, peer, [](std::vector<instance_info>& v) { return kv_json(v); },
+        instances_atom::value);
   if (command == "instances")
     return call<std::vector<instance_info>>(
         self, peer,

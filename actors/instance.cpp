@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,10 @@ struct instance_state {
   // Sinks the instance monitors, with their sequences' keys.
   std::unordered_map<caf::actor_addr, std::vector<uint64_t>> by_sink;
   std::unordered_map<uint64_t, pending_export> exports;  // by sequence key
+  // The process's KV store (null: none), and the requests waiting for
+  // their prefix from it, by request id: true once cancelled meanwhile.
+  kv_pool_actor tiers;
+  std::unordered_map<uint64_t, bool> fetching;
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
@@ -109,6 +114,29 @@ void read_export(self_ptr self, uint64_t key, std::vector<int32_t> pages) {
           });
 }
 
+// Evicted prefix pages go to the KV store: read (the device reads them
+// before any later command writes them), cut into pages, put.  Nothing
+// waits on it; a failed read only loses the offer.
+void offer_pages(self_ptr self, engine_cmd::spill sp) {
+  auto& st = self->state;
+  self->request(st.dev, caf::infinite, read_pages_atom::value, std::move(sp.pages))
+      .then(
+          [self, meta = std::move(sp.meta)](std::vector<uint8_t>& data) {
+            auto& st = self->state;
+            const size_t per = st.eng->info().kv_bytes_per_page;
+            if (!st.tiers || per == 0 || data.size() != per * meta.size()) return;
+            std::vector<kv_page> pages;
+            pages.reserve(meta.size());
+            for (size_t i = 0; i < meta.size(); ++i) {
+              const auto first = data.begin() + std::ptrdiff_t(i * per);
+              pages.push_back({st.eng->kv_space(), meta[i].hash, meta[i].parent, meta[i].depth,
+                               meta[i].tokens, std::vector<uint8_t>(first, first + per)});
+            }
+            self->send(st.tiers, kv_put_atom::value, std::move(pages));
+          },
+          [](caf::error&) {});
+}
+
 // Carries out the engine's commands, in the order it gave them (the device
 // serves its messages in that order).
 void flush(self_ptr self) {
@@ -166,6 +194,17 @@ void flush(self_ptr self) {
                 .then([](int32_t) {},
                       [self, key](caf::error& e) {
                         self->state.eng->fail(key, "swap-in: " + self->system().render(e));
+                        flush(self);
+                      });
+          } else if constexpr (std::is_same_v<T, engine_cmd::spill>) {
+            if (st.tiers) offer_pages(self, std::move(c));
+          } else if constexpr (std::is_same_v<T, engine_cmd::load>) {
+            auto pages = c.pages;
+            self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
+                          std::move(c.data))
+                .then([](int32_t) {},
+                      [self, pages](caf::error& e) {
+                        self->state.eng->on_load_failed(pages, self->system().render(e));
                         flush(self);
                       });
           } else if constexpr (std::is_same_v<T, engine_cmd::export_read>) {
@@ -244,10 +283,79 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   return rp;
 }
 
+// Queues a sequence in the engine; "" or why it was refused.
+std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead) {
+  uint64_t key = 0;
+  const auto sink = r.sink;
+  auto why = self->state.eng->enqueue(std::move(r), key, ahead);
+  if (why.empty()) watch_sink(self, key, sink);
+  flush(self);
+  return why;
+}
+
+// A prompt whose prefix the arena lacks asks the KV store for it first;
+// the pages found are loaded into the arena, then the sequence is queued
+// (its admission maps them as cached).  Empty when there is nothing to ask.
+std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r,
+                                     std::vector<int32_t>& tokens) {
+  auto& st = self->state;
+  if (!st.tiers || r.embed || !st.eng->options().prefix_caching || st.fetching.count(r.id))
+    return {};
+  tokens = r.prompt;
+  tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+  int32_t cached = 0;
+  auto hashes = st.eng->prefix_hashes(tokens, cached);
+  hashes.erase(hashes.begin(), hashes.begin() + std::min<size_t>(cached, hashes.size()));
+  return hashes;
+}
+
+// A local store answers in microseconds, a disk read in milliseconds; past
+// this the prompt is computed as if nothing were stored.
+constexpr auto k_fetch_timeout = std::chrono::seconds(10);
+
+caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
+  auto& st = self->state;
+  const std::string who = "enqueue request " + std::to_string(r.id) + ": ";
+  std::vector<int32_t> tokens;
+  auto want = missing_prefix(self, r, tokens);
+  int32_t ahead = 0;
+  if (want.empty()) {
+    if (auto why = enqueue_now(self, std::move(r), ahead); !why.empty()) return refuse(who + why);
+    return ahead;
+  }
+  const uint64_t id = r.id;
+  st.fetching[id] = false;
+  auto rp = self->make_response_promise<int32_t>();
+  auto req = std::make_shared<sequence_request>(std::move(r));
+  auto go = [self, rp, req, id, who,
+             tokens = std::move(tokens)](std::vector<kv_page> pages) mutable {
+    auto& st = self->state;
+    const bool cancelled = st.fetching[id];
+    st.fetching.erase(id);
+    if (!pages.empty()) st.eng->load_prefix(tokens, std::move(pages));
+    int32_t ahead = 0;
+    if (auto why = enqueue_now(self, std::move(*req), ahead); !why.empty()) {
+      rp.deliver(refuse(who + why));
+      return;
+    }
+    if (cancelled) {
+      st.eng->abort(id);
+      flush(self);
+    }
+    rp.deliver(ahead);
+  };
+  self->request(st.tiers, k_fetch_timeout, kv_fetch_atom::value, st.eng->kv_space(),
+                std::move(want))
+      .then([go](std::vector<kv_page>& pages) mutable { go(std::move(pages)); },
+            [go](caf::error&) mutable { go({}); });
+  return rp;
+}
+
 instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev, device_info info,
-                                                instance_options opts) {
+                                                instance_options opts, kv_pool_actor tiers) {
   auto& st = self->state;
   st.dev = std::move(dev);
+  st.tiers = std::move(tiers);
   st.eng = std::make_unique<engine>(std::move(info), std::move(opts));
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
@@ -271,16 +379,9 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
   return {
       // A new sequence; the answer is how many wait before it.
       [self](enqueue_atom, sequence_request& r) -> caf::result<int32_t> {
-        const std::string who = "enqueue request " + std::to_string(r.id) + ": ";
-        if (!r.sink) return refuse(who + "no sink to stream to");
-        uint64_t key = 0;
-        int32_t ahead = 0;
-        const auto sink = r.sink;
-        auto why = self->state.eng->enqueue(std::move(r), key, ahead);
-        if (why.empty()) watch_sink(self, key, sink);
-        flush(self);
-        if (!why.empty()) return refuse(who + why);
-        return ahead;
+        if (!r.sink)
+          return refuse("enqueue request " + std::to_string(r.id) + ": no sink to stream to");
+        return enqueue_with_prefix(self, r);
       },
       // The sequence's KV as a blob (migration, disaggregation); it leaves.
       [self](export_atom, uint64_t id) -> caf::result<std::vector<uint8_t>> {
@@ -302,6 +403,9 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
       },
       // Cancel: the sequence's last batch says aborted.
       [self](abort_atom, uint64_t id) {
+        // Still waiting for its prefix: it is queued, then aborted.
+        if (auto f = self->state.fetching.find(id); f != self->state.fetching.end())
+          f->second = true;
         with_engine(self, [id](engine& e) { return e.abort(id); });
       },
       // Draining: every sequence's request side is asked to move it.
@@ -353,13 +457,27 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         });
       },
       // Counters, queue, KV pool and recent steps.
-      [self](stats_atom) { return self->state.eng->stats(); },
+      // With a KV store, its counters too (a local hop; its answer or not).
+      [self](stats_atom) -> caf::result<instance_stats> {
+        auto s = self->state.eng->stats();
+        if (!self->state.tiers) return s;
+        auto rp = self->make_response_promise<instance_stats>();
+        self->request(self->state.tiers, std::chrono::seconds(5), stats_atom::value)
+            .then(
+                [rp, s](kv_store_stats& k) mutable {
+                  s.store = std::move(k);
+                  rp.deliver(std::move(s));
+                },
+                [rp, s](caf::error&) mutable { rp.deliver(std::move(s)); });
+        return rp;
+      },
   };
 }
 
 }  // namespace
 
-instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts) {
+instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts,
+                              kv_pool_actor tiers) {
   device_info info;
   std::string failure;
   {
@@ -372,7 +490,9 @@ instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance
   opts.limits.page_size = info.page_size;
   if (auto why = validate(opts.limits); !why.empty())
     throw std::invalid_argument("instance: " + why);
-  return sys.spawn(instance_behavior, std::move(dev), std::move(info), std::move(opts));
+  opts.kv_tiers = static_cast<bool>(tiers);
+  return sys.spawn(instance_behavior, std::move(dev), std::move(info), std::move(opts),
+                   std::move(tiers));
 }
 
 }  // namespace troupe

@@ -8,10 +8,11 @@
 // sinks, and steps in a dp_group's rounds when it joins one.
 //
 // The engine owns the page metadata of the device's whole KV arena (a
-// runtime/engine/page_pool) rather than asking a kv_pool actor: the scheduler
-// needs the exact free-page count and the prefix match of each admission
-// before it can plan, which would cost several round trips per step.  So:
-// one instance per device arena.
+// runtime/engine/page_pool): the scheduler needs the exact free-page count
+// and the prefix match of each admission before it can plan.  The
+// process's kv_pool (the KV store's host and disk tiers) sits below it:
+// pages the arena evicts are offered to it without waiting, and a prompt
+// whose prefix the arena lacks is looked up there before it is enqueued.
 //
 // Event-based: it never blocks; the device (detached) does the waiting.
 #include <memory>
@@ -20,6 +21,7 @@
 
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
+#include "messages/kv_pool.hpp"
 #include "runtime/engine/engine_types.hpp"
 #include "runtime/engine/scheduler.hpp"
 
@@ -28,6 +30,9 @@ namespace troupe {
 // Asks the device what it holds (blocking, before any actor exists), then
 // spawns the instance.  Throws std::invalid_argument for bad limits and
 // std::runtime_error when the device does not answer.
-instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts);
+// `tiers`, when not null, is the process's KV store: the instance offers it
+// the prefix pages its arena evicts and loads prompts' prefixes back from it.
+instance_actor spawn_instance(caf::actor_system& sys, device_actor dev, instance_options opts,
+                              kv_pool_actor tiers = {});
 
 }  // namespace troupe

@@ -1,86 +1,132 @@
 #include "actors/kv_pool.hpp"
 
-#include <stdexcept>
-#include <string>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <span>
+
+#include "actors/kv_disk.hpp"
+#include "runtime/kvstore/memory_tier.hpp"
 
 namespace troupe {
 
 namespace {
 
-// Runs a page_pool call; misuse becomes an error reply naming the call,
-// never a dead pool.
-template <class F>
-auto guarded(const char* what, F&& f) -> caf::result<decltype(f())> {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return caf::make_error(caf::sec::invalid_argument,
-                           std::string("kv_pool ") + what + ": " + e.what());
-  }
+// A disk read of a prefix: seconds at worst; past this the fetch answers
+// with what the host tier had.
+constexpr auto k_disk_timeout = std::chrono::seconds(30);
+
+struct kv_pool_state {
+  std::unique_ptr<memory_tier> host;
+  kv_disk_actor disk;  // null: no disk tier
+  kv_store_stats counters;
+  static inline const char* name = "kv_pool";
+};
+
+using self_ptr = kv_pool_actor::stateful_pointer<kv_pool_state>;
+
+// Into the host tier; what it evicts goes down to the disk tier.
+void keep(self_ptr self, std::vector<kv_page> pages) {
+  auto evicted = self->state.host->put(std::move(pages));
+  if (self->state.disk && !evicted.empty())
+    self->send(self->state.disk, kv_put_atom::value, std::move(evicted));
+}
+
+// A fetch in progress: a prefix's pages may sit partly in the host tier,
+// partly on disk, so the run alternates between them until a page is in
+// neither.
+struct fetch {
+  uint64_t space = 0;
+  std::vector<uint64_t> hashes;
+  std::vector<kv_page> run;
+  caf::typed_response_promise<std::vector<kv_page>> rp;
+};
+
+// Extends the run from the host tier; true when the fetch is done (every
+// page found, or no disk tier to ask for the next).
+bool host_run(self_ptr self, fetch& f) {
+  auto& st = self->state;
+  auto more = st.host->take_run(f.space, std::span(f.hashes).subspan(f.run.size()));
+  for (auto& p : more) f.run.push_back(std::move(p));
+  return f.run.size() == f.hashes.size() || !st.disk;
+}
+
+void finish(self_ptr self, fetch& f) {
+  self->state.counters.fetched_pages += f.run.size();
+  f.rp.deliver(std::move(f.run));
+}
+
+// The host lacks the run's next page: the disk reads from there.
+void ask_disk(self_ptr self, std::shared_ptr<fetch> f) {
+  std::vector<uint64_t> rest(f->hashes.begin() + std::ptrdiff_t(f->run.size()), f->hashes.end());
+  self->request(self->state.disk, k_disk_timeout, kv_fetch_atom::value, f->space, std::move(rest))
+      .then(
+          [self, f](std::vector<kv_page>& got) {
+            if (got.empty()) return finish(self, *f);
+            keep(self, got);  // disk -> host: a page read once is likely read again
+            for (auto& p : got) f->run.push_back(std::move(p));
+            if (host_run(self, *f)) return finish(self, *f);
+            ask_disk(self, f);
+          },
+          [self, f](caf::error&) { finish(self, *f); });
+}
+
+kv_pool_actor::behavior_type kv_pool_behavior(self_ptr self, kv_store_options opts,
+                                              kv_disk_actor disk) {
+  self->state.host = std::make_unique<memory_tier>(opts.host_bytes, opts.policy);
+  self->state.disk = std::move(disk);
+  if (self->state.disk) self->link_to(self->state.disk);
+  return {
+      [self](kv_put_atom, std::vector<kv_page>& pages) {
+        self->state.counters.offered_pages += pages.size();
+        keep(self, std::move(pages));
+      },
+      [self](kv_fetch_atom, uint64_t space,
+             std::vector<uint64_t>& hashes) -> caf::result<std::vector<kv_page>> {
+        auto& st = self->state;
+        ++st.counters.fetches;
+        auto f = std::make_shared<fetch>();
+        f->space = space;
+        f->hashes = std::move(hashes);
+        if (host_run(self, *f)) {
+          st.counters.fetched_pages += f->run.size();
+          return std::move(f->run);
+        }
+        f->rp = self->make_response_promise<std::vector<kv_page>>();
+        ask_disk(self, f);
+        return f->rp;
+      },
+      [self](stats_atom) -> caf::result<kv_store_stats> {
+        auto& st = self->state;
+        kv_store_stats out = st.counters;
+        out.tiers.push_back(st.host->stats());
+        out.check = st.host->check_invariants();
+        if (!st.disk) return out;
+        auto rp = self->make_response_promise<kv_store_stats>();
+        self->request(st.disk, k_disk_timeout, stats_atom::value)
+            .then(
+                [rp, out](tier_stats& d) mutable {
+                  out.tiers.push_back(std::move(d));
+                  rp.deliver(std::move(out));
+                },
+                [rp, out](caf::error&) mutable { rp.deliver(std::move(out)); });
+        return rp;
+      },
+  };
 }
 
 }  // namespace
 
-kv_pool_actor::behavior_type kv_pool_behavior(kv_pool_actor::stateful_pointer<kv_pool_state> self,
-                                              int n_pages, int page_size, uint64_t salt) {
-  self->state.pool = std::make_unique<page_pool>(n_pages, page_size, salt);
-  auto pool = [self]() -> page_pool& { return *self->state.pool; };
-  return {
-      // Grow the tables of one step's whole batch, all or nothing.
-      [pool](allocate_atom, const std::vector<alloc_request>& reqs) {
-        return guarded("allocate", [&] { return pool().allocate_step(reqs); });
-      },
-      // Start a sequence on a prompt, mapping its cached prefix.
-      [pool](match_atom, uint64_t seq, const std::vector<int32_t>& prompt) {
-        return guarded("match", [&] { return pool().match_prefix(seq, prompt); });
-      },
-      // Index the sequence's newly computed full pages for prefix reuse.
-      [pool](commit_atom, uint64_t seq, const std::vector<int32_t>& tokens) {
-        return guarded("commit", [&] { return pool().commit_full_pages(seq, tokens); });
-      },
-      // The child shares all the parent's pages.
-      [pool](fork_atom, uint64_t parent, uint64_t child) {
-        return guarded("fork", [&] { return pool().fork(parent, child); });
-      },
-      // Drop a sequence; replies with the pages its table held.
-      [pool](free_atom, uint64_t seq) {
-        return guarded("free", [&] { return pool().free_sequence(seq); });
-      },
-      // Shorten a sequence's table to n tokens; replies with the pages dropped.
-      [pool](truncate_atom, uint64_t seq, int32_t n_tokens) {
-        return guarded("truncate", [&] { return pool().truncate(seq, n_tokens); });
-      },
-      // A sequence's table, for swap and transfer.
-      [pool](export_atom, uint64_t seq) {
-        return guarded("export", [&] { return pool().export_pages(seq); });
-      },
-      // n pages outside any table, for an import (empty when short).
-      [pool](reserve_atom, int32_t n) {
-        return guarded("reserve", [&] { return pool().reserve(n); });
-      },
-      // Reserved pages become a new sequence's table.
-      [pool](attach_atom, const seq_pages& table) {
-        return guarded("attach", [&] {
-          pool().attach(table);
-          return static_cast<int32_t>(table.pages.size());
-        });
-      },
-      // Reserved pages an import did not use go back.
-      [pool](unreserve_atom, const std::vector<int32_t>& pages) {
-        return guarded("unreserve", [&] { return pool().unreserve(pages); });
-      },
-      // Page counts, prefix hit counters, utilization.
-      [pool](stats_atom) { return pool().stats(); },
-      // The pool's invariants: empty, or the first violation.
-      [pool](check_atom) { return pool().check_invariants(); },
-  };
-}
-
-kv_pool_actor spawn_kv_pool(caf::actor_system& sys, int n_pages, int page_size, uint64_t salt) {
-  if (n_pages < 0 || page_size <= 0)
-    throw std::invalid_argument("kv_pool: bad geometry, " + std::to_string(n_pages) + " pages of " +
-                                std::to_string(page_size) + " tokens");
-  return sys.spawn(kv_pool_behavior, n_pages, page_size, salt);
+kv_pool_actor spawn_kv_pool(caf::actor_system& sys, const kv_store_options& opts) {
+  kv_disk_actor disk;
+  if (!opts.disk_dir.empty())
+    disk = spawn_kv_disk(sys, opts.disk_dir, opts.disk_bytes, opts.policy);
+  spdlog::info("KV store: host tier {} MiB{}", opts.host_bytes >> 20,
+               opts.disk_dir.empty() ? std::string()
+                                     : ", disk tier " + std::to_string(opts.disk_bytes >> 20) +
+                                           " MiB in " + opts.disk_dir);
+  return sys.spawn(kv_pool_behavior, opts, std::move(disk));
 }
 
 }  // namespace troupe

@@ -27,8 +27,17 @@ scheduler_limits limits_of(const engine_settings& es) {
   return lim;
 }
 
+kv_store_options kv_store_options_of(const engine_settings& es) {
+  kv_store_options o;
+  o.host_bytes = uint64_t(es.kv_host_mb) << 20;
+  o.disk_dir = es.kv_disk_dir;
+  o.disk_bytes = uint64_t(es.kv_disk_mb) << 20;
+  o.policy = parse_tier_eviction(es.kv_tier_eviction).value_or(tier_eviction::lru);
+  return o;
+}
+
 engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
-                            std::shared_ptr<const model_file> model) {
+                            std::shared_ptr<const model_file> model, kv_pool_actor tiers) {
   const engine_settings& es = spec.engine;
   if (!model) {
     auto where = resolve_model(es.model);
@@ -52,11 +61,12 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   io.draft_tokens = es.draft_tokens;
   io.step_overlap = es.step_overlap;
   io.kept_steps = static_cast<size_t>(std::max(1, es.step_history));
+  io.kv_tiers = static_cast<bool>(tiers);
   engine_handles h;
   h.device = spawn_device(sys, std::move(model), eo);
   h.hosted.device = h.device;
   try {
-    h.hosted.actor = spawn_instance(sys, h.device, io);
+    h.hosted.actor = spawn_instance(sys, h.device, io, std::move(tiers));
   } catch (...) {
     caf::anon_send_exit(h.device, caf::exit_reason::user_shutdown);
     throw;
@@ -106,12 +116,17 @@ namespace {
 // The detached builder: one model load at a time (two at once would only
 // share the same cores), never on CAF's scheduler threads.
 node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer self) {
+  // The node's KV store: spawned with the first instance that asks for one,
+  // shared by every later one (its instances keep it alive).
+  auto tiers = std::make_shared<kv_pool_actor>();
   return {
       // Build one instance (device and instance actor) from its spec.
-      [self](spawn_instance_atom, int32_t slot,
-             const instance_spec& spec) -> caf::result<hosted_instance> {
+      [self, tiers](spawn_instance_atom, int32_t slot,
+                    const instance_spec& spec) -> caf::result<hosted_instance> {
         try {
-          auto h = spawn_engine(self->system(), slot, spec);
+          if (!*tiers && kv_store_options_of(spec.engine).enabled())
+            *tiers = spawn_kv_pool(self->system(), kv_store_options_of(spec.engine));
+          auto h = spawn_engine(self->system(), slot, spec, nullptr, *tiers);
           // The device lives as long as its instance.
           auto dev = h.device;
           h.hosted.actor->attach_functor([dev](const caf::error&) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include "messages/atoms.hpp"
 
+#include "actors/kv_pool.hpp"
 #include "messages/node.hpp"
 #include "runtime/model/model_file.hpp"
 
@@ -28,8 +29,14 @@ struct engine_handles {
 // all its local instances); null: opened here from the name in the spec.
 // Blocks while the model loads (call it from a detached actor or before
 // serving).  Throws with the reason when it cannot.
+// `tiers` is the process's KV store (actors/kv_pool), null for none.
 engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance_spec& spec,
-                            std::shared_ptr<const model_file> model = nullptr);
+                            std::shared_ptr<const model_file> model = nullptr,
+                            kv_pool_actor tiers = {});
+
+// The KV store an engine with these settings asks for (enabled() false:
+// none).
+kv_store_options kv_store_options_of(const engine_settings& es);
 
 // The scheduler limits an engine with these settings runs under (checked
 // by troupe serve at start, taken by spawn_engine).

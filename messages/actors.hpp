@@ -34,12 +34,12 @@ void for_each_message_type(F&& f) {
   f.template operator()<expert_layer_status>("troupe.expert_layer_status");
   f.template operator()<expert_status>("troupe.expert_status");
   f.template operator()<std::vector<int32_t>>("troupe.int32s");
-  f.template operator()<alloc_request>("troupe.alloc_request");
-  f.template operator()<page_copy>("troupe.page_copy");
-  f.template operator()<seq_pages>("troupe.seq_pages");
-  f.template operator()<step_allocation>("troupe.step_allocation");
-  f.template operator()<prefix_match>("troupe.prefix_match");
   f.template operator()<pool_stats>("troupe.pool_stats");
+  f.template operator()<kv_page>("troupe.kv_page");
+  f.template operator()<std::vector<kv_page>>("troupe.kv_pages");
+  f.template operator()<tier_stats>("troupe.tier_stats");
+  f.template operator()<std::vector<tier_stats>>("troupe.tier_stats_list");
+  f.template operator()<kv_store_stats>("troupe.kv_store_stats");
   f.template operator()<std::vector<uint8_t>>("troupe.bytes");
   f.template operator()<sequence_request>("troupe.sequence_request");
   f.template operator()<token_batch>("troupe.token_batch");

@@ -37,16 +37,10 @@ using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
 using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
 using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 
-// The KV page pool protocol (messages/kv_pool.hpp).
-using allocate_atom = caf::atom_constant<caf::atom("allocate")>;
-using match_atom = caf::atom_constant<caf::atom("match")>;
-using commit_atom = caf::atom_constant<caf::atom("commit")>;
-using fork_atom = caf::atom_constant<caf::atom("fork")>;
-using free_atom = caf::atom_constant<caf::atom("free")>;
-using truncate_atom = caf::atom_constant<caf::atom("truncate")>;
-using reserve_atom = caf::atom_constant<caf::atom("reserve")>;
-using attach_atom = caf::atom_constant<caf::atom("attach")>;
-using unreserve_atom = caf::atom_constant<caf::atom("unreserve")>;
+// The KV store protocols (messages/kv_pool.hpp), and stats and invariant
+// checks everywhere.
+using kv_put_atom = caf::atom_constant<caf::atom("kvput")>;
+using kv_fetch_atom = caf::atom_constant<caf::atom("kvfetch")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using check_atom = caf::atom_constant<caf::atom("check")>;
 

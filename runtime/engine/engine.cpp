@@ -26,10 +26,84 @@ engine::engine(device_info info, instance_options opts)
   pool_ = std::make_unique<page_pool>(info_.n_pages, info_.page_size,
                                       fingerprint_salt(info_.model_fingerprint));
   max_len_ = std::min(info_.n_ctx, info_.n_pages * info_.page_size);
+  kv_space_ = kv_space_of(arena_geometry());
+  pool_->record_evictions(opts_.kv_tiers);
 }
 
 std::vector<engine_command> engine::take_commands() {
+  spill_evicted();
   return std::exchange(outbox_, {});
+}
+
+void engine::spill_evicted() {
+  if (!pool_->has_evicted()) return;
+  engine_cmd::spill sp;
+  sp.meta = pool_->take_evicted();
+  for (const auto& e : sp.meta) sp.pages.push_back(e.page);
+  counters_.spilled_pages += sp.pages.size();
+  outbox_.emplace_back(std::move(sp));
+}
+
+std::vector<uint64_t> engine::prefix_hashes(const std::vector<int32_t>& prompt,
+                                            int32_t& cached_pages) const {
+  cached_pages = pool_->cached_pages(prompt);
+  return pool_->prompt_hashes(prompt);
+}
+
+int32_t engine::load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_page> pages) {
+  if (!opts_.prefix_caching) return 0;
+  const int32_t ps = info_.page_size;
+  int32_t cached = 0;
+  const auto hashes = prefix_hashes(prompt, cached);
+  // The pages that continue the arena's cached prefix, in order; the rest
+  // (a gap, another prompt, a damaged page) are not taken.
+  std::vector<kv_page*> take;
+  for (auto& p : pages) {
+    const int32_t i = p.depth;
+    if (i < cached) continue;  // computed here meanwhile
+    if (i != cached + int32_t(take.size()) || i >= int32_t(hashes.size())) break;
+    const bool fits =
+        p.space == kv_space_ && p.hash == hashes[i] && p.parent == (i == 0 ? 0 : hashes[i - 1]) &&
+        int32_t(p.tokens.size()) == ps &&
+        std::equal(p.tokens.begin(), p.tokens.end(), prompt.begin() + size_t(i) * ps) &&
+        p.bytes.size() == info_.kv_bytes_per_page;
+    if (!fits) break;
+    take.push_back(&p);
+  }
+  // Never more than the arena can give without preempting anyone.
+  take.resize(std::min<size_t>(take.size(), size_t(pool_->available())));
+  if (take.empty()) return 0;
+  auto arena = pool_->reserve(static_cast<int32_t>(take.size()));
+  engine_cmd::load ld;
+  ld.data.reserve(take.size() * info_.kv_bytes_per_page);
+  for (size_t k = 0; k < take.size(); ++k) {
+    kv_page& p = *take[k];
+    if (!pool_->adopt(arena[k], p.hash, p.parent, p.depth, p.tokens)) continue;
+    ld.pages.push_back(arena[k]);
+    ld.data.insert(ld.data.end(), p.bytes.begin(), p.bytes.end());
+  }
+  const auto n = static_cast<int32_t>(ld.pages.size());
+  counters_.loaded_pages += n;
+  // Before any step that maps them (the device serves commands in order).
+  if (n > 0) out(std::move(ld));
+  return n;
+}
+
+void engine::on_load_failed(const std::vector<int32_t>& pages, const std::string& why) {
+  spdlog::warn("instance: loading {} KV pages from the KV store failed: {}", pages.size(), why);
+  const std::unordered_set<int32_t> bad(pages.begin(), pages.end());
+  std::vector<uint64_t> hit;
+  for (const auto& [key, s] : seqs_) {
+    if (!pool_->has_sequence(key)) continue;
+    for (int32_t p : pool_->table(key))
+      if (bad.count(p)) {
+        hit.push_back(key);
+        break;
+      }
+  }
+  for (int32_t p : pages) pool_->forget(p);
+  for (uint64_t key : hit) fail(key, "loading its cached prefix failed: " + why);
+  step();
 }
 
 // Ends a sequence in the order finish and cancel share: out of the

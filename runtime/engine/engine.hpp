@@ -81,6 +81,21 @@ struct export_read {
   uint64_t key = 0;
   std::vector<int32_t> pages;
 };
+// KV store: read these pages (indexed pages the pool evicted, `meta` in
+// the same order) and offer them to the process's kv_pool.  It comes
+// before any command that may write them; its failure costs nothing but
+// the offer.
+struct spill {
+  std::vector<int32_t> pages;
+  std::vector<evicted_page> meta;
+};
+// KV store: write a prompt prefix's pages loaded from a tier into these
+// arena pages (already indexed: they come before any step that reads
+// them); on failure, on_load_failed(pages).
+struct load {
+  std::vector<int32_t> pages;
+  std::vector<uint8_t> data;
+};
 // Tokens for a sequence's stream.  A batch whose finish is not none is the
 // sequence's last: the engine holds nothing of it afterwards.
 struct emit {
@@ -106,7 +121,8 @@ struct round_done {
 
 using engine_command =
     std::variant<engine_cmd::forward, engine_cmd::copy_pages, engine_cmd::swap_out,
-                 engine_cmd::swap_in, engine_cmd::export_read, engine_cmd::emit,
+                 engine_cmd::swap_in, engine_cmd::export_read, engine_cmd::spill,
+                 engine_cmd::load, engine_cmd::emit,
                  engine_cmd::preempted, engine_cmd::ask_round, engine_cmd::round_done>;
 
 // A sequence as the data-parallel group sees it, for moves.
@@ -146,6 +162,18 @@ class engine {
   // The pages were read (or the read failed): true when the sequence was
   // still exporting and has now left.
   bool end_export(uint64_t key);
+  // KV store: the pages of `prompt`'s prefix found in a tier, from the
+  // first one the arena lacks: those that continue the prompt's cached
+  // prefix (same tokens, same hash chain, this arena's space and page size)
+  // are written into free or reusable pages (a load command) and indexed,
+  // so the admission of a sequence on that prompt maps them as cached.
+  // Returns how many were taken.
+  int32_t load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_page> pages);
+  // What load_prefix's reads must start at: the prompt's page hashes, and
+  // how many leading ones the arena holds.
+  std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt,
+                                      int32_t& cached_pages) const;
+  uint64_t kv_space() const { return kv_space_; }
   // Cancel: the sequence's last batch (aborted) is emitted.  False when no
   // sequence of that id is here.
   bool abort(uint64_t id);
@@ -163,6 +191,9 @@ class engine {
   void on_dummy_done();
   void on_swapped_out(uint64_t key, std::vector<uint8_t> data);
   void on_swap_out_failed(uint64_t key, const std::string& why);
+  // A load command failed: its pages leave the index, and sequences that
+  // mapped them meanwhile fail.
+  void on_load_failed(const std::vector<int32_t>& pages, const std::string& why);
 
   // --- Lockstep in a data-parallel group's rounds. ---
   // Reserves the page dummy steps write, then steps (asking for a round).
@@ -286,14 +317,17 @@ class engine {
   std::string constrain(const sequence_spec& r, std::shared_ptr<token_constraint>& c, int& state);
   live_seq& add_sequence(sequence_spec r);
   kv_geometry arena_geometry() const;
+  void spill_evicted();
   template <class C>
   void out(C c) {
+    spill_evicted();  // evicted pages are read before anything writes them
     outbox_.emplace_back(std::move(c));
   }
 
   device_info info_;
   instance_options opts_;
   std::unique_ptr<page_pool> pool_;
+  uint64_t kv_space_ = 0;  // kv_space_of(arena_geometry()): the KV store's key space
   int32_t max_len_ = 0;                          // tokens one sequence may reach: context and arena
   std::unordered_map<uint64_t, live_seq> seqs_;  // by key
   std::unordered_map<uint64_t, uint64_t> keys_;  // request id -> key

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine/kv_blob.hpp"
 #include "runtime/engine/page_pool.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/scheduler.hpp"
@@ -166,6 +167,11 @@ struct instance_stats {
   // Speculative decoding: draft tokens verified, and those accepted.
   uint64_t draft_tokens = 0;
   uint64_t accepted_tokens = 0;
+  // KV store: evicted prefix pages offered to the process's kv_pool, and
+  // pages loaded back from it (counted again as prefix hits when mapped).
+  uint64_t spilled_pages = 0;
+  uint64_t loaded_pages = 0;
+  kv_store_stats store;  // the process's KV store, as its kv_pool answered (none: no tiers)
 };
 
 // How an engine replica runs (the instance actor's options).
@@ -193,6 +199,8 @@ struct instance_options {
   // Step overlap (runtime/engine/step_overlap.hpp): plan and send the next step
   // while the device runs this one.
   bool step_overlap = true;
+  // A kv_pool takes the indexed pages this engine evicts (engine_cmd::spill).
+  bool kv_tiers = false;
 };
 
 }  // namespace troupe

@@ -2,6 +2,8 @@
 
 #include <msgpack.hpp>
 
+#include "runtime/engine/page_pool.hpp"
+
 namespace troupe {
 
 namespace {
@@ -29,6 +31,13 @@ uint64_t kv_geometry::page_bytes() const {
   const uint64_t elem = dtype == "f32" ? 4 : dtype == "f16" ? 2 : 0;
   return 2 * uint64_t(n_layers) * uint64_t(n_kv_heads) * uint64_t(head_dim) * uint64_t(page_size) *
          elem;
+}
+
+uint64_t kv_space_of(const kv_geometry& g) {
+  // fingerprint_salt hashes text: the geometry, written out in full.
+  return fingerprint_salt(g.model_fingerprint + "|" + std::to_string(g.n_layers) + "|" +
+                          std::to_string(g.n_kv_heads) + "|" + std::to_string(g.head_dim) + "|" +
+                          std::to_string(g.page_size) + "|" + g.dtype);
 }
 
 std::vector<uint8_t> encode_kv_blob(const kv_blob& b) {

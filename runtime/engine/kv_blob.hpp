@@ -37,6 +37,48 @@ struct kv_blob {
   std::vector<uint8_t> pages;   // ceil(tokens / page_size) pages, as read_pages returns them
 };
 
+// One KV page outside a device arena: what the KV store's host and disk
+// tiers hold (runtime/kvstore), keyed by its chained prefix hash within a
+// KV space.
+struct kv_page {
+  uint64_t space = 0;           // kv_space_of(the arena's geometry)
+  uint64_t hash = 0;            // the page's chained prefix hash (page_hash)
+  uint64_t parent = 0;          // the previous page's hash; 0 for a prompt's first page
+  int32_t depth = 0;            // the page's index in its prompt (0: the first page)
+  std::vector<int32_t> tokens;  // the page's page_size tokens
+  std::vector<uint8_t> bytes;   // one page as read_pages returns it
+
+  uint64_t footprint() const { return bytes.size() + tokens.size() * sizeof(int32_t); }
+};
+
+// Every field of the geometry, hashed: arenas whose pages are
+// interchangeable share a space.
+uint64_t kv_space_of(const kv_geometry& g);
+
+// One tier's counters (the kv_pool's stats, `admin kv`, metrics).
+struct tier_stats {
+  std::string name;         // "host" or "disk"
+  uint64_t budget = 0;      // bytes it may hold
+  uint64_t bytes = 0;       // bytes it holds
+  int64_t pages = 0;        // pages it holds
+  uint64_t hits = 0;        // pages found by lookups
+  uint64_t misses = 0;      // lookups that ended at a page it lacked
+  uint64_t bytes_in = 0;    // bytes stored
+  uint64_t bytes_out = 0;   // bytes served
+  uint64_t evictions = 0;   // pages that left for room
+  uint64_t dropped = 0;     // pages refused or found damaged
+};
+
+// The whole store as `admin kv` shows it (one per process that hosts
+// instances; each instance's stats carry its process's).
+struct kv_store_stats {
+  std::vector<tier_stats> tiers;  // host, then disk when there is one
+  uint64_t offered_pages = 0;     // pages instances offered (put)
+  uint64_t fetches = 0;           // fetch calls
+  uint64_t fetched_pages = 0;     // pages a fetch answered with
+  std::string check;              // the tiers' invariants: empty when they hold
+};
+
 // A blob that cannot be read, or does not fit where it is going; what()
 // names the field.
 struct kv_blob_error : std::runtime_error {

@@ -45,6 +45,23 @@ double pool_stats::hit_rate() const {
   return prefix_query_tokens == 0 ? 0.0 : double(prefix_hit_tokens) / double(prefix_query_tokens);
 }
 
+pool_stats& pool_stats::operator+=(const pool_stats& o) {
+  page_size = o.page_size;
+  total += o.total;
+  free += o.free;
+  allocated += o.allocated;
+  mapped += o.mapped;
+  reusable += o.reusable;
+  sequences += o.sequences;
+  cached_tokens += o.cached_tokens;
+  prefix_queries += o.prefix_queries;
+  prefix_query_tokens += o.prefix_query_tokens;
+  prefix_hit_tokens += o.prefix_hit_tokens;
+  evictions += o.evictions;
+  alloc_failures += o.alloc_failures;
+  return *this;
+}
+
 double pool_stats::utilization() const {
   return used() == 0 ? 0.0 : double(cached_tokens) / (double(used()) * page_size);
 }
@@ -128,6 +145,11 @@ int32_t page_pool::take_page(page_state s) {
     p = lru_.front();
     lru_.pop_front();
     auto& m = pages_[p];
+    if (record_evictions_) {
+      const auto first = page_tokens_.begin() + size_t(p) * page_size_;
+      evicted_.push_back(
+          {p, m.hash, m.parent_hash, m.depth, std::vector<int32_t>(first, first + page_size_)});
+    }
     index_.erase(m.hash);
     m.hashed = false;
     ++counters_.evictions;
@@ -285,6 +307,7 @@ int32_t page_pool::commit_full_pages(uint64_t seq, const std::vector<int32_t>& t
       m.hashed = true;
       m.hash = h;
       m.parent_hash = prev;
+      m.depth = static_cast<int32_t>(i);
       std::copy(t, t + page_size_, page_tokens_.begin() + size_t(p) * page_size_);
       index_.emplace(h, p);
       ++indexed;
@@ -382,6 +405,74 @@ int32_t page_pool::unreserve(const std::vector<int32_t>& pages) {
     free_list_.push_back(p);
   }
   return static_cast<int32_t>(pages.size());
+}
+
+std::vector<uint64_t> page_pool::prompt_hashes(const std::vector<int32_t>& prompt) const {
+  const size_t n = prompt.empty() ? 0 : (prompt.size() - 1) / size_t(page_size_);
+  std::vector<uint64_t> out;
+  out.reserve(n);
+  uint64_t prev = 0;
+  for (size_t i = 0; i < n; ++i) {
+    prev = page_hash(prev, prompt.data() + i * page_size_, page_size_, salt_);
+    out.push_back(prev);
+  }
+  return out;
+}
+
+int32_t page_pool::cached_pages(const std::vector<int32_t>& prompt) const {
+  int32_t n = 0;
+  uint64_t prev = 0;
+  for (uint64_t h : prompt_hashes(prompt)) {
+    auto hit = index_.find(h);
+    if (hit == index_.end()) break;
+    const int32_t p = hit->second;
+    const int32_t* tokens = prompt.data() + size_t(n) * page_size_;
+    if (pages_[p].parent_hash != prev ||
+        !std::equal(tokens, tokens + page_size_, page_tokens_.begin() + size_t(p) * page_size_))
+      break;
+    prev = h;
+    ++n;
+  }
+  return n;
+}
+
+bool page_pool::adopt(int32_t page, uint64_t hash, uint64_t parent, int32_t depth,
+                      const std::vector<int32_t>& tokens) {
+  check_page(page, "adopt");
+  if (pages_[page].state != page_state::allocated)
+    misuse("adopt", "page " + std::to_string(page) + " is not a reserved page");
+  if (int32_t(tokens.size()) != page_size_)
+    misuse("adopt",
+           std::to_string(tokens.size()) + " tokens for a page of " + std::to_string(page_size_));
+  if (index_.count(hash)) {
+    unreserve({page});
+    return false;
+  }
+  auto& m = pages_[page];
+  m.hashed = true;
+  m.hash = hash;
+  m.parent_hash = parent;
+  m.depth = depth;
+  std::copy(tokens.begin(), tokens.end(), page_tokens_.begin() + size_t(page) * page_size_);
+  index_.emplace(hash, page);
+  set_state(page, page_state::reusable);
+  m.refcount = 0;
+  m.lru_pos = lru_.insert(lru_.end(), page);
+  return true;
+}
+
+void page_pool::forget(int32_t page) {
+  check_page(page, "forget");
+  auto& m = pages_[page];
+  if (!m.hashed) return;
+  auto it = index_.find(m.hash);
+  if (it != index_.end() && it->second == page) index_.erase(it);
+  m.hashed = false;
+  if (m.state == page_state::reusable) {
+    lru_.erase(m.lru_pos);
+    set_state(page, page_state::free);
+    free_list_.push_back(page);
+  }
 }
 
 std::vector<uint64_t> page_pool::indexed_hashes() const {

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace troupe {
@@ -63,6 +64,17 @@ struct prefix_match {
   std::vector<int32_t> pages;
 };
 
+// A reusable page the pool evicted while it records evictions: what the
+// KV store's host tier is offered (the caller reads the page's data before
+// anything writes it).
+struct evicted_page {
+  int32_t page = 0;
+  uint64_t hash = 0;
+  uint64_t parent = 0;
+  int32_t depth = 0;  // its index in the prompts it starts
+  std::vector<int32_t> tokens;
+};
+
 struct pool_stats {
   int32_t page_size = 0;
   int32_t total = 0;
@@ -79,6 +91,8 @@ struct pool_stats {
   uint64_t alloc_failures = 0;       // steps and reservations refused for lack of pages
 
   int32_t used() const { return allocated + mapped; }
+  // Several arenas' counts and counters, added (the service's totals).
+  pool_stats& operator+=(const pool_stats& o);
   double hit_rate() const;     // prefix_hit_tokens / prefix_query_tokens
   double utilization() const;  // cached_tokens / (used pages * page_size)
 };
@@ -139,6 +153,25 @@ class page_pool {
   void attach(const seq_pages& table);
   int32_t unreserve(const std::vector<int32_t>& pages);
 
+  // KV store tiers: while on, every indexed page evicted for new use is
+  // kept (take_evicted) so its data can be offered to a lower tier.
+  void record_evictions(bool on) { record_evictions_ = on; }
+  std::vector<evicted_page> take_evicted() { return std::exchange(evicted_, {}); }
+  bool has_evicted() const { return !evicted_.empty(); }
+  // The chained hashes of the prompt's full pages that match_prefix may
+  // map (not the page holding the last token).
+  std::vector<uint64_t> prompt_hashes(const std::vector<int32_t>& prompt) const;
+  // How many of those leading pages the index holds now (mapping nothing).
+  int32_t cached_pages(const std::vector<int32_t>& prompt) const;
+  // A reserved page whose data came from a lower tier joins the index as a
+  // reusable page (the most recently released) under `hash`; false, and the
+  // page freed, when the index has that hash already.
+  bool adopt(int32_t page, uint64_t hash, uint64_t parent, int32_t depth,
+             const std::vector<int32_t>& tokens);
+  // The page's data is not what its hash says (a lower tier's write
+  // failed): it leaves the index; reusable, it becomes free.
+  void forget(int32_t page);
+
   int n_pages() const { return static_cast<int>(pages_.size()); }
   int page_size() const { return page_size_; }
   int32_t pages_for(int64_t tokens) const;
@@ -162,6 +195,7 @@ class page_pool {
     bool hashed = false;  // indexed by `hash` in index_
     uint64_t hash = 0;
     uint64_t parent_hash = 0;
+    int32_t depth = 0;                     // its index in the prompts it starts
     std::list<int32_t>::iterator lru_pos;  // valid while reusable
   };
   struct sequence {
@@ -187,6 +221,8 @@ class page_pool {
   std::list<int32_t> lru_;                       // reusable pages, least recently released first
   std::unordered_map<uint64_t, int32_t> index_;  // prefix hash -> page
   std::unordered_map<uint64_t, sequence> seqs_;
+  bool record_evictions_ = false;
+  std::vector<evicted_page> evicted_;
   int32_t count_[4] = {0, 0, 0, 0};  // pages per state
   pool_stats counters_;              // the monotonic counters of stats()
 };

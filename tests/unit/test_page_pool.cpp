@@ -1,17 +1,14 @@
-// The KV page pool (runtime/engine/page_pool.hpp) and its actor (actors/kv_pool.hpp):
+// The KV page pool (runtime/engine/page_pool.hpp):
 // each operation, LRU eviction, prefix hits, copy-on-write, and a randomized
 // run against a fake arena that records which token each KV slot holds.
 #include <gtest/gtest.h>
 
-#include <caf/all.hpp>
 #include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "actors/kv_pool.hpp"
-#include "messages/actors.hpp"
 #include "runtime/engine/page_pool.hpp"
 
 namespace troupe {
@@ -489,89 +486,54 @@ TEST(PagePool, RandomOperationsKeepInvariants) {
   }
 }
 
-// The actor, through CAF messages.
-template <class T, class... Ts>
-T ask(caf::scoped_actor& self, const kv_pool_actor& pool, Ts&&... xs) {
-  T out{};
-  self->request(pool, caf::infinite, std::forward<Ts>(xs)...)
-      .receive([&](T& x) { out = std::move(x); },
-               [&](caf::error& e) { ADD_FAILURE() << self->system().render(e); });
-  return out;
-}
+// KV store hooks: an evicted indexed page is recorded with what the
+// host tier needs (hash, parent, depth, tokens), and a page loaded back is
+// adopted into the index so the next prompt maps it.
+TEST(PagePool, RecordsEvictionsAndAdoptsLoadedPages) {
+  page_pool pool(3, 4, fingerprint_salt("m"));
+  pool.record_evictions(true);
+  const auto prompt = iota_tokens(9, 100);  // two full pages and one token
+  pool.match_prefix(1, prompt);
+  ASSERT_TRUE(pool.allocate_step({{1, 9}}).ok);
+  EXPECT_EQ(pool.commit_full_pages(1, prompt), 2);
+  const auto hashes = pool.prompt_hashes(prompt);
+  ASSERT_EQ(hashes.size(), 2u);
+  EXPECT_EQ(pool.cached_pages(prompt), 2);
+  pool.free_sequence(1);
+  EXPECT_FALSE(pool.has_evicted());
+  // Three fresh pages evict both indexed ones (the tail first).
+  ASSERT_TRUE(pool.allocate_step({{2, 12}}).ok);
+  auto ev = pool.take_evicted();
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].hash, hashes[1]);
+  EXPECT_EQ(ev[0].parent, hashes[0]);
+  EXPECT_EQ(ev[0].depth, 1);
+  EXPECT_EQ(ev[0].tokens, (std::vector<int32_t>{104, 105, 106, 107}));
+  EXPECT_EQ(ev[1].hash, hashes[0]);
+  EXPECT_EQ(ev[1].depth, 0);
+  EXPECT_EQ(pool.cached_pages(prompt), 0);
+  pool.free_sequence(2);
 
-TEST(KvPoolActor, AnswersThroughMessages) {
-  caf::actor_system_config cfg;
-  register_message_types(cfg);
-  caf::actor_system sys{cfg};
-  EXPECT_THROW(spawn_kv_pool(sys, 4, 0, 1), std::invalid_argument);
-  auto pool = spawn_kv_pool(sys, 8, 4, fingerprint_salt("test-model"));
-  caf::scoped_actor self{sys};
-
-  auto prompt = iota_tokens(10, 5);
-  auto m = ask<prefix_match>(self, pool, match_atom::value, uint64_t{1}, prompt);
-  EXPECT_EQ(m.cached_tokens, 0);
-  auto a = ask<step_allocation>(self, pool, allocate_atom::value,
-                                std::vector<alloc_request>{{1, 10}, {2, 3}});
-  ASSERT_TRUE(a.ok);
-  ASSERT_EQ(a.tables.size(), 2u);
-  EXPECT_EQ(a.tables[0].pages.size(), 3u);
-  EXPECT_EQ(ask<int32_t>(self, pool, commit_atom::value, uint64_t{1}, prompt), 2);
-  EXPECT_EQ(ask<int32_t>(self, pool, fork_atom::value, uint64_t{1}, uint64_t{3}), 3);
-  auto out = ask<seq_pages>(self, pool, export_atom::value, uint64_t{3});
-  EXPECT_EQ(out.pages, a.tables[0].pages);
-  EXPECT_EQ(ask<int32_t>(self, pool, free_atom::value, uint64_t{3}), 3);
-  EXPECT_EQ(ask<int32_t>(self, pool, truncate_atom::value, uint64_t{1}, int32_t{8}), 1);
-  EXPECT_EQ(ask<int32_t>(self, pool, free_atom::value, uint64_t{1}), 2);
-
-  auto hit = ask<prefix_match>(self, pool, match_atom::value, uint64_t{4}, prompt);
-  EXPECT_EQ(hit.cached_tokens, 8);
-  auto r = ask<std::vector<int32_t>>(self, pool, reserve_atom::value, int32_t{2});
+  // Loaded back: reserved, adopted, then mapped by the prompt's admission.
+  auto r = pool.reserve(2);
   ASSERT_EQ(r.size(), 2u);
-  EXPECT_EQ(ask<int32_t>(self, pool, attach_atom::value, seq_pages{5, 6, r}), 2);
-  auto spare = ask<std::vector<int32_t>>(self, pool, reserve_atom::value, int32_t{1});
-  EXPECT_EQ(ask<int32_t>(self, pool, unreserve_atom::value, spare), 1);
-
-  auto st = ask<pool_stats>(self, pool, stats_atom::value);
-  EXPECT_EQ(st.total, 8);
-  EXPECT_EQ(st.sequences, 3);
-  EXPECT_EQ(st.prefix_hit_tokens, 8u);
-  EXPECT_EQ(st.free + st.allocated + st.mapped + st.reusable, 8);
-  EXPECT_EQ(ask<std::string>(self, pool, check_atom::value), "");
-
-  // Misuse answers an error with context, and the pool lives on.
-  std::string err;
-  self->request(pool, caf::infinite, allocate_atom::value,
-                std::vector<alloc_request>{{7, 1}, {7, 2}})
-      .receive([&](step_allocation&) { ADD_FAILURE() << "duplicate sequence accepted"; },
-               [&](caf::error& e) { err = self->system().render(e); });
-  EXPECT_NE(err.find("appears twice"), std::string::npos) << err;
-  EXPECT_EQ(ask<std::string>(self, pool, check_atom::value), "");
-  caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
-}
-
-// What crosses a node boundary survives serialization (the inspect overloads).
-TEST(KvPoolActor, MessagesSerialize) {
-  caf::actor_system_config cfg;
-  register_message_types(cfg);
-  caf::actor_system sys{cfg};
-  step_allocation a{true, 0, {{7, 9, {3, 1, 4}}}, {{7, 1, 5, 2}}};
-  pool_stats st;
-  st.total = 8;
-  st.prefix_hit_tokens = 12;
-  std::vector<char> buf;
-  caf::binary_serializer sink{sys, buf};
-  ASSERT_FALSE(sink(a, st));
-  step_allocation a2;
-  pool_stats st2;
-  caf::binary_deserializer source{sys, buf};
-  ASSERT_FALSE(source(a2, st2));
-  EXPECT_TRUE(a2.ok);
-  ASSERT_EQ(a2.tables.size(), 1u);
-  EXPECT_EQ(a2.tables[0].pages, (std::vector<int32_t>{3, 1, 4}));
-  EXPECT_EQ(a2.copies.at(0).seq, 7u);
-  EXPECT_EQ(a2.copies.at(0).dst, 5);
-  EXPECT_EQ(st2.total, 8);
-  EXPECT_EQ(st2.prefix_hit_tokens, 12u);
+  EXPECT_TRUE(pool.adopt(r[0], ev[1].hash, 0, 0, ev[1].tokens));
+  EXPECT_TRUE(pool.adopt(r[1], ev[0].hash, ev[0].parent, 1, ev[0].tokens));
+  EXPECT_EQ(pool.cached_pages(prompt), 2);
+  EXPECT_EQ(pool.check_invariants(), "");
+  EXPECT_EQ(pool.match_prefix(3, prompt).cached_tokens, 8);
+  // A hash already indexed is not adopted twice; the page goes back.
+  auto spare = pool.reserve(1);
+  ASSERT_EQ(spare.size(), 1u);
+  EXPECT_FALSE(pool.adopt(spare[0], ev[1].hash, 0, 0, ev[1].tokens));
+  EXPECT_EQ(pool.state(spare[0]), page_state::free);
+  // A page whose load failed leaves the index.
+  pool.forget(r[1]);
+  EXPECT_EQ(pool.check_invariants(), "");
+  pool.free_sequence(3);
+  EXPECT_EQ(pool.cached_pages(prompt), 1);
+  EXPECT_EQ(pool.check_invariants(), "");
+  EXPECT_THROW(pool.adopt(r[1], 1, 0, 0, ev[0].tokens), std::invalid_argument);  // not reserved
 }
 
 }  // namespace

@@ -151,6 +151,12 @@ int run_serve(settings_flags& flags, const std::string& config) {
   std::vector<caf::actor> owned;  // told to stop at the end (or when start fails)
   std::vector<router_instance> registry;
   std::vector<device_info> infos;
+  // The process's KV store, shared by its local instances.
+  kv_pool_actor tiers;
+  if (local > 0 && kv_store_options_of(e).enabled()) {
+    tiers = spawn_kv_pool(*env.sys, kv_store_options_of(e));
+    owned.push_back(caf::actor_cast<caf::actor>(tiers));
+  }
   for (int i = 0; i < local; ++i) {
     instance_spec spec = base;
     if (s.pd) spec.role = to_string(pd_start_role(roles, size_t(i)));
@@ -158,7 +164,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
       spec.cores = e.instance_cores;
       spec.slice = i;
     }
-    auto h = spawn_engine(*env.sys, i, spec, model);
+    auto h = spawn_engine(*env.sys, i, spec, model, tiers);
     owned.push_back(caf::actor_cast<caf::actor>(h.hosted.actor));
     owned.push_back(caf::actor_cast<caf::actor>(h.device));
     local_devices.push_back(h.device);

@@ -122,6 +122,18 @@ std::string render_kv(const json& kv) {
   out += "total " + field(kv, "total_pages") + " pages of " + field(kv, "page_size") +
          " tokens; prefix hit rate " + fixed(100 * kv.value("prefix_hit_rate", 0.0), 1) +
          "%; sequences " + field(kv, "sequences") + "\n";
+  // The KV store's tiers, per process that has one.
+  std::vector<std::vector<std::string>> tiers;
+  for (const auto& st : kv.value("stores", json::array()))
+    for (const auto& t : st.value("tiers", json::array()))
+      tiers.push_back({st.value("node", ""), t.value("tier", ""), field(t, "pages"),
+                       fixed(t.value("bytes", 0.0) / 1048576.0, 1) + "/" +
+                           fixed(t.value("budget_bytes", 0.0) / 1048576.0, 0) + " MiB",
+                       field(t, "hits"), field(t, "misses"), field(t, "evictions")});
+  if (!tiers.empty())
+    out += render_table({"NODE", "TIER", "PAGES", "HELD", "HITS", "MISSES", "EVICTED"}, tiers) +
+           "spilled " + field(kv, "spilled_pages") + " pages from the arenas, loaded back " +
+           field(kv, "loaded_pages") + "\n";
   return out;
 }
 

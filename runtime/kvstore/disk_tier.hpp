@@ -1,0 +1,62 @@
+#pragma once
+// The KV store's disk tier: one file per page in a folder, in a byte
+// budget, evicted by the tier policy.  Blocking I/O: the kv_disk actor
+// (actors/kv_disk, detached) owns one, off the scheduler's threads.
+//
+// Files are <space>-<hash>-<depth>.kvpage (hex, hex, decimal), written
+// to a .tmp name and renamed, so a crash leaves no half page under a real
+// name.  Opening a folder indexes the page files already there by name
+// and size (oldest modified first in LRU order), so pages survive a
+// restart; a file is verified when read (runtime/kvstore/page_file), and
+// one that fails is deleted and counted, never served.
+#include <filesystem>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/kvstore/kv_page.hpp"
+#include "runtime/kvstore/tier_policy.hpp"
+
+namespace troupe {
+
+class disk_tier {
+ public:
+  // Creates the folder when missing; throws std::runtime_error when it
+  // cannot, or when it is not a folder.
+  disk_tier(std::filesystem::path dir, uint64_t budget_bytes, tier_eviction policy);
+
+  // Writes the pages (one already held is only touched), evicting files to
+  // stay in the budget.  A page that cannot be written is counted dropped.
+  void put(const std::vector<kv_page>& pages);
+
+  // The leading run of `hashes` it holds, read and verified (each a hit);
+  // a miss is counted where the run ends before the list does.
+  std::vector<kv_page> read_run(uint64_t space, std::span<const uint64_t> hashes);
+
+  size_t run_length(uint64_t space, std::span<const uint64_t> hashes) const;
+  std::vector<uint64_t> hashes(uint64_t space) const;
+  const std::filesystem::path& dir() const { return dir_; }
+  tier_stats stats() const;
+  std::string check_invariants() const;
+
+ private:
+  struct entry {
+    uint64_t bytes = 0;  // the file's size
+    uint64_t last_use = 0;
+    uint64_t hits = 0;
+    int32_t depth = 0;
+  };
+  std::filesystem::path file_of(const kv_page_key& k, int32_t depth) const;
+  void drop(const kv_page_key& k);
+  void evict_for(uint64_t incoming);
+
+  std::filesystem::path dir_;
+  uint64_t budget_;
+  tier_eviction policy_;
+  uint64_t tick_ = 0;
+  std::unordered_map<kv_page_key, entry, kv_page_key_hash> entries_;
+  tier_stats st_;
+};
+
+}  // namespace troupe

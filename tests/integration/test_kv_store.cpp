@@ -1,0 +1,131 @@
+// The KV store's tiers in a real `troupe serve` (issue 39): a prompt whose
+// prefix the device arena evicted is loaded back from the host tier, and
+// from the disk tier after the server restarts on the same folder; the
+// greedy tokens never change; a damaged page file is dropped, not served.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+#include "server_process.hpp"
+
+namespace troupe::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Stories of about 120 tokens each, different from their first word on,
+// so each fills its own pages.
+std::vector<std::string> stories() {
+  const std::vector<std::string> names = {"Lily", "Tom", "Anna", "Ben", "Sue", "Max"};
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    std::string s = n + " had a big red ball.";
+    for (int i = 0; i < 8; ++i)
+      s += " " + n + " played with the ball in the park with a dog and a cat number " +
+           std::to_string(i) + ".";
+    out.push_back(s);
+  }
+  return out;
+}
+
+json generate(const server_process& s, const std::string& prompt) {
+  auto r = run_process(troupe_bin() + " client --json --ignore-eos -n 16 --server " +
+                       shell_quote(s.endpoint()) + " -p " + shell_quote(prompt));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return json::parse(r.out);
+}
+
+// The first (only) store of `admin kv`, and its tier named `tier`.
+json tier(const json& kv, const std::string& name) {
+  for (const auto& st : kv["stores"])
+    for (const auto& t : st["tiers"])
+      if (t["tier"] == name) return t;
+  ADD_FAILURE() << "no " << name << " tier in " << kv.dump();
+  return json::object();
+}
+
+struct temp_dir {
+  fs::path path = fs::temp_directory_path() / ("troupe-kvdisk-" + std::to_string(::getpid()));
+  temp_dir() { fs::remove_all(path); }
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+// The arena holds about two stories (2 MiB of stories15m's KV): the later
+// ones evict the first, whose pages the host tier keeps.
+TEST(KvStore, HostTierGivesBackPromptsTheArenaEvicted) {
+  server_process s("--kv-mb 2 --kv-host-mb 64");
+  const auto prompts = stories();
+  std::vector<json> first;
+  for (const auto& p : prompts) first.push_back(generate(s, p));
+  // Again, in the same order: each one's prefix left the arena meanwhile.
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto again = generate(s, prompts[i]);
+    EXPECT_EQ(again["token_ids"], first[i]["token_ids"]) << prompts[i];
+    EXPECT_GE(again["usage"]["cached_tokens"].get<int>(), 96) << again.dump();
+  }
+  auto kv = s.admin("kv");
+  EXPECT_GT(kv["spilled_pages"].get<int>(), 0) << kv.dump();
+  EXPECT_GT(kv["loaded_pages"].get<int>(), 0) << kv.dump();
+  EXPECT_GT(tier(kv, "host")["hits"].get<int>(), 0) << kv.dump();
+  EXPECT_EQ(kv["stores"][0]["check"], "") << kv.dump();
+}
+
+// A host tier of 1 MiB passes most pages down to disk; a new server on the
+// same folder finds them.  Then every page file is damaged: the next
+// server drops what it reads and computes the prompt afresh.
+TEST(KvStore, DiskTierSurvivesARestartAndDropsDamagedPages) {
+  temp_dir dir;
+  const std::string flags =
+      "--kv-mb 2 --kv-host-mb 1 --kv-disk-mb 64 --kv-disk-dir " + shell_quote(dir.path.string());
+  const auto prompts = stories();
+  std::vector<json> first;
+  {
+    server_process s(flags);
+    for (const auto& p : prompts) first.push_back(generate(s, p));
+    EXPECT_GT(tier(s.admin("kv"), "disk")["pages"].get<int>(), 0);
+    s.signal(SIGTERM);
+    EXPECT_EQ(s.wait_exit(std::chrono::seconds(30)), 0);
+  }
+  {
+    server_process s(flags);
+    // The first story's pages went to disk first of all.
+    auto again = generate(s, prompts[0]);
+    EXPECT_EQ(again["token_ids"], first[0]["token_ids"]);
+    EXPECT_GE(again["usage"]["cached_tokens"].get<int>(), 96) << again.dump();
+    auto disk = tier(s.admin("kv"), "disk");
+    EXPECT_GT(disk["hits"].get<int>(), 0) << disk.dump();
+    EXPECT_EQ(disk["dropped"], 0) << disk.dump();
+    s.signal(SIGTERM);
+    EXPECT_EQ(s.wait_exit(std::chrono::seconds(30)), 0);
+  }
+  int damaged = 0;
+  for (const auto& de : fs::directory_iterator(dir.path)) {
+    std::fstream f(de.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(de.path()) / 2));
+    f.put('\x5a');
+    f.put('\xa5');
+    ++damaged;
+  }
+  ASSERT_GT(damaged, 0);
+  {
+    server_process s(flags);
+    auto again = generate(s, prompts[0]);
+    EXPECT_EQ(again["token_ids"], first[0]["token_ids"]);
+    auto disk = tier(s.admin("kv"), "disk");
+    EXPECT_GT(disk["dropped"].get<int>(), 0) << disk.dump();
+    EXPECT_EQ(disk["hits"], 0) << disk.dump();
+  }
+}
+
+}  // namespace
+}  // namespace troupe::testing
