@@ -110,26 +110,55 @@ driver_result run_benchmark(bench_backend& backend, const std::vector<bench_requ
 
   driver_result result;
   result.records.resize(n);
+  std::vector<char> went(n, 0);
   slots free_slots(opts.max_concurrency);
+  // A multi-turn conversation's later turns follow its previous one on the
+  // same worker, `think_s` after it ended; only first turns (after < 0)
+  // take the arrival schedule, in order.
+  std::vector<long> next_turn(n, -1);
+  for (size_t i = 0; i < n; ++i)
+    if (requests[i].after >= 0 && size_t(requests[i].after) < n)
+      next_turn[size_t(requests[i].after)] = long(i);
+  auto send = [&](size_t i) {
+    free_slots.acquire();
+    ++prog.sent;
+    went[i] = 1;
+    auto& rec = result.records[i];
+    rec.turn = requests[i].turn;
+    rec.index = i;
+    run_one(backend, requests[i], ctx, rec);
+    ++(rec.success ? prog.done : prog.failed);
+    free_slots.release();
+  };
   std::vector<std::thread> workers;
-  size_t sent = 0;
-  for (; sent < n; ++sent) {
-    const double at = opts.arrivals[sent];
+  size_t root = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (requests[i].after >= 0) continue;
+    const double at = opts.arrivals[root++];
     if (opts.duration_s > 0 && at > opts.duration_s) break;
     std::this_thread::sleep_until(
         t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(at)));
-    free_slots.acquire();
-    ++prog.sent;
-    workers.emplace_back([&, i = sent] {
-      auto& rec = result.records[i];
-      run_one(backend, requests[i], ctx, rec);
-      ++(rec.success ? prog.done : prog.failed);
-      free_slots.release();
+    workers.emplace_back([&, i] {
+      for (long k = long(i); k >= 0; k = next_turn[size_t(k)]) {
+        if (k != long(i)) {
+          const double at = ctx.now() + requests[size_t(k)].think_s;
+          if (opts.duration_s > 0 && at > opts.duration_s) break;
+          std::this_thread::sleep_for(std::chrono::duration<double>(requests[size_t(k)].think_s));
+        }
+        send(size_t(k));
+      }
     });
   }
   for (auto& w : workers) w.join();
   result.duration_s = ctx.now();
-  result.records.resize(sent);
+  // The requests that went, in dataset order.
+  size_t kept = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!went[i]) continue;
+    if (kept != i) result.records[kept] = std::move(result.records[i]);
+    ++kept;
+  }
+  result.records.resize(kept);
 
   if (opts.progress) {
     {

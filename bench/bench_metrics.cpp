@@ -99,7 +99,8 @@ metrics compute_metrics(const std::vector<request_record>& records, double durat
   metrics m;
   m.requests = records.size();
   m.duration_s = duration_s;
-  std::vector<double> ttfts, tpots, itls, e2els;
+  std::vector<double> ttfts, tpots, itls, e2els, later_ttfts;
+  long said_prompt = 0, said_cached = 0, later_prompt = 0, later_cached = 0;
   for (const auto& r : records) {
     if (!r.success) {
       ++m.failed;
@@ -107,6 +108,15 @@ metrics compute_metrics(const std::vector<request_record>& records, double durat
       continue;
     }
     ++m.completed;
+    if (r.turn > 0) later_ttfts.push_back(r.ttft());
+    if (r.cached_tokens >= 0) {
+      said_prompt += r.prompt_tokens;
+      said_cached += r.cached_tokens;
+      if (r.turn > 0) {
+        later_prompt += r.prompt_tokens;
+        later_cached += r.cached_tokens;
+      }
+    }
     m.total_input_tokens += r.prompt_tokens;
     m.total_output_tokens += r.output_tokens;
     const double ttft = r.ttft(), e2e = r.e2e(), tpot = r.tpot();
@@ -134,6 +144,9 @@ metrics compute_metrics(const std::vector<request_record>& records, double durat
   m.itl_ms = distribution::of_seconds(std::move(itls));
   m.e2el_ms = distribution::of_seconds(std::move(e2els));
   m.max_concurrency = peak_in_flight(records);
+  if (said_prompt > 0) m.cached_share = double(said_cached) / double(said_prompt);
+  if (later_prompt > 0) m.later_turns_cached_share = double(later_cached) / double(later_prompt);
+  m.later_turns_ttft_ms = distribution::of_seconds(std::move(later_ttfts));
   return m;
 }
 
@@ -163,6 +176,9 @@ nlohmann::json to_json(const metrics& m) {
           {"tpot_ms", dist_json(m.tpot_ms)},
           {"itl_ms", dist_json(m.itl_ms)},
           {"e2el_ms", dist_json(m.e2el_ms)},
+          {"cached_share", m.cached_share},
+          {"later_turns_cached_share", m.later_turns_cached_share},
+          {"later_turns_ttft_ms", dist_json(m.later_turns_ttft_ms)},
           {"errors", m.errors}};
 }
 
@@ -204,6 +220,16 @@ std::string format_summary(const metrics& m, const slo& goals) {
   dist("Time per Output Token (excl. 1st token)", "TPOT", m.tpot_ms);
   dist("Inter-token Latency", "ITL", m.itl_ms);
   dist("End-to-end Latency", "E2EL", m.e2el_ms);
+  if (m.cached_share >= 0 || m.later_turns_ttft_ms.count > 0) {
+    head("Prefix Cache");
+    if (m.cached_share >= 0) row("Prompt tokens cached (%):", 100 * m.cached_share, 1);
+    if (m.later_turns_cached_share >= 0)
+      row("Later turns' prompt tokens cached (%):", 100 * m.later_turns_cached_share, 1);
+    if (m.later_turns_ttft_ms.count > 0) {
+      row("Later turns' median TTFT (ms):", m.later_turns_ttft_ms.median, 2);
+      row("Later turns' P99 TTFT (ms):", m.later_turns_ttft_ms.p99, 2);
+    }
+  }
   if (!m.errors.empty()) {
     head("Errors");
     for (const auto& [code, n] : m.errors) row((code + ":").c_str(), static_cast<double>(n), 0);

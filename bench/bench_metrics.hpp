@@ -34,6 +34,9 @@ struct request_record {
   double end_time = 0;              // when the response ended (success or not)
   int prompt_tokens = 0;            // from the server when it says, else the dataset's
   int output_tokens = 0;            // from the server's usage when given, else summed chunks
+  int cached_tokens = -1;           // prompt tokens the server found cached; -1: it did not say
+  int turn = 0;                     // the request's turn in its conversation (multi-turn)
+  size_t index = 0;                 // the request's index in the dataset
   bool success = false;
   std::string error_code;  // empty on success: "connect", "timeout", "http_503", ...
   std::string error_message;
@@ -79,6 +82,13 @@ struct metrics {
   distribution ttft_ms, tpot_ms, itl_ms, e2el_ms;
   std::map<std::string, size_t> errors;  // by code
   size_t max_concurrency = 0;            // most requests in flight at once
+  // Prefix caching as the server reported it (completed requests that said
+  // how many prompt tokens were cached): cached / prompt tokens, over all of
+  // them and over later turns (turn > 0) of multi-turn conversations; -1
+  // when no request said.  TTFT of the later turns alone.
+  double cached_share = -1;
+  double later_turns_cached_share = -1;
+  distribution later_turns_ttft_ms;
 };
 
 metrics compute_metrics(const std::vector<request_record>& records, double duration_s,

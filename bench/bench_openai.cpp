@@ -122,7 +122,15 @@ void openai_backend::run(const bench_request& req, const request_context& ctx,
           usage_tokens = (*u)["completion_tokens"].get<int>();
         if (u->contains("prompt_tokens") && (*u)["prompt_tokens"].is_number_integer())
           rec.prompt_tokens = (*u)["prompt_tokens"].get<int>();
+        // OpenAI's prompt cache count (llama-server sends it too).
+        if (auto d = u->find("prompt_tokens_details"); d != u->end() && d->is_object())
+          if (auto c = d->find("cached_tokens"); c != d->end() && c->is_number_integer())
+            rec.cached_tokens = c->get<int>();
       }
+      // llama-server's own: prompt tokens taken from its cache.
+      if (auto t = j.find("timings"); t != j.end() && t->is_object() && rec.cached_tokens < 0)
+        if (auto c = t->find("cache_n"); c != t->end() && c->is_number_integer())
+          rec.cached_tokens = c->get<int>();
     }
     return true;
   };

@@ -95,6 +95,42 @@ std::vector<bench_request> shared_prefix_dataset(size_t n, const shared_prefix_s
   return out;
 }
 
+std::vector<bench_request> multi_turn_dataset(size_t n, const multi_turn_spec& spec,
+                                              uint64_t seed) {
+  check_tokens(spec.tokens);
+  if (spec.turns < 1 || spec.system_len < 0 || spec.user_len < 1 || spec.answer_len < 0 ||
+      spec.output_len < 1 || !(spec.think_s >= 0))
+    throw std::invalid_argument(
+        "multi-turn dataset: turns >= 1, user length >= 1, output length >= 1, system and "
+        "answer lengths and think time >= 0");
+  std::mt19937_64 rng(seed);
+  const auto shared = random_tokens(rng, spec.tokens, spec.system_len);
+  std::vector<bench_request> out;
+  out.reserve(n);
+  while (out.size() < n) {
+    std::vector<int32_t> history =
+        spec.shared_system ? shared : random_tokens(rng, spec.tokens, spec.system_len);
+    for (int t = 0; t < spec.turns && out.size() < n; ++t) {
+      if (t > 0) {
+        auto answer = random_tokens(rng, spec.tokens, spec.answer_len);
+        history.insert(history.end(), answer.begin(), answer.end());
+      }
+      auto user = random_tokens(rng, spec.tokens, spec.user_len);
+      history.insert(history.end(), user.begin(), user.end());
+      bench_request r;
+      r.index = out.size();
+      r.prompt_tokens = history;
+      r.prompt_len = static_cast<int>(history.size());
+      r.output_len = spec.output_len;
+      r.turn = t;
+      r.after = t == 0 ? -1 : static_cast<long>(out.size()) - 1;
+      r.think_s = t == 0 ? 0 : spec.think_s;
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
 std::vector<bench_request> jsonl_dataset(const std::string& path, size_t n, int default_output) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("dataset " + path + ": cannot open");

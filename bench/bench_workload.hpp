@@ -23,6 +23,12 @@ struct bench_request {
   int prompt_len = 0;                  // tokens when known (ids), else 0 (the server says)
   int output_len = 0;                  // max_tokens; 0: the server's default
   bool offline = false;                // request class
+  // Multi-turn conversations: a later turn goes `think_s` after request
+  // `after` (the conversation's previous turn) ended, not on the arrival
+  // schedule; -1: a first turn, sent on the schedule.
+  long after = -1;
+  double think_s = 0;
+  int turn = 0;  // 0 for a conversation's first turn (and every other dataset)
 };
 
 // Token ids are drawn from [first_id, vocab_size): low ids are often
@@ -48,6 +54,23 @@ struct shared_prefix_spec {
   token_space tokens;
 };
 
+// Conversations that resend their whole history each turn: a system prompt
+// (its own per conversation, or one for all), then user and assistant
+// messages of fixed lengths; turn k's prompt is the system prompt and the
+// first k user messages with the k - 1 assistant answers between them (the
+// dataset's answers, not the model's, so two servers see the same
+// prompts).  Like vLLM's multi-turn benchmark with synthetic text.
+struct multi_turn_spec {
+  int turns = 5;
+  int system_len = 256;
+  int user_len = 64;
+  int answer_len = 64;
+  int output_len = 64;
+  double think_s = 1.0;
+  bool shared_system = false;  // one system prompt for every conversation
+  token_space tokens;
+};
+
 // All throw std::invalid_argument (bad spec) or std::runtime_error (a file).
 std::vector<bench_request> random_dataset(size_t n, const random_spec& spec, uint64_t seed);
 std::vector<bench_request> shared_prefix_dataset(size_t n, const shared_prefix_spec& spec,
@@ -57,6 +80,9 @@ std::vector<bench_request> shared_prefix_dataset(size_t n, const shared_prefix_s
 // taken in order and reused cyclically when n exceeds them; default_output
 // applies where a line gives no length.
 std::vector<bench_request> jsonl_dataset(const std::string& path, size_t n, int default_output);
+// ceil(n / turns) conversations, turns in order within each (request
+// conversation * turns + turn); the last may be cut short at n.
+std::vector<bench_request> multi_turn_dataset(size_t n, const multi_turn_spec& spec, uint64_t seed);
 
 // Marks round(n * fraction) requests, chosen by the seed, offline.
 void assign_classes(std::vector<bench_request>& reqs, double offline_fraction, uint64_t seed);

@@ -1,6 +1,9 @@
 #include "runtime/kvstore/disk_tier.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -41,6 +44,14 @@ disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
   if (!fs::is_directory(dir_))
     throw std::runtime_error("KV disk tier: " + dir_.string() + " is not a folder" +
                              (ec ? " (" + ec.message() + ")" : ""));
+  // Two processes on one folder would evict and index each other's files.
+  lock_fd_ = ::open((dir_ / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    throw std::runtime_error("KV disk tier: " + dir_.string() +
+                             " is in use by another troupe process (give each its own "
+                             "--kv-disk-dir)");
+  }
   // Index what a previous run left, oldest first so LRU order survives.
   struct found {
     kv_page_key key;
@@ -71,6 +82,10 @@ disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
   if (st_.pages > 0)
     spdlog::info("KV disk tier: {} pages ({} MiB) found in {}", st_.pages, st_.bytes >> 20,
                  dir_.string());
+}
+
+disk_tier::~disk_tier() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock
 }
 
 fs::path disk_tier::file_of(const kv_page_key& k, int32_t depth) const {

@@ -22,9 +22,13 @@ namespace troupe {
 
 class disk_tier {
  public:
-  // Creates the folder when missing; throws std::runtime_error when it
-  // cannot, or when it is not a folder.
+  // Creates the folder when missing and locks it (a .lock file, flock): one
+  // process's tier a folder.  Throws std::runtime_error when it cannot, when
+  // it is not a folder, or when another process holds it.
   disk_tier(std::filesystem::path dir, uint64_t budget_bytes, tier_eviction policy);
+  ~disk_tier();
+  disk_tier(const disk_tier&) = delete;
+  disk_tier& operator=(const disk_tier&) = delete;
 
   // Writes the pages (one already held is only touched), evicting files to
   // stay in the budget.  A page that cannot be written is counted dropped.
@@ -52,6 +56,7 @@ class disk_tier {
   void evict_for(uint64_t incoming);
 
   std::filesystem::path dir_;
+  int lock_fd_ = -1;
   uint64_t budget_;
   tier_eviction policy_;
   uint64_t tick_ = 0;

@@ -26,13 +26,17 @@
 // matching nothing, token ids beyond int32 (HTTP and the wire), admin
 // frames with fields of the wrong types (each answered within 2 s),
 // chunked HTTP bodies past the body limit (cut off), and half-sent HTTP
-// requests with bursts of unread streams (/health still under 2 s).  After every round it checks:
+// requests with bursts of unread streams (/health still under 2 s).  Some
+// rounds run the KV store's tiers (issue 39): a host tier of a few MiB,
+// and where one process hosts the instances a disk tier of one to four,
+// so evicted prefixes churn through them and come back.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`); biased ones hold only their forced token, or
 //     start with another than their banned one;
 //   - the engine holds no sequence and no used page, and its page
-//     invariants hold (admin instances);
+//     invariants hold (admin instances); the KV store's tiers keep their
+//     budgets and counts (admin kv);
 //   - the server answers a ping and exits 0 on SIGTERM within its grace.
 // The decisions come from --seed (timing does not), so a failing seed is
 // the first thing to rerun.  Exit 0 when every round was clean.
@@ -52,6 +56,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -112,7 +117,8 @@ struct tally {
            dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
-           starve_http = 0, violations = 0;
+           starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -266,6 +272,21 @@ class round_driver {
            (lockstep_ ? "on" : "off");
     }
     if (chance(0.3)) a += " --colocate --tpot-target-ms 200";
+    // Issue 39: the KV store's tiers, budgets small enough that pages churn
+    // through them (a stories15m page is 36 KiB); a disk tier only where one
+    // process hosts the instances (a folder is one process's).
+    disk_dir_.clear();
+    if (chance(0.4)) {
+      ++t_.tier_rounds;
+      a += " --kv-host-mb " + std::to_string(one_of<int>({1, 2, 8})) + " --kv-tier-eviction " +
+           one_of<std::string>({"lru", "lfu"});
+      if (nodes_.empty() && chance(0.5)) {
+        ++t_.disk_tier_rounds;
+        disk_dir_ = "/tmp/troupe_torture_kv_" + std::to_string(::getpid()) + "_" +
+                    std::to_string(t_.rounds);
+        a += " --kv-disk-dir " + disk_dir_ + " --kv-disk-mb " + std::to_string(one_of<int>({1, 4}));
+      }
+    }
     // Issue 14: speculative decoding server-wide in some rounds (requests
     // may ask otherwise); greedy outputs must not change.
     if (chance(0.4)) a += " --draft-tokens " + std::to_string(one_of<int>({2, 4, 8}));
@@ -928,12 +949,26 @@ class round_driver {
       else
         t_.expert_swaps += j["swaps"].get<uint64_t>();
     }
+    // The KV store's tiers keep their budgets and counts.
+    try {
+      auto kv = json::parse(admin("kv").out);
+      t_.tier_loaded_pages += kv.value("loaded_pages", uint64_t{0});
+      for (const auto& st : kv.value("stores", json::array()))
+        if (!st.value("check", std::string()).empty())
+          violation("KV store: " + st["check"].get<std::string>());
+    } catch (const std::exception& e) {
+      violation(std::string("admin kv: ") + e.what());
+    }
     client::connection probe(endpoint_);
     if (!probe.ping(10s)) violation("no answer to ping after the round");
     sockets_.clear();
     server.signal(SIGTERM);
     const int rc = server.wait_exit(20s);
     if (rc != 0) violation("exit code " + std::to_string(rc) + " on SIGTERM (-1: did not exit)");
+    if (!disk_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(disk_dir_, ec);
+    }
   }
 
   void violation(const std::string& what) {
@@ -950,6 +985,7 @@ class round_driver {
   std::vector<int> slow_clients_;  // half-sent requests and unread streams, closed at settle
   zmq::context_t zmq_ctx_;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
+  std::string disk_dir_;   // this round's KV disk tier folder (removed at settle)
   tally& t_;
   std::string endpoint_;
   int instances_ = 1;
@@ -1046,6 +1082,9 @@ int run(const options& o) {
             {"gemma_rounds", t.gemma_rounds},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
+            {"tier_rounds", t.tier_rounds},
+            {"disk_tier_rounds", t.disk_tier_rounds},
+            {"tier_loaded_pages", t.tier_loaded_pages},
             {"unfused_rounds", t.unfused_rounds},
             {"layer_launch_rounds", t.layer_launch_rounds},
             {"unpipelined_rounds", t.unpipelined_rounds},

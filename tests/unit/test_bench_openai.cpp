@@ -223,5 +223,49 @@ TEST(BenchOpenAI, DriverRespectsConcurrencyAndSchedule) {
   EXPECT_EQ(run_benchmark(backend, reqs, opts).records.size(), 2u);
 }
 
+// A backend that answers at once, recording when each request went.
+class instant_backend final : public bench_backend {
+ public:
+  std::string name() const override { return "instant"; }
+  void run(const bench_request& req, const request_context& ctx, request_record& rec) override {
+    rec.chunk_times = {ctx.now()};
+    rec.chunk_tokens = {1};
+    rec.output_tokens = 1;
+    rec.cached_tokens = req.turn * 10;
+    rec.prompt_tokens = 20;
+    rec.success = true;
+  }
+};
+
+// Later turns go after their previous turn ended plus the think time, not
+// on the schedule, and the records stay in dataset order.
+TEST(BenchDriver, MultiTurnTurnsFollowTheirConversation) {
+  multi_turn_spec spec;
+  spec.turns = 3;
+  spec.system_len = 4;
+  spec.user_len = 2;
+  spec.think_s = 0.1;
+  auto reqs = multi_turn_dataset(6, spec, 1);
+  instant_backend backend;
+  driver_options opts;
+  opts.arrivals = {0, 0.05, 9, 9, 9, 9};  // two conversations: the first two arrivals
+  opts.progress = false;
+  auto result = run_benchmark(backend, reqs, opts);
+  ASSERT_EQ(result.records.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(result.records[i].index, i);
+    EXPECT_EQ(result.records[i].turn, int(i % 3));
+    if (i % 3 > 0) {
+      EXPECT_GE(result.records[i].send_time, result.records[i - 1].end_time + 0.1);
+    }
+  }
+  EXPECT_GE(result.records[3].send_time, 0.05);
+  EXPECT_LT(result.duration_s, 5.0);  // the schedule's later arrivals were not waited for
+  auto m = compute_metrics(result.records, result.duration_s);
+  EXPECT_NEAR(m.cached_share, (0 + 10 + 20) * 2 / 120.0, 1e-9);
+  EXPECT_NEAR(m.later_turns_cached_share, (10 + 20) * 2 / 80.0, 1e-9);
+  EXPECT_EQ(m.later_turns_ttft_ms.count, 4u);
+}
+
 }  // namespace
 }  // namespace troupe::bench

@@ -154,6 +154,47 @@ TEST(BenchWorkload, JsonlPrompts) {
   EXPECT_THROW(jsonl_dataset("/nonexistent/x.jsonl", 1, 1), std::runtime_error);
 }
 
+// Each turn resends the history: the previous turn's prompt, a fixed-length
+// answer and a new user message; turns follow each other, not the schedule.
+TEST(BenchWorkload, MultiTurnHistoriesGrowTurnByTurn) {
+  multi_turn_spec spec;
+  spec.turns = 3;
+  spec.system_len = 10;
+  spec.user_len = 4;
+  spec.answer_len = 5;
+  spec.output_len = 7;
+  spec.think_s = 0.25;
+  auto reqs = multi_turn_dataset(7, spec, 3);  // two conversations and a first turn
+  ASSERT_EQ(reqs.size(), 7u);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto& r = reqs[i];
+    EXPECT_EQ(r.index, i);
+    EXPECT_EQ(r.turn, int(i % 3));
+    EXPECT_EQ(r.output_len, 7);
+    EXPECT_EQ(r.prompt_len, 10 + 4 + r.turn * 9);
+    if (r.turn == 0) {
+      EXPECT_EQ(r.after, -1);
+      EXPECT_EQ(r.think_s, 0);
+      continue;
+    }
+    EXPECT_EQ(r.after, long(i) - 1);
+    EXPECT_EQ(r.think_s, 0.25);
+    const auto& prev = reqs[i - 1].prompt_tokens;
+    EXPECT_TRUE(std::equal(prev.begin(), prev.end(), r.prompt_tokens.begin()));
+  }
+  // Conversations have their own system prompts unless shared.
+  EXPECT_NE(
+      std::vector<int32_t>(reqs[0].prompt_tokens.begin(), reqs[0].prompt_tokens.begin() + 10),
+      std::vector<int32_t>(reqs[3].prompt_tokens.begin(), reqs[3].prompt_tokens.begin() + 10));
+  spec.shared_system = true;
+  reqs = multi_turn_dataset(4, spec, 3);
+  EXPECT_EQ(
+      std::vector<int32_t>(reqs[0].prompt_tokens.begin(), reqs[0].prompt_tokens.begin() + 10),
+      std::vector<int32_t>(reqs[3].prompt_tokens.begin(), reqs[3].prompt_tokens.begin() + 10));
+  spec.user_len = 0;
+  EXPECT_THROW(multi_turn_dataset(4, spec, 3), std::invalid_argument);
+}
+
 TEST(BenchWorkload, ClassMix) {
   std::vector<bench_request> reqs(100);
   assign_classes(reqs, 0.3, 5);

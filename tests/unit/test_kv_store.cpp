@@ -171,6 +171,12 @@ TEST(DiskTier, PagesSurviveARestartAndDamagedFilesAreDropped) {
     EXPECT_EQ(t.stats().pages, 2);
     EXPECT_EQ(t.check_invariants(), "");
   }
+  // One process's tier a folder: a second one is refused while the first lives.
+  {
+    disk_tier t(dir.path, 10 * one, tier_eviction::lru);
+    EXPECT_THROW(disk_tier(dir.path, one, tier_eviction::lru), std::runtime_error);
+  }
+  EXPECT_NO_THROW(disk_tier(dir.path, 10 * one, tier_eviction::lru));
   // A path that is a file is refused with the reason.
   std::ofstream(dir.path / "plain") << "x";
   EXPECT_THROW(disk_tier(dir.path / "plain", one, tier_eviction::lru), std::runtime_error);

@@ -17,12 +17,13 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
         return {};
       },
       "RATE > 0 or inf");
-  cmd.add_option("--dataset-name", f.dataset, "random, jsonl or shared-prefix")
+  cmd.add_option("--dataset-name", f.dataset, "random, jsonl, shared-prefix or multi-turn")
       ->transform(
           CLI::IsMember(std::map<std::string, std::string>{{"random", "random"},
                                                            {"jsonl", "jsonl"},
                                                            {"custom", "jsonl"},
                                                            {"shared-prefix", "shared-prefix"},
+                                                           {"multi-turn", "multi-turn"},
                                                            {"prefix_repetition", "shared-prefix"}}))
       ->capture_default_str();
   cmd.add_option("--dataset-path", f.dataset_path,
@@ -79,6 +80,32 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
                  "shared-prefix dataset: output tokens")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd.add_option("--multi-turn-turns", f.multi_turn.turns,
+                 "multi-turn dataset: turns per conversation (--num-requests counts turns)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd.add_option("--multi-turn-system-len", f.multi_turn.system_len,
+                 "multi-turn dataset: tokens of each conversation's system prompt")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_flag("--multi-turn-shared-system", f.multi_turn.shared_system,
+               "multi-turn dataset: one system prompt for every conversation");
+  cmd.add_option("--multi-turn-user-len", f.multi_turn.user_len,
+                 "multi-turn dataset: tokens of each user message")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--multi-turn-answer-len", f.multi_turn.answer_len,
+                 "multi-turn dataset: tokens of each assistant answer in the history")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--multi-turn-output-len", f.multi_turn.output_len,
+                 "multi-turn dataset: output tokens of each turn")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option("--multi-turn-think-s", f.multi_turn.think_s,
+                 "multi-turn dataset: seconds between a turn's end and the next turn")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd.add_option("--custom-output-len", f.custom_output_len,
                  "jsonl dataset: output tokens where a line gives none")
       ->check(CLI::PositiveNumber)
@@ -123,6 +150,10 @@ std::vector<bench::bench_request> make_dataset(const load_flags& f) {
     auto spec = f.prefix;
     spec.tokens = {f.first_token_id, f.vocab_size};
     reqs = bench::shared_prefix_dataset(f.num_requests, spec, f.seed);
+  } else if (f.dataset == "multi-turn") {
+    auto spec = f.multi_turn;
+    spec.tokens = {f.first_token_id, f.vocab_size};
+    reqs = bench::multi_turn_dataset(f.num_requests, spec, f.seed);
   } else {
     if (f.dataset_path.empty()) throw CLI::ValidationError("--dataset-path", "jsonl needs a file");
     reqs = bench::jsonl_dataset(f.dataset_path, f.num_requests, f.custom_output_len);
@@ -157,15 +188,16 @@ nlohmann::json load_config_json(const load_flags& f, size_t planned) {
 nlohmann::json records_json(const std::vector<bench::request_record>& records,
                             const std::vector<bench::bench_request>& reqs) {
   auto per = nlohmann::json::array();
-  for (size_t i = 0; i < records.size(); ++i) {
-    const auto& r = records[i];
+  for (const auto& r : records) {
     per.push_back({{"send_time", r.send_time},
                    {"ttft", r.ttft()},
                    {"e2el", r.e2e()},
                    {"prompt_tokens", r.prompt_tokens},
                    {"output_tokens", r.output_tokens},
                    {"itl", r.itls()},
-                   {"offline", i < reqs.size() && reqs[i].offline},
+                   {"cached_tokens", r.cached_tokens},
+                   {"turn", r.turn},
+                   {"offline", r.index < reqs.size() && reqs[r.index].offline},
                    {"success", r.success},
                    {"error", r.error_code},
                    {"error_message", r.error_message}});

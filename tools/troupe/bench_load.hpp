@@ -24,6 +24,7 @@ struct load_flags {
   double duration = 0;
   bench::random_spec random;
   bench::shared_prefix_spec prefix;
+  bench::multi_turn_spec multi_turn;
   int custom_output_len = 128;
   int32_t vocab_size = 32000;
   int32_t first_token_id = 256;

@@ -99,6 +99,7 @@ class troupe_backend final : public bench::bench_backend {
  private:
   static void finish(const wire::Finished& f, request_record& rec) {
     rec.output_tokens = static_cast<int>(f.completion_tokens());
+    rec.cached_tokens = static_cast<int>(f.cached_tokens());
     if (f.prompt_tokens() > 0) rec.prompt_tokens = static_cast<int>(f.prompt_tokens());
     switch (f.reason()) {
       case wire::STOP:

@@ -150,6 +150,10 @@ void run_sim(const sim_flags& f) {
   try {
     goals = bench::slo::parse(f.goodput);
     if (f.sweep) bench::check_sweep(f.sweep_spec, goals);
+    if (f.dataset == "multi-turn")
+      throw std::invalid_argument(
+          "--dataset-name multi-turn: bench serve only (the simulator "
+          "has no conversations)");
     reqs = make_dataset(f);
     if (!f.trace.empty()) trace = bench::load_trace(f.trace);
     bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
