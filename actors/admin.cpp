@@ -2,6 +2,7 @@
 
 #include <iterator>
 #include <memory>
+#include <set>
 
 #include "actors/relay.hpp"
 
@@ -317,6 +318,36 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   static_cast<double>(s.imported));
     m.gauge_set("troupe_instance_role", "1 for an instance's role and router pool",
                 {{"instance", i.name}, {"role", i.role}, {"pool", i.pool}}, 1);
+    m.counter_set("troupe_kv_spilled_pages_total",
+                  "KV store: evicted prefix pages offered to the process's store", l,
+                  static_cast<double>(s.spilled_pages));
+    m.counter_set("troupe_kv_loaded_pages_total",
+                  "KV store: prefix pages loaded back into the arena from a tier", l,
+                  static_cast<double>(s.loaded_pages));
+  }
+  // Each process's KV store once (its instances each carry it).
+  std::set<std::string> seen;
+  for (const auto& i : instances) {
+    const auto& k = i.stats.store;
+    if (k.tiers.empty() || !seen.insert(i.node).second) continue;
+    for (const auto& t : k.tiers) {
+      const metric_labels l{{"node", i.node}, {"tier", t.name}};
+      m.gauge_set("troupe_kv_tier_bytes", "KV store: bytes a tier holds", l,
+                  static_cast<double>(t.bytes));
+      m.gauge_set("troupe_kv_tier_pages", "KV store: pages a tier holds", l,
+                  static_cast<double>(t.pages));
+      m.counter_set("troupe_kv_tier_hits_total", "KV store: pages a tier served", l,
+                    static_cast<double>(t.hits));
+      m.counter_set("troupe_kv_tier_misses_total",
+                    "KV store: lookups that ended at a page a tier lacked", l,
+                    static_cast<double>(t.misses));
+      m.counter_set("troupe_kv_tier_bytes_in_total", "KV store: page bytes a tier stored", l,
+                    static_cast<double>(t.bytes_in));
+      m.counter_set("troupe_kv_tier_bytes_out_total", "KV store: page bytes a tier served", l,
+                    static_cast<double>(t.bytes_out));
+      m.counter_set("troupe_kv_tier_evictions_total", "KV store: pages a tier dropped for room", l,
+                    static_cast<double>(t.evictions));
+    }
   }
 }
 

@@ -121,6 +121,7 @@ json to_json(const request_trace& t) {
           {"prompt_tokens", t.prompt_tokens},
           {"completion_tokens", t.completion_tokens},
           {"cached_tokens", t.cached_tokens},
+          {"tier_tokens", t.tier_tokens},
           {"preemptions", t.preemptions},
           {"priority", t.priority},
           {"class", to_string(t.cls)},

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -10,6 +11,7 @@
 #include <variant>
 
 #include "messages/dp_group.hpp"
+#include "runtime/common/elapsed.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/kv_blob.hpp"
 
@@ -45,6 +47,9 @@ struct instance_state {
   // their prefix from it, by request id: true once cancelled meanwhile.
   kv_pool_actor tiers;
   std::unordered_map<uint64_t, bool> fetching;
+  // When each load now being written was asked for, oldest first (the
+  // device answers writes in order).
+  std::deque<std::chrono::steady_clock::time_point> fetch_started;
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
@@ -202,11 +207,19 @@ void flush(self_ptr self) {
             auto pages = c.pages;
             self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
                           std::move(c.data))
-                .then([](int32_t) {},
-                      [self, pages](caf::error& e) {
-                        self->state.eng->on_load_failed(pages, self->system().render(e));
-                        flush(self);
-                      });
+                .then(
+                    [self](int32_t) {
+                      auto& st = self->state;
+                      if (st.fetch_started.empty()) return;
+                      st.eng->note_tier_load_ms(ms_since(st.fetch_started.front()));
+                      st.fetch_started.pop_front();
+                    },
+                    [self, pages](caf::error& e) {
+                      auto& st = self->state;
+                      if (!st.fetch_started.empty()) st.fetch_started.pop_front();
+                      st.eng->on_load_failed(pages, self->system().render(e));
+                      flush(self);
+                    });
           } else if constexpr (std::is_same_v<T, engine_cmd::export_read>) {
             read_export(self, c.key, std::move(c.pages));
           } else if constexpr (std::is_same_v<T, engine_cmd::emit>) {
@@ -283,12 +296,16 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   return rp;
 }
 
-// Queues a sequence in the engine; "" or why it was refused.
-std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead) {
+// Queues a sequence in the engine (after `tier_pages` pages of its prompt
+// were loaded from the KV store); "" or why it was refused.
+std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead, int32_t tier_pages = 0) {
   uint64_t key = 0;
   const auto sink = r.sink;
   auto why = self->state.eng->enqueue(std::move(r), key, ahead);
-  if (why.empty()) watch_sink(self, key, sink);
+  if (why.empty()) {
+    watch_sink(self, key, sink);
+    if (tier_pages > 0) self->state.eng->note_tier_load(key, tier_pages);
+  }
   flush(self);
   return why;
 }
@@ -327,14 +344,15 @@ caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
   st.fetching[id] = false;
   auto rp = self->make_response_promise<int32_t>();
   auto req = std::make_shared<sequence_request>(std::move(r));
-  auto go = [self, rp, req, id, who,
-             tokens = std::move(tokens)](std::vector<kv_page> pages) mutable {
+  auto go = [self, rp, req, id, who, tokens = std::move(tokens),
+             asked = std::chrono::steady_clock::now()](std::vector<kv_page> pages) mutable {
     auto& st = self->state;
     const bool cancelled = st.fetching[id];
     st.fetching.erase(id);
-    if (!pages.empty()) st.eng->load_prefix(tokens, std::move(pages));
+    const int32_t loaded = pages.empty() ? 0 : st.eng->load_prefix(tokens, std::move(pages));
+    if (loaded > 0) st.fetch_started.push_back(asked);
     int32_t ahead = 0;
-    if (auto why = enqueue_now(self, std::move(*req), ahead); !why.empty()) {
+    if (auto why = enqueue_now(self, std::move(*req), ahead, loaded); !why.empty()) {
       rp.deliver(refuse(who + why));
       return;
     }

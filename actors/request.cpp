@@ -293,6 +293,7 @@ void on_tokens(self_ptr self, const token_batch& b) {
   if (st.done()) return;
   const auto now = clock_type::now();
   if (b.cached_tokens > 0) st.trace.cached_tokens = b.cached_tokens;
+  if (b.tier_tokens > 0) st.trace.tier_tokens = b.tier_tokens;
   st.trace.draft_tokens += b.drafted;
   st.trace.accepted_tokens += b.accepted;
   wire::TokenChunk chunk;

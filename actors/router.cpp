@@ -109,6 +109,11 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
       s.free_pages = it->second.kv.free + it->second.kv.reusable;
       s.total_pages = it->second.kv.total;
       s.prefix_hashes.insert(it->second.prefix_hashes.begin(), it->second.prefix_hashes.end());
+      // The global prefix index: what its process's KV store holds.
+      for (const auto& t : it->second.store.tiers)
+        s.tier_hashes.insert(t.hashes.begin(), t.hashes.end());
+      if (it->second.loaded_pages > 0)
+        s.tier_load_ms_per_page = it->second.tier_load_ms / double(it->second.loaded_pages);
     }
     out.push_back(std::move(s));
   }
@@ -326,7 +331,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             r = placement_reply{c.instance, i->actor, c.why, !takes_decode(pool_of_instance(*i)),
                                 c.predicted_ttft_ms};
           } else {
-            placement_request req{prompt_tokens, std::move(hashes)};
+            placement_request req{prompt_tokens, std::move(hashes), st.opts.page_size};
             auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
                            st.opts.ttft_target_ms);
             if (p.instance == 0)

@@ -23,6 +23,7 @@ struct request_trace {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;
+  int32_t tier_tokens = 0;  // of the cached ones, those the KV store's tiers gave back
   int32_t preemptions = 0;
   int32_t priority = 0;
   seq_class cls = seq_class::online;
@@ -63,7 +64,7 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
            x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state,
            x.prefill_instance, x.decode_instance, x.transfer_bytes, x.transfer_ms,
            x.decode_placement, x.predicted_ttft_ms, x.slo_ttft_ms, x.slo_tpot_ms, x.slo_met,
-           x.draft_tokens, x.accepted_tokens);
+           x.draft_tokens, x.accepted_tokens, x.tier_tokens);
 }
 
 // A request in flight, as the gateway sees it (admin).

@@ -48,7 +48,7 @@ typename Inspector::result_type inspect(Inspector& f, token_logprob& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
   return f(caf::meta::type_name("token_batch"), x.id, x.tokens, x.logprobs, x.top, x.finish,
-           x.cached_tokens, x.error, x.drafted, x.accepted, x.embedding);
+           x.cached_tokens, x.tier_tokens, x.error, x.drafted, x.accepted, x.embedding);
 }
 
 template <class Inspector>
@@ -66,7 +66,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
            x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
            x.accepted_tokens, x.overlapped_steps, x.device_idle_ms, x.spilled_pages,
-           x.loaded_pages, x.store);
+           x.loaded_pages, x.tier_load_ms, x.store);
 }
 
 // One sequence as its instance holds it (the dp_group's view for moves).

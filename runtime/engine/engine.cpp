@@ -89,6 +89,10 @@ int32_t engine::load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_p
   return n;
 }
 
+void engine::note_tier_load(uint64_t key, int32_t pages) {
+  if (auto it = seqs_.find(key); it != seqs_.end()) it->second.tier_tokens = pages * info_.page_size;
+}
+
 void engine::on_load_failed(const std::vector<int32_t>& pages, const std::string& why) {
   spdlog::warn("instance: loading {} KV pages from the KV store failed: {}", pages.size(), why);
   const std::unordered_set<int32_t> bad(pages.begin(), pages.end());
@@ -778,6 +782,7 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
   if (!s.reported) {
     s.reported = true;
     batch.cached_tokens = s.prompt_cached;
+    batch.tier_tokens = std::min(s.tier_tokens, s.prompt_cached);
   }
   if (batch.finish != finish_reason::none) {
     finish(s.key, std::move(batch));

@@ -174,6 +174,13 @@ class engine {
   std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt,
                                       int32_t& cached_pages) const;
   uint64_t kv_space() const { return kv_space_; }
+  // The sequence `key` was queued right after load_prefix took `pages` pages
+  // of its prompt: its first batch says how many cached tokens came from
+  // the tiers (its trace shows them).
+  void note_tier_load(uint64_t key, int32_t pages);
+  // The time a load took, from asking the store to the pages written (the
+  // router weighs tier hits by it).
+  void note_tier_load_ms(double ms) { counters_.tier_load_ms += ms; }
   // Cancel: the sequence's last batch (aborted) is emitted.  False when no
   // sequence of that id is here.
   bool abort(uint64_t id);
@@ -231,6 +238,7 @@ class engine {
     seq_state state = seq_state::waiting;
     bool first_admission = true;
     int32_t prompt_cached = 0;  // prompt tokens the first admission found cached
+    int32_t tier_tokens = 0;    // prompt tokens the KV store loaded back for it (note_tier_load)
     bool reported = false;      // the first batch (which carries prompt_cached) went out
     std::vector<uint8_t> blob;  // its KV while swapped or importing
     sampler smp;

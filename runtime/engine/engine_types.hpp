@@ -74,6 +74,7 @@ struct token_batch {
   std::vector<std::vector<token_logprob>> top;  // one per token, when n_logprobs > 0
   finish_reason finish = finish_reason::none;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache (first admission)
+  int32_t tier_tokens = 0;    // of those, tokens the KV store's tiers gave back
   std::string error;
   // Speculative decoding in the step that produced these tokens: drafts
   // verified and accepted (the trace sums them).
@@ -171,6 +172,7 @@ struct instance_stats {
   // pages loaded back from it (counted again as prefix hits when mapped).
   uint64_t spilled_pages = 0;
   uint64_t loaded_pages = 0;
+  double tier_load_ms = 0;  // asking the store for them until they were written (summed)
   kv_store_stats store;  // the process's KV store, as its kv_pool answered (none: no tiers)
 };
 

@@ -67,6 +67,9 @@ struct tier_stats {
   uint64_t bytes_out = 0;   // bytes served
   uint64_t evictions = 0;   // pages that left for room
   uint64_t dropped = 0;     // pages refused or found damaged
+  // The chained prefix hashes it holds, of every space: the router's
+  // global prefix index weighs a prompt's pages found here.
+  std::vector<uint64_t> hashes;
 };
 
 // The whole store as `admin kv` shows it (one per process that hosts

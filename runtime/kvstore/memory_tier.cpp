@@ -103,7 +103,10 @@ std::vector<uint64_t> memory_tier::hashes(uint64_t space) const {
 }
 
 tier_stats memory_tier::stats() const {
-  return st_;
+  tier_stats out = st_;
+  out.hashes.reserve(entries_.size());
+  for (const auto& [k, e] : entries_) out.hashes.push_back(k.hash);
+  return out;
 }
 
 std::string memory_tier::check_invariants() const {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <unordered_map>
+#include <utility>
 
 namespace troupe {
 
@@ -73,6 +75,11 @@ double prefill_model::predict_ms(double tokens) const {
   return std::max(0.0, theta_[0] * l * l + theta_[1] * l + theta_[2]);
 }
 
+double tier_weight(double load_ms_per_page, double compute_ms_per_page) {
+  if (load_ms_per_page < 0 || compute_ms_per_page <= 0) return 0.5;
+  return std::clamp(1.0 - load_ms_per_page / compute_ms_per_page, 0.0, 1.0);
+}
+
 int64_t load_score(const instance_snapshot& s) {
   return 4 * int64_t(s.waiting) + s.running;
 }
@@ -86,6 +93,13 @@ int32_t prefix_run(const instance_snapshot& s, const std::vector<uint64_t>& hash
     if (!s.prefix_hashes.count(h)) break;
     ++n;
   }
+  return n;
+}
+
+// Pages after the first `from` that `s`'s KV store holds, continuing the run.
+int32_t tier_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes, int32_t from) {
+  int32_t n = 0;
+  for (size_t i = size_t(from); i < hashes.size() && s.tier_hashes.count(hashes[i]); ++i) ++n;
   return n;
 }
 
@@ -131,18 +145,30 @@ placement place(placement_policy policy, const placement_request& req,
       return pick(s, load_text(*s));
     }
     case placement_policy::prefix: {
-      int32_t best_run = 0;
+      // The prefill time one of this prompt's pages saves (the model's
+      // marginal cost at its length).
+      const double ps = std::max(1, req.page_size);
+      const double compute = model.samples() == 0
+                                 ? -1
+                                 : model.predict_ms(req.prompt_tokens) -
+                                       model.predict_ms(std::max(0.0, req.prompt_tokens - ps));
+      double best_score = 0;
       std::vector<const instance_snapshot*> best;
+      std::unordered_map<const instance_snapshot*, std::pair<int32_t, int32_t>> runs;
       for (const auto* s : up) {
-        const int32_t run = prefix_run(*s, req.page_hashes);
-        if (run > best_run) best.clear(), best_run = run;
-        if (run == best_run) best.push_back(s);
+        const int32_t dev = prefix_run(*s, req.page_hashes);
+        const int32_t tier = tier_run(*s, req.page_hashes, dev);
+        runs[s] = {dev, tier};
+        const double score = dev + tier_weight(s->tier_load_ms_per_page, compute) * tier;
+        if (score > best_score + 1e-9) best.clear(), best_score = score;
+        if (std::abs(score - best_score) <= 1e-9) best.push_back(s);
       }
       const auto* s = least_loaded(best);
-      out.prefix_pages = best_run;
-      return pick(s, best_run > 0
-                         ? std::to_string(best_run) + " cached prefix pages, " + load_text(*s)
-                         : "no cached prefix anywhere, " + load_text(*s));
+      const auto [dev, tier] = runs[s];
+      out.prefix_pages = dev;
+      std::string why = dev > 0 ? std::to_string(dev) + " cached prefix pages" : "";
+      if (tier > 0) why += (why.empty() ? "" : " + ") + std::to_string(tier) + " in its KV store";
+      return pick(s, (why.empty() ? "no cached prefix anywhere" : why) + ", " + load_text(*s));
     }
     case placement_policy::slo: {
       std::vector<const instance_snapshot*> meet;

@@ -7,7 +7,10 @@
 //   round-robin  each serving instance in turn
 //   least-load   vLLM's score 4 x waiting + running, lowest first
 //   prefix       the longest run of the prompt's full-page hashes an
-//                instance holds in its prefix cache; ties by load
+//                instance holds in its prefix cache, continued by the pages
+//                its process's KV store holds (host and disk tiers), those
+//                weighed by what loading a page costs against computing it
+//                (tier_weight, from measured times); ties by load
 //   slo          predicted TTFT = the instance's queued prefill work plus
 //                this prompt's, from a prefill-time model fitted online;
 //                the least-loaded instance predicted to meet the target,
@@ -31,6 +34,10 @@ struct instance_snapshot {
   int32_t free_pages = 0;
   int32_t total_pages = 0;
   std::unordered_set<uint64_t> prefix_hashes;  // chained hashes of its cached full pages
+  // Its process's KV store: the hashes its tiers hold, and what loading a
+  // page from them took on average (ms; < 0: not measured yet).
+  std::unordered_set<uint64_t> tier_hashes;
+  double tier_load_ms_per_page = -1;
 };
 
 enum class placement_policy { round_robin, least_load, prefix, slo };
@@ -58,7 +65,13 @@ class prefill_model {
 struct placement_request {
   int32_t prompt_tokens = 0;
   std::vector<uint64_t> page_hashes;  // the prompt's full pages, chained (page_pool's page_hash)
+  int32_t page_size = 16;             // tokens a page
 };
+
+// What a page found in a KV store tier is worth against one in the arena
+// (1) or none (0): 1 - load / compute, clamped, where compute is the
+// prefill time the page saves.  Unmeasured (either < 0): 0.5.
+double tier_weight(double load_ms_per_page, double compute_ms_per_page);
 
 struct placement {
   uint64_t instance = 0;  // 0: no serving instance

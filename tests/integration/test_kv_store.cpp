@@ -72,6 +72,11 @@ TEST(KvStore, HostTierGivesBackPromptsTheArenaEvicted) {
     auto again = generate(s, prompts[i]);
     EXPECT_EQ(again["token_ids"], first[i]["token_ids"]) << prompts[i];
     EXPECT_GE(again["usage"]["cached_tokens"].get<int>(), 96) << again.dump();
+    // The trace says where the prefix came from (`troupe client` numbers
+    // its requests from 1; the newest request 1 is this one).
+    auto trace = s.admin("trace 1");
+    EXPECT_GT(trace["tier_tokens"].get<int>(), 0) << trace.dump();
+    EXPECT_LE(trace["tier_tokens"], trace["cached_tokens"]) << trace.dump();
   }
   auto kv = s.admin("kv");
   EXPECT_GT(kv["spilled_pages"].get<int>(), 0) << kv.dump();

@@ -348,9 +348,9 @@ class round_driver {
       violation(what + " failed: " + r.err);
   }
 
-  testing::process_result shell(const std::string& commands) {
+  testing::process_result shell(const std::string& commands, const std::string& flags = "") {
     return testing::run_process(testing::troupe_bin() + " shell --server " +
-                                testing::shell_quote(endpoint_) + " --exec " +
+                                testing::shell_quote(endpoint_) + " " + flags + " --exec " +
                                 testing::shell_quote(commands));
   }
 
@@ -486,7 +486,10 @@ class round_driver {
       // One more instance on a live node, at run time (troupe shell spawn).
       spawned_ = true;
       const size_t n = killed_node_ == 0 ? 1 : 0;
-      must(shell("spawn " + nodes_[n]->address() + " 1"), "spawn", t_.spawns);
+      // A spawn answers once the node has loaded the model: Gemma 3 on a
+      // busy machine takes longer than the shell's default 5 s.
+      must(shell("spawn " + nodes_[n]->address() + " 1", "--admin-timeout-ms 60000"), "spawn",
+           t_.spawns);
       ++instances_;
     } else if (roll == 98) {
       preempt(s);

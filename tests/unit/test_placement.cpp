@@ -48,6 +48,34 @@ TEST(Placement, LeastLoadUsesVllmsScore) {
   EXPECT_NE(p.why.find("4x1+0=4"), std::string::npos) << p.why;
 }
 
+// The global prefix index: pages in an instance's KV store continue its
+// device run, weighed by what loading one costs against computing it.
+TEST(Placement, PrefixWeighsKvStorePagesByTheirMeasuredCost) {
+  EXPECT_DOUBLE_EQ(tier_weight(-1, 5), 0.5);  // not measured yet
+  EXPECT_DOUBLE_EQ(tier_weight(1, 4), 0.75);
+  EXPECT_DOUBLE_EQ(tier_weight(9, 4), 0.0);  // slower than computing: worth nothing
+  placement_request r;
+  r.page_hashes = {11, 12, 13, 14, 15, 16};
+  r.prompt_tokens = 100;
+  r.page_size = 16;
+  std::vector<instance_snapshot> s = {inst(1, 0, 0, 0, {11, 12}), inst(2, 0, 0, 0, {11})};
+  s[1].tier_hashes = {12, 13, 14, 15, 16};  // 1 on the device + 5 in its store
+  placement_cursor c;
+  prefill_model m;  // no samples: weight 0.5, 1 + 2.5 > 2
+  auto p = place(placement_policy::prefix, r, s, c, m, 0);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_NE(p.why.find("1 cached prefix pages + 5 in its KV store"), std::string::npos) << p.why;
+  EXPECT_EQ(p.prefix_pages, 1);
+  // Measured: loading a page costs more than computing it, so the device
+  // run wins.
+  for (int i = 0; i < 50; ++i) m.observe(100 + i, 10 + 0.1 * (100 + i));
+  s[1].tier_load_ms_per_page = 100;
+  EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 1u);
+  // Cheap loads: the store's pages count almost fully.
+  s[1].tier_load_ms_per_page = 0.01;
+  EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 2u);
+}
+
 TEST(Placement, PrefixTakesTheLongestLeadingRunThenLoad) {
   placement_request r;
   r.page_hashes = {11, 12, 13, 14};
