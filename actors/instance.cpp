@@ -208,8 +208,9 @@ void flush(self_ptr self) {
             self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
                           std::move(c.data))
                 .then(
-                    [self](int32_t) {
+                    [self, pages](int32_t) {
                       auto& st = self->state;
+                      st.eng->on_loaded(pages);
                       if (st.fetch_started.empty()) return;
                       st.eng->note_tier_load_ms(ms_since(st.fetch_started.front()));
                       st.fetch_started.pop_front();
@@ -323,6 +324,8 @@ std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r,
   int32_t cached = 0;
   auto hashes = st.eng->prefix_hashes(tokens, cached);
   hashes.erase(hashes.begin(), hashes.begin() + std::min<size_t>(cached, hashes.size()));
+  // No more than the arena could take now (load_prefix takes no more).
+  hashes.resize(std::min<size_t>(hashes.size(), size_t(st.eng->pool().available())));
   return hashes;
 }
 
@@ -480,7 +483,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         auto s = self->state.eng->stats();
         if (!self->state.tiers) return s;
         auto rp = self->make_response_promise<instance_stats>();
-        self->request(self->state.tiers, std::chrono::seconds(5), stats_atom::value)
+        self->request(self->state.tiers, std::chrono::seconds(2), stats_atom::value)
             .then(
                 [rp, s](kv_store_stats& k) mutable {
                   s.store = std::move(k);

@@ -119,9 +119,8 @@ driver_result run_benchmark(bench_backend& backend, const std::vector<bench_requ
   for (size_t i = 0; i < n; ++i)
     if (requests[i].after >= 0 && size_t(requests[i].after) < n)
       next_turn[size_t(requests[i].after)] = long(i);
+  // Runs request i, whose slot is held, and releases the slot.
   auto send = [&](size_t i) {
-    free_slots.acquire();
-    ++prog.sent;
     went[i] = 1;
     auto& rec = result.records[i];
     rec.turn = requests[i].turn;
@@ -138,13 +137,17 @@ driver_result run_benchmark(bench_backend& backend, const std::vector<bench_requ
     if (opts.duration_s > 0 && at > opts.duration_s) break;
     std::this_thread::sleep_until(
         t0 + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(at)));
+    // The slot is taken here, in arrival order, before the thread exists.
+    free_slots.acquire();
+    ++prog.sent;
     workers.emplace_back([&, i] {
-      for (long k = long(i); k >= 0; k = next_turn[size_t(k)]) {
-        if (k != long(i)) {
-          const double at = ctx.now() + requests[size_t(k)].think_s;
-          if (opts.duration_s > 0 && at > opts.duration_s) break;
-          std::this_thread::sleep_for(std::chrono::duration<double>(requests[size_t(k)].think_s));
-        }
+      send(i);
+      for (long k = next_turn[i]; k >= 0; k = next_turn[size_t(k)]) {
+        const double think = requests[size_t(k)].think_s;
+        if (opts.duration_s > 0 && ctx.now() + think > opts.duration_s) break;
+        std::this_thread::sleep_for(std::chrono::duration<double>(think));
+        free_slots.acquire();
+        ++prog.sent;
         send(size_t(k));
       }
     });

@@ -33,7 +33,7 @@ typename Inspector::result_type inspect(Inspector& f, kv_page& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_stats& x) {
   return f(caf::meta::type_name("tier_stats"), x.name, x.budget, x.bytes, x.pages, x.hits, x.misses,
-           x.bytes_in, x.bytes_out, x.evictions, x.dropped, x.hashes);
+           x.bytes_in, x.bytes_out, x.evictions, x.dropped, x.hashes, x.check);
 }
 
 template <class Inspector>

@@ -38,8 +38,17 @@ std::vector<engine_command> engine::take_commands() {
 void engine::spill_evicted() {
   if (!pool_->has_evicted()) return;
   engine_cmd::spill sp;
-  sp.meta = pool_->take_evicted();
-  for (const auto& e : sp.meta) sp.pages.push_back(e.page);
+  for (auto& e : pool_->take_evicted()) {
+    // A page whose load has not answered yet came from the store (which
+    // keeps it), and its write may have failed: not offered back.
+    if (loading_.count(e.page)) {
+      loading_.erase(e.page);
+      continue;
+    }
+    sp.pages.push_back(e.page);
+    sp.meta.push_back(std::move(e));
+  }
+  if (sp.pages.empty()) return;
   counters_.spilled_pages += sp.pages.size();
   outbox_.emplace_back(std::move(sp));
 }
@@ -70,18 +79,30 @@ int32_t engine::load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_p
     if (!fits) break;
     take.push_back(&p);
   }
-  // Never more than the arena can give without preempting anyone.
+  // The arena's own run [0, cached) is pinned while pages are taken for the
+  // rest (else reserve() could evict it, and orphan what is loaded after
+  // it); never more than the arena can give without preempting anyone.
+  pool_->match_prefix(k_pin_key, prompt, /*count=*/false);
   take.resize(std::min<size_t>(take.size(), size_t(pool_->available())));
-  if (take.empty()) return 0;
   auto arena = pool_->reserve(static_cast<int32_t>(take.size()));
+  // What reserve() evicted is read before these pages are marked loading
+  // (and before the load writes them).
+  spill_evicted();
   engine_cmd::load ld;
   ld.data.reserve(take.size() * info_.kv_bytes_per_page);
+  // Deepest first into the LRU list, then the pinned run released after
+  // them: a prefix's head leaves the arena last, as free_sequence orders it.
+  std::vector<bool> adopted(take.size());
+  for (size_t k = take.size(); k-- > 0;)
+    adopted[k] =
+        pool_->adopt(arena[k], take[k]->hash, take[k]->parent, take[k]->depth, take[k]->tokens);
   for (size_t k = 0; k < take.size(); ++k) {
-    kv_page& p = *take[k];
-    if (!pool_->adopt(arena[k], p.hash, p.parent, p.depth, p.tokens)) continue;
+    if (!adopted[k]) continue;
     ld.pages.push_back(arena[k]);
-    ld.data.insert(ld.data.end(), p.bytes.begin(), p.bytes.end());
+    ld.data.insert(ld.data.end(), take[k]->bytes.begin(), take[k]->bytes.end());
+    loading_[arena[k]] = take[k]->hash;
   }
+  pool_->free_sequence(k_pin_key);
   const auto n = static_cast<int32_t>(ld.pages.size());
   counters_.loaded_pages += n;
   // Before any step that maps them (the device serves commands in order).
@@ -89,13 +110,26 @@ int32_t engine::load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_p
   return n;
 }
 
+void engine::on_loaded(const std::vector<int32_t>& pages) {
+  for (int32_t p : pages) loading_.erase(p);
+}
+
 void engine::note_tier_load(uint64_t key, int32_t pages) {
-  if (auto it = seqs_.find(key); it != seqs_.end()) it->second.tier_tokens = pages * info_.page_size;
+  if (auto it = seqs_.find(key); it != seqs_.end())
+    it->second.tier_tokens = pages * info_.page_size;
 }
 
 void engine::on_load_failed(const std::vector<int32_t>& pages, const std::string& why) {
   spdlog::warn("instance: loading {} KV pages from the KV store failed: {}", pages.size(), why);
-  const std::unordered_set<int32_t> bad(pages.begin(), pages.end());
+  // Only the pages still indexed under what was loaded into them hold the
+  // failed write's garbage for anyone to map; one reused since was written
+  // afresh.
+  std::unordered_set<int32_t> bad;
+  for (int32_t p : pages) {
+    auto it = loading_.find(p);
+    if (it != loading_.end() && pool_->indexes(p, it->second)) bad.insert(p);
+    loading_.erase(p);
+  }
   std::vector<uint64_t> hit;
   for (const auto& [key, s] : seqs_) {
     if (!pool_->has_sequence(key)) continue;
@@ -105,7 +139,7 @@ void engine::on_load_failed(const std::vector<int32_t>& pages, const std::string
         break;
       }
   }
-  for (int32_t p : pages) pool_->forget(p);
+  for (int32_t p : bad) pool_->forget(p);
   for (uint64_t key : hit) fail(key, "loading its cached prefix failed: " + why);
   step();
 }

@@ -198,8 +198,10 @@ class engine {
   void on_dummy_done();
   void on_swapped_out(uint64_t key, std::vector<uint8_t> data);
   void on_swap_out_failed(uint64_t key, const std::string& why);
-  // A load command failed: its pages leave the index, and sequences that
+  // A load command was written, or failed: then its pages (those still
+  // indexed under what was loaded) leave the index, and sequences that
   // mapped them meanwhile fail.
+  void on_loaded(const std::vector<int32_t>& pages);
   void on_load_failed(const std::vector<int32_t>& pages, const std::string& why);
 
   // --- Lockstep in a data-parallel group's rounds. ---
@@ -336,6 +338,12 @@ class engine {
   instance_options opts_;
   std::unique_ptr<page_pool> pool_;
   uint64_t kv_space_ = 0;  // kv_space_of(arena_geometry()): the KV store's key space
+  // Arena pages a load command writes, not answered yet, and the hash each
+  // was adopted under.
+  std::unordered_map<int32_t, uint64_t> loading_;
+  // The page table load_prefix pins a prompt's cached run under (no
+  // sequence key reaches it: keys count up from 1).
+  static constexpr uint64_t k_pin_key = ~uint64_t{0};
   int32_t max_len_ = 0;                          // tokens one sequence may reach: context and arena
   std::unordered_map<uint64_t, live_seq> seqs_;  // by key
   std::unordered_map<uint64_t, uint64_t> keys_;  // request id -> key

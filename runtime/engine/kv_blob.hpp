@@ -70,6 +70,7 @@ struct tier_stats {
   // The chained prefix hashes it holds, of every space: the router's
   // global prefix index weighs a prompt's pages found here.
   std::vector<uint64_t> hashes;
+  std::string check;  // its invariants: empty when they hold
 };
 
 // The whole store as `admin kv` shows it (one per process that hosts

@@ -252,15 +252,17 @@ step_allocation page_pool::allocate_step(const std::vector<alloc_request>& reqs)
   return out;
 }
 
-prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& prompt) {
+prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& prompt, bool count) {
   auto it = seqs_.find(seq);
   if (it != seqs_.end() && !it->second.pages.empty())
     misuse("match_prefix",
            seq_name(seq) + " already holds " + std::to_string(it->second.pages.size()) + " pages");
   sequence& s = seqs_[seq];
   s.chain.clear();
-  ++counters_.prefix_queries;
-  counters_.prefix_query_tokens += prompt.size();
+  if (count) {
+    ++counters_.prefix_queries;
+    counters_.prefix_query_tokens += prompt.size();
+  }
 
   // Full pages only, and not the prompt's last token.
   const size_t max_pages = prompt.empty() ? 0 : (prompt.size() - 1) / size_t(page_size_);
@@ -281,7 +283,7 @@ prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& p
     prev = h;
   }
   s.n_tokens = static_cast<int32_t>(s.pages.size()) * page_size_;
-  counters_.prefix_hit_tokens += s.n_tokens;
+  if (count) counters_.prefix_hit_tokens += s.n_tokens;
   return {s.n_tokens, s.pages};
 }
 
@@ -459,6 +461,11 @@ bool page_pool::adopt(int32_t page, uint64_t hash, uint64_t parent, int32_t dept
   m.refcount = 0;
   m.lru_pos = lru_.insert(lru_.end(), page);
   return true;
+}
+
+bool page_pool::indexes(int32_t page, uint64_t hash) const {
+  check_page(page, "indexes");
+  return pages_[page].hashed && pages_[page].hash == hash;
 }
 
 void page_pool::forget(int32_t page) {

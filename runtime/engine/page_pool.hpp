@@ -123,7 +123,9 @@ class page_pool {
   // the cached full pages of the prompt's longest cached prefix into its
   // table (reusable pages become mapped again).  Never covers the whole
   // prompt, so at least one token is left to compute and yield logits.
-  prefix_match match_prefix(uint64_t seq, const std::vector<int32_t>& prompt);
+  // `count` false: no hit counters move (the engine pinning a prefix while
+  // it loads the rest, not a prompt's admission).
+  prefix_match match_prefix(uint64_t seq, const std::vector<int32_t>& prompt, bool count = true);
 
   // `tokens` are the sequence's tokens from position 0 whose KV the device
   // has computed; indexes its newly completed full pages for later prompts.
@@ -171,6 +173,8 @@ class page_pool {
   // The page's data is not what its hash says (a lower tier's write
   // failed): it leaves the index; reusable, it becomes free.
   void forget(int32_t page);
+  // True when `page` is indexed under `hash`.
+  bool indexes(int32_t page, uint64_t hash) const;
 
   int n_pages() const { return static_cast<int>(pages_.size()); }
   int page_size() const { return page_size_; }

@@ -68,12 +68,19 @@ disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
     }
     kv_page_key k;
     int32_t depth = 0;
-    if (!de.is_regular_file(ec) || !parse_name(name, k, depth)) continue;
+    // Only the names this tier writes (so a file is found again under its
+    // key); one key once.
+    if (!de.is_regular_file(ec) || !parse_name(name, k, depth) ||
+        file_of(k, depth).filename() != de.path().filename())
+      continue;
     files.push_back({k, depth, de.file_size(ec), de.last_write_time(ec)});
   }
   std::sort(files.begin(), files.end(),
             [](const found& a, const found& b) { return a.mtime < b.mtime; });
   for (const auto& f : files) {
+    if (entries_.count(f.key)) {  // the same page at another depth: keep the newer
+      drop(f.key);
+    }
     entries_[f.key] = {f.bytes, ++tick_, 0, f.depth};
     st_.bytes += f.bytes;
     ++st_.pages;
@@ -173,7 +180,9 @@ std::vector<kv_page> disk_tier::read_run(uint64_t space, std::span<const uint64_
     }
     const fs::path file = file_of(k, it->second.depth);
     std::vector<uint8_t> bytes;
-    {
+    std::error_code size_ec;
+    // A file whose size changed since it was indexed is not read at all.
+    if (fs::file_size(file, size_ec) == it->second.bytes && !size_ec) {
       std::ifstream in(file, std::ios::binary);
       if (in) bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
@@ -219,6 +228,7 @@ tier_stats disk_tier::stats() const {
   tier_stats out = st_;
   out.hashes.reserve(entries_.size());
   for (const auto& [k, e] : entries_) out.hashes.push_back(k.hash);
+  out.check = check_invariants();
   return out;
 }
 

@@ -106,6 +106,7 @@ tier_stats memory_tier::stats() const {
   tier_stats out = st_;
   out.hashes.reserve(entries_.size());
   for (const auto& [k, e] : entries_) out.hashes.push_back(k.hash);
+  out.check = check_invariants();
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "process.hpp"
@@ -42,6 +43,11 @@ json generate(const server_process& s, const std::string& prompt) {
   return json::parse(r.out);
 }
 
+// `admin kv`'s disk tier once `ready` holds for it (its stats reach the
+// store a poll behind), or as it is after 10 s.
+template <class Ready>
+json disk_when(const server_process& s, Ready&& ready);
+
 // The first (only) store of `admin kv`, and its tier named `tier`.
 json tier(const json& kv, const std::string& name) {
   for (const auto& st : kv["stores"])
@@ -49,6 +55,17 @@ json tier(const json& kv, const std::string& name) {
       if (t["tier"] == name) return t;
   ADD_FAILURE() << "no " << name << " tier in " << kv.dump();
   return json::object();
+}
+
+template <class Ready>
+json disk_when(const server_process& s, Ready&& ready) {
+  json d;
+  for (int i = 0; i < 100; ++i) {
+    d = tier(s.admin("kv"), "disk");
+    if (ready(d)) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return d;
 }
 
 struct temp_dir {
@@ -97,7 +114,7 @@ TEST(KvStore, DiskTierSurvivesARestartAndDropsDamagedPages) {
   {
     server_process s(flags);
     for (const auto& p : prompts) first.push_back(generate(s, p));
-    EXPECT_GT(tier(s.admin("kv"), "disk")["pages"].get<int>(), 0);
+    EXPECT_GT(disk_when(s, [](const json& d) { return d["pages"] > 0; })["pages"].get<int>(), 0);
     s.signal(SIGTERM);
     EXPECT_EQ(s.wait_exit(std::chrono::seconds(30)), 0);
   }
@@ -107,7 +124,7 @@ TEST(KvStore, DiskTierSurvivesARestartAndDropsDamagedPages) {
     auto again = generate(s, prompts[0]);
     EXPECT_EQ(again["token_ids"], first[0]["token_ids"]);
     EXPECT_GE(again["usage"]["cached_tokens"].get<int>(), 96) << again.dump();
-    auto disk = tier(s.admin("kv"), "disk");
+    auto disk = disk_when(s, [](const json& d) { return d["hits"] > 0; });
     EXPECT_GT(disk["hits"].get<int>(), 0) << disk.dump();
     EXPECT_EQ(disk["dropped"], 0) << disk.dump();
     s.signal(SIGTERM);
@@ -126,7 +143,7 @@ TEST(KvStore, DiskTierSurvivesARestartAndDropsDamagedPages) {
     server_process s(flags);
     auto again = generate(s, prompts[0]);
     EXPECT_EQ(again["token_ids"], first[0]["token_ids"]);
-    auto disk = tier(s.admin("kv"), "disk");
+    auto disk = disk_when(s, [](const json& d) { return d["dropped"] > 0; });
     EXPECT_GT(disk["dropped"].get<int>(), 0) << disk.dump();
     EXPECT_EQ(disk["hits"], 0) << disk.dump();
   }

@@ -159,7 +159,7 @@ void show_failures(const std::vector<request_record>& records, int limit) {
   int shown = 0;
   for (size_t i = 0; i < records.size() && shown < limit; ++i)
     if (const auto& r = records[i]; !r.success) {
-      std::fprintf(stderr, "request %zu failed: %s: %s\n", i, r.error_code.c_str(),
+      std::fprintf(stderr, "request %zu failed: %s: %s\n", r.index, r.error_code.c_str(),
                    r.error_message.c_str());
       ++shown;
     }
