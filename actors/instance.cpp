@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
-#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -47,9 +46,6 @@ struct instance_state {
   // their prefix from it, by request id: true once cancelled meanwhile.
   kv_pool_actor tiers;
   std::unordered_map<uint64_t, bool> fetching;
-  // When each load now being written was asked for, oldest first (the
-  // device answers writes in order).
-  std::deque<std::chrono::steady_clock::time_point> fetch_started;
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
@@ -207,20 +203,11 @@ void flush(self_ptr self) {
             auto pages = c.pages;
             self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
                           std::move(c.data))
-                .then(
-                    [self, pages](int32_t) {
-                      auto& st = self->state;
-                      st.eng->on_loaded(pages);
-                      if (st.fetch_started.empty()) return;
-                      st.eng->note_tier_load_ms(ms_since(st.fetch_started.front()));
-                      st.fetch_started.pop_front();
-                    },
-                    [self, pages](caf::error& e) {
-                      auto& st = self->state;
-                      if (!st.fetch_started.empty()) st.fetch_started.pop_front();
-                      st.eng->on_load_failed(pages, self->system().render(e));
-                      flush(self);
-                    });
+                .then([self, pages](int32_t) { self->state.eng->on_loaded(pages); },
+                      [self, pages](caf::error& e) {
+                        self->state.eng->on_load_failed(pages, self->system().render(e));
+                        flush(self);
+                      });
           } else if constexpr (std::is_same_v<T, engine_cmd::export_read>) {
             read_export(self, c.key, std::move(c.pages));
           } else if constexpr (std::is_same_v<T, engine_cmd::emit>) {
@@ -297,23 +284,21 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
   return rp;
 }
 
-// Queues a sequence in the engine (after `tier_pages` pages of its prompt
-// were loaded from the KV store); "" or why it was refused.
-std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead, int32_t tier_pages = 0) {
+// Queues a sequence in the engine, with the KV store's pages of its prompt
+// (loaded at its admission); "" or why it was refused.
+std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead,
+                        std::vector<kv_page> tier = {}) {
   uint64_t key = 0;
   const auto sink = r.sink;
-  auto why = self->state.eng->enqueue(std::move(r), key, ahead);
-  if (why.empty()) {
-    watch_sink(self, key, sink);
-    if (tier_pages > 0) self->state.eng->note_tier_load(key, tier_pages);
-  }
+  auto why = self->state.eng->enqueue(std::move(r), key, ahead, std::move(tier));
+  if (why.empty()) watch_sink(self, key, sink);
   flush(self);
   return why;
 }
 
 // A prompt whose prefix the arena lacks asks the KV store for it first;
-// the pages found are loaded into the arena, then the sequence is queued
-// (its admission maps them as cached).  Empty when there is nothing to ask.
+// the pages found wait with the sequence, and its admission writes those the
+// arena still lacks into its table.  Empty when there is nothing to ask.
 std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r,
                                      std::vector<int32_t>& tokens) {
   auto& st = self->state;
@@ -324,7 +309,7 @@ std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r,
   int32_t cached = 0;
   auto hashes = st.eng->prefix_hashes(tokens, cached);
   hashes.erase(hashes.begin(), hashes.begin() + std::min<size_t>(cached, hashes.size()));
-  // No more than the arena could take now (load_prefix takes no more).
+  // No more than the arena could take now (an admission takes no more).
   hashes.resize(std::min<size_t>(hashes.size(), size_t(st.eng->pool().available())));
   return hashes;
 }
@@ -352,10 +337,9 @@ caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
     auto& st = self->state;
     const bool cancelled = st.fetching[id];
     st.fetching.erase(id);
-    const int32_t loaded = pages.empty() ? 0 : st.eng->load_prefix(tokens, std::move(pages));
-    if (loaded > 0) st.fetch_started.push_back(asked);
+    if (!pages.empty()) st.eng->note_tier_load_ms(ms_since(asked));
     int32_t ahead = 0;
-    if (auto why = enqueue_now(self, std::move(*req), ahead, loaded); !why.empty()) {
+    if (auto why = enqueue_now(self, std::move(*req), ahead, std::move(pages)); !why.empty()) {
       rp.deliver(refuse(who + why));
       return;
     }

@@ -59,64 +59,57 @@ std::vector<uint64_t> engine::prefix_hashes(const std::vector<int32_t>& prompt,
   return pool_->prompt_hashes(prompt);
 }
 
-int32_t engine::load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_page> pages) {
-  if (!opts_.prefix_caching) return 0;
+// A first admission's prompt, its cached run mapped: the pages the store
+// gave that continue the run (this arena's space, the prompt's tokens, the
+// hash chain, one page's bytes) are written into fresh pages of its table
+// and indexed, as if computed.  No more than the arena can give while
+// leaving its first chunk's pages; the admission's re-plan sees the rest.
+void engine::load_from_tier(live_seq& s) {
+  auto tier = std::exchange(s.tier, {});
+  if (tier.empty() || !opts_.prefix_caching) return;
   const int32_t ps = info_.page_size;
-  int32_t cached = 0;
-  const auto hashes = prefix_hashes(prompt, cached);
-  // The pages that continue the arena's cached prefix, in order; the rest
-  // (a gap, another prompt, a damaged page) are not taken.
-  std::vector<kv_page*> take;
-  for (auto& p : pages) {
+  const auto hashes = pool_->prompt_hashes(s.tokens);
+  const int32_t have = s.pages;  // the cached run match_prefix mapped
+  std::vector<const kv_page*> take;
+  for (const auto& p : tier) {
     const int32_t i = p.depth;
-    if (i < cached) continue;  // computed here meanwhile
-    if (i != cached + int32_t(take.size()) || i >= int32_t(hashes.size())) break;
+    if (i < have) continue;
+    if (i != have + int32_t(take.size()) || i >= int32_t(hashes.size())) break;
     const bool fits =
         p.space == kv_space_ && p.hash == hashes[i] && p.parent == (i == 0 ? 0 : hashes[i - 1]) &&
         int32_t(p.tokens.size()) == ps &&
-        std::equal(p.tokens.begin(), p.tokens.end(), prompt.begin() + size_t(i) * ps) &&
+        std::equal(p.tokens.begin(), p.tokens.end(), s.tokens.begin() + size_t(i) * ps) &&
         p.bytes.size() == info_.kv_bytes_per_page;
     if (!fits) break;
     take.push_back(&p);
   }
-  // The arena's own run [0, cached) is pinned while pages are taken for the
-  // rest (else reserve() could evict it, and orphan what is loaded after
-  // it); never more than the arena can give without preempting anyone.
-  pool_->match_prefix(k_pin_key, prompt, /*count=*/false);
-  take.resize(std::min<size_t>(take.size(), size_t(pool_->available())));
+  const int32_t chunk = pool_->pages_for(opts_.limits.chunk_size) + 1;
+  const int32_t room = std::max(0, pool_->available() - chunk);
+  take.resize(std::min<size_t>(take.size(), size_t(room)));
+  if (take.empty()) return;
   auto arena = pool_->reserve(static_cast<int32_t>(take.size()));
-  // What reserve() evicted is read before these pages are marked loading
-  // (and before the load writes them).
+  // What reserve() evicted is read before these pages are written.
   spill_evicted();
   engine_cmd::load ld;
   ld.data.reserve(take.size() * info_.kv_bytes_per_page);
-  // Deepest first into the LRU list, then the pinned run released after
-  // them: a prefix's head leaves the arena last, as free_sequence orders it.
-  std::vector<bool> adopted(take.size());
-  for (size_t k = take.size(); k-- > 0;)
-    adopted[k] =
-        pool_->adopt(arena[k], take[k]->hash, take[k]->parent, take[k]->depth, take[k]->tokens);
   for (size_t k = 0; k < take.size(); ++k) {
-    if (!adopted[k]) continue;
+    const kv_page& p = *take[k];
+    pool_->append_loaded(s.key, arena[k], p.hash, p.parent, p.depth, p.tokens);
     ld.pages.push_back(arena[k]);
-    ld.data.insert(ld.data.end(), take[k]->bytes.begin(), take[k]->bytes.end());
-    loading_[arena[k]] = take[k]->hash;
+    ld.data.insert(ld.data.end(), p.bytes.begin(), p.bytes.end());
+    loading_[arena[k]] = p.hash;
   }
-  pool_->free_sequence(k_pin_key);
-  const auto n = static_cast<int32_t>(ld.pages.size());
+  const auto n = static_cast<int32_t>(take.size());
+  s.pages += n;
+  s.computed += n * ps;
+  s.tier_tokens = n * ps;
   counters_.loaded_pages += n;
-  // Before any step that maps them (the device serves commands in order).
-  if (n > 0) out(std::move(ld));
-  return n;
+  // Before the step that reads them (the device serves commands in order).
+  out(std::move(ld));
 }
 
 void engine::on_loaded(const std::vector<int32_t>& pages) {
   for (int32_t p : pages) loading_.erase(p);
-}
-
-void engine::note_tier_load(uint64_t key, int32_t pages) {
-  if (auto it = seqs_.find(key); it != seqs_.end())
-    it->second.tier_tokens = pages * info_.page_size;
 }
 
 void engine::on_load_failed(const std::vector<int32_t>& pages, const std::string& why) {
@@ -279,8 +272,10 @@ void engine::admit(uint64_t key) {
     auto m = pool_->match_prefix(key, s.tokens);
     s.computed = m.cached_tokens;
     s.pages = static_cast<int32_t>(m.pages.size());
-    counters_.cached_tokens += m.cached_tokens;
+    load_from_tier(s);
+    counters_.cached_tokens += s.computed;
   }
+  s.tier.clear();
   if (s.first_admission) s.prompt_cached = s.computed;
   s.first_admission = false;
   s.committed_pages = s.pages;
@@ -919,7 +914,8 @@ kv_geometry engine::arena_geometry() const {
           info_.head_dim,          info_.page_size, info_.kv_dtype};
 }
 
-std::string engine::enqueue(sequence_spec r, uint64_t& key, int32_t& ahead) {
+std::string engine::enqueue(sequence_spec r, uint64_t& key, int32_t& ahead,
+                            std::vector<kv_page> tier) {
   if (auto why = check_request(r); !why.empty()) return why;
   std::shared_ptr<token_constraint> c;
   int state = -1;
@@ -931,6 +927,7 @@ std::string engine::enqueue(sequence_spec r, uint64_t& key, int32_t& ahead) {
     added.deadline = ms_since(born_) + added.req.ttft_target_ms;
   added.constraint = std::move(c);
   added.constraint_state = state;
+  added.tier = std::move(tier);
   key = added.key;
   step();
   return {};

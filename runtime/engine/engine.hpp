@@ -121,9 +121,9 @@ struct round_done {
 
 using engine_command =
     std::variant<engine_cmd::forward, engine_cmd::copy_pages, engine_cmd::swap_out,
-                 engine_cmd::swap_in, engine_cmd::export_read, engine_cmd::spill,
-                 engine_cmd::load, engine_cmd::emit,
-                 engine_cmd::preempted, engine_cmd::ask_round, engine_cmd::round_done>;
+                 engine_cmd::swap_in, engine_cmd::export_read, engine_cmd::spill, engine_cmd::load,
+                 engine_cmd::emit, engine_cmd::preempted, engine_cmd::ask_round,
+                 engine_cmd::round_done>;
 
 // A sequence as the data-parallel group sees it, for moves.
 struct engine_seq_view {
@@ -144,8 +144,12 @@ class engine {
   // --- Requests.  Each returns "" (done) or why it was refused. ---
 
   // A new sequence, queued.  `key` names it in commands from now on;
-  // `ahead` is how many sequences wait before it.
-  std::string enqueue(sequence_spec r, uint64_t& key, int32_t& ahead);
+  // `ahead` is how many sequences wait before it.  `tier`: pages of its
+  // prompt's prefix the KV store holds, kept with it while it waits; its
+  // admission writes those that continue the arena's cached run into pages
+  // of its own (a load command) instead of computing them.
+  std::string enqueue(sequence_spec r, uint64_t& key, int32_t& ahead,
+                      std::vector<kv_page> tier = {});
   // A sequence whose first `n_kv` tokens' KV comes in a blob (migration,
   // disaggregation): queued as a swapped-out one.
   std::string import(sequence_spec r, const std::vector<uint8_t>& blob, uint64_t& key,
@@ -162,24 +166,13 @@ class engine {
   // The pages were read (or the read failed): true when the sequence was
   // still exporting and has now left.
   bool end_export(uint64_t key);
-  // KV store: the pages of `prompt`'s prefix found in a tier, from the
-  // first one the arena lacks: those that continue the prompt's cached
-  // prefix (same tokens, same hash chain, this arena's space and page size)
-  // are written into free or reusable pages (a load command) and indexed,
-  // so the admission of a sequence on that prompt maps them as cached.
-  // Returns how many were taken.
-  int32_t load_prefix(const std::vector<int32_t>& prompt, std::vector<kv_page> pages);
-  // What load_prefix's reads must start at: the prompt's page hashes, and
-  // how many leading ones the arena holds.
+  // What a fetch from the KV store must ask for: the prompt's page hashes
+  // (prefix_hashes), and how many leading ones the arena holds now.
   std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt,
                                       int32_t& cached_pages) const;
   uint64_t kv_space() const { return kv_space_; }
-  // The sequence `key` was queued right after load_prefix took `pages` pages
-  // of its prompt: its first batch says how many cached tokens came from
-  // the tiers (its trace shows them).
-  void note_tier_load(uint64_t key, int32_t pages);
-  // The time a load took, from asking the store to the pages written (the
-  // router weighs tier hits by it).
+  // The time a fetch from the store took (the router weighs tier hits by
+  // the time per page loaded).
   void note_tier_load_ms(double ms) { counters_.tier_load_ms += ms; }
   // Cancel: the sequence's last batch (aborted) is emitted.  False when no
   // sequence of that id is here.
@@ -240,7 +233,8 @@ class engine {
     seq_state state = seq_state::waiting;
     bool first_admission = true;
     int32_t prompt_cached = 0;  // prompt tokens the first admission found cached
-    int32_t tier_tokens = 0;    // prompt tokens the KV store loaded back for it (note_tier_load)
+    int32_t tier_tokens = 0;    // prompt tokens its admission loaded from the KV store
+    std::vector<kv_page> tier;  // the store's pages of its prompt, until its first admission
     bool reported = false;      // the first batch (which carries prompt_cached) went out
     std::vector<uint8_t> blob;  // its KV while swapped or importing
     sampler smp;
@@ -328,6 +322,7 @@ class engine {
   live_seq& add_sequence(sequence_spec r);
   kv_geometry arena_geometry() const;
   void spill_evicted();
+  void load_from_tier(live_seq& s);
   template <class C>
   void out(C c) {
     spill_evicted();  // evicted pages are read before anything writes them
@@ -339,11 +334,8 @@ class engine {
   std::unique_ptr<page_pool> pool_;
   uint64_t kv_space_ = 0;  // kv_space_of(arena_geometry()): the KV store's key space
   // Arena pages a load command writes, not answered yet, and the hash each
-  // was adopted under.
+  // was loaded under.
   std::unordered_map<int32_t, uint64_t> loading_;
-  // The page table load_prefix pins a prompt's cached run under (no
-  // sequence key reaches it: keys count up from 1).
-  static constexpr uint64_t k_pin_key = ~uint64_t{0};
   int32_t max_len_ = 0;                          // tokens one sequence may reach: context and arena
   std::unordered_map<uint64_t, live_seq> seqs_;  // by key
   std::unordered_map<uint64_t, uint64_t> keys_;  // request id -> key

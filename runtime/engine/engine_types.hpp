@@ -172,8 +172,8 @@ struct instance_stats {
   // pages loaded back from it (counted again as prefix hits when mapped).
   uint64_t spilled_pages = 0;
   uint64_t loaded_pages = 0;
-  double tier_load_ms = 0;  // asking the store for them until they were written (summed)
-  kv_store_stats store;  // the process's KV store, as its kv_pool answered (none: no tiers)
+  double tier_load_ms = 0;  // fetching them from the store (summed)
+  kv_store_stats store;     // the process's KV store, as its kv_pool answered (none: no tiers)
 };
 
 // How an engine replica runs (the instance actor's options).

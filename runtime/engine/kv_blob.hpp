@@ -57,16 +57,16 @@ uint64_t kv_space_of(const kv_geometry& g);
 
 // One tier's counters (the kv_pool's stats, `admin kv`, metrics).
 struct tier_stats {
-  std::string name;         // "host" or "disk"
-  uint64_t budget = 0;      // bytes it may hold
-  uint64_t bytes = 0;       // bytes it holds
-  int64_t pages = 0;        // pages it holds
-  uint64_t hits = 0;        // pages found by lookups
-  uint64_t misses = 0;      // lookups that ended at a page it lacked
-  uint64_t bytes_in = 0;    // bytes stored
-  uint64_t bytes_out = 0;   // bytes served
-  uint64_t evictions = 0;   // pages that left for room
-  uint64_t dropped = 0;     // pages refused or found damaged
+  std::string name;        // "host" or "disk"
+  uint64_t budget = 0;     // bytes it may hold
+  uint64_t bytes = 0;      // bytes it holds
+  int64_t pages = 0;       // pages it holds
+  uint64_t hits = 0;       // pages found by lookups
+  uint64_t misses = 0;     // lookups that ended at a page it lacked
+  uint64_t bytes_in = 0;   // bytes stored
+  uint64_t bytes_out = 0;  // bytes served
+  uint64_t evictions = 0;  // pages that left for room
+  uint64_t dropped = 0;    // pages refused or found damaged
   // The chained prefix hashes it holds, of every space: the router's
   // global prefix index weighs a prompt's pages found here.
   std::vector<uint64_t> hashes;

@@ -252,17 +252,15 @@ step_allocation page_pool::allocate_step(const std::vector<alloc_request>& reqs)
   return out;
 }
 
-prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& prompt, bool count) {
+prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& prompt) {
   auto it = seqs_.find(seq);
   if (it != seqs_.end() && !it->second.pages.empty())
     misuse("match_prefix",
            seq_name(seq) + " already holds " + std::to_string(it->second.pages.size()) + " pages");
   sequence& s = seqs_[seq];
   s.chain.clear();
-  if (count) {
-    ++counters_.prefix_queries;
-    counters_.prefix_query_tokens += prompt.size();
-  }
+  ++counters_.prefix_queries;
+  counters_.prefix_query_tokens += prompt.size();
 
   // Full pages only, and not the prompt's last token.
   const size_t max_pages = prompt.empty() ? 0 : (prompt.size() - 1) / size_t(page_size_);
@@ -283,7 +281,7 @@ prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& p
     prev = h;
   }
   s.n_tokens = static_cast<int32_t>(s.pages.size()) * page_size_;
-  if (count) counters_.prefix_hit_tokens += s.n_tokens;
+  counters_.prefix_hit_tokens += s.n_tokens;
   return {s.n_tokens, s.pages};
 }
 
@@ -438,29 +436,28 @@ int32_t page_pool::cached_pages(const std::vector<int32_t>& prompt) const {
   return n;
 }
 
-bool page_pool::adopt(int32_t page, uint64_t hash, uint64_t parent, int32_t depth,
-                      const std::vector<int32_t>& tokens) {
-  check_page(page, "adopt");
+void page_pool::append_loaded(uint64_t seq, int32_t page, uint64_t hash, uint64_t parent,
+                              int32_t depth, const std::vector<int32_t>& tokens) {
+  sequence& s = find(seq, "append_loaded");
+  check_page(page, "append_loaded");
   if (pages_[page].state != page_state::allocated)
-    misuse("adopt", "page " + std::to_string(page) + " is not a reserved page");
-  if (int32_t(tokens.size()) != page_size_)
-    misuse("adopt",
-           std::to_string(tokens.size()) + " tokens for a page of " + std::to_string(page_size_));
-  if (index_.count(hash)) {
-    unreserve({page});
-    return false;
-  }
+    misuse("append_loaded", "page " + std::to_string(page) + " is not a reserved page");
+  if (int32_t(tokens.size()) != page_size_ || s.n_tokens != int32_t(s.pages.size()) * page_size_ ||
+      depth != int32_t(s.pages.size()) || s.chain.size() != s.pages.size())
+    misuse("append_loaded",
+           seq_name(seq) + " does not end at a full, hashed page " + std::to_string(depth));
+  map_page(page);
+  s.pages.push_back(page);
+  s.n_tokens += page_size_;
+  s.chain.push_back(hash);
   auto& m = pages_[page];
+  if (index_.count(hash)) return;
   m.hashed = true;
   m.hash = hash;
   m.parent_hash = parent;
   m.depth = depth;
   std::copy(tokens.begin(), tokens.end(), page_tokens_.begin() + size_t(page) * page_size_);
   index_.emplace(hash, page);
-  set_state(page, page_state::reusable);
-  m.refcount = 0;
-  m.lru_pos = lru_.insert(lru_.end(), page);
-  return true;
 }
 
 bool page_pool::indexes(int32_t page, uint64_t hash) const {

@@ -123,9 +123,7 @@ class page_pool {
   // the cached full pages of the prompt's longest cached prefix into its
   // table (reusable pages become mapped again).  Never covers the whole
   // prompt, so at least one token is left to compute and yield logits.
-  // `count` false: no hit counters move (the engine pinning a prefix while
-  // it loads the rest, not a prompt's admission).
-  prefix_match match_prefix(uint64_t seq, const std::vector<int32_t>& prompt, bool count = true);
+  prefix_match match_prefix(uint64_t seq, const std::vector<int32_t>& prompt);
 
   // `tokens` are the sequence's tokens from position 0 whose KV the device
   // has computed; indexes its newly completed full pages for later prompts.
@@ -165,11 +163,12 @@ class page_pool {
   std::vector<uint64_t> prompt_hashes(const std::vector<int32_t>& prompt) const;
   // How many of those leading pages the index holds now (mapping nothing).
   int32_t cached_pages(const std::vector<int32_t>& prompt) const;
-  // A reserved page whose data came from a lower tier joins the index as a
-  // reusable page (the most recently released) under `hash`; false, and the
-  // page freed, when the index has that hash already.
-  bool adopt(int32_t page, uint64_t hash, uint64_t parent, int32_t depth,
-             const std::vector<int32_t>& tokens);
+  // A reserved page whose data comes from a lower tier (the caller writes
+  // it before any step reads it) becomes the next full page of `seq`'s
+  // table, which holds only full, hashed pages, and joins the index under
+  // `hash` (unless another page holds that hash already).
+  void append_loaded(uint64_t seq, int32_t page, uint64_t hash, uint64_t parent, int32_t depth,
+                     const std::vector<int32_t>& tokens);
   // The page's data is not what its hash says (a lower tier's write
   // failed): it leaves the index; reusable, it becomes free.
   void forget(int32_t page);

@@ -94,6 +94,14 @@ const std::vector<std::string> kPrompts = {
     "The cat sat on the mat and looked at the bird in the tree",
     "One day, Tim went to the park with his mom",
     "Sam and Anna were best friends. They liked to build towers with blocks",
+    // Two long ones (several full pages each): tiny arenas evict them
+    // between visits, so the KV store's tiers give them back.
+    "Ben had a big blue kite. Every morning Ben ran up the green hill with his kite and his dog "
+    "Max. The wind was strong and the kite flew high over the trees and the river. Ben laughed "
+    "and Max barked at the birds. One day the string broke and the kite flew away",
+    "Mia lived in a small house by the sea with her grandma. They baked bread and cookies every "
+    "Sunday and shared them with the fishermen at the harbor. The fishermen gave them shells "
+    "and told them stories about storms, whales and a lighthouse far away in the north",
 };
 
 struct options {
@@ -118,7 +126,7 @@ struct tally {
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           violations = 0;
+           tier_spilled_pages = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -956,6 +964,7 @@ class round_driver {
     try {
       auto kv = json::parse(admin("kv").out);
       t_.tier_loaded_pages += kv.value("loaded_pages", uint64_t{0});
+      t_.tier_spilled_pages += kv.value("spilled_pages", uint64_t{0});
       for (const auto& st : kv.value("stores", json::array()))
         if (!st.value("check", std::string()).empty())
           violation("KV store: " + st["check"].get<std::string>());
@@ -1088,6 +1097,7 @@ int run(const options& o) {
             {"tier_rounds", t.tier_rounds},
             {"disk_tier_rounds", t.disk_tier_rounds},
             {"tier_loaded_pages", t.tier_loaded_pages},
+            {"tier_spilled_pages", t.tier_spilled_pages},
             {"unfused_rounds", t.unfused_rounds},
             {"layer_launch_rounds", t.layer_launch_rounds},
             {"unpipelined_rounds", t.unpipelined_rounds},

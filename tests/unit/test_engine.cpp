@@ -189,6 +189,24 @@ struct fake_device {
               }
             } else if constexpr (std::is_same_v<T, engine_cmd::export_read>) {
               exported[c.key] = read(c.pages);
+            } else if constexpr (std::is_same_v<T, engine_cmd::spill>) {
+              // The KV store, as a map: the pages as they are now.
+              auto data = read(c.pages);
+              const size_t per = eng.info().kv_bytes_per_page;
+              for (size_t i = 0; i < c.meta.size(); ++i) {
+                const auto& m = c.meta[i];
+                store[m.hash] = {eng.kv_space(),
+                                 m.hash,
+                                 m.parent,
+                                 m.depth,
+                                 m.tokens,
+                                 std::vector<uint8_t>(data.begin() + long(i * per),
+                                                      data.begin() + long((i + 1) * per))};
+              }
+            } else if constexpr (std::is_same_v<T, engine_cmd::load>) {
+              write(c.pages, c.data);
+              const auto pages = c.pages;
+              answers.push_back([this, pages] { eng.on_loaded(pages); });
             } else if constexpr (std::is_same_v<T, engine_cmd::emit>) {
               auto& o = by_key[c.key];
               o.tokens.insert(o.tokens.end(), c.batch.tokens.begin(), c.batch.tokens.end());
@@ -230,6 +248,17 @@ struct fake_device {
   }
 
   std::map<uint64_t, std::vector<uint8_t>> exported;
+  std::map<uint64_t, kv_page> store;  // spilled pages by hash
+
+  // The store's leading run of the pages `prompt` lacks in the arena.
+  std::vector<kv_page> fetch(const std::vector<int32_t>& prompt) {
+    int32_t cached = 0;
+    auto hashes = eng.prefix_hashes(prompt, cached);
+    std::vector<kv_page> out;
+    for (size_t i = size_t(cached); i < hashes.size() && store.count(hashes[i]); ++i)
+      out.push_back(store[hashes[i]]);
+    return out;
+  }
 };
 
 instance_options options(int32_t max_batch, int32_t chunk,
@@ -309,6 +338,44 @@ std::vector<float> reference_embedding(const std::vector<int32_t>& prompt) {
   b /= double(prompt.size());
   const double n = std::sqrt(a * a + b * b);
   return {float(a / n), float(b / n)};
+}
+
+// The KV store's hooks: pages the arena evicts are offered (spill, read
+// before anything writes them), and a prompt queued with the store's pages
+// has them written into its table at admission: it computes only the rest,
+// and its output is right only if every loaded page holds the right tokens.
+TEST(Engine, EvictedPrefixPagesComeBackFromTheStore) {
+  auto o = options(16, 8);
+  o.kv_tiers = true;
+  engine e(fake_info(12), o);
+  fake_device dev(e);
+  const auto a = prompt_of(1, 41), b = prompt_of(2, 41), c = prompt_of(3, 41);
+  for (uint64_t id : {1, 2, 3}) {  // three long prompts: the third evicts the first
+    const auto& p = id == 1 ? a : id == 2 ? b : c;
+    enqueue(e, spec(id, p, 4));
+    dev.settle();
+  }
+  EXPECT_GT(e.stats().spilled_pages, 0u);
+  auto pages = dev.fetch(a);
+  ASSERT_GE(pages.size(), 2u);
+  uint64_t key = 0;
+  int32_t ahead = 0;
+  ASSERT_EQ(e.enqueue(spec(4, a, 4), key, ahead, pages), "");
+  dev.settle();
+  EXPECT_EQ(dev.by_key[key].tokens, reference(a, 4));
+  // As many as the arena gives while keeping a chunk's pages (12 - 3).
+  const uint64_t loaded = e.stats().loaded_pages;
+  EXPECT_EQ(loaded, std::min<uint64_t>(pages.size(), 9));
+  EXPECT_GE(dev.by_key[key].cached, int32_t(loaded) * k_page);
+  expect_released(e);
+  // Pages of another prompt, or out of order, are not taken.
+  auto wrong = dev.fetch(b);
+  std::reverse(wrong.begin(), wrong.end());
+  ASSERT_EQ(e.enqueue(spec(5, c, 4), key, ahead, wrong), "");
+  dev.settle();
+  EXPECT_EQ(dev.by_key[key].tokens, reference(c, 4));
+  EXPECT_EQ(e.stats().loaded_pages, loaded);
+  expect_released(e);
 }
 
 // An embedding request pools every row of its prompt, in chunks, beside a

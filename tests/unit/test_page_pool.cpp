@@ -487,9 +487,9 @@ TEST(PagePool, RandomOperationsKeepInvariants) {
 }
 
 // KV store hooks: an evicted indexed page is recorded with what the
-// host tier needs (hash, parent, depth, tokens), and a page loaded back is
-// adopted into the index so the next prompt maps it.
-TEST(PagePool, RecordsEvictionsAndAdoptsLoadedPages) {
+// host tier needs (hash, parent, depth, tokens), and a page loaded back at
+// an admission joins the sequence's table and the index.
+TEST(PagePool, RecordsEvictionsAndAppendsLoadedPages) {
   page_pool pool(3, 4, fingerprint_salt("m"));
   pool.record_evictions(true);
   const auto prompt = iota_tokens(9, 100);  // two full pages and one token
@@ -514,26 +514,31 @@ TEST(PagePool, RecordsEvictionsAndAdoptsLoadedPages) {
   EXPECT_EQ(pool.cached_pages(prompt), 0);
   pool.free_sequence(2);
 
-  // Loaded back: reserved, adopted, then mapped by the prompt's admission.
+  // Loaded back at an admission: the sequence's cached run (none here)
+  // mapped, reserved pages appended to its table and indexed.
+  EXPECT_EQ(pool.match_prefix(3, prompt).cached_tokens, 0);
   auto r = pool.reserve(2);
   ASSERT_EQ(r.size(), 2u);
-  EXPECT_TRUE(pool.adopt(r[0], ev[1].hash, 0, 0, ev[1].tokens));
-  EXPECT_TRUE(pool.adopt(r[1], ev[0].hash, ev[0].parent, 1, ev[0].tokens));
+  pool.append_loaded(3, r[0], ev[1].hash, 0, 0, ev[1].tokens);
+  EXPECT_THROW(pool.append_loaded(3, r[1], ev[0].hash, ev[0].parent, 0, ev[0].tokens),
+               std::invalid_argument);  // depth 0 again: not the table's next page
+  pool.append_loaded(3, r[1], ev[0].hash, ev[0].parent, 1, ev[0].tokens);
+  EXPECT_EQ(pool.table(3), r);
+  EXPECT_EQ(pool.check_invariants(), "");
   EXPECT_EQ(pool.cached_pages(prompt), 2);
-  EXPECT_EQ(pool.check_invariants(), "");
-  EXPECT_EQ(pool.match_prefix(3, prompt).cached_tokens, 8);
-  // A hash already indexed is not adopted twice; the page goes back.
-  auto spare = pool.reserve(1);
-  ASSERT_EQ(spare.size(), 1u);
-  EXPECT_FALSE(pool.adopt(spare[0], ev[1].hash, 0, 0, ev[1].tokens));
-  EXPECT_EQ(pool.state(spare[0]), page_state::free);
-  // A page whose load failed leaves the index.
-  pool.forget(r[1]);
-  EXPECT_EQ(pool.check_invariants(), "");
+  // The table grows on from there; freed, the loaded pages stay indexed.
+  ASSERT_TRUE(pool.allocate_step({{3, 9}}).ok);
   pool.free_sequence(3);
+  EXPECT_EQ(pool.match_prefix(4, prompt).cached_tokens, 8);
+  // A page whose load failed leaves the index.
+  EXPECT_TRUE(pool.indexes(r[1], ev[0].hash));
+  pool.forget(r[1]);
+  EXPECT_FALSE(pool.indexes(r[1], ev[0].hash));
+  EXPECT_EQ(pool.check_invariants(), "");
+  pool.free_sequence(4);
   EXPECT_EQ(pool.cached_pages(prompt), 1);
   EXPECT_EQ(pool.check_invariants(), "");
-  EXPECT_THROW(pool.adopt(r[1], 1, 0, 0, ev[0].tokens), std::invalid_argument);  // not reserved
+  EXPECT_THROW(pool.append_loaded(5, r[1], 1, 0, 0, ev[0].tokens), std::invalid_argument);
 }
 
 }  // namespace
