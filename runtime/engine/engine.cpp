@@ -62,8 +62,8 @@ std::vector<uint64_t> engine::prefix_hashes(const std::vector<int32_t>& prompt,
 // A first admission's prompt, its cached run mapped: the pages the store
 // gave that continue the run (this arena's space, the prompt's tokens, the
 // hash chain, one page's bytes) are written into fresh pages of its table
-// and indexed, as if computed.  No more than the arena can give while
-// leaving its first chunk's pages; the admission's re-plan sees the rest.
+// and indexed, as if computed.  No more than the arena can give; the
+// admission's re-plan sees the rest.
 void engine::load_from_tier(live_seq& s) {
   auto tier = std::exchange(s.tier, {});
   if (tier.empty() || !opts_.prefix_caching) return;
@@ -83,8 +83,11 @@ void engine::load_from_tier(live_seq& s) {
     if (!fits) break;
     take.push_back(&p);
   }
-  const int32_t chunk = pool_->pages_for(opts_.limits.chunk_size) + 1;
-  const int32_t room = std::max(0, pool_->available() - chunk);
+  // Computing these tokens would take the same pages: loading them only
+  // takes them sooner.  One page is left for the chunk after them; when the
+  // re-plan is short, preemption frees what it must, and loaded pages stay
+  // indexed for the next admission to map.
+  const int32_t room = std::max(0, pool_->available() - 1);
   take.resize(std::min<size_t>(take.size(), size_t(room)));
   if (take.empty()) return;
   auto arena = pool_->reserve(static_cast<int32_t>(take.size()));
