@@ -299,12 +299,11 @@ std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead,
 // A prompt whose prefix the arena lacks asks the KV store for it first;
 // the pages found wait with the sequence, and its admission writes those the
 // arena still lacks into its table.  Empty when there is nothing to ask.
-std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r,
-                                     std::vector<int32_t>& tokens) {
+std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r) {
   auto& st = self->state;
   if (!st.tiers || r.embed || !st.eng->options().prefix_caching || st.fetching.count(r.id))
     return {};
-  tokens = r.prompt;
+  std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
   int32_t cached = 0;
   auto hashes = st.eng->prefix_hashes(tokens, cached);
@@ -321,8 +320,7 @@ constexpr auto k_fetch_timeout = std::chrono::seconds(10);
 caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
   auto& st = self->state;
   const std::string who = "enqueue request " + std::to_string(r.id) + ": ";
-  std::vector<int32_t> tokens;
-  auto want = missing_prefix(self, r, tokens);
+  auto want = missing_prefix(self, r);
   int32_t ahead = 0;
   if (want.empty()) {
     if (auto why = enqueue_now(self, std::move(r), ahead); !why.empty()) return refuse(who + why);
@@ -332,7 +330,7 @@ caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
   st.fetching[id] = false;
   auto rp = self->make_response_promise<int32_t>();
   auto req = std::make_shared<sequence_request>(std::move(r));
-  auto go = [self, rp, req, id, who, tokens = std::move(tokens),
+  auto go = [self, rp, req, id, who,
              asked = std::chrono::steady_clock::now()](std::vector<kv_page> pages) mutable {
     auto& st = self->state;
     const bool cancelled = st.fetching[id];
