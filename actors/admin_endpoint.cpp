@@ -260,6 +260,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
                            {"mem_total", n.resources.mem_total},
                            {"mem_available", n.resources.mem_available},
                            {"opencl_devices", n.resources.opencl_devices},
+                           {"peers", n.resources.peers},
                            {"hosted", n.resources.instances}});
           return out;
         },

@@ -266,9 +266,13 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
         const int64_t free = m->st.capacity_tokens - m->st.kv_tokens - m->pending;
         m->pending += prompt_tokens;
         ++m->st.admitted;
-        return placement_reply{id, m->inst.actor,
+        return placement_reply{id,
+                               m->inst.actor,
                                "dp group: most free KV (" + std::to_string(free) + " tokens)",
-                               false, 0};
+                               false,
+                               0,
+                               {},
+                               {}};
       },
       // A replica joins: a node's instance that is new or came back.
       [self](dp_add_atom, router_instance& r) {

@@ -3,16 +3,19 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <variant>
 
+#include "actors/kv_transfer.hpp"
 #include "messages/dp_group.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/kv_blob.hpp"
+#include "runtime/kvstore/blob_stage.hpp"
 
 // The instance actor is message glue around runtime/engine/engine: each handler
 // calls the engine, then carries out the commands the engine appended
@@ -25,9 +28,12 @@ namespace troupe {
 
 namespace {
 
-// An export whose pages are being read: its reply waits for them.
+// What becomes of an export's blob, or why there is none.
+using export_done = std::function<void(caf::expected<std::vector<uint8_t>>)>;
+
+// An export whose pages are being read: its blob waits for them.
 struct pending_export {
-  caf::typed_response_promise<std::vector<uint8_t>> promise;
+  export_done done;
   kv_blob blob;
   uint64_t id = 0;
 };
@@ -46,6 +52,11 @@ struct instance_state {
   // their prefix from it, by request id: true once cancelled meanwhile.
   kv_pool_actor tiers;
   std::unordered_map<uint64_t, bool> fetching;
+  uint64_t pulled_pages = 0;  // pages other processes' stores gave (kv_sources)
+  // Where each sequence's KV copies go (its request's kv_copy_to), by key.
+  std::unordered_map<uint64_t, kv_pool_actor> copies;
+  // Blobs arriving from other instances in chunks, until imported.
+  std::unique_ptr<blob_stage> staged;
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
@@ -68,6 +79,7 @@ void watch_sink(self_ptr self, uint64_t key, const token_sink_actor& sink) {
 // The sequence has left the engine: its sink is no longer its.
 void forget_sink(self_ptr self, uint64_t key) {
   auto& st = self->state;
+  st.copies.erase(key);
   auto s = st.sinks.find(key);
   if (s == st.sinks.end()) return;
   const auto addr = s->second.address();
@@ -94,12 +106,12 @@ void read_export(self_ptr self, uint64_t key, std::vector<int32_t> pages) {
             if (p.empty()) return;
             auto& x = p.mapped();
             if (!st.eng->end_export(key)) {
-              x.promise.deliver(refuse("export request " + std::to_string(x.id) +
-                                       ": it ended while its pages were read"));
+              x.done(refuse("export request " + std::to_string(x.id) +
+                            ": it ended while its pages were read"));
             } else {
               forget_sink(self, key);
               x.blob.pages = std::move(data);
-              x.promise.deliver(encode_kv_blob(x.blob));
+              x.done(encode_kv_blob(x.blob));
             }
             flush(self);
           },
@@ -108,24 +120,24 @@ void read_export(self_ptr self, uint64_t key, std::vector<int32_t> pages) {
             auto p = st.exports.extract(key);
             if (st.eng->end_export(key)) forget_sink(self, key);
             if (!p.empty())
-              p.mapped().promise.deliver(
-                  refuse("export request " + std::to_string(p.mapped().id) +
-                         ": reading its pages failed: " + self->system().render(e)));
+              p.mapped().done(refuse("export request " + std::to_string(p.mapped().id) +
+                                     ": reading its pages failed: " + self->system().render(e)));
             flush(self);
           });
 }
 
-// Evicted prefix pages go to the KV store: read (the device reads them
-// before any later command writes them), cut into pages, put.  Nothing
-// waits on it; a failed read only loses the offer.
-void offer_pages(self_ptr self, engine_cmd::spill sp) {
+// Evicted prefix pages go to the KV store (copies of a running sequence's
+// pages to its copy store, `to`): read (the device reads them before any
+// later command writes them), cut into pages, put.  Nothing waits on it; a
+// failed read only loses the offer.
+void offer_pages(self_ptr self, engine_cmd::spill sp, kv_pool_actor to) {
   auto& st = self->state;
   self->request(st.dev, caf::infinite, read_pages_atom::value, std::move(sp.pages))
       .then(
-          [self, meta = std::move(sp.meta)](std::vector<uint8_t>& data) {
+          [self, to, meta = std::move(sp.meta)](std::vector<uint8_t>& data) {
             auto& st = self->state;
             const size_t per = st.eng->info().kv_bytes_per_page;
-            if (!st.tiers || per == 0 || data.size() != per * meta.size()) return;
+            if (!to || per == 0 || data.size() != per * meta.size()) return;
             std::vector<kv_page> pages;
             pages.reserve(meta.size());
             for (size_t i = 0; i < meta.size(); ++i) {
@@ -133,7 +145,7 @@ void offer_pages(self_ptr self, engine_cmd::spill sp) {
               pages.push_back({st.eng->kv_space(), meta[i].hash, meta[i].parent, meta[i].depth,
                                meta[i].tokens, std::vector<uint8_t>(first, first + per)});
             }
-            self->send(st.tiers, kv_put_atom::value, std::move(pages));
+            self->send(to, kv_put_atom::value, std::move(pages));
           },
           [](caf::error&) {});
 }
@@ -198,7 +210,11 @@ void flush(self_ptr self) {
                         flush(self);
                       });
           } else if constexpr (std::is_same_v<T, engine_cmd::spill>) {
-            if (st.tiers) offer_pages(self, std::move(c));
+            if (c.copy_of == 0) {
+              if (st.tiers) offer_pages(self, std::move(c), st.tiers);
+            } else if (auto to = st.copies.find(c.copy_of); to != st.copies.end()) {
+              offer_pages(self, std::move(c), to->second);
+            }
           } else if constexpr (std::is_same_v<T, engine_cmd::load>) {
             auto pages = c.pages;
             self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
@@ -266,22 +282,90 @@ caf::result<int32_t> join_group(self_ptr self, const caf::actor& group, uint64_t
   return 1;
 }
 
-caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
+// Takes sequence `id` out as a blob, which `done` gets once its pages are
+// read (or why there is none).  "" or why it cannot start: the sequence
+// stays where it is.
+std::string start_export(self_ptr self, uint64_t id, export_done done) {
   auto& st = self->state;
   engine::export_start x;
   if (auto why = st.eng->begin_export(id, x); !why.empty()) {
     flush(self);
-    return refuse("export: " + why);
+    return "export: " + why;
   }
   if (x.pages.empty()) {
     forget_sink(self, x.key);
     flush(self);
-    return encode_kv_blob(x.blob);
+    done(encode_kv_blob(x.blob));
+    return "";
   }
-  auto rp = self->make_response_promise<std::vector<uint8_t>>();
-  st.exports.emplace(x.key, pending_export{rp, std::move(x.blob), id});
+  st.exports.emplace(x.key, pending_export{std::move(done), std::move(x.blob), id});
   flush(self);
+  return "";
+}
+
+caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
+  auto rp = self->make_response_promise<std::vector<uint8_t>>();
+  auto why = start_export(self, id, [rp](caf::expected<std::vector<uint8_t>> b) mutable {
+    if (b)
+      rp.deliver(std::move(*b));
+    else
+      rp.deliver(std::move(b.error()));
+  });
+  if (!why.empty()) return refuse(why);
   return rp;
+}
+
+caf::result<uint64_t, uint64_t> export_to(self_ptr self, uint64_t id, kv_receiver_actor to) {
+  if (!to) return refuse("exportto: no receiver");
+  auto rp = self->make_response_promise<uint64_t, uint64_t>();
+  auto why = start_export(self, id, [self, rp, to](caf::expected<std::vector<uint8_t>> b) mutable {
+    if (!b) {
+      rp.deliver(std::move(b.error()));
+      return;
+    }
+    send_blob(self, to, std::move(*b),
+              [rp](uint64_t transfer, uint64_t bytes) mutable { rp.deliver(transfer, bytes); });
+  });
+  if (!why.empty()) return refuse(why);
+  return rp;
+}
+
+// A staged blob nobody imported within this long is dropped (its sender
+// failed, or the request recovered elsewhere).
+constexpr auto k_stage_ttl = std::chrono::seconds(30);
+
+// The most a blob for this arena can be: all its pages, its tokens (at
+// most the context), the header.
+uint64_t stage_cap(const engine& e) {
+  const auto& i = e.info();
+  return uint64_t(i.n_pages) * i.kv_bytes_per_page + uint64_t(i.n_ctx) * 8 + (uint64_t(1) << 20);
+}
+
+// Admits a sequence from a blob; the answer is the tokens whose KV came.
+caf::result<int32_t> import_blob(self_ptr self, sequence_request& r,
+                                 const std::vector<uint8_t>& bytes) {
+  const std::string who = "import request " + std::to_string(r.id) + ": ";
+  if (!r.sink) return refuse(who + "no sink to stream to");
+  uint64_t key = 0;
+  int32_t n_kv = 0;
+  const auto sink = r.sink;
+  auto copy_to = r.kv_copy_to;
+  auto why = self->state.eng->import(std::move(r), bytes, key, n_kv);
+  if (why.empty()) {
+    watch_sink(self, key, sink);
+    if (copy_to) self->state.copies[key] = copy_to;
+  }
+  flush(self);
+  if (!why.empty()) return refuse(who + why);
+  return n_kv;
+}
+
+caf::result<int32_t> import_staged(self_ptr self, sequence_request& r, uint64_t transfer) {
+  auto bytes = self->state.staged->take(transfer);
+  if (!bytes)
+    return refuse("import request " + std::to_string(r.id) + ": transfer " +
+                  std::to_string(transfer) + " is not here in full");
+  return import_blob(self, r, *bytes);
 }
 
 // Queues a sequence in the engine, with the KV store's pages of its prompt
@@ -290,18 +374,33 @@ std::string enqueue_now(self_ptr self, sequence_request r, int32_t& ahead,
                         std::vector<kv_page> tier = {}) {
   uint64_t key = 0;
   const auto sink = r.sink;
+  auto copy_to = r.kv_copy_to;
   auto why = self->state.eng->enqueue(std::move(r), key, ahead, std::move(tier));
-  if (why.empty()) watch_sink(self, key, sink);
+  if (why.empty()) {
+    watch_sink(self, key, sink);
+    if (copy_to) self->state.copies[key] = std::move(copy_to);
+  }
   flush(self);
   return why;
 }
 
-// A prompt whose prefix the arena lacks asks the KV store for it first;
+// The stores a prompt's missing pages may come from, in order: this
+// process's, then the ones the request names (other nodes': a pull, or
+// the copies of a request that recovers).
+std::vector<kv_pool_actor> stores_for(self_ptr self, const sequence_request& r) {
+  std::vector<kv_pool_actor> out;
+  if (self->state.tiers) out.push_back(self->state.tiers);
+  for (const auto& s : r.kv_sources)
+    if (s && std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+// A prompt whose prefix the arena lacks asks the KV stores for it first;
 // the pages found wait with the sequence, and its admission writes those the
 // arena still lacks into its table.  Empty when there is nothing to ask.
-std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r) {
+std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r, bool any_store) {
   auto& st = self->state;
-  if (!st.tiers || r.embed || !st.eng->options().prefix_caching || st.fetching.count(r.id))
+  if (!any_store || r.embed || !st.eng->options().prefix_caching || st.fetching.count(r.id))
     return {};
   std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
@@ -314,13 +413,58 @@ std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r) {
 }
 
 // A local store answers in microseconds, a disk read in milliseconds; past
-// this the prompt is computed as if nothing were stored.
+// this the prompt is computed as if nothing were stored.  Another node's
+// store is asked for k_pull_pages at a time (bounded messages), each
+// within k_pull_timeout.
 constexpr auto k_fetch_timeout = std::chrono::seconds(10);
+constexpr size_t k_pull_pages = 16;
+constexpr auto k_pull_timeout = std::chrono::seconds(5);
+
+// A prompt's run of missing pages, asked of each store in turn: a store
+// gives a leading run; the next store is asked for the rest.
+struct prefix_fetch {
+  std::vector<kv_pool_actor> stores;
+  size_t store = 0;
+  std::vector<uint64_t> want;
+  size_t next = 0;  // want[next] is the first page not found yet
+  std::vector<kv_page> got;
+  size_t pulled = 0;  // pages other processes' stores gave
+  std::function<void(std::vector<kv_page>)> done;
+};
+
+void fetch_next(self_ptr self, std::shared_ptr<prefix_fetch> f) {
+  if (f->next == f->want.size() || f->store == f->stores.size()) {
+    self->state.pulled_pages += f->pulled;
+    return f->done(std::move(f->got));
+  }
+  const bool local = f->stores[f->store] == self->state.tiers;
+  const size_t n =
+      local ? f->want.size() - f->next : std::min(k_pull_pages, f->want.size() - f->next);
+  std::vector<uint64_t> ask(f->want.begin() + std::ptrdiff_t(f->next),
+                            f->want.begin() + std::ptrdiff_t(f->next + n));
+  self->request(f->stores[f->store], local ? k_fetch_timeout : k_pull_timeout, kv_fetch_atom::value,
+                self->state.eng->kv_space(), ask)
+      .then(
+          [self, f, n, local, ask](std::vector<kv_page>& pages) {
+            size_t k = 0;  // the leading pages that are the ones asked (the engine checks the rest)
+            while (k < pages.size() && k < n && pages[k].hash == ask[k]) ++k;
+            for (size_t i = 0; i < k; ++i) f->got.push_back(std::move(pages[i]));
+            f->next += k;
+            if (!local) f->pulled += k;
+            if (k < n) ++f->store;
+            fetch_next(self, f);
+          },
+          [self, f](caf::error&) {
+            ++f->store;
+            fetch_next(self, f);
+          });
+}
 
 caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
   auto& st = self->state;
   const std::string who = "enqueue request " + std::to_string(r.id) + ": ";
-  auto want = missing_prefix(self, r);
+  auto stores = stores_for(self, r);
+  auto want = missing_prefix(self, r, !stores.empty());
   int32_t ahead = 0;
   if (want.empty()) {
     if (auto why = enqueue_now(self, std::move(r), ahead); !why.empty()) return refuse(who + why);
@@ -330,7 +474,10 @@ caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
   st.fetching[id] = false;
   auto rp = self->make_response_promise<int32_t>();
   auto req = std::make_shared<sequence_request>(std::move(r));
-  auto go = [self, rp, req, id, who,
+  auto f = std::make_shared<prefix_fetch>();
+  f->stores = std::move(stores);
+  f->want = std::move(want);
+  f->done = [self, rp, req, id, who,
              asked = std::chrono::steady_clock::now()](std::vector<kv_page> pages) mutable {
     auto& st = self->state;
     const bool cancelled = st.fetching[id];
@@ -347,10 +494,7 @@ caf::result<int32_t> enqueue_with_prefix(self_ptr self, sequence_request& r) {
     }
     rp.deliver(ahead);
   };
-  self->request(st.tiers, k_fetch_timeout, kv_fetch_atom::value, st.eng->kv_space(),
-                std::move(want))
-      .then([go](std::vector<kv_page>& pages) mutable { go(std::move(pages)); },
-            [go](caf::error&) mutable { go({}); });
+  fetch_next(self, f);
   return rp;
 }
 
@@ -360,6 +504,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
   st.dev = std::move(dev);
   st.tiers = std::move(tiers);
   st.eng = std::make_unique<engine>(std::move(info), std::move(opts));
+  st.staged = std::make_unique<blob_stage>(st.eng->geometry(), stage_cap(*st.eng), k_stage_ttl);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     if (st.group && dm.source == st.group.address()) {
@@ -391,18 +536,22 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         return export_sequence(self, id);
       },
       // A sequence with its KV from a blob; the answer is the tokens it holds.
-      [self](import_atom, sequence_request& r,
-             std::vector<uint8_t>& bytes) -> caf::result<int32_t> {
-        const std::string who = "import request " + std::to_string(r.id) + ": ";
-        if (!r.sink) return refuse(who + "no sink to stream to");
-        uint64_t key = 0;
-        int32_t n_kv = 0;
-        const auto sink = r.sink;
-        auto why = self->state.eng->import(std::move(r), bytes, key, n_kv);
-        if (why.empty()) watch_sink(self, key, sink);
-        flush(self);
-        if (!why.empty()) return refuse(who + why);
-        return n_kv;
+      [self](import_atom, sequence_request& r, std::vector<uint8_t>& bytes)
+          -> caf::result<int32_t> { return import_blob(self, r, bytes); },
+      // Export, the blob going straight to another instance in chunks.
+      [self](export_to_atom, uint64_t id, kv_receiver_actor& to)
+          -> caf::result<uint64_t, uint64_t> { return export_to(self, id, std::move(to)); },
+      // One chunk of a blob another instance sends.
+      [self](kv_stage_atom, uint64_t id, uint64_t offset, uint64_t total,
+             std::vector<uint8_t>& chunk) -> caf::result<uint64_t> {
+        auto why =
+            self->state.staged->add(id, offset, total, chunk, std::chrono::steady_clock::now());
+        if (!why.empty()) return refuse("kvstage: " + why);
+        return id;
+      },
+      // Import from a blob that arrived in chunks.
+      [self](import_atom, sequence_request& r, uint64_t transfer) -> caf::result<int32_t> {
+        return import_staged(self, r, transfer);
       },
       // Cancel: the sequence's last batch says aborted.
       [self](abort_atom, uint64_t id) {
@@ -463,6 +612,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
       // With a KV store, its counters too (a local hop; its answer or not).
       [self](stats_atom) -> caf::result<instance_stats> {
         auto s = self->state.eng->stats();
+        s.pulled_pages = self->state.pulled_pages;
         if (!self->state.tiers) return s;
         auto rp = self->make_response_promise<instance_stats>();
         self->request(self->state.tiers, std::chrono::seconds(2), stats_atom::value)

@@ -4,9 +4,12 @@
 #include <CL/cl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "actors/device.hpp"
@@ -66,12 +69,13 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
   h.device = spawn_device(sys, std::move(model), eo);
   h.hosted.device = h.device;
   try {
-    h.hosted.actor = spawn_instance(sys, h.device, io, std::move(tiers));
+    h.hosted.actor = spawn_instance(sys, h.device, io, tiers);
   } catch (...) {
     caf::anon_send_exit(h.device, caf::exit_reason::user_shutdown);
     throw;
   }
   h.hosted.slot = slot;
+  h.hosted.store = tiers;
   // The instance answers from its own copy; this is the device's view.
   caf::scoped_actor self{sys};
   self->request(h.device, std::chrono::seconds(30), info_atom::value)
@@ -155,11 +159,48 @@ struct node_state {
   node_spawner_actor spawner;
   std::map<std::string, hosted_service> services;  // by service id
   bool leaving = false;
+  // Other nodes connected directly (by the address a service gave), and
+  // those being connected; a handle keeps nothing open, it only shows it.
+  std::map<std::string, caf::node_id> peers;
+  std::set<std::string> connecting;
   static inline const char* name = "node";
 };
 
 using node_impl = node_control_actor::extend<caf::reacts_to<reap_atom, std::string>>;
 using self_ptr = node_impl::stateful_pointer<node_state>;
+
+// A direct connection to each peer not connected yet (the cluster's TLS,
+// as a service connects): CAF routes messages between two nodes over
+// their own connection once there is one, not through the service that
+// introduced them, so KV moves node to node.  Connecting to itself only
+// shows its own node id; a failure is logged and tried again at the next
+// peers message.
+void connect_peers(self_ptr self, const std::vector<std::string>& addresses) {
+  auto& st = self->state;
+  auto mm = self->system().openssl_manager().actor_handle();
+  for (const auto& a : addresses) {
+    if (st.peers.count(a) || st.connecting.count(a)) continue;
+    const auto colon = a.rfind(':');
+    if (colon == std::string::npos) continue;
+    const std::string host = a.substr(0, colon);
+    const auto port = static_cast<uint16_t>(std::atoi(a.c_str() + colon + 1));
+    st.connecting.insert(a);
+    self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, host, port)
+        .then(
+            [self, a](const caf::node_id& nid, caf::strong_actor_ptr&,
+                      const std::set<std::string>&) {
+              auto& st = self->state;
+              st.connecting.erase(a);
+              if (nid == self->system().node()) return;
+              st.peers[a] = nid;
+              spdlog::info("node: direct connection to peer {}", a);
+            },
+            [self, a](caf::error& e) {
+              self->state.connecting.erase(a);
+              spdlog::warn("node: cannot connect to peer {}: {}", a, self->system().render(e));
+            });
+  }
+}
 
 bool same_spec(const instance_spec& a, const instance_spec& b) {
   return caf::deep_to_string(a) == caf::deep_to_string(b);
@@ -280,9 +321,14 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           fill_slots(self, svc, std::move(todo), 0, rp);
           return rp;
         },
+        // The service's other nodes: connect to them directly.
+        [self](peers_atom, const std::vector<std::string>& addresses) {
+          connect_peers(self, addresses);
+        },
         // What this machine offers, with the instances it hosts for all services.
         [self](resources_atom) {
           auto r = local_resources();
+          for (const auto& [a, nid] : self->state.peers) r.peers.push_back(a);
           for (const auto& [svc, hs] : self->state.services)
             r.instances += static_cast<int32_t>(hs.slots.size());
           return r;

@@ -57,6 +57,12 @@ void host(self_ptr self) {
   // An answer from before the node was lost (it died while building the
   // instances) must not overwrite what the loss said.
   auto current = [self, conn = st.connection] { return self->state.connection == conn; };
+  {
+    std::vector<std::string> others;
+    for (const auto& a : st.opts.peers)
+      if (a != st.opts.address()) others.push_back(a);
+    if (!others.empty()) self->send(st.node, peers_atom::value, std::move(others));
+  }
   self->request(st.node, std::chrono::seconds(10), resources_atom::value)
       .then([self](node_resources& r) { self->state.status.resources = std::move(r); },
             [](caf::error&) {});
@@ -87,6 +93,13 @@ void host(self_ptr self) {
                       st.growing.clear();
                       spdlog::info("cluster: node {} is up with {} instances", st.opts.address(),
                                    st.status.instances.size());
+                      // Again, now that it hosts them and met its peers.
+                      self->request(st.node, std::chrono::seconds(10), resources_atom::value)
+                          .then(
+                              [self](node_resources& r) {
+                                self->state.status.resources = std::move(r);
+                              },
+                              [](caf::error&) {});
                       settle(self);
                     },
                     [self, current](caf::error& e) {

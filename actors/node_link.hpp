@@ -25,6 +25,9 @@ struct node_link_options {
   std::vector<instance_spec> specs;
   std::string model_fingerprint;  // the service's model: instances must match it
   router_actor router;
+  // Every node of the service (this one's address is left out when sent):
+  // the node connects to the others directly, for KV transfers.
+  std::vector<std::string> peers;
   std::chrono::milliseconds retry{1000};
   std::chrono::seconds host_timeout{600};  // loading models on the node
   std::string address() const { return host + ":" + std::to_string(port); }

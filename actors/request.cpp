@@ -379,6 +379,20 @@ void attach(self_ptr self, const placement_reply& p) {
     st.trace.prefill_instance = p.instance;
     st.handed_off = false;  // a new prefill placement (first, or after a recovery)
   }
+  // The KV store: the prompt's pages may come from the store that holds
+  // this request's copies so far (asked first: a recovery resumes from
+  // it), then the stores placement found; copies go where it says, if the
+  // service keeps copies for this class of request.
+  std::vector<kv_pool_actor> sources;
+  if (st.seq.kv_copy_to) sources.push_back(st.seq.kv_copy_to);
+  for (const auto& s : p.kv_sources)
+    if (s != st.seq.kv_copy_to) sources.push_back(s);
+  st.seq.kv_sources = std::move(sources);
+  const bool copies = p.kv_copy_to && st.ctx->kv_copy_pages > 0 && !st.seq.embed &&
+                      (st.ctx->kv_copy == "always" ||
+                       (st.ctx->kv_copy == "online" && st.seq.cls == seq_class::online));
+  st.seq.kv_copy_to = copies ? p.kv_copy_to : kv_pool_actor{};
+  st.seq.kv_copy_pages = copies ? st.ctx->kv_copy_pages : 0;
   if (st.instance) self->demonitor(st.instance.address());
   st.instance = p.actor;
   st.instance_id = p.instance;
@@ -490,8 +504,9 @@ struct move_outcome {
 };
 
 // The move live migration and disaggregation share (docs/architecture.md §3.2 "Migration"): the
-// instance the sequence runs on exports its KV, the request attaches to
-// `to`, and `to` imports the blob.  Token batches the source sent before
+// instance the sequence runs on exports its KV straight to `to` in chunks
+// (direct transfer, §4.10: the bytes never pass through this process), the
+// request attaches to `to`, and `to` imports the blob.  Token batches the source sent before
 // the export's reply are handled before it (message order), so the import
 // resumes exactly after the last token streamed: none lost, none
 // repeated.  A blob `to` refuses is recomputed there.  The phase leaves
@@ -501,12 +516,13 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
   const uint64_t from = st.instance_id;
   const uint64_t move = st.move;
   to.prefill_only = false;  // it decodes where it goes
-  self->request(st.instance, caf::infinite, export_atom::value, st.seq.id)
+  self->request(st.instance, caf::infinite, export_to_atom::value, st.seq.id,
+                caf::actor_cast<kv_receiver_actor>(to.actor))
       .then(
-          [self, to, from, move, done](std::vector<uint8_t>& blob) {
+          [self, to, from, move, done](uint64_t transfer, uint64_t bytes) {
             auto& st = self->state;
             move_outcome out;
-            out.bytes = blob.size();
+            out.bytes = bytes;
             if (st.done() || st.instance_id != from) {
               end_move(st, move, request_phase::running);
               out.kind = move_outcome::stale;
@@ -516,8 +532,16 @@ void move_sequence(self_ptr self, placement_reply to, std::function<void(move_ou
               return done(std::move(out));
             }
             attach(self, to);
+            if (transfer == 0) {
+              // Exported, but the KV did not arrive: `to` recomputes it.
+              end_move(st, move, request_phase::running);
+              enqueue(self);
+              out.kind = move_outcome::recomputing;
+              out.error = caf::make_error(caf::sec::runtime_error, "the KV transfer failed");
+              return done(std::move(out));
+            }
             self->request(to.actor, caf::infinite, import_atom::value, current_sequence(st),
-                          std::move(blob))
+                          transfer)
                 .then(
                     [self, move, done, out](int32_t) mutable {
                       end_move(self->state, move, request_phase::running);
@@ -584,7 +608,8 @@ void hand_off(self_ptr self) {
             auto& st = self->state;
             st.trace.decode_placement =
                 "back into the prefill instance: " + self->system().render(e);
-            move_to(placement_reply{st.instance_id, st.instance, "prefill instance", false, 0});
+            move_to(
+                placement_reply{st.instance_id, st.instance, "prefill instance", false, 0, {}, {}});
           });
 }
 

@@ -41,6 +41,9 @@ struct serve_context {
   // Latency targets by class, in ms (0: none); a request may give its own.
   double online_ttft_ms = 0, online_tpot_ms = 0;
   double offline_ttft_ms = 0, offline_tpot_ms = 0;
+  // Recovery from KV copies: off, online or always; every this many pages.
+  std::string kv_copy = "off";
+  int32_t kv_copy_pages = 4;
 };
 
 // A ServerMessage as one wire frame (protocol_version set).

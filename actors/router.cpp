@@ -33,6 +33,7 @@ struct router_state {
   std::map<uint64_t, instance_window> windows;  // the monitor's last window, by instance
   flip_memory flip_mem;
   uint64_t flips = 0;
+  uint64_t copy_cursor = 0;  // turns among other nodes' stores for KV copies
   std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
   static inline const char* name = "router";
 };
@@ -118,6 +119,51 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
     out.push_back(std::move(s));
   }
   return out;
+}
+
+// The KV store's links for a placement (docs/architecture.md §4.10): a
+// store on another node for the request's KV copies (in turn among them;
+// the request decides whether it keeps copies), and another node's store
+// to pull the prompt's pages from when one holds more of them than the
+// chosen instance and pulling beats computing (pick_kv_pull).
+void add_kv_links(const router_state& st, placement_reply& r, const std::vector<uint64_t>& hashes,
+                  int32_t prompt_tokens, uint64_t& copy_cursor) {
+  const router_instance* chosen = nullptr;
+  for (const auto& i : st.instances)
+    if (i.id == r.instance) chosen = &i;
+  if (!chosen) return;
+  // One instance per store of another process (its stats carry the store's).
+  std::vector<const router_instance*> others;
+  for (const auto& i : st.instances) {
+    if (i.state != "serving" || !i.store || i.node == chosen->node || i.store == chosen->store)
+      continue;
+    bool seen = false;
+    for (const auto* o : others) seen = seen || o->store == i.store;
+    if (!seen) others.push_back(&i);
+  }
+  if (others.empty()) return;
+  r.kv_copy_to = others[copy_cursor++ % others.size()]->store;
+  if (hashes.empty()) return;
+  const auto snaps = snapshots(st);
+  const instance_snapshot* mine = nullptr;
+  std::vector<const std::unordered_set<uint64_t>*> sets;
+  for (const auto& s : snaps) {
+    if (s.instance == chosen->id) mine = &s;
+    for (const auto* o : others)
+      if (s.instance == o->id) sets.push_back(&s.tier_hashes);
+  }
+  if (!mine || sets.size() != others.size()) return;
+  const double ps = std::max(1, st.opts.page_size);
+  const double compute = st.model.samples() == 0
+                             ? -1
+                             : st.model.predict_ms(prompt_tokens) -
+                                   st.model.predict_ms(std::max(0.0, double(prompt_tokens) - ps));
+  auto pull =
+      pick_kv_pull(hashes, held_run(*mine, hashes), sets, mine->tier_load_ms_per_page, compute);
+  if (pull.store < 0) return;
+  r.kv_sources.push_back(others[size_t(pull.store)]->store);
+  r.why += ", pulls " + std::to_string(pull.pages) + " pages from node " +
+           others[size_t(pull.store)]->node;
 }
 
 void settle_drains(self_ptr self) {
@@ -285,6 +331,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           r.instance = d.instance;
           r.actor = i->actor;
           r.why = d.why;
+          add_kv_links(st, r, {}, context, st.copy_cursor);
           return r;
         },
         // The instance takes the role now; replies with what changed once it agreed.
@@ -320,6 +367,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                                   std::move(unavailable));
           }
           placement_reply r;
+          const auto page_hashes = hashes;
           if (st.opts.pd) {
             auto c = place_prefill(prompt_tokens, pd_loads(st), st.model,
                                    {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
@@ -328,8 +376,9 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
               return caf::make_error(caf::sec::invalid_argument,
                                      "no instance takes prefill (" + c.why + ")");
             const auto* i = find(st, c.instance);
-            r = placement_reply{c.instance, i->actor, c.why, !takes_decode(pool_of_instance(*i)),
-                                c.predicted_ttft_ms};
+            r = placement_reply{
+                c.instance,          i->actor, c.why, !takes_decode(pool_of_instance(*i)),
+                c.predicted_ttft_ms, {},       {}};
           } else {
             placement_request req{prompt_tokens, std::move(hashes), st.opts.page_size};
             auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
@@ -338,11 +387,17 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
               return caf::make_error(caf::sec::invalid_argument,
                                      "no instance is serving (" + p.why + ")");
             const auto* i = find(st, p.instance);
-            r = placement_reply{i->id, i->actor, p.why, false,
+            r = placement_reply{i->id,
+                                i->actor,
+                                p.why,
+                                false,
                                 st.model.samples() > 0
                                     ? predicted_ttft_ms(load_of(st, *i), prompt_tokens, st.model)
-                                    : 0.0};
+                                    : 0.0,
+                                {},
+                                {}};
           }
+          add_kv_links(st, r, page_hashes, prompt_tokens, st.copy_cursor);
           // Count the placement now, so a burst does not all go to the
           // instance the last snapshot showed idle.
           ++st.last[r.instance].waiting;
@@ -358,7 +413,9 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           if (i->state != "serving")
             return caf::make_error(caf::sec::invalid_argument,
                                    "instance " + std::to_string(id) + " is " + i->state);
-          return placement_reply{i->id, i->actor, "asked for"};
+          placement_reply r{i->id, i->actor, "asked for", false, 0, {}, {}};
+          add_kv_links(self->state, r, {}, 0, self->state.copy_cursor);
+          return r;
         },
         // Every instance with its node, role and state.
         [self](registry_atom) { return self->state.instances; },
@@ -397,6 +454,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             if (!back) set_pool(*ri, initial_pool(st.opts, id));
             ri->node = node;
             ri->actor = h.actor;
+            ri->store = h.store;
             ri->state = "serving";
             st.last.erase(id);
             self->monitor(h.actor);

@@ -42,6 +42,7 @@ void for_each_message_type(F&& f) {
   f.template operator()<kv_store_stats>("troupe.kv_store_stats");
   f.template operator()<std::vector<uint8_t>>("troupe.bytes");
   f.template operator()<sequence_request>("troupe.sequence_request");
+  f.template operator()<kv_receiver_actor>("troupe.kv_receiver_actor");
   f.template operator()<token_batch>("troupe.token_batch");
   f.template operator()<step_timing>("troupe.step_timing");
   f.template operator()<std::vector<step_timing>>("troupe.step_timings");

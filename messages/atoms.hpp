@@ -42,7 +42,9 @@ using copy_pages_atom = caf::atom_constant<caf::atom("copypages")>;
 using kv_put_atom = caf::atom_constant<caf::atom("kvput")>;
 using kv_fetch_atom = caf::atom_constant<caf::atom("kvfetch")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
-using check_atom = caf::atom_constant<caf::atom("check")>;
+using export_to_atom = caf::atom_constant<caf::atom("exportto")>;
+using kv_stage_atom = caf::atom_constant<caf::atom("kvstage")>;
+using peers_atom = caf::atom_constant<caf::atom("peers")>;
 
 // The router protocol (messages/router.hpp).
 using place_atom = caf::atom_constant<caf::atom("place")>;

@@ -30,6 +30,11 @@ using token_sink_actor =
 // actor its tokens stream to.
 struct sequence_request : sequence_spec {
   token_sink_actor sink;
+  // The KV store (docs/architecture.md §4.10): other processes' kv_pools
+  // to pull the prompt's pages from, in order, after the instance's own;
+  // and the kv_pool that keeps copies of its pages (kv_copy_pages).
+  std::vector<kv_pool_actor> kv_sources;
+  kv_pool_actor kv_copy_to;
 };
 
 // k_max_draft_tokens (the most draft tokens per step): runtime/engine/ngram_draft.hpp.
@@ -55,7 +60,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
            x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
-           x.ttft_target_ms, x.draft_tokens, x.embed);
+           x.ttft_target_ms, x.draft_tokens, x.embed, x.kv_copy_pages, x.kv_sources, x.kv_copy_to);
 }
 
 template <class Inspector>
@@ -65,8 +70,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.admitted, x.finished, x.aborted, x.preempted_recompute, x.preempted_swap, x.exported,
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
            x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
-           x.accepted_tokens, x.overlapped_steps, x.device_idle_ms, x.spilled_pages,
-           x.loaded_pages, x.tier_load_ms, x.store);
+           x.accepted_tokens, x.overlapped_steps, x.device_idle_ms, x.spilled_pages, x.loaded_pages,
+           x.tier_load_ms, x.copied_pages, x.pulled_pages, x.store);
 }
 
 // One sequence as its instance holds it (the dp_group's view for moves).
@@ -102,6 +107,17 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 //          names the mismatch).  It waits like a swapped-out sequence and
 //          streams from the next token.  Replies with the tokens whose KV
 //          came with it.
+// exportto: (id, receiver) as export, but the blob goes straight to the
+//          receiver (another instance, in any process) in chunks, never
+//          through the caller; replies with the transfer's id at the
+//          receiver, to import from, and the blob's size.  An error: the
+//          sequence was not exported.  Id 0: it was exported, but the
+//          transfer failed (stalled, refused, peer gone): recompute it.
+// kvstage: (transfer, offset, total, bytes) one chunk of a blob another
+//          instance sends (transfer 0: the first, which opens it; the
+//          reply is its id).  Chunks come in order; the total is capped by
+//          this arena's size; a transfer not imported in 30 s is dropped.
+// import:  (request, transfer) as import, from a staged, complete blob.
 // stats:   queue lengths, counters and the KV pages.
 // relocate: (drain) asks each sequence's sink to move it elsewhere.
 // preempt: (id) preempts running sequence `id` as the scheduler does when
@@ -118,11 +134,20 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 //          when it has work and steps when the group says go, a dummy step
 //          when it has none.  A null group leaves lockstep.  Replies 1.
 // dpgo:    (round) lockstep: run one step now, real or dummy, and report it.
+// What receives a blob in chunks (an instance: kvstage).
+using kv_receiver_actor =
+    caf::typed_actor<caf::replies_to<kv_stage_atom, uint64_t, uint64_t, uint64_t,
+                                     std::vector<uint8_t>>::with<uint64_t>>;
+
 using instance_actor = caf::typed_actor<
     caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,
     caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,
+    caf::replies_to<export_to_atom, uint64_t, kv_receiver_actor>::with<uint64_t, uint64_t>,
+    caf::replies_to<kv_stage_atom, uint64_t, uint64_t, uint64_t,
+                    std::vector<uint8_t>>::with<uint64_t>,
+    caf::replies_to<import_atom, sequence_request, uint64_t>::with<int32_t>,
     caf::replies_to<stats_atom>::with<instance_stats>,
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
     caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>,

@@ -62,11 +62,12 @@ struct hosted_instance {
   instance_actor actor;
   device_info info;
   device_actor device;  // its device actor: the expert controller reads and swaps experts there
+  kv_pool_actor store;  // its process's KV store (null: none): where others pull its pages from
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hosted_instance& x) {
-  return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info, x.device);
+  return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info, x.device, x.store);
 }
 
 // What a node has to offer.
@@ -77,12 +78,15 @@ struct node_resources {
   uint64_t mem_available = 0;
   std::vector<std::string> opencl_devices;  // "platform/device: name"
   int32_t instances = 0;                    // hosted now, for all services
+  // Other nodes it holds a direct connection to (peers): KV moves between
+  // them without passing through a service process.
+  std::vector<std::string> peers;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, node_resources& x) {
   return f(caf::meta::type_name("node_resources"), x.host, x.cores, x.mem_total, x.mem_available,
-           x.opencl_devices, x.instances);
+           x.opencl_devices, x.instances, x.peers);
 }
 
 // A node as the service's link to it knows it (admin `nodes`).
@@ -117,7 +121,11 @@ using node_grow_actor =
 //            reply comes once all are up; an error names the spec that
 //            failed and why (unknown model, no OpenCL device, ...).
 // resources: cores, memory, OpenCL devices, instances hosted.
+// peers:   (addresses) the service's other nodes: the node connects to
+//          each directly (the cluster's TLS), so KV bytes between their
+//          instances and stores travel node to node.
 using node_actor = caf::typed_actor<
+    caf::reacts_to<peers_atom, std::vector<std::string>>,
     caf::replies_to<host_atom, std::string, node_link_actor,
                     std::vector<instance_spec>>::with<std::vector<hosted_instance>>,
     caf::replies_to<resources_atom>::with<node_resources>>;

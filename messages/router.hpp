@@ -22,11 +22,13 @@ struct router_instance {
   std::string state = "serving";  // serving, draining, down
   instance_actor actor;
   std::string pool = "M";  // disaggregation: M, P, D, P->D, D->P (runtime/service/pd_policy)
+  kv_pool_actor store;     // its process's KV store (null: none)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, router_instance& x) {
-  return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor, x.pool);
+  return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor, x.pool,
+           x.store);
 }
 
 // Where a request goes, and why (for its trace).
@@ -38,12 +40,17 @@ struct placement_reply {
   // request asks for a decode placement and moves its KV there.
   bool prefill_only = false;
   double predicted_ttft_ms = 0;  // 0: no prediction (the model has no sample yet)
+  // The KV store: other nodes' kv_pools holding more of the prompt than
+  // this instance's arena and store, worth pulling from (in order); and
+  // where the request keeps copies of its KV (recovery), null: none.
+  std::vector<kv_pool_actor> kv_sources;
+  kv_pool_actor kv_copy_to;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
   return f(caf::meta::type_name("placement_reply"), x.instance, x.actor, x.why, x.prefill_only,
-           x.predicted_ttft_ms);
+           x.predicted_ttft_ms, x.kv_sources, x.kv_copy_to);
 }
 
 // place:    (prompt tokens, the prompt's full-page hashes) an instance for

@@ -312,6 +312,28 @@ void context::copy(const buffer& src, const buffer& dst, size_t bytes, size_t ds
       "clEnqueueCopyBuffer");
 }
 
+void context::read_rows(const buffer& b, void* dst, size_t block, size_t rows, size_t offset,
+                        size_t host_pitch) {
+  if (block == 0 || rows == 0) return;
+  const size_t buffer_origin[3] = {offset, 0, 0};
+  const size_t host_origin[3] = {0, 0, 0};
+  const size_t region[3] = {block, rows, 1};
+  check(clEnqueueReadBufferRect(queue_, b.get(), CL_FALSE, buffer_origin, host_origin, region,
+                                block, 0, host_pitch, 0, dst, 0, nullptr, nullptr),
+        "clEnqueueReadBufferRect");
+}
+
+void context::write_rows(const buffer& b, const void* src, size_t block, size_t rows, size_t offset,
+                         size_t host_pitch) {
+  if (block == 0 || rows == 0) return;
+  const size_t buffer_origin[3] = {offset, 0, 0};
+  const size_t host_origin[3] = {0, 0, 0};
+  const size_t region[3] = {block, rows, 1};
+  check(clEnqueueWriteBufferRect(queue_, b.get(), CL_FALSE, buffer_origin, host_origin, region,
+                                 block, 0, host_pitch, 0, src, 0, nullptr, nullptr),
+        "clEnqueueWriteBufferRect");
+}
+
 void context::write(const buffer& b, const void* src, size_t bytes, size_t offset, bool blocking) {
   if (bytes == 0) return;
   check(clEnqueueWriteBuffer(queue_, b.get(), blocking ? CL_TRUE : CL_FALSE, offset, bytes, src, 0,

@@ -179,6 +179,15 @@ class context {
   void write(const buffer& b, const void* src, size_t bytes, size_t offset = 0,
              bool blocking = false);
   void read(const buffer& b, void* dst, size_t bytes, size_t offset = 0);
+  // Strided transfers without waiting (finish() waits): `rows` blocks of
+  // `block` bytes, contiguous in the buffer from `offset`, each
+  // `host_pitch` bytes apart in host memory.  One command instead of one
+  // per block (KV pages: a layer's run of pages, interleaved per page on
+  // the host).
+  void read_rows(const buffer& b, void* dst, size_t block, size_t rows, size_t offset,
+                 size_t host_pitch);
+  void write_rows(const buffer& b, const void* src, size_t block, size_t rows, size_t offset,
+                  size_t host_pitch);
   // The same without waiting: dst must stay valid until the returned event
   // has ended.  Flushes the queue, so the device starts on what it holds.
   event read_async(const buffer& b, void* dst, size_t bytes, size_t offset = 0);

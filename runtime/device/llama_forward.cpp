@@ -853,6 +853,18 @@ struct page_blocks {
   }
 };
 
+// Calls f(first, n) for each run pages[first, first + n) of consecutive
+// arena pages (each one more than the one before).
+template <class F>
+void for_each_page_run(const std::vector<int32_t>& pages, F&& f) {
+  for (size_t i = 0; i < pages.size();) {
+    size_t n = 1;
+    while (i + n < pages.size() && pages[i + n] == pages[i + n - 1] + 1) ++n;
+    f(i, n);
+    i += n;
+  }
+}
+
 }  // namespace
 
 std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages) {
@@ -860,14 +872,20 @@ std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages
     if (p < 0 || p >= n_pages_)
       throw std::invalid_argument("read_pages: page " + std::to_string(p) + " outside the arena");
   const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
-  std::vector<uint8_t> out(pages.size() * kv_bytes_per_page());
-  uint8_t* dst = out.data();
-  for (int32_t p : pages)
+  const size_t per = kv_bytes_per_page();
+  std::vector<uint8_t> out(pages.size() * per);
+  // A run of consecutive arena pages is, per layer, one contiguous region
+  // of K (and of V): one strided read each, all queued, then one wait
+  // (one blocking read per block took 200 ms for 64 pages of SmolLM2).
+  for_each_page_run(pages, [&](size_t first, size_t n) {
+    uint8_t* dst = out.data() + first * per;
     for (int l = 0; l < hparams().n_layer; ++l) {
-      ctx_.read(k_cache_, dst, g.block, g.offset(l, p));
-      ctx_.read(v_cache_, dst + g.block, g.block, g.offset(l, p));
-      dst += 2 * g.block;
+      const size_t at = g.offset(l, pages[first]);
+      ctx_.read_rows(k_cache_, dst + size_t(l) * 2 * g.block, g.block, n, at, per);
+      ctx_.read_rows(v_cache_, dst + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
     }
+  });
+  ctx_.finish();
   return out;
 }
 
@@ -881,13 +899,15 @@ void llama_forward::write_pages(const std::vector<int32_t>& pages,
                                 std::to_string(pages.size()) + " pages of " +
                                 std::to_string(kv_bytes_per_page()));
   const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
-  const uint8_t* src = data.data();
-  for (int32_t p : pages)
+  const size_t per = kv_bytes_per_page();
+  for_each_page_run(pages, [&](size_t first, size_t n) {
+    const uint8_t* src = data.data() + first * per;
     for (int l = 0; l < hparams().n_layer; ++l) {
-      ctx_.write(k_cache_, src, g.block, g.offset(l, p));
-      ctx_.write(v_cache_, src + g.block, g.block, g.offset(l, p));
-      src += 2 * g.block;
+      const size_t at = g.offset(l, pages[first]);
+      ctx_.write_rows(k_cache_, src + size_t(l) * 2 * g.block, g.block, n, at, per);
+      ctx_.write_rows(v_cache_, src + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
     }
+  });
   ctx_.finish();  // `data` is the caller's: the writes must be done before returning
 }
 

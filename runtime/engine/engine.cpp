@@ -53,6 +53,37 @@ void engine::spill_evicted() {
   outbox_.emplace_back(std::move(sp));
 }
 
+// Recovery from KV copies: once kv_copy_pages more full pages are
+// committed, they are read (before any later command writes them: full
+// pages of a running sequence are only appended to) and put to the store
+// its request keeps copies in.  A page is the prefix index's page: its
+// chained hash names it in any store.
+void engine::copy_out(live_seq& s) {
+  const int32_t every = s.req.kv_copy_pages;
+  if (every <= 0 || !pool_->has_sequence(s.key)) return;
+  const auto& chain = pool_->chain(s.key);
+  const auto& table = pool_->table(s.key);
+  const int32_t full = std::min({s.committed_pages, int32_t(chain.size()), int32_t(table.size())});
+  s.copied_pages = std::min(s.copied_pages, full);  // after a preemption
+  if (full - s.copied_pages < every) return;
+  const int32_t ps = info_.page_size;
+  engine_cmd::spill cp;
+  cp.copy_of = s.key;
+  for (int32_t i = s.copied_pages; i < full; ++i) {
+    evicted_page m;
+    m.page = table[size_t(i)];
+    m.hash = chain[size_t(i)];
+    m.parent = i == 0 ? 0 : chain[size_t(i) - 1];
+    m.depth = i;
+    m.tokens.assign(s.tokens.begin() + size_t(i) * ps, s.tokens.begin() + size_t(i + 1) * ps);
+    cp.pages.push_back(m.page);
+    cp.meta.push_back(std::move(m));
+  }
+  counters_.copied_pages += cp.pages.size();
+  s.copied_pages = full;
+  out(std::move(cp));
+}
+
 std::vector<uint64_t> engine::prefix_hashes(const std::vector<int32_t>& prompt,
                                             int32_t& cached_pages) const {
   cached_pages = pool_->cached_pages(prompt);
@@ -766,6 +797,7 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
     if (opts_.prefix_caching && s.computed / info_.page_size > s.committed_pages) {
       pool_->commit_full_pages(s.key, s.tokens);
       s.committed_pages = s.computed / info_.page_size;
+      copy_out(s);
     }
   };
   if (c.draft.empty()) commit_pages();

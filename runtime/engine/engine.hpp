@@ -85,9 +85,12 @@ struct export_read {
 // the same order) and offer them to the process's kv_pool.  It comes
 // before any command that may write them; its failure costs nothing but
 // the offer.
+// A copy (copy_of != 0): full pages of running sequence `copy_of`, read
+// the same way and put to the kv_pool its request keeps copies in.
 struct spill {
   std::vector<int32_t> pages;
   std::vector<evicted_page> meta;
+  uint64_t copy_of = 0;
 };
 // KV store: write a prompt prefix's pages loaded from a tier into these
 // arena pages (already indexed: they come before any step that reads
@@ -171,6 +174,8 @@ class engine {
   std::vector<uint64_t> prefix_hashes(const std::vector<int32_t>& prompt,
                                       int32_t& cached_pages) const;
   uint64_t kv_space() const { return kv_space_; }
+  // What this arena's pages are (a blob's header must say the same).
+  kv_geometry geometry() const { return arena_geometry(); }
   // The time a fetch from the store took (the router weighs tier hits by
   // the time per page loaded).
   void note_tier_load_ms(double ms) { counters_.tier_load_ms += ms; }
@@ -230,6 +235,7 @@ class engine {
     int32_t computed = 0;         // tokens whose KV is stored (arena, or host tier when swapped)
     int32_t pages = 0;            // its page table's size
     int32_t committed_pages = 0;  // full pages offered to the prefix index
+    int32_t copied_pages = 0;     // leading full pages copied to its copy store (kv_copy_pages)
     seq_state state = seq_state::waiting;
     bool first_admission = true;
     int32_t prompt_cached = 0;  // prompt tokens the first admission found cached
@@ -322,6 +328,7 @@ class engine {
   live_seq& add_sequence(sequence_spec r);
   kv_geometry arena_geometry() const;
   void spill_evicted();
+  void copy_out(live_seq& s);
   void load_from_tier(live_seq& s);
   template <class C>
   void out(C c) {

@@ -117,6 +117,10 @@ struct sequence_spec {
   // computed without the prefix cache's pages (every row's hidden state is
   // pooled), nothing is sampled, and the last batch carries the vector.
   bool embed = false;
+  // Recovery from KV copies (docs/architecture.md §4.10): every this many
+  // newly full pages, the sequence's pages are copied to a KV store on
+  // another node (the instance knows which); 0: no copies.
+  int32_t kv_copy_pages = 0;
 };
 
 enum class preempt_mode : uint8_t { recompute, swap };
@@ -172,8 +176,10 @@ struct instance_stats {
   // pages loaded back from it (counted again as prefix hits when mapped).
   uint64_t spilled_pages = 0;
   uint64_t loaded_pages = 0;
-  double tier_load_ms = 0;  // fetching them from the store (summed)
-  kv_store_stats store;     // the process's KV store, as its kv_pool answered (none: no tiers)
+  double tier_load_ms = 0;    // fetching them from the store (summed)
+  uint64_t copied_pages = 0;  // full pages of running sequences copied to another node's store
+  uint64_t pulled_pages = 0;  // prompt pages fetched from other processes' stores
+  kv_store_stats store;       // the process's KV store, as its kv_pool answered (none: no tiers)
 };
 
 // How an engine replica runs (the instance actor's options).

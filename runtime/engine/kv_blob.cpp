@@ -25,7 +25,69 @@ std::string mismatch(const char* field, const T& blob, const T& here) {
   return std::string(field) + ": the blob has " + text(blob) + ", this instance " + text(here);
 }
 
+// The header map (throws what msgpack throws for a field of another type).
+kv_geometry read_geometry(const msgpack::object& m) {
+  if (m.type != msgpack::type::MAP) throw kv_blob_error("KV blob: header is not a map");
+  kv_geometry g;
+  int seen = 0;
+  for (uint32_t i = 0; i < m.via.map.size; ++i) {
+    const auto& kv = m.via.map.ptr[i];
+    const std::string key = kv.key.as<std::string>();
+    if (key == "model_fingerprint")
+      g.model_fingerprint = kv.val.as<std::string>(), seen |= 1;
+    else if (key == "n_layers")
+      g.n_layers = kv.val.as<int32_t>(), seen |= 2;
+    else if (key == "n_kv_heads")
+      g.n_kv_heads = kv.val.as<int32_t>(), seen |= 4;
+    else if (key == "head_dim")
+      g.head_dim = kv.val.as<int32_t>(), seen |= 8;
+    else if (key == "page_size")
+      g.page_size = kv.val.as<int32_t>(), seen |= 16;
+    else if (key == "dtype")
+      g.dtype = kv.val.as<std::string>(), seen |= 32;
+  }
+  if (seen != 63) throw kv_blob_error("KV blob: the header lacks a field");
+  return g;
+}
+
+void check_geometry(const kv_geometry& g) {
+  if (g.n_layers <= 0 || g.n_kv_heads <= 0 || g.head_dim <= 0 || g.page_size <= 0 ||
+      g.page_bytes() == 0)
+    throw kv_blob_error("KV blob: impossible geometry (layers, heads, head_dim, page_size, dtype)");
+}
+
+void check_magic_version(const msgpack::object& magic, const msgpack::object& version) {
+  if (magic.as<std::string>() != kMagic) throw kv_blob_error("KV blob: not a troupe KV blob");
+  if (const int v = version.as<int>(); v != kVersion)
+    throw kv_blob_error("KV blob: format version " + std::to_string(v) + ", this build reads " +
+                        std::to_string(kVersion));
+}
+
 }  // namespace
+
+kv_geometry peek_kv_blob_geometry(std::span<const uint8_t> head) {
+  // [magic, version, {header}, ...]: an array of 6 (one byte, fixarray),
+  // then three whole objects, read one at a time from the start.
+  const size_t n = head.size();
+  if (n < 1 || head[0] != 0x96)
+    throw kv_blob_error("KV blob: not a troupe KV blob (expected an array of 6)");
+  const msgpack::unpack_limit limit(n, n / 2, n, n, n, /*depth=*/2);
+  const char* p = reinterpret_cast<const char*>(head.data());
+  size_t off = 1;
+  try {
+    auto magic = msgpack::unpack(p, n, off, nullptr, nullptr, limit);
+    auto version = msgpack::unpack(p, n, off, nullptr, nullptr, limit);
+    check_magic_version(magic.get(), version.get());
+    auto header = msgpack::unpack(p, n, off, nullptr, nullptr, limit);
+    auto g = read_geometry(header.get());
+    check_geometry(g);
+    return g;
+  } catch (const kv_blob_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw kv_blob_error(std::string("KV blob: its first bytes hold no header (") + e.what() + ")");
+  }
+}
 
 uint64_t kv_geometry::page_bytes() const {
   const uint64_t elem = dtype == "f32" ? 4 : dtype == "f16" ? 2 : 0;
@@ -86,33 +148,9 @@ kv_blob decode_kv_blob(std::span<const uint8_t> bytes) {
   kv_blob b;
   const char* at = "magic";
   try {
-    if (f[0].as<std::string>() != kMagic) throw kv_blob_error("KV blob: not a troupe KV blob");
-    at = "version";
-    if (const int v = f[1].as<int>(); v != kVersion)
-      throw kv_blob_error("KV blob: format version " + std::to_string(v) + ", this build reads " +
-                          std::to_string(kVersion));
+    check_magic_version(f[0], f[1]);
     at = "header";
-    if (f[2].type != msgpack::type::MAP) throw kv_blob_error("KV blob: header is not a map");
-    auto& g = b.geometry;
-    int seen = 0;
-    for (uint32_t i = 0; i < f[2].via.map.size; ++i) {
-      const auto& kv = f[2].via.map.ptr[i];
-      const std::string key = kv.key.as<std::string>();
-      at = "header field";
-      if (key == "model_fingerprint")
-        g.model_fingerprint = kv.val.as<std::string>(), seen |= 1;
-      else if (key == "n_layers")
-        g.n_layers = kv.val.as<int32_t>(), seen |= 2;
-      else if (key == "n_kv_heads")
-        g.n_kv_heads = kv.val.as<int32_t>(), seen |= 4;
-      else if (key == "head_dim")
-        g.head_dim = kv.val.as<int32_t>(), seen |= 8;
-      else if (key == "page_size")
-        g.page_size = kv.val.as<int32_t>(), seen |= 16;
-      else if (key == "dtype")
-        g.dtype = kv.val.as<std::string>(), seen |= 32;
-    }
-    if (seen != 63) throw kv_blob_error("KV blob: the header lacks a field");
+    b.geometry = read_geometry(f[2]);
     at = "tokens";
     b.tokens = f[3].as<std::vector<int32_t>>();
     at = "n_prompt";
@@ -126,9 +164,7 @@ kv_blob decode_kv_blob(std::span<const uint8_t> bytes) {
     throw kv_blob_error(std::string("KV blob: bad ") + at + " (" + e.what() + ")");
   }
   const auto& g = b.geometry;
-  if (g.n_layers <= 0 || g.n_kv_heads <= 0 || g.head_dim <= 0 || g.page_size <= 0 ||
-      g.page_bytes() == 0)
-    throw kv_blob_error("KV blob: impossible geometry (layers, heads, head_dim, page_size, dtype)");
+  check_geometry(g);
   if (b.n_prompt < 0 || b.n_prompt > static_cast<int32_t>(b.tokens.size()))
     throw kv_blob_error("KV blob: n_prompt " + std::to_string(b.n_prompt) + " outside the " +
                         std::to_string(b.tokens.size()) + " tokens");

@@ -94,6 +94,10 @@ std::vector<uint8_t> encode_kv_blob(const kv_blob& b);
 // Throws kv_blob_error for bytes that are not a troupe KV blob of this
 // format version, or whose page data does not match its header.
 kv_blob decode_kv_blob(std::span<const uint8_t> bytes);
+// The geometry of a blob from its first bytes (the first chunk of a
+// transfer), so a receiver refuses a blob for another arena before the
+// rest arrives.  Throws kv_blob_error like decode_kv_blob.
+kv_geometry peek_kv_blob_geometry(std::span<const uint8_t> head);
 
 // Empty when a blob of geometry `blob` may be imported into an arena of
 // geometry `here`; else the first mismatch, e.g. "head_dim: the blob has

@@ -285,6 +285,10 @@ prefix_match page_pool::match_prefix(uint64_t seq, const std::vector<int32_t>& p
   return {s.n_tokens, s.pages};
 }
 
+const std::vector<uint64_t>& page_pool::chain(uint64_t seq) const {
+  return find(seq, "chain").chain;
+}
+
 int32_t page_pool::commit_full_pages(uint64_t seq, const std::vector<int32_t>& tokens) {
   sequence& s = find(seq, "commit_full_pages");
   const size_t full = std::min(tokens.size(), size_t(s.n_tokens)) / size_t(page_size_);

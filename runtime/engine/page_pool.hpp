@@ -183,6 +183,8 @@ class page_pool {
   // compares a prompt's page hashes with (runtime/service/placement, prefix).
   std::vector<uint64_t> indexed_hashes() const;
   bool has_sequence(uint64_t seq) const { return seqs_.count(seq) != 0; }
+  // The chained hashes of the sequence's leading full pages known so far.
+  const std::vector<uint64_t>& chain(uint64_t seq) const;
   const std::vector<int32_t>& table(uint64_t seq) const;
   page_state state(int32_t page) const;
   int32_t refcount(int32_t page) const;

@@ -119,6 +119,29 @@ std::string load_text(const instance_snapshot& s) {
 
 }  // namespace
 
+int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
+  const int32_t dev = prefix_run(s, hashes);
+  return dev + tier_run(s, hashes, dev);
+}
+
+kv_pull pick_kv_pull(const std::vector<uint64_t>& hashes, int32_t have,
+                     const std::vector<const std::unordered_set<uint64_t>*>& stores,
+                     double pull_ms_per_page, double compute_ms_per_page) {
+  kv_pull out;
+  for (size_t k = 0; k < stores.size(); ++k) {
+    // The instance asks it for the pages after the ones it holds; a store
+    // answers with the leading run of those.
+    int32_t run = 0;
+    while (size_t(have + run) < hashes.size() && stores[k]->count(hashes[size_t(have + run)]))
+      ++run;
+    if (run > out.pages) out = {int(k), run};
+  }
+  const bool worth =
+      pull_ms_per_page <= 0 || compute_ms_per_page <= 0 || pull_ms_per_page < compute_ms_per_page;
+  if (!worth) return {};
+  return out;
+}
+
 placement place(placement_policy policy, const placement_request& req,
                 const std::vector<instance_snapshot>& instances, placement_cursor& cursor,
                 const prefill_model& model, double ttft_target_ms) {

@@ -89,6 +89,23 @@ placement place(placement_policy policy, const placement_request& req,
                 const std::vector<instance_snapshot>& instances, placement_cursor& cursor,
                 const prefill_model& model, double ttft_target_ms);
 
+// The leading pages of `hashes` an instance can map without computing:
+// its arena's cached run, continued by its KV store's pages.
+int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes);
+
+// Pulling a prompt's pages from another node's KV store (issue 39): the
+// chosen instance holds the first `have` pages (held_run); `stores` are
+// the other nodes' stores' hash sets.  The store holding the longest run
+// of the pages after those is worth pulling from when a page costs less
+// to pull than to compute (unmeasured pull or compute: pull).
+struct kv_pull {
+  int store = -1;     // index into stores; -1: pull nothing
+  int32_t pages = 0;  // its run past `have`
+};
+kv_pull pick_kv_pull(const std::vector<uint64_t>& hashes, int32_t have,
+                     const std::vector<const std::unordered_set<uint64_t>*>& stores,
+                     double pull_ms_per_page, double compute_ms_per_page);
+
 // vLLM's load score: 4 x waiting + running.
 int64_t load_score(const instance_snapshot& s);
 

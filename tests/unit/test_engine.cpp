@@ -193,15 +193,16 @@ struct fake_device {
               // The KV store, as a map: the pages as they are now.
               auto data = read(c.pages);
               const size_t per = eng.info().kv_bytes_per_page;
+              auto& into = c.copy_of != 0 ? copies : store;
               for (size_t i = 0; i < c.meta.size(); ++i) {
                 const auto& m = c.meta[i];
-                store[m.hash] = {eng.kv_space(),
-                                 m.hash,
-                                 m.parent,
-                                 m.depth,
-                                 m.tokens,
-                                 std::vector<uint8_t>(data.begin() + long(i * per),
-                                                      data.begin() + long((i + 1) * per))};
+                into[m.hash] = {eng.kv_space(),
+                                m.hash,
+                                m.parent,
+                                m.depth,
+                                m.tokens,
+                                std::vector<uint8_t>(data.begin() + long(i * per),
+                                                     data.begin() + long((i + 1) * per))};
               }
             } else if constexpr (std::is_same_v<T, engine_cmd::load>) {
               write(c.pages, c.data);
@@ -248,15 +249,20 @@ struct fake_device {
   }
 
   std::map<uint64_t, std::vector<uint8_t>> exported;
-  std::map<uint64_t, kv_page> store;  // spilled pages by hash
+  std::map<uint64_t, kv_page> store;   // spilled pages by hash
+  std::map<uint64_t, kv_page> copies;  // pages running sequences copied (kv_copy_pages), by hash
 
   // The store's leading run of the pages `prompt` lacks in the arena.
-  std::vector<kv_page> fetch(const std::vector<int32_t>& prompt) {
+  // The stored pages `e` would load for the prompt (e: this device's
+  // engine unless another one asks).
+  std::vector<kv_page> fetch(const std::vector<int32_t>& prompt, bool from_copies = false,
+                             const engine* e = nullptr) {
+    auto& from = from_copies ? copies : store;
     int32_t cached = 0;
-    auto hashes = eng.prefix_hashes(prompt, cached);
+    auto hashes = (e ? *e : eng).prefix_hashes(prompt, cached);
     std::vector<kv_page> out;
-    for (size_t i = size_t(cached); i < hashes.size() && store.count(hashes[i]); ++i)
-      out.push_back(store[hashes[i]]);
+    for (size_t i = size_t(cached); i < hashes.size() && from.count(hashes[i]); ++i)
+      out.push_back(from[hashes[i]]);
     return out;
   }
 };
@@ -376,6 +382,57 @@ TEST(Engine, EvictedPrefixPagesComeBackFromTheStore) {
   EXPECT_EQ(dev.by_key[key].tokens, reference(c, 4));
   EXPECT_EQ(e.stats().loaded_pages, loaded);
   expect_released(e);
+}
+
+// Recovery from KV copies (issue 39): a sequence that keeps copies hands
+// its full pages, kv_copy_pages at a time, to its copy store as they fill,
+// prompt and generated tokens alike.  When its instance is lost, another
+// engine resumes it from the copies plus the tail: same tokens, the copied
+// pages loaded, not computed.
+TEST(Engine, KvCopiesLetAnotherEngineResumeTheSequence) {
+  engine a(fake_info(32), options(16, 8));
+  fake_device da(a);
+  const auto p = prompt_of(6, 37);
+  auto s = spec(1, p, 30);
+  s.kv_copy_pages = 2;
+  const uint64_t k = enqueue(a, s);
+  da.settle();
+  const auto want = reference(p, 30);
+  EXPECT_EQ(da.by_key[k].tokens, want);
+  // 66 tokens computed (the last one sampled, not computed): their full
+  // pages, copied two at a time; no other spill.
+  const size_t full = 66 / k_page;
+  EXPECT_EQ(a.stats().copied_pages, full - full % 2);
+  EXPECT_EQ(da.copies.size(), full - full % 2);
+  EXPECT_TRUE(da.store.empty());
+  // Lost after 20 tokens: the request resumes elsewhere with what streamed.
+  engine b(fake_info(32), options(16, 8));
+  fake_device db(b);
+  auto r = spec(1, p, 30);
+  r.generated.assign(want.begin(), want.begin() + 20);
+  std::vector<int32_t> tokens = p;
+  tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
+  auto pages = da.fetch(tokens, true, &b);
+  // 57 tokens: the full pages before the one holding the last token.
+  const size_t mapped = 56 / k_page;
+  ASSERT_EQ(pages.size(), mapped);
+  uint64_t key = 0;
+  int32_t ahead = 0;
+  ASSERT_EQ(b.enqueue(r, key, ahead, pages), "");
+  db.settle();
+  EXPECT_EQ(db.by_key[key].tokens, std::vector<int32_t>(want.begin() + 20, want.end()));
+  EXPECT_EQ(b.stats().loaded_pages, mapped);
+  // Computed: the tail after the copied pages, then one row per token.
+  EXPECT_EQ(b.stats().prefill_tokens + b.stats().decode_tokens, 57u - mapped * k_page + 9);
+  // Without copies asked for, nothing is copied.
+  engine c(fake_info(32), options(16, 8));
+  fake_device dc(c);
+  enqueue(c, spec(2, p, 30));
+  dc.settle();
+  EXPECT_EQ(c.stats().copied_pages, 0u);
+  EXPECT_TRUE(dc.copies.empty());
+  expect_released(a);
+  expect_released(b);
 }
 
 // An embedding request pools every row of its prompt, in chunks, beside a

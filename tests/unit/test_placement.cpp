@@ -139,3 +139,28 @@ TEST(PrefillModel, RecoversAQuadraticFromSamples) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+TEST(KvPull, PullsTheLongestRunPastWhatTheInstanceHolds) {
+  const std::vector<uint64_t> h = {11, 12, 13, 14, 15, 16};
+  instance_snapshot mine = inst(1, 0, 0, 0, {11});
+  mine.tier_hashes = {12};  // its store continues the arena's run
+  EXPECT_EQ(held_run(mine, h), 2);
+  const std::unordered_set<uint64_t> a = {11, 12, 13};          // one page past
+  const std::unordered_set<uint64_t> b = {13, 14, 15};          // three past, no first pages
+  const std::unordered_set<uint64_t> c = {11, 12, 14, 15, 16};  // a hole at 13: nothing
+  auto p = pick_kv_pull(h, 2, {&a, &b, &c}, -1, -1);
+  EXPECT_EQ(p.store, 1);
+  EXPECT_EQ(p.pages, 3);
+  // Pulling a page costs more than computing it: recompute.
+  EXPECT_EQ(pick_kv_pull(h, 2, {&a, &b, &c}, 9.0, 3.0).store, -1);
+  EXPECT_EQ(pick_kv_pull(h, 2, {&a, &b, &c}, 1.0, 3.0).store, 1);
+  // Nothing held anywhere past the instance's own pages.
+  EXPECT_EQ(pick_kv_pull(h, 6, {&a, &b}, -1, -1).store, -1);
+  EXPECT_EQ(pick_kv_pull(h, 0, {}, -1, -1).store, -1);
+}
+
+}  // namespace
+}  // namespace troupe

@@ -172,6 +172,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
     router_instance ri;
     ri.id = static_cast<uint64_t>(i + 1);
     ri.actor = h.hosted.actor;
+    ri.store = tiers;
     registry.push_back(std::move(ri));
   }
   router_options ro;
@@ -239,6 +240,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
     lo.service_id = service_id;
     lo.model_fingerprint = model->fingerprint();
     lo.router = router;
+    for (const auto& m : nodes) lo.peers.push_back(m.address);
     instance_spec spec = base;
     spec.engine = n.apply(e);
     lo.specs.assign(static_cast<size_t>(n.instances), spec);
@@ -297,6 +299,8 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ctx->monitor = monitor;
   ctx->online_ttft_ms = s.ttft_target_ms;
   ctx->online_tpot_ms = s.tpot_target_ms;
+  ctx->kv_copy = s.kv_copy;
+  ctx->kv_copy_pages = s.kv_copy_pages;
   ctx->offline_ttft_ms = s.offline_ttft_ms;
   ctx->offline_tpot_ms = s.offline_tpot_ms;
   auto metrics = std::make_shared<metrics_registry>();
