@@ -63,13 +63,17 @@ json kv_json(const std::vector<instance_info>& v) {
                       {"fetched_pages", k.fetched_pages},
                       {"check", k.check}});
   }
-  uint64_t spilled = 0, loaded = 0;
+  uint64_t spilled = 0, loaded = 0, copied = 0, pulled = 0;
   for (const auto& i : v) {
     spilled += i.stats.spilled_pages;
     loaded += i.stats.loaded_pages;
+    copied += i.stats.copied_pages;
+    pulled += i.stats.pulled_pages;
   }
   out["spilled_pages"] = spilled;
   out["loaded_pages"] = loaded;
+  out["copied_pages"] = copied;
+  out["pulled_pages"] = pulled;
   out["stores"] = stores;
   return out;
 }
@@ -107,6 +111,8 @@ json to_json(const instance_info& i) {
           {"preempted_swap", s.preempted_swap},
           {"spilled_pages", s.spilled_pages},
           {"loaded_pages", s.loaded_pages},
+          {"copied_pages", s.copied_pages},
+          {"pulled_pages", s.pulled_pages},
           {"kv", to_json(s.kv)},
           {"kv_check", s.kv_check}};
 }

@@ -25,6 +25,23 @@ struct link_state {
 
 using self_ptr = node_link_full_actor::stateful_pointer<link_state>;
 
+// The node's resources again (memory, instances, peers), for the router's
+// view; every few seconds while it is up.
+constexpr auto k_resources_every = std::chrono::seconds(2);
+
+void refresh_resources(self_ptr self) {
+  auto& st = self->state;
+  if (!st.node || st.status.state != "up") return;
+  self->request(st.node, std::chrono::seconds(10), resources_atom::value)
+      .then(
+          [self](node_resources& r) {
+            auto& st = self->state;
+            st.status.resources = std::move(r);
+            self->send(st.opts.router, nodes_atom::value, st.status);
+          },
+          [](caf::error&) {});
+}
+
 void settle(self_ptr self) {
   auto& st = self->state;
   self->send(st.opts.router, nodes_atom::value, st.status);
@@ -58,9 +75,13 @@ void host(self_ptr self) {
   // instances) must not overwrite what the loss said.
   auto current = [self, conn = st.connection] { return self->state.connection == conn; };
   {
+    // One connection per pair: a node connects to the peers named before
+    // it (when two nodes connected to each other at once, CAF kept one
+    // connection and, now and then, routed between them through the
+    // service after all).
     std::vector<std::string> others;
     for (const auto& a : st.opts.peers)
-      if (a != st.opts.address()) others.push_back(a);
+      if (a < st.opts.address()) others.push_back(a);
     if (!others.empty()) self->send(st.node, peers_atom::value, std::move(others));
   }
   self->request(st.node, std::chrono::seconds(10), resources_atom::value)
@@ -93,13 +114,7 @@ void host(self_ptr self) {
                       st.growing.clear();
                       spdlog::info("cluster: node {} is up with {} instances", st.opts.address(),
                                    st.status.instances.size());
-                      // Again, now that it hosts them and met its peers.
-                      self->request(st.node, std::chrono::seconds(10), resources_atom::value)
-                          .then(
-                              [self](node_resources& r) {
-                                self->state.status.resources = std::move(r);
-                              },
-                              [](caf::error&) {});
+
                       settle(self);
                     },
                     [self, current](caf::error& e) {
@@ -161,9 +176,15 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
       failed(self, "down", "lost: " + self->system().render(dm.reason));
     });
     self->send(self, connect_now_atom::value);
+    self->delayed_send(self, k_resources_every, tick_atom::value);
     return {
         // Connect to the node (at start-up, and to retry after a failure).
         [self](connect_now_atom) { connect(self); },
+        // Its own timer: the node's resources again.
+        [self](tick_atom) {
+          refresh_resources(self);
+          self->delayed_send(self, k_resources_every, tick_atom::value);
+        },
         // The node stops: drain its instances so their sequences move elsewhere.
         [self](leaving_atom) {
           auto& st = self->state;

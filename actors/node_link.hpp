@@ -25,8 +25,9 @@ struct node_link_options {
   std::vector<instance_spec> specs;
   std::string model_fingerprint;  // the service's model: instances must match it
   router_actor router;
-  // Every node of the service (this one's address is left out when sent):
-  // the node connects to the others directly, for KV transfers.
+  // Every node of the service: the node connects directly to those whose
+  // address sorts before its own (one connection per pair), for KV
+  // transfers.
   std::vector<std::string> peers;
   std::chrono::milliseconds retry{1000};
   std::chrono::seconds host_timeout{600};  // loading models on the node
@@ -38,7 +39,7 @@ struct node_link_options {
 using node_link_full_actor =
     node_link_actor::extend<caf::replies_to<status_atom>::with<link_status>,
                             caf::replies_to<settled_atom>::with<link_status>,
-                            caf::reacts_to<connect_now_atom>,
+                            caf::reacts_to<connect_now_atom>, caf::reacts_to<tick_atom>,
                             caf::replies_to<grow_atom, int32_t>::with<std::vector<uint64_t>>>;
 
 node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options opts);

@@ -78,8 +78,9 @@ struct node_resources {
   uint64_t mem_available = 0;
   std::vector<std::string> opencl_devices;  // "platform/device: name"
   int32_t instances = 0;                    // hosted now, for all services
-  // Other nodes it holds a direct connection to (peers): KV moves between
-  // them without passing through a service process.
+  // Other nodes it connected to directly (peers; one of each pair
+  // connects): KV moves between them without passing through a service
+  // process.
   std::vector<std::string> peers;
 };
 
