@@ -55,8 +55,10 @@ struct instance_state {
   uint64_t pulled_pages = 0;  // pages other processes' stores gave (kv_sources)
   // Where each sequence's KV copies go (its request's kv_copy_to), by key.
   std::unordered_map<uint64_t, kv_pool_actor> copies;
-  // Blobs arriving from other instances in chunks, until imported.
+  // Blobs arriving from other instances in chunks, until imported; swept
+  // for stale ones every k_stage_sweep while any is open.
   std::unique_ptr<blob_stage> staged;
+  bool sweeping = false;
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
@@ -95,6 +97,9 @@ void forget_sink(self_ptr self, uint64_t key) {
 }
 
 void flush(self_ptr self);
+
+// Pages sent to a store in one message, at most.
+constexpr size_t k_put_pages = 16;
 
 void read_export(self_ptr self, uint64_t key, std::vector<int32_t> pages) {
   auto& st = self->state;
@@ -138,14 +143,15 @@ void offer_pages(self_ptr self, engine_cmd::spill sp, kv_pool_actor to) {
             auto& st = self->state;
             const size_t per = st.eng->info().kv_bytes_per_page;
             if (!to || per == 0 || data.size() != per * meta.size()) return;
+            // At most k_put_pages a message (the store may be another node's).
             std::vector<kv_page> pages;
-            pages.reserve(meta.size());
             for (size_t i = 0; i < meta.size(); ++i) {
               const auto first = data.begin() + std::ptrdiff_t(i * per);
               pages.push_back({st.eng->kv_space(), meta[i].hash, meta[i].parent, meta[i].depth,
                                meta[i].tokens, std::vector<uint8_t>(first, first + per)});
+              if (pages.size() == k_put_pages || i + 1 == meta.size())
+                self->send(to, kv_put_atom::value, std::exchange(pages, {}));
             }
-            self->send(to, kv_put_atom::value, std::move(pages));
           },
           [](caf::error&) {});
 }
@@ -311,7 +317,8 @@ caf::result<std::vector<uint8_t>> export_sequence(self_ptr self, uint64_t id) {
     else
       rp.deliver(std::move(b.error()));
   });
-  if (!why.empty()) return refuse(why);
+  // Once a promise exists CAF sends no returned error: it goes through it.
+  if (!why.empty()) rp.deliver(refuse(why));
   return rp;
 }
 
@@ -326,13 +333,15 @@ caf::result<uint64_t, uint64_t> export_to(self_ptr self, uint64_t id, kv_receive
     send_blob(self, to, std::move(*b),
               [rp](uint64_t transfer, uint64_t bytes) mutable { rp.deliver(transfer, bytes); });
   });
-  if (!why.empty()) return refuse(why);
+  if (!why.empty()) rp.deliver(refuse(why));
   return rp;
 }
 
 // A staged blob nobody imported within this long is dropped (its sender
-// failed, or the request recovered elsewhere).
+// failed, or the request ended or recovered elsewhere), looked for this
+// often.
 constexpr auto k_stage_ttl = std::chrono::seconds(30);
+constexpr auto k_stage_sweep = std::chrono::seconds(10);
 
 // The most a blob for this arena can be: all its pages, its tokens (at
 // most the context), the header.
@@ -544,10 +553,21 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
       // One chunk of a blob another instance sends.
       [self](kv_stage_atom, uint64_t id, uint64_t offset, uint64_t total,
              std::vector<uint8_t>& chunk) -> caf::result<uint64_t> {
-        auto why =
-            self->state.staged->add(id, offset, total, chunk, std::chrono::steady_clock::now());
+        auto& st = self->state;
+        auto why = st.staged->add(id, offset, total, chunk, std::chrono::steady_clock::now());
+        if (!st.sweeping && st.staged->open() > 0) {
+          st.sweeping = true;
+          self->delayed_send(self, k_stage_sweep, tick_atom::value);
+        }
         if (!why.empty()) return refuse("kvstage: " + why);
         return id;
+      },
+      // Its own timer while blobs are staged: stale ones go.
+      [self](tick_atom) {
+        auto& st = self->state;
+        st.staged->sweep(std::chrono::steady_clock::now());
+        st.sweeping = st.staged->open() > 0;
+        if (st.sweeping) self->delayed_send(self, k_stage_sweep, tick_atom::value);
       },
       // Import from a blob that arrived in chunks.
       [self](import_atom, sequence_request& r, uint64_t transfer) -> caf::result<int32_t> {

@@ -159,9 +159,10 @@ struct node_state {
   node_spawner_actor spawner;
   std::map<std::string, hosted_service> services;  // by service id
   bool leaving = false;
-  // Other nodes connected directly (by the address a service gave), and
-  // those being connected; a handle keeps nothing open, it only shows it.
-  std::map<std::string, caf::node_id> peers;
+  // Other nodes connected directly (by the address a service gave: their
+  // node actor, monitored, so a lost connection is noticed and made
+  // again), and those being connected.
+  std::map<std::string, caf::actor> peers;
   std::set<std::string> connecting;
   static inline const char* name = "node";
 };
@@ -174,7 +175,7 @@ using self_ptr = node_impl::stateful_pointer<node_state>;
 // their own connection once there is one, not through the service that
 // introduced them, so KV moves node to node.  Connecting to itself only
 // shows its own node id; a failure is logged and tried again at the next
-// peers message.
+// peers message (a service's node link sends them every few seconds).
 void connect_peers(self_ptr self, const std::vector<std::string>& addresses) {
   auto& st = self->state;
   auto mm = self->system().openssl_manager().actor_handle();
@@ -187,12 +188,14 @@ void connect_peers(self_ptr self, const std::vector<std::string>& addresses) {
     st.connecting.insert(a);
     self->request(mm, std::chrono::seconds(10), caf::connect_atom::value, host, port)
         .then(
-            [self, a](const caf::node_id& nid, caf::strong_actor_ptr&,
+            [self, a](const caf::node_id& nid, caf::strong_actor_ptr& ptr,
                       const std::set<std::string>&) {
               auto& st = self->state;
               st.connecting.erase(a);
-              if (nid == self->system().node()) return;
-              st.peers[a] = nid;
+              if (nid == self->system().node() || !ptr) return;
+              auto peer = caf::actor_cast<caf::actor>(ptr);
+              self->monitor(peer);
+              st.peers[a] = peer;
               spdlog::info("node: direct connection to peer {}", a);
             },
             [self, a](caf::error& e) {
@@ -263,6 +266,13 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
     // A lost link: its service's instances wait reap_after; a dead one leaves.
     self->set_down_handler([self](const caf::down_msg& dm) {
       auto& st = self->state;
+      for (auto it = st.peers.begin(); it != st.peers.end();)
+        if (it->second.address() == dm.source) {
+          spdlog::warn("node: lost the direct connection to peer {}", it->first);
+          it = st.peers.erase(it);
+        } else {
+          ++it;
+        }
       for (auto& [svc, hs] : st.services) {
         if (hs.link && dm.source == hs.link.address() && hs.link_alive) {
           hs.link_alive = false;

@@ -29,9 +29,24 @@ using self_ptr = node_link_full_actor::stateful_pointer<link_state>;
 // view; every few seconds while it is up.
 constexpr auto k_resources_every = std::chrono::seconds(2);
 
+// The service's other nodes, for the node to connect to (again, after a
+// lost connection or a failed first try).
+void send_peers(self_ptr self) {
+  auto& st = self->state;
+  // One connection per pair: a node connects to the peers named before
+  // it (when two nodes connected to each other at once, CAF kept one
+  // connection and, now and then, routed between them through the
+  // service after all).
+  std::vector<std::string> others;
+  for (const auto& a : st.opts.peers)
+    if (a < st.opts.address()) others.push_back(a);
+  if (!others.empty()) self->send(st.node, peers_atom::value, std::move(others));
+}
+
 void refresh_resources(self_ptr self) {
   auto& st = self->state;
   if (!st.node || st.status.state != "up") return;
+  send_peers(self);
   self->request(st.node, std::chrono::seconds(10), resources_atom::value)
       .then(
           [self](node_resources& r) {
@@ -74,16 +89,7 @@ void host(self_ptr self) {
   // An answer from before the node was lost (it died while building the
   // instances) must not overwrite what the loss said.
   auto current = [self, conn = st.connection] { return self->state.connection == conn; };
-  {
-    // One connection per pair: a node connects to the peers named before
-    // it (when two nodes connected to each other at once, CAF kept one
-    // connection and, now and then, routed between them through the
-    // service after all).
-    std::vector<std::string> others;
-    for (const auto& a : st.opts.peers)
-      if (a < st.opts.address()) others.push_back(a);
-    if (!others.empty()) self->send(st.node, peers_atom::value, std::move(others));
-  }
+  send_peers(self);
   self->request(st.node, std::chrono::seconds(10), resources_atom::value)
       .then([self](node_resources& r) { self->state.status.resources = std::move(r); },
             [](caf::error&) {});

@@ -388,10 +388,13 @@ void attach(self_ptr self, const placement_reply& p) {
   for (const auto& s : p.kv_sources)
     if (s != st.seq.kv_copy_to) sources.push_back(s);
   st.seq.kv_sources = std::move(sources);
-  const bool copies = p.kv_copy_to && st.ctx->kv_copy_pages > 0 && !st.seq.embed &&
+  // A placement naming no store (a dp_group's, the hand-off's way back)
+  // keeps the one it had.
+  const auto copy_to = p.kv_copy_to ? p.kv_copy_to : st.seq.kv_copy_to;
+  const bool copies = copy_to && st.ctx->kv_copy_pages > 0 && !st.seq.embed &&
                       (st.ctx->kv_copy == "always" ||
                        (st.ctx->kv_copy == "online" && st.seq.cls == seq_class::online));
-  st.seq.kv_copy_to = copies ? p.kv_copy_to : kv_pool_actor{};
+  st.seq.kv_copy_to = copies ? copy_to : kv_pool_actor{};
   st.seq.kv_copy_pages = copies ? st.ctx->kv_copy_pages : 0;
   if (st.instance) self->demonitor(st.instance.address());
   st.instance = p.actor;

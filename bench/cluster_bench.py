@@ -24,6 +24,13 @@ recovery   kill -9 of one of two nodes while 12 greedy requests stream:
            the time from the kill to the router marking its instance down
            (the service's log) and to each request's first token after
            the kill; five repetitions.
+handoff    PD hand-off between two nodes (SmolLM2-135M, --pd): the KV
+           transfer's time and the client's stall between the first token
+           and the second, for L = 128, 512, 1024 prompt tokens.
+copies     kill -9 of the node a 1024-token request decodes on, without
+           and with KV copies (--kv-copy always): the client's stall
+           after the kill, the tokens loaded from the copy, and whether
+           the greedy tokens are the same.
 """
 import argparse
 import datetime
@@ -292,6 +299,73 @@ def part_recovery(args, secret):
     return rows
 
 
+def part_handoff(args, secret):
+    """PD hand-off between two nodes: prefill on one, decode on the other."""
+    rows = []
+    c = Cluster(args.troupe, "smollm2-135m-instruct", [1, 1], secret, None,
+                ["--pd", "--roles", "prefill,decode", "--prefix-caching", "false",
+                 "--kv-mb", "128"])
+    rng = random.Random(2)
+    rid = 500
+    try:
+        for length in [128, 512, 1024]:
+            prompt = [rng.randrange(256, 32000) for _ in range(length)]
+            for rep in range(3):
+                rid += 1
+                s = Streamer(c.endpoint, prompt, rid, max_tokens=16, ignore_eos=True)
+                s.join(300)
+                if s.error or len(s.times) < 2:
+                    die(f"the hand-off request of {length} tokens failed: {s.error}")
+                t = c.admin("trace", str(rid))
+                rows.append({"context": length, "rep": rep, "kv_bytes": t["transfer_bytes"],
+                             "transfer_ms": t["transfer_ms"],
+                             "stall_ms": s.times[1] - s.times[0],
+                             "median_gap_ms": statistics.median(
+                                 b - a for a, b in zip(s.times[1:], s.times[2:]))})
+                print(f"handoff: L={length} rep {rep}: {rows[-1]}", flush=True)
+    finally:
+        c.close()
+    return rows
+
+
+def part_copies(args, secret):
+    """kill -9 of the node a long request decodes on: recompute vs KV copies."""
+    rows = []
+    rng = random.Random(3)
+    prompt = [rng.randrange(256, 32000) for _ in range(1024)]
+    for mode in ["recompute", "copies"]:
+        extra = ["--router", "round-robin", "--prefix-caching", "true", "--kv-mb", "128",
+                 "--kv-host-mb", "256"]
+        if mode == "copies":
+            extra += ["--kv-copy", "always", "--kv-copy-pages", "4"]
+        for rep in range(3):
+            c = Cluster(args.troupe, "smollm2-135m-instruct", [1, 1], secret, None, extra)
+            try:
+                rid = 900 + rep
+                s = Streamer(c.endpoint, prompt, rid, max_tokens=64, ignore_eos=True)
+                s.wait_tokens(16)
+                where = c.admin("trace", str(rid))["instances"][-1]
+                node = [i for i in c.admin("instances") if i["id"] == where][0]["node"]
+                kill_ms = time.time() * 1000
+                c.nodes[c.addresses.index(node)].kill9()
+                s.join(300)
+                t = c.admin("trace", str(rid))
+                gap, _ = s.longest_gap_after(kill_ms)
+                rows.append({"mode": mode, "rep": rep, "resume_ms": gap,
+                             "tier_tokens": t["tier_tokens"], "recoveries": t["recoveries"],
+                             "tokens": len(s.times), "error": s.error,
+                             "token_ids": s.result.token_ids if s.result else []})
+                print(f"copies: {mode} rep {rep}: "
+                      f"{ {k: v for k, v in rows[-1].items() if k != 'token_ids'} }", flush=True)
+            finally:
+                c.close()
+    first = rows[0]["token_ids"]
+    for r in rows:
+        r["same_tokens"] = r["token_ids"] == first
+        del r["token_ids"]
+    return rows
+
+
 def ms(x):
     return "-" if x is None else f"{x:.0f}"
 
@@ -348,6 +422,43 @@ def report(args, results):
             ("stall ms", lambda r: f"{r['gap']:.1f}"),
             ("median gap ms", lambda r: f"{r['mgap']:.1f}")]))
         lines.append("")
+    if "handoff" in results:
+        rows = results["handoff"]
+        lines += ["## PD hand-off between two nodes", "",
+                  "SmolLM2-135M with `--pd --roles prefill,decode`: a request of L random "
+                  "prompt tokens prefills on one node and decodes on the other.  Transfer: "
+                  "the trace's `transfer_ms` (export asked to import answered); stall: the "
+                  "client's gap between the first token (from the prefill node) and the "
+                  "second (from the decode node).  Medians of 3 runs.", ""]
+        agg = []
+        for L in sorted({r["context"] for r in rows}):
+            rs = [r for r in rows if r["context"] == L]
+            med = lambda k: statistics.median(r[k] for r in rs)
+            agg.append({"L": L, "kv": med("kv_bytes"), "tr": med("transfer_ms"),
+                        "stall": med("stall_ms"), "gap": med("median_gap_ms")})
+        lines.append(table(agg, [
+            ("context", lambda r: str(r["L"])), ("KV bytes", lambda r: f"{r['kv'] / 1e6:.2f} MB"),
+            ("transfer ms", lambda r: f"{r['tr']:.1f}"),
+            ("stall ms", lambda r: f"{r['stall']:.1f}"),
+            ("median gap ms", lambda r: f"{r['gap']:.1f}")]))
+        lines.append("")
+    if "copies" in results:
+        rows = results["copies"]
+        lines += ["## Recovery after kill -9: recompute against KV copies", "",
+                  "SmolLM2-135M, two nodes with `--kv-host-mb 256`, one request of 1024 "
+                  "random prompt tokens streaming 64; after 16 tokens the node it runs on is "
+                  "killed.  Resume: the longest silence in the client's stream after the kill "
+                  "(detection, placement, then recompute or loading the copy).  Tier tokens: "
+                  "the resumed admission's tokens loaded from a KV store (the trace).", ""]
+        lines.append(table(rows, [
+            ("mode", lambda r: r["mode"]), ("run", lambda r: str(r["rep"])),
+            ("resume ms", lambda r: f"{r['resume_ms']:.0f}"),
+            ("tier tokens", lambda r: str(r["tier_tokens"])),
+            ("recoveries", lambda r: str(r["recoveries"])),
+            ("tokens", lambda r: str(r["tokens"])),
+            ("same tokens", lambda r: "yes" if r["same_tokens"] else "NO"),
+            ("error", lambda r: r["error"] or "")]))
+        lines.append("")
     if "recovery" in results:
         rows = results["recovery"]
         lines += ["## Detection and recovery after kill -9", "",
@@ -378,13 +489,13 @@ def main():
     if not os.access(args.troupe, os.X_OK):
         die(f"no troupe binary at {args.troupe} (build first)")
     parts = {"instances": part_instances, "migration": part_migration,
-             "recovery": part_recovery}
+             "recovery": part_recovery, "handoff": part_handoff, "copies": part_copies}
     secret = secret_file()
     results = {}
     try:
         for p in args.parts.split(","):
             if p not in parts:
-                die(f"unknown part '{p}' (instances, migration, recovery)")
+                die(f"unknown part '{p}' (instances, migration, recovery, handoff, copies)")
             results[p] = parts[p](args, secret)
     finally:
         os.unlink(secret)

@@ -118,6 +118,7 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 //          reply is its id).  Chunks come in order; the total is capped by
 //          this arena's size; a transfer not imported in 30 s is dropped.
 // import:  (request, transfer) as import, from a staged, complete blob.
+// tick:    its own timer while blobs are staged (stale ones are dropped).
 // stats:   queue lengths, counters and the KV pages.
 // relocate: (drain) asks each sequence's sink to move it elsewhere.
 // preempt: (id) preempts running sequence `id` as the scheduler does when
@@ -148,7 +149,7 @@ using instance_actor = caf::typed_actor<
     caf::replies_to<kv_stage_atom, uint64_t, uint64_t, uint64_t,
                     std::vector<uint8_t>>::with<uint64_t>,
     caf::replies_to<import_atom, sequence_request, uint64_t>::with<int32_t>,
-    caf::replies_to<stats_atom>::with<instance_stats>,
+    caf::reacts_to<tick_atom>, caf::replies_to<stats_atom>::with<instance_stats>,
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
     caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>,
     caf::replies_to<set_role_atom, std::string>::with<std::string>,

@@ -853,6 +853,14 @@ struct page_blocks {
   }
 };
 
+// Waits for the queue, ignoring its errors (already failing).
+void finish_quietly(cl::context& ctx) {
+  try {
+    ctx.finish();
+  } catch (...) {
+  }
+}
+
 // Calls f(first, n) for each run pages[first, first + n) of consecutive
 // arena pages (each one more than the one before).
 template <class F>
@@ -877,15 +885,20 @@ std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages
   // A run of consecutive arena pages is, per layer, one contiguous region
   // of K (and of V): one strided read each, all queued, then one wait
   // (one blocking read per block took 200 ms for 64 pages of SmolLM2).
-  for_each_page_run(pages, [&](size_t first, size_t n) {
-    uint8_t* dst = out.data() + first * per;
-    for (int l = 0; l < hparams().n_layer; ++l) {
-      const size_t at = g.offset(l, pages[first]);
-      ctx_.read_rows(k_cache_, dst + size_t(l) * 2 * g.block, g.block, n, at, per);
-      ctx_.read_rows(v_cache_, dst + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
-    }
-  });
-  ctx_.finish();
+  try {
+    for_each_page_run(pages, [&](size_t first, size_t n) {
+      uint8_t* dst = out.data() + first * per;
+      for (int l = 0; l < hparams().n_layer; ++l) {
+        const size_t at = g.offset(l, pages[first]);
+        ctx_.read_rows(k_cache_, dst + size_t(l) * 2 * g.block, g.block, n, at, per);
+        ctx_.read_rows(v_cache_, dst + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
+      }
+    });
+    ctx_.finish();
+  } catch (...) {
+    finish_quietly(ctx_);  // reads queued before the failure still write into `out`
+    throw;
+  }
   return out;
 }
 
@@ -900,14 +913,19 @@ void llama_forward::write_pages(const std::vector<int32_t>& pages,
                                 std::to_string(kv_bytes_per_page()));
   const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
   const size_t per = kv_bytes_per_page();
-  for_each_page_run(pages, [&](size_t first, size_t n) {
-    const uint8_t* src = data.data() + first * per;
-    for (int l = 0; l < hparams().n_layer; ++l) {
-      const size_t at = g.offset(l, pages[first]);
-      ctx_.write_rows(k_cache_, src + size_t(l) * 2 * g.block, g.block, n, at, per);
-      ctx_.write_rows(v_cache_, src + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
-    }
-  });
+  try {
+    for_each_page_run(pages, [&](size_t first, size_t n) {
+      const uint8_t* src = data.data() + first * per;
+      for (int l = 0; l < hparams().n_layer; ++l) {
+        const size_t at = g.offset(l, pages[first]);
+        ctx_.write_rows(k_cache_, src + size_t(l) * 2 * g.block, g.block, n, at, per);
+        ctx_.write_rows(v_cache_, src + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
+      }
+    });
+  } catch (...) {
+    finish_quietly(ctx_);  // writes queued before the failure still read `data`
+    throw;
+  }
   ctx_.finish();  // `data` is the caller's: the writes must be done before returning
 }
 

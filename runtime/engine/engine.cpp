@@ -64,7 +64,8 @@ void engine::copy_out(live_seq& s) {
   const auto& chain = pool_->chain(s.key);
   const auto& table = pool_->table(s.key);
   const int32_t full = std::min({s.committed_pages, int32_t(chain.size()), int32_t(table.size())});
-  s.copied_pages = std::min(s.copied_pages, full);  // after a preemption
+  // After a preemption by recompute the table grows back over pages
+  // copied already (the same tokens, the same hashes): not sent again.
   if (full - s.copied_pages < every) return;
   const int32_t ps = info_.page_size;
   engine_cmd::spill cp;

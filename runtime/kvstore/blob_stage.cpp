@@ -3,7 +3,7 @@
 namespace troupe {
 
 blob_stage::blob_stage(kv_geometry here, uint64_t cap, clock::duration ttl)
-    : here_(std::move(here)), cap_(cap), ttl_(ttl) {}
+    : here_(std::move(here)), cap_(cap), ttl_(ttl), ids_(std::random_device{}()) {}
 
 uint64_t blob_stage::expire(clock::time_point now) {
   uint64_t held = 0;
@@ -35,10 +35,12 @@ std::string blob_stage::add(uint64_t& id, uint64_t offset, uint64_t total,
     } catch (const kv_blob_error& e) {
       return e.what();
     }
-    id = ++next_;
+    do id = ids_();
+    while (id == 0 || blobs_.count(id));
     auto& b = blobs_[id];
     b.total = total;
     b.touched = now;
+    b.bytes.reserve(total);  // at most cap_, checked above: no doubling growth
   }
   auto it = blobs_.find(id);
   if (it == blobs_.end())
@@ -51,7 +53,6 @@ std::string blob_stage::add(uint64_t& id, uint64_t offset, uint64_t total,
     blobs_.erase(it);
     return why;
   }
-  // Grown as chunks come (a claimed total is not reserved up front).
   b.bytes.insert(b.bytes.end(), chunk.begin(), chunk.end());
   b.touched = now;
   return "";

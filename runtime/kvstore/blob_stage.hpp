@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -28,13 +29,17 @@ class blob_stage {
   blob_stage(kv_geometry here, uint64_t cap, clock::duration ttl);
 
   // One chunk of transfer `id` at `offset` of `total` bytes.  id 0 opens a
-  // transfer (offset 0) and sets id to its name.  "" when taken, else why
+  // transfer (offset 0) and sets id to its name (random: a peer cannot
+  // guess another's).  "" when taken, else why
   // not; a chunk that does not continue its transfer drops the transfer.
   std::string add(uint64_t& id, uint64_t offset, uint64_t total, std::span<const uint8_t> chunk,
                   clock::time_point now);
   // The whole blob of transfer `id`, which leaves; none while incomplete
   // or unknown.
   std::optional<std::vector<uint8_t>> take(uint64_t id);
+
+  // Drops the transfers resting past the ttl (also done by add).
+  void sweep(clock::time_point now) { expire(now); }
 
   size_t open() const { return blobs_.size(); }
   uint64_t dropped() const { return dropped_; }  // transfers that expired
@@ -52,7 +57,7 @@ class blob_stage {
   uint64_t cap_;
   clock::duration ttl_;
   std::unordered_map<uint64_t, blob> blobs_;
-  uint64_t next_ = 0;
+  std::mt19937_64 ids_;
   uint64_t dropped_ = 0;
 };
 

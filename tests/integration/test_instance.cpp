@@ -697,6 +697,30 @@ TEST(Instance, ABlobThatDoesNotFitIsRefusedByName) {
   std::vector<uint8_t> damaged(blob.begin(), blob.begin() + blob.size() / 3);
   EXPECT_NE(refused(a, damaged).find("KV blob"), std::string::npos) << refused(a, damaged);
   EXPECT_EQ(f.stats(f32).imported, 0u);
+  // The same blob sent in chunks (exportto) to the f32 arena: refused at
+  // its first chunk, named; an export of a sequence the instance does
+  // not hold is refused at once (not left unanswered).
+  r.id = 6;
+  self->request(a, caf::infinite, enqueue_atom::value, r)
+      .receive([](int32_t) {}, [](caf::error&) {});
+  seen = 0;
+  while (seen < 3)
+    self->receive([&](tokens_atom, const token_batch& b) { seen += b.tokens.size(); });
+  self->request(a, std::chrono::seconds(30), export_to_atom::value, uint64_t{6},
+                caf::actor_cast<kv_receiver_actor>(f32))
+      .receive(
+          [&](uint64_t transfer, uint64_t bytes) {
+            EXPECT_EQ(transfer, 0u) << "the f32 arena took an f16 blob";
+            EXPECT_GT(bytes, 0u);
+          },
+          [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+  std::string why;
+  self->request(a, std::chrono::seconds(30), export_to_atom::value, uint64_t{999},
+                caf::actor_cast<kv_receiver_actor>(f32))
+      .receive([&](uint64_t, uint64_t) { ADD_FAILURE() << "exported an unknown sequence"; },
+               [&](caf::error& e) { why = f.sys->render(e); });
+  EXPECT_NE(why.find("export"), std::string::npos) << why;
+  EXPECT_EQ(why.find("timeout"), std::string::npos) << why;
   for (auto i : {a, f32}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
 }
 

@@ -29,7 +29,10 @@
 // requests with bursts of unread streams (/health still under 2 s).  Some
 // rounds run the KV store's tiers (issue 39): a host tier of a few MiB,
 // and where one process hosts the instances a disk tier of one to four,
-// so evicted prefixes churn through them and come back.  After every round it checks:
+// so evicted prefixes churn through them and come back; across nodes,
+// running requests keep KV copies in the other node's store (a node
+// killed that round resumes its requests from them) and prompts may pull
+// pages from there.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`); biased ones hold only their forced token, or
@@ -126,7 +129,8 @@ struct tally {
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, violations = 0;
+           tier_spilled_pages = 0, copy_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -293,6 +297,14 @@ class round_driver {
         disk_dir_ = "/tmp/troupe_torture_kv_" + std::to_string(::getpid()) + "_" +
                     std::to_string(t_.rounds);
         a += " --kv-disk-dir " + disk_dir_ + " --kv-disk-mb " + std::to_string(one_of<int>({1, 4}));
+      }
+      // Across nodes: running requests keep KV copies in the other node's
+      // store (a node killed this round resumes them from there), and
+      // prompts may pull pages from it.
+      if (!nodes_.empty() && chance(0.6)) {
+        ++t_.copy_rounds;
+        a += " --kv-copy " + one_of<std::string>({"online", "always"}) + " --kv-copy-pages " +
+             std::to_string(one_of<int>({1, 2, 4}));
       }
     }
     // Issue 14: speculative decoding server-wide in some rounds (requests
@@ -965,6 +977,8 @@ class round_driver {
       auto kv = json::parse(admin("kv").out);
       t_.tier_loaded_pages += kv.value("loaded_pages", uint64_t{0});
       t_.tier_spilled_pages += kv.value("spilled_pages", uint64_t{0});
+      t_.tier_copied_pages += kv.value("copied_pages", uint64_t{0});
+      t_.tier_pulled_pages += kv.value("pulled_pages", uint64_t{0});
       for (const auto& st : kv.value("stores", json::array()))
         if (!st.value("check", std::string()).empty())
           violation("KV store: " + st["check"].get<std::string>());
@@ -1098,6 +1112,9 @@ int run(const options& o) {
             {"disk_tier_rounds", t.disk_tier_rounds},
             {"tier_loaded_pages", t.tier_loaded_pages},
             {"tier_spilled_pages", t.tier_spilled_pages},
+            {"copy_rounds", t.copy_rounds},
+            {"tier_copied_pages", t.tier_copied_pages},
+            {"tier_pulled_pages", t.tier_pulled_pages},
             {"unfused_rounds", t.unfused_rounds},
             {"layer_launch_rounds", t.layer_launch_rounds},
             {"unpipelined_rounds", t.unpipelined_rounds},
