@@ -61,6 +61,9 @@ json kv_json(const std::vector<instance_info>& v) {
                       {"offered_pages", k.offered_pages},
                       {"fetches", k.fetches},
                       {"fetched_pages", k.fetched_pages},
+                      {"swaps", k.swaps},
+                      {"swap_bytes", k.swap_bytes},
+                      {"swaps_kept", k.swaps_kept},
                       {"check", k.check}});
   }
   uint64_t spilled = 0, loaded = 0, copied = 0, pulled = 0;

@@ -100,6 +100,10 @@ void flush(self_ptr self);
 
 // Pages sent to a store in one message, at most.
 constexpr size_t k_put_pages = 16;
+// The process's own store answers in microseconds, a disk read in
+// milliseconds; past this a fetch counts as failed (its pages are
+// computed).
+constexpr auto k_fetch_timeout = std::chrono::seconds(10);
 
 void read_export(self_ptr self, uint64_t key, std::vector<int32_t> pages) {
   auto& st = self->state;
@@ -156,6 +160,32 @@ void offer_pages(self_ptr self, engine_cmd::spill sp, kv_pool_actor to) {
           [](caf::error&) {});
 }
 
+// A swapped-out sequence's KV in the process's KV store: named by this
+// instance (its actor id) and the sequence's key.
+uint64_t swap_id(self_ptr self, uint64_t key) {
+  return (uint64_t(self->id()) << 40) ^ key;
+}
+
+// Swap through the KV store (docs/architecture.md §4.5): the swapped-out
+// KV goes to the kv_pool, within its swap budget; what does not fit stays
+// with the engine as before.
+void swap_to_store(self_ptr self, uint64_t key, std::vector<uint8_t> data) {
+  self->request(self->state.tiers, k_fetch_timeout, kv_swap_put_atom::value, swap_id(self, key),
+                std::move(data))
+      .then(
+          [self, key](std::vector<uint8_t>& back) {
+            if (back.empty())
+              self->state.eng->on_swapped_to_store(key);
+            else
+              self->state.eng->on_swapped_out(key, std::move(back));
+            flush(self);
+          },
+          [self, key](caf::error& e) {
+            self->state.eng->on_swap_out_failed(key, "the KV store: " + self->system().render(e));
+            flush(self);
+          });
+}
+
 // Carries out the engine's commands, in the order it gave them (the device
 // serves its messages in that order).
 void flush(self_ptr self) {
@@ -199,6 +229,7 @@ void flush(self_ptr self) {
             self->request(st.dev, caf::infinite, read_pages_atom::value, std::move(c.pages))
                 .then(
                     [self, key](std::vector<uint8_t>& data) {
+                      if (self->state.tiers) return swap_to_store(self, key, std::move(data));
                       self->state.eng->on_swapped_out(key, std::move(data));
                       flush(self);
                     },
@@ -206,6 +237,20 @@ void flush(self_ptr self) {
                       self->state.eng->on_swap_out_failed(key, self->system().render(e));
                       flush(self);
                     });
+          } else if constexpr (std::is_same_v<T, engine_cmd::swap_fetch>) {
+            const uint64_t key = c.key;
+            self->request(st.tiers, k_fetch_timeout, kv_swap_take_atom::value, swap_id(self, key))
+                .then(
+                    [self, key](std::vector<uint8_t>& data) {
+                      self->state.eng->on_swap_fetched(key, std::move(data));
+                      flush(self);
+                    },
+                    [self, key](caf::error& e) {
+                      self->state.eng->on_swap_fetch_failed(key, self->system().render(e));
+                      flush(self);
+                    });
+          } else if constexpr (std::is_same_v<T, engine_cmd::swap_drop>) {
+            if (st.tiers) self->send(st.tiers, kv_swap_drop_atom::value, swap_id(self, c.key));
           } else if constexpr (std::is_same_v<T, engine_cmd::swap_in>) {
             const uint64_t key = c.key;
             self->request(st.dev, caf::infinite, write_pages_atom::value, std::move(c.pages),
@@ -421,11 +466,9 @@ std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r, b
   return hashes;
 }
 
-// A local store answers in microseconds, a disk read in milliseconds; past
-// this the prompt is computed as if nothing were stored.  Another node's
-// store is asked for k_pull_pages at a time (bounded messages), each
-// within k_pull_timeout.
-constexpr auto k_fetch_timeout = std::chrono::seconds(10);
+// Another node's store is asked for k_pull_pages at a time (bounded
+// messages), each within k_pull_timeout (the process's own store within
+// k_fetch_timeout); a store that fails counts as holding nothing.
 constexpr size_t k_pull_pages = 16;
 constexpr auto k_pull_timeout = std::chrono::seconds(5);
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <span>
+#include <unordered_map>
 
 #include "actors/kv_disk.hpp"
 #include "runtime/kvstore/memory_tier.hpp"
@@ -26,6 +27,12 @@ struct kv_pool_state {
   tier_stats disk_stats;
   bool disk_stats_asked = false;
   kv_store_stats counters;
+  // Swapped-out sequences' KV by swap id (an instance's actor id and the
+  // sequence's key), at most swap_budget bytes: never evicted, only taken
+  // back or dropped.
+  std::unordered_map<uint64_t, std::vector<uint8_t>> swaps;
+  uint64_t swap_bytes = 0;
+  uint64_t swap_budget = 0;
   static inline const char* name = "kv_pool";
 };
 
@@ -83,6 +90,7 @@ kv_pool_actor::behavior_type kv_pool_behavior(self_ptr self, kv_store_options op
   self->state.disk = std::move(disk);
   self->state.disk_stats.name = "disk";
   self->state.disk_stats.budget = opts.disk_bytes;
+  self->state.swap_budget = opts.host_bytes / 2;
   if (self->state.disk) self->link_to(self->state.disk);
   return {
       [self](kv_put_atom, std::vector<kv_page>& pages) {
@@ -104,9 +112,39 @@ kv_pool_actor::behavior_type kv_pool_behavior(self_ptr self, kv_store_options op
         ask_disk(self, f);
         return f->rp;
       },
+      // A swapped-out sequence's KV: kept when it fits, else handed back.
+      [self](kv_swap_put_atom, uint64_t id, std::vector<uint8_t>& bytes) -> std::vector<uint8_t> {
+        auto& st = self->state;
+        if (st.swaps.count(id) || st.swap_bytes + bytes.size() > st.swap_budget)
+          return std::move(bytes);
+        st.swap_bytes += bytes.size();
+        ++st.counters.swaps_kept;
+        st.swaps.emplace(id, std::move(bytes));
+        return std::vector<uint8_t>{};
+      },
+      [self](kv_swap_take_atom, uint64_t id) -> caf::result<std::vector<uint8_t>> {
+        auto& st = self->state;
+        auto it = st.swaps.find(id);
+        if (it == st.swaps.end())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "no swapped KV " + std::to_string(id) + " in the store");
+        auto bytes = std::move(it->second);
+        st.swaps.erase(it);
+        st.swap_bytes -= bytes.size();
+        return bytes;
+      },
+      [self](kv_swap_drop_atom, uint64_t id) {
+        auto& st = self->state;
+        auto it = st.swaps.find(id);
+        if (it == st.swaps.end()) return;
+        st.swap_bytes -= it->second.size();
+        st.swaps.erase(it);
+      },
       [self](stats_atom) {
         auto& st = self->state;
         kv_store_stats out = st.counters;
+        out.swaps = static_cast<int64_t>(st.swaps.size());
+        out.swap_bytes = st.swap_bytes;
         out.tiers.push_back(st.host->stats());
         out.check = out.tiers.back().check;
         if (!st.disk) return out;

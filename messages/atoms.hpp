@@ -45,6 +45,9 @@ using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using export_to_atom = caf::atom_constant<caf::atom("exportto")>;
 using kv_stage_atom = caf::atom_constant<caf::atom("kvstage")>;
 using peers_atom = caf::atom_constant<caf::atom("peers")>;
+using kv_swap_put_atom = caf::atom_constant<caf::atom("kvswapput")>;
+using kv_swap_take_atom = caf::atom_constant<caf::atom("kvswaptake")>;
+using kv_swap_drop_atom = caf::atom_constant<caf::atom("kvswapdrop")>;
 
 // The router protocol (messages/router.hpp).
 using place_atom = caf::atom_constant<caf::atom("place")>;

@@ -39,13 +39,18 @@ typename Inspector::result_type inspect(Inspector& f, tier_stats& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, kv_store_stats& x) {
   return f(caf::meta::type_name("kv_store_stats"), x.tiers, x.offered_pages, x.fetches,
-           x.fetched_pages, x.check);
+           x.fetched_pages, x.swaps, x.swap_bytes, x.swaps_kept, x.check);
 }
 
 // put:   pages to keep (an instance's evictions; the pool's own, to disk).
 // fetch: (space, hashes): the leading run of the hashes the tiers hold,
 //        host first, then disk (pages read from disk move up to the host).
 // stats: every tier's counters and invariants.
+// swapput:  (id, bytes) keep a swapped-out sequence's KV (an instance's
+//           preemption by swap); answers with nothing taken (empty) or,
+//           when it does not fit, the bytes back.
+// swaptake: (id) that KV, which leaves the store; an error when unknown.
+// swapdrop: (id) the sequence ended while swapped: forget it.
 using kv_disk_actor = caf::typed_actor<
     caf::reacts_to<kv_put_atom, std::vector<kv_page>>,
     caf::replies_to<kv_fetch_atom, uint64_t, std::vector<uint64_t>>::with<std::vector<kv_page>>,
@@ -54,6 +59,9 @@ using kv_disk_actor = caf::typed_actor<
 using kv_pool_actor = caf::typed_actor<
     caf::reacts_to<kv_put_atom, std::vector<kv_page>>,
     caf::replies_to<kv_fetch_atom, uint64_t, std::vector<uint64_t>>::with<std::vector<kv_page>>,
-    caf::replies_to<stats_atom>::with<kv_store_stats>>;
+    caf::replies_to<stats_atom>::with<kv_store_stats>,
+    caf::replies_to<kv_swap_put_atom, uint64_t, std::vector<uint8_t>>::with<std::vector<uint8_t>>,
+    caf::replies_to<kv_swap_take_atom, uint64_t>::with<std::vector<uint8_t>>,
+    caf::reacts_to<kv_swap_drop_atom, uint64_t>>;
 
 }  // namespace troupe

@@ -183,6 +183,7 @@ engine::live_seq engine::take_out(uint64_t key) {
   seqs_.erase(it);
   keys_.erase(s.req.id);
   counters_.swap_bytes -= s.blob.size();
+  if (s.in_store) out(engine_cmd::swap_drop{key});
   s.state = seq_state::finished;
   return s;
 }
@@ -267,6 +268,65 @@ void engine::on_swapped_out(uint64_t key, std::vector<uint8_t> data) {
   it->second.blob = std::move(data);
   it->second.state = seq_state::swapped;
   step();
+}
+
+void engine::on_swapped_to_store(uint64_t key) {
+  auto it = seqs_.find(key);
+  if (it == seqs_.end()) {
+    out(engine_cmd::swap_drop{key});  // aborted meanwhile
+    return;
+  }
+  it->second.in_store = true;
+  it->second.state = seq_state::swapped;
+  step();
+}
+
+void engine::on_swap_fetched(uint64_t key, std::vector<uint8_t> data) {
+  auto it = seqs_.find(key);
+  if (it == seqs_.end() || !it->second.in_store) return;  // aborted meanwhile
+  auto& s = it->second;
+  s.in_store = false;
+  s.fetching = false;
+  counters_.swap_bytes += data.size();
+  s.blob = std::move(data);
+  step();
+}
+
+void engine::on_swap_fetch_failed(uint64_t key, const std::string& why) {
+  auto it = seqs_.find(key);
+  if (it == seqs_.end() || !it->second.in_store) return;
+  auto& s = it->second;
+  spdlog::warn("instance: the KV store lost the swapped KV of request {} ({}), recomputing",
+               s.req.id, why);
+  s.in_store = false;
+  s.fetching = false;
+  s.state = seq_state::waiting;
+  s.computed = 0;
+  step();
+}
+
+// Swapped sequences whose KV is in the store come back, oldest first, as
+// far as the arena has room for them now (their admission needs those
+// pages; the fetched bytes wait in `blob` for it).
+void engine::fetch_stored() {
+  std::vector<live_seq*> stored;
+  int32_t claimed = 0;
+  for (auto& [key, s] : seqs_) {
+    if (!s.in_store) continue;
+    if (s.fetching)
+      claimed += pool_->pages_for(s.computed);
+    else
+      stored.push_back(&s);
+  }
+  std::sort(stored.begin(), stored.end(),
+            [](const live_seq* a, const live_seq* b) { return a->order < b->order; });
+  for (live_seq* s : stored) {
+    const int32_t need = pool_->pages_for(s->computed);
+    if (claimed + need > pool_->available()) break;
+    claimed += need;
+    s->fetching = true;
+    out(engine_cmd::swap_fetch{s->key});
+  }
 }
 
 void engine::on_swap_out_failed(uint64_t key, const std::string& why) {
@@ -511,6 +571,7 @@ void engine::step() {
     in_ahead.emplace(ahead->chunks[i].id, i);
   std::unordered_set<uint64_t> preempted_now;
   bool restarted = false;
+  fetch_stored();
   for (;;) {
     std::vector<sched_seq> running, waiting;
     for (const auto& [key, s] : seqs_) {

@@ -70,6 +70,16 @@ struct swap_out {
   uint64_t key = 0;
   std::vector<int32_t> pages;
 };
+// Swap through the KV store: a swapped-out sequence whose KV the
+// instance put in its process's kv_pool (on_swapped_to_store) is fetched
+// back once the arena has room for it (answer: on_swap_fetched or
+// on_swap_fetch_failed); one that ends there is dropped from the store.
+struct swap_fetch {
+  uint64_t key = 0;
+};
+struct swap_drop {
+  uint64_t key = 0;
+};
 // Write host-tier (or imported) KV back into pages; on failure, fail(key).
 struct swap_in {
   uint64_t key = 0;
@@ -125,8 +135,8 @@ struct round_done {
 using engine_command =
     std::variant<engine_cmd::forward, engine_cmd::copy_pages, engine_cmd::swap_out,
                  engine_cmd::swap_in, engine_cmd::export_read, engine_cmd::spill, engine_cmd::load,
-                 engine_cmd::emit, engine_cmd::preempted, engine_cmd::ask_round,
-                 engine_cmd::round_done>;
+                 engine_cmd::swap_fetch, engine_cmd::swap_drop, engine_cmd::emit,
+                 engine_cmd::preempted, engine_cmd::ask_round, engine_cmd::round_done>;
 
 // A sequence as the data-parallel group sees it, for moves.
 struct engine_seq_view {
@@ -196,6 +206,12 @@ class engine {
   void on_dummy_done();
   void on_swapped_out(uint64_t key, std::vector<uint8_t> data);
   void on_swap_out_failed(uint64_t key, const std::string& why);
+  // Swap through the KV store: the swapped-out KV went to the process's
+  // kv_pool instead of the engine's memory; it comes back (swap_fetch)
+  // before the sequence is admitted again.  A failed fetch recomputes.
+  void on_swapped_to_store(uint64_t key);
+  void on_swap_fetched(uint64_t key, std::vector<uint8_t> data);
+  void on_swap_fetch_failed(uint64_t key, const std::string& why);
   // A load command was written, or failed: then its pages (those still
   // indexed under what was loaded) leave the index, and sequences that
   // mapped them meanwhile fail.
@@ -243,6 +259,9 @@ class engine {
     std::vector<kv_page> tier;  // the store's pages of its prompt, until its first admission
     bool reported = false;      // the first batch (which carries prompt_cached) went out
     std::vector<uint8_t> blob;  // its KV while swapped or importing
+    // Swapped, its KV in the KV store rather than `blob`; being fetched.
+    bool in_store = false;
+    bool fetching = false;
     sampler smp;
     // Structured output: the compiled constraint and where the output is in
     // it (the engine shares one per pattern among its sequences).
@@ -271,7 +290,7 @@ class engine {
     bool has_blob() const { return state == seq_state::swapped || state == seq_state::importing; }
     bool schedulable() const {
       return state != seq_state::swapping_out && state != seq_state::exporting &&
-             state != seq_state::parked;
+             state != seq_state::parked && !in_store;
     }
     bool holds_pages() const { return running() || state == seq_state::parked; }
     // Running: prefilling until only the last token (whose logits give the
@@ -329,6 +348,7 @@ class engine {
   kv_geometry arena_geometry() const;
   void spill_evicted();
   void copy_out(live_seq& s);
+  void fetch_stored();
   void load_from_tier(live_seq& s);
   template <class C>
   void out(C c) {

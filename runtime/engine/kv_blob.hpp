@@ -80,6 +80,9 @@ struct kv_store_stats {
   uint64_t offered_pages = 0;     // pages instances offered (put)
   uint64_t fetches = 0;           // fetch calls
   uint64_t fetched_pages = 0;     // pages a fetch answered with
+  int64_t swaps = 0;              // swapped-out sequences' KV it holds (swap through the store)
+  uint64_t swap_bytes = 0;        // their bytes (at most half the host budget)
+  uint64_t swaps_kept = 0;        // swapped-out KV it took, since it started
   std::string check;              // the tiers' invariants: empty when they hold
 };
 

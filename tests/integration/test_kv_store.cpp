@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "process.hpp"
+#include "requests.hpp"
 #include "server_process.hpp"
+#include "tools/client/client.hpp"
 
 namespace troupe::testing {
 namespace {
@@ -147,6 +149,37 @@ TEST(KvStore, DiskTierSurvivesARestartAndDropsDamagedPages) {
     EXPECT_GT(disk["dropped"].get<int>(), 0) << disk.dump();
     EXPECT_EQ(disk["hits"], 0) << disk.dump();
   }
+}
+
+}  // namespace
+}  // namespace troupe::testing
+
+namespace troupe::testing {
+namespace {
+
+// Preemption by swap with a KV store: the swapped-out KV waits in the
+// kv_pool, not in the engine, and comes back; every answer as offline, and
+// nothing is left in the store.
+TEST(KvStore, SwappedOutKvWaitsInTheStore) {
+  server_process s("--kv-mb 2 --kv-host-mb 64 --preemption swap --max-seqs 8");
+  const auto prompts = stories();
+  client::connection c(s.endpoint());
+  std::vector<wire::Generate> gens;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    gens.push_back(greedy_request(10 + i, prompts[i], 24));
+  auto results = client::run(c, gens, std::chrono::seconds(120));
+  ASSERT_EQ(results.size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_FALSE(results[i].error) << results[i].error->message();
+    EXPECT_EQ(results[i].token_ids, offline_tokens("stories15m", prompts[i], 24)) << prompts[i];
+  }
+  auto kv = s.admin("kv");
+  const auto& store = kv["stores"][0];
+  EXPECT_GT(store["swaps_kept"].get<int>(), 0) << kv.dump();
+  EXPECT_EQ(store["swaps"].get<int>(), 0) << kv.dump();
+  EXPECT_EQ(store["swap_bytes"].get<int>(), 0) << kv.dump();
+  auto inst = s.wait_engine_idle(std::chrono::seconds(15));
+  for (const auto& i : inst) EXPECT_GT(i["preempted_swap"].get<int>(), 0) << i.dump();
 }
 
 }  // namespace

@@ -89,6 +89,12 @@ struct fake_device {
   bool fail_next_forward = false;
   bool fail_swap_in = false;
   bool fail_swap_out = false;
+  // Swap through the KV store: swapped-out KV goes to swap_store (the
+  // kv_pool), comes back at swap_fetch (or the fetch fails).
+  bool store_swaps = false;
+  bool fail_swap_fetch = false;
+  std::map<uint64_t, std::vector<uint8_t>> swap_store;
+  size_t swap_fetches = 0;
   int32_t nan_at_position = -1;  // logits of a row at this position come back NaN
 
   explicit fake_device(engine& e) : eng(e), kv(size_t(e.info().n_pages) * k_page, -1) {}
@@ -178,8 +184,28 @@ struct fake_device {
               const uint64_t key = c.key;
               if (fail_swap_out)
                 answers.push_back([this, key] { eng.on_swap_out_failed(key, "injected"); });
+              else if (store_swaps)
+                answers.push_back([this, key, data] {
+                  swap_store[key] = data;
+                  eng.on_swapped_to_store(key);
+                });
               else
                 answers.push_back([this, key, data] { eng.on_swapped_out(key, data); });
+            } else if constexpr (std::is_same_v<T, engine_cmd::swap_fetch>) {
+              const uint64_t key = c.key;
+              ++swap_fetches;
+              answers.push_back([this, key] {
+                auto it = swap_store.find(key);
+                if (fail_swap_fetch || it == swap_store.end()) {
+                  swap_store.erase(key);
+                  return eng.on_swap_fetch_failed(key, "injected");
+                }
+                auto data = std::move(it->second);
+                swap_store.erase(it);
+                eng.on_swap_fetched(key, std::move(data));
+              });
+            } else if constexpr (std::is_same_v<T, engine_cmd::swap_drop>) {
+              swap_store.erase(c.key);
             } else if constexpr (std::is_same_v<T, engine_cmd::swap_in>) {
               if (fail_swap_in) {
                 const uint64_t key = c.key;
@@ -554,9 +580,11 @@ TEST(Engine, ASharedPrefixIsComputedOnce) {
 }
 
 // Too few pages for everyone: preemption, invisible in the outputs.
-void check_preemption(preempt_mode mode) {
+void check_preemption(preempt_mode mode, bool store_swaps = false, bool fail_fetch = false) {
   engine e(fake_info(14), options(64, 16, mode));
   fake_device dev(e);
+  dev.store_swaps = store_swaps;
+  dev.fail_swap_fetch = fail_fetch;
   std::map<uint64_t, std::vector<int32_t>> want;
   for (int i = 0; i < 4; ++i) {
     auto p = prompt_of(10 + i, 10);
@@ -572,6 +600,10 @@ void check_preemption(preempt_mode mode) {
   auto s = e.stats();
   EXPECT_GT(mode == preempt_mode::swap ? s.preempted_swap : s.preempted_recompute, 0u);
   EXPECT_EQ(s.swap_bytes, 0u);
+  if (store_swaps) {
+    EXPECT_GT(dev.swap_fetches, 0u) << "nothing was swapped through the store";
+    EXPECT_TRUE(dev.swap_store.empty()) << "swapped KV left in the store";
+  }
   expect_released(e);
 }
 
@@ -580,6 +612,13 @@ TEST(Engine, PreemptionByRecomputeKeepsOutputs) {
 }
 TEST(Engine, PreemptionBySwapKeepsOutputs) {
   check_preemption(preempt_mode::swap);
+}
+// Swap through the KV store (issue 39): the swapped-out KV waits in the
+// store, comes back when the arena has room, same outputs; a fetch the
+// store fails recomputes, same outputs.
+TEST(Engine, PreemptionBySwapThroughTheStoreKeepsOutputs) {
+  check_preemption(preempt_mode::swap, true);
+  check_preemption(preempt_mode::swap, true, true);
 }
 
 TEST(Engine, DraftsAreVerifiedAndKeepEveryOutput) {
@@ -609,10 +648,13 @@ TEST(Engine, DraftsAreVerifiedAndKeepEveryOutput) {
 }
 
 TEST(Engine, CancelAtAnyPointReleasesEverything) {
-  for (auto mode : {preempt_mode::recompute, preempt_mode::swap}) {
+  // Swap with the swapped KV in the store too: a cancel there drops it.
+  for (int m = 0; m < 3; ++m) {
+    const auto mode = m == 0 ? preempt_mode::recompute : preempt_mode::swap;
     for (int at = 0; at < 12; ++at) {
       engine e(fake_info(14), options(32, 8, mode));
       fake_device dev(e);
+      dev.store_swaps = m == 2;
       std::vector<uint64_t> keys;
       for (int i = 0; i < 4; ++i) keys.push_back(enqueue(e, spec(i + 1, prompt_of(i, 11), 10)));
       int answered = 0;
@@ -636,6 +678,7 @@ TEST(Engine, CancelAtAnyPointReleasesEverything) {
       if (at > 0 && at < 6) {
         EXPECT_TRUE(aborted[0] && aborted[1]) << "at " << at;
       }
+      EXPECT_TRUE(dev.swap_store.empty()) << "at " << at;
       expect_released(e);
     }
   }
