@@ -312,13 +312,25 @@ void context::copy(const buffer& src, const buffer& dst, size_t bytes, size_t ds
       "clEnqueueCopyBuffer");
 }
 
+namespace {
+
+// `rows` blocks contiguous in the buffer from `offset`: a 2-D region whose
+// rows are `block` bytes (the host side gives its own row pitch).
+struct rows_region {
+  size_t buffer_origin[3];
+  size_t host_origin[3] = {0, 0, 0};
+  size_t region[3];
+  rows_region(size_t block, size_t rows, size_t offset)
+      : buffer_origin{offset, 0, 0}, region{block, rows, 1} {}
+};
+
+}  // namespace
+
 void context::read_rows(const buffer& b, void* dst, size_t block, size_t rows, size_t offset,
                         size_t host_pitch) {
   if (block == 0 || rows == 0) return;
-  const size_t buffer_origin[3] = {offset, 0, 0};
-  const size_t host_origin[3] = {0, 0, 0};
-  const size_t region[3] = {block, rows, 1};
-  check(clEnqueueReadBufferRect(queue_, b.get(), CL_FALSE, buffer_origin, host_origin, region,
+  const rows_region r(block, rows, offset);
+  check(clEnqueueReadBufferRect(queue_, b.get(), CL_FALSE, r.buffer_origin, r.host_origin, r.region,
                                 block, 0, host_pitch, 0, dst, 0, nullptr, nullptr),
         "clEnqueueReadBufferRect");
 }
@@ -326,11 +338,9 @@ void context::read_rows(const buffer& b, void* dst, size_t block, size_t rows, s
 void context::write_rows(const buffer& b, const void* src, size_t block, size_t rows, size_t offset,
                          size_t host_pitch) {
   if (block == 0 || rows == 0) return;
-  const size_t buffer_origin[3] = {offset, 0, 0};
-  const size_t host_origin[3] = {0, 0, 0};
-  const size_t region[3] = {block, rows, 1};
-  check(clEnqueueWriteBufferRect(queue_, b.get(), CL_FALSE, buffer_origin, host_origin, region,
-                                 block, 0, host_pitch, 0, src, 0, nullptr, nullptr),
+  const rows_region r(block, rows, offset);
+  check(clEnqueueWriteBufferRect(queue_, b.get(), CL_FALSE, r.buffer_origin, r.host_origin,
+                                 r.region, block, 0, host_pitch, 0, src, 0, nullptr, nullptr),
         "clEnqueueWriteBufferRect");
 }
 

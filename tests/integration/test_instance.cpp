@@ -570,6 +570,22 @@ TEST(DevicePages, ReadWriteCopyRoundTrip) {
   ASSERT_TRUE(ok(copy_pages_atom::value, std::vector<int32_t>{5}, std::vector<int32_t>{6}));
   ASSERT_TRUE(read({6}, back));
   EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin() + per));
+  // Runs of consecutive pages go as one strided transfer per layer: pages
+  // 0-2 and 7 written at once, read back in another order and in parts.
+  std::vector<uint8_t> four(4 * per);
+  for (size_t i = 0; i < four.size(); ++i) four[i] = static_cast<uint8_t>((i * 7 + i / per) & 0xff);
+  ASSERT_TRUE(ok(write_pages_atom::value, std::vector<int32_t>{0, 1, 2, 7}, four));
+  auto page = [&](const std::vector<uint8_t>& v, size_t i) {
+    return std::vector<uint8_t>(v.begin() + std::ptrdiff_t(i * per),
+                                v.begin() + std::ptrdiff_t((i + 1) * per));
+  };
+  ASSERT_TRUE(read({7, 0, 1, 2}, back));
+  ASSERT_EQ(back.size(), 4 * per);
+  EXPECT_EQ(page(back, 0), page(four, 3));
+  for (size_t i = 1; i < 4; ++i) EXPECT_EQ(page(back, i), page(four, i - 1)) << i;
+  ASSERT_TRUE(read({1, 2}, back));
+  EXPECT_EQ(page(back, 0), page(four, 1));
+  EXPECT_EQ(page(back, 1), page(four, 2));
   // Misuse is an error reply, not a dead device.
   EXPECT_FALSE(read({8}, back));
   EXPECT_FALSE(ok(write_pages_atom::value, std::vector<int32_t>{1}, data));
