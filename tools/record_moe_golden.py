@@ -27,6 +27,21 @@ import time
 import urllib.request
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and"]
+# Texts that tell byte-level BPE pre-tokenizers apart (digit runs,
+# contractions in either case, letters after punctuation, line breaks after
+# punctuation and blanks, non-Latin scripts, emoji): their tokens, without
+# BOS, are recorded for the fixtures with a gpt2 vocabulary.
+TOKENIZE_TEXTS = [
+    "Hello world! It's 2026, DON'T you KNOW?",
+    "12345678 and 3.14159 cost $1,000,000.",
+    "line one\n\n  indented\tline\r\nend  ",
+    "na\u00efve caf\u00e9 \u2014 \u00fcn\u00efc\u00f6d\u00e9 \u65e5\u672c\u8a9e "
+    "\u30c6\u30b9\u30c8 \U0001f642\U0001f642",
+    "  leading spaces and trailing   ",
+    "x=y+1;\n\n\nfoo()->bar[2] // comment\n",
+    "I'm, you're, we've, they'll, he'd, 'S 'T 'Ll",
+    "...!!!\n\nwhy?\n \n(ok)",
+]
 N_PREDICT = 32
 PPL_CTX = 128
 
@@ -102,14 +117,37 @@ def greedy(bin_dir, model, prompts=PROMPTS, n_predict=N_PREDICT):
         return out
 
 
+def tokenized(bin_dir, model):
+    with llama_server(bin_dir, model, ["-c", "256"]) as port:
+        return [{"text": t,
+                 "token_ids": post(port, "/tokenize", {"content": t, "add_special": False})[
+                     "tokens"]} for t in TOKENIZE_TEXTS]
+
+
+def is_bpe(model):
+    """True when the GGUF's vocabulary is byte-level BPE (tokenizer.ggml.model gpt2)."""
+    with open(model, "rb") as f:
+        head = f.read(1 << 16)
+    return b"tokenizer.ggml.model" in head and b"gpt2" in head
+
+
 def perplexity(bin_dir, model, text, ctx=PPL_CTX):
-    r = subprocess.run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text,
-                        "-c", str(ctx), "-b", str(ctx), "-t", "2", "-fa", "off"],
-                       capture_output=True, text=True, check=True)
-    m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
-    if not m:
-        raise RuntimeError("no PPL in llama-perplexity's output")
-    return float(m.group(1))
+    # llama-perplexity's logger often exits before it writes its last lines
+    # (the October 2026 build): the running figure after the last chunk is
+    # the final one, and the run is repeated until either shows.
+    for _ in range(20):
+        r = subprocess.run([os.path.join(bin_dir, "llama-perplexity"), "-m", model, "-f", text,
+                            "-c", str(ctx), "-b", str(ctx), "-t", "2", "-fa", "off"],
+                           capture_output=True, text=True, check=True)
+        out = r.stdout + r.stderr
+        m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
+        if m:
+            return float(m.group(1))
+        chunks = re.search(r"perplexity over (\d+) chunks", out)
+        last = chunks and re.search(r"\[%s\]([0-9.]+)," % chunks.group(1), out)
+        if last:
+            return float(last.group(1))
+    raise RuntimeError("no PPL in llama-perplexity's output")
 
 
 def main():
@@ -138,6 +176,8 @@ def main():
             "ppl_ctx": PPL_CTX,
             "ppl": perplexity(args.llama_bin, path, args.text),
         }
+        if is_bpe(path):
+            fixtures[name]["tokenize"] = tokenized(args.llama_bin, path)
     with open(args.out, "w") as f:
         json.dump({"llama_cpp": args.commit, "n_predict": N_PREDICT, "fixtures": fixtures}, f,
                   indent=1)

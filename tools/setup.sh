@@ -173,7 +173,8 @@ step_fixtures() {
   make_venv
   "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0
   "$PY_VENV/bin/python" "$ROOT/tools/make_moe_fixtures.py" --tokenizer "$MODEL_DIR/$STORIES_TOK" \
-    --out "$MODEL_DIR/moe" --golden "$ROOT/tests/data/moe_golden.json"
+    --bpe-vocab "$MODEL_DIR/$SMOLLM_FILE" --out "$MODEL_DIR/moe" \
+    --golden "$ROOT/tests/data/moe_golden.json"
 }
 
 step_test() {

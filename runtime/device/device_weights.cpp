@@ -32,15 +32,40 @@ bool quantized(tensor_type t) {
 }
 
 // The type a tensor has on the device, each exactly its file's values
-// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1.  Q6_K
-// (a scale per 16 values) fits no block of 32 with one scale, so it is
-// held as F32: d * scale * q is exact in float.  That costs 4.9x its
-// file's bytes; an integer kernel for it is still to come.
+// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1.  The
+// other K-quants (a scale per 16 values, or a fifth bit), Q5_1 and BF16
+// fit no block kernel yet, so they are held as F32: their values are exact
+// in float.  That costs 4 to 9x their file's bytes; integer kernels for
+// them are still to come.
 tensor_type on_device(tensor_type t) {
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
-  if (t == tensor_type::q4_k) return tensor_type::q4_1;
-  if (t == tensor_type::q6_k) return tensor_type::f32;
-  return t;
+  switch (t) {
+    case tensor_type::q4_k:
+      return tensor_type::q4_1;
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
+    case tensor_type::q5_k:
+    case tensor_type::q6_k:
+    case tensor_type::q5_1:
+    case tensor_type::bf16:
+      return tensor_type::f32;
+    default:
+      return t;
+  }
+}
+
+// llama.cpp's K-quant dot products read Q8_K activations.
+bool k_quant(const tensor_view* p) {
+  switch (p->type) {
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
+    case tensor_type::q4_k:
+    case tensor_type::q5_k:
+    case tensor_type::q6_k:
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Tensors' values as F32, one after another.
@@ -61,9 +86,6 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   const tensor_view& first = *parts.front();
   out.type = on_device(first.type);
   out.cols = first.row_len();
-  auto k_quant = [](const tensor_view* p) {
-    return p->type == tensor_type::q4_k || p->type == tensor_type::q6_k;
-  };
   out.q8_k_acts = k_quant(&first);
   bool mixed = false;
   for (const auto* p : parts) {

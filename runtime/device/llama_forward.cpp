@@ -28,6 +28,11 @@ int type_slot(tensor_type t) {
     case tensor_type::iq4_nl:
     case tensor_type::q4_k:
     case tensor_type::q6_k:
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
+    case tensor_type::q5_k:
+    case tensor_type::q5_1:
+    case tensor_type::bf16:
       break;
   }
   throw std::logic_error("unsupported tensor type");
@@ -60,17 +65,21 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
 }
 
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
-                              float theta_base) {
+                              float theta_base, float freq_scale,
+                              const std::vector<float>& freq_factors) {
   // Angles as ggml computes them (float: theta_scale = base^(-2/d), the
-  // angle multiplied down pair by pair), so rotations match llama.cpp's.
+  // angle multiplied down pair by pair, divided by the pair's frequency
+  // factor and then scaled), so rotations match llama.cpp's.
   const int half = rope_dims / 2;
   const float theta_scale = std::pow(theta_base, -2.0f / static_cast<float>(rope_dims));
+  const bool factors = freq_factors.size() == static_cast<size_t>(half);
   std::vector<float> out(positions.size() * half * 2);
   for (size_t t = 0; t < positions.size(); ++t) {
     float theta = static_cast<float>(positions[t]);
     for (int i = 0; i < half; ++i) {
-      out[(t * half + i) * 2] = std::cos(theta);
-      out[(t * half + i) * 2 + 1] = std::sin(theta);
+      const float angle = freq_scale * (factors ? theta / freq_factors[i] : theta);
+      out[(t * half + i) * 2] = std::cos(angle);
+      out[(t * half + i) * 2 + 1] = std::sin(angle);
       theta *= theta_scale;
     }
   }
@@ -510,7 +519,8 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
     pt_off_ = ctx_.alloc(f->pt_off.size() * 4 * 2);
     grew = true;
   }
-  f->rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta);
+  f->rope = rope_table(b.positions, hp.rope_dims, hp.rope_theta, hp.rope_freq_scale,
+                       hp.rope_freq_factors);
   if (rope_.bytes() < f->rope.size() * sizeof(float)) {
     rope_ = ctx_.alloc(f->rope.size() * sizeof(float) * 2);
     grew = true;

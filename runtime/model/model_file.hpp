@@ -41,6 +41,12 @@ struct model_hparams {
   int rope_dims = 0;  // rotated dimensions per head (== head_dim usually)
   int n_ctx_train = 0;
   float rope_theta = 10000.0f;
+  // RoPE frequency scaling as llama.cpp applies it: a pair's angle divided
+  // by its factor (`rope_freqs.weight`, rope_dims / 2 values: Llama 3's
+  // scaling; empty: none), then times rope_freq_scale (1 / the file's
+  // `rope.scaling.factor`, linear scaling).
+  std::vector<float> rope_freq_factors;
+  float rope_freq_scale = 1.0f;
   float rms_eps = 1e-5f;
   rope_layout rope = rope_layout::normal;
   bool tied_embeddings = false;  // output.weight absent: reuse token_embd

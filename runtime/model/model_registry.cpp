@@ -30,7 +30,13 @@ constexpr known_model k_models[] = {
     {"moe-8x2-q", "moe/moe-8x2-q.gguf", nullptr},
     {"moe-8x2-skew", "moe/moe-8x2-skew.gguf", nullptr},
     {"qwen2moe-4x2-shared", "moe/qwen2moe-4x2-shared.gguf", nullptr},
-    {"qwen3-dense", "moe/qwen3-dense.gguf", nullptr},  // Qwen 3's layout, same script
+    {"qwen3-dense", "moe/qwen3-dense.gguf", nullptr},    // Qwen 3's layout, same script
+    {"qwen3moe-4x2", "moe/qwen3moe-4x2.gguf", nullptr},  // Qwen 3 MoE, SmolLM2's vocabulary
+    {"llama3-rope", "moe/llama3-rope.gguf", nullptr},    // Llama 3's RoPE scaling and BPE
+    // K-quants, Q5_1 and BF16 in every role (random super-blocks, same script).
+    {"kq-dense", "moe/kq-dense.gguf", nullptr},
+    {"kq-dense2", "moe/kq-dense2.gguf", nullptr},
+    {"kq-moe", "moe/kq-moe.gguf", nullptr},
 };
 
 std::string lower(std::string s) {

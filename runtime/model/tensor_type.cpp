@@ -30,6 +30,12 @@ struct block_q5_0 {
   uint8_t qh[4];   // the fifth bit of each value, value j at bit j
   uint8_t qs[16];  // low nibbles: values 0..15, high nibbles: 16..31
 };
+struct block_q5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];   // the fifth bit of each value, value j at bit j
+  uint8_t qs[16];  // low nibbles: values 0..15, high nibbles: 16..31
+};
 struct block_iq4_nl {
   uint16_t d;
   uint8_t qs[16];  // indices into k_iq4nl_values, nibbles as Q4_0's
@@ -40,6 +46,25 @@ struct block_q4_k {
   uint16_t dmin;
   uint8_t scales[12];  // eight 6-bit scales and eight 6-bit mins, packed
   uint8_t qs[128];     // per 64 values: low nibbles the first 32, high the next
+};
+struct block_q2_k {
+  uint8_t scales[16];  // per 16 values: low nibble the scale, high the min
+  uint8_t qs[64];      // 2-bit quants, four per byte (see dequantize_row)
+  uint16_t d;
+  uint16_t dmin;
+};
+struct block_q3_k {
+  uint8_t hmask[32];   // the third bit of each value
+  uint8_t qs[64];      // the low two bits, four per byte
+  uint8_t scales[12];  // sixteen 6-bit scales (offset by 32), packed
+  uint16_t d;
+};
+struct block_q5_k {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];  // as Q4_K's
+  uint8_t qh[32];      // the fifth bit of each value
+  uint8_t qs[128];     // low nibbles as Q4_K's
 };
 struct block_q6_k {
   uint8_t ql[128];    // low four bits
@@ -55,6 +80,10 @@ static_assert(sizeof(block_q4_1) == 20);
 static_assert(sizeof(block_q8_0) == 34);
 static_assert(sizeof(block_q5_0) == 22);
 static_assert(sizeof(block_iq4_nl) == 18);
+static_assert(sizeof(block_q5_1) == 24);
+static_assert(sizeof(block_q2_k) == 84);
+static_assert(sizeof(block_q3_k) == 110);
+static_assert(sizeof(block_q5_k) == 176);
 static_assert(sizeof(block_q4_k) == 144);
 static_assert(sizeof(block_q6_k) == 210);
 
@@ -70,6 +99,66 @@ void q4_k_scale_min(int j, const uint8_t* q, int& sc, int& m) {
   }
 }
 
+// One super-block of Q2_K, Q3_K or Q5_K as ggml's dequantize_row_* give
+// it: each group of 16 (Q2_K, Q3_K) or 32 (Q5_K) values is (d * scale) *
+// q - (dmin * min), in that order, so the floats are ggml's.  The quants
+// of 128 values share 32 bytes (Q2_K, Q3_K: two bits a value, the shift
+// picking the group of 32) or 64 values share 32 (Q5_K: low, then high
+// nibbles), with a bit plane of the high bits.
+void dequantize_k_block(tensor_type t, const uint8_t* bytes, int64_t b, float* y) {
+  if (t == tensor_type::q2_k) {
+    block_q2_k blk;
+    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+    const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
+    for (int g = 0; g < 16; ++g) {  // groups of 16 values
+      const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
+      const int shift = ((g / 2) % 4) * 2;
+      const float dl = d * static_cast<float>(blk.scales[g] & 0xF);
+      const float ml = dmin * static_cast<float>(blk.scales[g] >> 4);
+      for (int l = 0; l < 16; ++l)
+        y[g * 16 + l] = dl * static_cast<float>((q[l] >> shift) & 3) - ml;
+    }
+    return;
+  }
+  if (t == tensor_type::q3_k) {
+    block_q3_k blk;
+    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+    const float d = half_to_float(blk.d);
+    // Scale g: its low four bits in byte g % 8 (low nibble for g < 8,
+    // high for the rest), its top two in byte 8 + g % 4 at bits 2 * (g / 4).
+    const uint8_t* sc = blk.scales;
+    for (int g = 0; g < 16; ++g) {
+      const int low = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
+      const int high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+      const float dl = d * static_cast<float>((low | (high << 4)) - 32);
+      const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
+      const uint8_t* hm = blk.hmask + (g % 2) * 16;
+      const int shift = ((g / 2) % 4) * 2;
+      const uint8_t bit = static_cast<uint8_t>(1u << (g / 2));
+      for (int l = 0; l < 16; ++l) {
+        const int v = ((q[l] >> shift) & 3) - ((hm[l] & bit) ? 0 : 4);
+        y[g * 16 + l] = dl * static_cast<float>(v);
+      }
+    }
+    return;
+  }
+  block_q5_k blk;  // Q5_K
+  std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+  const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
+  for (int j = 0; j < 8; ++j) {  // sub-blocks of 32
+    int sc = 0, mn = 0;
+    q4_k_scale_min(j, blk.scales, sc, mn);
+    const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
+    const uint8_t* ql = blk.qs + (j / 2) * 32;
+    const int shift = (j % 2) * 4;
+    const uint8_t bit = static_cast<uint8_t>(1u << j);
+    for (int l = 0; l < 32; ++l) {
+      const int v = ((ql[l] >> shift) & 0xF) | ((blk.qh[l] & bit) ? 16 : 0);
+      y[j * 32 + l] = dl * static_cast<float>(v) - ml;
+    }
+  }
+}
+
 constexpr type_traits k_f32{"F32", 1, 4};
 constexpr type_traits k_f16{"F16", 1, 2};
 constexpr type_traits k_q4_0{"Q4_0", 32, sizeof(block_q4_0)};
@@ -77,6 +166,11 @@ constexpr type_traits k_q4_1{"Q4_1", 32, sizeof(block_q4_1)};
 constexpr type_traits k_q8_0{"Q8_0", 32, sizeof(block_q8_0)};
 constexpr type_traits k_q5_0{"Q5_0", 32, sizeof(block_q5_0)};
 constexpr type_traits k_iq4_nl{"IQ4_NL", 32, sizeof(block_iq4_nl)};
+constexpr type_traits k_q5_1{"Q5_1", 32, sizeof(block_q5_1)};
+constexpr type_traits k_q2_k{"Q2_K", 256, sizeof(block_q2_k)};
+constexpr type_traits k_q3_k{"Q3_K", 256, sizeof(block_q3_k)};
+constexpr type_traits k_q5_k{"Q5_K", 256, sizeof(block_q5_k)};
+constexpr type_traits k_bf16{"BF16", 1, 2};
 constexpr type_traits k_q4_k{"Q4_K", 256, sizeof(block_q4_k)};
 constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
 
@@ -120,6 +214,16 @@ std::optional<type_traits> traits_of(uint32_t gguf_type) {
       return k_q4_k;
     case static_cast<uint32_t>(tensor_type::q6_k):
       return k_q6_k;
+    case static_cast<uint32_t>(tensor_type::q5_1):
+      return k_q5_1;
+    case static_cast<uint32_t>(tensor_type::q2_k):
+      return k_q2_k;
+    case static_cast<uint32_t>(tensor_type::q3_k):
+      return k_q3_k;
+    case static_cast<uint32_t>(tensor_type::q5_k):
+      return k_q5_k;
+    case static_cast<uint32_t>(tensor_type::bf16):
+      return k_bf16;
     default:
       return std::nullopt;
   }
@@ -145,6 +249,16 @@ const type_traits& traits_of(tensor_type t) {
       return k_q4_k;
     case tensor_type::q6_k:
       return k_q6_k;
+    case tensor_type::q5_1:
+      return k_q5_1;
+    case tensor_type::q2_k:
+      return k_q2_k;
+    case tensor_type::q3_k:
+      return k_q3_k;
+    case tensor_type::q5_k:
+      return k_q5_k;
+    case tensor_type::bf16:
+      return k_bf16;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -299,6 +413,34 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
           }
         }
       }
+      return;
+    case tensor_type::bf16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, bytes + 2 * i, 2);
+        dst[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+      }
+      return;
+    case tensor_type::q5_1:
+      for (int64_t b = 0; b < n / 32; ++b) {
+        block_q5_1 blk;
+        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
+        const float d = half_to_float(blk.d), m = half_to_float(blk.m);
+        uint32_t qh;
+        std::memcpy(&qh, blk.qh, 4);
+        float* y = dst + b * 32;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = (blk.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
+          const int hi = (blk.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+          y[j] = static_cast<float>(lo) * d + m;
+          y[j + 16] = static_cast<float>(hi) * d + m;
+        }
+      }
+      return;
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
+    case tensor_type::q5_k:
+      for (int64_t b = 0; b < n / 256; ++b) dequantize_k_block(t, bytes, b, dst + b * 256);
       return;
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");

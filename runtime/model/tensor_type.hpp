@@ -14,10 +14,15 @@ enum class tensor_type : uint32_t {
   q4_0 = 2,
   q4_1 = 3,
   q5_0 = 6,
+  q5_1 = 7,
   q8_0 = 8,
+  q2_k = 10,
+  q3_k = 11,
   q4_k = 12,
+  q5_k = 13,
   q6_k = 14,
   iq4_nl = 20,
+  bf16 = 30,
 };
 
 struct type_traits {

@@ -1,16 +1,13 @@
 // GPT-2 byte-level BPE (vocab model "gpt2").  Text is first cut into words
-// by the pre-tokenizer regex the vocabulary names, each word's bytes are
-// spelled with GPT-2's byte -> character table (space -> "Ġ"), and the pair
-// with the lowest merge rank is merged until no listed merge applies.
-//
-// The pre-tokenizer regexes need \p{L} and \p{N}, which std::regex lacks,
-// so they are matched by hand over classified code points:
-//   gpt2:    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//   smollm:  \p{N} first (every digit its own piece), then gpt2 on the rest.
+// by the pre-tokenizer the vocabulary names (pre_tokenizer.hpp), each word's
+// bytes are spelled with GPT-2's byte -> character table (space -> "Ġ"),
+// and the pair with the lowest merge rank is merged until no listed merge
+// applies.
 #include <array>
 #include <queue>
 #include <stdexcept>
 
+#include "runtime/text/pre_tokenizer.hpp"
 #include "runtime/text/tokenizer.hpp"
 #include "runtime/text/unicode.hpp"
 
@@ -30,73 +27,6 @@ std::array<uint32_t, 256> make_byte_to_cpt() {
     table[b] = printable ? b : next++;
   }
   return table;
-}
-
-enum class pre_tokenizer { gpt2, digits_then_gpt2 };
-
-pre_tokenizer pre_tokenizer_for(const std::string& pre) {
-  for (const char* name : {"smollm", "codeshell", "exaone", "minerva"}) {
-    if (pre == name) return pre_tokenizer::digits_then_gpt2;
-  }
-  for (const char* name : {"gpt2", "gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais"}) {
-    if (pre == name) return pre_tokenizer::gpt2;
-  }
-  throw std::runtime_error("tokenizer: unsupported gpt2 pre-tokenizer '" + pre +
-                           "' (supported: smollm, codeshell, exaone, minerva, gpt-2, phi-2, "
-                           "roberta-bpe, mpt, olmo, jais)");
-}
-
-struct cpt_span {
-  uint32_t cp;
-  cpt_class cls;
-  size_t begin, end;  // byte offsets in the text
-};
-
-// Appends the lengths (in code points) of the gpt2-regex matches covering
-// cps[first, last).  The end of the range acts as the end of the text.
-void split_gpt2(const std::vector<cpt_span>& cps, size_t first, size_t last,
-                std::vector<size_t>& lengths) {
-  auto cls_at = [&](size_t i) { return cps[i].cls; };
-  auto is_ascii = [&](size_t i, char c) {
-    return i < last && cps[i].cp == static_cast<uint32_t>(c);
-  };
-  for (size_t pos = first; pos < last;) {
-    const size_t start = pos;
-    // 's 't 're 've 'm 'll 'd
-    if (cps[pos].cp == '\'') {
-      if (is_ascii(pos + 1, 's') || is_ascii(pos + 1, 't') || is_ascii(pos + 1, 'm') ||
-          is_ascii(pos + 1, 'd')) {
-        lengths.push_back(2);
-        pos += 2;
-        continue;
-      }
-      if ((is_ascii(pos + 1, 'r') && is_ascii(pos + 2, 'e')) ||
-          (is_ascii(pos + 1, 'v') && is_ascii(pos + 2, 'e')) ||
-          (is_ascii(pos + 1, 'l') && is_ascii(pos + 2, 'l'))) {
-        lengths.push_back(3);
-        pos += 3;
-        continue;
-      }
-    }
-    // " ?X+" for X in letters, numbers, other: a leading space joins the run.
-    const bool space = cps[pos].cp == ' ';
-    if (!space || pos + 1 < last) {
-      const cpt_class run = cls_at(space ? pos + 1 : pos);
-      if (run != cpt_class::whitespace) {
-        pos += space ? 2 : 1;
-        while (pos < last && cls_at(pos) == run) ++pos;
-        lengths.push_back(pos - start);
-        continue;
-      }
-    }
-    // \s+(?!\S) leaves the last blank to a following word; \s+ otherwise.
-    size_t n = 0;
-    while (pos + n < last && cls_at(pos + n) == cpt_class::whitespace) ++n;
-    if (n > 1 && pos + n < last) --n;
-    if (n == 0) n = 1;  // unreachable: kept so the loop always advances
-    lengths.push_back(n);
-    pos += n;
-  }
 }
 
 class bpe_tokenizer final : public tokenizer {
@@ -152,21 +82,7 @@ class bpe_tokenizer final : public tokenizer {
       cps.push_back({cp, unicode::classify(cp), begin, pos});
     }
 
-    std::vector<size_t> lengths;
-    if (pre_ == pre_tokenizer::digits_then_gpt2) {
-      // \p{N}: each number character alone; the text between keeps its own
-      // boundaries, so gpt2 runs on every gap separately.
-      size_t gap = 0;
-      for (size_t i = 0; i <= cps.size(); ++i) {
-        if (i < cps.size() && cps[i].cls != cpt_class::number) continue;
-        split_gpt2(cps, gap, i, lengths);
-        if (i < cps.size()) lengths.push_back(1);
-        gap = i + 1;
-      }
-    } else {
-      split_gpt2(cps, 0, cps.size(), lengths);
-    }
-
+    const std::vector<size_t> lengths = split_words(pre_.split, cps);
     size_t at = 0;
     for (size_t len : lengths) {
       const size_t begin = cps[at].begin, end = cps[at + len - 1].end;
@@ -193,6 +109,15 @@ class bpe_tokenizer final : public tokenizer {
 
   // BPE over one pre-tokenized word; symbols start as one per byte.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const {
+    if (pre_.whole_words) {
+      std::string spelled;
+      for (const char c : word)
+        unicode::append_utf8(spelled, byte_to_cpt_[static_cast<unsigned char>(c)]);
+      if (const int32_t id = token_id(spelled); id >= 0) {
+        out.push_back(id);
+        return;
+      }
+    }
     struct symbol {
       int32_t id;  // -1: byte without a token (never merges)
       int prev, next;
@@ -251,7 +176,7 @@ class bpe_tokenizer final : public tokenizer {
     }
   }
 
-  pre_tokenizer pre_;
+  pre_tokenizer_kind pre_;
   std::array<uint32_t, 256> byte_to_cpt_;
   std::array<int16_t, 324> cpt_to_byte_{};  // 256 + the 68 remapped bytes
   std::array<int32_t, 256> byte_ids_{};

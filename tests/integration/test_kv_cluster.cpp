@@ -33,7 +33,10 @@ const std::string kLongPrompt =
 
 std::string nodes_flag(const std::vector<const node_process*>& nodes) {
   std::string s;
-  for (const auto* n : nodes) s += (s.empty() ? "" : ",") + n->address();
+  for (const auto* n : nodes) {
+    if (!s.empty()) s += ',';
+    s += n->address();
+  }
   return s;
 }
 

@@ -37,6 +37,13 @@ nlohmann::json moe_golden() {
 // quantized fixture's first prompt parts at a gap of 0.045.
 constexpr double k_near_tie = 0.1;
 constexpr size_t k_min_matched = 16;
+// The K-quant fixtures (kq-*: random super-blocks, Q8_K activations) meet
+// llama.cpp's near-ties sooner: measured, after 3 to 15 tokens at gaps up
+// to 0.103.  Their perplexity bound is the for Q2_K and Q3_K (each
+// holds one of them): 1%.
+bool k_quant_fixture(const std::string& name) {
+  return name.rfind("kq-", 0) == 0;
+}
 
 class MoeGolden : public ::testing::TestWithParam<std::string> {};
 
@@ -53,10 +60,11 @@ TEST_P(MoeGolden, GreedyTokensMatchLlamaCpp) {
     const auto& margins = p["top2_margin"];
     if (r.whole()) continue;
     const double margin = margins[same].is_null() ? 1e9 : margins[same].get<double>();
-    EXPECT_LT(margin, k_near_tie) << p["prompt"] << ": token " << same << " is " << got[same]
-                                  << ", llama.cpp's is " << want[same] << " (its top-2 gap "
-                                  << margins[same] << ", no near-tie)";
-    EXPECT_GE(same, k_min_matched) << p["prompt"];
+    const bool kq = k_quant_fixture(GetParam());
+    EXPECT_LT(margin, kq ? 0.25 : k_near_tie)
+        << p["prompt"] << ": token " << same << " is " << got[same] << ", llama.cpp's is "
+        << want[same] << " (its top-2 gap " << margins[same] << ", no near-tie)";
+    EXPECT_GE(same, kq ? size_t{2} : k_min_matched) << p["prompt"];
     std::printf("[moe] %s, \"%s\": %zu of %zu tokens, then a llama.cpp near-tie (gap %.4f)\n",
                 GetParam().c_str(), p["prompt"].get<std::string>().c_str(), same, want.size(),
                 margin);
@@ -72,18 +80,38 @@ TEST_P(MoeGolden, PerplexityWithinHalfPercentOfLlamaCpp) {
   const auto res =
       perplexity(e.forward(), e.info.n_pages, e.info.page_size, tokens, ctx, tok->bos(), 512);
   const double want = g["ppl"].get<double>();
-  EXPECT_NEAR(res.ppl, want, want * 0.005);
+  EXPECT_NEAR(res.ppl, want, want * (k_quant_fixture(GetParam()) ? 0.01 : 0.005));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeGolden,
                          ::testing::Values("moe-4x2-f32", "moe-8x2-q", "moe-8x2-skew",
-                                           "qwen2moe-4x2-shared", "qwen3-dense"),
+                                           "qwen2moe-4x2-shared", "qwen3-dense", "qwen3moe-4x2",
+                                           "llama3-rope", "kq-dense", "kq-dense2", "kq-moe"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (auto& c : n)
                              if (c == '-') c = '_';
                            return n;
                          });
+
+// Byte-level BPE under Llama 3's (llama-bpe) and Qwen 2's pre-tokenizers:
+// the fixtures with SmolLM2's vocabulary tokenize texts that tell the
+// splitters apart (digit runs, contractions in capitals, letters after
+// punctuation, line breaks, other scripts) as llama.cpp did.
+TEST(BpePreTokenizers, TokensMatchLlamaCpp) {
+  for (const char* name : {"qwen3moe-4x2", "llama3-rope"}) {
+    const auto g = moe_golden()["fixtures"][name];
+    ASSERT_TRUE(g.contains("tokenize")) << name;
+    const auto r = resolve_model(name);
+    const auto model = model_file::open(r.model_path, r.tokenizer_path);
+    auto tok = tokenizer::create(model->vocab());
+    for (const auto& t : g["tokenize"]) {
+      const auto want = t["token_ids"].get<std::vector<int32_t>>();
+      EXPECT_EQ(tok->encode(t["text"].get<std::string>(), false, false), want)
+          << name << ": " << t["text"];
+    }
+  }
+}
 
 // Expert parallelism over two one-core sub-devices with the controller
 // moving experts while sequences decode: every sequence's tokens equal those

@@ -31,8 +31,9 @@
 // and where one process hosts the instances a disk tier of one to four,
 // so evicted prefixes churn through them and come back; across nodes,
 // running requests keep KV copies in the other node's store (a node
-// killed that round resumes its requests from them) and prompts may pull
-// pages from there.  After every round it checks:
+// killed that round resumes its requests from them), and in some rounds
+// the first node has no store of its own, so its prompts pull their
+// copied pages from the second's.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`); biased ones hold only their forced token, or
@@ -129,8 +130,8 @@ struct tally {
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, copy_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0,
-           violations = 0;
+           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
+           tier_pulled_pages = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -241,10 +242,23 @@ class round_driver {
     const int kv_mb =
         one_of<int>({2, 3, 4, 8}) * (ref_->what == model_reference::kind::gemma ? 8 : 1);
     const int max_seqs = one_of<int>({2, 4, 8, 16});
-    const std::string where = nodes_.empty()
-                                  ? "--local-instances " + std::to_string(instances_)
-                                  : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
-                                        " --cluster-secret-file " + secret_->path();
+    // Some node rounds give the first node no KV store: its prompts' pages
+    // copied to the second node's store come back to it as pulls.
+    pull_round_ = !nodes_.empty() && chance(0.25);
+    std::string where = nodes_.empty()
+                            ? "--local-instances " + std::to_string(instances_)
+                            : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
+                                  " --cluster-secret-file " + secret_->path();
+    if (pull_round_) {
+      ++t_.pull_rounds;
+      config_ = "/tmp/troupe_torture_nodes_" + std::to_string(::getpid()) + "_" +
+                std::to_string(t_.rounds) + ".toml";
+      std::ofstream(config_) << "[cluster]\nsecret_file = \"" << secret_->path()
+                             << "\"\n[[cluster.node]]\naddress = \"" << nodes_[0]->address()
+                             << "\"\ninstances = 1\nkv_host_mb = 0\n[[cluster.node]]\naddress = \""
+                             << nodes_[1]->address() << "\"\ninstances = 1\n";
+      where = "-c " + config_;
+    }
     http_port_ = testing::free_port();
     std::string model;  // the model itself goes to server_process
     if (ref_->what == model_reference::kind::moe)
@@ -288,7 +302,7 @@ class round_driver {
     // through them (a stories15m page is 36 KiB); a disk tier only where one
     // process hosts the instances (a folder is one process's).
     disk_dir_.clear();
-    if (chance(0.4)) {
+    if (pull_round_ || chance(0.4)) {
       ++t_.tier_rounds;
       a += " --kv-host-mb " + std::to_string(one_of<int>({1, 2, 8})) + " --kv-tier-eviction " +
            one_of<std::string>({"lru", "lfu"});
@@ -301,10 +315,11 @@ class round_driver {
       // Across nodes: running requests keep KV copies in the other node's
       // store (a node killed this round resumes them from there), and
       // prompts may pull pages from it.
-      if (!nodes_.empty() && chance(0.6)) {
+      if (!nodes_.empty() && (pull_round_ || chance(0.6))) {
         ++t_.copy_rounds;
-        a += " --kv-copy " + one_of<std::string>({"online", "always"}) + " --kv-copy-pages " +
-             std::to_string(one_of<int>({1, 2, 4}));
+        a += " --kv-copy " +
+             std::string(pull_round_ ? "always" : one_of<std::string>({"online", "always"})) +
+             " --kv-copy-pages " + std::to_string(one_of<int>({1, 2, 4}));
       }
     }
     // Issue 14: speculative decoding server-wide in some rounds (requests
@@ -995,6 +1010,11 @@ class round_driver {
       std::error_code ec;
       std::filesystem::remove_all(disk_dir_, ec);
     }
+    if (!config_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove(config_, ec);
+      config_.clear();
+    }
   }
 
   void violation(const std::string& what) {
@@ -1020,6 +1040,8 @@ class round_driver {
   bool spawned_ = false;
   int killed_node_ = -1;
   std::unique_ptr<testing::secret_file> secret_;
+  bool pull_round_ = false;  // the first node has no KV store this round
+  std::string config_;       // this round's cluster config (removed at settle)
   std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
   uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
@@ -1063,7 +1085,7 @@ int run(const options& o) {
   tally t;
   std::vector<model_reference> references = {offline_reference("stories15m")};
   if (o.moe)
-    for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared"})
+    for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared", "qwen3moe-4x2", "kq-moe"})
       references.push_back(offline_reference(m, model_reference::kind::moe));
   if (o.gemma && gemma_fetched())
     references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
@@ -1113,6 +1135,7 @@ int run(const options& o) {
             {"tier_loaded_pages", t.tier_loaded_pages},
             {"tier_spilled_pages", t.tier_spilled_pages},
             {"copy_rounds", t.copy_rounds},
+            {"pull_rounds", t.pull_rounds},
             {"tier_copied_pages", t.tier_copied_pages},
             {"tier_pulled_pages", t.tier_pulled_pages},
             {"unfused_rounds", t.unfused_rounds},
@@ -1169,8 +1192,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
                    "                      [--no-moe] [--no-gemma]\n"
-                   "Drives live troupe serve processes (stories15m, and moe-8x2-skew or\n"
-                   "qwen2moe-4x2-shared in some rounds unless --no-moe, gemma3-270m in some\n"
+                   "Drives live troupe serve processes (stories15m, and moe-8x2-skew,\n"
+                   "qwen2moe-4x2-shared, qwen3moe-4x2 or kq-moe in some rounds unless --no-moe,\n"
+                   "gemma3-270m in some\n"
                    "where it was fetched unless --no-gemma) with a seeded random\n"
                    "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
                    "when clean.\n");

@@ -2,6 +2,7 @@
 // A small GGUF writer for tests: builds valid llama GGUF files with random
 // weights of any supported type, and exposes the pieces so a test can damage
 // a file on purpose (drop a key, move a tensor, patch a count).
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -211,6 +212,26 @@ inline std::vector<uint8_t> random_weights(tensor_type t, int64_t n, std::mt1993
         for (size_t j = 0; j < 192; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
         for (int j = 0; j < 16; ++j) out.push_back(static_cast<uint8_t>(byte(rng) - 128));
         put<uint16_t>(out, float_to_half(scale(rng) / 128));
+        break;
+      case tensor_type::bf16:  // the top half of a float
+        put<uint16_t>(out, static_cast<uint16_t>(std::bit_cast<uint32_t>(val(rng)) >> 16));
+        break;
+      case tensor_type::q5_1:  // d, m, then random high bits and nibbles
+        put<uint16_t>(out, float_to_half(scale(rng) / 2));
+        put<uint16_t>(out, float_to_half(val(rng)));
+        for (size_t j = 4; j < tr.block_bytes; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
+        break;
+      case tensor_type::q5_k:  // as Q4_K: d and dmin first
+        put<uint16_t>(out, float_to_half(scale(rng) / 64));
+        put<uint16_t>(out, float_to_half(scale(rng) / 32));
+        for (size_t j = 4; j < tr.block_bytes; ++j) out.push_back(static_cast<uint8_t>(byte(rng)));
+        break;
+      case tensor_type::q2_k:  // random scales and quants, then d and dmin
+      case tensor_type::q3_k:  // random bit planes, quants and scales, then d
+        for (size_t j = 0; j < (t == tensor_type::q2_k ? 80u : 108u); ++j)
+          out.push_back(static_cast<uint8_t>(byte(rng)));
+        put<uint16_t>(out, float_to_half(scale(rng) / 16));
+        if (t == tensor_type::q2_k) put<uint16_t>(out, float_to_half(scale(rng) / 8));
         break;
     }
   }

@@ -5,6 +5,7 @@
 // double-precision rope and attention, the latter both exact and with the
 // half-precision roundings llama.cpp applies (and the F16 kernel copies).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -46,26 +47,37 @@ inline std::vector<uint8_t> random_matrix(tensor_type t, int K, int N, std::mt19
     }
   } else if (t == tensor_type::f16) {
     for (size_t i = 0; i < n; ++i) put_half(2 * i, val(rng));
-  } else if (t == tensor_type::q4_k || t == tensor_type::q6_k) {
-    // Random bytes, then sane halves where the scales sit: Q4_K's d and
-    // dmin lead its super-block, Q6_K's d ends it.
+  } else if (t == tensor_type::bf16) {
+    for (size_t i = 0; i < n; ++i) {
+      const auto h = static_cast<uint16_t>(std::bit_cast<uint32_t>(val(rng)) >> 16);
+      std::memcpy(&out[2 * i], &h, 2);
+    }
+  } else if (traits_of(t).block_elems == 256) {
+    // K-quants: random bytes, then sane halves where the scales sit: Q4_K's
+    // and Q5_K's d and dmin lead the super-block, Q6_K's and Q3_K's d ends
+    // it, Q2_K's d and dmin end it.
     for (auto& b : out) b = static_cast<uint8_t>(byte(rng));
     const size_t block = traits_of(t).block_bytes;
+    auto d = [&](float div) { return (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / div; };
     for (size_t at = 0; at < out.size(); at += block) {
-      if (t == tensor_type::q4_k) {
-        put_half(at, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / 16);
+      if (t == tensor_type::q4_k || t == tensor_type::q5_k) {
+        put_half(at, d(t == tensor_type::q4_k ? 16 : 32));
         put_half(at + 2, scale(rng) / 16);
+      } else if (t == tensor_type::q2_k) {
+        put_half(at + block - 4, d(8));
+        put_half(at + block - 2, scale(rng) / 8);
       } else {
-        put_half(at + block - 2, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / 64);
+        put_half(at + block - 2, d(t == tensor_type::q6_k ? 64 : 16));
       }
     }
   } else {
     const size_t block = traits_of(t).block_bytes;
-    const size_t header = t == tensor_type::q4_1 ? 4 : 2;
+    const bool has_min = t == tensor_type::q4_1 || t == tensor_type::q5_1;
+    const size_t header = has_min ? 4 : 2;
     for (size_t b = 0; b < n / 32; ++b) {
       const size_t at = b * block;
-      put_half(at, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng));
-      if (t == tensor_type::q4_1) put_half(at + 2, 0.5f * val(rng));
+      put_half(at, (byte(rng) & 1 ? -1.0f : 1.0f) * scale(rng) / (t == tensor_type::q5_1 ? 2 : 1));
+      if (has_min) put_half(at + 2, 0.5f * val(rng));
       for (size_t i = at + header; i < at + block; ++i) out[i] = static_cast<uint8_t>(byte(rng));
     }
   }

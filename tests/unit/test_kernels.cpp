@@ -26,13 +26,14 @@ namespace {
 
 namespace ref = kernel_ref;
 
-// Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, Q6_K as F32
-// (device_weights): the kernel named by the uploaded matrix's type,
-// against their own dequantization.  K-types only where rows are whole
-// super-blocks of 256.
-constexpr tensor_type k_types[] = {tensor_type::f32,    tensor_type::f16,  tensor_type::q4_0,
-                                   tensor_type::q4_1,   tensor_type::q8_0, tensor_type::q5_0,
-                                   tensor_type::iq4_nl, tensor_type::q4_k, tensor_type::q6_k};
+// Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, the other
+// K-quants, Q5_1 and BF16 as F32 (device_weights): the kernel named by the
+// uploaded matrix's type, against their own dequantization.  K-types only
+// where rows are whole super-blocks of 256.
+constexpr tensor_type k_types[] = {
+    tensor_type::f32,  tensor_type::f16,    tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
+    tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_k, tensor_type::q6_k, tensor_type::q2_k,
+    tensor_type::q3_k, tensor_type::q5_k,   tensor_type::q5_1, tensor_type::bf16};
 
 bool holds_rows_of(tensor_type t, int K) {
   return K % static_cast<int>(traits_of(t).block_elems) == 0;
@@ -670,6 +671,30 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
 // (NeoX and normal layouts, partial rope); q written back in place, k and
 // v into the row's page and slot of `layer`, every other cache value
 // untouched.  F32 cache, against the same float arithmetic in C++.
+// Llama 3's RoPE scaling on the host's angle table: each pair's angle is
+// ggml's (p * base^(-2i/d), multiplied down pair by pair), divided by the
+// pair's factor and times the linear scale; without either, bit-equal to
+// the plain table.
+TEST(RopeTable, FrequencyFactorsAndLinearScale) {
+  const std::vector<int32_t> pos = {0, 1, 7, 100};
+  const int dims = 8;
+  const std::vector<float> ff = {1.0f, 2.0f, 4.5f, 8.0f};
+  const auto plain = troupe::rope_table(pos, dims, 10000.0f);
+  EXPECT_EQ(troupe::rope_table(pos, dims, 10000.0f, 1.0f, {}), plain);
+  const auto scaled = troupe::rope_table(pos, dims, 10000.0f, 0.5f, ff);
+  const float theta_scale = std::pow(10000.0f, -2.0f / dims);
+  for (size_t t = 0; t < pos.size(); ++t) {
+    float theta = static_cast<float>(pos[t]);
+    for (int i = 0; i < dims / 2; ++i) {
+      const float angle = 0.5f * (theta / ff[static_cast<size_t>(i)]);
+      EXPECT_EQ(scaled[(t * 4 + i) * 2], std::cos(angle)) << t << "," << i;
+      EXPECT_EQ(scaled[(t * 4 + i) * 2 + 1], std::sin(angle)) << t << "," << i;
+      EXPECT_EQ(plain[(t * 4 + i) * 2 + 1], std::sin(theta)) << t << "," << i;
+      theta *= theta_scale;
+    }
+  }
+}
+
 TEST_F(KernelMatmulQkv, QkNormRotatesNormedHeadsAndStoresKv) {
   auto& c = ctx(false);
   std::mt19937 rng(77);

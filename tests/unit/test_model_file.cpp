@@ -75,7 +75,9 @@ TEST(TensorType, TraitsAndNames) {
   EXPECT_EQ(traits_of(tensor_type::f16).block_bytes, 2u);
   ASSERT_TRUE(traits_of(3u).has_value());
   EXPECT_EQ(traits_of(3u)->name, "Q4_1");
-  EXPECT_FALSE(traits_of(13u).has_value());  // Q5_K
+  EXPECT_EQ(traits_of(13u)->block_bytes, 176u);  // Q5_K
+  EXPECT_EQ(traits_of(30u)->name, "BF16");
+  EXPECT_FALSE(traits_of(23u).has_value());  // IQ4_XS
   EXPECT_EQ(traits_of(12u)->block_elems, 256u);
   EXPECT_EQ(traits_of(tensor_type::q6_k).block_bytes, 210u);
   EXPECT_EQ(gguf_type_name(12), "Q4_K");
@@ -271,6 +273,128 @@ TEST(TensorType, DequantizeKQuantsAsLlamaCppDoes) {
     }
 }
 
+// Q2_K, Q3_K, Q5_K, Q5_1 and BF16: 512 values of random blocks (sane
+// scales) against gguf-py's dequantize, which is llama.cpp's reference, at
+// sixteen places and in sum.
+TEST(TensorType, DequantizeTheOtherKQuantsQ5_1AndBf16AsLlamaCppDoes) {
+  struct sample {
+    tensor_type type;
+    std::vector<uint8_t> bytes;
+    float want[16];
+    double sum, sum_abs;
+  };
+  const sample samples[] = {
+      {tensor_type::q2_k,
+       from_hex("171002e1a2899271379d496185a38891d382b3d42e7d79e854fec94cad7f1641d26fc8878d5eba96"
+                "476491408581ef5bb4735fed8cb3a1c1a5a2b4dad3e7058bf8e2bb6099cebb33c61e46acd9791f84"
+                "fb10d317fa5ff73d9a19d38105b9b00c44a0840ebd38e81cb939e6db3bf6c057cb1ef51ebaa2f303"
+                "c5b8d2f18693cac5ef698d27b07abbcd37fe4c93a4ea4505ee040820e264b38697f5e1b37df9956e"
+                "d9c34326be13c717"),
+       {0x1.63c4000000000p-7f, 0x1.b0a0000000000p-8f, 0x1.3370000000000p-9f,
+        -0x1.f4c0000000000p-10f, -0x1.f4c0000000000p-10f, 0.0f, -0x1.a23c000000000p-6f,
+        -0x1.250c000000000p-6f, -0x1.19ac000000000p-6f, -0x1.a23c000000000p-7f,
+        -0x1.7790000000000p-8f, -0x1.2d88000000000p-7f, -0x1.05c0000000000p-6f,
+        -0x1.37cc000000000p-6f, -0x1.f3b8000000000p-7f, 0.0f},
+       -2.906869411468506,
+       6.207652568817139},
+      {tensor_type::q3_k,
+       from_hex("042083a995de4d67c7e7fc1aa7d8a535598c5374db314940bb228e41cff75e3ffe510e311ebb09ce"
+                "5bc6707c063e4ad48db834aad1daf1ce650136aaca642d4491d8c947cd45b84bd437ae36ba73a689"
+                "d37691f32c6c3bb6ed0e7ccba9ace7b44ddbf35b5b62a9d7a4c70045f414d0c346047b0a2c92b383"
+                "480919aae11e55b1fa2e461a2205a9c3b4110a0a59104c311538391253a05efa313f4381d084d489"
+                "0d553677e4b7aba259e8c7364851d7ab6b4c386ca29e41b56de17e8e45385c165c20a773708e8613"
+                "d3ee37ba99d9a64cb2f987ff26d1ef2186ce5512"),
+       {0x1.7870000000000p-5f, 0x1.1a54000000000p-4f, -0.0f, 0x1.0b78000000000p-5f, 0.0f,
+        0x1.1f48000000000p-5f, -0x1.8c40000000000p-8f, -0x1.2930000000000p-6f,
+        0x1.c7b0000000000p-4f, -0x1.64a0000000000p-7f, -0x1.db80000000000p-7f,
+        0x1.8c40000000000p-8f, 0x1.db80000000000p-8f, -0x1.169c000000000p-4f,
+        -0x1.9540000000000p-8f, -0x1.6f42000000000p-6f},
+       0.8207664489746094,
+       15.35910415649414},
+      {tensor_type::q5_k,
+       from_hex("6114531297f89fc4060836674c23480afcb466326e9036750cf481bf2fd4c1b5ec189666c80e0d8a"
+                "85b428da83bfafebb7cbaeb561d5729512b2e376d5702284cddc04933b4da2ec27f2b0ff6e7edae2"
+                "a28f55b8bfcb4c06ca63cf6c923ea2c3fd341c6571ac48a81e1801da907d237afee926a1c4f1289d"
+                "2596c7b19bf1fc45bdd50929c52c7643b5fa9171717094ef6c655704e422e7b918da38890b4ad6b5"
+                "081421056e760f0d3e028ca6465174345d10c4179787b661be9a1c139d020fa2c503112a0bfc9941"
+                "18afdb6aceeb199c2062377d38c632a5d2094c4032a2789d9e34a39fd6763e380e896a9bafcb4549"
+                "89960637b9ae9c9a6727e76153ea948d6aaa94ee1dcee7eb1b33b67e6301103669e98fd042604251"
+                "753ed4aeb273471d05ddf4a60f978376b1282ae280e3082da1a0090b1a00b97cf7ef1a8ddedd5562"
+                "debb36e51a5a1eca4790e08c10df235f6f7d1b04a3e85f1f8b2b7ff0a956e3b8"),
+       {0x1.5704000000000p-3f, 0x1.1039000000000p-2f, 0x1.f2d4c00000000p-2f, 0x1.4294800000000p-2f,
+        0x1.c079400000000p-2f, 0x1.4e03800000000p-1f, 0x1.ca34400000000p+0f, 0x1.1c15a00000000p-1f,
+        0x1.5d99800000000p-4f, 0x1.1789800000000p-4f, 0x1.6878200000000p+0f, 0x1.5b26800000000p-2f,
+        0x1.2a6f600000000p+0f, 0x1.ffee800000000p-3f, 0x1.864e000000000p-5f, 0x1.eb4f800000000p-3f},
+       212.7051420211792,
+       216.5157346725464},
+      {tensor_type::q5_1,
+       from_hex("ae2024ade383d6bc262db1d5a71e2ca6bbee7e2095977e37d4147bac633c0a58ba2f98b53b316e6e"
+                "9153cb238f60fa74421db0ac23f00a1a4398dd5c1e8dcad7cd1eb593cd2d9ce4c41f51ac5d65ec9b"
+                "fc17e04c43ef6a6c7c60ef4c8eeef1a77f192aad1bf7f9ce60be7ef51d890e45f93eee7085bd1fbf"
+                "4420a1ad76c6cbd763d2797e9e1ba257a99fa5a654fbc4a5c21e5baa73517033f8683c531afab9ff"
+                "ba1267c9d2230b5b851b50a487f7ee865d28bbedf9a9a703e41ca955efe34270321f57a4ad72bb3f"
+                "4d10ee02a57a61e89deb288dd077e765de1b83a62afeca5f3c8cf5645598036b4e533ee4fc723bdf"
+                "cd1df2a6cfd13d1337c2e6cedb49e523f99d87e9ca6dfd130f201facdf82669893ebbe0a93cc9909"
+                "ad58999365bd9f7a941e8aa3e7eae66528ff03f3c99aae35c80278df1d871871c21774a065cc8457"
+                "947f82ac0367912e18c46634f00333d93d1b54a6a4914e8f84609dc85353c73a01669a86aa1fe8d1"
+                "6c19be9703ebb541b464a10974465ade6a2640718cab6b23"),
+       {0x1.eea0000000000p-4f, 0x1.7a58000000000p-3f, 0x1.0a08000000000p-3f, -0x1.fc40000000000p-5f,
+        0x1.7e50000000000p-4f, -0x1.4270000000000p-5f, -0x1.f9e8000000000p-5f,
+        0x1.8e60000000000p-6f, 0x1.39f0000000000p-4f, 0x1.09b0000000000p-3f, -0x1.3540000000000p-5f,
+        0x1.f370000000000p-4f, 0x1.14e6000000000p-4f, 0x1.7e9c000000000p-3f, 0x1.5060000000000p-4f,
+        0x1.be40000000000p-9f},
+       22.640832901000977,
+       32.1376895904541},
+      {tensor_type::bf16,
+       from_hex("5cbe15bf453f20bfc33fa8bd93bf21bf983fe4be1f3fc3bff93e4f3f0c3f543f6dbfcbbf9fbf643f"
+                "eb3e5c3ffbbe5e3fbbbff53e74bfb3be3b3f733f97bd88beb73f8f3f14bfc53ee2bd873f0e3f093f"
+                "4d3ed8be993f053f0bc086bec13e1ebf4cbf04bfeb3e55bff33eba3f863f8b3fc6bda43f0a3e7d3f"
+                "81bfad3fedbe133e943fe43db7be59bd983f9a3f433f05bf9bbe3f3f553f1dbf1abf473f953f2d3e"
+                "8bbfd43ffb3d0b3f03c024bff3bdbe3e52bfbcbfcbbfb0bea33e8c3ed8bf2fbfb1bd7d3f0d3f833e"
+                "d4bf893fbdbd543e2bbf56beb0bed2be62bf283f613f0abf55bf52bf9fbeb23f15bee53fa1bf8bbf"
+                "49bf5cbf9e3eda3f3cbfa73ea63f17404e3e773fa73fc53d0f3fafbe5ebf14bf923faa3f833e98bf"
+                "9d3f6b3cbf3ff23d8ebf84be22bfcb3f0dc00fbf91befebfe43e223f5d3f593f8dbd743fd3be6c3d"
+                "7a3ecc3d083f1ebfbfbd0dbfc13dab3e36bfba3ff83f143f023e14bf06be34be383f083d3c3f193f"
+                "ddbea1bf8fbf80bf9c3c9a3f5dbf303ffdbda53f10408c3fc63e0e3fac3f65be33bf6f3ed33f20bf"
+                "953f6e3f19be36bfc5bf8abf663e493f10bf02bf36bf1d40a7bfb5bf8b3f86bf823f4abf853fb13f"
+                "debeaa3876bf633f97be6cbfe43ec03e1bbdd7be753f24bf5abf78be043fc5be20bf82bf4cbf2bbf"
+                "fb3fe4bfefbe543d64bf99bf093fad3f8a3f973be7be253fd3bf59bfb93fd53e1a3e4abec7be59bf"
+                "113ffe3e023f1cc0a23f593fc73f10bf0bc0a6bf63bf004041bfefbe7e3f643f773feebeee3fcd3e"
+                "58bfd13eb4bf9fbf2ebf97bffebe26bff1be5fbf8e3f7fbf08bf69bf18bfa5bf06408bbe513fbabe"
+                "a6bf03bf2ebf9dbfdd3dce3f473e853fa63ff6bff43fa7bfec3f693e1d3f0e40883fcabfe3bf96bf"
+                "833fab3e6a3fe33e9d3f83bfeabf2abf503f81bf15c00bbf2e3fd43eb0be03bf07c03cbdee3f07bf"
+                "cb3fa4bfedbe0abfbcbdefbf8c3fd9be11c0063fa53cb2bf74be313f153f763e41bf513e9b3f0740"
+                "163f483f723f8bbee1bf16bf6ebe283ec7bd5ebf3abfe9be90bf8fbf02c035bf8bbe86bf30bfb3be"
+                "c5bf8dbfb0bf83bccbbfe0be1fc0a43fd83d9dbfedbec03f88bee9bfb9be4bbf643ebcbdebbfd03c"
+                "473f9d3f483edd3faa3f2a3fb93f26c0953faf3f30be403f38bf70be7abe8ebf93beebbf5bbecf3f"
+                "e83fbcbdd53fae3eabbf2fbff3bda3bd173f42bfeebe7c3fb73dbe3ec1bd2b3f3a3f4bbf8f3f28bf"
+                "ad3e9dbe283f8d3e123f0e3eeabd4e3e66bc54bfc7bf063fa33f77bf003f1cbf363e5f3fb63e78be"
+                "f8bf5ebe23bd9b3f35bff5bd323e9d3f9abf4d3ff4bd30bfb1bf7cbf4d3f09bf77bfd9bea63f763f"
+                "4c3f743f413fd8be8ebf9b3f0bbee53df3befb3ea93fd3be123e613d273f5fbc1f3d17bf163d36bf"
+                "3c3f03bed13f2bbf81bf693f223fadbf254026be8e3fc4be"),
+       {-0x1.b800000000000p-3f, -0x1.2a00000000000p-1f, 0x1.a800000000000p-1f,
+        -0x1.da00000000000p-1f, -0x1.1000000000000p-2f, 0x1.6e00000000000p+0f,
+        0x1.2600000000000p-3f, 0x1.2800000000000p+0f, -0x1.a800000000000p+0f, 0x1.2e00000000000p+1f,
+        0x1.9c00000000000p-3f, 0x1.2a00000000000p+0f, 0x1.aa00000000000p-2f, 0x1.3400000000000p-3f,
+        -0x1.4c00000000000p+0f, -0x1.8800000000000p-2f},
+       -3.1507062911987305,
+       410.65874195098877},
+
+  };
+  const int at[] = {0, 1, 15, 16, 31, 32, 63, 64, 100, 127, 128, 200, 255, 256, 300, 511};
+  std::vector<float> out(512);
+  for (const auto& smp : samples) {
+    const auto name = traits_of(smp.type).name;
+    ASSERT_EQ(smp.bytes.size(), row_bytes(smp.type, 512)) << name;
+    dequantize_row(smp.type, smp.bytes.data(), out.data(), 512);
+    for (int i = 0; i < 16; ++i) EXPECT_EQ(out[at[i]], smp.want[i]) << name << " value " << at[i];
+    double sum = 0, sum_abs = 0;
+    for (float v : out) sum += v, sum_abs += std::fabs(v);
+    EXPECT_NEAR(sum, smp.sum, 1e-5) << name;
+    EXPECT_NEAR(sum_abs, smp.sum_abs, 1e-5) << name;
+  }
+}
+
 TEST(TensorType, DequantizeF16AndF32) {
   const uint16_t h[4] = {0x3C00, 0xC000, 0x3555, 0x0000};
   float out[4];
@@ -290,8 +414,9 @@ TEST(TensorType, DequantizeF16AndF32) {
 using GgufReader = TempDir;
 
 TEST_F(GgufReader, TinyLlamaEveryType) {
-  for (auto t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                 tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
+  for (auto t :
+       {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
+        tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q5_1, tensor_type::bf16}) {
     tiny_llama_options o;
     o.matrix_type = t;
     o.embd_type = t;
@@ -438,9 +563,9 @@ TEST_F(GgufReader, BadHeaders) {
 TEST_F(GgufReader, UnsupportedTensorTypeIsNamed) {
   gguf_writer w = make_tiny_llama();
   auto* t = w.find_tensor("blk.0.ffn_down.weight");
-  t->type = 13;  // Q5_K
+  t->type = 23;  // IQ4_XS
   auto msg = open_error(write("k.gguf", w.bytes()));
-  EXPECT_TRUE(contains(msg, "tensor 'blk.0.ffn_down.weight' has type Q5_K")) << msg;
+  EXPECT_TRUE(contains(msg, "tensor 'blk.0.ffn_down.weight' has type IQ4_XS")) << msg;
   // A K-quant troupe runs, on rows that are not whole super-blocks.
   t->type = 12;  // Q4_K
   msg = open_error(write("k.gguf", w.bytes()));
@@ -512,6 +637,64 @@ TEST_F(GgufReader, BadMetadata) {
     const auto msg = open_error(write("bad.gguf", w.bytes()));
     EXPECT_TRUE(contains(msg, c.expected)) << msg;
   }
+}
+
+// Llama 3's RoPE scaling as llama.cpp reads it: rope_freqs factors (one per
+// rotated pair), the linear factor under "linear" or "none", the old key
+// name; YaRN, attention factors, bad factors and a misshapen rope_freqs are
+// refused by name.
+TEST_F(GgufReader, RopeScaling) {
+  {
+    gguf_writer w = make_tiny_llama();
+    std::vector<float> ff(8);  // head_dim 16: 8 pairs
+    for (size_t i = 0; i < ff.size(); ++i) ff[i] = 1.0f + static_cast<float>(i);
+    std::vector<uint8_t> bytes(ff.size() * sizeof(float));
+    std::memcpy(bytes.data(), ff.data(), bytes.size());
+    w.add_tensor("rope_freqs.weight", 0, {8}, bytes);
+    w.set_str("llama.rope.scaling.type", "linear");
+    w.set_f32("llama.rope.scaling.factor", 4.0f);
+    const auto m = model_file::open(write("r.gguf", w.bytes()));
+    EXPECT_EQ(m->hparams().rope_freq_factors, ff);
+    EXPECT_EQ(m->hparams().rope_freq_scale, 0.25f);
+  }
+  {
+    gguf_writer w = make_tiny_llama();
+    w.set_f32("llama.rope.scale_linear", 2.0f);  // the old key, no type: linear
+    EXPECT_EQ(model_file::open(write("r.gguf", w.bytes()))->hparams().rope_freq_scale, 0.5f);
+  }
+  {
+    gguf_writer w = make_tiny_llama();
+    w.set_str("llama.rope.scaling.type", "none");
+    const auto m = model_file::open(write("r.gguf", w.bytes()));
+    EXPECT_EQ(m->hparams().rope_freq_scale, 1.0f);
+    EXPECT_TRUE(m->hparams().rope_freq_factors.empty());
+  }
+  using W = gguf_writer;
+  const std::vector<damage> cases = {
+      {[](W& w) { w.set_str("llama.rope.scaling.type", "yarn"); }, "RoPE scaling 'yarn'"},
+      {[](W& w) { w.set_f32("llama.rope.scaling.factor", -2.0f); },
+       "'llama.rope.scaling.factor' is -2"},
+      {[](W& w) { w.set_f32("llama.rope.scaling.attn_factor", 0.5f); },
+       "'llama.rope.scaling.attn_factor'"},
+      {[](W& w) { w.add_tensor("rope_freqs.weight", 0, {4}, std::vector<uint8_t>(16, 0)); },
+       "'rope_freqs.weight' must be F32 of 8 values"},
+      {[](W& w) { w.add_tensor("rope_freqs.weight", 0, {8}, std::vector<uint8_t>(32, 0)); },
+       "'rope_freqs.weight' value 0 is 0"},
+  };
+  for (const auto& c : cases) {
+    gguf_writer w = make_tiny_llama();
+    c.apply(w);
+    const auto msg = open_error(write("bad.gguf", w.bytes()));
+    EXPECT_TRUE(contains(msg, c.expected)) << msg;
+  }
+}
+
+// Qwen 3's MoE layout needs experts; its experts' width has its own key.
+TEST_F(GgufReader, Qwen3MoeNeedsExperts) {
+  tiny_llama_options o;
+  o.arch = "qwen3moe";
+  const auto msg = open_error(write("q.gguf", make_tiny_llama(o).bytes()));
+  EXPECT_TRUE(contains(msg, "a qwen3moe file needs 'qwen3moe.expert_count' > 0")) << msg;
 }
 
 // ---------------------------------------------------------------- llama2.c

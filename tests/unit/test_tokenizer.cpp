@@ -277,7 +277,7 @@ TEST(Tokenizer, RefusesUnknownModels) {
   v.kinds = {token_kind::normal};
   EXPECT_THROW(tokenizer::create(v), std::runtime_error);
   v.model = "gpt2";
-  v.pre = "llama3";
+  v.pre = "tekken";
   EXPECT_THROW(tokenizer::create(v), std::runtime_error);
 }
 
