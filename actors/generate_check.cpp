@@ -33,14 +33,13 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
       if (g.chat().messages().empty()) return invalid("empty prompt: chat has no messages");
       std::vector<chat_message> msgs;
       for (const auto& m : g.chat().messages()) msgs.push_back({m.role(), m.content()});
-      std::string text;
+      chat_prompt chat;
       try {
-        text = render_chat(std::string(ctx.chat_template), msgs, true);
+        chat = render_chat_prompt(std::string(ctx.chat_template), *ctx.tok, msgs, true);
       } catch (const std::exception& e) {
         return invalid(std::string("chat prompt: ") + e.what());
       }
-      // A llama-2 prompt spells its own "<s>"; ChatML wants BOS only if the model does.
-      prompt = ctx.tok->encode(text, ctx.add_bos && text.rfind("<s>", 0) != 0, true);
+      prompt = ctx.tok->encode(chat.text, ctx.add_bos && !chat.carries_bos, true);
       break;
     }
     case wire::Generate::PROMPT_NOT_SET:

@@ -1,5 +1,8 @@
 #include "runtime/text/chat_template.hpp"
 
+#include "runtime/text/tokenizer.hpp"
+
+#include <ctime>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
@@ -71,6 +74,7 @@ std::string find_default_system(const std::string& source) {
 
 void check_role(chat_format f, const chat_message& m) {
   if (m.role == "system" || m.role == "user" || m.role == "assistant") return;
+  if (f == chat_format::jinja) return;  // the template decides (raise_exception)
   if (f == chat_format::llama3 && m.role == "ipython") return;
   if (f == chat_format::mistral &&
       (m.role == "available_tools" || m.role == "tool_calls" || m.role == "tool_results"))
@@ -231,6 +235,88 @@ std::string render_mistral(mistral_style style, const std::vector<chat_message>&
   return out;
 }
 
+// Phi-3 and the DeepSeek families, as llama.cpp's built-ins write them:
+// each role's opener, the content, and its closer; system messages as they
+// are (Phi-3: a turn of their own).
+std::string render_phi3_or_deepseek(chat_format f, const std::vector<chat_message>& messages,
+                                    bool add_generation_prompt) {
+  constexpr std::string_view eos =
+      "<\xEF\xBD\x9C"
+      "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+  constexpr std::string_view ds_user = "<\xEF\xBD\x9CUser\xEF\xBD\x9C>";
+  constexpr std::string_view ds_assistant =
+      "<\xEF\xBD\x9C"
+      "Assistant\xEF\xBD\x9C>";
+  std::string out;
+  for (const chat_message& m : messages) {
+    const bool system = m.role == "system", user = m.role == "user";
+    switch (f) {
+      case chat_format::phi3:
+        out.append("<|").append(m.role).append("|>\n").append(m.content).append("<|end|>\n");
+        break;
+      case chat_format::deepseek:
+        if (system)
+          out.append(m.content);
+        else if (user)
+          out.append("### Instruction:\n").append(m.content).append("\n");
+        else
+          out.append("### Response:\n").append(m.content).append("\n<|EOT|>\n");
+        break;
+      case chat_format::deepseek2:
+        if (system)
+          out.append(m.content).append("\n\n");
+        else if (user)
+          out.append("User: ").append(m.content).append("\n\n");
+        else
+          out.append("Assistant: ").append(m.content).append(eos);
+        break;
+      default:  // deepseek3
+        if (system)
+          out.append(m.content).append("\n\n");
+        else if (user)
+          out.append(ds_user).append(m.content);
+        else
+          out.append(ds_assistant).append(m.content).append(eos);
+        break;
+    }
+  }
+  if (add_generation_prompt) {
+    out.append(f == chat_format::phi3        ? std::string_view("<|assistant|>\n")
+               : f == chat_format::deepseek  ? std::string_view("### Response:\n")
+               : f == chat_format::deepseek2 ? std::string_view("Assistant:")
+                                             : ds_assistant);
+  }
+  return out;
+}
+
+bool has(const std::string& source, std::string_view marker) {
+  return source.find(marker) != std::string::npos;
+}
+
+jinja::value jinja_context(const chat_template_info& info,
+                           const std::vector<chat_message>& messages, bool add_generation_prompt) {
+  jinja::value ctx = jinja::value::object();
+  ctx["messages"] = jinja::value::array();
+  for (const chat_message& m : messages)
+    ctx["messages"].push_back({{"role", m.role}, {"content", m.content}});
+  ctx["add_generation_prompt"] = add_generation_prompt;
+  ctx["bos_token"] = info.bos_token;
+  ctx["eos_token"] = info.eos_token;
+  ctx["enable_thinking"] = true;  // as llama.cpp passes it by default
+  // Today's date as llama.cpp gives it (date_string "26 Nov 2026", datetime
+  // "Nov 26 2026"); a fixed date_string where the caller sets one.
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  auto format = [&](const char* f) {
+    char buf[32];
+    return std::string(buf, std::strftime(buf, sizeof buf, f, &tm));
+  };
+  ctx["date_string"] = info.date_string.empty() ? format("%d %b %Y") : info.date_string;
+  ctx["datetime"] = format("%b %d %Y");
+  return ctx;
+}
+
 }  // namespace
 
 chat_template_info parse_chat_template(const std::string& source) {
@@ -245,6 +331,10 @@ chat_template_info parse_chat_template(const std::string& source) {
     info.format = chat_format::llama2;
     return info;
   }
+  if (has(source, "<|assistant|>") && has(source, "<|end|>")) {
+    info.format = chat_format::phi3;
+    return info;
+  }
   if (source.find("<start_of_turn>") != std::string::npos) {
     info.format = chat_format::gemma;
     return info;
@@ -252,6 +342,24 @@ chat_template_info parse_chat_template(const std::string& source) {
   if (source.find("<|start_header_id|>") != std::string::npos &&
       source.find("<|end_header_id|>") != std::string::npos) {
     info.format = chat_format::llama3;
+    return info;
+  }
+  if (has(source, "### Instruction:") && has(source, "<|EOT|>")) {
+    info.format = chat_format::deepseek;
+    return info;
+  }
+  if (has(source, "'Assistant: ' + message['content'] + eos_token")) {
+    info.format = chat_format::deepseek2;
+    return info;
+  }
+  if (has(source,
+          "<\xEF\xBD\x9C"
+          "Assistant\xEF\xBD\x9C>") &&
+      has(source, "<\xEF\xBD\x9CUser\xEF\xBD\x9C>") &&
+      has(source,
+          "<\xEF\xBD\x9C"
+          "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>")) {
+    info.format = chat_format::deepseek3;
     return info;
   }
   // Mistral's official v1, v3 and v3-tekken templates, told apart as
@@ -266,9 +374,15 @@ chat_template_info parse_chat_template(const std::string& source) {
                                                                     : mistral_style::v3;
     return info;
   }
-  refuse(source,
-         "neither ChatML, llama-2 [INST]/<<SYS>>, Gemma <start_of_turn>, Llama 3 "
-         "<|start_header_id|> nor Mistral [INST]/[AVAILABLE_TOOLS]");
+  try {
+    return jinja_chat_template(source);
+  } catch (const std::exception& e) {
+    refuse(source,
+           "neither ChatML, llama-2 [INST]/<<SYS>>, Phi-3 <|assistant|>/<|end|>, Gemma "
+           "<start_of_turn>, Llama 3 <|start_header_id|>, DeepSeek (Coder, V2, V3) nor Mistral "
+           "[INST]/[AVAILABLE_TOOLS], and not Jinja troupe can run: " +
+               std::string(e.what()));
+  }
 }
 
 std::string render_chat(const chat_template_info& info, const std::vector<chat_message>& messages,
@@ -285,8 +399,52 @@ std::string render_chat(const chat_template_info& info, const std::vector<chat_m
       return render_llama3(messages, add_generation_prompt);
     case chat_format::mistral:
       return render_mistral(info.mistral, messages);
+    case chat_format::phi3:
+    case chat_format::deepseek:
+    case chat_format::deepseek2:
+    case chat_format::deepseek3:
+      return render_phi3_or_deepseek(info.format, messages, add_generation_prompt);
+    case chat_format::jinja: {
+      if (info.system_role || messages.empty() || messages.front().role != "system")
+        return info.program->render(jinja_context(info, messages, add_generation_prompt));
+      // As llama.cpp: the system message joins the next one, or goes.
+      std::vector<chat_message> folded(messages.begin() + 1, messages.end());
+      if (!folded.empty())
+        folded.front().content = messages.front().content + "\n" + folded.front().content;
+      return info.program->render(jinja_context(info, folded, add_generation_prompt));
+    }
   }
   throw std::runtime_error("unsupported chat template: unknown format");
+}
+
+chat_template_info jinja_chat_template(const std::string& source) {
+  chat_template_info info;
+  info.format = chat_format::jinja;
+  info.program = std::make_shared<const jinja::program>(source);
+  // llama.cpp's capability probe: does a system message's text come out?
+  constexpr std::string_view probe = "System message";
+  try {
+    const std::string out = info.program->render(
+        jinja_context(info, {{"system", std::string(probe)}, {"user", "User message"}}, false));
+    info.system_role = out.find(probe) != std::string::npos;
+  } catch (const std::exception&) {
+    info.system_role = false;
+  }
+  return info;
+}
+
+chat_prompt render_chat_prompt(const std::string& template_source, const tokenizer& tok,
+                               const std::vector<chat_message>& messages,
+                               bool add_generation_prompt) {
+  chat_template_info info = parse_chat_template(template_source);
+  if (tok.bos() >= 0) info.bos_token = tok.piece(tok.bos());
+  if (tok.eos() >= 0) info.eos_token = tok.piece(tok.eos());
+  chat_prompt p;
+  p.text = render_chat(info, messages, add_generation_prompt);
+  // A llama-2 prompt spells its own "<s>"; a Jinja one may write bos_token.
+  p.carries_bos = p.text.rfind("<s>", 0) == 0 ||
+                  (!info.bos_token.empty() && p.text.rfind(info.bos_token, 0) == 0);
+  return p;
 }
 
 std::string render_chat(const std::string& template_source,

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -178,14 +180,103 @@ TEST(ChatTemplate, Llama3AndMistralAsLlamaCppRendersThem) {
   EXPECT_THROW(render_chat(v3, {{"ipython", "x"}}, true), std::runtime_error);
 }
 
+// Phi-3 and DeepSeek's Coder, V2 and V3/R1 families, recognised by the
+// markers llama.cpp looks for and rendered as its built-ins render them.
+TEST(ChatTemplate, Phi3AndDeepSeekAsLlamaCppRendersThem) {
+  const std::vector<chat_message> messages = {
+      {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Sky?"}};
+  const std::string phi3 =
+      "{% for message in messages %}{{'<|' + message['role'] + '|>' + '\n' + message['content'] "
+      "+ '<|end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
+      "{% endif %}";
+  EXPECT_EQ(parse_chat_template(phi3).format, chat_format::phi3);
+  EXPECT_EQ(render_chat(phi3, messages, true),
+            "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n"
+            "<|user|>\nSky?<|end|>\n<|assistant|>\n");
+  const std::string coder = "{{ '### Instruction:\n' + content }}{{ '\n<|EOT|>\n' }}";
+  EXPECT_EQ(render_chat(coder, messages, true),
+            "Be brief.### Instruction:\nHi\n### Response:\nHello.\n<|EOT|>\n"
+            "### Instruction:\nSky?\n### Response:\n");
+  const std::string v2 = "{{ 'Assistant: ' + message['content'] + eos_token }}";
+  EXPECT_EQ(render_chat(v2, messages, true),
+            "Be brief.\n\nUser: Hi\n\nAssistant: Hello.<\uff5cend\u2581of\u2581sentence\uff5c>"
+            "User: Sky?\n\nAssistant:");
+  const std::string v3 =
+      "{{'<\uff5cUser\uff5c>' + c}}{{'<\uff5cAssistant\uff5c>' + c + "
+      "'<\uff5cend\u2581of\u2581sentence\uff5c>'}}";
+  EXPECT_EQ(parse_chat_template(v3).format, chat_format::deepseek3);
+  EXPECT_EQ(render_chat(v3, messages, false),
+            "Be brief.\n\n<\uff5cUser\uff5c>Hi<\uff5cAssistant\uff5c>Hello."
+            "<\uff5cend\u2581of\u2581sentence\uff5c><\uff5cUser\uff5c>Sky?");
+}
+
+// A template of no known family runs through the Jinja interpreter, with
+// the caller's special tokens; one it cannot run is refused, naming why.
+TEST(ChatTemplate, OtherTemplatesRunAsJinja) {
+  const std::string zephyr =
+      "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] + eos_token }}\n{% endfor %}"
+      "{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+  auto info = parse_chat_template(zephyr);
+  EXPECT_EQ(info.format, chat_format::jinja);
+  info.eos_token = "</s>";
+  EXPECT_EQ(render_chat(info, {{"user", "Hi"}, {"tool", "42"}}, true),
+            "<|user|>\nHi</s>\n<|tool|>\n42</s>\n<|assistant|>\n");
+  const std::string strict =
+      "{% if messages[0]['role'] != 'user' %}{{ raise_exception('user first') }}{% endif %}ok";
+  try {
+    render_chat(strict, {{"assistant", "x"}}, true);
+    FAIL() << "expected the template's own error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("user first"), std::string::npos) << e.what();
+  }
+}
+
+// Real models' templates (Llama 3.1 and 3.3, Qwen 2.5 and 3, DeepSeek R1,
+// Phi-3.5, Mistral Nemo, SmolLM3, Hermes 3, Gemma 2, Kimi K2, Command R+),
+// three conversations each, run as Jinja and compared with llama.cpp's
+// `llama-server --jinja` renderings (tests/data/chat_template_golden.json,
+// recorded by tools/record_template_golden.py), its system-role fold for
+// templates that drop or refuse system messages (Gemma 2) included.
+TEST(ChatTemplate, RealTemplatesAsJinjaRenderAsLlamaCppRendersThem) {
+  std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/tests/data/chat_template_golden.json");
+  ASSERT_TRUE(in.good());
+  const auto golden = nlohmann::json::parse(in);
+  ASSERT_GE(golden.size(), 8u);
+  for (auto it = golden.begin(); it != golden.end(); ++it) {
+    SCOPED_TRACE(it.key());
+    const auto& g = it.value();
+    auto info = jinja_chat_template(g["source"].get<std::string>());
+    info.bos_token = g["bos_token"].get<std::string>();
+    info.eos_token = g["eos_token"].get<std::string>();
+    info.date_string = g["date_string"].get<std::string>();
+    for (const auto& c : g["conversations"]) {
+      std::vector<chat_message> messages;
+      for (const auto& m : c["messages"]) messages.push_back({m["role"], m["content"]});
+      if (!c["error"].is_null()) {
+        EXPECT_THROW(render_chat(info, messages, true), std::runtime_error) << c["error"];
+        continue;
+      }
+      // llama.cpp drops a leading BOS from the text (its tokenizer adds
+      // one); troupe keeps it and adds none (chat_prompt): same tokens.
+      std::string got = render_chat(info, messages, true);
+      if (!info.bos_token.empty() && got.rfind(info.bos_token, 0) == 0)
+        got.erase(0, info.bos_token.size());
+      EXPECT_EQ(got, c["prompt"].get<std::string>()) << c["messages"].dump();
+    }
+  }
+}
+
 TEST(ChatTemplate, RefusesUnknownTemplatesAndRoles) {
   EXPECT_THROW(render_chat("", {{"user", "Hi"}}, true), std::runtime_error);
   try {
-    render_chat("{% for m in messages %}<|user|>{{ m.content }}<|end|>{% endfor %}",
-                {{"user", "Hi"}}, true);
+    render_chat(
+        "{% filter upper %}{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% endfilter %}",
+        {{"user", "Hi"}}, true);
     FAIL() << "expected a refusal";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported chat template"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("unsupported statement 'filter'"), std::string::npos);
   }
   EXPECT_THROW(render_chat(k_smollm_source, {{"tool", "x"}}, true), std::runtime_error);
 }

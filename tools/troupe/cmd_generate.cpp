@@ -111,8 +111,8 @@ int run_generate(const generate_flags& f) {
     std::vector<chat_message> msgs;
     if (!f.system.empty()) msgs.push_back({"system", f.system});
     msgs.push_back({"user", f.chat});
-    const auto text = render_chat(model->vocab().chat_template, msgs, true);
-    prompts.push_back(tok->encode(text, model->vocab().add_bos, true));
+    const auto chat = render_chat_prompt(model->vocab().chat_template, *tok, msgs, true);
+    prompts.push_back(tok->encode(chat.text, model->vocab().add_bos && !chat.carries_bos, true));
   } else {
     for (const auto& p : f.prompts)
       prompts.push_back(tok->encode(p, model->vocab().add_bos && !f.no_bos, false));

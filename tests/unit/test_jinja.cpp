@@ -1,0 +1,142 @@
+// The Jinja interpreter (runtime/text/jinja) on the constructs chat
+// templates use, each against what Jinja2 (with Hugging Face's trim_blocks
+// and lstrip_blocks) renders; real models' templates against llama.cpp's
+// renderings are in test_chat_template.cpp.
+#include <gtest/gtest.h>
+
+#include "runtime/text/jinja.hpp"
+
+namespace troupe {
+namespace {
+
+using jinja::value;
+
+std::string render(const std::string& source, const value& ctx = value::object()) {
+  return jinja::program(source).render(ctx);
+}
+
+std::string error_of(const std::string& source, const value& ctx = value::object()) {
+  try {
+    render(source, ctx);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Jinja, TextOutputsAndLiterals) {
+  EXPECT_EQ(render("plain text"), "plain text");
+  EXPECT_EQ(render("{{ 'a' + \"b\" ~ 3 }}"), "ab3");
+  EXPECT_EQ(render("{{ 1 + 2 * 3 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 7 / 2 }} {{ 2 ** 3 }}"),
+            "7 3 1 3.5 8");
+  EXPECT_EQ(render("{{ true }} {{ none }} {{ [1, 'x'] }} {{ {'k': 1} }} {{ 1.0 }}"),
+            "True None [1, 'x'] {'k': 1} 1.0");
+  EXPECT_EQ(render("{{ undefined_name }}|"), "|");
+  EXPECT_EQ(render("{{ 'a' if x else 'b' }}{{ 'c' if not x }}", {{"x", false}}), "bc");
+  EXPECT_EQ(render("{# a comment #}x"), "x");
+}
+
+TEST(Jinja, WhitespaceControlTrimAndLstripBlocks) {
+  // trim_blocks: the newline after a block tag goes; lstrip_blocks: the
+  // blanks before a block tag on its own line go.
+  EXPECT_EQ(render("{% if true %}\n  yes\n  {% endif %}\nend"), "  yes\nend");
+  EXPECT_EQ(render("a  {{- ' b ' -}}  c"), "a b c");
+  EXPECT_EQ(render("x {%- if true -%} y {%- endif -%} z"), "xyz");
+  EXPECT_EQ(render("{{ 'a' }}\n{{ 'b' }}"), "a\nb");  // expressions keep their newline
+  EXPECT_EQ(render("{{ '}}' }}"), "}}");              // a closer inside a string is text
+}
+
+TEST(Jinja, LoopsAndLoopVariables) {
+  const value ctx = {{"xs", {"a", "b", "c"}}};
+  EXPECT_EQ(render("{% for x in xs %}{{ loop.index }}{{ x }}{% if not loop.last %},{% endif %}"
+                   "{% endfor %}",
+                   ctx),
+            "1a,2b,3c");
+  EXPECT_EQ(
+      render("{% for x in xs if x != 'b' %}{{ loop.index0 }}/{{ loop.length }}{% endfor %}", ctx),
+      "0/21/2");
+  EXPECT_EQ(render("{% for x in [] %}x{% else %}empty{% endfor %}"), "empty");
+  EXPECT_EQ(render("{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}={{ v }};{% endfor %}"),
+            "a=1;b=2;");
+  EXPECT_EQ(
+      render("{% for x in xs %}{% if x == 'b' %}{% break %}{% endif %}{{ x }}{% endfor %}", ctx),
+      "a");
+  EXPECT_EQ(render("{% for x in xs[::-1] %}{{ x }}{% endfor %}{{ xs[1:] }}{{ xs[-1] }}", ctx),
+            "cba['b', 'c']c");
+  EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% endfor %}"), "012");
+}
+
+TEST(Jinja, SetNamespacesAndScopes) {
+  // A set inside a loop stays in the loop; a namespace carries it out.
+  EXPECT_EQ(render("{% set n = 0 %}{% for x in [1, 2] %}{% set n = n + x %}{% endfor %}{{ n }}"),
+            "0");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for x in [1, 2] %}{% set ns.n = ns.n + x %}"
+                   "{% endfor %}{{ ns.n }}"),
+            "3");
+  EXPECT_EQ(render("{% set a, b = 1, 2 %}{{ b }}{{ a }}"), "21");
+  EXPECT_EQ(render("{% set s %}in {{ 'block' }}{% endset %}[{{ s }}]"), "[in block]");
+}
+
+TEST(Jinja, FiltersTestsAndMethods) {
+  EXPECT_EQ(render("{{ '  hi  ' | trim }}|{{ 'ab' | upper }}|{{ [1, 2] | length }}"), "hi|AB|2");
+  EXPECT_EQ(render("{{ {'a': [1, 'x'], 'b': none} | tojson }}"),
+            "{\"a\": [1, \"x\"], \"b\": null}");
+  EXPECT_EQ(render("{{ {'a': 1} | tojson(indent=2) }}"), "{\n  \"a\": 1\n}");
+  EXPECT_EQ(render("{{ ['a', 'b'] | join(', ') }}|{{ x | default('d') }}|{{ [3, 1] | first }}"),
+            "a, b|d|3");
+  const value msgs = {
+      {"messages", {{{"role", "system"}, {"content", "s"}}, {{"role", "user"}, {"content", "u"}}}}};
+  EXPECT_EQ(render("{{ messages | selectattr('role', 'equalto', 'user') | map(attribute='content')"
+                   " | list }}",
+                   msgs),
+            "['u']");
+  EXPECT_EQ(render("{{ x is defined }}{{ x is not none }}{{ 'a' is string }}{{ 3 is odd }}"
+                   "{{ {} is mapping }}{{ 'b' in 'abc' }}{{ 'z' not in ['a'] }}"),
+            "FalseTrueTrueTrueTrueTrueTrue");
+  EXPECT_EQ(render("{{ ' a b '.strip() }}|{{ 'a,b'.split(',') }}|{{ 'abc'.startswith('ab') }}|"
+                   "{{ {'k': 1}.get('k') }}{{ {'k': 1}.get('z', 9) }}|{{ 'Hi'.lower() }}"),
+            "a b|['a', 'b']|True|19|hi");
+}
+
+TEST(Jinja, MacrosAndRaiseException) {
+  EXPECT_EQ(render("{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
+                   "{{ greet('Ann') }} {{ greet('Bo', punct='?') }}"),
+            "Hi Ann! Hi Bo?");
+  EXPECT_NE(error_of("{{ raise_exception('roles must alternate') }}").find("roles must alternate"),
+            std::string::npos);
+}
+
+TEST(Jinja, ErrorsNameTheLine) {
+  EXPECT_NE(error_of("ok\n{% if x %}").find("line 2"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'open }}").find("never closed"), std::string::npos);
+  EXPECT_NE(error_of("{% filter upper %}x{% endfilter %}").find("unsupported statement 'filter'"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ x | nosuchfilter }}").find("unsupported filter 'nosuchfilter'"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ 1 / 0 }}").find("division by zero"), std::string::npos);
+  EXPECT_NE(error_of("{% for x in 3 %}{% endfor %}").find("not iterable"), std::string::npos);
+}
+
+// A template is the model file's, but a hostile one must not crash or
+// hang the server: nesting, recursion, chains and sizes are bounded.
+TEST(Jinja, HostileTemplatesAreRefusedNotCrashed) {
+  EXPECT_NE(error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}")
+                .find("nested deeper than 200"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ " + std::string(100000, '-') + "1 }}").find("over 4096 tokens"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}")
+                .find("macro calls nested deeper than 100"),
+            std::string::npos);
+  std::string ifs;
+  for (int i = 0; i < 1000; ++i) ifs += "{% if 1 %}";
+  EXPECT_NE(error_of(ifs).find("blocks nested deeper than 200"), std::string::npos);
+  EXPECT_NE(error_of("{{ 'ab' * 100000000000 }}").find("over 16 MiB"), std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(1000000000000) %}{% endfor %}").find("over a million"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% for i in range(1000) %}{{ 'x' * 100000 }}{% endfor %}").find("16 MiB"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace troupe
