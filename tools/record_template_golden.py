@@ -17,14 +17,13 @@ Templates that read the clock (strftime_now) are left out: their output
 depends on the day.
 """
 import argparse
-import contextlib
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
+
+from record_moe_golden import llama_server  # same folder
 
 TEMPLATES = [
     "meta-llama-Llama-3.1-8B-Instruct",
@@ -53,12 +52,6 @@ CONVERSATIONS = [
 ]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def call(port, path, body=None):
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path),
                                  data=None if body is None else json.dumps(body).encode(),
@@ -68,29 +61,6 @@ def call(port, path, body=None):
             return json.loads(r.read())
     except urllib.error.HTTPError as e:  # a template's raise_exception
         return {"error": json.loads(e.read()).get("error", {}).get("message", str(e))}
-
-
-@contextlib.contextmanager
-def llama_server(bin_dir, model, template):
-    port = free_port()
-    proc = subprocess.Popen([os.path.join(bin_dir, "llama-server"), "-m", model, "--port",
-                             str(port), "-t", "2", "-c", "256", "--jinja",
-                             "--chat-template-file", template],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(300):
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=1) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("llama-server did not get ready")
-        yield port
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def main():
@@ -109,7 +79,8 @@ def main():
             print("[template] %s: reads the clock, left out" % name, file=sys.stderr)
             continue
         print("[template] %s" % name, file=sys.stderr)
-        with llama_server(args.llama_bin, args.model, path) as port:
+        with llama_server(args.llama_bin, args.model,
+                          ["-c", "256", "--jinja", "--chat-template-file", path]) as port:
             props = call(port, "/props")
             rendered = []
             for messages in CONVERSATIONS:
