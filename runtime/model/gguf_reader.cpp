@@ -419,8 +419,9 @@ void gguf_file::build_hparams() {
   if (h.rope_dims % 2 != 0)
     fail("metadata key '" + a + "rope.dimension_count' must be even, got " +
          std::to_string(h.rope_dims));
-  // As llama.cpp reads them: the factor applies under "linear" (the default)
-  // and "none" alike; YaRN and LongRoPE change more than the angle.
+  // As llama.cpp reads them: the factor applies under "linear" (the
+  // default), "none" sets the scale back to 1; YaRN and LongRoPE change
+  // more than the angle.
   const std::string scaling = get_string(a + "rope.scaling.type", "linear");
   if (scaling != "none" && scaling != "linear")
     fail("RoPE scaling '" + scaling + "' (" + a +
@@ -428,7 +429,7 @@ void gguf_file::build_hparams() {
          "rope_freqs factors)");
   const std::string factor_key =
       find_kv(a + "rope.scaling.factor") ? a + "rope.scaling.factor" : a + "rope.scale_linear";
-  if (const double factor = get_float(factor_key, 0.0); factor != 0.0) {
+  if (const double factor = get_float(factor_key, 0.0); factor != 0.0 && scaling == "linear") {
     if (!(factor > 0.0) || !std::isfinite(factor))
       fail("metadata key '" + factor_key + "' is " + std::to_string(factor) +
            ", not a positive number");

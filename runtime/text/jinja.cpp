@@ -31,15 +31,24 @@ bool is_blank(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-int line_at(const std::string& s, size_t pos) {
-  return 1 + static_cast<int>(std::count(s.begin(), s.begin() + static_cast<long>(pos), '\n'));
-}
+// Line numbers of increasing positions, counted once (a cursor).
+struct line_counter {
+  const std::string& s;
+  size_t at = 0;
+  int line = 1;
+  int operator()(size_t pos) {
+    for (; at < pos && at < s.size(); ++at)
+      if (s[at] == '\n') ++line;
+    return line;
+  }
+};
 
 // Cuts the source into text, {{ }} and {% %} segments (comments dropped),
 // applying whitespace control and Hugging Face's trim_blocks and
 // lstrip_blocks.
 std::vector<segment> split_segments(const std::string& src) {
   std::vector<segment> out;
+  line_counter line_at{src};
   bool trim_next = false;   // a "-" closer: strip all blanks from the next text
   bool block_next = false;  // trim_blocks: drop one newline after a block tag
   size_t pos = 0;
@@ -61,7 +70,7 @@ std::vector<segment> split_segments(const std::string& src) {
         text.erase(0, 1);
     }
     if (open == std::string::npos) {
-      if (!text.empty()) out.push_back({segment::text, text, line_at(src, pos)});
+      if (!text.empty()) out.push_back({segment::text, text, line_at(pos)});
       break;
     }
     const char kind = src[open + 1];
@@ -82,7 +91,7 @@ std::vector<segment> split_segments(const std::string& src) {
         text.erase(text.size() - n);
       }
     }
-    if (!text.empty()) out.push_back({segment::text, text, line_at(src, pos)});
+    if (!text.empty()) out.push_back({segment::text, text, line_at(pos)});
     const std::string closer = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
     const size_t body_at = open + 2 + ((strip_before || keep_before) ? 1 : 0);
     // The closer outside string literals ('}}' inside a quoted string is text).
@@ -90,7 +99,9 @@ std::vector<segment> split_segments(const std::string& src) {
     if (kind == '#') {
       close = src.find(closer, body_at);
     } else {
+      // ... and outside a dict literal's braces ({{ {'a': {'b': 1}} }}).
       char quote = 0;
+      int braces = 0;
       for (size_t i = body_at; i + 1 < src.size(); ++i) {
         if (quote) {
           if (src[i] == '\\')
@@ -99,13 +110,17 @@ std::vector<segment> split_segments(const std::string& src) {
             quote = 0;
         } else if (src[i] == '\'' || src[i] == '"') {
           quote = src[i];
-        } else if (src.compare(i, 2, closer) == 0) {
+        } else if (braces == 0 && src.compare(i, 2, closer) == 0) {
           close = i;
           break;
+        } else if (src[i] == '{') {
+          ++braces;
+        } else if (src[i] == '}' && braces > 0) {
+          --braces;
         }
       }
     }
-    const int line = line_at(src, open);
+    const int line = line_at(open);
     if (close == std::string::npos) fail(line, "a tag opened here is never closed");
     size_t body_end = close;
     trim_next = close > body_at && src[close - 1] == '-';
@@ -321,22 +336,23 @@ class expr_parser {
       auto e = make(expr::e_unary);
       e->name = "not";
       e->kids = {not_expr()};
+      --depth_;
       return e;
     }
     return compare();
   }
   eptr compare() {
-    eptr a = concat();
+    eptr a = additive();
     for (;;) {
       if (peek().kind == token::t_op &&
           (is_op("==") || is_op("!=") || is_op("<") || is_op(">") || is_op("<=") || is_op(">="))) {
         const std::string op = toks_[pos_++].text;
-        a = binary(op, a, concat());
+        a = binary(op, a, additive());
       } else if (accept_name("in")) {
-        a = binary("in", a, concat());
+        a = binary("in", a, additive());
       } else if (is_name("not") && is_name("in", 1)) {
         pos_ += 2;
-        a = binary("not in", a, concat());
+        a = binary("not in", a, additive());
       } else if (accept_name("is")) {
         auto e = make(expr::e_test);
         e->negate = accept_name("not");
@@ -347,7 +363,7 @@ class expr_parser {
         } else if (!done() && (peek().kind == token::t_str || peek().kind == token::t_num ||
                                (peek().kind == token::t_name && !is_name("and") && !is_name("or") &&
                                 !is_name("else") && !is_name("if")))) {
-          e->kids.push_back(concat());  // "is divisibleby 3", "is equalto x"
+          e->kids.push_back(additive());  // "is divisibleby 3", "is equalto x"
         }
         a = e;
       } else {
@@ -355,22 +371,23 @@ class expr_parser {
       }
     }
   }
-  eptr concat() {
-    eptr a = additive();
-    while (accept_op("~")) a = binary("~", a, additive());
-    return a;
-  }
+  // Jinja2's order: + and - over ~ over * / // %.
   eptr additive() {
-    eptr a = multiplicative();
+    eptr a = concat();
     for (;;) {
       if (accept_op("+")) {
-        a = binary("+", a, multiplicative());
+        a = binary("+", a, concat());
       } else if (accept_op("-")) {
-        a = binary("-", a, multiplicative());
+        a = binary("-", a, concat());
       } else {
         return a;
       }
     }
+  }
+  eptr concat() {
+    eptr a = multiplicative();
+    while (accept_op("~")) a = binary("~", a, multiplicative());
+    return a;
   }
   eptr multiplicative() {
     eptr a = power();
@@ -395,6 +412,7 @@ class expr_parser {
       auto e = make(expr::e_unary);
       e->name = toks_[pos_++].text;
       e->kids = {unary()};
+      --depth_;
       return e;
     }
     return postfix(primary());
@@ -741,7 +759,7 @@ std::string number_text(double d) {
   for (int prec = 1; prec <= 17; ++prec) {
     char b2[64];
     std::snprintf(b2, sizeof b2, "%.*g", prec, d);
-    if (std::stod(b2) == d) return b2;
+    if (std::strtod(b2, nullptr) == d) return b2;
   }
   return buf;
 }
@@ -809,7 +827,7 @@ void dump_json(const value& v, int indent, int depth, std::string& out) {
       if (!first) out += indent < 0 ? ", " : ",";
       first = false;
       newline(depth + 1);
-      if (obj) out += value(it.key()).dump(-1, ' ', false) + ": ";
+      if (obj) out += value(it.key()).dump(-1, ' ', false, value::error_handler_t::replace) + ": ";
       dump_json(it.value(), indent, depth + 1, out);
     }
     newline(depth);
@@ -849,10 +867,36 @@ class renderer {
   // Bounds on what one rendering may do (a model file's template is the
   // operator's, but must not hang or exhaust the process either).
   static constexpr size_t k_max_output = 16u << 20;
-  static constexpr int k_max_calls = 100;
   static constexpr int64_t k_max_items = 1000000;
 
+  // One per run()/eval() frame: bounds the recursion (macros calling
+  // macros, filters on filters) and the total work of a rendering.
+  struct frame {
+    renderer& r;
+    frame(renderer& owner, int line) : r(owner) {
+      if (++r.depth_ > 256) fail(line, "the rendering nested deeper than 256");
+      if (++r.steps_ > 2000000) fail(line, "the rendering took over 2 million steps");
+    }
+    ~frame() { --r.depth_; }
+  };
+  // A scope pushed for a loop or a macro, popped however it ends.
+  struct scope {
+    renderer& r;
+    explicit scope(renderer& owner) : r(owner) { r.scopes_.emplace_back(); }
+    ~scope() { r.scopes_.pop_back(); }
+  };
+
+  // Values a template builds (list and dict literals, append, list +):
+  // nested at most 64 deep, a million elements in all per rendering.
+  void admit(const value& v, int line, int depth = 0) {
+    if (depth > 64) fail(line, "values nested deeper than 64");
+    if (++built_ > 1000000) fail(line, "the rendering built over a million values");
+    if (v.is_structured())
+      for (const auto& x : v) admit(x, line, depth + 1);
+  }
+
   void run(const node& n, std::string& out) {
+    const frame f(*this, n.line);
     if (out.size() > k_max_output) fail(n.line, "the rendering passed 16 MiB");
     switch (n.kind) {
       case node::n_seq:
@@ -931,8 +975,9 @@ class renderer {
     } else if (!is_undefined(items) && !items.is_null()) {
       fail(n.line, repr(items) + " is not iterable");
     }
-    scopes_.emplace_back();
+    const scope loop_scope(*this);
     auto bind = [&](const value& item) {
+      scopes_.back().clear();  // each pass starts from the outer values, as in Jinja
       if (n.targets.size() == 1) {
         scopes_.back()[n.targets[0]] = item;
         return;
@@ -972,10 +1017,10 @@ class renderer {
     } catch (const break_signal&) {
     }
     if (len == 0 && n.else_body) run(*n.else_body, out);
-    scopes_.pop_back();
   }
 
   value eval(const expr& e) {
+    const frame f(*this, e.line);
     switch (e.kind) {
       case expr::e_literal:
         return e.lit;
@@ -1020,12 +1065,14 @@ class renderer {
       case expr::e_list: {
         value out = value::array();
         for (const auto& k : e.kids) out.push_back(eval(*k));
+        admit(out, e.line);
         return out;
       }
       case expr::e_dict: {
         value out = value::object();
         for (size_t i = 0; i + 1 < e.kids.size(); i += 2)
           out[to_text(eval(*e.kids[i]))] = eval(*e.kids[i + 1]);
+        admit(out, e.line);
         return out;
       }
     }
@@ -1072,11 +1119,12 @@ class renderer {
     int64_t stop =
         step > 0 ? clamp(part(2, n), 0, n) : (e.kids[2] ? clamp(part(2, -1), -1, n - 1) : -1);
     value out = str ? value(std::string()) : value::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (str)
         out.get_ref<std::string&>() += obj.get_ref<const std::string&>()[static_cast<size_t>(i)];
       else
         out.push_back(obj[static_cast<size_t>(i)]);
+      if (__builtin_add_overflow(i, step, &i)) break;
     }
     return out;
   }
@@ -1093,7 +1141,11 @@ class renderer {
     }
     const value a = eval(*e.kids[0]);
     const value b = eval(*e.kids[1]);
-    if (op == "~") return to_text(a) + to_text(b);
+    auto sized = [&](std::string v) {
+      if (v.size() > k_max_output) fail(e.line, "a string of over 16 MiB");
+      return v;
+    };
+    if (op == "~") return sized(to_text(a) + to_text(b));
     if (op == "==") return equal(a, b);
     if (op == "!=") return !equal(a, b);
     if (op == "in" || op == "not in") return contains(b, a, e.line) == (op == "in");
@@ -1113,17 +1165,19 @@ class renderer {
       return !lt;
     }
     if (op == "+") {
-      if (a.is_string() && b.is_string()) return a.get<std::string>() + b.get<std::string>();
+      if (a.is_string() && b.is_string()) return sized(a.get<std::string>() + b.get<std::string>());
       if (a.is_array() && b.is_array()) {
+        admit(b, e.line);
         value out = a;
         for (const auto& x : b) out.push_back(x);
         return out;
       }
     }
     if (op == "*" && a.is_string() && b.is_number_integer()) {
-      if (a.get_ref<const std::string&>().size() *
-              static_cast<size_t>(std::max<int64_t>(0, b.get<int64_t>())) >
-          k_max_output)
+      const size_t len = a.get_ref<const std::string&>().size();
+      const int64_t times = std::max<int64_t>(0, b.get<int64_t>());
+      if (len == 0) return std::string();
+      if (static_cast<uint64_t>(times) > k_max_output / len)
         fail(e.line, "a repeated string of over 16 MiB");
       std::string out;
       for (int64_t i = 0; i < b.get<int64_t>(); ++i) out += a.get<std::string>();
@@ -1221,6 +1275,8 @@ class renderer {
         if (a.pos.size() == 3) step = num(2);
         if (a.pos.empty() || step == 0) fail(e.line, "range needs 1 to 3 arguments, step not 0");
         if ((stop - start) / step > k_max_items) fail(e.line, "range of over a million items");
+        steps_ += (stop - start) / step;  // a range's items count as steps
+        if (steps_ > 2000000) fail(e.line, "the rendering took over 2 million steps");
         value out = value::array();
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) out.push_back(i);
         return out;
@@ -1241,9 +1297,7 @@ class renderer {
   }
 
   value call_macro(const node& m, const arguments& a) {
-    if (calls_ >= k_max_calls) fail(m.line, "macro calls nested deeper than 100");
-    ++calls_;
-    scopes_.emplace_back();
+    const scope macro_scope(*this);
     for (size_t i = 0; i < m.params.size(); ++i) {
       const auto& [name, def] = m.params[i];
       value v = a.get(i, name);
@@ -1251,15 +1305,7 @@ class renderer {
       scopes_.back()[name] = v;
     }
     std::string out;
-    try {
-      run(*m.body, out);
-    } catch (...) {
-      scopes_.pop_back();
-      --calls_;
-      throw;
-    }
-    scopes_.pop_back();
-    --calls_;
+    run(*m.body, out);
     return out;
   }
 
@@ -1337,7 +1383,11 @@ class renderer {
     if (obj.is_array() && name == "append" && callee.kids[0]->kind == expr::e_name) {
       // list.append(x) mutates the named list, as Python's does.
       value* target = find(callee.kids[0]->name);
-      if (target && target->is_array()) target->push_back(a.get(0, "item"));
+      if (target && target->is_array()) {
+        const value item = a.get(0, "item");
+        admit(item, line);
+        target->push_back(item);
+      }
       return nullptr;
     }
     fail(line, "unknown method '" + name + "' of " + repr(obj));
@@ -1395,6 +1445,8 @@ class renderer {
     if (f == "tojson") {
       std::string out;
       const value ind = a.get(0, "indent");
+      if (ind.is_number_integer() && (ind.get<int64_t>() < 0 || ind.get<int64_t>() > 64))
+        fail(e.line, "tojson indent outside 0..64");
       dump_json(v, ind.is_number_integer() ? static_cast<int>(ind.get<int64_t>()) : -1, 0, out);
       return out;
     }
@@ -1533,7 +1585,8 @@ class renderer {
       const bool keep = f == "selectattr" || f == "select";
       value out = value::array();
       for (const auto& x : v) {
-        const value subject = attr ? member(x, a.pos.at(0)) : x;
+        if (attr && a.pos.empty()) fail(e.line, f + " needs an attribute name");
+        const value subject = attr ? member(x, a.pos[0]) : x;
         const size_t t = attr ? 1 : 0;
         bool pass;
         if (a.pos.size() <= t) {
@@ -1587,7 +1640,8 @@ class renderer {
 
   std::vector<std::map<std::string, value>> scopes_;
   std::map<std::string, const node*> macros_;
-  int calls_ = 0;
+  int depth_ = 0;
+  int64_t steps_ = 0, built_ = 0;
 };
 
 }  // namespace

@@ -66,6 +66,14 @@ TEST(Jinja, LoopsAndLoopVariables) {
   EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% endfor %}"), "012");
 }
 
+TEST(Jinja, PrecedenceAndLoopScopesAsJinja2) {
+  EXPECT_EQ(render("{{ 'Turn ' + 1 ~ ':' }}"), "Turn 1:");  // ~ binds tighter than +
+  // A set in a loop body starts from the outer value on every pass.
+  EXPECT_EQ(render("{% set x = 0 %}{% for m in [1, 2, 3] %}{% set x = x + 1 %}{{ x }}{% endfor %}"),
+            "111");
+  EXPECT_EQ(render("{{ {'a': {'b': 1}} }}"), "{'a': {'b': 1}}");
+}
+
 TEST(Jinja, SetNamespacesAndScopes) {
   // A set inside a loop stays in the loop; a namespace carries it out.
   EXPECT_EQ(render("{% set n = 0 %}{% for x in [1, 2] %}{% set n = n + x %}{% endfor %}{{ n }}"),
@@ -120,14 +128,39 @@ TEST(Jinja, ErrorsNameTheLine) {
 // A template is the model file's, but a hostile one must not crash or
 // hang the server: nesting, recursion, chains and sizes are bounded.
 TEST(Jinja, HostileTemplatesAreRefusedNotCrashed) {
+  // Found by a review: filters on filters inside recursing macros, values
+  // nested or doubled without end, a wrapping slice step, a wrapping
+  // repetition, a loop that never ends, a huge indent.
+  std::string filters;
+  for (int i = 0; i < 2000; ++i) filters += "|string";
+  EXPECT_NE(error_of("{% macro m() %}{{ m()" + filters + " }}{% endmacro %}{{ m() }}")
+                .find("nested deeper than 256"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set ns = namespace(x=[]) %}{% for i in range(100000) %}"
+                     "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}")
+                .find("nested deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set x = [] %}{% for i in range(40) %}{% set _ = x.append(x) %}"
+                     "{% endfor %}")
+                .find("over a million values"),
+            std::string::npos);
+  EXPECT_EQ(render("{{ 'ab'[1::9223372036854775807] }}"), "b");
+  EXPECT_NE(error_of("{{ 'abcd' * 4611686018427387904 }}").find("16 MiB"), std::string::npos);
+  EXPECT_EQ(render("{{ '' * 9223372036854775807 }}"), "");
+  EXPECT_NE(error_of("{% for a in range(1000000) %}{% for b in range(1000000) %}{% endfor %}"
+                     "{% endfor %}")
+                .find("2 million steps"),
+            std::string::npos);
+  EXPECT_NE(error_of("{{ [[1]] | tojson(indent=1000000000) }}").find("indent outside 0..64"),
+            std::string::npos);
   EXPECT_NE(error_of("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}")
                 .find("nested deeper than 200"),
             std::string::npos);
   EXPECT_NE(error_of("{{ " + std::string(100000, '-') + "1 }}").find("over 4096 tokens"),
             std::string::npos);
-  EXPECT_NE(error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}")
-                .find("macro calls nested deeper than 100"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}").find("nested deeper than 256"),
+      std::string::npos);
   std::string ifs;
   for (int i = 0; i < 1000; ++i) ifs += "{% if 1 %}";
   EXPECT_NE(error_of(ifs).find("blocks nested deeper than 200"), std::string::npos);

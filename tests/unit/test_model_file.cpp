@@ -665,6 +665,7 @@ TEST_F(GgufReader, RopeScaling) {
   {
     gguf_writer w = make_tiny_llama();
     w.set_str("llama.rope.scaling.type", "none");
+    w.set_f32("llama.rope.scaling.factor", 8.0f);  // "none" wins, as in llama.cpp
     const auto m = model_file::open(write("r.gguf", w.bytes()));
     EXPECT_EQ(m->hparams().rope_freq_scale, 1.0f);
     EXPECT_TRUE(m->hparams().rope_freq_factors.empty());
