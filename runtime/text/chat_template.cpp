@@ -3,6 +3,8 @@
 #include "runtime/text/tokenizer.hpp"
 
 #include <ctime>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
@@ -436,7 +438,22 @@ chat_template_info jinja_chat_template(const std::string& source) {
 chat_prompt render_chat_prompt(const std::string& template_source, const tokenizer& tok,
                                const std::vector<chat_message>& messages,
                                bool add_generation_prompt) {
-  chat_template_info info = parse_chat_template(template_source);
+  // A model's template is parsed (and, for Jinja, probed) once per process,
+  // not per request; a template that cannot run is refused each time.
+  static std::mutex mutex;
+  static std::map<std::string, std::shared_ptr<const chat_template_info>> parsed;
+  std::shared_ptr<const chat_template_info> cached;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = parsed.find(template_source); it != parsed.end()) cached = it->second;
+  }
+  if (!cached) {
+    cached = std::make_shared<const chat_template_info>(parse_chat_template(template_source));
+    std::lock_guard<std::mutex> lock(mutex);
+    if (parsed.size() >= 16) parsed.clear();  // a handful of models per process
+    parsed.emplace(template_source, cached);
+  }
+  chat_template_info info = *cached;
   if (tok.bos() >= 0) info.bos_token = tok.piece(tok.bos());
   if (tok.eos() >= 0) info.eos_token = tok.piece(tok.eos());
   chat_prompt p;
