@@ -14,7 +14,7 @@ struct admin_state {
   admin_state() = default;  // not an aggregate: CAF would build it from the self pointer
   gateway_actor gateway;
   router_actor router;
-  std::map<std::string, node_grow_actor> nodes;  // node links by address
+  node_set_actor nodes;  // the service's nodes
   monitor_actor monitor;
   admin_groups groups;
   static inline const char* name = "admin";
@@ -63,8 +63,8 @@ void ask_instances(self_ptr self, Done done) {
 }
 
 admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, router_actor router,
-                                          std::map<std::string, node_grow_actor> nodes,
-                                          monitor_actor monitor, admin_groups groups) {
+                                          node_set_actor nodes, monitor_actor monitor,
+                                          admin_groups groups) {
   self->state.monitor = std::move(monitor);
   self->state.groups = std::move(groups);
   self->state.gateway = std::move(gateway);
@@ -187,12 +187,36 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
       },
       // The node hosts n more instances (its link asks); replies with their ids.
       [self](grow_atom, const std::string& node, int32_t n) -> caf::result<std::vector<uint64_t>> {
-        auto it = self->state.nodes.find(node);
-        if (it == self->state.nodes.end())
+        if (!self->state.nodes)
           return caf::make_error(caf::sec::invalid_argument,
                                  "no node " + node + " in this service (nodes lists them)");
-        return relay<std::vector<uint64_t>>(self, it->second, std::chrono::minutes(10),
-                                            grow_atom::value, n);
+        return relay<std::vector<uint64_t>>(self, self->state.nodes, std::chrono::minutes(10),
+                                            grow_atom::value, node, n);
+      },
+      // A node joins by hand; replies with its state once its link settled.
+      [self](node_add_atom, const std::string& node, int32_t n) -> caf::result<link_status> {
+        if (!self->state.nodes)
+          return caf::make_error(caf::sec::invalid_argument, "this service takes no nodes");
+        auto rp = self->make_response_promise<link_status>();
+        auto nodes = self->state.nodes;
+        self->request(nodes, std::chrono::seconds(10), node_add_atom::value, node, n,
+                      std::vector<instance_spec>{})
+            .then(
+                [self, rp, nodes, node](link_status&) mutable {
+                  self->request(nodes, std::chrono::minutes(11), settled_atom::value, node)
+                      .then([rp](link_status& s) mutable { rp.deliver(std::move(s)); },
+                            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                },
+                [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      // A node leaves: drained, released, forgotten; replies with what was done.
+      [self](node_remove_atom, const std::string& node) -> caf::result<std::string> {
+        if (!self->state.nodes)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "no node " + node + " in this service (nodes lists them)");
+        return relay<std::string>(self, self->state.nodes, std::chrono::minutes(10),
+                                  node_remove_atom::value, node);
       },
       // Drain an instance; the reply waits, with no timeout, until it is empty.
       [self](drain_instance_atom, uint64_t instance) {
@@ -205,8 +229,7 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
 }  // namespace
 
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
-                        std::map<std::string, node_grow_actor> nodes, monitor_actor monitor,
-                        admin_groups groups) {
+                        node_set_actor nodes, monitor_actor monitor, admin_groups groups) {
   return sys.spawn(admin_behavior, std::move(gateway), std::move(router), std::move(nodes),
                    std::move(monitor), std::move(groups));
 }

@@ -20,10 +20,11 @@ struct admin_groups {
   expert_controller_actor experts;
 };
 
-// `nodes`: the service's node links by node address (spawn on a node).
+// `nodes`: the service's nodes (spawn on a node, node add and remove; null:
+// none can be added).
 admin_actor spawn_admin(caf::actor_system& sys, gateway_actor gateway, router_actor router,
-                        std::map<std::string, node_grow_actor> nodes = {},
-                        monitor_actor monitor = {}, admin_groups groups = {});
+                        node_set_actor nodes = {}, monitor_actor monitor = {},
+                        admin_groups groups = {});
 
 // Lists the request metrics' families before the first request finishes.
 void declare_request_metrics(metrics_registry& m);

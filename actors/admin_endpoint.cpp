@@ -120,6 +120,21 @@ json to_json(const instance_info& i) {
           {"kv_check", s.kv_check}};
 }
 
+// A node as `nodes` and `node_add` show it.
+json node_json(const link_status& n) {
+  return {{"address", n.address},
+          {"state", n.state},
+          {"error", n.error},
+          {"attempts", n.attempts},
+          {"instances", n.instances},
+          {"cores", n.resources.cores},
+          {"mem_total", n.resources.mem_total},
+          {"mem_available", n.resources.mem_available},
+          {"opencl_devices", n.resources.opencl_devices},
+          {"peers", n.resources.peers},
+          {"hosted", n.resources.instances}};
+}
+
 json to_json(const request_trace& t) {
   return {{"request_id", t.request_id},
           {"client", t.client},
@@ -259,18 +274,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         self, peer,
         [](std::vector<link_status>& v) {
           json out = json::array();
-          for (const auto& n : v)
-            out.push_back({{"address", n.address},
-                           {"state", n.state},
-                           {"error", n.error},
-                           {"attempts", n.attempts},
-                           {"instances", n.instances},
-                           {"cores", n.resources.cores},
-                           {"mem_total", n.resources.mem_total},
-                           {"mem_available", n.resources.mem_available},
-                           {"opencl_devices", n.resources.opencl_devices},
-                           {"peers", n.resources.peers},
-                           {"hosted", n.resources.instances}});
+          for (const auto& n : v) out.push_back(node_json(n));
           return out;
         },
         nodes_atom::value);
@@ -336,6 +340,17 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"changed", what}};
         },
         set_atom::value, req.key, req.value);
+  if (command == "node_add")
+    return call<link_status>(
+        self, peer, [](link_status& n) { return node_json(n); }, node_add_atom::value, req.node,
+        req.count);
+  if (command == "node_remove")
+    return call<std::string>(
+        self, peer,
+        [node = req.node](std::string& what) {
+          return json{{"node", node}, {"removed", what}};
+        },
+        node_remove_atom::value, req.node);
   if (command == "spawn")
     return call<std::vector<uint64_t>>(
         self, peer,
@@ -397,12 +412,12 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", i}, {"killed", true}};
         },
         kill_instance_atom::value, instance);
-  reply(
-      self, peer,
-      failure("unknown_command",
-              "unknown command '" + command +
-                  "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set, spawn, role, monitor, steps, dp, experts)"));
+  reply(self, peer,
+        failure(
+            "unknown_command",
+            "unknown command '" + command +
+                "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
+                "preempt, set, spawn, node_add, node_remove, role, monitor, steps, dp, experts)"));
 }
 
 void poll_once(self_ptr self) {

@@ -225,6 +225,38 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
           host(self);
           return rp;
         },
+        // The service's nodes changed: connect to the new ones.
+        [self](peers_atom, std::vector<std::string>& peers) {
+          self->state.opts.peers = std::move(peers);
+          if (self->state.status.state == "up") send_peers(self);
+        },
+        // The node leaves the service: release its instances there and quit.
+        [self](detach_atom) -> caf::result<bool> {
+          auto& st = self->state;
+          st.leaving = true;
+          ++st.connection;  // answers still on their way change nothing now
+          for (auto& rp : st.growing)
+            rp.deliver(caf::make_error(caf::sec::runtime_error,
+                                       "node " + st.opts.address() + " left the service"));
+          st.growing.clear();
+          if (!st.node) {
+            self->quit();
+            return false;
+          }
+          auto rp = self->make_response_promise<bool>();
+          self->request(st.node, std::chrono::seconds(10), host_atom::value, st.opts.service_id,
+                        caf::actor_cast<node_link_actor>(self), std::vector<instance_spec>{})
+              .then(
+                  [self, rp](std::vector<hosted_instance>&) mutable {
+                    rp.deliver(true);
+                    self->quit();
+                  },
+                  [self, rp](caf::error&) mutable {
+                    rp.deliver(false);
+                    self->quit();
+                  });
+          return rp;
+        },
         // The status once the first attempt has an outcome (start-up).
         [self](settled_atom) -> caf::result<link_status> {
           auto& st = self->state;

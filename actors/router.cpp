@@ -421,6 +421,28 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](registry_atom) { return self->state.instances; },
         // A node link's news.
         [self](nodes_atom, link_status& s) { self->state.nodes[s.address] = std::move(s); },
+        // The node left the service: forget it and its instances.
+        [self](forget_node_atom, const std::string& node) {
+          auto& st = self->state;
+          st.nodes.erase(node);
+          for (auto& i : st.instances)
+            if (i.node == node && i.state != "down") i.state = "down";
+          settle_drains(self);
+          for (auto it = st.instances.begin(); it != st.instances.end();) {
+            if (it->node != node) {
+              ++it;
+              continue;
+            }
+            if (it->actor) self->demonitor(it->actor.address());
+            st.last.erase(it->id);
+            st.windows.erase(it->id);
+            st.modeled.erase(it->id);
+            spdlog::info("router: instance {} leaves with node {}", it->id, node);
+            it = st.instances.erase(it);
+          }
+          for (auto it = st.slot_ids.begin(); it != st.slot_ids.end();)
+            it = it->first.first == node ? st.slot_ids.erase(it) : std::next(it);
+        },
         // Every node's last status.
         [self](nodes_atom) {
           std::vector<link_status> out;

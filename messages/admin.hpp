@@ -74,6 +74,8 @@ using admin_actor =
                      caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
                      caf::replies_to<peek_atom>::with<monitor_report>,
                      caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
+                     caf::replies_to<node_add_atom, std::string, int32_t>::with<link_status>,
+                     caf::replies_to<node_remove_atom, std::string>::with<std::string>,
                      caf::replies_to<dp_status_atom>::with<dp_group_status>,
                      caf::replies_to<expert_status_atom>::with<expert_status>>;
 

@@ -88,6 +88,11 @@ using resources_atom = caf::atom_constant<caf::atom("resources")>;
 using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
 using grow_atom = caf::atom_constant<caf::atom("grow")>;
 using spawn_instance_atom = caf::atom_constant<caf::atom("spawninst")>;
+// The service's node set (actors/node_set, issue 37).
+using node_add_atom = caf::atom_constant<caf::atom("nodeadd")>;
+using node_remove_atom = caf::atom_constant<caf::atom("noderemove")>;
+using forget_node_atom = caf::atom_constant<caf::atom("nodeforget")>;
+using detach_atom = caf::atom_constant<caf::atom("detach")>;
 
 // The data-parallel group protocol (messages/dp_group.hpp).
 using dp_admit_atom = caf::atom_constant<caf::atom("dpadmit")>;

@@ -111,10 +111,24 @@ typename Inspector::result_type inspect(Inspector& f, link_status& x) {
 // about to stop, so the service moves its sequences off first.
 using node_link_actor = caf::typed_actor<caf::reacts_to<leaving_atom>>;
 
-// grow: (n) a service's node link hosts n more instances on its node, like
-// the ones it has; replies with the ids of all its instances there.
-using node_grow_actor =
-    caf::typed_actor<caf::replies_to<grow_atom, int32_t>::with<std::vector<uint64_t>>>;
+// The service's nodes (actors/node_set), static and joined at run time.
+// nodeadd:    (address, count, specs) a node joins: a link to it starts
+//             with `specs` (none: `count` copies of the service's engine);
+//             replies at once with its state ("connecting").
+// settled:    (address) its state once the link's first attempt ended.
+// noderemove: (address) drain its instances, release them on the node,
+//             stop the link, and drop it from the router; replies with
+//             what was done.
+// registry:   (addresses, counts) the nodes the registry holds now: joins
+//             the new ones, removes those it joined that are gone.
+// grow:       (address, n) the node hosts n more instances.
+using node_set_actor =
+    caf::typed_actor<caf::replies_to<node_add_atom, std::string, int32_t,
+                                     std::vector<instance_spec>>::with<link_status>,
+                     caf::replies_to<settled_atom, std::string>::with<link_status>,
+                     caf::replies_to<node_remove_atom, std::string>::with<std::string>,
+                     caf::reacts_to<registry_atom, std::vector<std::string>, std::vector<int32_t>>,
+                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
 
 // host:      (service id, link, specs) the instances this service runs on
 //            the node, one per spec: the ones it runs already (a link that

@@ -42,19 +42,24 @@ std::string check_arguments(const json& req, admin_request& r) {
   if (c == "set" && (!string_field(req, "key", r.key) || !string_field(req, "value", r.value) ||
                      r.key.empty() || r.value.empty()))
     return "set needs \"key\" and \"value\" (strings)";
-  if (c == "spawn") {
+  if (c == "node_remove" && (!string_field(req, "node", r.node) || r.node.empty()))
+    return "node_remove needs \"node\" (HOST:PORT)";
+  if (c == "node_add" && req.find("count") == req.end()) r.count = 1;
+  if (c == "spawn" || (c == "node_add" && req.find("count") != req.end())) {
     const auto count = req.find("count");
     if (!string_field(req, "node", r.node) || r.node.empty() || count == req.end() ||
         !count->is_number_integer())
-      return "spawn needs \"node\" (HOST:PORT) and \"count\"";
+      return c + " needs \"node\" (HOST:PORT) and \"count\"";
     // Read wide: get<int32_t> wrapped 2^32 + 1 to 1.  The node link
     // checks the range (1 to 64).
     const bool fits = count->is_number_unsigned() ? count->get<uint64_t>() <= INT32_MAX
                                                   : count->get<int64_t>() >= INT32_MIN &&
                                                         count->get<int64_t>() <= INT32_MAX;
-    if (!fits) return "spawn: give 1 to 64 instances, not " + count->dump();
+    if (!fits) return c + ": give 1 to 64 instances, not " + count->dump();
     r.count = static_cast<int32_t>(count->get<int64_t>());
   }
+  if (c == "node_add" && (!string_field(req, "node", r.node) || r.node.empty()))
+    return "node_add needs \"node\" (HOST:PORT)";
   if (c == "role" && (!string_field(req, "role", r.role) || r.role.empty()))
     return "role needs \"role\": prefill, decode or mixed";
   return "";

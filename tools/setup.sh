@@ -25,6 +25,7 @@ APT_PACKAGES=(
   libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
   nlohmann-json3-dev libcpp-httplib-dev libedit-dev libevent-dev libgtest-dev libbenchmark-dev
   clang-format clang libclang-rt-14-dev
+  etcd-server
 )
 
 log() { printf '[setup] %s\n' "$*" >&2; }

@@ -356,6 +356,34 @@ std::string check_node_address(const std::string& v) {
   return {};
 }
 
+std::vector<std::string> registry_endpoints(const std::string& url) {
+  const std::string scheme = "etcd://";
+  if (url.rfind(scheme, 0) != 0)
+    throw std::invalid_argument("'" + url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
+  std::vector<std::string> out;
+  const std::string rest = url.substr(scheme.size());
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = rest.find(',', start);
+    std::string item =
+        rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item.empty() || item.rfind(':') == 0 || !check_node_address(item).empty())
+      throw std::invalid_argument("'" + url + "': '" + item + "' is not HOST:PORT");
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::string check_registry(const std::string& v) {
+  try {
+    registry_endpoints(v);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
 std::string check_role(const std::string& v) {
   if (v != "prefill" && v != "decode" && v != "mixed")
     return "'" + v + "' is not a role (prefill, decode, mixed)";

@@ -125,5 +125,10 @@ nlohmann::json to_json(const settings& s);
 std::string check_endpoint(const std::string& v);      // tcp://, ipc://, inproc://
 std::string check_node_address(const std::string& v);  // HOST:PORT
 std::string check_role(const std::string& v);          // prefill, decode, mixed
+std::string check_registry(const std::string& v);      // etcd://HOST:PORT[,HOST:PORT...]
+
+// A registry URL's endpoints (etcd://A:1,B:2 -> A:1, B:2); throws
+// std::invalid_argument saying what is wrong.
+std::vector<std::string> registry_endpoints(const std::string& url);
 
 }  // namespace troupe

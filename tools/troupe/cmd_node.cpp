@@ -4,7 +4,9 @@
 // TLS (only peers with the cluster secret get in), builds instances when a
 // service asks, and serves until SIGTERM; then it tells its services, which
 // move their sequences elsewhere, and stops once its instances hold none (or
-// the grace period ends).
+// the grace period ends).  With --registry it keeps its record in etcd
+// under a lease (net/registry: registration), so services of its cluster
+// find it while it runs; at SIGTERM it withdraws the record first.
 #include <pthread.h>
 #include <signal.h>
 
@@ -14,6 +16,8 @@
 #include <thread>
 
 #include "actors/node.hpp"
+#include "net/registry.hpp"
+#include "runtime/service/membership.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -25,7 +29,19 @@ struct node_flags {
   cluster_settings cluster;
   double grace_s = 30;
   int reap_after_s = 60;
+  int instances = 1;      // offered to each service that finds it in the registry
+  std::string advertise;  // the address services dial (default: --listen's host, bound port)
 };
+
+// The address a service reaches this node at.
+std::string advertised(const node_flags& f, const std::string& host, uint16_t port) {
+  if (!f.advertise.empty()) return f.advertise;
+  if (host.empty() || host == "0.0.0.0" || host == "::")
+    throw std::invalid_argument(
+        "--registry with --listen on every interface: give --advertise HOST:PORT, the address "
+        "services dial");
+  return host + ":" + std::to_string(port);
+}
 
 int run_node(const node_flags& f) {
   auto [host, port] = split_address(f.listen, "--listen");
@@ -53,6 +69,26 @@ int run_node(const node_flags& f) {
                cluster_fingerprint(secret).substr(0, 16).c_str());
   for (const auto& d : res.opencl_devices)
     std::fprintf(stderr, "troupe node: OpenCL %s\n", d.c_str());
+  // In the registry, before the ready line: a service that reads the
+  // registry after it finds the node there.
+  std::unique_ptr<registration> reg;
+  if (!f.cluster.registry.empty()) {
+    node_record rec;
+    rec.address = advertised(f, host, static_cast<uint16_t>(*bound));
+    rec.instances = f.instances;
+    rec.cores = res.cores;
+    rec.mem_total = static_cast<int64_t>(res.mem_total);
+    rec.devices = res.opencl_devices;
+    reg = std::make_unique<registration>(
+        registry_endpoints(f.cluster.registry),
+        registry_nodes_prefix(cluster_fingerprint(secret).substr(0, 16)) + rec.address,
+        to_registry_value(rec), f.cluster.registry_ttl_s);
+    for (int i = 0; i < 50 && !reg->registered(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::fprintf(stderr, "troupe node: %s %s as %s\n",
+                 reg->registered() ? "registered in" : "not yet registered in (retrying)",
+                 f.cluster.registry.c_str(), rec.address.c_str());
+  }
   std::printf("troupe node: listening on %s:%u\n", host.empty() ? "0.0.0.0" : host.c_str(),
               static_cast<unsigned>(*bound));
   std::fflush(stdout);
@@ -61,6 +97,8 @@ int run_node(const node_flags& f) {
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "troupe node: %s, handing sequences back (grace %.1f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s);
+  // Out of the registry first, so no service joins it while it leaves.
+  if (reg) reg->stop(true);
   caf::scoped_actor self{*env.sys};
   const auto end = std::chrono::steady_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(f.grace_s * 1000));
@@ -97,6 +135,13 @@ void add_node(CLI::App& app) {
   cmd->add_option("--grace-s", f->grace_s,
                   "at SIGTERM: seconds to wait for the services to move their sequences away")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--instances", f->instances,
+                  "with --registry: instances this node hosts for each service that finds it "
+                  "there")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--advertise", f->advertise,
+                  "with --registry: the HOST:PORT services dial (default: --listen's host and "
+                  "the bound port)");
   cmd->add_option("--reap-after-s", f->reap_after_s,
                   "a service that lost its connection gets its instances back if it returns "
                   "within this many seconds")

@@ -28,10 +28,13 @@
 #include "actors/instance.hpp"
 #include "actors/monitor.hpp"
 #include "actors/node.hpp"
-#include "actors/node_link.hpp"
+#include "actors/node_set.hpp"
 #include "actors/router.hpp"
+#include "net/cluster_tls.hpp"
+#include "net/registry.hpp"
 #include "net/secret.hpp"
 #include "runtime/engine/page_pool.hpp"
+#include "runtime/service/membership.hpp"
 #include "runtime/text/chat_template.hpp"
 #include "runtime/text/tokenizer.hpp"
 #include "tools/troupe/common.hpp"
@@ -78,6 +81,30 @@ bool any_instance_serving(caf::actor_system& sys, const router_actor& router) {
   return serving;
 }
 
+// How often a service reads the registry's nodes.
+constexpr auto k_registry_poll = std::chrono::milliseconds(500);
+
+// Waits until a node that joined through the registry is up; its first
+// instance's device, or nullopt when SIGINT/SIGTERM came first.
+std::optional<device_info> wait_for_first_node(caf::actor_system& sys, const router_actor& router,
+                                               const sigset_t& sigs) {
+  std::fprintf(stderr, "troupe serve: no instance yet; waiting for a node to join\n");
+  caf::scoped_actor self{sys};
+  for (;;) {
+    std::optional<device_info> up;
+    self->request(router, std::chrono::seconds(5), nodes_atom::value)
+        .receive(
+            [&](const std::vector<link_status>& all) {
+              for (const auto& n : all)
+                if (n.state == "up" && !up) up = n.info;
+            },
+            [](caf::error&) {});
+    if (up) return up;
+    timespec wait{0, 250'000'000};
+    if (sigtimedwait(&sigs, nullptr, &wait) > 0) return std::nullopt;
+  }
+}
+
 int run_serve(settings_flags& flags, const std::string& config) {
   const settings all = flags.resolve(config);
   const engine_settings& e = all.engine;
@@ -117,12 +144,15 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // and --local-instances in this process.
   std::vector<node_entry> nodes = flags.node_entries();
   for (const auto& a : cl.nodes) nodes.push_back(node_entry{a, 1, {}});
-  const int local = s.local_instances >= 0 ? s.local_instances : (nodes.empty() ? 1 : 0);
-  if (local == 0 && nodes.empty())
+  // With a registry, nodes join while the service runs (none may be there yet).
+  const bool use_registry = !cl.registry.empty();
+  const int local =
+      s.local_instances >= 0 ? s.local_instances : (nodes.empty() && !use_registry ? 1 : 0);
+  if (local == 0 && nodes.empty() && !use_registry)
     throw std::invalid_argument(
-        "service.local_instances: 0 and no nodes (--nodes, [[cluster.node]]): no instance "
-        "would serve");
-  std::unique_ptr<actor_env> envp = nodes.empty()
+        "service.local_instances: 0 and no nodes (--nodes, [[cluster.node]], --registry): no "
+        "instance would serve");
+  std::unique_ptr<actor_env> envp = nodes.empty() && !use_registry
                                         ? std::make_unique<actor_env>()
                                         : std::make_unique<actor_env>(load_cluster_secret(cl), cl);
   actor_env& env = *envp;
@@ -140,7 +170,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
     // Local instances and the nodes' (which join as their nodes link).
     int replicas = local;
     for (const auto& n : nodes) replicas += n.instances;
-    if (replicas < 2)
+    if (replicas < 2 && !use_registry)
       throw std::invalid_argument(
           "service.dp_group: needs 2 or more instances (service.local_instances, nodes)");
   }
@@ -230,36 +260,37 @@ int run_serve(settings_flags& flags, const std::string& config) {
   owned.push_back(caf::actor_cast<caf::actor>(router));
   owned.push_back(caf::actor_cast<caf::actor>(monitor));
 
-  // Remote instances: a link per node; each reports how its start went.
-  const std::string service_id = make_secret().substr(0, 16);
-  std::vector<node_link_full_actor> links;
-  int next_role = local;
-  for (const auto& n : nodes) {
-    node_link_options lo;
-    std::tie(lo.host, lo.port) = split_address(n.address, "node");
-    lo.service_id = service_id;
-    lo.model_fingerprint = model->fingerprint();
-    lo.router = router;
-    for (const auto& m : nodes) lo.peers.push_back(m.address);
-    instance_spec spec = base;
-    spec.engine = n.apply(e);
-    lo.specs.assign(static_cast<size_t>(n.instances), spec);
-    // Roles continue the local instances' order (the router's ids).
-    for (auto& sp : lo.specs) {
-      if (s.pd) sp.role = to_string(pd_start_role(roles, size_t(next_role)));
-      ++next_role;
-    }
-    links.push_back(spawn_node_link(*env.sys, std::move(lo)));
-    owned.push_back(caf::actor_cast<caf::actor>(links.back()));
-  }
+  // Remote instances: the node set holds a link per node (those named
+  // here, and those that join through the registry or by hand); each link
+  // reports how its start went.
+  node_set_options nso;
+  nso.service_id = make_secret().substr(0, 16);
+  nso.model_fingerprint = model->fingerprint();
+  nso.router = router;
+  nso.base = base;
+  nso.pd = s.pd;
+  nso.roles = roles;
+  nso.next_role = local;  // roles continue the local instances' order (the router's ids)
+  auto node_set = spawn_node_set(*env.sys, nso);
+  owned.push_back(caf::actor_cast<caf::actor>(node_set));
   {
     caf::scoped_actor self{*env.sys};
-    for (size_t i = 0; i < links.size(); ++i) {
+    for (const auto& n : nodes) {
+      instance_spec spec = base;
+      spec.engine = n.apply(e);
+      self->request(node_set, std::chrono::seconds(10), node_add_atom::value, n.address,
+                    n.instances, std::vector<instance_spec>(size_t(n.instances), spec))
+          .receive([](link_status&) {},
+                   [&](caf::error& er) {
+                     throw std::invalid_argument("cluster.nodes: " + env.sys->render(er));
+                   });
+    }
+    for (const auto& n : nodes) {
       link_status ls;
-      ls.address = nodes[i].address;
+      ls.address = n.address;
       ls.state = "down";
       ls.error = "no answer during start-up";
-      self->request(links[i], std::chrono::minutes(11), settled_atom::value)
+      self->request(node_set, std::chrono::minutes(11), settled_atom::value, n.address)
           .receive([&](link_status& x) { ls = std::move(x); }, [](caf::error&) {});
       if (ls.state == "up") {
         infos.push_back(ls.info);
@@ -269,6 +300,42 @@ int run_serve(settings_flags& flags, const std::string& config) {
       } else {
         std::fprintf(stderr, "troupe serve: node %s: %s: %s\n", ls.address.c_str(),
                      ls.state.c_str(), ls.error.c_str());
+      }
+    }
+  }
+  // The registry: nodes of this cluster join (and leave) while it serves.
+  std::unique_ptr<registry_watch> watch;
+  if (use_registry) {
+    const auto prefix =
+        registry_nodes_prefix(cluster_fingerprint(load_cluster_secret(cl)).substr(0, 16));
+    watch = std::make_unique<registry_watch>(
+        registry_endpoints(cl.registry), prefix, k_registry_poll,
+        [node_set](const std::vector<etcd_kv>& kvs) {
+          std::vector<std::string> addrs;
+          std::vector<int32_t> counts;
+          for (const auto& kv : kvs) {
+            std::string why;
+            auto r = parse_registry_value(kv.value, &why);
+            if (!r) {
+              spdlog::warn("registry: {} is not a node record ({}); skipped", kv.key, why);
+              continue;
+            }
+            addrs.push_back(r->address);
+            counts.push_back(r->instances);
+          }
+          caf::anon_send(node_set, registry_atom::value, std::move(addrs), std::move(counts));
+        });
+    std::fprintf(stderr, "troupe serve: nodes join through the registry %s\n", cl.registry.c_str());
+    // No instance yet: the first node to join brings the model's geometry
+    // (context, pages) the gateway needs.
+    if (infos.empty()) {
+      if (auto first = wait_for_first_node(*env.sys, router, sigs)) {
+        infos.push_back(*first);
+      } else {
+        watch.reset();
+        for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+        std::fprintf(stderr, "troupe serve: stopped before any node joined\n");
+        return 0;
       }
     }
   }
@@ -319,10 +386,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // told to stop before the error leaves (the actor system waits for them).
   // The gateway learns the admin port before the ready line, so every Pong
   // a client can get names it.
-  std::map<std::string, node_grow_actor> node_links;
-  for (size_t i = 0; i < links.size(); ++i)
-    node_links[nodes[i].address] = caf::actor_cast<node_grow_actor>(links[i]);
-  auto admin = spawn_admin(*env.sys, gw.actor, router, std::move(node_links), monitor, groups);
+  auto admin = spawn_admin(*env.sys, gw.actor, router, node_set, monitor, groups);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;

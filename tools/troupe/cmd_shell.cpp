@@ -160,6 +160,9 @@ class shell {
     if (cmd == "set" && index == 2 && words.args.size() >= 1)
       if (const auto* k = find_setting(words.args[0])) return k->rule.allowed;
     if (cmd == "spawn" && index == 1) return strings("nodes", "address");
+    if (cmd == "node" && index == 1) return {"add", "remove"};
+    if (cmd == "node" && index == 2 && !words.args.empty() && words.args[0] == "remove")
+      return strings("nodes", "address");
     return {};
   }
 
@@ -251,6 +254,21 @@ class shell {
           if (l.args.size() > 1 && !parse_id(l.args[1], n))
             throw failure{"spawn: N must be a count, not '" + l.args[1] + "'"};
           self->control(l, "spawn", {{"node", l.args[0]}, {"count", n}});
+        });
+    add("node", "node add HOST:PORT [N] | node remove HOST:PORT",
+        "a troupe node joins the service with N instances (default 1), or leaves it: its "
+        "instances drain (their requests move elsewhere) and are released on the node",
+        [self](const command_line& l) {
+          const bool adding = !l.args.empty() && l.args[0] == "add";
+          if (l.args.size() < 2 || (!adding && l.args[0] != "remove") ||
+              (!adding && l.args.size() != 2) || l.args.size() > 3)
+            throw failure{"node: give add or remove and an address (" + self->usage_of("node") +
+                          ")"};
+          if (!adding) return self->control(l, "node_remove", {{"node", l.args[1]}});
+          uint64_t n = 1;
+          if (l.args.size() > 2 && !parse_id(l.args[2], n))
+            throw failure{"node add: N must be a count, not '" + l.args[2] + "'"};
+          self->control(l, "node_add", {{"node", l.args[1]}, {"count", n}});
         });
     add("set", "set KEY VALUE",
         "change a setting live: " + keys_with(trait::live) +

@@ -1,0 +1,126 @@
+#include "net/registry.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace troupe {
+
+std::string registry_nodes_prefix(const std::string& cluster_fingerprint) {
+  return "/troupe/" + cluster_fingerprint + "/nodes/";
+}
+
+registration::registration(std::vector<std::string> endpoints, std::string key, std::string value,
+                           int ttl_s)
+    : client_(std::move(endpoints)), key_(std::move(key)), ttl_s_(ttl_s), value_(std::move(value)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+registration::~registration() {
+  stop(false);
+}
+
+void registration::set_value(std::string value) {
+  std::lock_guard<std::mutex> lk(mu_);
+  value_ = std::move(value);
+  value_changed_ = true;
+  wake_.notify_all();
+}
+
+void registration::stop(bool withdraw) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (stopping_ && !thread_.joinable()) return;
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+  if (withdraw && lease_ != 0) {
+    try {
+      client_.revoke(lease_);
+      registered_ = false;
+    } catch (const std::exception& e) {
+      spdlog::warn("registry: could not withdraw {} (it expires in {} s): {}", key_, ttl_s_,
+                   e.what());
+    }
+  }
+}
+
+void registration::loop() {
+  // Renew at a third of the TTL, so two lost renewals still leave the key.
+  const auto renew_every = std::chrono::milliseconds(ttl_s_ * 1000 / 3);
+  const auto retry_every = std::chrono::milliseconds(1000);
+  std::string logged;  // the last failure logged: an outage logs once
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    std::string value = value_;
+    const bool changed = value_changed_;
+    value_changed_ = false;
+    lk.unlock();
+    bool ok = true;
+    try {
+      if (lease_ != 0 && client_.keep_alive(lease_) <= 0) {
+        spdlog::warn("registry: the lease of {} expired; registering again", key_);
+        lease_ = 0;
+      }
+      if (lease_ == 0) {
+        lease_ = client_.grant(ttl_s_);
+        client_.put(key_, value, lease_);
+        spdlog::info("registry: registered {} (lease ttl {} s)", key_, ttl_s_);
+      } else if (changed) {
+        client_.put(key_, value, lease_);
+      }
+      registered_ = true;
+      if (!logged.empty()) spdlog::info("registry: etcd answers again");
+      logged.clear();
+    } catch (const std::exception& e) {
+      ok = false;
+      if (logged != e.what()) {
+        logged = e.what();
+        spdlog::warn("registry: {} (retrying every second)", e.what());
+      }
+    }
+    lk.lock();
+    if (!ok) value_changed_ = value_changed_ || changed;
+    wake_.wait_for(lk, ok ? renew_every : retry_every, [this] { return stopping_; });
+  }
+}
+
+registry_watch::registry_watch(std::vector<std::string> endpoints, std::string prefix,
+                               std::chrono::milliseconds every, callback seen)
+    : client_(std::move(endpoints)),
+      prefix_(std::move(prefix)),
+      every_(every),
+      seen_(std::move(seen)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+registry_watch::~registry_watch() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void registry_watch::loop() {
+  std::string logged;
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stopping_) {
+    lk.unlock();
+    try {
+      auto kvs = client_.range_prefix(prefix_);
+      if (!logged.empty()) spdlog::info("registry: etcd answers again");
+      logged.clear();
+      seen_(kvs);
+    } catch (const std::exception& e) {
+      if (logged != e.what()) {
+        logged = e.what();
+        spdlog::warn("registry: {}; keeping the nodes known so far", e.what());
+      }
+    }
+    lk.lock();
+    wake_.wait_for(lk, every_, [this] { return stopping_; });
+  }
+}
+
+}  // namespace troupe

@@ -1,0 +1,293 @@
+// An elastic cluster through a real etcd (issue 37): `troupe node`s
+// register under a lease, `troupe serve`s read the registry and take nodes
+// as they come and go, while serving.  Real processes on 127.0.0.1 (etcd
+// from Debian's etcd-server, troupe nodes and services); every child is
+// killed by its pid when its object goes, pass or fail; every wait is
+// bounded.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "etcd_process.hpp"
+#include "net.hpp"
+#include "node_process.hpp"
+#include "process.hpp"
+#include "requests.hpp"
+#include "server_process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+const std::string kPrompt = "Once upon a time, there was a little girl named Lily";
+
+// A node's lease: short, so a killed node leaves the registry within seconds.
+const std::string kNodeFlags = " --registry-ttl-s 2";
+
+bool have_etcd() {
+  return run_process("command -v etcd").exit_code == 0;
+}
+
+// One greedy request to completion.
+client::result run_one(const std::string& endpoint, uint64_t id, int tokens) {
+  client::connection c(endpoint);
+  auto rs = client::run(c, {greedy_request(id, kPrompt, tokens)}, 90s);
+  return rs.at(0);
+}
+
+// The service's nodes by address -> state.
+std::map<std::string, std::string> node_states(const server_process& s) {
+  std::map<std::string, std::string> out;
+  for (const auto& n : s.admin("nodes")) out[n["address"]] = n["state"];
+  return out;
+}
+
+// Waits (bounded) until `pred(node_states)` holds; the last states seen.
+template <class Pred>
+std::map<std::string, std::string> wait_nodes(const server_process& s, Pred pred,
+                                              std::chrono::seconds limit) {
+  const auto until = clock_type::now() + limit;
+  auto states = node_states(s);
+  while (!pred(states) && clock_type::now() < until) {
+    std::this_thread::sleep_for(200ms);
+    states = node_states(s);
+  }
+  return states;
+}
+
+std::string dump(const std::map<std::string, std::string>& m) {
+  std::string s;
+  for (const auto& [a, st] : m) s += a + "=" + st + " ";
+  return s.empty() ? "(none)" : s;
+}
+
+// `n` greedy streams of `tokens` on one connection.
+struct streams {
+  explicit streams(const std::string& endpoint, int n, int tokens, uint64_t first = 1)
+      : c(endpoint), rs(size_t(n)), first(first) {
+    for (int i = 0; i < n; ++i) c.generate(greedy_request(first + uint64_t(i), kPrompt, tokens));
+  }
+  client::result* find(uint64_t id) {
+    return id >= first && id < first + rs.size() ? &rs[id - first] : nullptr;
+  }
+  bool all_started(size_t k) const {
+    for (const auto& r : rs)
+      if (r.token_ids.size() < k && !r.done()) return false;
+    return true;
+  }
+  bool all_done() const {
+    for (const auto& r : rs)
+      if (!r.done()) return false;
+    return true;
+  }
+  ::testing::AssertionResult wait_started(size_t k) {
+    if (receive_until(
+            c, [this](uint64_t id) { return find(id); }, [&] { return all_started(k); }, 60s))
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "streams did not start";
+  }
+  ::testing::AssertionResult finish() {
+    if (receive_until(
+            c, [this](uint64_t id) { return find(id); }, [&] { return all_done(); }, 90s))
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "no message for 90 s";
+  }
+  client::connection c;
+  std::vector<client::result> rs;
+  uint64_t first;
+};
+
+// A node started on a thread that lives until the test ends (a child dies
+// with the thread that forked it): for a node that must come after a
+// service whose start waits for it.
+class late_node {
+ public:
+  late_node(std::string secret, std::string args, std::chrono::milliseconds after)
+      : thread_([this, secret, args, after] {
+          std::this_thread::sleep_for(after);
+          try {
+            node_ = std::make_unique<node_process>(secret, args);
+          } catch (const std::exception& e) {
+            error_ = e.what();
+          }
+          started_.set_value();
+          end_.get_future().wait();
+          node_.reset();
+        }) {}
+  ~late_node() {
+    end_.set_value();
+    thread_.join();
+  }
+  node_process& get() {
+    started_seen_.wait();
+    if (!node_) throw std::runtime_error("the late node did not start: " + error_);
+    return *node_;
+  }
+
+ private:
+  std::unique_ptr<node_process> node_;
+  std::string error_;
+  std::promise<void> started_, end_;
+  std::shared_future<void> started_seen_ = started_.get_future().share();
+  std::thread thread_;
+};
+
+// A service started with no node at all takes a node started after it;
+// a second node joins under load; the first is killed -9 and its requests
+// recover on the second, then it leaves the registry; a second service
+// takes the remaining node; the first service is killed -9 and the
+// second's streams go on untouched.
+TEST(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
+  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
+  etcd_process etcd;
+  secret_file secret("cluster-test-secret-registry");
+  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
+  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+  const auto want = offline_tokens("stories15m", kPrompt, 120);
+
+  late_node n1(secret.path(), node_reg, 1500ms);
+  auto s1 = std::make_unique<server_process>(reg + " --router round-robin");
+  EXPECT_NE(s1->stderr_text().find("no instance yet; waiting for a node to join"),
+            std::string::npos)
+      << s1->stderr_text();
+  {
+    auto r = run_one(s1->endpoint(), 1, 40);
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, std::vector<int32_t>(want.begin(), want.begin() + 40));
+  }
+
+  // A second node joins while 8 streams run.
+  streams load(s1->endpoint(), 8, 120, 10);
+  ASSERT_TRUE(load.wait_started(4));
+  node_process n2(secret.path(), node_reg + " --instances 2");
+  auto states = wait_nodes(
+      *s1, [&](const auto& m) { return m.count(n2.address()) && m.at(n2.address()) == "up"; }, 60s);
+  ASSERT_EQ(states[n2.address()], "up") << dump(states);
+  ASSERT_EQ(s1->admin("instances").size(), 3u);
+
+  // The first node dies: its streams recover on the second, and the
+  // registry's lease (2 s) takes it out of the service.
+  n1.get().kill9();
+  ASSERT_TRUE(load.finish());
+  for (const auto& r : load.rs) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want) << "request " << r.request_id;
+  }
+  states = wait_nodes(
+      *s1, [&](const auto& m) { return !m.count(n1.get().address()); }, 30s);
+  EXPECT_FALSE(states.count(n1.get().address()))
+      << "the dead node is still listed: " << dump(states);
+  for (const auto& i : s1->admin("instances")) EXPECT_EQ(i["node"], n2.address());
+
+  // A second service finds the remaining node in the registry.
+  server_process s2(reg);
+  states = node_states(s2);
+  EXPECT_EQ(states, (std::map<std::string, std::string>{{n2.address(), "up"}})) << dump(states);
+  streams on_s2(s2.endpoint(), 4, 120, 100);
+  ASSERT_TRUE(on_s2.wait_started(4));
+  // The first service dies: the second's streams go on.
+  s1.reset();
+  ASSERT_TRUE(on_s2.finish());
+  for (const auto& r : on_s2.rs) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want) << "request " << r.request_id;
+    EXPECT_EQ(r.finished.instances_size(), 1) << "a stream of the second service moved";
+  }
+}
+
+// etcd dies under load: serving goes on with the nodes known; a node
+// started meanwhile cannot register.  etcd returns: the new node registers
+// and joins, and the first node's registration goes on (it stays).
+TEST(Registry, ServingOutlivesAnEtcdOutage) {
+  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
+  etcd_process etcd;
+  secret_file secret("cluster-test-secret-registry-outage");
+  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
+  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+  const auto want = offline_tokens("stories15m", kPrompt, 120);
+  node_process n1(secret.path(), node_reg);
+  server_process s(reg);
+  streams load(s.endpoint(), 4, 120);
+  ASSERT_TRUE(load.wait_started(4));
+  etcd.kill9();
+  ASSERT_TRUE(load.finish());
+  for (const auto& r : load.rs) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want);
+  }
+  // Longer than the lease: the service keeps the node it knew.
+  std::this_thread::sleep_for(3s);
+  EXPECT_EQ(node_states(s), (std::map<std::string, std::string>{{n1.address(), "up"}}));
+  {
+    auto r = run_one(s.endpoint(), 50, 120);
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want);
+  }
+  node_process n2(secret.path(), node_reg);
+  EXPECT_NE(n2.stderr_text().find("not yet registered"), std::string::npos) << n2.stderr_text();
+
+  etcd.start();
+  auto states = wait_nodes(
+      s, [&](const auto& m) { return m.size() == 2 && m.at(n2.address()) == "up"; }, 60s);
+  EXPECT_EQ(states,
+            (std::map<std::string, std::string>{{n1.address(), "up"}, {n2.address(), "up"}}))
+      << dump(states);
+  // Both registered again, so both stay (a few lease periods later).
+  std::this_thread::sleep_for(5s);
+  EXPECT_EQ(node_states(s).size(), 2u) << dump(node_states(s));
+}
+
+// By hand: `node add` takes a node that is not registered, `node remove`
+// drains a node's requests elsewhere and releases its instances; a removed
+// registered node is not taken again while it stays registered.
+TEST(Registry, NodeAddAndRemoveByHand) {
+  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
+  etcd_process etcd;
+  secret_file secret("cluster-test-secret-registry-hand");
+  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
+  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+  const auto want = offline_tokens("stories15m", kPrompt, 120);
+  node_process n1(secret.path(), node_reg);
+  node_process loose(secret.path());  // not in the registry
+  server_process s(reg);
+  auto shell = [&](const std::string& cmds) {
+    return run_process(troupe_bin() + " shell --server " + shell_quote(s.endpoint()) +
+                       " --admin-timeout-ms 120000 -e " + shell_quote(cmds));
+  };
+  auto added = shell("node add " + loose.address() + " 2");
+  ASSERT_EQ(added.exit_code, 0) << added.out << added.err;
+  EXPECT_EQ(node_states(s),
+            (std::map<std::string, std::string>{{n1.address(), "up"}, {loose.address(), "up"}}));
+  ASSERT_EQ(s.admin("instances").size(), 3u);
+
+  streams load(s.endpoint(), 6, 120);
+  ASSERT_TRUE(load.wait_started(4));
+  auto removed = shell("node remove " + n1.address());
+  ASSERT_EQ(removed.exit_code, 0) << removed.out << removed.err;
+  EXPECT_NE(removed.out.find("drained"), std::string::npos) << removed.out;
+  ASSERT_TRUE(load.finish());
+  for (const auto& r : load.rs) {
+    ASSERT_FALSE(r.error) << r.error->message();
+    EXPECT_EQ(r.token_ids, want);
+  }
+  std::this_thread::sleep_for(2s);  // four registry reads: it stays out
+  EXPECT_EQ(node_states(s), (std::map<std::string, std::string>{{loose.address(), "up"}}));
+  auto again = shell("node remove " + n1.address());
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE((again.out + again.err).find("no node " + n1.address()), std::string::npos)
+      << again.out << again.err;
+  // Added by hand again, it serves again.
+  ASSERT_EQ(shell("node add " + n1.address()).exit_code, 0);
+  EXPECT_EQ(node_states(s).size(), 2u);
+}
+
+}  // namespace
+}  // namespace troupe::testing
