@@ -33,7 +33,11 @@
 // running requests keep KV copies in the other node's store (a node
 // killed that round resumes its requests from them), and in some rounds
 // the first node has no store of its own, so its prompts pull their
-// copied pages from the second's.  After every round it checks:
+// copied pages from the second's.  Some node rounds find their nodes
+// through a real etcd registry (issue 37): the service starts with
+// --registry, a third node may join mid-round, and a node may be removed
+// by hand (its requests drain to the other) or killed (its lease ends,
+// the service drops it).  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`); biased ones hold only their forced token, or
@@ -72,6 +76,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "../integration/etcd_process.hpp"
 #include "../integration/net.hpp"
 #include "../integration/node_process.hpp"
 #include "../integration/process.hpp"
@@ -131,7 +136,8 @@ struct tally {
            unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
            tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
-           tier_pulled_pages = 0, violations = 0;
+           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -191,8 +197,13 @@ class round_driver {
       instances_ = 2;
       ++t_.node_rounds;
       secret_ = std::make_unique<testing::secret_file>("torture-cluster-" + std::to_string(rng_()));
+      // Issue 37: some find their nodes through a registry.
+      if (chance(0.35)) {
+        ++t_.registry_rounds;
+        etcd_ = std::make_unique<testing::etcd_process>();
+      }
       for (int i = 0; i < 2; ++i)
-        nodes_.push_back(std::make_unique<testing::node_process>(secret_->path()));
+        nodes_.push_back(std::make_unique<testing::node_process>(secret_->path(), node_args()));
     }
     // Issue 15: some rounds serve the skewed mixture-of-experts fixture with
     // its experts on two sub-devices and the expert controller moving them
@@ -218,6 +229,10 @@ class round_driver {
     server_process server(args, "troupe serve: listening on ", ref_->model);
     endpoint_ = server.endpoint();
     admin_port_ = server.admin_port();
+    // Through the registry the service is ready with its first node: the
+    // round starts once both serve.
+    if (etcd_ && !wait_serving(server, 2, 60s))
+      violation("registry: both nodes not up within 60 s");
     const int n_sockets = 2 + pick(4);
     for (int i = 0; i < n_sockets; ++i) sockets_.push_back(new_socket());
     const auto end = clock_type::now() + std::chrono::milliseconds(int64_t(round_s * 1000));
@@ -244,11 +259,12 @@ class round_driver {
     const int max_seqs = one_of<int>({2, 4, 8, 16});
     // Some node rounds give the first node no KV store: its prompts' pages
     // copied to the second node's store come back to it as pulls.
-    pull_round_ = !nodes_.empty() && chance(0.25);
+    pull_round_ = !nodes_.empty() && !etcd_ && chance(0.25);
     std::string where = nodes_.empty()
                             ? "--local-instances " + std::to_string(instances_)
                             : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
                                   " --cluster-secret-file " + secret_->path();
+    if (etcd_) where = "--registry " + etcd_->url() + " --cluster-secret-file " + secret_->path();
     if (pull_round_) {
       ++t_.pull_rounds;
       config_ = "/tmp/troupe_torture_nodes_" + std::to_string(::getpid()) + "_" +
@@ -347,6 +363,27 @@ class round_driver {
       ++t_.unpipelined_rounds;
     }
     return a;
+  }
+
+  // A node's flags: with this round's registry, a short lease.
+  std::string node_args() const {
+    return etcd_ ? "--registry " + etcd_->url() + " --registry-ttl-s 2" : "";
+  }
+
+  // Waits (bounded) until `n` instances serve; false when they did not.
+  bool wait_serving(const server_process& server, size_t n, std::chrono::seconds limit) {
+    const auto until = clock_type::now() + limit;
+    while (clock_type::now() < until) {
+      size_t serving = 0;
+      try {
+        for (const auto& i : server.admin("instances"))
+          serving += i.value("state", "") == "serving" ? 1 : 0;
+      } catch (const std::exception&) {
+      }
+      if (serving >= n) return true;
+      std::this_thread::sleep_for(200ms);
+    }
+    return false;
   }
 
   client_socket new_socket() {
@@ -502,6 +539,18 @@ class round_driver {
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
+    } else if (roll == 91 && etcd_ && !joined_ && chance(0.3)) {
+      // Issue 37: a third node starts and joins through the registry.
+      joined_ = true;
+      nodes_.push_back(std::make_unique<testing::node_process>(secret_->path(), node_args()));
+      ++instances_;
+      ++t_.registry_joins;
+    } else if (roll == 90 && etcd_ && !killed_ && !drained_ && chance(0.2)) {
+      // A node removed by hand: its requests drain to the other, its
+      // instance is released; it stays out while registered.
+      drained_ = true;
+      must(shell("node remove " + nodes_[pick(2)]->address(), "--admin-timeout-ms 120000"),
+           "node remove", t_.registry_removes);
     } else if (roll < 92) {
       hostile_admin_frame();
     } else if (roll == 92 && chance(0.3)) {
@@ -1041,10 +1090,12 @@ class round_driver {
   bool killed_ = false;
   bool drained_ = false;
   bool spawned_ = false;
+  bool joined_ = false;  // a third node joined through the registry
   int killed_node_ = -1;
   std::unique_ptr<testing::secret_file> secret_;
-  bool pull_round_ = false;  // the first node has no KV store this round
-  std::string config_;       // this round's cluster config (removed at settle)
+  std::unique_ptr<testing::etcd_process> etcd_;  // registry rounds
+  bool pull_round_ = false;                      // the first node has no KV store this round
+  std::string config_;                           // this round's cluster config (removed at settle)
   std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
   uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
@@ -1139,6 +1190,9 @@ int run(const options& o) {
             {"tier_spilled_pages", t.tier_spilled_pages},
             {"copy_rounds", t.copy_rounds},
             {"pull_rounds", t.pull_rounds},
+            {"registry_rounds", t.registry_rounds},
+            {"registry_joins", t.registry_joins},
+            {"registry_removes", t.registry_removes},
             {"tier_copied_pages", t.tier_copied_pages},
             {"tier_pulled_pages", t.tier_pulled_pages},
             {"unfused_rounds", t.unfused_rounds},

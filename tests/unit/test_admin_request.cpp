@@ -56,6 +56,18 @@ TEST(AdminRequest, ArgumentsAreTypeAndRangeChecked) {
               std::string::npos)
         << count;
   EXPECT_EQ(outcome(R"({"command":"spawn","node":"h:1","count":0})"), "ok");
+  // node_add takes a count or not (1); node_remove an address alone.
+  EXPECT_EQ(outcome(R"({"command":"node_add","node":"h:1"})"), "ok");
+  EXPECT_EQ(outcome(R"({"command":"node_add","node":"h:1","count":3})"), "ok");
+  EXPECT_EQ(outcome(R"({"command":"node_add","node":"h:1","count":"3"})"),
+            "arguments: node_add needs \"node\" (HOST:PORT) and \"count\"");
+  EXPECT_EQ(outcome(R"({"command":"node_add"})"), "arguments: node_add needs \"node\" (HOST:PORT)");
+  EXPECT_EQ(outcome(R"({"command":"node_remove","node":"h:1"})"), "ok");
+  EXPECT_EQ(outcome(R"({"command":"node_remove","node":null})"),
+            "arguments: node_remove needs \"node\" (HOST:PORT)");
+  auto added =
+      std::get<admin_request>(parse_admin_request(R"({"command":"node_add","node":"h:1"})"));
+  EXPECT_EQ(added.count, 1);
 }
 
 TEST(AdminRequest, TheParsedFieldsAreThoseSent) {
