@@ -204,8 +204,27 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
             .then(
                 [self, rp, nodes, node](link_status&) mutable {
                   self->request(nodes, std::chrono::minutes(11), settled_atom::value, node)
-                      .then([rp](link_status& s) mutable { rp.deliver(std::move(s)); },
-                            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                      .then(
+                          [self, rp, nodes, node](link_status& s) mutable {
+                            if (s.state == "up") {
+                              rp.deliver(std::move(s));
+                              return;
+                            }
+                            // Not up: it leaves again (no link retrying a
+                            // mistyped address for ever), and the reply says why.
+                            const std::string why =
+                                "node " + node + " " + s.state + ": " + s.error + " (not added)";
+                            self->request(nodes, std::chrono::minutes(1), node_remove_atom::value,
+                                          node)
+                                .then(
+                                    [rp, why](std::string&) mutable {
+                                      rp.deliver(caf::make_error(caf::sec::runtime_error, why));
+                                    },
+                                    [rp, why](caf::error&) mutable {
+                                      rp.deliver(caf::make_error(caf::sec::runtime_error, why));
+                                    });
+                          },
+                          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
                 },
                 [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
         return rp;

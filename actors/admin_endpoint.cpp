@@ -214,14 +214,28 @@ std::string error_text(caf::actor_system& sys, const caf::error& e) {
   return sys.render(e);
 }
 
-// Asks the admin actor and replies with what it says.
+// Asks the admin actor within `timeout` and replies with what it says.
 template <class Result, class Convert, class... Ts>
-void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
-  self->request(self->state.admin, self->state.opts.call_timeout, args...)
+void call_within(self_ptr self, const std::string& peer, std::chrono::milliseconds timeout,
+                 Convert convert, Ts... args) {
+  self->request(self->state.admin, timeout, args...)
       .then([self, peer, convert](Result& result) { reply(self, peer, success(convert(result))); },
             [self, peer](caf::error& e) {
               reply(self, peer, failure("failed", error_text(self->system(), e)));
             });
+}
+
+// Within the endpoint's call_timeout.
+template <class Result, class Convert, class... Ts>
+void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
+  call_within<Result>(self, peer, self->state.opts.call_timeout, convert, args...);
+}
+
+// The commands that wait for a model to load or for requests to move away
+// answer when done, within 11 minutes.
+template <class Result, class Convert, class... Ts>
+void call_long(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
+  call_within<Result>(self, peer, std::chrono::minutes(11), convert, args...);
 }
 
 void on_request(self_ptr self, const std::string& peer, const std::string& address,
@@ -320,7 +334,7 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         migrate_atom::value, id, instance);
   if (command == "drain")
-    return call<uint64_t>(
+    return call_long<uint64_t>(
         self, peer,
         [](uint64_t i) {
           return json{{"instance", i}, {"drained", true}};
@@ -341,18 +355,18 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
         },
         set_atom::value, req.key, req.value);
   if (command == "node_add")
-    return call<link_status>(
+    return call_long<link_status>(
         self, peer, [](link_status& n) { return node_json(n); }, node_add_atom::value, req.node,
         req.count);
   if (command == "node_remove")
-    return call<std::string>(
+    return call_long<std::string>(
         self, peer,
         [node = req.node](std::string& what) {
           return json{{"node", node}, {"removed", what}};
         },
         node_remove_atom::value, req.node);
   if (command == "spawn")
-    return call<std::vector<uint64_t>>(
+    return call_long<std::vector<uint64_t>>(
         self, peer,
         [node = req.node](std::vector<uint64_t>& ids) {
           return json{{"node", node}, {"instances", ids}};

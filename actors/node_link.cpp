@@ -18,6 +18,7 @@ struct link_state {
   bool settled = false;
   std::string startup_error;  // why it was not up when it first settled
   bool leaving = false;       // the node said it stops: no reconnect to it
+  bool detaching = false;     // the service let the node go: never again
   std::vector<caf::typed_response_promise<link_status>> waiting;            // for settled
   std::vector<caf::typed_response_promise<std::vector<uint64_t>>> growing;  // grow asked
   static inline const char* name = "node_link";
@@ -177,8 +178,9 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
       st.node = nullptr;
       ++st.connection;
       // The router and the request actors saw the instances go down too.
-      // A node that left may be started again: keep trying.
-      st.leaving = false;
+      // A node that left may be started again: keep trying (unless the
+      // service let it go).
+      st.leaving = st.detaching;
       failed(self, "down", "lost: " + self->system().render(dm.reason));
     });
     self->send(self, connect_now_atom::value);
@@ -212,6 +214,7 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
                                    "node " + st.opts.address() + ": " + why);
           };
           if (n < 1 || n > 64) return refuse("give 1 to 64 instances");
+          if (st.detaching) return refuse("it is leaving the service");
           if (st.status.state != "up")
             return refuse("it is " + st.status.state +
                           (st.status.error.empty() ? "" : " (" + st.status.error + ")"));
@@ -233,7 +236,8 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
         // The node leaves the service: release its instances there and quit.
         [self](detach_atom) -> caf::result<bool> {
           auto& st = self->state;
-          st.leaving = true;
+          st.leaving = st.detaching = true;
+          st.status.state = "leaving";
           ++st.connection;  // answers still on their way change nothing now
           for (auto& rp : st.growing)
             rp.deliver(caf::make_error(caf::sec::runtime_error,

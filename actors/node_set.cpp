@@ -32,10 +32,22 @@ struct node_set_state {
   // Removed by hand while registered: not joined again from the registry
   // until it leaves the registry (or is added by hand).
   std::set<std::string> removed_by_hand;
+  // Registry reads in a row without a node it joined: it goes at
+  // k_missing_reads (one read without it is not enough: a renewal late by
+  // a few ms, on a busy machine, would drain a healthy node).
+  std::map<std::string, int> missing;
+  std::set<std::string> warned;  // records refused, logged once
   static inline const char* name = "node_set";
 };
 
 using self_ptr = node_set_actor::stateful_pointer<node_set_state>;
+
+constexpr int k_missing_reads = 3;
+
+caf::error no_node(const std::string& address) {
+  return caf::make_error(caf::sec::invalid_argument,
+                         "no node " + address + " in this service (nodes lists them)");
+}
 
 std::vector<std::string> addresses(const node_set_state& st) {
   std::vector<std::string> out;
@@ -92,32 +104,38 @@ void remove(self_ptr self, const std::string& address, std::function<void(std::s
   auto it = st.members.find(address);
   it->second.removing = true;
   auto link = it->second.link;
-  auto finish = [self, address, link, done](size_t drained, const std::string& state) {
+  // The link gone, the router and the other links forget the node.
+  auto drop = [self, address] {
+    auto& st = self->state;
+    st.members.erase(address);
+    st.missing.erase(address);
+    self->send(st.opts.router, forget_node_atom::value, address);
+    tell_peers(self);
+  };
+  auto finish = [self, link, address, done, drop](size_t drained, const std::string& state) {
     self->request(link, std::chrono::seconds(15), detach_atom::value)
         .then(
-            [self, address, drained, state, done](bool heard) {
-              auto& st = self->state;
-              st.members.erase(address);
-              self->send(st.opts.router, forget_node_atom::value, address);
-              tell_peers(self);
-              std::string what = "node " + address + " removed (it was " + state +
-                                 "): " + std::to_string(drained) + " instances drained, " +
-                                 (heard ? "released on the node" : "the node did not answer");
+            [address, drained, state, done, drop](bool heard) {
+              drop();
+              std::string what =
+                  "node " + address + " removed (it was " + state +
+                  "): " + std::to_string(drained) + " instances drained, " +
+                  (heard ? "released on the node" : "the node did not answer (it may be stopping)");
               spdlog::info("cluster: {}", what);
               done(what);
             },
-            [self, address, done](caf::error& e) {
-              auto& st = self->state;
-              st.members.erase(address);
-              self->send(st.opts.router, forget_node_atom::value, address);
-              tell_peers(self);
+            [self, address, done, drop](caf::error& e) {
+              drop();
               done("node " + address + " removed; its link: " + self->system().render(e));
             });
   };
   self->request(link, std::chrono::seconds(10), status_atom::value)
       .then(
           [self, finish](link_status& s) {
-            if (s.state != "up" || s.instances.empty()) return finish(0, s.state);
+            // A node that is stopping ("leaving") drains too: its requests
+            // may still be moving.
+            if ((s.state != "up" && s.state != "leaving") || s.instances.empty())
+              return finish(0, s.state);
             // Its sequences move elsewhere first (drain = migrate by default).
             auto left = std::make_shared<size_t>(s.instances.size());
             const size_t n = s.instances.size();
@@ -125,11 +143,11 @@ void remove(self_ptr self, const std::string& address, std::function<void(std::s
               self->request(self->state.opts.router, std::chrono::minutes(5),
                             drain_instance_atom::value, id)
                   .then(
-                      [finish, left, n](uint64_t) {
-                        if (--*left == 0) finish(n, "up");
+                      [finish, left, n, state = s.state](uint64_t) {
+                        if (--*left == 0) finish(n, state);
                       },
-                      [finish, left, n](caf::error&) {
-                        if (--*left == 0) finish(n, "up");
+                      [finish, left, n, state = s.state](caf::error&) {
+                        if (--*left == 0) finish(n, state);
                       });
           },
           [finish](caf::error&) { finish(0, "not answering"); });
@@ -152,16 +170,14 @@ node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
         },
         [self](settled_atom, const std::string& address) -> caf::result<link_status> {
           auto it = self->state.members.find(address);
-          if (it == self->state.members.end())
-            return refuse("no node " + address + " in this service (nodes lists them)");
+          if (it == self->state.members.end()) return no_node(address);
           return relay<link_status>(self, it->second.link, std::chrono::minutes(11),
                                     settled_atom::value);
         },
         [self](node_remove_atom, const std::string& address) -> caf::result<std::string> {
           auto& st = self->state;
           auto it = st.members.find(address);
-          if (it == st.members.end())
-            return refuse("no node " + address + " in this service (nodes lists them)");
+          if (it == st.members.end()) return no_node(address);
           if (it->second.removing) return refuse("node " + address + " is being removed already");
           if (it->second.how == joined_by::registry) st.removed_by_hand.insert(address);
           auto rp = self->make_response_promise<std::string>();
@@ -188,13 +204,18 @@ node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
           for (const auto& r : change.join) {
             if (auto why = add(self, r.address, r.instances, {}, joined_by::registry);
                 !why.empty()) {
-              spdlog::warn("cluster: registry node {} not joined: {}", r.address, why);
+              if (st.warned.insert(r.address).second)
+                spdlog::warn("cluster: registry node {} not joined: {}", r.address, why);
               continue;
             }
             spdlog::info("cluster: node {} joins through the registry ({} instances)", r.address,
                          r.instances);
           }
+          std::set<std::string> gone(change.leave.begin(), change.leave.end());
+          for (auto it = st.missing.begin(); it != st.missing.end();)
+            it = gone.count(it->first) ? std::next(it) : st.missing.erase(it);
           for (const auto& a : change.leave) {
+            if (++st.missing[a] < k_missing_reads) continue;
             spdlog::warn("cluster: node {} left the registry; removing it", a);
             remove(self, a, [](std::string) {});
           }
@@ -202,8 +223,8 @@ node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
         [self](grow_atom, const std::string& address,
                int32_t n) -> caf::result<std::vector<uint64_t>> {
           auto it = self->state.members.find(address);
-          if (it == self->state.members.end())
-            return refuse("no node " + address + " in this service (nodes lists them)");
+          if (it == self->state.members.end()) return no_node(address);
+          if (it->second.removing) return refuse("node " + address + " is being removed");
           return relay<std::vector<uint64_t>>(self, it->second.link, std::chrono::minutes(10),
                                               grow_atom::value, n);
         },

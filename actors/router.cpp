@@ -269,6 +269,7 @@ void poll(self_ptr self) {
         .then(
             [self, id](instance_stats& s) {
               auto& st = self->state;
+              if (!find(st, id)) return;  // forgotten (its node left) since the poll
               learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
               // An X->Y instance whose X work is done is promoted to Y.

@@ -201,6 +201,32 @@ std::vector<double> gamma_arrivals(size_t n, double rate, double burstiness, uin
   return out;
 }
 
+std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, double period_s,
+                                     uint64_t seed) {
+  if (!(peak_rate > 0 && std::isfinite(peak_rate)))
+    throw std::invalid_argument("diurnal: the peak rate must be finite and > 0");
+  if (!(trough >= 0 && trough <= 1)) throw std::invalid_argument("diurnal: trough in [0, 1]");
+  if (!(period_s > 0 && std::isfinite(period_s)))
+    throw std::invalid_argument("diurnal: the period must be > 0");
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(peak_rate);
+  std::uniform_real_distribution<double> keep(0, 1);
+  const double pi = 3.14159265358979323846;
+  std::vector<double> out;
+  out.reserve(n);
+  double t = 0;
+  while (out.size() < n) {
+    t += gap(rng);
+    const double share = trough + (1 - trough) * 0.5 * (1 - std::cos(2 * pi * t / period_s));
+    if (keep(rng) < share) out.push_back(t);
+  }
+  if (!out.empty()) {
+    const double first = out.front();
+    for (auto& x : out) x -= first;
+  }
+  return out;
+}
+
 std::vector<double> load_trace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("trace " + path + ": cannot open");

@@ -91,6 +91,11 @@ constexpr double infinite_rate = std::numeric_limits<double>::infinity();
 
 // Send offsets in seconds from the start, non-decreasing, first at 0.
 std::vector<double> gamma_arrivals(size_t n, double rate, double burstiness, uint64_t seed);
+// A day in `period_s`: a Poisson process whose rate follows a cosine from
+// `trough * peak_rate` (at 0) up to `peak_rate` (at half the period) and
+// back, drawn by thinning; n arrivals (as many periods as they take).
+std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, double period_s,
+                                     uint64_t seed);
 // A trace file: one timestamp in seconds per line (a number, or a JSON object
 // with "timestamp"); shifted so the first is 0; must not decrease.
 std::vector<double> load_trace(const std::string& path);

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <openssl/evp.h>
 
+#include <charconv>
 #include <nlohmann/json.hpp>
 
 namespace troupe {
@@ -40,7 +41,12 @@ int64_t number_of(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return 0;
   if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) return std::stoll(it->get<std::string>());
+  if (it->is_string()) {
+    const auto& s = it->get_ref<const std::string&>();
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && end == s.data() + s.size()) return v;
+  }
   throw etcd_error(std::string("etcd: a reply's '") + key + "' is not a number");
 }
 
@@ -72,6 +78,12 @@ std::string prefix_end(const std::string& prefix) {
 etcd_client::etcd_client(std::vector<std::string> endpoints, std::chrono::milliseconds timeout)
     : endpoints_(std::move(endpoints)), timeout_(timeout) {
   if (endpoints_.empty()) throw std::invalid_argument("etcd: no endpoint");
+  for (const auto& ep : endpoints_) {
+    const auto colon = ep.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == ep.size() ||
+        colon + 6 < ep.size() || ep.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+      throw std::invalid_argument("etcd: '" + ep + "' is not HOST:PORT");
+  }
 }
 
 std::string etcd_client::call(const std::string& path, const std::string& body) {

@@ -20,9 +20,7 @@ registration::~registration() {
 
 void registration::set_value(std::string value) {
   std::lock_guard<std::mutex> lk(mu_);
-  value_ = std::move(value);
-  value_changed_ = true;
-  wake_.notify_all();
+  value_ = std::move(value);  // put at the next renewal
 }
 
 void registration::stop(bool withdraw) {
@@ -52,8 +50,6 @@ void registration::loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stopping_) {
     std::string value = value_;
-    const bool changed = value_changed_;
-    value_changed_ = false;
     lk.unlock();
     bool ok = true;
     try {
@@ -61,13 +57,13 @@ void registration::loop() {
         spdlog::warn("registry: the lease of {} expired; registering again", key_);
         lease_ = 0;
       }
-      if (lease_ == 0) {
-        lease_ = client_.grant(ttl_s_);
-        client_.put(key_, value, lease_);
-        spdlog::info("registry: registered {} (lease ttl {} s)", key_, ttl_s_);
-      } else if (changed) {
-        client_.put(key_, value, lease_);
-      }
+      // The record again at every renewal: cheap, and a key deleted by
+      // hand (or a put that failed after its grant) comes back.
+      const bool fresh = lease_ == 0;
+      const int64_t lease = fresh ? client_.grant(ttl_s_) : lease_;
+      client_.put(key_, value, lease);
+      lease_ = lease;
+      if (fresh) spdlog::info("registry: registered {} (lease ttl {} s)", key_, ttl_s_);
       registered_ = true;
       if (!logged.empty()) spdlog::info("registry: etcd answers again");
       logged.clear();
@@ -79,7 +75,7 @@ void registration::loop() {
       }
     }
     lk.lock();
-    if (!ok) value_changed_ = value_changed_ || changed;
+    if (!ok) registered_ = false;
     wake_.wait_for(lk, ok ? renew_every : retry_every, [this] { return stopping_; });
   }
 }

@@ -49,7 +49,6 @@ class registration {
   std::mutex mu_;
   std::condition_variable wake_;
   std::string value_;
-  bool value_changed_ = false;
   bool stopping_ = false;
   std::atomic<bool> registered_{false};
   int64_t lease_ = 0;

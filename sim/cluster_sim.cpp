@@ -39,6 +39,9 @@ struct sim_instance {
   double step_ms = 0;
   int32_t rows = 0;
   int32_t decode_rows = 0;
+  // Autoscaling: placed on only while active and ready.
+  bool active = true;
+  double ready_at = 0;  // serves from then (a started instance loads first)
 };
 
 enum class ev : uint8_t { arrival, step_done, transfer_done, window };
@@ -71,9 +74,16 @@ class simulation {
         cfg.pd_placement != "round-robin")
       throw std::invalid_argument("sim: pd placement '" + cfg.pd_placement +
                                   "' (slo, least-load, round-robin)");
-    for (int32_t i = 0; i < cfg.instances; ++i) {
+    if (cfg.autoscale && cfg.pd)
+      throw std::invalid_argument("sim: --autoscale with --pd: not yet (mixed instances only)");
+    if (cfg.autoscale && (cfg.scale.min < 1 || cfg.scale.max < cfg.scale.min))
+      throw std::invalid_argument("sim: --autoscale needs 1 <= min <= max");
+    // With autoscaling, a slot for every instance it may start.
+    const int32_t slots = cfg.autoscale ? std::max(cfg.instances, cfg.scale.max) : cfg.instances;
+    for (int32_t i = 0; i < slots; ++i) {
       sim_instance in;
       in.id = uint64_t(i + 1);
+      in.active = i < cfg.instances;
       in.free_pages = cfg.cost.kv_pages;
       if (cfg.pd) {
         if (size_t(i) < cfg.roles.size())
@@ -202,6 +212,7 @@ class simulation {
       std::vector<instance_snapshot> snaps;
       snaps.reserve(insts_.size());
       for (const auto& in : insts_) {
+        if (!in.active || in.ready_at > now_) continue;
         instance_snapshot s;
         s.instance = in.id;
         for (const auto& [id, q] : in.seqs) {
@@ -435,6 +446,7 @@ class simulation {
     windows_.clear();
     for (const auto& w : mon_.windows(now_)) windows_[w.instance] = w;
     pd_window w = mon_.take_window();
+    if (cfg_.autoscale) scale();
     if (!cfg_.pd || !cfg_.role_switching || cfg_.pd_placement != "slo") return;
     auto f = decide_flip(loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_);
     if (!f) return;
@@ -452,6 +464,46 @@ class simulation {
     try_step(in);
   }
 
+  // The autoscaling policy at a window: instances held are counted, then
+  // started (the first inactive slots, serving after start_s) or retired
+  // (no new work; it finishes what it holds).
+  void scale() {
+    std::vector<scaled_instance> view;
+    int32_t held = 0;
+    for (const auto& in : insts_) {
+      if (in.active || !in.seqs.empty()) ++held;
+      if (!in.active) continue;
+      scaled_instance s;
+      s.id = in.id;
+      s.starting = in.ready_at > now_;
+      for (const auto& [id, q] : in.seqs) ++(q.running || q.parked ? s.running : s.waiting);
+      s.max_seqs = lim_.max_seqs;
+      if (auto it = windows_.find(in.id); it != windows_.end()) s.ttft_ms = it->second.ttft_ms;
+      view.push_back(s);
+    }
+    res_.stats.instance_seconds += held * cfg_.window_s;
+    res_.stats.peak_instances = std::max(res_.stats.peak_instances, held);
+    auto d = decide_autoscale(cfg_.scale, view, cfg_.targets.ttft_ms, now_, scale_mem_);
+    if (d.why.empty()) return;
+    for (int32_t k = 0; k < d.grow; ++k)
+      for (auto& in : insts_)
+        if (!in.active) {
+          in.active = true;
+          in.ready_at = now_ + cfg_.start_s;
+          ++res_.stats.scale_ups;
+          break;
+        }
+    if (d.retire != 0) {
+      insts_[index_of(d.retire)].active = false;
+      ++res_.stats.scale_downs;
+    }
+    if (res_.stats.scale_log.size() < 200) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "t=%.1fs: %s", now_, d.why.c_str());
+      res_.stats.scale_log.push_back(buf);
+    }
+  }
+
   const sim_config& cfg_;
   const std::vector<sim_request>& reqs_;
   scheduler_limits lim_;
@@ -465,6 +517,7 @@ class simulation {
   prefill_model model_;
   placement_cursor cursor_;
   flip_memory flips_;
+  autoscale_memory scale_mem_;
   std::unordered_map<uint64_t, instance_window> windows_;
   size_t rr_prefill_ = 0, rr_decode_ = 0;
   sim_result res_;

@@ -15,6 +15,7 @@
 
 #include "bench/bench_metrics.hpp"
 #include "runtime/engine/scheduler.hpp"
+#include "runtime/service/autoscale.hpp"
 #include "runtime/service/pd_policy.hpp"
 #include "runtime/service/placement.hpp"
 #include "sim/cost_model.hpp"
@@ -47,6 +48,13 @@ struct sim_config {
   pd_config pd_cfg;
   double window_s = 1;
   cost_model cost;
+  // Elastic pools (issue 37): `instances` start, then the autoscaling
+  // policy (runtime/service/autoscale) starts and retires them at every
+  // window within [scale.min, scale.max]; a started instance serves after
+  // `start_s` (loading its model).  Mixed instances only.
+  bool autoscale = false;
+  autoscale_config scale;
+  double start_s = 2;
 };
 
 struct sim_stats {
@@ -61,6 +69,12 @@ struct sim_stats {
   double simulated_s = 0;
   double wall_s = 0;
   std::vector<std::string> flip_log;  // "t=12.0s instance 3 -> prefill: why"
+  // Autoscaling: instance-seconds held (serving, starting, or finishing
+  // work while retiring), the most at once, starts and retirements.
+  double instance_seconds = 0;
+  int32_t peak_instances = 0;
+  uint64_t scale_ups = 0, scale_downs = 0;
+  std::vector<std::string> scale_log;  // "t=60.0s: load 0.91 of capacity: 4 -> 6 instances"
 };
 
 struct sim_result {

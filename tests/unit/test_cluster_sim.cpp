@@ -92,6 +92,41 @@ TEST(ClusterSim, DynamicRoleSwitchingFlipsUnderPrefillPressure) {
   for (const auto& rec : r.records) EXPECT_TRUE(rec.success);
 }
 
+// Issue 37: a load step on an autoscaled cluster.  One instance holds 16
+// sequences; 200 requests of 400 tokens arrive within 10 s, then nothing:
+// it starts instances up to the maximum, every request finishes, and it
+// retires them back to the minimum once idle, holding fewer
+// instance-seconds than a fixed fleet of the maximum would.
+TEST(ClusterSim, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
+  auto c = flat(1);
+  c.autoscale = true;
+  c.scale.min = 1;
+  c.scale.max = 6;
+  c.scale.grow_cooldown_s = 1;
+  c.scale.shrink_cooldown_s = 2;
+  c.start_s = 0.5;
+  c.cost.kv_pages = 4096;
+  std::vector<sim_request> reqs;
+  for (int i = 0; i < 200; ++i) reqs.push_back({0.05 * i, 16, 400, false});
+  // A late request keeps the simulation going while the pool shrinks.
+  reqs.push_back({60.0, 16, 2, false});
+  auto r = simulate(c, reqs);
+  for (const auto& rec : r.records) EXPECT_TRUE(rec.success);
+  EXPECT_EQ(r.stats.peak_instances, 6) << testing::PrintToString(r.stats.scale_log);
+  EXPECT_EQ(r.stats.scale_ups, 5u);
+  EXPECT_EQ(r.stats.scale_downs, 5u) << testing::PrintToString(r.stats.scale_log);
+  EXPECT_LT(r.stats.instance_seconds, 6 * r.stats.simulated_s * 0.5)
+      << testing::PrintToString(r.stats.scale_log);
+  // The same without autoscaling on one instance takes far longer.
+  auto fixed = simulate(flat(1), reqs);
+  double end_auto = 0, end_fixed = 0;
+  for (size_t i = 0; i + 1 < reqs.size(); ++i) {
+    end_auto = std::max(end_auto, r.records[i].end_time);
+    end_fixed = std::max(end_fixed, fixed.records[i].end_time);
+  }
+  EXPECT_LT(end_auto, end_fixed * 0.5);
+}
+
 TEST(CostModel, FitRecoversKnownCoefficients) {
   std::vector<step_sample> xs;
   for (int p = 0; p <= 256; p += 32)

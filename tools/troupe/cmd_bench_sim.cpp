@@ -30,7 +30,12 @@ struct sim_flags : load_flags {
   bool colocate = false;
   double window_ms = 1000;
   pd_config pd_cfg;
-  int kv_pages = 0;  // 0: the cost model's
+  int kv_pages = 0;       // 0: the cost model's
+  std::string autoscale;  // MIN:MAX
+  autoscale_config scale;
+  double start_s = 2;
+  double diurnal_period_s = 0;  // > 0: a diurnal arrival rate, peak --request-rate
+  double diurnal_trough = 0.1;
 };
 
 sim_config make_config(const sim_flags& f) {
@@ -53,6 +58,16 @@ sim_config make_config(const sim_flags& f) {
   c.pd_cfg = f.pd_cfg;
   c.window_s = f.window_ms / 1000;
   c.cost = cost_model::load(f.cost_model);
+  if (!f.autoscale.empty()) {
+    c.autoscale = true;
+    c.scale = f.scale;
+    try {
+      parse_autoscale_bounds(f.autoscale, c.scale);
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError("--autoscale", e.what());
+    }
+    c.start_s = f.start_s;
+  }
   if (f.kv_pages > 0) c.cost.kv_pages = f.kv_pages;
   return c;
 }
@@ -86,7 +101,10 @@ sim_run run_once(const sim_flags& f, const sim_config& c, const bench::slo& goal
                  const std::vector<bench::bench_request>& reqs, const std::vector<double>& trace,
                  double rate) {
   auto arrivals =
-      trace.empty() ? bench::gamma_arrivals(reqs.size(), rate, f.burstiness, f.seed) : trace;
+      !trace.empty() ? trace
+      : f.diurnal_period_s > 0
+          ? bench::diurnal_arrivals(reqs.size(), rate, f.diurnal_trough, f.diurnal_period_s, f.seed)
+          : bench::gamma_arrivals(reqs.size(), rate, f.burstiness, f.seed);
   auto sreqs = to_sim(reqs, arrivals, f.duration);
   sim_run out;
   out.result = simulate(c, sreqs);
@@ -111,6 +129,11 @@ nlohmann::json stats_json(const sim_stats& s) {
           {"preemptions", s.preemptions},
           {"ttft_prediction_mape", s.ttft_mape},
           {"simulated_s", s.simulated_s},
+          {"instance_seconds", s.instance_seconds},
+          {"peak_instances", s.peak_instances},
+          {"scale_ups", s.scale_ups},
+          {"scale_downs", s.scale_downs},
+          {"scale_log", s.scale_log},
           {"wall_s", s.wall_s}};
 }
 
@@ -141,6 +164,13 @@ void print_stats(const sim_stats& s) {
       static_cast<unsigned long long>(s.preemptions), s.ttft_mape * 100);
   for (size_t i = 0; i < s.flip_log.size() && i < 5; ++i)
     std::printf("  flip %s\n", s.flip_log[i].c_str());
+  if (s.scale_ups + s.scale_downs > 0 || s.instance_seconds > 0)
+    std::printf(
+        "autoscaling: %.0f instance-seconds (mean %.1f instances), peak %d, %llu started, %llu "
+        "retired\n",
+        s.instance_seconds, s.simulated_s > 0 ? s.instance_seconds / s.simulated_s : 0.0,
+        s.peak_instances, static_cast<unsigned long long>(s.scale_ups),
+        static_cast<unsigned long long>(s.scale_downs));
 }
 
 void run_sim(const sim_flags& f) {
@@ -252,6 +282,32 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--kv-pages", f->kv_pages, "KV pages per instance (default: the cost model's)");
   cmd->add_flag("--colocate", f->colocate, "online/offline co-location in every instance");
   cmd->add_option("--window-ms", f->window_ms, "the monitor's window")->capture_default_str();
+  cmd->add_option("--autoscale", f->autoscale,
+                  "MIN:MAX: start with --instances, then start and retire instances by the "
+                  "autoscaling policy at every window (mixed instances)");
+  cmd->add_option("--autoscale-grow-load", f->scale.grow_load,
+                  "start instances above this share of capacity (sequences held / max_seqs)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.05, 10.0));
+  cmd->add_option("--autoscale-shrink-load", f->scale.shrink_load,
+                  "retire one below this share of capacity")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 10.0));
+  cmd->add_option("--autoscale-cooldown-s", f->scale.shrink_cooldown_s,
+                  "between retirements, and after a start")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
+  cmd->add_option("--autoscale-start-s", f->start_s,
+                  "a started instance serves after this long (its model loads)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--diurnal-period-s", f->diurnal_period_s,
+                  "arrivals at a rate that follows a day of this length: --request-rate at the "
+                  "peak, --diurnal-trough of it at the trough")
+      ->check(CLI::Range(1.0, 1e7));
+  cmd->add_option("--diurnal-trough", f->diurnal_trough, "the trough's share of the peak rate")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--min-decode", f->pd_cfg.min_decode, "decode instances kept")
       ->capture_default_str();
   cmd->add_option("--min-prefill", f->pd_cfg.min_prefill, "prefill instances kept")

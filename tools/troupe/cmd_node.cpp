@@ -33,13 +33,9 @@ struct node_flags {
   std::string advertise;  // the address services dial (default: --listen's host, bound port)
 };
 
-// The address a service reaches this node at.
+// The address a service reaches this node at (checked in run_node).
 std::string advertised(const node_flags& f, const std::string& host, uint16_t port) {
   if (!f.advertise.empty()) return f.advertise;
-  if (host.empty() || host == "0.0.0.0" || host == "::")
-    throw std::invalid_argument(
-        "--registry with --listen on every interface: give --advertise HOST:PORT, the address "
-        "services dial");
   return host + ":" + std::to_string(port);
 }
 
@@ -51,6 +47,14 @@ int run_node(const node_flags& f) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  if (!f.cluster.registry.empty() && !f.advertise.empty())
+    if (auto why = check_node_address(f.advertise); !why.empty())
+      throw std::invalid_argument("--advertise: " + why);
+  if (!f.cluster.registry.empty() && f.advertise.empty() &&
+      (host.empty() || host == "0.0.0.0" || host == "::"))
+    throw std::invalid_argument(
+        "--registry with --listen on every interface: give --advertise HOST:PORT, the address "
+        "services dial");
   const std::string secret = load_cluster_secret(f.cluster);
   actor_env env(secret, f.cluster);
   node_options no;
@@ -97,8 +101,6 @@ int run_node(const node_flags& f) {
   sigwait(&sigs, &sig);
   std::fprintf(stderr, "troupe node: %s, handing sequences back (grace %.1f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", f.grace_s);
-  // Out of the registry first, so no service joins it while it leaves.
-  if (reg) reg->stop(true);
   caf::scoped_actor self{*env.sys};
   const auto end = std::chrono::steady_clock::now() +
                    std::chrono::milliseconds(static_cast<int64_t>(f.grace_s * 1000));
@@ -106,6 +108,9 @@ int run_node(const node_flags& f) {
     int32_t held = 0;
     self->request(node, std::chrono::seconds(5), stop_atom::value)
         .receive([&](int32_t n) { held = n; }, [&](caf::error&) { held = 0; });
+    // Out of the registry once its services were told it leaves (they
+    // drain it; a service that joins now would only be refused).
+    if (reg) reg->stop(true);
     if (held == 0) break;
     if (std::chrono::steady_clock::now() >= end) {
       std::fprintf(stderr, "troupe node: %d sequences still here at the end of the grace period\n",

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -146,6 +147,13 @@ int run_serve(settings_flags& flags, const std::string& config) {
   for (const auto& a : cl.nodes) nodes.push_back(node_entry{a, 1, {}});
   // With a registry, nodes join while the service runs (none may be there yet).
   const bool use_registry = !cl.registry.empty();
+  {
+    std::set<std::string> seen;
+    for (const auto& n : nodes)
+      if (!seen.insert(n.address).second)
+        throw std::invalid_argument("cluster.nodes: " + n.address +
+                                    " is named twice (--nodes and [[cluster.node]] together)");
+  }
   const int local =
       s.local_instances >= 0 ? s.local_instances : (nodes.empty() && !use_registry ? 1 : 0);
   if (local == 0 && nodes.empty() && !use_registry)
@@ -310,14 +318,15 @@ int run_serve(settings_flags& flags, const std::string& config) {
         registry_nodes_prefix(cluster_fingerprint(load_cluster_secret(cl)).substr(0, 16));
     watch = std::make_unique<registry_watch>(
         registry_endpoints(cl.registry), prefix, k_registry_poll,
-        [node_set](const std::vector<etcd_kv>& kvs) {
+        [node_set, warned = std::set<std::string>()](const std::vector<etcd_kv>& kvs) mutable {
           std::vector<std::string> addrs;
           std::vector<int32_t> counts;
           for (const auto& kv : kvs) {
             std::string why;
             auto r = parse_registry_value(kv.value, &why);
             if (!r) {
-              spdlog::warn("registry: {} is not a node record ({}); skipped", kv.key, why);
+              if (warned.insert(kv.key + "=" + kv.value).second)
+                spdlog::warn("registry: {} is not a node record ({}); skipped", kv.key, why);
               continue;
             }
             addrs.push_back(r->address);
