@@ -299,6 +299,13 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           auto& st = self->state;
           if (st.leaving) return caf::make_error(caf::sec::runtime_error, "the node is stopping");
           auto& hs = st.services[svc];
+          // A second link of the same service while the first lives: the
+          // service reaches this node under two names (localhost and
+          // 127.0.0.1); the second would take over the first's instances.
+          if (hs.link && hs.link != link && hs.link_alive)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "this service reaches this node already (under another "
+                                   "address); one link per node");
           if (hs.link != link) {
             hs.link = link;
             self->monitor(link);

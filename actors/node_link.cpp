@@ -1,6 +1,8 @@
 #include "actors/node_link.hpp"
 
 #include <spdlog/spdlog.h>
+
+#include <algorithm>
 #include <caf/io/middleman_actor.hpp>
 #include <caf/openssl/manager.hpp>
 
@@ -19,6 +21,7 @@ struct link_state {
   std::string startup_error;  // why it was not up when it first settled
   bool leaving = false;       // the node said it stops: no reconnect to it
   bool detaching = false;     // the service let the node go: never again
+  bool shrinking = false;     // its last instance is draining to stop
   std::vector<caf::typed_response_promise<link_status>> waiting;            // for settled
   std::vector<caf::typed_response_promise<std::vector<uint64_t>>> growing;  // grow asked
   static inline const char* name = "node_link";
@@ -232,6 +235,54 @@ node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options o
         [self](peers_atom, std::vector<std::string>& peers) {
           self->state.opts.peers = std::move(peers);
           if (self->state.status.state == "up") send_peers(self);
+        },
+        // Its last instance drains, stops on the node and leaves the router.
+        [self](shrink_atom) -> caf::result<uint64_t> {
+          auto& st = self->state;
+          auto refuse = [&](const std::string& why) {
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "node " + st.opts.address() + ": " + why);
+          };
+          if (st.status.state != "up" || st.detaching) return refuse("it is " + st.status.state);
+          if (st.shrinking || !st.growing.empty()) return refuse("it is changing already");
+          if (st.status.instances.size() < 2 || st.opts.specs.size() < 2)
+            return refuse("it keeps one instance");
+          st.shrinking = true;
+          const uint64_t id = st.status.instances.back();
+          auto rp = self->make_response_promise<uint64_t>();
+          auto fail = [self, rp](const std::string& why) mutable {
+            self->state.shrinking = false;
+            rp.deliver(caf::make_error(caf::sec::runtime_error, why));
+          };
+          self->request(st.opts.router, std::chrono::minutes(5), drain_instance_atom::value, id)
+              .then(
+                  [self, rp, id, fail](uint64_t) mutable {
+                    auto& st = self->state;
+                    if (!st.node) return fail("the node was lost while its instance drained");
+                    // Hosting is declarative: the specs without the last.
+                    auto specs = st.opts.specs;
+                    specs.pop_back();
+                    self->request(st.node, std::chrono::seconds(30), host_atom::value,
+                                  st.opts.service_id, caf::actor_cast<node_link_actor>(self), specs)
+                        .then(
+                            [self, rp, id](std::vector<hosted_instance>&) mutable {
+                              auto& st = self->state;
+                              st.opts.specs.pop_back();
+                              auto& ids = st.status.instances;
+                              ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+                              st.shrinking = false;
+                              self->send(st.opts.router, forget_instance_atom::value, id);
+                              self->send(st.opts.router, nodes_atom::value, st.status);
+                              rp.deliver(id);
+                            },
+                            [self, fail](caf::error& e) mutable {
+                              fail("the node did not stop it: " + self->system().render(e));
+                            });
+                  },
+                  [self, fail](caf::error& e) mutable {
+                    fail("its drain failed: " + self->system().render(e));
+                  });
+          return rp;
         },
         // The node leaves the service: release its instances there and quit.
         [self](detach_atom) -> caf::result<bool> {

@@ -37,6 +37,9 @@ struct node_link_options {
 // status:  what it knows now.
 // settled: the same, once the first attempt has an outcome (for start-up).
 // peers:   (addresses) the service's nodes changed (one joined or left).
+// shrink:  its last instance drains (requests move elsewhere), stops on
+//          the node and leaves the router; one always stays.  Replies with
+//          its id.
 // detach:  the node leaves this service: the link asks it to release the
 //          service's instances (drain them first), stops retrying and
 //          quits; replies true when the node heard it.
@@ -44,7 +47,8 @@ using node_link_full_actor = node_link_actor::extend<
     caf::replies_to<status_atom>::with<link_status>,
     caf::replies_to<settled_atom>::with<link_status>, caf::reacts_to<connect_now_atom>,
     caf::reacts_to<tick_atom>, caf::replies_to<grow_atom, int32_t>::with<std::vector<uint64_t>>,
-    caf::reacts_to<peers_atom, std::vector<std::string>>, caf::replies_to<detach_atom>::with<bool>>;
+    caf::reacts_to<peers_atom, std::vector<std::string>>, caf::replies_to<detach_atom>::with<bool>,
+    caf::replies_to<shrink_atom>::with<uint64_t>>;
 
 node_link_full_actor spawn_node_link(caf::actor_system& sys, node_link_options opts);
 

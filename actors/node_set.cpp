@@ -71,6 +71,18 @@ std::string add(self_ptr self, const std::string& address, int32_t count,
                 std::vector<instance_spec> specs, joined_by how) {
   auto& st = self->state;
   if (auto why = check_node_address(address); !why.empty()) return "node " + why;
+  {
+    // One spelling per node: no port 0, no leading zeros, no spaces or
+    // control characters (a second spelling of a node already here would
+    // take over its instances there).
+    const size_t colon = address.rfind(':');
+    const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
+    if (host.empty() || host.size() > 255) return "node '" + address + "' has no host";
+    for (unsigned char c : host)
+      if (c <= ' ' || c >= 0x7f) return "node '" + address + "': the host holds odd characters";
+    if (port == "0" || port[0] == '0')
+      return "node '" + address + "': give the port as a number above 0";
+  }
   if (st.members.count(address)) return "node " + address + " is in this service already";
   if (specs.empty()) {
     if (count < 1 || count > 64) return "give 1 to 64 instances, not " + std::to_string(count);
@@ -179,7 +191,8 @@ node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
           auto it = st.members.find(address);
           if (it == st.members.end()) return no_node(address);
           if (it->second.removing) return refuse("node " + address + " is being removed already");
-          if (it->second.how == joined_by::registry) st.removed_by_hand.insert(address);
+          // Not joined again from the registry while it stays registered.
+          st.removed_by_hand.insert(address);
           auto rp = self->make_response_promise<std::string>();
           remove(self, address, [rp](std::string what) mutable { rp.deliver(std::move(what)); });
           return rp;
@@ -219,6 +232,13 @@ node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
             spdlog::warn("cluster: node {} left the registry; removing it", a);
             remove(self, a, [](std::string) {});
           }
+        },
+        [self](shrink_atom, const std::string& address) -> caf::result<uint64_t> {
+          auto it = self->state.members.find(address);
+          if (it == self->state.members.end()) return no_node(address);
+          if (it->second.removing) return refuse("node " + address + " is being removed");
+          return relay<uint64_t>(self, it->second.link, std::chrono::minutes(6),
+                                 shrink_atom::value);
         },
         [self](grow_atom, const std::string& address,
                int32_t n) -> caf::result<std::vector<uint64_t>> {

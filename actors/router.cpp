@@ -255,6 +255,28 @@ void on_window(self_ptr self) {
           [](caf::error&) {});
 }
 
+// Drops the instances `which` names from the registry: marked down first
+// (drains waiting on them end), then gone with their stats and windows.
+template <class Which>
+void forget_instances(self_ptr self, Which which) {
+  auto& st = self->state;
+  for (auto& i : st.instances)
+    if (which(i) && i.state != "down") i.state = "down";
+  settle_drains(self);
+  for (auto it = st.instances.begin(); it != st.instances.end();) {
+    if (!which(*it)) {
+      ++it;
+      continue;
+    }
+    if (it->actor) self->demonitor(it->actor.address());
+    st.last.erase(it->id);
+    st.windows.erase(it->id);
+    st.modeled.erase(it->id);
+    spdlog::info("router: instance {} on {} leaves the service", it->id, it->node);
+    it = st.instances.erase(it);
+  }
+}
+
 void poll(self_ptr self) {
   for (const auto& i : self->state.instances) {
     if (i.state == "down") continue;
@@ -426,23 +448,16 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](forget_node_atom, const std::string& node) {
           auto& st = self->state;
           st.nodes.erase(node);
-          for (auto& i : st.instances)
-            if (i.node == node && i.state != "down") i.state = "down";
-          settle_drains(self);
-          for (auto it = st.instances.begin(); it != st.instances.end();) {
-            if (it->node != node) {
-              ++it;
-              continue;
-            }
-            if (it->actor) self->demonitor(it->actor.address());
-            st.last.erase(it->id);
-            st.windows.erase(it->id);
-            st.modeled.erase(it->id);
-            spdlog::info("router: instance {} leaves with node {}", it->id, node);
-            it = st.instances.erase(it);
-          }
+          forget_instances(self, [&](const router_instance& i) { return i.node == node; });
           for (auto it = st.slot_ids.begin(); it != st.slot_ids.end();)
             it = it->first.first == node ? st.slot_ids.erase(it) : std::next(it);
+        },
+        // One instance stopped on purpose: forget it (its slot may come back).
+        [self](forget_instance_atom, uint64_t id) {
+          auto& st = self->state;
+          forget_instances(self, [id](const router_instance& i) { return i.id == id; });
+          for (auto it = st.slot_ids.begin(); it != st.slot_ids.end();)
+            it = it->second == id ? st.slot_ids.erase(it) : std::next(it);
         },
         // Every node's last status.
         [self](nodes_atom) {

@@ -93,6 +93,8 @@ using node_add_atom = caf::atom_constant<caf::atom("nodeadd")>;
 using node_remove_atom = caf::atom_constant<caf::atom("noderemove")>;
 using forget_node_atom = caf::atom_constant<caf::atom("nodeforget")>;
 using detach_atom = caf::atom_constant<caf::atom("detach")>;
+using shrink_atom = caf::atom_constant<caf::atom("shrink")>;
+using forget_instance_atom = caf::atom_constant<caf::atom("instforget")>;
 
 // The data-parallel group protocol (messages/dp_group.hpp).
 using dp_admit_atom = caf::atom_constant<caf::atom("dpadmit")>;

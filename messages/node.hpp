@@ -122,13 +122,16 @@ using node_link_actor = caf::typed_actor<caf::reacts_to<leaving_atom>>;
 // registry:   (addresses, counts) the nodes the registry holds now: joins
 //             the new ones, removes those it joined that are gone.
 // grow:       (address, n) the node hosts n more instances.
+// shrink:     (address) its last instance drains and stops (at least one
+//             stays); replies with that instance's id.
 using node_set_actor =
     caf::typed_actor<caf::replies_to<node_add_atom, std::string, int32_t,
                                      std::vector<instance_spec>>::with<link_status>,
                      caf::replies_to<settled_atom, std::string>::with<link_status>,
                      caf::replies_to<node_remove_atom, std::string>::with<std::string>,
                      caf::reacts_to<registry_atom, std::vector<std::string>, std::vector<int32_t>>,
-                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>>;
+                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
+    caf::replies_to<shrink_atom, std::string>::with<uint64_t>>;
 
 // host:      (service id, link, specs) the instances this service runs on
 //            the node, one per spec: the ones it runs already (a link that

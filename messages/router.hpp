@@ -75,6 +75,7 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 // setrole:  (instance id, prefill|decode|mixed) the instance takes the role
 //           now (pool X->Y: new work of the new role at once, its old work
 //           finishing); replies with what changed once the instance agreed.
+// instforget: (id) the instance was stopped on purpose (autoscaling).
 // nodeforget: (address) the node left the service (actors/node_set): its
 //           status and its instances leave the registry.
 // window:   its own timer: the monitor's window, and role switching.
@@ -82,6 +83,7 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<nodes_atom, link_status>,
     caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
     caf::reacts_to<forget_node_atom, std::string>,
+    caf::reacts_to<forget_instance_atom, uint64_t>,
     caf::replies_to<add_instances_atom, std::string,
                     std::vector<hosted_instance>>::with<std::vector<uint64_t>>,
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,

@@ -384,6 +384,19 @@ std::string check_registry(const std::string& v) {
   return {};
 }
 
+std::string check_autoscale(const std::string& v) {
+  const auto colon = v.find(':');
+  auto number = [](const std::string& s) {
+    if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789") != std::string::npos)
+      return -1;
+    return std::stoi(s);
+  };
+  if (colon == std::string::npos) return "give MIN:MAX, e.g. 2:16, not '" + v + "'";
+  const int lo = number(v.substr(0, colon)), hi = number(v.substr(colon + 1));
+  if (lo < 1 || hi < lo) return "give MIN:MAX with 1 <= MIN <= MAX, not '" + v + "'";
+  return {};
+}
+
 std::string check_role(const std::string& v) {
   if (v != "prefill" && v != "decode" && v != "mixed")
     return "'" + v + "' is not a role (prefill, decode, mixed)";

@@ -126,6 +126,7 @@ std::string check_endpoint(const std::string& v);      // tcp://, ipc://, inproc
 std::string check_node_address(const std::string& v);  // HOST:PORT
 std::string check_role(const std::string& v);          // prefill, decode, mixed
 std::string check_registry(const std::string& v);      // etcd://HOST:PORT[,HOST:PORT...]
+std::string check_autoscale(const std::string& v);     // MIN:MAX, 1 <= MIN <= MAX
 
 // A registry URL's endpoints (etcd://A:1,B:2 -> A:1, B:2); throws
 // std::invalid_argument saying what is wrong.

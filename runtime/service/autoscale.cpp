@@ -1,5 +1,7 @@
 #include "runtime/service/autoscale.hpp"
 
+#include "runtime/config/settings.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -8,18 +10,11 @@
 namespace troupe {
 
 void parse_autoscale_bounds(const std::string& text, autoscale_config& c) {
+  if (auto why = check_autoscale(text); !why.empty())
+    throw std::invalid_argument("--autoscale: " + why);
   const auto colon = text.find(':');
-  auto number = [&](const std::string& s) {
-    if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789") != std::string::npos)
-      throw std::invalid_argument("--autoscale '" + text + "': give MIN:MAX, e.g. 2:16");
-    return std::stoi(s);
-  };
-  if (colon == std::string::npos)
-    throw std::invalid_argument("--autoscale '" + text + "': give MIN:MAX, e.g. 2:16");
-  c.min = number(text.substr(0, colon));
-  c.max = number(text.substr(colon + 1));
-  if (c.min < 1 || c.max < c.min)
-    throw std::invalid_argument("--autoscale '" + text + "': needs 1 <= MIN <= MAX");
+  c.min = std::stoi(text.substr(0, colon));
+  c.max = std::stoi(text.substr(colon + 1));
 }
 
 autoscale_decision decide_autoscale(const autoscale_config& c,
@@ -65,6 +60,7 @@ autoscale_decision decide_autoscale(const autoscale_config& c,
     for (const auto& i : instances) {
       if (i.starting) continue;
       ++serving;
+      if (!i.retirable) continue;
       if (!victim || i.running + i.waiting < victim->running + victim->waiting) victim = &i;
     }
     if (!victim || serving < 2) return d;

@@ -34,6 +34,7 @@ void parse_autoscale_bounds(const std::string& text, autoscale_config& c);
 struct scaled_instance {
   uint64_t id = 0;
   bool starting = false;  // started, not serving yet
+  bool retirable = true;  // may be the one retired (a node keeps its first)
   int32_t running = 0;
   int32_t waiting = 0;
   int32_t max_seqs = 1;

@@ -27,6 +27,9 @@ std::optional<node_record> parse_registry_value(const std::string& value, std::s
   if (addr == j.end() || !addr->is_string() || addr->get<std::string>().empty())
     return fail("no address");
   r.address = addr->get<std::string>();
+  for (unsigned char c : r.address)
+    if (c <= ' ' || c >= 0x7f) return fail("the address holds a space or a control character");
+  if (r.address.size() > 255) return fail("the address is longer than 255 bytes");
   if (r.address.find(':') == std::string::npos)
     return fail("address '" + r.address + "' has no port");
   if (auto it = j.find("instances"); it != j.end()) {

@@ -40,6 +40,9 @@ TEST(Membership, ARecordRoundTripsAndBrokenOnesAreNamed) {
       {R"({"address":"h:1","instances":0})", "instances is not 1 to 64"},
       {R"({"address":"h:1","instances":"2"})", "instances is not 1 to 64"},
       {R"({"address":"h:1","instances":65})", "instances is not 1 to 64"},
+      // A log line forged through the address, a space: refused.
+      {R"({"address":"h:1\n[info] FAKE"})", "the address holds a space or a control character"},
+      {R"({"address":"h :1"})", "the address holds a space or a control character"},
   };
   for (const auto& [text, want] : broken) {
     why.clear();

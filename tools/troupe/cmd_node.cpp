@@ -47,9 +47,16 @@ int run_node(const node_flags& f) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  if (!f.cluster.registry.empty() && !f.advertise.empty())
+  if (!f.cluster.registry.empty() && !f.advertise.empty()) {
     if (auto why = check_node_address(f.advertise); !why.empty())
       throw std::invalid_argument("--advertise: " + why);
+    const auto port = f.advertise.substr(f.advertise.rfind(':') + 1);
+    if (f.advertise.rfind(':') == 0 || port[0] == '0')
+      throw std::invalid_argument("--advertise '" + f.advertise +
+                                  "': give HOST:PORT with a port above 0");
+  }
+  if (f.cluster.registry.empty() && (!f.advertise.empty() || f.instances != 1))
+    std::fprintf(stderr, "troupe node: --advertise and --instances count with --registry only\n");
   if (!f.cluster.registry.empty() && f.advertise.empty() &&
       (host.empty() || host == "0.0.0.0" || host == "::"))
     throw std::invalid_argument(
@@ -89,9 +96,14 @@ int run_node(const node_flags& f) {
         to_registry_value(rec), f.cluster.registry_ttl_s);
     for (int i = 0; i < 50 && !reg->registered(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    std::fprintf(stderr, "troupe node: %s %s as %s\n",
-                 reg->registered() ? "registered in" : "not yet registered in (retrying)",
-                 f.cluster.registry.c_str(), rec.address.c_str());
+    if (reg->registered())
+      std::fprintf(stderr, "troupe node: registered in %s as %s\n", f.cluster.registry.c_str(),
+                   rec.address.c_str());
+    else
+      std::fprintf(stderr,
+                   "troupe node: not yet registered in %s as %s: etcd does not answer (retrying "
+                   "every second)\n",
+                   f.cluster.registry.c_str(), rec.address.c_str());
   }
   std::printf("troupe node: listening on %s:%u\n", host.empty() ? "0.0.0.0" : host.c_str(),
               static_cast<unsigned>(*bound));

@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 
 #include "actors/admin_endpoint.hpp"
+#include "actors/autoscaler.hpp"
 #include "actors/device.hpp"
 #include "actors/dp_group.hpp"
 #include "actors/expert_controller.hpp"
@@ -81,6 +82,9 @@ bool any_instance_serving(caf::actor_system& sys, const router_actor& router) {
           [](caf::error&) {});
   return serving;
 }
+
+// A node record's largest size.
+constexpr size_t k_max_record_bytes = 64 << 10;
 
 // How often a service reads the registry's nodes.
 constexpr auto k_registry_poll = std::chrono::milliseconds(500);
@@ -323,7 +327,11 @@ int run_serve(settings_flags& flags, const std::string& config) {
           std::vector<int32_t> counts;
           for (const auto& kv : kvs) {
             std::string why;
-            auto r = parse_registry_value(kv.value, &why);
+            // A record is a few hundred bytes: a huge value is not one (and
+            // is not parsed at every read).
+            auto r = kv.value.size() > k_max_record_bytes ? std::nullopt
+                                                          : parse_registry_value(kv.value, &why);
+            if (kv.value.size() > k_max_record_bytes) why = "larger than 64 KiB";
             if (!r) {
               if (warned.insert(kv.key + "=" + kv.value).second)
                 spdlog::warn("registry: {} is not a node record ({}); skipped", kv.key, why);
@@ -395,6 +403,26 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // told to stop before the error leaves (the actor system waits for them).
   // The gateway learns the admin port before the ready line, so every Pong
   // a client can get names it.
+  // Elastic pools: instances started and retired on the nodes by load.
+  if (!s.autoscale.empty()) {
+    autoscaler_options ao;
+    parse_autoscale_bounds(s.autoscale, ao.policy);
+    ao.policy.grow_load = s.autoscale_grow_load;
+    ao.policy.shrink_load = s.autoscale_shrink_load;
+    ao.policy.shrink_cooldown_s = s.autoscale_cooldown_s;
+    ao.ttft_target_ms = s.ttft_target_ms;
+    ao.max_seqs = e.max_seqs;
+    ao.window = std::chrono::milliseconds(s.window_ms);
+    ao.router = router;
+    ao.nodes = node_set;
+    ao.monitor = monitor;
+    owned.push_back(caf::actor_cast<caf::actor>(spawn_autoscaler(*env.sys, ao)));
+    std::fprintf(stderr,
+                 "troupe serve: autoscaling %s instances (grow above %.2f of capacity, retire "
+                 "below %.2f, cooldown %.0f s)\n",
+                 s.autoscale.c_str(), s.autoscale_grow_load, s.autoscale_shrink_load,
+                 s.autoscale_cooldown_s);
+  }
   auto admin = spawn_admin(*env.sys, gw.actor, router, node_set, monitor, groups);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
