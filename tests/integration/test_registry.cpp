@@ -106,6 +106,21 @@ struct streams {
   uint64_t first;
 };
 
+// Each test: a real etcd of its own, a cluster secret, and the flags that
+// point nodes (short leases) and services at them.
+class Registry : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
+    etcd = std::make_unique<etcd_process>();
+    node_reg = " --registry " + etcd->url() + kNodeFlags;
+    reg = " --registry " + etcd->url() + " --cluster-secret-file " + secret.path();
+  }
+  secret_file secret{"cluster-test-secret-registry"};
+  std::unique_ptr<etcd_process> etcd;
+  std::string node_reg, reg;
+};
+
 // A node started on a thread that lives until the test ends (a child dies
 // with the thread that forked it): for a node that must come after a
 // service whose start waits for it.
@@ -146,12 +161,7 @@ class late_node {
 // recover on the second, then it leaves the registry; a second service
 // takes the remaining node; the first service is killed -9 and the
 // second's streams go on untouched.
-TEST(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
-  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
-  etcd_process etcd;
-  secret_file secret("cluster-test-secret-registry");
-  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
-  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+TEST_F(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
   const auto want = offline_tokens("stories15m", kPrompt, 120);
 
   late_node n1(secret.path(), node_reg, 1500ms);
@@ -207,18 +217,13 @@ TEST(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
 // etcd dies under load: serving goes on with the nodes known; a node
 // started meanwhile cannot register.  etcd returns: the new node registers
 // and joins, and the first node's registration goes on (it stays).
-TEST(Registry, ServingOutlivesAnEtcdOutage) {
-  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
-  etcd_process etcd;
-  secret_file secret("cluster-test-secret-registry-outage");
-  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
-  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+TEST_F(Registry, ServingOutlivesAnEtcdOutage) {
   const auto want = offline_tokens("stories15m", kPrompt, 120);
   node_process n1(secret.path(), node_reg);
   server_process s(reg);
   streams load(s.endpoint(), 4, 120);
   ASSERT_TRUE(load.wait_started(4));
-  etcd.kill9();
+  etcd->kill9();
   ASSERT_TRUE(load.finish());
   for (const auto& r : load.rs) {
     ASSERT_FALSE(r.error) << r.error->message();
@@ -235,7 +240,7 @@ TEST(Registry, ServingOutlivesAnEtcdOutage) {
   node_process n2(secret.path(), node_reg);
   EXPECT_NE(n2.stderr_text().find("not yet registered"), std::string::npos) << n2.stderr_text();
 
-  etcd.start();
+  etcd->start();
   auto states = wait_nodes(
       s, [&](const auto& m) { return m.size() == 2 && m.at(n2.address()) == "up"; }, 60s);
   EXPECT_EQ(states,
@@ -249,12 +254,7 @@ TEST(Registry, ServingOutlivesAnEtcdOutage) {
 // By hand: `node add` takes a node that is not registered, `node remove`
 // drains a node's requests elsewhere and releases its instances; a removed
 // registered node is not taken again while it stays registered.
-TEST(Registry, NodeAddAndRemoveByHand) {
-  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
-  etcd_process etcd;
-  secret_file secret("cluster-test-secret-registry-hand");
-  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
-  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+TEST_F(Registry, NodeAddAndRemoveByHand) {
   const auto want = offline_tokens("stories15m", kPrompt, 120);
   node_process n1(secret.path(), node_reg);
   node_process loose(secret.path());  // not in the registry
@@ -290,24 +290,13 @@ TEST(Registry, NodeAddAndRemoveByHand) {
   EXPECT_EQ(node_states(s).size(), 2u);
 }
 
-}  // namespace
-}  // namespace troupe::testing
-
-namespace troupe::testing {
-namespace {
-
 // Issue 37 item 5: autoscaling on two nodes of this machine (2 cores each:
 // up to 2 instances a node).  The service starts with one instance on
 // each; a load step (40 greedy streams, 2 sequences an instance) starts
 // instances up to the maximum of 4; once the load is gone they are retired
 // (drained first) back to 2.  Every stream equals offline greedy; the
 // share of requests whose first token came within 2 s is printed.
-TEST(Registry, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
-  ASSERT_TRUE(have_etcd()) << "etcd is missing: bash tools/setup.sh deps installs etcd-server";
-  etcd_process etcd;
-  secret_file secret("cluster-test-secret-autoscale");
-  const std::string node_reg = " --registry " + etcd.url() + kNodeFlags;
-  const std::string reg = " --registry " + etcd.url() + " --cluster-secret-file " + secret.path();
+TEST_F(Registry, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
   const auto want = offline_tokens("stories15m", kPrompt, 160);
   node_process n1(secret.path(), node_reg), n2(secret.path(), node_reg);
   server_process s(reg +
