@@ -37,7 +37,8 @@
 // through a real etcd registry (issue 37): the service starts with
 // --registry, a third node may join mid-round, and a node may be removed
 // by hand (its requests drain to the other) or killed (its lease ends,
-// the service drops it).  After every round it checks:
+// the service drops it), and a second service may take the same nodes,
+// serve, and be killed -9 while the round's service goes on.  After every round it checks:
 //   - every request on a live socket got exactly one terminal message;
 //   - greedy requests that ran to their length equal offline greedy
 //     (`troupe generate`); biased ones hold only their forced token, or
@@ -137,7 +138,7 @@ struct tally {
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
            tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
            tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           violations = 0;
+           second_services = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -365,6 +366,34 @@ class round_driver {
     return a;
   }
 
+  // Issue 37: a second `troupe serve` finds the same nodes through the
+  // registry, serves a greedy request equal to offline, and is killed -9;
+  // this round's service and its requests go on untouched (checked at
+  // settle as in every round).
+  void second_service() {
+    try {
+      server_process other(
+          "--registry " + etcd_->url() + " --cluster-secret-file " + secret_->path(),
+          "troupe serve: listening on ", ref_->model);
+      client::connection c(other.endpoint());
+      const size_t prompt = pick(kPrompts.size());
+      wire::Generate g;
+      g.set_request_id(1);
+      g.set_text(kPrompts[prompt]);
+      g.set_max_tokens(kGreedyTokens);
+      g.set_ignore_eos(true);
+      auto rs = client::run(c, {g}, 60s);
+      if (rs.at(0).error)
+        violation("second service: " + rs[0].error->message());
+      else if (rs[0].token_ids != ref_->tokens[prompt])
+        violation("second service: its greedy tokens differ from offline");
+      ++t_.second_services;
+    } catch (const std::exception& e) {
+      violation(std::string("second service: ") + e.what());
+    }
+    // `other` is gone: killed with SIGKILL by its destructor.
+  }
+
   // A node's flags: with this round's registry, a short lease.
   std::string node_args() const {
     return etcd_ ? "--registry " + etcd_->url() + " --registry-ttl-s 2" : "";
@@ -536,6 +565,10 @@ class round_driver {
       bad_frame(s, id);
     } else if (roll < 89) {
       http_call();
+    } else if (roll == 89 && etcd_ && !second_service_ &&
+               ref_->what == model_reference::kind::dense && chance(0.3)) {
+      second_service_ = true;
+      second_service();
     } else if (roll < 90) {
       ++t_.pings;
       s.conn->ping(0ms);  // the Pong is drained with everything else
@@ -1090,7 +1123,8 @@ class round_driver {
   bool killed_ = false;
   bool drained_ = false;
   bool spawned_ = false;
-  bool joined_ = false;  // a third node joined through the registry
+  bool joined_ = false;          // a third node joined through the registry
+  bool second_service_ = false;  // a second service came and was killed
   int killed_node_ = -1;
   std::unique_ptr<testing::secret_file> secret_;
   std::unique_ptr<testing::etcd_process> etcd_;  // registry rounds
@@ -1193,6 +1227,7 @@ int run(const options& o) {
             {"registry_rounds", t.registry_rounds},
             {"registry_joins", t.registry_joins},
             {"registry_removes", t.registry_removes},
+            {"second_services", t.second_services},
             {"tier_copied_pages", t.tier_copied_pages},
             {"tier_pulled_pages", t.tier_pulled_pages},
             {"unfused_rounds", t.unfused_rounds},
