@@ -17,12 +17,13 @@ namespace troupe {
 
 namespace {
 
-// How a node came into the service: the registry's may leave with it.
-enum class joined_by { start, registry, hand };
+// How a node came into the service (named at start counts as by hand):
+// the registry's may leave with it.
+enum class joined_by { registry, hand };
 
 struct member {
   node_link_full_actor link;
-  joined_by how = joined_by::start;
+  joined_by how = joined_by::hand;
   bool removing = false;
 };
 
@@ -70,19 +71,9 @@ caf::error refuse(const std::string& why) {
 std::string add(self_ptr self, const std::string& address, int32_t count,
                 std::vector<instance_spec> specs, joined_by how) {
   auto& st = self->state;
-  if (auto why = check_node_address(address); !why.empty()) return "node " + why;
-  {
-    // One spelling per node: no port 0, no leading zeros, no spaces or
-    // control characters (a second spelling of a node already here would
-    // take over its instances there).
-    const size_t colon = address.rfind(':');
-    const std::string host = address.substr(0, colon), port = address.substr(colon + 1);
-    if (host.empty() || host.size() > 255) return "node '" + address + "' has no host";
-    for (unsigned char c : host)
-      if (c <= ' ' || c >= 0x7f) return "node '" + address + "': the host holds odd characters";
-    if (port == "0" || port[0] == '0')
-      return "node '" + address + "': give the port as a number above 0";
-  }
+  // One spelling per node (a second spelling of a node already here
+  // would take over its instances there).
+  if (auto why = check_dial_address(address); !why.empty()) return "node " + why;
   if (st.members.count(address)) return "node " + address + " is in this service already";
   if (specs.empty()) {
     if (count < 1 || count > 64) return "give 1 to 64 instances, not " + std::to_string(count);

@@ -356,6 +356,17 @@ std::string check_node_address(const std::string& v) {
   return {};
 }
 
+std::string check_dial_address(const std::string& v) {
+  if (auto why = check_node_address(v); !why.empty()) return why;
+  const size_t colon = v.rfind(':');
+  const std::string host = v.substr(0, colon), port = v.substr(colon + 1);
+  if (host.empty() || host.size() > 255) return "'" + v + "' has no host, or one over 255 bytes";
+  for (unsigned char c : host)
+    if (c <= ' ' || c >= 0x7f) return "'" + v + "': the host holds a space or a control character";
+  if (port[0] == '0') return "'" + v + "': give the port as a number above 0, no leading zeros";
+  return {};
+}
+
 std::vector<std::string> registry_endpoints(const std::string& url) {
   const std::string scheme = "etcd://";
   if (url.rfind(scheme, 0) != 0)

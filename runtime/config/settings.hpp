@@ -124,9 +124,13 @@ nlohmann::json to_json(const settings& s);
 // The checks for RULE checked(fn).
 std::string check_endpoint(const std::string& v);      // tcp://, ipc://, inproc://
 std::string check_node_address(const std::string& v);  // HOST:PORT
-std::string check_role(const std::string& v);          // prefill, decode, mixed
-std::string check_registry(const std::string& v);      // etcd://HOST:PORT[,HOST:PORT...]
-std::string check_autoscale(const std::string& v);     // MIN:MAX, 1 <= MIN <= MAX
+// An address others dial, in one spelling: HOST:PORT with a printable host
+// of at most 255 bytes and a port above 0 without leading zeros (a second
+// spelling of a node would be taken for another node).
+std::string check_dial_address(const std::string& v);
+std::string check_role(const std::string& v);       // prefill, decode, mixed
+std::string check_registry(const std::string& v);   // etcd://HOST:PORT[,HOST:PORT...]
+std::string check_autoscale(const std::string& v);  // MIN:MAX, 1 <= MIN <= MAX
 
 // A registry URL's endpoints (etcd://A:1,B:2 -> A:1, B:2); throws
 // std::invalid_argument saying what is wrong.

@@ -86,6 +86,15 @@ TEST(Membership, RegistryUrlsAreCheckedWhereTheyEnter) {
   EXPECT_TRUE(check_registry("etcd://h:2379").empty());
 }
 
+TEST(Membership, ADialledAddressHasOneSpelling) {
+  EXPECT_TRUE(check_dial_address("127.0.0.1:7001").empty());
+  EXPECT_TRUE(check_dial_address("node-3.example:65535").empty());
+  for (const char* bad :
+       {"127.0.0.1:0", "127.0.0.1:07001", ":7001", "host", "h ost:1", "h\n:1", "127.0.0.1:65536"})
+    EXPECT_FALSE(check_dial_address(bad).empty()) << bad;
+  EXPECT_FALSE(check_dial_address(std::string(256, 'a') + ":1").empty());
+}
+
 TEST(Membership, APrefixRangeEndsAfterItsLastKey) {
   EXPECT_EQ(prefix_end("/troupe/x/nodes/"), "/troupe/x/nodes0");
   EXPECT_EQ(prefix_end("a\xff"), "b");

@@ -48,12 +48,8 @@ int run_node(const node_flags& f) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   if (!f.cluster.registry.empty() && !f.advertise.empty()) {
-    if (auto why = check_node_address(f.advertise); !why.empty())
+    if (auto why = check_dial_address(f.advertise); !why.empty())
       throw std::invalid_argument("--advertise: " + why);
-    const auto port = f.advertise.substr(f.advertise.rfind(':') + 1);
-    if (f.advertise.rfind(':') == 0 || port[0] == '0')
-      throw std::invalid_argument("--advertise '" + f.advertise +
-                                  "': give HOST:PORT with a port above 0");
   }
   if (f.cluster.registry.empty() && (!f.advertise.empty() || f.instances != 1))
     std::fprintf(stderr, "troupe node: --advertise and --instances count with --registry only\n");
