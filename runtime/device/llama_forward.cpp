@@ -101,6 +101,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
   ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
              std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
+             (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") +
              (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
              (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : ""));
   weights_ = upload_weights(ctx_, *model_, expert_devices());
