@@ -19,13 +19,15 @@ const char* to_string(placement_policy p) {
       return "prefix";
     case placement_policy::slo:
       return "slo";
+    case placement_policy::load_aware:
+      return "load-aware";
   }
   return "?";
 }
 
 std::optional<placement_policy> parse_placement_policy(std::string_view name) {
   for (auto p : {placement_policy::round_robin, placement_policy::least_load,
-                 placement_policy::prefix, placement_policy::slo})
+                 placement_policy::prefix, placement_policy::slo, placement_policy::load_aware})
     if (name == to_string(p)) return p;
   return std::nullopt;
 }
@@ -117,7 +119,58 @@ std::string load_text(const instance_snapshot& s) {
          std::to_string(load_score(s));
 }
 
+std::string fixed2(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return b;
+}
+
+// Algorithm 4-2: ascending (U, queue length); the first while its U is
+// below the threshold, else the shortest queue (ties by U, then id).
+placement load_aware_pick(const std::vector<const instance_snapshot*>& up,
+                          const prefill_model& model, double ttft_target_ms) {
+  struct ranked {
+    const instance_snapshot* s;
+    utilisation u;
+  };
+  std::vector<ranked> r;
+  for (const auto* s : up) r.push_back({s, utilisation_of(*s, model, ttft_target_ms)});
+  auto by_load = [](const ranked& a, const ranked& b) {
+    if (a.u.total() != b.u.total()) return a.u.total() < b.u.total();
+    if (a.s->waiting != b.s->waiting) return a.s->waiting < b.s->waiting;
+    return a.s->instance < b.s->instance;
+  };
+  std::sort(r.begin(), r.end(), by_load);
+  const ranked* best = &r.front();
+  bool busy = best->u.total() >= load_aware_threshold;
+  if (busy)
+    best = &*std::min_element(r.begin(), r.end(), [&](const ranked& a, const ranked& b) {
+      if (a.s->waiting != b.s->waiting) return a.s->waiting < b.s->waiting;
+      return by_load(a, b);
+    });
+  placement out;
+  out.instance = best->s->instance;
+  out.why =
+      std::string("load-aware: U ") + fixed2(best->u.total()) + " (memory " +
+      fixed2(best->u.memory) + " + compute " + fixed2(best->u.compute) + "), " +
+      std::to_string(best->s->waiting) + " waiting" +
+      (busy ? ", every instance at U >= " + fixed2(load_aware_threshold) + ": the shortest queue"
+            : "");
+  return out;
+}
+
 }  // namespace
+
+utilisation utilisation_of(const instance_snapshot& s, const prefill_model& model,
+                           double ttft_target_ms) {
+  utilisation u;
+  if (s.total_pages > 0)
+    u.memory = std::clamp(1.0 - double(s.free_pages) / s.total_pages, 0.0, 1.0);
+  if (ttft_target_ms > 0 && s.queued_prefill_tokens > 0)
+    u.compute =
+        std::clamp(model.predict_ms(double(s.queued_prefill_tokens)) / ttft_target_ms, 0.0, 1.0);
+  return u;
+}
 
 int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
   const int32_t dev = prefix_run(s, hashes);
@@ -212,6 +265,8 @@ placement place(placement_policy policy, const placement_request& req,
                             std::to_string(int64_t(ttft_target_ms)) + ")";
       return pick(s, meet.empty() ? t + ", none meets it: the fastest" : t + ", " + load_text(*s));
     }
+    case placement_policy::load_aware:
+      return load_aware_pick(up, model, ttft_target_ms);
   }
   return out;
 }

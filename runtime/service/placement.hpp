@@ -15,6 +15,12 @@
 //                this prompt's, from a prefill-time model fitted online;
 //                the least-loaded instance predicted to meet the target,
 //                else the one with the lowest prediction
+//   load-aware   BanaServe's load-aware dispatch (Algorithm 4-2): the
+//                instance of lowest utilisation U = memory share + compute
+//                share (in [0, 2]; ties by queue length) while that U is
+//                below load_aware_threshold, else the shortest queue.  Cache
+//                hits are ignored on purpose: with the KV store (tiers and
+//                pulls from other nodes) a prefix is reachable anywhere.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -40,7 +46,7 @@ struct instance_snapshot {
   double tier_load_ms_per_page = -1;
 };
 
-enum class placement_policy { round_robin, least_load, prefix, slo };
+enum class placement_policy { round_robin, least_load, prefix, slo, load_aware };
 const char* to_string(placement_policy p);
 std::optional<placement_policy> parse_placement_policy(std::string_view name);
 
@@ -105,6 +111,22 @@ struct kv_pull {
 kv_pull pick_kv_pull(const std::vector<uint64_t>& hashes, int32_t have,
                      const std::vector<const std::unordered_set<uint64_t>*>& stores,
                      double pull_ms_per_page, double compute_ms_per_page);
+
+// Load-aware dispatch's utilisation of an instance, in [0, 2]: the share
+// of its KV pages in use plus its prefill backlog's predicted time over the
+// TTFT target (capped at 1; 0 until the model has a sample).  The thesis
+// sums compute and memory shares the same way (Algorithm 4-1's U_d).
+struct utilisation {
+  double memory = 0;
+  double compute = 0;
+  double total() const { return memory + compute; }
+};
+utilisation utilisation_of(const instance_snapshot& s, const prefill_model& model,
+                           double ttft_target_ms);
+// Below this utilisation the least-utilised instance takes the request;
+// above it every instance is busy and the shortest queue does (the thesis
+// gives no value: half the range, where one of the two shares is full).
+constexpr double load_aware_threshold = 1.0;
 
 // vLLM's load score: 4 x waiting + running.
 int64_t load_score(const instance_snapshot& s);

@@ -22,7 +22,7 @@ instance_snapshot inst(uint64_t id, int32_t waiting, int32_t running, int64_t qu
 
 TEST(Placement, PolicyNamesRoundTrip) {
   for (auto p : {placement_policy::round_robin, placement_policy::least_load,
-                 placement_policy::prefix, placement_policy::slo})
+                 placement_policy::prefix, placement_policy::slo, placement_policy::load_aware})
     EXPECT_EQ(parse_placement_policy(to_string(p)), p);
   EXPECT_FALSE(parse_placement_policy("random"));
 }
@@ -160,6 +160,54 @@ TEST(KvPull, PullsTheLongestRunPastWhatTheInstanceHolds) {
   // Nothing held anywhere past the instance's own pages.
   EXPECT_EQ(pick_kv_pull(h, 6, {&a, &b}, -1, -1).store, -1);
   EXPECT_EQ(pick_kv_pull(h, 0, {}, -1, -1).store, -1);
+}
+
+// BanaServe's load-aware dispatch (Algorithm 4-2): memory share plus the
+// prefill backlog's predicted time over the TTFT target; the least
+// utilised while below the threshold, else the shortest queue; cached
+// prefixes play no part.
+TEST(Placement, LoadAwareTakesTheLeastUtilisedThenTheShortestQueue) {
+  prefill_model m;
+  for (int i = 1; i <= 40; ++i) m.observe(100.0 * i, 1.0 * i);  // 1 ms per 100 tokens
+  ASSERT_NEAR(m.predict_ms(500), 5.0, 0.1);
+  placement_cursor c;
+  // Instance 1 holds the prompt's prefix but has 60% of its pages in use;
+  // instance 2 has 20% in use and 500 tokens queued (5 ms of a 50 ms
+  // target: 0.1): U 0.6 against 0.3.
+  auto a = inst(1, 0, 3, 0, {11, 12});
+  a.free_pages = 40;
+  auto b = inst(2, 1, 1, 500);
+  b.free_pages = 80;
+  const auto u = utilisation_of(b, m, 50);
+  EXPECT_NEAR(u.memory, 0.2, 1e-9);
+  EXPECT_NEAR(u.compute, 0.1, 0.01);
+  placement_request r;
+  r.page_hashes = {11, 12};
+  auto p = place(placement_policy::load_aware, r, {a, b}, c, m, 50);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_NE(p.why.find("U 0.30 (memory 0.20 + compute 0.10), 1 waiting"), std::string::npos)
+      << p.why;
+  // Equal U: the shorter queue.
+  auto d = inst(3, 0, 1, 500);
+  d.free_pages = 80;
+  EXPECT_EQ(place(placement_policy::load_aware, r, {b, d}, c, m, 50).instance, 3u);
+  // Every instance at U >= 1: the shortest queue, whatever its U.
+  auto full1 = inst(4, 5, 8, 100000);  // compute capped at 1, memory 0.9: U 1.9
+  full1.free_pages = 10;
+  auto full2 = inst(5, 2, 8, 100000);  // U 2.0, shorter queue
+  full2.free_pages = 0;
+  p = place(placement_policy::load_aware, r, {full1, full2}, c, m, 50);
+  EXPECT_EQ(p.instance, 5u) << p.why;
+  EXPECT_NE(p.why.find("the shortest queue"), std::string::npos) << p.why;
+  // Before any prefill is measured, memory alone; never a draining one.
+  prefill_model fresh;
+  auto e = inst(6, 0, 0);
+  e.free_pages = 10;
+  auto f = inst(7, 9, 0, 5000);
+  f.free_pages = 90;
+  EXPECT_EQ(place(placement_policy::load_aware, r, {e, f}, c, fresh, 50).instance, 7u);
+  f.serving = false;
+  EXPECT_EQ(place(placement_policy::load_aware, r, {e, f}, c, fresh, 50).instance, 6u);
 }
 
 }  // namespace

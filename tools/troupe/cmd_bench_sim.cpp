@@ -270,7 +270,7 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--roles", f->roles,
                   "starting role per instance (prefill, decode, mixed); default half and half")
       ->delimiter(',');
-  cmd->add_option("--router", f->router, "without --pd: round-robin, least-load or slo")
+  cmd->add_option("--router", f->router, "without --pd: round-robin, least-load, slo or load-aware")
       ->capture_default_str();
   cmd->add_option("--ttft-target-ms", f->ttft_target_ms, "online TTFT target (0: none)");
   cmd->add_option("--tpot-target-ms", f->tpot_target_ms, "online TPOT target (0: none)");
