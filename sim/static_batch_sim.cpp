@@ -1,0 +1,114 @@
+#include "sim/static_batch_sim.hpp"
+
+#include <algorithm>
+#include <random>
+#include <unordered_map>
+
+namespace troupe {
+
+namespace {
+
+// A static batch's time: one prefill of every prompt padded to the
+// longest, then one decode step per token of the longest output, every
+// row computed (the padding of static batching).
+double batch_ms(const std::vector<const static_request*>& b, const cost_model& cost) {
+  int32_t prompt = 0, out = 0;
+  for (const auto* r : b)
+    prompt = std::max(prompt, r->prompt_tokens), out = std::max(out, r->output_tokens);
+  const int32_t n = static_cast<int32_t>(b.size());
+  double ms = cost.step_ms(n * prompt, 0, int64_t(n) * prompt * (prompt + 1) / 2);
+  for (int32_t k = 1; k < out; ++k) ms += cost.step_ms(n, n, int64_t(n) * (prompt + k));
+  return ms;
+}
+
+}  // namespace
+
+static_batch_result run_static_batches(const std::vector<static_request>& reqs,
+                                       const static_batch_config& cfg, const cost_model& cost) {
+  static_batch_result res;
+  output_length_predictor predictor;
+  std::vector<size_t> queue;                    // indices into reqs, arrival order
+  std::unordered_map<uint64_t, int> predicted;  // request index -> bucket predicted at arrival
+  std::vector<double> latencies;
+  double now = reqs.empty() ? 0 : reqs.front().arrival_s, first = now, end = now;
+  uint64_t violated = 0, useful = 0, computed_rows = 0;
+  size_t next = 0;
+  while (next < reqs.size() || !queue.empty()) {
+    if (queue.empty() && next < reqs.size()) now = std::max(now, reqs[next].arrival_s);
+    for (; next < reqs.size() && reqs[next].arrival_s <= now; ++next) {
+      queue.push_back(next);
+      predicted[next] =
+          cfg.oracle ? length_bucket(reqs[next].output_tokens) : predictor.predict(reqs[next].cls);
+    }
+    std::vector<batch_candidate> cands;
+    for (size_t i : queue) {
+      const auto& r = reqs[i];
+      const int32_t tokens = cfg.oracle ? r.output_tokens : bucket_tokens(predicted[i]);
+      cands.push_back({i, r.arrival_s + r.slo_s - now, tokens});
+    }
+    const auto batches = plan_batches(cands, cfg.order, cfg.odbs);
+    std::vector<const static_request*> batch;
+    for (uint64_t i : batches.front()) batch.push_back(&reqs[i]);
+    now += batch_ms(batch, cost) / 1000.0;
+    int32_t longest = 0;
+    for (const auto* r : batch) longest = std::max(longest, r->output_tokens);
+    for (uint64_t i : batches.front()) {
+      const auto& r = reqs[i];
+      const double lat = now - r.arrival_s;
+      latencies.push_back(lat);
+      if (lat > r.slo_s) ++violated;
+      useful += r.output_tokens;
+      predictor.observe(r.cls, predicted[i], r.output_tokens);
+    }
+    computed_rows += uint64_t(longest) * batch.size();
+    ++res.batches;
+    queue.erase(std::remove_if(queue.begin(), queue.end(),
+                               [&](size_t i) {
+                                 return std::find(batches.front().begin(), batches.front().end(),
+                                                  i) != batches.front().end();
+                               }),
+                queue.end());
+    end = now;
+  }
+  res.completed = latencies.size();
+  if (res.completed == 0) return res;
+  res.violation_rate = double(violated) / res.completed;
+  double sum = 0;
+  for (double l : latencies) sum += l;
+  res.mean_latency_s = sum / res.completed;
+  std::sort(latencies.begin(), latencies.end());
+  res.p99_latency_s = latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)];
+  res.output_tokens_per_s = end > first ? useful / (end - first) : 0;
+  res.padding_share = computed_rows ? 1.0 - double(useful) / computed_rows : 0;
+  res.bucket_accuracy = predictor.bucket_accuracy();
+  return res;
+}
+
+std::vector<static_request> static_workload(uint64_t n, double rate, double slo_lo_s,
+                                            double slo_hi_s, uint64_t seed) {
+  static const char* classes[] = {"short", "medium", "long", "xlong"};
+  // Each class's lengths fill one predictor bucket, one request in ten
+  // the bucket above (the predictor cannot know which).
+  static const int32_t lo[] = {8, 64, 256, 1024};
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  std::uniform_int_distribution<int> cls(0, 3), prompt(32, 255);
+  std::uniform_real_distribution<double> slo(slo_lo_s, slo_hi_s), coin(0, 1);
+  std::vector<static_request> out;
+  double t = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    t += gap(rng);
+    const int c = cls(rng);
+    static_request r;
+    r.arrival_s = t;
+    r.prompt_tokens = prompt(rng);
+    const int32_t base = coin(rng) < 0.1 ? 2 * lo[c] : lo[c];
+    r.output_tokens = std::uniform_int_distribution<int32_t>(base, 2 * base - 1)(rng);
+    r.cls = classes[c];
+    r.slo_s = slo(rng);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace troupe
