@@ -21,6 +21,31 @@ double batch_ms(const std::vector<const static_request*>& b, const cost_model& c
   return ms;
 }
 
+// The scheduler plans over the queue's first kWindowBatches batches' worth
+// of requests by the order's own key (arrival, predicted length or
+// deadline), as a real one looks at a bounded waiting window; planning the
+// whole of an overloaded queue at every batch is quadratic.  The first
+// batch of fifo, length and slo is the same either way.
+constexpr int32_t kWindowBatches = 32;
+
+void trim_to_window(std::vector<batch_candidate>& c, batch_order order, int32_t window) {
+  if (int32_t(c.size()) <= window || order == batch_order::fifo) {
+    if (int32_t(c.size()) > window) c.resize(size_t(window));  // arrival order already
+    return;
+  }
+  auto key = [order](const batch_candidate& x) {
+    return order == batch_order::length ? double(x.predicted_tokens) : x.slo_s;
+  };
+  std::stable_sort(c.begin(), c.end(), [&](const batch_candidate& a, const batch_candidate& b) {
+    return key(a) < key(b);
+  });
+  c.resize(size_t(window));
+  // Back to arrival order (ids are arrival indices): the policies sort
+  // stably, so ties keep arriving first-come.
+  std::sort(c.begin(), c.end(),
+            [](const batch_candidate& a, const batch_candidate& b) { return a.id < b.id; });
+}
+
 }  // namespace
 
 static_batch_result run_static_batches(const std::vector<static_request>& reqs,
@@ -46,6 +71,7 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
       const int32_t tokens = cfg.oracle ? r.output_tokens : bucket_tokens(predicted[i]);
       cands.push_back({i, r.arrival_s + r.slo_s - now, tokens});
     }
+    trim_to_window(cands, cfg.order, std::max(1, cfg.odbs.max_batch) * kWindowBatches);
     const auto batches = plan_batches(cands, cfg.order, cfg.odbs);
     std::vector<const static_request*> batch;
     for (uint64_t i : batches.front()) batch.push_back(&reqs[i]);

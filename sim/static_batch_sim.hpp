@@ -2,7 +2,8 @@
 // Static batching on one instance (issue 36 item 2's `--batching static`
 // mode): requests arrive, and whenever the instance is free it plans the
 // queue into batches with a batch_order (runtime/service/slo_batching) and
-// runs the first.  A static batch pads its prompts to the longest and runs
+// runs the first (planning over a window of the 32 batches' worth of
+// requests that come first by the order's key).  A static batch pads its prompts to the longest and runs
 // until its longest output is done; every member returns when the batch
 // does.  Step costs come from the cost model fitted on the real engine
 // (sim/cost_model), output lengths are predicted online by the bucketed

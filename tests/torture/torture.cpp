@@ -282,7 +282,7 @@ class round_driver {
       model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
                std::to_string(one_of<int>({20, 100}));
     return where + model + " --http-port " + std::to_string(http_port_) + " --router " +
-           one_of<std::string>({"round-robin", "least-load"}) + " --kv-mb " +
+           one_of<std::string>({"round-robin", "least-load", "load-aware"}) + " --kv-mb " +
            std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
            " --preemption " + (chance(0.5) ? "swap" : "recompute") + " --max-seqs " +
            std::to_string(max_seqs) + " --chunk-size " + std::to_string(one_of<int>({16, 32, 64})) +
@@ -617,7 +617,8 @@ class round_driver {
           what == 0 ? "set max_seqs " + std::to_string(one_of<int>({2, 4, 8, 16}))
           : what == 1
               ? "set chunk_size " + std::to_string(one_of<int>({16, 32, 64}))
-              : "set router " + one_of<std::string>({"round-robin", "least-load", "prefix"});
+              : "set router " +
+                    one_of<std::string>({"round-robin", "least-load", "prefix", "load-aware"});
       must(shell(cmd), cmd, t_.sets);
     } else if (roll == 97 && instances_ > 1 && !drained_ && !killed_ && chance(0.1)) {
       // Drain one instance (migrating its sequences); the other serves on.

@@ -141,6 +141,7 @@ void add_bench_sim(CLI::App& bench);        // cmd_bench_sim.cpp
 void add_bench_calibrate(CLI::App& bench);  // cmd_bench_calibrate.cpp
 void add_bench_experts(CLI::App& bench);    // cmd_bench_experts.cpp
 void add_bench_static(CLI::App& bench);     // cmd_bench_static.cpp
+void add_bench_placement(CLI::App& bench);  // cmd_bench_placement.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -159,6 +160,7 @@ void add_bench(CLI::App& app) {
   add_bench_serve(*bench);
   add_bench_sim(*bench);
   add_bench_static(*bench);
+  add_bench_placement(*bench);
   add_bench_calibrate(*bench);
 }
 

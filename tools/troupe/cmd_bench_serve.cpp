@@ -260,7 +260,8 @@ void run_single(const serve_flags& f, bench_setup& s) {
     j["requests"] = records_json(result.records, s.reqs);
     write_json(f.json_out, j);
   }
-  if (m.completed == 0 && m.requests > 0) throw CLI::RuntimeError("no request completed", 1);
+  if (m.completed == 0 && m.requests > 0)
+    throw std::runtime_error("no request completed");  // main prints it
 }
 
 // --sweep: probes chosen by bench::next_sweep_rate, one full run each.
@@ -325,7 +326,7 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     j["probes"] = std::move(probes_json);
     write_json(f.json_out, j);
   }
-  if (completed == 0) throw CLI::RuntimeError("no request completed in any probe", 1);
+  if (completed == 0) throw std::runtime_error("no request completed in any probe");
 }
 
 void run_serve_bench(const serve_flags& f) {

@@ -84,7 +84,7 @@ void add_bench_static(CLI::App& bench) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--order", f->order, "fifo, length, slo, slo-odbs or all")->capture_default_str();
   cmd->add_option("--requests", f->requests, "requests")
-      ->check(CLI::Range(uint64_t(1), uint64_t(10000000)))
+      ->check(CLI::Range(uint64_t(1), uint64_t(1000000)))
       ->capture_default_str();
   cmd->add_option("--request-rate", f->rate, "Poisson arrivals per second")
       ->check(CLI::PositiveNumber)
