@@ -1,7 +1,10 @@
 #include "bench/bench_workload.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -254,6 +257,119 @@ std::vector<double> load_trace(const std::string& path) {
   if (out.empty()) throw std::runtime_error("trace " + path + ": no timestamps");
   const double t0 = out.front();
   for (auto& t : out) t -= t0;
+  return out;
+}
+
+namespace {
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out(1);
+  for (char c : line) {
+    if (c == ',')
+      out.emplace_back();
+    else if (c != '\r' && c != '"')
+      out.back() += c;
+  }
+  for (auto& f : out) {
+    const auto a = f.find_first_not_of(' '), b = f.find_last_not_of(' ');
+    f = a == std::string::npos ? "" : f.substr(a, b - a + 1);
+  }
+  return out;
+}
+
+// Days from 1970-01-01 to y-m-d (the proleptic Gregorian calendar).
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
+// Seconds: a plain number, or "YYYY-MM-DD HH:MM:SS[.f][+HH:MM|Z]".
+double parse_timestamp(const std::string& s) {
+  char* end = nullptr;
+  const double plain = std::strtod(s.c_str(), &end);
+  if (end && *end == '\0' && !s.empty() && s.find('-', 1) == std::string::npos) return plain;
+  int y, mo, d, h, mi;
+  double sec;
+  int used = 0;
+  if (std::sscanf(s.c_str(), "%d-%d-%d%*[ T]%d:%d:%lf%n", &y, &mo, &d, &h, &mi, &sec, &used) != 6 ||
+      mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 ||
+      sec >= 61)
+    throw std::runtime_error("TIMESTAMP '" + s + "' is neither seconds nor YYYY-MM-DD HH:MM:SS");
+  double t = double(days_from_civil(y, mo, d)) * 86400 + h * 3600 + mi * 60 + sec;
+  const std::string zone = s.substr(size_t(used));
+  int zh = 0, zm = 0;
+  if (!zone.empty() && zone != "Z") {
+    if ((zone[0] != '+' && zone[0] != '-') || std::sscanf(zone.c_str() + 1, "%d:%d", &zh, &zm) != 2)
+      throw std::runtime_error("TIMESTAMP '" + s + "': unreadable time zone '" + zone + "'");
+    t -= (zone[0] == '+' ? 1 : -1) * (zh * 3600.0 + zm * 60.0);
+  }
+  return t;
+}
+
+}  // namespace
+
+request_trace load_azure_trace(const std::string& path, size_t n, const token_space& tokens,
+                               uint64_t seed) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("trace " + path + ": cannot open");
+  std::string line;
+  int col_t = -1, col_in = -1, col_out = -1;
+  if (std::getline(in, line)) {
+    const auto head = split_csv(line);
+    for (size_t i = 0; i < head.size(); ++i) {
+      std::string h = head[i];
+      for (auto& c : h) c = char(std::tolower(static_cast<unsigned char>(c)));
+      if (h == "timestamp") col_t = int(i);
+      if (h == "contexttokens") col_in = int(i);
+      if (h == "generatedtokens") col_out = int(i);
+    }
+  }
+  if (col_t < 0 || col_in < 0 || col_out < 0)
+    throw std::runtime_error("trace " + path +
+                             ": the first line must name the columns TIMESTAMP, ContextTokens and "
+                             "GeneratedTokens (the Azure LLM inference trace)");
+  request_trace out;
+  std::mt19937_64 rng(seed);
+  double first = 0;
+  for (int lineno = 2; out.requests.size() < n && std::getline(in, line); ++lineno) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto where = path + ":" + std::to_string(lineno) + ": ";
+    const auto f = split_csv(line);
+    if (int(f.size()) <= std::max({col_t, col_in, col_out}))
+      throw std::runtime_error(where + "fewer columns than the header");
+    double t = 0;
+    long long in_len = 0, out_len = 0;
+    try {
+      t = parse_timestamp(f[size_t(col_t)]);
+      size_t used = 0;
+      in_len = std::stoll(f[size_t(col_in)], &used);
+      if (used != f[size_t(col_in)].size()) throw std::invalid_argument("ContextTokens");
+      out_len = std::stoll(f[size_t(col_out)], &used);
+      if (used != f[size_t(col_out)].size()) throw std::invalid_argument("GeneratedTokens");
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(where + e.what());
+    } catch (const std::exception&) {
+      throw std::runtime_error(where + "ContextTokens and GeneratedTokens must be whole numbers");
+    }
+    if (in_len < 1 || in_len > 1000000 || out_len < 1 || out_len > 1000000)
+      throw std::runtime_error(where + "token counts must be 1 to 1000000");
+    if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
+    if (out.send_s.empty()) first = t;
+    if (!out.send_s.empty() && t - first < out.send_s.back())
+      throw std::runtime_error(where + "timestamps decrease");
+    bench_request r;
+    r.index = out.requests.size();
+    r.prompt_tokens = random_tokens(rng, tokens, int(in_len));
+    r.prompt_len = int(in_len);
+    r.output_len = int(out_len);
+    out.requests.push_back(std::move(r));
+    out.send_s.push_back(t - first);
+  }
+  if (out.requests.empty()) throw std::runtime_error("trace " + path + ": no requests");
   return out;
 }
 

@@ -100,4 +100,19 @@ std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, 
 // with "timestamp"); shifted so the first is 0; must not decrease.
 std::vector<double> load_trace(const std::string& path);
 
+// A request trace in the Azure LLM inference trace format (CSV with a
+// header naming TIMESTAMP, ContextTokens and GeneratedTokens, any order,
+// any case; the 2023 and 2024 releases): the first n rows as requests of
+// random token ids of the row's context length and its generated length
+// as max_tokens, and their send times (seconds after the first row).
+// TIMESTAMP is a number of seconds or a date-time "YYYY-MM-DD
+// HH:MM:SS[.fraction][+HH:MM]".  Throws std::runtime_error naming the
+// line for what it cannot read.
+struct request_trace {
+  std::vector<bench_request> requests;
+  std::vector<double> send_s;
+};
+request_trace load_azure_trace(const std::string& path, size_t n, const token_space& tokens,
+                               uint64_t seed);
+
 }  // namespace troupe::bench

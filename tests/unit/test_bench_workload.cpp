@@ -237,5 +237,54 @@ TEST(BenchWorkload, TraceReplay) {
   std::remove(junk.c_str());
 }
 
+// The Azure LLM inference trace (issue 36 item 1): both releases' date
+// formats, any column order and case, sizes and send times from the rows.
+TEST(BenchWorkload, AzureTraceGivesSizesAndSendTimes) {
+  const auto y2023 = temp_file(
+      "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+      "2023-11-16 18:15:46.6805900,374,44\n"
+      "2023-11-16 18:15:50.9951690,396,109\n"
+      "2023-11-17 00:00:00.0000000,879,3\n");
+  const token_space tokens{256, 32000};
+  auto t = load_azure_trace(y2023, 10, tokens, 1);
+  ASSERT_EQ(t.requests.size(), 3u);
+  EXPECT_EQ(t.requests[0].prompt_len, 374);
+  EXPECT_EQ(t.requests[0].prompt_tokens.size(), 374u);
+  EXPECT_EQ(t.requests[1].output_len, 109);
+  EXPECT_EQ(t.requests[2].index, 2u);
+  ASSERT_EQ(t.send_s.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.send_s[0], 0.0);
+  EXPECT_NEAR(t.send_s[1], 4.314579, 1e-6);
+  EXPECT_NEAR(t.send_s[2], 5 * 3600 + 44 * 60 + 13.31941, 1e-5);  // across midnight
+  EXPECT_EQ(load_azure_trace(y2023, 2, tokens, 1).requests.size(), 2u);  // the first n
+  // 2024: a time zone, other column order and case, quoted fields.
+  const auto y2024 = temp_file(
+      "\"generatedtokens\",\"TIMESTAMP\",\"contexttokens\"\r\n"
+      "12,2024-05-10 00:00:00.009930+00:00,4808\r\n"
+      "7,2024-05-10 02:00:01.009930+02:00,100\r\n");
+  t = load_azure_trace(y2024, 10, tokens, 1);
+  ASSERT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.requests[0].prompt_len, 4808);
+  EXPECT_EQ(t.requests[0].output_len, 12);
+  EXPECT_NEAR(t.send_s[1], 1.0, 1e-6);  // 02:00:01+02:00 is 00:00:01 UTC
+  const auto seconds = temp_file("TIMESTAMP,ContextTokens,GeneratedTokens\n10.5,5,5\n12,6,6\n");
+  EXPECT_NEAR(load_azure_trace(seconds, 10, tokens, 1).send_s[1], 1.5, 1e-12);
+  for (const char* bad : {"Time,ContextTokens,GeneratedTokens\n1,2,3\n",   // no TIMESTAMP
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n2,5,5\n1,5,5\n",  // back
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\nnoon,5,5\n",
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5.5,5\n",
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n1,0,5\n",
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5\n",
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n",  // no rows
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00,5,5\n"}) {
+    const auto f = temp_file(bad);
+    EXPECT_THROW(load_azure_trace(f, 10, tokens, 1), std::runtime_error) << bad;
+    std::remove(f.c_str());
+  }
+  std::remove(y2023.c_str());
+  std::remove(y2024.c_str());
+  std::remove(seconds.c_str());
+}
+
 }  // namespace
 }  // namespace troupe::bench

@@ -17,13 +17,16 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
         return {};
       },
       "RATE > 0 or inf");
-  cmd.add_option("--dataset-name", f.dataset, "random, jsonl, shared-prefix or multi-turn")
+  cmd.add_option("--dataset-name", f.dataset,
+                 "random, jsonl, shared-prefix, multi-turn or azure (an Azure LLM inference "
+                 "trace CSV in --dataset-path: its sizes and, without --sweep, its send times)")
       ->transform(
           CLI::IsMember(std::map<std::string, std::string>{{"random", "random"},
                                                            {"jsonl", "jsonl"},
                                                            {"custom", "jsonl"},
                                                            {"shared-prefix", "shared-prefix"},
                                                            {"multi-turn", "multi-turn"},
+                                                           {"azure", "azure"},
                                                            {"prefix_repetition", "shared-prefix"}}))
       ->capture_default_str();
   cmd.add_option("--dataset-path", f.dataset_path,
@@ -154,12 +157,27 @@ std::vector<bench::bench_request> make_dataset(const load_flags& f) {
     auto spec = f.multi_turn;
     spec.tokens = {f.first_token_id, f.vocab_size};
     reqs = bench::multi_turn_dataset(f.num_requests, spec, f.seed);
+  } else if (f.dataset == "azure") {
+    if (f.dataset_path.empty())
+      throw CLI::ValidationError("--dataset-path", "azure needs the trace's CSV file");
+    reqs = bench::load_azure_trace(f.dataset_path, f.num_requests, {f.first_token_id, f.vocab_size},
+                                   f.seed)
+               .requests;
   } else {
     if (f.dataset_path.empty()) throw CLI::ValidationError("--dataset-path", "jsonl needs a file");
     reqs = bench::jsonl_dataset(f.dataset_path, f.num_requests, f.custom_output_len);
   }
   bench::assign_classes(reqs, f.offline_fraction, f.seed);
   return reqs;
+}
+
+std::vector<double> send_times(const load_flags& f) {
+  if (!f.trace.empty()) return bench::load_trace(f.trace);
+  if (f.dataset == "azure" && !f.sweep)  // a sweep takes the sizes, at its own rates
+    return bench::load_azure_trace(f.dataset_path, f.num_requests, {f.first_token_id, f.vocab_size},
+                                   f.seed)
+        .send_s;
+  return {};
 }
 
 std::string rate_text(double rate) {

@@ -42,6 +42,9 @@ void add_load_options(CLI::App& cmd, load_flags& f);
 // The requests the flags describe (classes assigned).  Throws
 // CLI::ValidationError or std::invalid_argument on bad flags.
 std::vector<bench::bench_request> make_dataset(const load_flags& f);
+// The send times to replay: --trace's, else an azure dataset's own (not
+// under --sweep, which sets its own rates); empty for the rate schedule.
+std::vector<double> send_times(const load_flags& f);
 
 std::string rate_text(double rate);
 nlohmann::json rate_json(double rate);

@@ -198,7 +198,7 @@ bench_setup make_setup(const serve_flags& f) {
     s.goals = bench::slo::parse(f.goodput);
     if (f.sweep) bench::check_sweep(f.sweep_spec, s.goals);
     s.reqs = make_dataset(f);
-    if (!f.trace.empty()) s.trace = bench::load_trace(f.trace);
+    s.trace = send_times(f);
     // Checks the rate and burstiness before anything connects.
     bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
   } catch (const std::invalid_argument& e) {

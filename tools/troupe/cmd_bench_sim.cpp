@@ -185,7 +185,7 @@ void run_sim(const sim_flags& f) {
           "--dataset-name multi-turn: bench serve only (the simulator "
           "has no conversations)");
     reqs = make_dataset(f);
-    if (!f.trace.empty()) trace = bench::load_trace(f.trace);
+    trace = send_times(f);
     bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
   } catch (const std::invalid_argument& e) {
     throw CLI::ValidationError(e.what());
