@@ -1,7 +1,9 @@
 #include "sim/static_batch_sim.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
+#include <stdexcept>
 #include <unordered_map>
 
 namespace troupe {
@@ -36,9 +38,11 @@ void trim_to_window(std::vector<batch_candidate>& c, batch_order order, int32_t 
   auto key = [order](const batch_candidate& x) {
     return order == batch_order::length ? double(x.predicted_tokens) : x.slo_s;
   };
-  std::stable_sort(c.begin(), c.end(), [&](const batch_candidate& a, const batch_candidate& b) {
-    return key(a) < key(b);
-  });
+  // The first `window` by (key, arrival), in linear time.
+  std::nth_element(c.begin(), c.begin() + window, c.end(),
+                   [&](const batch_candidate& a, const batch_candidate& b) {
+                     return key(a) != key(b) ? key(a) < key(b) : a.id < b.id;
+                   });
   c.resize(size_t(window));
   // Back to arrival order (ids are arrival indices): the policies sort
   // stably, so ties keep arriving first-come.
@@ -55,6 +59,7 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
   std::vector<size_t> queue;                    // indices into reqs, arrival order
   std::unordered_map<uint64_t, int> predicted;  // request index -> bucket predicted at arrival
   std::vector<double> latencies;
+  std::vector<char> done(reqs.size(), 0);
   double now = reqs.empty() ? 0 : reqs.front().arrival_s, first = now, end = now;
   uint64_t violated = 0, useful = 0, computed_rows = 0;
   size_t next = 0;
@@ -71,8 +76,11 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
       const int32_t tokens = cfg.oracle ? r.output_tokens : bucket_tokens(predicted[i]);
       cands.push_back({i, r.arrival_s + r.slo_s - now, tokens});
     }
-    trim_to_window(cands, cfg.order, std::max(1, cfg.odbs.max_batch) * kWindowBatches);
+    const int32_t max_batch = std::max(1, cfg.odbs.max_batch);
+    trim_to_window(cands, cfg.order,
+                   std::max(max_batch, std::min(max_batch * kWindowBatches, 4096)));
     const auto batches = plan_batches(cands, cfg.order, cfg.odbs);
+    if (batches.empty()) break;  // nothing queued (only with arrival times that are not numbers)
     std::vector<const static_request*> batch;
     for (uint64_t i : batches.front()) batch.push_back(&reqs[i]);
     now += batch_ms(batch, cost) / 1000.0;
@@ -88,11 +96,8 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
     }
     computed_rows += uint64_t(longest) * batch.size();
     ++res.batches;
-    queue.erase(std::remove_if(queue.begin(), queue.end(),
-                               [&](size_t i) {
-                                 return std::find(batches.front().begin(), batches.front().end(),
-                                                  i) != batches.front().end();
-                               }),
+    for (uint64_t i : batches.front()) done[i] = 1;
+    queue.erase(std::remove_if(queue.begin(), queue.end(), [&](size_t i) { return done[i] != 0; }),
                 queue.end());
     end = now;
   }
@@ -112,6 +117,10 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
 
 std::vector<static_request> static_workload(uint64_t n, double rate, double slo_lo_s,
                                             double slo_hi_s, uint64_t seed) {
+  if (!(rate > 0) || !std::isfinite(rate) || !(slo_lo_s > 0) || !(slo_hi_s >= slo_lo_s) ||
+      !std::isfinite(slo_hi_s))
+    throw std::invalid_argument(
+        "static workload: the rate and the deadlines must be positive numbers, min <= max");
   static const char* classes[] = {"short", "medium", "long", "xlong"};
   // Each class's lengths fill one predictor bucket, one request in ten
   // the bucket above (the predictor cannot know which).

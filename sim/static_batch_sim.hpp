@@ -3,11 +3,10 @@
 // mode): requests arrive, and whenever the instance is free it plans the
 // queue into batches with a batch_order (runtime/service/slo_batching) and
 // runs the first (planning over a window of the 32 batches' worth of
-// requests that come first by the order's key).  A static batch pads its prompts to the longest and runs
-// until its longest output is done; every member returns when the batch
-// does.  Step costs come from the cost model fitted on the real engine
-// (sim/cost_model), output lengths are predicted online by the bucketed
-// predictor (or known exactly: the oracle), and each request has a
+// requests that come first by the order's key).  A static batch pads its prompts to the longest and
+// runs until its longest output is done; every member returns when the batch does.  Step costs come
+// from the cost model fitted on the real engine (sim/cost_model), output lengths are predicted
+// online by the bucketed predictor (or known exactly: the oracle), and each request has a
 // completion deadline (its SLO).
 #include <cstdint>
 #include <string>

@@ -13,6 +13,9 @@ namespace {
 
 constexpr int kMaxDevices = 16;  // Held-Karp's table: 2^16 x 16 entries
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Bounds that keep every latency sum finite (16 hops, 1e6 layers).
+constexpr double kMaxSeconds = 1e6;
+constexpr int32_t kMaxLayers = 1000000;
 
 struct mode_weights {
   double latency;
@@ -24,7 +27,7 @@ mode_weights weights_of(placement_mode m) {
     case placement_mode::he:
       return {0.0, 1.0};
     case placement_mode::lr:
-      return {10.0, 1.0};
+      return {1.0, 0.0};  // latency alone; ties to fewer devices
     case placement_mode::helr:
       break;
   }
@@ -74,15 +77,18 @@ void check_input(const std::vector<placement_device>& devices,
     throw std::invalid_argument("layer placement: " + std::to_string(devices.size()) +
                                 " devices given, at most " + std::to_string(kMaxDevices));
   if (model.layers < 1) throw std::invalid_argument("layer placement: the model has no layer");
+  if (model.layers > kMaxLayers)
+    throw std::invalid_argument("layer placement: more than " + std::to_string(kMaxLayers) +
+                                " layers");
   if (!(model.layer_bytes > 0) || !(model.kv_reserve_bytes >= 0) ||
       !std::isfinite(model.layer_bytes) || !std::isfinite(model.kv_reserve_bytes))
     throw std::invalid_argument(
         "layer placement: layer_bytes must be positive and kv_reserve_bytes not negative");
   for (const auto& d : devices)
     if (!(d.memory_bytes >= 0) || !(d.seconds_per_layer > 0) || !std::isfinite(d.memory_bytes) ||
-        !std::isfinite(d.seconds_per_layer))
+        !(d.seconds_per_layer <= kMaxSeconds))
       throw std::invalid_argument("layer placement: device '" + d.name +
-                                  "' needs memory >= 0 and seconds_per_layer > 0");
+                                  "' needs memory >= 0 and 0 < seconds_per_layer <= 1e6");
   if (link_s.size() != devices.size())
     throw std::invalid_argument("layer placement: the link matrix has " +
                                 std::to_string(link_s.size()) + " rows for " +
@@ -91,8 +97,8 @@ void check_input(const std::vector<placement_device>& devices,
     if (row.size() != devices.size())
       throw std::invalid_argument("layer placement: the link matrix is not square");
     for (double v : row)
-      if (!(v >= 0) || !std::isfinite(v))
-        throw std::invalid_argument("layer placement: link latencies must be finite, not negative");
+      if (!(v >= 0) || !(v <= kMaxSeconds))
+        throw std::invalid_argument("layer placement: link latencies must be 0 to 1e6 s");
   }
 }
 
@@ -234,6 +240,9 @@ layer_placement place_layers(const std::vector<placement_device>& devices,
     order.push_back(static_cast<int>(last));
     const int p = prev[at(mask, static_cast<int>(last))];
     mask &= ~(1u << last);
+    // Every set's path is finite (check_input bounds the latencies), so a
+    // predecessor exists until the set is used up.
+    if (mask && p < 0) throw std::logic_error("layer placement: a path without a predecessor");
     last = static_cast<uint32_t>(p);
   }
   std::reverse(order.begin(), order.end());

@@ -27,10 +27,12 @@
 //
 // Modes (the thesis's a1 on latency, a2 on devices): HE takes the fewest
 // devices (ties: lowest latency), LR the lowest latency (ties: fewest
-// devices), HELR weighs both:  score = w_latency * latency / best_latency
-// + w_devices * devices / fewest_devices, with w 1:1 for HELR and 10:1 for
-// LR (the thesis's example ratio; LR's ties then fall to devices).  Both
-// terms are relative to their optimum so neither unit dominates.
+// devices), HELR weighs both:  score = a1 * latency / best_latency
+// + a2 * devices / fewest_devices, with a1:a2 0:1 for HE, 1:0 for LR and
+// 1:1 for HELR.  Both terms are relative to their optimum so neither unit
+// dominates.  (The thesis's "a1 >> a2, e.g. 10:1" for LR, read with these
+// relative terms, would trade 10% of latency for half the devices: not
+// "lowest latency", so LR is latency alone.)
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,10 +75,9 @@ int32_t layer_capacity(const placement_device& d, const layer_model& m);
 
 // The best placement in `mode`.  `link_s[i][j]` is the latency of sending a
 // step's hidden state from device i to device j (need not be symmetric).
-// At most 20 devices.  Throws std::invalid_argument for bad input (a
-// non-square link matrix, negative numbers, no layers) and std::runtime_error
-// when no set of devices holds the model (the message says how much is
-// needed and what there is).
+// At most 16 devices, 1e6 layers, 1e6 s per layer or link.  Throws std::invalid_argument for bad
+// input (a non-square link matrix, negative numbers, no layers) and std::runtime_error when no set
+// of devices holds the model (the message says how much is needed and what there is).
 layer_placement place_layers(const std::vector<placement_device>& devices,
                              const std::vector<std::vector<double>>& link_s,
                              const layer_model& model, placement_mode mode);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 namespace troupe {
@@ -106,8 +107,9 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
   double l1 = p.l1, l2 = p.l2;
   if (l1 <= 0 || l2 <= 0) {
     std::vector<double> slos, lens;
-    for (const auto* c : q) slos.push_back(c->slo_s), lens.push_back(c->predicted_tokens);
-    if (l1 <= 0) l1 = 1.0 / std::max(median_of(slos), 1e-9);
+    // Slack goes negative once a queue runs late: the scale is its size.
+    for (const auto* c : q) slos.push_back(std::abs(c->slo_s)), lens.push_back(c->predicted_tokens);
+    if (l1 <= 0) l1 = 1.0 / std::max(median_of(slos), 1e-3);
     if (l2 <= 0) l2 = 1.0 / std::max(median_of(lens), 1.0);
   }
   // First fit in SLO order: each request joins the earliest open batch it
@@ -115,7 +117,9 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
   // the order they opened (by their most urgent member).
   struct open_batch {
     std::vector<uint64_t> ids;
-    double l_cm = 0, o_cm = 0;  // largest SLO and predicted length so far
+    // Largest SLO and predicted length so far (slack may be negative).
+    double l_cm = -std::numeric_limits<double>::infinity();
+    double o_cm = -std::numeric_limits<double>::infinity();
   };
   std::vector<open_batch> open;
   for (const auto* c : q) {

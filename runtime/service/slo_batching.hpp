@@ -81,7 +81,7 @@ struct batch_candidate {
 
 struct odbs_params {
   double w1 = 1, w2 = 1;   // weights of the SLO and length spreads
-  double l1 = 0, l2 = 0;   // unit scales (0: 1 / the median SLO, 1 / the median length)
+  double l1 = 0, l2 = 0;   // unit scales (0: 1 / the median |SLO|, 1 / the median length)
   double threshold = 1.0;  // a request joins while the cost is at most this
   int32_t max_batch = 8;   // never more in one batch
 };

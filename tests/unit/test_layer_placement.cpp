@@ -130,6 +130,11 @@ TEST(LayerPlacement, OptimalForItsObjectiveOn200RandomTopologies) {
         best = std::min(best, placement_score(q, mode, b.best_latency, b.fewest));
       EXPECT_NEAR(placement_score(p, mode, b.best_latency, b.fewest), best, 1e-9)
           << "topology " << t << " mode " << placement_mode_name(mode);
+      // What the modes promise, checked directly rather than by the score.
+      if (mode == placement_mode::lr)
+        EXPECT_NEAR(p.latency_s(), b.best_latency, 1e-12) << "topology " << t;
+      if (mode == placement_mode::he)
+        EXPECT_EQ(static_cast<int32_t>(p.stages.size()), b.fewest) << "topology " << t;
       ++checked;
     }
   }
@@ -211,6 +216,15 @@ TEST(LayerPlacement, TheModesTradeDevicesForLatency) {
   EXPECT_EQ(place_layers(devs, link, m, placement_mode::helr).stages.size(), 2u);
 }
 
+TEST(LayerPlacement, LrIsTheLowestLatencyEvenByAHair) {
+  // The review's case: two devices 2% faster than one that holds it all.
+  std::vector<placement_device> devs = {{"big", 10, 0.010}, {"a", 5, 0.0098}, {"b", 5, 0.0098}};
+  links link = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}};
+  const auto lr = place_layers(devs, link, layer_model{10, 1, 0}, placement_mode::lr);
+  EXPECT_NEAR(lr.latency_s(), 0.098, 1e-12);
+  EXPECT_EQ(lr.stages.size(), 2u);
+}
+
 TEST(LayerPlacement, RefusesWhatCannotBePlacedByName) {
   std::vector<placement_device> devs = {{"a", 250, 0.01}, {"b", 250, 0.01}};
   links link = {{0, 0}, {0, 0}};
@@ -227,6 +241,8 @@ TEST(LayerPlacement, RefusesWhatCannotBePlacedByName) {
                std::invalid_argument);
   EXPECT_THROW(place_layers({{"neg", 1000, -1}}, {{0}}, layer_model{1, 100, 0}, placement_mode::he),
                std::invalid_argument);
+  EXPECT_THROW(place_layers(devs, {{0, 1e7}, {1e7, 0}}, layer_model{4, 100, 0}, placement_mode::he),
+               std::invalid_argument);  // a link beyond 1e6 s: sums could overflow
   EXPECT_THROW(parse_placement_mode("fastest"), std::invalid_argument);
   EXPECT_EQ(parse_placement_mode("lr"), placement_mode::lr);
 }

@@ -83,6 +83,12 @@ TEST(SloBatching, SloOdbsGroupsAlikeDeadlinesAndLengths) {
   p.threshold = 1e9;
   p.max_batch = 4;
   EXPECT_EQ(plan_batches(q, batch_order::slo_odbs, p), (batches{{0, 1, 2, 3}, {4, 5}}));
+  // A late queue (negative slack) still batches: the scale is the slack's
+  // size, not its sign (the review found 989 batches of 1000 under load).
+  p = odbs_params{};
+  p.max_batch = 4;
+  const auto late = queue_of({{-100, 64}, {-99, 64}, {-98, 64}, {-97, 64}, {-96, 64}});
+  EXPECT_EQ(plan_batches(late, batch_order::slo_odbs, p), (batches{{0, 1, 2, 3}, {4}}));
   EXPECT_EQ(parse_batch_order("slo-odbs"), batch_order::slo_odbs);
   EXPECT_FALSE(parse_batch_order("sjf"));
 }

@@ -3,6 +3,7 @@
 // mode: the stages, their layers, the step's compute and link latency.
 // Pipeline-parallel instances (issue 35 item 1) do not exist yet; this is
 // the planner they will call, usable today to size a deployment.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -40,18 +41,26 @@ topology read_topology(const std::string& path, double kv_override_gib) {
   topology t;
   constexpr double gib = 1024.0 * 1024 * 1024, mib = 1024.0 * 1024;
   try {
+    if (!j.at("devices").is_array() || !j.at("links_ms").is_array())
+      throw std::invalid_argument("devices and links_ms must be arrays");
     for (const auto& d : j.at("devices"))
       t.devices.push_back({d.value("name", "device " + std::to_string(t.devices.size())),
                            d.at("memory_gib").get<double>() * gib,
                            d.at("ms_per_layer").get<double>() / 1000.0});
     for (const auto& row : j.at("links_ms")) {
+      if (!row.is_array()) throw std::invalid_argument("each row of links_ms must be an array");
       t.link_s.emplace_back();
       for (const auto& v : row) t.link_s.back().push_back(v.get<double>() / 1000.0);
     }
     const auto& m = j.at("model");
-    t.model.layers = m.at("layers").get<int32_t>();
+    const auto& layers = m.at("layers");
+    if (!layers.is_number_integer() || layers.get<int64_t>() < 1 || layers.get<int64_t>() > 1000000)
+      throw std::invalid_argument("model.layers must be a whole number from 1 to 1000000");
+    t.model.layers = layers.get<int32_t>();
     t.model.layer_bytes = m.at("layer_mib").get<double>() * mib;
     t.model.kv_reserve_bytes = m.value("kv_reserve_gib", 0.0) * gib;
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--topology", path + ": " + e.what());
   } catch (const nlohmann::json::exception& e) {
     throw CLI::ValidationError(
         "--topology", path +
@@ -122,9 +131,13 @@ void add_bench_placement(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--kv-reserve-gib", f->kv_reserve_gib,
                   "GiB kept free on every device for its KV cache (default: the file's)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0.0, 1e9));  // NaN passes Range: the callback refuses it
   cmd->add_flag("--json", f->json, "print JSON");
-  cmd->callback([f] { run_placement(*f); });
+  cmd->callback([f] {
+    if (std::isnan(f->kv_reserve_gib))
+      throw CLI::ValidationError("--kv-reserve-gib", "not a number");
+    run_placement(*f);
+  });
 }
 
 }  // namespace troupe::cli
