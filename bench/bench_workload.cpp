@@ -230,6 +230,11 @@ std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, 
   return out;
 }
 
+// A replayed trace spans at most 10^7 s (116 days; Azure's week-long
+// traces span 6 * 10^5): the simulator steps through the idle time in
+// monitor windows, and a timestamp of 1e308 made it run for ever.
+constexpr double kMaxTraceSpanS = 1e7;
+
 std::vector<double> load_trace(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("trace " + path + ": cannot open");
@@ -252,6 +257,9 @@ std::vector<double> load_trace(const std::string& path) {
     }
     if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
     if (!out.empty() && t < out.back()) throw std::runtime_error(where + "timestamps decrease");
+    if (!out.empty() && t - out.front() > kMaxTraceSpanS)
+      throw std::runtime_error(where + "more than " + std::to_string(int64_t(kMaxTraceSpanS)) +
+                               " s after the first timestamp (a trace spans at most that)");
     out.push_back(t);
   }
   if (out.empty()) throw std::runtime_error("trace " + path + ": no timestamps");
@@ -361,6 +369,9 @@ request_trace load_azure_trace(const std::string& path, size_t n, const token_sp
     if (out.send_s.empty()) first = t;
     if (!out.send_s.empty() && t - first < out.send_s.back())
       throw std::runtime_error(where + "timestamps decrease");
+    if (t - first > kMaxTraceSpanS)
+      throw std::runtime_error(where + "more than " + std::to_string(int64_t(kMaxTraceSpanS)) +
+                               " s after the first row (a trace spans at most that)");
     bench_request r;
     r.index = out.requests.size();
     r.prompt_tokens = random_tokens(rng, tokens, int(in_len));

@@ -255,7 +255,7 @@ TEST(BenchWorkload, AzureTraceGivesSizesAndSendTimes) {
   ASSERT_EQ(t.send_s.size(), 3u);
   EXPECT_DOUBLE_EQ(t.send_s[0], 0.0);
   EXPECT_NEAR(t.send_s[1], 4.314579, 1e-6);
-  EXPECT_NEAR(t.send_s[2], 5 * 3600 + 44 * 60 + 13.31941, 1e-5);  // across midnight
+  EXPECT_NEAR(t.send_s[2], 5 * 3600 + 44 * 60 + 13.31941, 1e-5);         // across midnight
   EXPECT_EQ(load_azure_trace(y2023, 2, tokens, 1).requests.size(), 2u);  // the first n
   // 2024: a time zone, other column order and case, quoted fields.
   const auto y2024 = temp_file(
@@ -269,14 +269,15 @@ TEST(BenchWorkload, AzureTraceGivesSizesAndSendTimes) {
   EXPECT_NEAR(t.send_s[1], 1.0, 1e-6);  // 02:00:01+02:00 is 00:00:01 UTC
   const auto seconds = temp_file("TIMESTAMP,ContextTokens,GeneratedTokens\n10.5,5,5\n12,6,6\n");
   EXPECT_NEAR(load_azure_trace(seconds, 10, tokens, 1).send_s[1], 1.5, 1e-12);
-  for (const char* bad : {"Time,ContextTokens,GeneratedTokens\n1,2,3\n",   // no TIMESTAMP
+  for (const char* bad : {"Time,ContextTokens,GeneratedTokens\n1,2,3\n",  // no TIMESTAMP
                           "TIMESTAMP,ContextTokens,GeneratedTokens\n2,5,5\n1,5,5\n",  // back
                           "TIMESTAMP,ContextTokens,GeneratedTokens\nnoon,5,5\n",
                           "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5.5,5\n",
                           "TIMESTAMP,ContextTokens,GeneratedTokens\n1,0,5\n",
                           "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5\n",
                           "TIMESTAMP,ContextTokens,GeneratedTokens\n",  // no rows
-                          "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00,5,5\n"}) {
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-01 00:00:00,5,5\n",
+                          "TIMESTAMP,ContextTokens,GeneratedTokens\n1,5,5\n1e308,5,5\n"}) {
     const auto f = temp_file(bad);
     EXPECT_THROW(load_azure_trace(f, 10, tokens, 1), std::runtime_error) << bad;
     std::remove(f.c_str());
