@@ -26,6 +26,13 @@ int32_t token_at(const token_space& t, uint64_t k) {
   return t.first_id + static_cast<int32_t>(k % static_cast<uint64_t>(t.vocab_size - t.first_id));
 }
 
+// Times as offsets from the first (the schedules and traces send the first at 0).
+void shift_to_zero(std::vector<double>& times) {
+  if (times.empty()) return;
+  const double t0 = times.front();
+  for (auto& t : times) t -= t0;
+}
+
 std::vector<int32_t> random_tokens(std::mt19937_64& rng, const token_space& t, int n) {
   std::uniform_int_distribution<uint64_t> pick(0, std::numeric_limits<uint32_t>::max());
   std::vector<int32_t> out(n);
@@ -223,10 +230,7 @@ std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, 
     const double share = trough + (1 - trough) * 0.5 * (1 - std::cos(2 * pi * t / period_s));
     if (keep(rng) < share) out.push_back(t);
   }
-  if (!out.empty()) {
-    const double first = out.front();
-    for (auto& x : out) x -= first;
-  }
+  shift_to_zero(out);
   return out;
 }
 
@@ -234,6 +238,22 @@ std::vector<double> diurnal_arrivals(size_t n, double peak_rate, double trough, 
 // traces span 6 * 10^5): the simulator steps through the idle time in
 // monitor windows, and a timestamp of 1e308 made it run for ever.
 constexpr double kMaxTraceSpanS = 1e7;
+
+namespace {
+
+// Both trace readers: appends the next time `t` (as read) to `times`,
+// checked finite, not decreasing and within kMaxTraceSpanS of the first
+// (shift_to_zero then makes them send offsets).
+void append_send_time(std::vector<double>& times, double t, const std::string& where) {
+  if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
+  if (!times.empty() && t < times.back()) throw std::runtime_error(where + "timestamps decrease");
+  if (!times.empty() && t - times.front() > kMaxTraceSpanS)
+    throw std::runtime_error(where + "more than " + std::to_string(int64_t(kMaxTraceSpanS)) +
+                             " s after the first (a trace spans at most that)");
+  times.push_back(t);
+}
+
+}  // namespace
 
 std::vector<double> load_trace(const std::string& path) {
   std::ifstream in(path);
@@ -255,16 +275,10 @@ std::vector<double> load_trace(const std::string& path) {
     } catch (const std::exception& e) {
       throw std::runtime_error(where + e.what());
     }
-    if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
-    if (!out.empty() && t < out.back()) throw std::runtime_error(where + "timestamps decrease");
-    if (!out.empty() && t - out.front() > kMaxTraceSpanS)
-      throw std::runtime_error(where + "more than " + std::to_string(int64_t(kMaxTraceSpanS)) +
-                               " s after the first timestamp (a trace spans at most that)");
-    out.push_back(t);
+    append_send_time(out, t, where);
   }
   if (out.empty()) throw std::runtime_error("trace " + path + ": no timestamps");
-  const double t0 = out.front();
-  for (auto& t : out) t -= t0;
+  shift_to_zero(out);
   return out;
 }
 
@@ -342,7 +356,6 @@ request_trace load_azure_trace(const std::string& path, size_t n, const token_sp
                              "GeneratedTokens (the Azure LLM inference trace)");
   request_trace out;
   std::mt19937_64 rng(seed);
-  double first = 0;
   for (int lineno = 2; out.requests.size() < n && std::getline(in, line); ++lineno) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto where = path + ":" + std::to_string(lineno) + ": ";
@@ -365,22 +378,16 @@ request_trace load_azure_trace(const std::string& path, size_t n, const token_sp
     }
     if (in_len < 1 || in_len > 1000000 || out_len < 1 || out_len > 1000000)
       throw std::runtime_error(where + "token counts must be 1 to 1000000");
-    if (!std::isfinite(t)) throw std::runtime_error(where + "not a finite time");
-    if (out.send_s.empty()) first = t;
-    if (!out.send_s.empty() && t - first < out.send_s.back())
-      throw std::runtime_error(where + "timestamps decrease");
-    if (t - first > kMaxTraceSpanS)
-      throw std::runtime_error(where + "more than " + std::to_string(int64_t(kMaxTraceSpanS)) +
-                               " s after the first row (a trace spans at most that)");
+    append_send_time(out.send_s, t, where);
     bench_request r;
     r.index = out.requests.size();
     r.prompt_tokens = random_tokens(rng, tokens, int(in_len));
     r.prompt_len = int(in_len);
     r.output_len = int(out_len);
     out.requests.push_back(std::move(r));
-    out.send_s.push_back(t - first);
   }
   if (out.requests.empty()) throw std::runtime_error("trace " + path + ": no requests");
+  shift_to_zero(out.send_s);
   return out;
 }
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace troupe {
 
@@ -25,8 +24,10 @@ double batch_ms(const std::vector<const static_request*>& b, const cost_model& c
 
 // The scheduler plans over the queue's first kWindowBatches batches' worth
 // of requests by the order's own key (arrival, predicted length or
-// deadline), as a real one looks at a bounded waiting window; planning the
-// whole of an overloaded queue at every batch is quadratic.  The first
+// deadline), as a real one looks at a bounded waiting window: planning
+// (first fit) over the whole of an overloaded queue at every batch was
+// quadratic in it per batch; now each batch costs time linear in the
+// queue (the window's selection, the candidates, the removal).  The first
 // batch of fifo, length and slo is the same either way.
 constexpr int32_t kWindowBatches = 32;
 
@@ -56,8 +57,8 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
                                        const static_batch_config& cfg, const cost_model& cost) {
   static_batch_result res;
   output_length_predictor predictor;
-  std::vector<size_t> queue;                    // indices into reqs, arrival order
-  std::unordered_map<uint64_t, int> predicted;  // request index -> bucket predicted at arrival
+  std::vector<size_t> queue;                   // indices into reqs, arrival order
+  std::vector<int> predicted(reqs.size(), 0);  // by request: the bucket predicted at arrival
   std::vector<double> latencies;
   std::vector<char> done(reqs.size(), 0);
   double now = reqs.empty() ? 0 : reqs.front().arrival_s, first = now, end = now;
@@ -85,9 +86,9 @@ static_batch_result run_static_batches(const std::vector<static_request>& reqs,
     for (uint64_t i : batches.front()) batch.push_back(&reqs[i]);
     now += batch_ms(batch, cost) / 1000.0;
     int32_t longest = 0;
-    for (const auto* r : batch) longest = std::max(longest, r->output_tokens);
     for (uint64_t i : batches.front()) {
       const auto& r = reqs[i];
+      longest = std::max(longest, r.output_tokens);
       const double lat = now - r.arrival_s;
       latencies.push_back(lat);
       if (lat > r.slo_s) ++violated;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
@@ -146,12 +145,22 @@ int32_t layer_capacity(const placement_device& d, const layer_model& m) {
   return static_cast<int32_t>(std::min<double>(std::floor(free / m.layer_bytes), m.layers));
 }
 
+namespace {
+
+// The mode's score of a placement of `latency_s` on `devices` devices.
+double score_of(double latency_s, int32_t devices, placement_mode mode, double best_latency_s,
+                int32_t fewest_devices) {
+  const mode_weights w = weights_of(mode);
+  const double lat = best_latency_s > 0 ? latency_s / best_latency_s : 1.0;
+  return w.latency * lat + w.devices * static_cast<double>(devices) / std::max(fewest_devices, 1);
+}
+
+}  // namespace
+
 double placement_score(const layer_placement& p, placement_mode mode, double best_latency_s,
                        int32_t fewest_devices) {
-  const mode_weights w = weights_of(mode);
-  const double lat = best_latency_s > 0 ? p.latency_s() / best_latency_s : 1.0;
-  return w.latency * lat +
-         w.devices * static_cast<double>(p.stages.size()) / std::max(fewest_devices, 1);
+  return score_of(p.latency_s(), static_cast<int32_t>(p.stages.size()), mode, best_latency_s,
+                  fewest_devices);
 }
 
 layer_placement place_layers(const std::vector<placement_device>& devices,
@@ -209,10 +218,8 @@ layer_placement place_layers(const std::vector<placement_device>& devices,
   }
   if (feasible.empty()) throw std::runtime_error(no_fit_message(devices, capacity, model));
 
-  const mode_weights w = weights_of(mode);
   auto score = [&](const candidate& c) {
-    return w.latency * (best_latency > 0 ? (c.compute_s + c.link_s) / best_latency : 1.0) +
-           w.devices * static_cast<double>(c.devices) / fewest;
+    return score_of(c.compute_s + c.link_s, c.devices, mode, best_latency, fewest);
   };
   // Lowest score; ties (within rounding) to lower latency, then fewer
   // devices, then the lower mask: deterministic.

@@ -125,8 +125,8 @@ std::string fixed2(double v) {
   return b;
 }
 
-// Algorithm 4-2: ascending (U, queue length); the first while its U is
-// below the threshold, else the shortest queue (ties by U, then id).
+// Algorithm 4-2: the least by (U, queue length, id) while its U is below
+// the threshold, else the shortest queue (ties by U, then id).
 placement load_aware_pick(const std::vector<const instance_snapshot*>& up,
                           const prefill_model& model, double ttft_target_ms) {
   struct ranked {
@@ -140,9 +140,8 @@ placement load_aware_pick(const std::vector<const instance_snapshot*>& up,
     if (a.s->waiting != b.s->waiting) return a.s->waiting < b.s->waiting;
     return a.s->instance < b.s->instance;
   };
-  std::sort(r.begin(), r.end(), by_load);
-  const ranked* best = &r.front();
-  bool busy = best->u.total() >= load_aware_threshold;
+  const ranked* best = &*std::min_element(r.begin(), r.end(), by_load);
+  const bool busy = best->u.total() >= load_aware_threshold;
   if (busy)
     best = &*std::min_element(r.begin(), r.end(), [&](const ranked& a, const ranked& b) {
       if (a.s->waiting != b.s->waiting) return a.s->waiting < b.s->waiting;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 namespace troupe {
 
@@ -90,6 +89,7 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
   std::vector<const batch_candidate*> q;
   for (const auto& c : queue) q.push_back(&c);
   // Stable sorts: equal keys keep arrival order.
+  auto by_slo = [](auto* a, auto* b) { return a->slo_s < b->slo_s; };
   switch (order) {
     case batch_order::fifo:
       return cut(q, max_batch);
@@ -98,12 +98,12 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
                        [](auto* a, auto* b) { return a->predicted_tokens < b->predicted_tokens; });
       return cut(q, max_batch);
     case batch_order::slo:
-      std::stable_sort(q.begin(), q.end(), [](auto* a, auto* b) { return a->slo_s < b->slo_s; });
+      std::stable_sort(q.begin(), q.end(), by_slo);
       return cut(q, max_batch);
     case batch_order::slo_odbs:
       break;
   }
-  std::stable_sort(q.begin(), q.end(), [](auto* a, auto* b) { return a->slo_s < b->slo_s; });
+  std::stable_sort(q.begin(), q.end(), by_slo);
   double l1 = p.l1, l2 = p.l2;
   if (l1 <= 0 || l2 <= 0) {
     std::vector<double> slos, lens;

@@ -3,7 +3,6 @@
 // mode: the stages, their layers, the step's compute and link latency.
 // Pipeline-parallel instances (issue 35 item 1) do not exist yet; this is
 // the planner they will call, usable today to size a deployment.
-#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -131,13 +130,10 @@ void add_bench_placement(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--kv-reserve-gib", f->kv_reserve_gib,
                   "GiB kept free on every device for its KV cache (default: the file's)")
-      ->check(CLI::Range(0.0, 1e9));  // NaN passes Range: the callback refuses it
+      ->check(finite_number(true))
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_flag("--json", f->json, "print JSON");
-  cmd->callback([f] {
-    if (std::isnan(f->kv_reserve_gib))
-      throw CLI::ValidationError("--kv-reserve-gib", "not a number");
-    run_placement(*f);
-  });
+  cmd->callback([f] { run_placement(*f); });
 }
 
 }  // namespace troupe::cli

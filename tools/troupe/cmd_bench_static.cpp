@@ -2,7 +2,6 @@
 // and SLO-only batching, static batches on one simulated instance
 // (sim/static_batch_sim) with step costs from a cost model fitted on the
 // real engine (troupe bench sim-calibrate).
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -71,21 +70,6 @@ void run_static(const static_flags& f) {
   if (f.json) std::cout << out.dump(2) << std::endl;
 }
 
-// A number that is finite and positive (or not negative): CLI11's
-// PositiveNumber lets NaN through, and a NaN rate made every arrival NaN.
-CLI::Validator finite(bool zero_ok) {
-  return CLI::Validator(
-      [zero_ok](std::string& text) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < 0 ||
-            (!zero_ok && v == 0))
-          return std::string(zero_ok ? "a finite number >= 0" : "a finite number > 0") + " (got " +
-                 text + ")";
-        return {};
-      },
-      zero_ok ? "NUMBER >= 0" : "NUMBER > 0");
-}
-
 }  // namespace
 
 void add_bench_static(CLI::App& bench) {
@@ -103,15 +87,15 @@ void add_bench_static(CLI::App& bench) {
       ->check(CLI::Range(uint64_t(1), uint64_t(100000)))
       ->capture_default_str();
   cmd->add_option("--request-rate", f->rate, "Poisson arrivals per second")
-      ->check(finite(false))
+      ->check(finite_number(false))
       ->check(CLI::Range(1e-6, 1e6))
       ->capture_default_str();
   cmd->add_option("--slo-min-s", f->slo_lo_s, "shortest completion deadline (seconds)")
-      ->check(finite(false))
+      ->check(finite_number(false))
       ->check(CLI::Range(1e-3, 1e9))
       ->capture_default_str();
   cmd->add_option("--slo-max-s", f->slo_hi_s, "longest completion deadline (seconds)")
-      ->check(finite(false))
+      ->check(finite_number(false))
       ->check(CLI::Range(1e-3, 1e9))
       ->capture_default_str();
   cmd->add_option("--max-batch", f->max_batch, "requests per static batch")
@@ -119,13 +103,13 @@ void add_bench_static(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--threshold", f->threshold,
                   "slo-odbs: a request joins while its cost is at most this")
-      ->check(finite(true))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--w1", f->w1, "slo-odbs: weight of the SLO spread (0: ODBS)")
-      ->check(finite(true))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--w2", f->w2, "slo-odbs: weight of the length spread (0: SLO-DBS)")
-      ->check(finite(true))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_flag("--oracle", f->oracle,
                 "plan with the exact output lengths (default: predicted online)");

@@ -2,6 +2,7 @@
 
 #include <caf/io/all.hpp>
 #include <caf/openssl/manager.hpp>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -101,6 +102,19 @@ actor_env::~actor_env() {
 }
 
 // "host:port" -> (host, port); the host may be empty for all interfaces.
+CLI::Validator finite_number(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < 0 ||
+            (!zero_ok && v == 0))
+          return std::string(zero_ok ? "a finite number >= 0" : "a finite number > 0") + " (got " +
+                 text + ")";
+        return {};
+      },
+      zero_ok ? "NUMBER >= 0" : "NUMBER > 0");
+}
+
 std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what) {
   const auto colon = a.rfind(':');
   if (colon == std::string::npos)

@@ -36,6 +36,10 @@ std::string load_cluster_secret(const cluster_settings& c);
 // "host:port" -> (host, port); throws naming `what` when it is not one.
 std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what);
 
+// A number that is finite and > 0 (>= 0 with zero_ok): CLI11's
+// PositiveNumber, NonNegativeNumber and Range let NaN through.
+CLI::Validator finite_number(bool zero_ok);
+
 // An actor system configured with troupe's message types.
 struct actor_env {
   caf::actor_system_config cfg;
