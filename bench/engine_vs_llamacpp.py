@@ -7,6 +7,11 @@ load, and prints a markdown table with throughputs and ratios.
   LLAMA_CPP_BIN=/path/to/llama.cpp/build/bin python3 bench/engine_vs_llamacpp.py \
       [--rounds 3] [--reps 3] [--threads 2] [--troupe build/troupe] [--baseline OLD/troupe]
 
+Each round also measures the machine's read bandwidth (`troupe bench
+bandwidth`): after each model's rows, the single-stream decode roofline it
+sets (bandwidth over the weight bytes a token reads) and both systems' tg
+as a share of it.
+
 --baseline adds a second troupe binary (an earlier build: a refactor's
 "before") to every round, and its column and ratio: new / before.
 
@@ -48,6 +53,10 @@ def troupe_bench(troupe, model, reps, n_prompt, n_gen, env=None):
     return {r["test"]: r["tokens_per_s"] for r in out["results"]}
 
 
+def roofline(troupe, model, threads):
+    return run_json([troupe, "bench", "bandwidth", "--json", "-m", model, "-t", str(threads)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -85,8 +94,10 @@ def main():
     else:
         print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp |")
         print("|---|---|---|---|---|")
+    notes = []
     for label, troupe_name, gguf in models:
         peer, ours, before = ({t: [] for t in tests} for _ in range(3))
+        bounds = []
         # One untimed troupe run first: PoCL compiles each kernel variant on
         # its first launch (then caches it on disk), which llama.cpp, built
         # ahead of time, never pays inside a round.
@@ -100,6 +111,7 @@ def main():
                 peer[t].append(v)
             for t, v in troupe_bench(args.troupe, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
                 ours[t].append(v)
+            bounds.append(roofline(args.troupe, troupe_name, args.threads))
             if args.baseline:
                 for t, v in troupe_bench(args.baseline, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
                     before[t].append(v)
@@ -110,7 +122,18 @@ def main():
                 b = statistics.median(before[t])
                 row += f" {b:.1f} | {o / b:.2f} |"
             print(row)
+        tg = f"tg{args.n_gen}"
+        if args.n_gen > 0 and bounds:
+            gbs = statistics.median(b["read_gb_s"] for b in bounds)
+            bound = statistics.median(b["decode_roofline_tok_s"] for b in bounds)
+            notes.append(f"{label}: {bounds[0]['decode_weight_mb']:.1f} MB of weights a token, read "
+                  f"bandwidth {gbs:.1f} GB/s ({args.threads} threads): decode roofline {bound:.0f} t/s; "
+                  f"{tg} troupe {statistics.median(ours[tg]) / bound:.0%}, "
+                  f"llama.cpp {statistics.median(peer[tg]) / bound:.0%} of it")
         sys.stdout.flush()
+    print()
+    for n in notes:
+        print(n)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@
 // program's build did not finish in 5 minutes.
 #ifdef TROUPE_FUSED_LAYERS
 
-#if defined(TROUPE_AVX512) || defined(TROUPE_VNNI)
+#if defined(TROUPE_AVX512) || defined(TROUPE_VNNI) || defined(TROUPE_AVX2)
 #define CPU_RELAX() __asm__ volatile("pause")
 #else
 #define CPU_RELAX()

@@ -185,6 +185,8 @@ context::context(device_choice choice, int shards) {
   x86_avx512_ = pocl_cpu && __builtin_cpu_supports("avx512f");
   x86_vnni_ =
       x86_avx512_ && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  x86_avx2_ = pocl_cpu && !x86_avx512_ && __builtin_cpu_supports("avx2") &&
+              __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
   cl_int rc = CL_SUCCESS;
   std::vector<cl_device_id> devices{device_};

@@ -169,6 +169,8 @@ class context {
   bool x86_vnni() const { return x86_vnni_; }
   // The same kind of device on an AVX-512 host (vcvtph2ps for halves).
   bool x86_avx512() const { return x86_avx512_; }
+  // A PoCL CPU device on an AVX2 host (with FMA and F16C) without AVX-512.
+  bool x86_avx2() const { return x86_avx2_; }
 
   buffer alloc(size_t bytes, const void* init = nullptr);
   // A region of `parent` (offset aligned to base_align_bytes()) as a
@@ -248,6 +250,7 @@ class context {
   bool cpu_ = false;
   bool x86_vnni_ = false;
   bool x86_avx512_ = false;
+  bool x86_avx2_ = false;
   struct command_buffer_api {
     clCreateCommandBufferKHR_fn create = nullptr;
     clCommandNDRangeKernelKHR_fn ndrange = nullptr;

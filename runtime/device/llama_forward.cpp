@@ -99,11 +99,11 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     throw model_error(model_->path() + ": head count " + std::to_string(hp.n_head) +
                       " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
   if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
-  ctx_.build(std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
-             std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
-             (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") +
-             (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
-             (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : ""));
+  ctx_.build(
+      std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
+      std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
+      (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") + (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
+      (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : "") + (ctx_.x86_avx2() ? " -DTROUPE_AVX2" : ""));
   weights_ = upload_weights(ctx_, *model_, expert_devices());
 
   n_pages_ =

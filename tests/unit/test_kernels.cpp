@@ -42,14 +42,16 @@ bool holds_rows_of(tensor_type t, int K) {
 using kernel_test::shared_context;
 
 // One context per KV mode, its program built once for the whole run.  The
-// half KV one also takes TROUPE_AVX512 where the device has it (one
-// vcvtph2ps per half conversion), so F16 weights are tested both ways.
+// half KV one also takes TROUPE_AVX512 or TROUPE_AVX2 where the device has
+// it (vcvtph2ps per half conversion; with AVX2 also the vpmaddubsw dot
+// products), so F16 weights and the integer products are tested both ways.
 shared_context& context_for(bool kv_f16) {
   static shared_context shared[2];
   return kernel_test::make_once(shared[kv_f16 ? 1 : 0], [kv_f16](cl::context& c) {
     return std::optional<std::string>(std::string("-cl-std=CL1.2 -cl-mad-enable") +
                                       (kv_f16 ? " -DTROUPE_KV_F16" : "") +
-                                      (kv_f16 && c.x86_avx512() ? " -DTROUPE_AVX512" : ""));
+                                      (kv_f16 && c.x86_avx512() ? " -DTROUPE_AVX512" : "") +
+                                      (kv_f16 && c.x86_avx2() ? " -DTROUPE_AVX2" : ""));
   });
 }
 

@@ -32,24 +32,28 @@ constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1,  
 
 using kernel_test::shared_context;
 
-// [0]: the portable build; [1]: with TROUPE_VNNI (none where unavailable).
-shared_context& context_for(bool vnni) {
+// [0]: the portable build; [1]: the host's own integer dot products, as the
+// engine builds them: TROUPE_VNNI (vpdpbusd) on an AVX-512 VNNI host,
+// TROUPE_AVX2 (vpmaddubsw) on an AVX2 one (none elsewhere).
+shared_context& context_for(bool native) {
   static shared_context shared[2];
   return kernel_test::make_once(
-      shared[vnni ? 1 : 0],
-      [vnni](cl::context& c) -> std::optional<std::string> {
-        if (vnni && !c.x86_vnni()) return std::nullopt;
-        return std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4") +
-               (vnni ? " -DTROUPE_VNNI" : "");
+      shared[native ? 1 : 0],
+      [native](cl::context& c) -> std::optional<std::string> {
+        const std::string base = "-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4";
+        if (!native) return base;
+        if (c.x86_vnni()) return base + " -DTROUPE_VNNI";
+        if (c.x86_avx2()) return base + " -DTROUPE_AVX2";
+        return std::nullopt;
       },
-      "no AVX-512 VNNI on a PoCL CPU device here");
+      "no AVX-512 VNNI or AVX2 on a PoCL CPU device here");
 }
 
 class KernelInt8 : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     if (!context_for(GetParam()).ctx)
-      GTEST_SKIP() << (GetParam() ? "VNNI build: " : "") << context_for(GetParam()).no_device;
+      GTEST_SKIP() << (GetParam() ? "native build: " : "") << context_for(GetParam()).no_device;
   }
   static cl::context& ctx() { return *context_for(GetParam()).ctx; }
 };
@@ -361,7 +365,7 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Builds, KernelInt8, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "Vnni" : "Portable"; });
+                         [](const auto& info) { return info.param ? "Native" : "Portable"; });
 
 }  // namespace
 }  // namespace troupe

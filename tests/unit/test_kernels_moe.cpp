@@ -38,7 +38,7 @@ kernel_test::shared_context& moe_context() {
   return kernel_test::make_once(s, [](cl::context& c) {
     return std::optional<std::string>(
         std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=4 -DTROUPE_KV_F16") +
-        (c.x86_vnni() ? " -DTROUPE_VNNI" : ""));
+        (c.x86_vnni() ? " -DTROUPE_VNNI" : "") + (c.x86_avx2() ? " -DTROUPE_AVX2" : ""));
   });
 }
 

@@ -142,6 +142,7 @@ void add_bench_calibrate(CLI::App& bench);  // cmd_bench_calibrate.cpp
 void add_bench_experts(CLI::App& bench);    // cmd_bench_experts.cpp
 void add_bench_static(CLI::App& bench);     // cmd_bench_static.cpp
 void add_bench_placement(CLI::App& bench);  // cmd_bench_placement.cpp
+void add_bench_bandwidth(CLI::App& bench);  // cmd_bench_bandwidth.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -162,6 +163,7 @@ void add_bench(CLI::App& app) {
   add_bench_static(*bench);
   add_bench_placement(*bench);
   add_bench_calibrate(*bench);
+  add_bench_bandwidth(*bench);
 }
 
 }  // namespace troupe::cli
