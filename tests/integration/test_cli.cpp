@@ -87,9 +87,9 @@ TEST(Cli, TheSettingsDocumentIsCurrent) {
   EXPECT_NE(doc.find(r.out), std::string::npos)
       << "docs/settings.md is out of date: regenerate its table with troupe settings --markdown";
   // A bad value in a one-process command names its key and its source.
-  auto bad = run_process(troupe_bin() + " generate -m stories15m -p x -n 1 --token-tile 0");
+  auto bad = run_process(troupe_bin() + " generate -m stories15m -p x -n 1 --token-tile 17");
   EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.err.find("--token-tile (engine.token_tile): must be an integer in [1, 16]"),
+  EXPECT_NE(bad.err.find("--token-tile (engine.token_tile): must be an integer in [0, 16]"),
             std::string::npos)
       << bad.err;
 }
