@@ -1,11 +1,14 @@
 #include "bench/memory_bandwidth.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,6 +38,14 @@ double read_bandwidth(const bandwidth_options& o) {
   if (o.threads < 1 || o.threads > 256) throw std::invalid_argument("threads must be in [1, 256]");
   if (o.bytes < (size_t(1) << 20)) throw std::invalid_argument("the buffer must be at least 1 MiB");
   if (o.passes < 1 || o.passes > 1000) throw std::invalid_argument("passes must be in [1, 1000]");
+  // Overcommitted memory would hand out a buffer past the RAM and the
+  // first pass would end in the OOM killer, not an error.
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && o.bytes > static_cast<size_t>(pages) * static_cast<size_t>(page) / 2)
+    throw std::invalid_argument("the buffer (" + std::to_string(o.bytes >> 20) +
+                                " MiB) must be at most half of this machine's memory (" +
+                                std::to_string((static_cast<size_t>(pages) * page) >> 20) +
+                                " MiB)");
   const size_t words = o.bytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
   // Each thread touches its own share first, so the pages are mapped

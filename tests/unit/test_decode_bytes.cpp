@@ -90,6 +90,8 @@ TEST(MemoryBandwidth, MeasuresAPositiveRateAndRefusesBadOptions) {
   o.threads = 1;
   o.bytes = 1000;
   EXPECT_THROW(read_bandwidth(o), std::invalid_argument);
+  o.bytes = size_t(1) << 62;  // past any machine's memory: refused, not allocated
+  EXPECT_THROW(read_bandwidth(o), std::invalid_argument);
   o.bytes = size_t(1) << 20;
   o.passes = 0;
   EXPECT_THROW(read_bandwidth(o), std::invalid_argument);
