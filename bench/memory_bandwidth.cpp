@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -32,20 +34,44 @@ uint64_t stream_sum(const uint64_t* p, size_t n) {
   return a ^ b ^ c ^ d;
 }
 
+// The memory this process may take now: the least of the RAM, what the
+// kernel counts available (MemAvailable), and the cgroup's limit (a
+// container or CI job); 0 where none could be read.
+size_t usable_memory() {
+  size_t best = 0;
+  auto take = [&best](size_t v) {
+    if (v > 0 && (best == 0 || v < best)) best = v;
+  };
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) take(static_cast<size_t>(pages) * static_cast<size_t>(page));
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    size_t kib = 0;
+    if (key == "MemAvailable:" && meminfo >> kib) {
+      take(kib * 1024);
+      break;
+    }
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");  // "max" where unlimited
+  size_t limit = 0;
+  if (cgroup >> limit) take(limit);
+  return best;
+}
+
 }  // namespace
 
 double read_bandwidth(const bandwidth_options& o) {
   if (o.threads < 1 || o.threads > 256) throw std::invalid_argument("threads must be in [1, 256]");
   if (o.bytes < (size_t(1) << 20)) throw std::invalid_argument("the buffer must be at least 1 MiB");
   if (o.passes < 1 || o.passes > 1000) throw std::invalid_argument("passes must be in [1, 1000]");
-  // Overcommitted memory would hand out a buffer past the RAM and the
+  // Overcommitted memory would hand out a buffer past what is free and the
   // first pass would end in the OOM killer, not an error.
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0 && o.bytes > static_cast<size_t>(pages) * static_cast<size_t>(page) / 2)
+  const size_t usable = usable_memory();
+  if (usable > 0 && o.bytes > usable / 2)
     throw std::invalid_argument("the buffer (" + std::to_string(o.bytes >> 20) +
-                                " MiB) must be at most half of this machine's memory (" +
-                                std::to_string((static_cast<size_t>(pages) * page) >> 20) +
-                                " MiB)");
+                                " MiB) must be at most half of the memory available now (" +
+                                std::to_string(usable >> 20) + " MiB)");
   const size_t words = o.bytes / sizeof(uint64_t);
   std::unique_ptr<uint64_t[]> buf(new uint64_t[words]);
   // Each thread touches its own share first, so the pages are mapped

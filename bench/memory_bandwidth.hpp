@@ -16,8 +16,8 @@ struct bandwidth_options {
 
 // Bytes a second, read by `threads` threads streaming the buffer at once,
 // the fastest of the passes.  Throws std::invalid_argument on options out of
-// range (threads 1-256, bytes from 1 MiB to half the machine's memory,
-// passes 1-1000).
+// range (threads 1-256, bytes from 1 MiB to half the memory available now:
+// the least of the RAM, MemAvailable and the cgroup's limit; passes 1-1000).
 double read_bandwidth(const bandwidth_options& o);
 
 }  // namespace troupe

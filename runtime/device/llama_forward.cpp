@@ -92,8 +92,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
       ctx_(opts.device,
            model_->hparams().n_expert > 0 && opts.expert_devices >= 2 ? opts.expert_devices : 0) {
   // Token tile 0: the host's.  An 8-token tile keeps 16 accumulators of
-  // 16 floats, twice AVX2's 16 registers (spills): SmolLM2 pp512 183 t/s
-  // against 212 with 4 on a Zen 3 host; on AVX-512 8 measured best.
+  // 16 floats, twice AVX2's 16 registers (spills): SmolLM2 pp512 +10-15%
+  // with 4 on a Zen 3 host (docs/bench_engine.md); on AVX-512 8 measured best.
   if (opts_.token_tile <= 0) opts_.token_tile = ctx_.x86_avx2() ? 4 : 8;
   const auto& hp = hparams();
   if (hp.head_dim % 16 != 0 || hp.head_dim > 256)
