@@ -87,7 +87,7 @@ double read_bandwidth(const bandwidth_options& o) {
   run_all([&](size_t lo, size_t hi) {
     for (size_t i = lo; i < hi; ++i) buf[i] = i * 0x9e3779b97f4a7c15ull;
   });
-  std::atomic<uint64_t> sink{0};
+  std::atomic<uint64_t> sink{0};  // the sums land in an atomic: the reads cannot be dropped
   double best = 0;
   for (int pass = 0; pass < o.passes; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -95,7 +95,6 @@ double read_bandwidth(const bandwidth_options& o) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s > 0) best = std::max(best, static_cast<double>(words * sizeof(uint64_t)) / s);
   }
-  if (sink.load() == 0x5eed) best += 0;  // reads the sink: the sums stay live
   return best;
 }
 

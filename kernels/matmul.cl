@@ -127,40 +127,40 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // offset terms (coefficients m16 from q_offset, activation sums xs16 from
 // xsum4) into A.
 #define Q_PAIR_ACC(LOADU, wu, xv, sc, m16, xs16, A)                         \
-  A = fma(convert_float16(LOADU##_dot2(wu, xv)), sc.s0000000011111111, A); \
+  A = fma(convert_float16(LOADU##_dot2(wu, xv)), sc.s0000000011111111, A);  \
   A = fma(m16, xs16, A);
 
 // The lone last block (odd block counts) into the low half, its offset
 // term into lane 0.
-#define Q_TAIL(LOADU, TT, r, b, A)                                                               \
-  {                                                                                              \
-    int8 wu;                                                                                     \
-    float dw, mo;                                                                                \
-    int exact;                                                                                   \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                      \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
-      const size_t xb = (size_t)tj[j] * nb + (b);                                                \
+#define Q_TAIL(LOADU, TT, r, b, A)                                                                    \
+  {                                                                                                   \
+    int8 wu;                                                                                          \
+    float dw, mo;                                                                                     \
+    int exact;                                                                                        \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                           \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                                  \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                                     \
       A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), (float8)(dw * xd[xb]), A[j].lo); \
-      A[j].s0 = fma(mo, exact ? xsum[xb].y : xsum[xb].x, A[j].s0);                               \
-    }                                                                                            \
+      A[j].s0 = fma(mo, exact ? xsum[xb].y : xsum[xb].x, A[j].s0);                                    \
+    }                                                                                                 \
   }
 
-#define Q_DOT(LOADU, TT, r, acc)                                                  \
-  {                                                                               \
-    int b = 0;                                                                    \
-    for (; b + 1 < nb; b += 2) {                                                  \
-      int16 wu;                                                                   \
-      float2 dw, mo;                                                              \
-      int exact;                                                                  \
-      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                \
-      const float16 m16 = q_offset(mo, exact);                                    \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                            \
-        const size_t xb = (size_t)tj[j] * nb + b;                                 \
-        const float2 sc = dw * vload2(0, xd + xb);                                \
+#define Q_DOT(LOADU, TT, r, acc)                                                         \
+  {                                                                                      \
+    int b = 0;                                                                           \
+    for (; b + 1 < nb; b += 2) {                                                         \
+      int16 wu;                                                                          \
+      float2 dw, mo;                                                                     \
+      int exact;                                                                         \
+      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                       \
+      const float16 m16 = q_offset(mo, exact);                                           \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                   \
+        const size_t xb = (size_t)tj[j] * nb + b;                                        \
+        const float2 sc = dw * vload2(0, xd + xb);                                       \
         Q_PAIR_ACC(LOADU, wu, vload16(0, xq + xb * 8), sc, m16, xsum4(xsum, xb), acc[j]) \
-      }                                                                           \
-    }                                                                             \
-    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                      \
+      }                                                                                  \
+    }                                                                                    \
+    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                             \
   }
 
 // Two rows at once, sharing the activation blocks' loads.
@@ -180,8 +180,8 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
         const float2 dx = vload2(0, xd + xb);                             \
         const float16 xs16 = xsum4(xsum, xb);                             \
         const float2 sc1 = dw1 * dx, sc2 = dw2 * dx;                      \
-        Q_PAIR_ACC(LOADU, wu1, xv, sc1, m1, xs16, acc1[j])                       \
-        Q_PAIR_ACC(LOADU, wu2, xv, sc2, m2, xs16, acc2[j])                       \
+        Q_PAIR_ACC(LOADU, wu1, xv, sc1, m1, xs16, acc1[j])                \
+        Q_PAIR_ACC(LOADU, wu2, xv, sc2, m2, xs16, acc2[j])                \
       }                                                                   \
     }                                                                     \
     if (b < nb) {                                                         \

@@ -9,7 +9,6 @@
 
 #include "bench/memory_bandwidth.hpp"
 #include "runtime/model/decode_bytes.hpp"
-#include "runtime/model/model_registry.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -28,9 +27,11 @@ void run_bandwidth(const bandwidth_flags& f) {
   double weight_bytes = 0;
   std::string model_path;
   if (!f.model.empty()) {
-    const auto r = resolve_model(f.model);
-    model_path = r.model_path;
-    weight_bytes = decode_weight_bytes(*model_file::open(r.model_path, r.tokenizer_path));
+    engine_settings e;
+    e.model = f.model;
+    const auto m = open_model(e);
+    model_path = m->path();
+    weight_bytes = decode_weight_bytes(*m);
   }
   if (!f.json)
     std::fprintf(stderr, "streaming %d MiB with %d thread(s), best of %d passes...\n", f.mib,

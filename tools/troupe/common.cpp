@@ -101,7 +101,6 @@ actor_env::~actor_env() {
   if (identity) remove_cluster_identity(*identity);
 }
 
-// "host:port" -> (host, port); the host may be empty for all interfaces.
 CLI::Validator finite_number(bool zero_ok) {
   return CLI::Validator(
       [zero_ok](std::string& text) -> std::string {
@@ -115,6 +114,7 @@ CLI::Validator finite_number(bool zero_ok) {
       zero_ok ? "NUMBER >= 0" : "NUMBER > 0");
 }
 
+// "host:port" -> (host, port); the host may be empty for all interfaces.
 std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what) {
   const auto colon = a.rfind(':');
   if (colon == std::string::npos)
