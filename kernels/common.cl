@@ -4,6 +4,9 @@
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
 //   q8_0: quants char[rows][blocks][32], d float[rows][blocks]
+//   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
+//     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
+//     16-31), m float2[rows][blocks] (their offsets m)
 // The quants are the file's bytes; the half scales are widened to float at
 // upload (exactly), because converting a half costs a dozen instructions
 // per block on a device without cl_khr_fp16.
@@ -106,6 +109,15 @@ inline void load_q8_0(__global const uchar* wq, __global const float* wd, __glob
   float d = wd[blk];
   *lo = convert_float16(vload16(0, q)) * d;
   *hi = convert_float16(vload16(1, q)) * d;
+}
+
+// One rounding (fma) of s u + m: the file's value, as dequantize_row has it.
+inline void load_ku8(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                     int K, int nb, int r, int b, float16* lo, float16* hi) {
+  const size_t blk = (size_t)r * nb + b;
+  const float2 s = vload2(blk, wd), m = vload2(blk, wm);
+  *lo = fma(convert_float16(vload16(2 * blk, wq)), (float16)s.x, (float16)m.x);
+  *hi = fma(convert_float16(vload16(2 * blk + 1, wq)), (float16)s.y, (float16)m.y);
 }
 
 // x rounded to the nearest half-precision value (ties to even), returned as
@@ -232,6 +244,53 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q4_1_dot2 dot_nibbles2
 #define loadu_q8_0_dot dpbusd
 #define loadu_q8_0_dot2 dpbusd2
+// ku8's u are at most 63: a vpmaddubsw pair sum at most 2 * 63 * 127.
+#define loadu_ku8_dot dot_nibbles
+#define loadu_ku8_dot2 dot_nibbles2
+
+// How each loader's scales meet a block's dot product lanes (lane i: bytes
+// 4i..4i+3; a pair's lanes 8-15 its second block) and its offset terms
+// (matmul.cl's Q_DOT): the types of their scale and offset coefficient
+// (_t1 a block's, _t2 a pair's), the lanes' scales from them and the
+// activations' scales dx (_lanes, _lanes2), the offset coefficients
+// against the activation sums (_offset2: lanes for xsum4; _tail_offset:
+// into a block's accumulator).  Per block (q4_0, q4_1, q8_0): one scale
+// and one offset term a block, against the sum .x or, exact, .y.  Per 16
+// (ku8): two of each, against the activations' half sums (quantize_q8_k
+// with halves: .x values 0-15, .y 16-31).
+#define BLOCK_LANES(dw, dx) (float8)((dw) * (dx))
+#define BLOCK_LANES2(dw, dx) ((dw) * (dx)).s0000000011111111
+#define BLOCK_OFFSET2(mo, exact) q_offset(mo, exact)
+#define BLOCK_TAIL_OFFSET(mo, exact, s, A) A.s0 = fma(mo, (exact) ? (s).y : (s).x, A.s0)
+#define HALF_LANES(dw, dx) ((dw) * (dx)).s00001111
+#define HALF_LANES2(dw, dx) ((dw) * (dx).s0011).s0000111122223333
+#define HALF_OFFSET2(mo, exact) (float16)((mo), (float4)0.0f, (float4)0.0f, (float4)0.0f)
+#define HALF_TAIL_OFFSET(mo, exact, s, A) A.s01 = fma(mo, s, A.s01)
+
+#define loadu_q4_0_t1 float
+#define loadu_q4_0_t2 float2
+#define loadu_q4_0_lanes BLOCK_LANES
+#define loadu_q4_0_lanes2 BLOCK_LANES2
+#define loadu_q4_0_offset2 BLOCK_OFFSET2
+#define loadu_q4_0_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q4_1_t1 float
+#define loadu_q4_1_t2 float2
+#define loadu_q4_1_lanes BLOCK_LANES
+#define loadu_q4_1_lanes2 BLOCK_LANES2
+#define loadu_q4_1_offset2 BLOCK_OFFSET2
+#define loadu_q4_1_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q8_0_t1 float
+#define loadu_q8_0_t2 float2
+#define loadu_q8_0_lanes BLOCK_LANES
+#define loadu_q8_0_lanes2 BLOCK_LANES2
+#define loadu_q8_0_offset2 BLOCK_OFFSET2
+#define loadu_q8_0_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_ku8_t1 float2
+#define loadu_ku8_t2 float4
+#define loadu_ku8_lanes HALF_LANES
+#define loadu_ku8_lanes2 HALF_LANES2
+#define loadu_ku8_offset2 HALF_OFFSET2
+#define loadu_ku8_tail_offset HALF_TAIL_OFFSET
 
 inline float hsum8(float8 v) {
   float4 b = v.lo + v.hi;
@@ -273,6 +332,15 @@ inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
   *exact = 1;
 }
 
+inline void loadu_ku8(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                      int nb, int r, int b, int8* u, float2* dw, float2* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload8(0, (__global const int*)(wq + blk * QK));
+  *dw = vload2(blk, wd);
+  *mo = vload2(blk, wm);
+  *exact = 1;
+}
+
 // Blocks b and b + 1 of row r (the loaders above, two at once): u packs
 // both blocks' 32 bytes, dw and mo their scales and offset coefficients.
 // The 4-bit types unpack both blocks' nibbles with one 256-bit load.
@@ -309,6 +377,16 @@ inline void loadu_q8_0_pair(__global const uchar* wq, __global const float* wd,
   *u = vload16(0, (__global const int*)(wq + blk * QK)) ^ (int16)0x80808080;
   *dw = vload2(0, wd + blk);
   *mo = -128.0f * *dw;
+  *exact = 1;
+}
+
+inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,
+                           __global const float* wm, int nb, int r, int b, int16* u, float4* dw,
+                           float4* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload16(0, (__global const int*)(wq + blk * QK));
+  *dw = vload4(0, wd + 2 * blk);
+  *mo = vload4(0, wm + 2 * blk);
   *exact = 1;
 }
 

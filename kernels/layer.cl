@@ -165,8 +165,8 @@ INLINE void wait_items(volatile __global int* done, int n) {
   }
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
-// embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, as the
-// host's type_slot).
+// embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
+// as the host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
                         __global const float* em, __global const int* tokens,
                         __global const int* drawn, __global float* x, int D) {
@@ -185,6 +185,9 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
       break;
     case 3:
       load_q4_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
+      break;
+    case 5:
+      load_ku8(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     default:
       load_q8_0(eq, ed, em, D, nb, tok, b, &lo, &hi);

@@ -123,71 +123,72 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   return (float16)(v, v, v, v);
 }
 
-// A block pair's dot products (weights wu, activations xv, scales sc) and
-// offset terms (coefficients m16 from q_offset, activation sums xs16 from
-// xsum4) into A.
-#define Q_PAIR_ACC(LOADU, wu, xv, sc, m16, xs16, A)                         \
-  A = fma(convert_float16(LOADU##_dot2(wu, xv)), sc.s0000000011111111, A);  \
+// A block pair's dot products (weights wu, activations xv; their scales
+// dw and dx as the loader's _lanes2 places them) and offset terms
+// (coefficients m16 from its _offset2, activation sums xs16 from xsum4)
+// into A.
+#define Q_PAIR_ACC(LOADU, wu, xv, dw, dx, m16, xs16, A)                      \
+  A = fma(convert_float16(LOADU##_dot2(wu, xv)), LOADU##_lanes2(dw, dx), A); \
   A = fma(m16, xs16, A);
 
 // The lone last block (odd block counts) into the low half, its offset
-// term into lane 0.
-#define Q_TAIL(LOADU, TT, r, b, A)                                                                    \
-  {                                                                                                   \
-    int8 wu;                                                                                          \
-    float dw, mo;                                                                                     \
-    int exact;                                                                                        \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                           \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                                  \
-      const size_t xb = (size_t)tj[j] * nb + (b);                                                     \
-      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), (float8)(dw * xd[xb]), A[j].lo); \
-      A[j].s0 = fma(mo, exact ? xsum[xb].y : xsum[xb].x, A[j].s0);                                    \
-    }                                                                                                 \
+// term(s) into lane 0 (1).
+#define Q_TAIL(LOADU, TT, r, b, A)                                                              \
+  {                                                                                             \
+    int8 wu;                                                                                    \
+    LOADU##_t1 dw, mo;                                                                          \
+    int exact;                                                                                  \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                     \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                            \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                               \
+      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), LOADU##_lanes(dw, xd[xb]), \
+                    A[j].lo);                                                                   \
+      LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);                                           \
+    }                                                                                           \
   }
 
-#define Q_DOT(LOADU, TT, r, acc)                                                         \
-  {                                                                                      \
-    int b = 0;                                                                           \
-    for (; b + 1 < nb; b += 2) {                                                         \
-      int16 wu;                                                                          \
-      float2 dw, mo;                                                                     \
-      int exact;                                                                         \
-      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                       \
-      const float16 m16 = q_offset(mo, exact);                                           \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                   \
-        const size_t xb = (size_t)tj[j] * nb + b;                                        \
-        const float2 sc = dw * vload2(0, xd + xb);                                       \
-        Q_PAIR_ACC(LOADU, wu, vload16(0, xq + xb * 8), sc, m16, xsum4(xsum, xb), acc[j]) \
-      }                                                                                  \
-    }                                                                                    \
-    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                             \
+#define Q_DOT(LOADU, TT, r, acc)                                                    \
+  {                                                                                 \
+    int b = 0;                                                                      \
+    for (; b + 1 < nb; b += 2) {                                                    \
+      int16 wu;                                                                     \
+      LOADU##_t2 dw, mo;                                                            \
+      int exact;                                                                    \
+      LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                  \
+      const float16 m16 = LOADU##_offset2(mo, exact);                               \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                              \
+        const size_t xb = (size_t)tj[j] * nb + b;                                   \
+        Q_PAIR_ACC(LOADU, wu, vload16(0, xq + xb * 8), dw, vload2(0, xd + xb), m16, \
+                   xsum4(xsum, xb), acc[j])                                         \
+      }                                                                             \
+    }                                                                               \
+    if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                        \
   }
 
 // Two rows at once, sharing the activation blocks' loads.
-#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                             \
-  {                                                                       \
-    int b = 0;                                                            \
-    for (; b + 1 < nb; b += 2) {                                          \
-      int16 wu1, wu2;                                                     \
-      float2 dw1, mo1, dw2, mo2;                                          \
-      int exact;                                                          \
-      LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);    \
-      LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);    \
-      const float16 m1 = q_offset(mo1, exact), m2 = q_offset(mo2, exact); \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                    \
-        const size_t xb = (size_t)tj[j] * nb + b;                         \
-        const int16 xv = vload16(0, xq + xb * 8);                         \
-        const float2 dx = vload2(0, xd + xb);                             \
-        const float16 xs16 = xsum4(xsum, xb);                             \
-        const float2 sc1 = dw1 * dx, sc2 = dw2 * dx;                      \
-        Q_PAIR_ACC(LOADU, wu1, xv, sc1, m1, xs16, acc1[j])                \
-        Q_PAIR_ACC(LOADU, wu2, xv, sc2, m2, xs16, acc2[j])                \
-      }                                                                   \
-    }                                                                     \
-    if (b < nb) {                                                         \
-      Q_TAIL(LOADU, TT, r1, b, acc1)                                      \
-      Q_TAIL(LOADU, TT, r2, b, acc2)                                      \
-    }                                                                     \
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                           \
+  {                                                                                     \
+    int b = 0;                                                                          \
+    for (; b + 1 < nb; b += 2) {                                                        \
+      int16 wu1, wu2;                                                                   \
+      LOADU##_t2 dw1, mo1, dw2, mo2;                                                    \
+      int exact;                                                                        \
+      LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);                  \
+      LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);                  \
+      const float16 m1 = LOADU##_offset2(mo1, exact), m2 = LOADU##_offset2(mo2, exact); \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                  \
+        const size_t xb = (size_t)tj[j] * nb + b;                                       \
+        const int16 xv = vload16(0, xq + xb * 8);                                       \
+        const float2 dx = vload2(0, xd + xb);                                           \
+        const float16 xs16 = xsum4(xsum, xb);                                           \
+        Q_PAIR_ACC(LOADU, wu1, xv, dw1, dx, m1, xs16, acc1[j])                          \
+        Q_PAIR_ACC(LOADU, wu2, xv, dw2, dx, m2, xs16, acc2[j])                          \
+      }                                                                                 \
+    }                                                                                   \
+    if (b < nb) {                                                                       \
+      Q_TAIL(LOADU, TT, r1, b, acc1)                                                    \
+      Q_TAIL(LOADU, TT, r2, b, acc2)                                                    \
+    }                                                                                   \
   }
 
 #define Q_SUM(acc, j) hsum16(acc[j])
@@ -427,6 +428,8 @@ TROUPE_MATMUL_FAMILY(f16, load_f16, F, )
 TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
 TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
 TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
+TROUPE_MATMUL_FAMILY(ku8, load_ku8, F, )
 TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
+TROUPE_MATMUL_FAMILY(ku8, loadu_ku8, Q, xq_)

@@ -38,9 +38,12 @@ INLINE void q8_k_scale(__global const float* xr, float* iscale, float* d) {
 // iscale, not rounded to half.  Written as eight blocks of 32 sharing that
 // scale, each sum exact both ways (xsum.x too: K-quant dot products use
 // integer block sums), so Q4_K held as Q4_1 computes what llama.cpp's
-// Q4_K x Q8_K does.  One work-item per (256 values, row) of x [rows][K].
+// Q4_K x Q8_K does.  With halves (the input of KU8 weights, a scale and
+// offset per 16 values), xsum holds the scaled sums of values 0-15 and
+// 16-31 of a block instead (llama.cpp's Q8_K keeps sums per 16, bsums).
+// One work-item per (256 values, row) of x [rows][K].
 __kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, __global float* xd,
-                            __global float2* xsum) {
+                            __global float2* xsum, int halves) {
   const int b = get_global_id(0), r = get_global_id(1);
   const int nb = K / 256;
   if (b >= nb) return;
@@ -49,14 +52,16 @@ __kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, _
   q8_k_scale(xr, &iscale, &d);
   const size_t blk0 = ((size_t)r * K + (size_t)b * 256) / QK;
   for (int sb = 0; sb < 256 / QK; ++sb) {
-    int sum = 0;
+    int sum[2] = {0, 0};
     for (int j = 0; j < QK; ++j) {
       const int v = min(127, convert_int_rte(iscale * xr[sb * QK + j]));
       xq[(blk0 + sb) * QK + j] = (char)v;
-      sum += v;
+      sum[j / 16] += v;
     }
     xd[blk0 + sb] = d;
-    xsum[blk0 + sb] = (float2)(d * (float)sum, d * (float)sum);
+    const float whole = d * (float)(sum[0] + sum[1]);
+    xsum[blk0 + sb] =
+        halves ? (float2)(d * (float)sum[0], d * (float)sum[1]) : (float2)(whole, whole);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace troupe {
 
@@ -32,11 +33,12 @@ bool quantized(tensor_type t) {
 }
 
 // The type a tensor has on the device, each exactly its file's values
-// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1.  The
-// other K-quants (a scale per 16 values, or a fifth bit), Q5_1 and BF16
-// fit no block kernel yet, so they are held as F32: their values are exact
-// in float.  That costs 4 to 9x their file's bytes; integer kernels for
-// them are still to come.
+// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1, the
+// other K-quants (a scale per 16 values, or a fifth or sixth bit) as KU8,
+// a byte per value with a scale and an offset per 16 (12 bits a value,
+// against Q6_K's 6.6 in the file: packed forms are still to come).  Q5_1
+// and BF16 fit no block kernel yet, so they are held as F32: their values
+// are exact in float.
 tensor_type on_device(tensor_type t) {
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
   switch (t) {
@@ -46,6 +48,7 @@ tensor_type on_device(tensor_type t) {
     case tensor_type::q3_k:
     case tensor_type::q5_k:
     case tensor_type::q6_k:
+      return tensor_type::ku8;
     case tensor_type::q5_1:
     case tensor_type::bf16:
       return tensor_type::f32;
@@ -79,6 +82,30 @@ std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
   return v;
 }
 
+// K-quant parts as KU8 (kernels/common.cl): per block of 32 the quants
+// u as bytes, the two scales (values 0-15, 16-31) in d, the two offsets
+// in m.
+device_matrix upload_ku8(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+                         device_matrix out) {
+  const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
+  std::vector<uint8_t> q(n_blocks * 32);
+  std::vector<float> d(n_blocks * 2), m(n_blocks * 2);
+  size_t v = 0;  // values so far
+  for (const auto* p : parts) {
+    if (p->row_len() % 256 != 0)
+      throw model_error("tensor '" + p->name + "' has rows of " + std::to_string(p->row_len()) +
+                        " values, not whole " + std::string(traits_of(p->type).name) +
+                        " super-blocks of 256");
+    const size_t nsb = p->bytes / traits_of(p->type).block_bytes;
+    for (size_t i = 0; i < nsb; ++i, v += 256)
+      split_k_quant(p->type, p->data, static_cast<int64_t>(i), &q[v], &d[v / 16], &m[v / 16]);
+  }
+  out.q = ctx.alloc(q.size(), q.data());
+  out.d = ctx.alloc(d.size() * sizeof(float), d.data());
+  out.m = ctx.alloc(m.size() * sizeof(float), m.data());
+  return out;
+}
+
 }  // namespace
 
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
@@ -96,15 +123,17 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
     out.rows += p->rows();
   }
   // Parts of different types (llama.cpp's Q4_K_M gives some layers a Q6_K
-  // attn_v beside Q4_K attn_q and attn_k): held as F32, exact values; with
-  // Q8_K inputs where every part is a K-quant, float ones otherwise.
+  // attn_v beside Q4_K attn_q and attn_k): K-quants together as KU8, which
+  // holds any of them; otherwise F32, exact values, with Q8_K inputs where
+  // every part is a K-quant, float ones otherwise.
   if (mixed) {
-    out.type = tensor_type::f32;
     out.q8_k_acts = std::all_of(parts.begin(), parts.end(), k_quant);
+    out.type = out.q8_k_acts ? tensor_type::ku8 : tensor_type::f32;
   }
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
                       " values; troupe needs a multiple of 32");
+  if (out.type == tensor_type::ku8) return upload_ku8(ctx, parts, std::move(out));
   if (out.type == tensor_type::f32) {
     const auto v = floats_of(parts);
     out.q = ctx.alloc(v.size() * sizeof(float), v.data());

@@ -17,12 +17,13 @@ struct device_matrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features (contiguous)
   cl::buffer q;      // raw values (f32/f16) or quants
-  cl::buffer d;      // per-block scales as float (quantized types)
-  cl::buffer m;      // per-block mins as float (q4_1)
-  // Held from a K-quant (Q4_K as Q4_1, Q6_K as F32): products take
+  cl::buffer d;      // per-block scales as float (quantized types; KU8: two a block)
+  cl::buffer m;      // per-block mins as float (q4_1; KU8: two offsets a block)
+  // Held from a K-quant (Q4_K as Q4_1, the others as KU8): products take
   // activations quantized as llama.cpp's Q8_K, which is what its K-quant
   // dot products read: integer ones from quantize.cl's quantize_q8_k,
-  // float ones (F32) the values round_q8_k rounds them to.
+  // float ones (with integer products off) the values round_q8_k rounds
+  // them to.
   bool q8_k_acts = false;
 };
 

@@ -24,7 +24,9 @@ int type_slot(tensor_type t) {
       return 3;
     case tensor_type::q8_0:
       return 4;
-    case tensor_type::q5_0:  // held as Q8_0, Q4_1 or F32 on the device (device_weights)
+    case tensor_type::ku8:
+      return 5;
+    case tensor_type::q5_0:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
     case tensor_type::iq4_nl:
     case tensor_type::q4_k:
     case tensor_type::q6_k:
@@ -38,7 +40,7 @@ int type_slot(tensor_type t) {
   throw std::logic_error("unsupported tensor type");
 }
 
-const char* type_suffix[5] = {"f32", "f16", "q4_0", "q4_1", "q8_0"};
+const char* type_suffix[6] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8"};
 const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
@@ -260,14 +262,18 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 
 bool llama_forward::int8_for(const device_matrix& w) const {
   return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-                            w.type == tensor_type::q8_0);
+                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8);
+}
+
+int llama_forward::input_format(const device_matrix& w) {
+  return !w.q8_k_acts ? 0 : w.type == tensor_type::ku8 ? 2 : 1;
 }
 
 void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out,
                              const device_matrix& w) {
   if (w.q8_k_acts) {
     if (!k_quant_k_.get()) k_quant_k_ = ctx_.make_kernel("quantize_q8_k");
-    k_quant_k_.args(x, K, out.q, out.d, out.s);
+    k_quant_k_.args(x, K, out.q, out.d, out.s, input_format(w) == 2 ? 1 : 0);
     ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)});
     return;
   }
@@ -809,7 +815,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const auto* sh = L.shared.get();
   if (sh) {
     const bool sxq = int8_for(sh->gate_up);
-    if (sxq && (!xq || sh->gate_up.q8_k_acts != gate_up0.q8_k_acts))
+    if (sxq && (!xq || input_format(sh->gate_up) != input_format(gate_up0)))
       quantize(xn_, D, T, qa_, sh->gate_up);
     glu_ffn(sh->gate_up, sh->down, hp.n_ff_shared, T, sxq, shared_y_, false);
     matmul(sh->gate, xn_, shared_g_, T, 1, false);

@@ -178,6 +178,9 @@ class llama_forward {
   cl::kernel& family_kernel(mm_family f, tensor_type t, int rows, bool xq);
   // Whether products with `w` take quantized activations (int8_dot).
   bool int8_for(const device_matrix& w) const;
+  // The quantized input w's integer products read: 0 per 32 (q8_1), 1
+  // Q8_K, 2 Q8_K with sums per 16 (KU8 weights).
+  static int input_format(const device_matrix& w);
   // x's rows quantized for products with w: per 32 (llama.cpp's q8_1),
   // or per 256 as Q8_K where w is held from a K-quant.
   void quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out,
@@ -280,10 +283,10 @@ class llama_forward {
   // Gemma 3's extra operations (null for other models): the embedding
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
-  cl::kernel k_mm_[2][5][5][3];  // [float x, quantized x][family][type][t1, t4, tiled]
-  cl::kernel k_layer_[5][3];     // fused layers: [type][t1, t4, tiled]
+  cl::kernel k_mm_[2][5][6][3];  // [float x, quantized x][family][type][t1, t4, tiled]
+  cl::kernel k_layer_[6][3];     // fused layers: [type][t1, t4, tiled]
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
-  cl::kernel k_step_[5][3];      // whole steps: [layer type][t1, t4, tiled]
+  cl::kernel k_step_[6][3];      // whole steps: [layer type][t1, t4, tiled]
   cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 
   // Mixture of experts (hparams().n_expert > 0): the router's logits, each

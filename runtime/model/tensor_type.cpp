@@ -173,6 +173,9 @@ constexpr type_traits k_q5_k{"Q5_K", 256, sizeof(block_q5_k)};
 constexpr type_traits k_bf16{"BF16", 1, 2};
 constexpr type_traits k_q4_k{"Q4_K", 256, sizeof(block_q4_k)};
 constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
+// The device's unpacked K-quant blocks: 32 quants and two (scale, offset)
+// pairs of floats.
+constexpr type_traits k_ku8{"KU8", 32, 32 + 4 * sizeof(float)};
 
 // ggml's type numbering; empty names are numbers ggml retired.
 constexpr std::array<std::string_view, 40> k_gguf_names = {
@@ -259,6 +262,8 @@ const type_traits& traits_of(tensor_type t) {
       return k_q5_k;
     case tensor_type::bf16:
       return k_bf16;
+    case tensor_type::ku8:
+      return k_ku8;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -442,6 +447,8 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
     case tensor_type::q5_k:
       for (int64_t b = 0; b < n / 256; ++b) dequantize_k_block(t, bytes, b, dst + b * 256);
       return;
+    case tensor_type::ku8:
+      break;  // a device layout, never a file's
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");
 }
@@ -494,6 +501,114 @@ void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d,
     return;
   }
   throw std::invalid_argument(std::string(traits_of(t).name) + " does not widen to Q8_0");
+}
+
+bool splits_to_ku8(tensor_type t) {
+  switch (t) {
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
+    case tensor_type::q4_k:
+    case tensor_type::q5_k:
+    case tensor_type::q6_k:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], float s[16],
+                   float m[16]) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  switch (t) {
+    case tensor_type::q2_k: {  // group g of 16: dl * q - ml (dequantize_k_block)
+      block_q2_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
+      for (int g = 0; g < 16; ++g) {
+        const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
+        const int shift = ((g / 2) % 4) * 2;
+        s[g] = d * static_cast<float>(blk.scales[g] & 0xF);
+        m[g] = -(dmin * static_cast<float>(blk.scales[g] >> 4));
+        for (int l = 0; l < 16; ++l) u[g * 16 + l] = static_cast<uint8_t>((q[l] >> shift) & 3);
+      }
+      return;
+    }
+    case tensor_type::q3_k: {  // dl * (q - 4 or q): u = that + 4
+      block_q3_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      const float d = half_to_float(blk.d);
+      const uint8_t* sc = blk.scales;
+      for (int g = 0; g < 16; ++g) {
+        const int low = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
+        const int high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
+        s[g] = d * static_cast<float>((low | (high << 4)) - 32);
+        m[g] = -4.0f * s[g];
+        const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
+        const uint8_t* hm = blk.hmask + (g % 2) * 16;
+        const int shift = ((g / 2) % 4) * 2;
+        const uint8_t bit = static_cast<uint8_t>(1u << (g / 2));
+        for (int l = 0; l < 16; ++l)
+          u[g * 16 + l] = static_cast<uint8_t>(((q[l] >> shift) & 3) + ((hm[l] & bit) ? 4 : 0));
+      }
+      return;
+    }
+    case tensor_type::q4_k: {  // as Q4_1 (split_q4_k_to_q4_1), both halves alike
+      float d[8], mn[8];
+      uint8_t qs[8][16];
+      split_q4_k_to_q4_1(row, sb, d, mn, qs);
+      for (int j = 0; j < 8; ++j) {
+        s[2 * j] = s[2 * j + 1] = d[j];
+        m[2 * j] = m[2 * j + 1] = mn[j];
+        for (int i = 0; i < 16; ++i) {
+          u[j * 32 + i] = qs[j][i] & 0x0F;
+          u[j * 32 + 16 + i] = qs[j][i] >> 4;
+        }
+      }
+      return;
+    }
+    case tensor_type::q5_k: {  // sub-block j of 32: dl * q - ml
+      block_q5_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
+      for (int j = 0; j < 8; ++j) {
+        int sc = 0, mn = 0;
+        q4_k_scale_min(j, blk.scales, sc, mn);
+        s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
+        m[2 * j] = m[2 * j + 1] = -(dmin * static_cast<float>(mn));
+        const uint8_t* ql = blk.qs + (j / 2) * 32;
+        const int shift = (j % 2) * 4;
+        const uint8_t bit = static_cast<uint8_t>(1u << j);
+        for (int l = 0; l < 32; ++l)
+          u[j * 32 + l] =
+              static_cast<uint8_t>(((ql[l] >> shift) & 0xF) | ((blk.qh[l] & bit) ? 16 : 0));
+      }
+      return;
+    }
+    case tensor_type::q6_k: {  // (d * sc) * (q - 32), four runs of 32 per 128
+      block_q6_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      const float d = half_to_float(blk.d);
+      for (int g = 0; g < 16; ++g) {
+        s[g] = d * static_cast<float>(blk.scales[g]);
+        m[g] = -32.0f * s[g];
+      }
+      for (int half = 0; half < 2; ++half) {
+        const uint8_t* ql = blk.ql + half * 64;
+        const uint8_t* qh = blk.qh + half * 32;
+        uint8_t* y = u + half * 128;
+        for (int l = 0; l < 32; ++l) {
+          y[l] = static_cast<uint8_t>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+          y[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+          y[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+          y[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+        }
+      }
+      return;
+    }
+    default:
+      throw std::invalid_argument("split_k_quant: " + std::string(traits_of(t).name) +
+                                  " is not a K-quant");
+  }
 }
 
 }  // namespace troupe

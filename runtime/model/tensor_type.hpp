@@ -23,6 +23,10 @@ enum class tensor_type : uint32_t {
   q6_k = 14,
   iq4_nl = 20,
   bf16 = 30,
+  // Not a GGUF type: K-quant weights as the device holds them
+  // (device_weights, kernels/common.cl): each value an unsigned byte u
+  // with a scale s and an offset m per 16 values, value = s u + m.
+  ku8 = 0x10000,
 };
 
 struct type_traits {
@@ -64,5 +68,16 @@ void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d,
 // blocks: scales, mins and quants in Q4_1's nibble order (low nibbles
 // values 0..15, high 16..31).
 void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]);
+
+// Any K-quant super-block (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) as 256 unsigned
+// quants u (at most 63) with a scale s and an offset m per 16 values:
+// value i is s[i / 16] * u[i] + m[i / 16] with one rounding (fma), which
+// is the float dequantize_row gives, since s * u is exact in float (an
+// 11-bit half times a scale of at most 8 bits times u).  u is the file's
+// quant made non-negative: Q6_K's q (value d sc (q - 32): m = -32 s),
+// Q3_K's q + 4 (m = -4 s), Q2_K's, Q4_K's and Q5_K's q (m = -dmin min).
+bool splits_to_ku8(tensor_type t);
+void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], float s[16],
+                   float m[16]);
 
 }  // namespace troupe

@@ -81,6 +81,8 @@ TEST_P(MoeGolden, PerplexityWithinHalfPercentOfLlamaCpp) {
       perplexity(e.forward(), e.info.n_pages, e.info.page_size, tokens, ctx, tok->bos(), 512);
   const double want = g["ppl"].get<double>();
   EXPECT_NEAR(res.ppl, want, want * (k_quant_fixture(GetParam()) ? 0.01 : 0.005));
+  std::printf("[moe] %s: perplexity %.1f, llama.cpp %.1f (%+.2f%%)\n", GetParam().c_str(), res.ppl,
+              want, 100.0 * (res.ppl / want - 1.0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, MoeGolden,

@@ -27,7 +27,7 @@ namespace {
 namespace ref = kernel_ref;
 
 // Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, the other
-// K-quants, Q5_1 and BF16 as F32 (device_weights): the kernel named by the
+// K-quants as KU8, Q5_1 and BF16 as F32 (device_weights): the kernel named by the
 // uploaded matrix's type, against their own dequantization.  K-types only
 // where rows are whole super-blocks of 256.
 constexpr tensor_type k_types[] = {
@@ -262,7 +262,8 @@ void q8_k_reference(const float* x, int8_t* q, float& d) {
 }
 
 // Q8_K activations (K-quant products): quantize_q8_k writes llama.cpp's
-// quants and float scale as eight blocks of 32 with exact sums, and
+// quants and float scale as eight blocks of 32 with exact sums (with
+// halves, of values 0-15 and 16-31 apart: KU8 weights' input), and
 // round_q8_k rounds values in place to d * q; a row of zeros stays zero.
 TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   auto& c = ctx();
@@ -274,9 +275,13 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   x[K + 300] = -3.0f;                                           // a negative one
   const auto xb = upload(c, x);
   const size_t nb = x.size() / 32;
-  const auto qb = c.alloc(x.size()), db = c.alloc(nb * 4), sb = c.alloc(nb * 8);
+  const auto qb = c.alloc(x.size()), db = c.alloc(nb * 4), sb = c.alloc(nb * 8),
+             hb = c.alloc(nb * 8);
   auto k = c.make_kernel("quantize_q8_k");
-  k.args(xb, K, qb, db, sb);
+  k.args(xb, K, qb, db, hb, 1);
+  c.launch(k, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
+  const auto half_sums = download<float>(c, hb, nb * 2);
+  k.args(xb, K, qb, db, sb, 0);
   c.launch(k, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
   const auto q = download<int8_t>(c, qb, x.size());
   const auto d = download<float>(c, db, nb);
@@ -297,6 +302,13 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
       for (int j = 0; j < 32; ++j) sum += want_q[b * 32 + j];
       chk.near(sums[2 * at], want_d * static_cast<float>(sum), 0.0, [&] { return "sum"; });
       chk.near(sums[2 * at + 1], want_d * static_cast<float>(sum), 0.0, [&] { return "sum"; });
+      for (int h = 0; h < 2; ++h) {
+        int half = 0;
+        for (int j = 0; j < 16; ++j) half += want_q[b * 32 + h * 16 + j];
+        chk.near(half_sums[2 * at + h], want_d * static_cast<float>(half), 0.0, [&] {
+          return "half sum " + std::to_string(h) + " of block " + std::to_string(at);
+        });
+      }
     }
     for (int j = 0; j < 256; ++j) {
       const size_t i = blk * 256 + j;
@@ -308,8 +320,9 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
 }
 
 // Q4_K and Q6_K parts of one matrix (llama.cpp's Q4_K_M gives some layers
-// a Q6_K attn_v beside Q4_K attn_q and attn_k): held as F32, their exact
-// values, taking Q8_K activations.
+// a Q6_K attn_v beside Q4_K attn_q and attn_k): held together as KU8,
+// their exact values, taking Q8_K activations; beside a type that is no
+// K-quant, as F32 with float inputs.
 TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   auto& c = ctx();
   std::mt19937 rng(89);
@@ -319,15 +332,23 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   const tensor_view va = view_of(tensor_type::q4_k, K, 3, a.data());
   const tensor_view vb = view_of(tensor_type::q6_k, K, 2, b.data());
   const auto dm = upload_matrix(c, {&va, &vb});
-  EXPECT_EQ(dm.type, tensor_type::f32);
+  EXPECT_EQ(dm.type, tensor_type::ku8);
   EXPECT_TRUE(dm.q8_k_acts);
   auto want = ref::dequantize(tensor_type::q4_k, a, K, 3);
   const auto wb = ref::dequantize(tensor_type::q6_k, b, K, 2);
   want.insert(want.end(), wb.begin(), wb.end());
-  EXPECT_EQ(download<float>(c, dm.q, want.size()), want);
+  const auto u = download<uint8_t>(c, dm.q, want.size());
+  const auto s = download<float>(c, dm.d, want.size() / 16);
+  const auto m = download<float>(c, dm.m, want.size() / 16);
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    bad += std::fma(s[i / 16], static_cast<float>(u[i]), m[i / 16]) != want[i];
+  EXPECT_EQ(bad, 0) << "of " << want.size() << " values";
   const auto q8 = ref::random_matrix(tensor_type::q8_0, K, 2, rng);
   const tensor_view vq = view_of(tensor_type::q8_0, K, 2, q8.data());
-  EXPECT_FALSE(upload_matrix(c, {&va, &vq}).q8_k_acts);  // a K-quant beside Q8_0: float inputs
+  const auto f = upload_matrix(c, {&va, &vq});  // a K-quant beside Q8_0: float inputs
+  EXPECT_EQ(f.type, tensor_type::f32);
+  EXPECT_FALSE(f.q8_k_acts);
 }
 
 TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {

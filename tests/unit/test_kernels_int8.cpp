@@ -364,6 +364,105 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
   }
 }
 
+// Q2_K, Q3_K, Q5_K and Q6_K held as KU8 (a byte per value, a scale and an
+// offset per 16), and Q4_K beside Q6_K in one matrix: against Q8_K inputs
+// with sums per 16 (quantize_q8_k with halves), every tile and product
+// kernel gives the dot product of the file's values with the inputs'
+// quantized values, as llama.cpp's K-quant x Q8_K dot products are.
+TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
+  auto& c = ctx();
+  std::mt19937 rng(2027);
+  const int K = 512, N = 11, T = 5;
+  auto quantize_k = [&](const std::vector<float>& x) {
+    quantized_input in;
+    const auto xb = upload(c, x);
+    in.q = c.alloc(x.size());
+    in.d = c.alloc(x.size() / 32 * 4);
+    in.s = c.alloc(x.size() / 16 * 4);
+    auto k = c.make_kernel("quantize_q8_k");
+    k.args(xb, K, in.q, in.d, in.s, 1);
+    c.launch(k, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
+    in.host = download_q8(c, in.q, in.d, in.s, T, K);
+    return in;
+  };
+  struct matrix {
+    std::string name;
+    std::vector<float> w;  // the file's values
+    device_matrix dm;
+  };
+  std::vector<matrix> cases;
+  for (const tensor_type t :
+       {tensor_type::q2_k, tensor_type::q3_k, tensor_type::q5_k, tensor_type::q6_k}) {
+    const auto bytes = ref::random_matrix(t, K, 2 * N, rng);
+    const tensor_view v{"w", t, {K, 2 * N}, bytes.data(), bytes.size()};
+    cases.push_back({std::string(traits_of(t).name), ref::dequantize(t, bytes, K, 2 * N),
+                     upload_matrix(c, {&v})});
+  }
+  {
+    const auto a = ref::random_matrix(tensor_type::q4_k, K, N, rng);
+    const auto b = ref::random_matrix(tensor_type::q6_k, K, N, rng);
+    const tensor_view va{"a", tensor_type::q4_k, {K, N}, a.data(), a.size()};
+    const tensor_view vb{"b", tensor_type::q6_k, {K, N}, b.data(), b.size()};
+    auto w = ref::dequantize(tensor_type::q4_k, a, K, N);
+    const auto wb = ref::dequantize(tensor_type::q6_k, b, K, N);
+    w.insert(w.end(), wb.begin(), wb.end());
+    cases.push_back({"Q4_K + Q6_K", w, upload_matrix(c, {&va, &vb})});
+  }
+  for (const auto& mc : cases) {
+    SCOPED_TRACE(mc.name);
+    ASSERT_EQ(mc.dm.type, tensor_type::ku8);
+    ASSERT_TRUE(mc.dm.q8_k_acts);
+    const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+    const auto in = quantize_k(x);
+    auto want = [&](int n, int t) {  // row n of W . row t of the quantized x
+      ref::dot_result r{0, 0};
+      for (int i = 0; i < K; ++i) {
+        const size_t xi = static_cast<size_t>(t) * K + i;
+        const double p = static_cast<double>(mc.w[static_cast<size_t>(n) * K + i]) *
+                         in.host.d[xi / 32] * in.host.q[xi];
+        r.dot += p;
+        r.mag += std::fabs(p);
+      }
+      // The kernel sums u x and the offsets apart: u reaches 63, twice a
+      // centred quant's size.
+      r.mag *= 4;
+      return r;
+    };
+    for (const launch_shape ls : k_launches) {
+      SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
+                   std::to_string(ls.rows_per_item));
+      auto k = c.make_kernel("matmul_xq_ku8" + kernel_suffix(ls));
+      const auto yb = c.alloc(static_cast<size_t>(T) * 2 * N * 4);
+      k.args(mc.dm.q, mc.dm.d, mc.dm.m, in.q, in.d, in.s, yb, K, 2 * N, T, 2 * N, 0,
+             ls.rows_per_item);
+      launch_matmul(c, k, 2 * N, ls, T);
+      const auto y = download<float>(c, yb, static_cast<size_t>(T) * 2 * N);
+      int bad = 0;
+      for (int t = 0; t < T; ++t)
+        for (int n = 0; n < 2 * N; ++n) {
+          const auto d = want(n, t);
+          const float got = y[static_cast<size_t>(t) * 2 * N + n];
+          if (std::fabs(got - d.dot) > ref::dot_tol(d.mag) && ++bad <= 4)
+            ADD_FAILURE() << "y[" << t << "][" << n << "] = " << got << ", want " << d.dot;
+        }
+      EXPECT_EQ(bad, 0);
+      auto g = c.make_kernel("matmul_glu_xq_ku8" + kernel_suffix(ls));
+      const auto hb = c.alloc(static_cast<size_t>(T) * N * 4);
+      g.args(mc.dm.q, mc.dm.d, mc.dm.m, in.q, in.d, in.s, hb, K, N, T, ls.rows_per_item, hb, hb, hb,
+             0);
+      launch_matmul(c, g, N, ls, T);
+      const auto h = download<float>(c, hb, static_cast<size_t>(T) * N);
+      for (int t = 0; t < T; ++t)
+        for (int n = 0; n < N; ++n) {
+          const auto gd = want(n, t), ud = want(N + n, t);
+          EXPECT_NEAR(h[static_cast<size_t>(t) * N + n], ref::silu(gd.dot) * ud.dot,
+                      ref::glu_tol(gd.dot, ref::dot_tol(gd.mag), ud.dot, ref::dot_tol(ud.mag)))
+              << "h[" << t << "][" << n << "]";
+        }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Builds, KernelInt8, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Native" : "Portable"; });
 
