@@ -153,15 +153,15 @@ inline float16 round_to_half16(float16 v) {
 }
 
 // Integer dot products (matmul.cl's Q kernels).  The 32 values of a weight
-// block as unsigned bytes (packed in an int8) with its scale and offset
+// block as bytes u (packed in an int8) with its scale and offset
 // coefficient, so that, against activations quantized by quantize.cl,
 //   block dot = dw * dx * sum(u * q) + mo * (exact ? xsum.y : xsum.x)
 // (xsum.x: the activation block's scaled sum as llama.cpp's q8_1 holds it,
-// rounded to half; xsum.y: the scale times the quants' sum, exact) for every
-// quantized type: q4_1 (u = the nibbles, mo = its min with xsum.x, as
-// llama.cpp), q4_0 (u = the nibbles, mo = -8 dw) and q8_0 (u = the signed
-// quants + 128, mo = -128 dw), both with xsum.y: exact, as llama.cpp's
-// integer sums are.
+// rounded to half; xsum.y: the scale times the quants' sum, exact): q4_1
+// (u = the nibbles, mo = its min with xsum.x, as llama.cpp), q4_0 (u = the
+// nibbles, mo = -8 dw, with xsum.y: exact, as llama.cpp's integer sums
+// are), ku8 (below); q8_0's u are its signed quants, with no offset term:
+// dw * dx * sum(w * q), llama.cpp's formula.
 
 // Lane i of the result: the sum over bytes 4i..4i+3 of u (unsigned) times
 // s (signed).  AVX-512 VNNI's vpdpbusd where the host found it
@@ -176,15 +176,15 @@ inline int8 dpbusd(int8 u, int8 s) {
   return acc;
 }
 #elif defined(TROUPE_AVX2)
-// AVX2 (TROUPE_AVX2: a PoCL CPU device on an AVX2 host without AVX-512):
-// vpmaddubsw multiplies unsigned by signed bytes and sums pairs into 16
-// bits, saturating past 32767; u reaches 255 (q8_0's offset quants), a
-// pair 2 * 255 * 128, so u goes in as its two nibbles (a pair at most
-// 2 * 15 * 128), and vpmaddwd sums the 16-bit pairs into lanes of four
-// bytes, the high nibbles' weighted by 16: exactly vpdpbusd's lanes.  The
-// generic code below widens every byte to 32 bits and multiplies there
-// (on a Zen 3 host, SmolLM2 Q4_1 prefill 53 t/s against 180, decode 38
-// against 80-90).
+// AVX2 (TROUPE_AVX2: a PoCL CPU device on an AVX2 host without AVX-512)
+// has no vpdpbusd: vpmaddubsw multiplies unsigned by signed bytes and sums
+// pairs into 16 bits, saturating past 32767, and vpmaddwd sums the 16-bit
+// pairs into lanes of four bytes.  Every type's u keeps a pair below the
+// saturation (the 4-bit types' nibbles, ku8's 6 bits, q8_0's magnitudes),
+// so the two give vpdpbusd's lanes exactly (dot_nibbles, dot_signed
+// below).  The generic code below widens every byte to 32 bits and
+// multiplies there (on a Zen 3 host, SmolLM2 Q4_1 prefill 53 t/s against
+// 180, decode 38 against 80-90).
 inline int8 maddubs(int8 u, int8 s) {
   int8 r;
   __asm__("vpmaddubsw %2, %1, %0" : "=x"(r) : "x"(u), "x"(s));
@@ -194,11 +194,6 @@ inline int8 maddwd(int8 a, int8 b) {
   int8 r;
   __asm__("vpmaddwd %2, %1, %0" : "=x"(r) : "x"(a), "x"(b));
   return r;
-}
-inline int8 dpbusd(int8 u, int8 s) {
-  const int8 lo = maddubs(u & (int8)0x0F0F0F0F, s);
-  const int8 hi = maddubs((u >> 4) & (int8)0x0F0F0F0F, s);
-  return maddwd(lo, (int8)0x00010001) + maddwd(hi, (int8)0x00100010);
 }
 #else
 inline int8 dpbusd(int8 u, int8 s) {
@@ -217,18 +212,50 @@ inline int16 dpbusd2(int16 u, int16 s) {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
   return acc;
 }
-#else
+#elif !defined(TROUPE_AVX2)
 inline int16 dpbusd2(int16 u, int16 s) { return (int16)(dpbusd(u.lo, s.lo), dpbusd(u.hi, s.hi)); }
 #endif
 
 // The block dot product each loader's u takes (matmul.cl's Q_DOT calls
 // LOADU##_dot and LOADU##_dot2), with dpbusd's lanes and integer results
 // on every path, so every host computes the same sums.  With AVX2 the
-// 4-bit types' u are nibbles: one vpmaddubsw pair sum cannot saturate, and
-// the nibble split of dpbusd is skipped.  q8_0's u reach 255 and keep it.
-// (A signed form for q8_0, llama.cpp's |w| times s with w's sign and no
-// offset, is as fast here but rounds differently: Gemma 3's perplexity
-// moved 0.2%, past the suite's 0.5% of llama.cpp.)
+// unsigned types' u (nibbles, ku8's 6 bits) take one vpmaddubsw and one
+// vpmaddwd (dot_nibbles).
+//
+// q8_0's are signed (dot_signed): with AVX2, as llama.cpp, |w| times s
+// with w's sign (vpsignb; a pair at most 2 * 128 * 127, no saturation);
+// elsewhere sum((w + 128) s) - 128 sum(s), two dpbusd.  Measured on Gemma 3
+// (q8_0 and Q5_0 widened to it carry most of its products) against the
+// unsigned form with a -128 offset term, which took the nibble split: the
+// gate/up kernel 21% faster in prefill, decode 37.1 -> 40 t/s; and the
+// sums are exact with no large offset term cancelling, as llama.cpp's.
+#ifdef TROUPE_AVX2
+// Bytes' magnitudes (vpabsb: -128 gives 128 as an unsigned byte) and s
+// with w's signs (vpsignb: negated where w < 0, zero where w = 0).
+inline int8 abs_bytes(int8 w) {
+  int8 r;
+  __asm__("vpabsb %1, %0" : "=x"(r) : "x"(w));
+  return r;
+}
+inline int8 sign_bytes(int8 s, int8 w) {
+  int8 r;
+  __asm__("vpsignb %2, %1, %0" : "=x"(r) : "x"(s), "x"(w));
+  return r;
+}
+inline int8 dot_signed(int8 w, int8 s) {
+  return maddwd(maddubs(abs_bytes(w), sign_bytes(s, w)), (int8)0x00010001);
+}
+inline int16 dot_signed2(int16 w, int16 s) {
+  return (int16)(dot_signed(w.lo, s.lo), dot_signed(w.hi, s.hi));
+}
+#else  // sum((w + 128) s) - 128 sum(s): the same lanes
+inline int8 dot_signed(int8 w, int8 s) {
+  return dpbusd(w ^ (int8)0x80808080, s) - dpbusd((int8)0x80808080, s);
+}
+inline int16 dot_signed2(int16 w, int16 s) {
+  return dpbusd2(w ^ (int16)0x80808080, s) - dpbusd2((int16)0x80808080, s);
+}
+#endif
 #ifdef TROUPE_AVX2
 inline int8 dot_nibbles(int8 u, int8 s) { return maddwd(maddubs(u, s), (int8)0x00010001); }
 inline int16 dot_nibbles2(int16 u, int16 s) {
@@ -242,8 +269,8 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q4_0_dot2 dot_nibbles2
 #define loadu_q4_1_dot dot_nibbles
 #define loadu_q4_1_dot2 dot_nibbles2
-#define loadu_q8_0_dot dpbusd
-#define loadu_q8_0_dot2 dpbusd2
+#define loadu_q8_0_dot dot_signed
+#define loadu_q8_0_dot2 dot_signed2
 // ku8's u are at most 63: a vpmaddubsw pair sum at most 2 * 63 * 127.
 #define loadu_ku8_dot dot_nibbles
 #define loadu_ku8_dot2 dot_nibbles2
@@ -254,8 +281,9 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 // (_t1 a block's, _t2 a pair's), the lanes' scales from them and the
 // activations' scales dx (_lanes, _lanes2), the offset coefficients
 // against the activation sums (_offset2: lanes for xsum4; _tail_offset:
-// into a block's accumulator).  Per block (q4_0, q4_1, q8_0): one scale
-// and one offset term a block, against the sum .x or, exact, .y.  Per 16
+// into a block's accumulator; _has_offset: whether there is one).  Per
+// block (q4_0, q4_1, q8_0): one scale and one offset term a block (none
+// for q8_0), against the sum .x or, exact, .y.  Per 16
 // (ku8): two of each, against the activations' half sums (quantize_q8_k
 // with halves: .x values 0-15, .y 16-31).
 #define BLOCK_LANES(dw, dx) (float8)((dw) * (dx))
@@ -273,24 +301,28 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q4_0_lanes2 BLOCK_LANES2
 #define loadu_q4_0_offset2 BLOCK_OFFSET2
 #define loadu_q4_0_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q4_0_has_offset 1
 #define loadu_q4_1_t1 float
 #define loadu_q4_1_t2 float2
 #define loadu_q4_1_lanes BLOCK_LANES
 #define loadu_q4_1_lanes2 BLOCK_LANES2
 #define loadu_q4_1_offset2 BLOCK_OFFSET2
 #define loadu_q4_1_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q4_1_has_offset 1
 #define loadu_q8_0_t1 float
 #define loadu_q8_0_t2 float2
 #define loadu_q8_0_lanes BLOCK_LANES
 #define loadu_q8_0_lanes2 BLOCK_LANES2
 #define loadu_q8_0_offset2 BLOCK_OFFSET2
 #define loadu_q8_0_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q8_0_has_offset 0
 #define loadu_ku8_t1 float2
 #define loadu_ku8_t2 float4
 #define loadu_ku8_lanes HALF_LANES
 #define loadu_ku8_lanes2 HALF_LANES2
 #define loadu_ku8_offset2 HALF_OFFSET2
 #define loadu_ku8_tail_offset HALF_TAIL_OFFSET
+#define loadu_ku8_has_offset 1
 
 inline float hsum8(float8 v) {
   float4 b = v.lo + v.hi;
@@ -324,11 +356,9 @@ inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
                        __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                        float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  const uchar16 q0 = vload16(2 * blk, wq) ^ (uchar16)0x80;
-  const uchar16 q1 = vload16(2 * blk + 1, wq) ^ (uchar16)0x80;
-  *u = (int8)(as_int4(q0), as_int4(q1));
+  *u = vload8(0, (__global const int*)(wq + blk * QK));
   *dw = wd[blk];
-  *mo = -128.0f * *dw;
+  *mo = 0.0f;
   *exact = 1;
 }
 
@@ -374,9 +404,9 @@ inline void loadu_q8_0_pair(__global const uchar* wq, __global const float* wd,
                             __global const float* wm, int nb, int r, int b, int16* u, float2* dw,
                             float2* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  *u = vload16(0, (__global const int*)(wq + blk * QK)) ^ (int16)0x80808080;
+  *u = vload16(0, (__global const int*)(wq + blk * QK));
   *dw = vload2(0, wd + blk);
-  *mo = -128.0f * *dw;
+  *mo = (float2)0.0f;
   *exact = 1;
 }
 

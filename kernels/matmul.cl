@@ -129,7 +129,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // into A.
 #define Q_PAIR_ACC(LOADU, wu, xv, dw, dx, m16, xs16, A)                      \
   A = fma(convert_float16(LOADU##_dot2(wu, xv)), LOADU##_lanes2(dw, dx), A); \
-  A = fma(m16, xs16, A);
+  if (LOADU##_has_offset) A = fma(m16, xs16, A);
 
 // The lone last block (odd block counts) into the low half, its offset
 // term(s) into lane 0 (1).
@@ -143,7 +143,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
       const size_t xb = (size_t)tj[j] * nb + (b);                                               \
       A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), LOADU##_lanes(dw, xd[xb]), \
                     A[j].lo);                                                                   \
-      LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);                                           \
+      if (LOADU##_has_offset) LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);                                           \
     }                                                                                           \
   }
 

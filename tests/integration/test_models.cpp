@@ -5,7 +5,6 @@
 // tests/data/model_golden.json.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -71,11 +70,8 @@ TEST(Gemma3, GreedyTokensMatchLlamaCppUpToANearTie) {
 
 // Perplexity within 0.5% of llama-perplexity's at context 128, and at
 // context 1024, where the windowed layers see only the last 512 tokens.
-// llama.cpp's own figure depends on its build and attention path: on 189
-// tokens at context 128 its AVX-512 build (the recorded "ppl"), its AVX2
-// build and its -fa on path span 9.2561 to 9.3664, 1.2% (at 1024: 30.2067
-// to 30.3570), so troupe must land within 0.5% of that span
-// ("ppl_other_builds" lists the other figures).
+// (llama.cpp's own figure moves by more than that with its build and
+// attention path: docs/correctness.md.)
 TEST(Gemma3, PerplexityWithinHalfPercentOfLlamaCpp) {
   const auto g = model_golden("gemma3-270m");
   engine_options opts;
@@ -88,19 +84,10 @@ TEST(Gemma3, PerplexityWithinHalfPercentOfLlamaCpp) {
     const auto tokens = tok->encode(read_file(text), true, false);
     const auto res =
         perplexity(e.forward(), e.info.n_pages, e.info.page_size, tokens, ctx, tok->bos(), 512);
-    const std::string c = std::to_string(ctx);
-    const double want = g["ppl"][c].get<double>();
-    double lo = want, hi = want;
-    for (const auto& b : g["ppl_other_builds"]) {
-      lo = std::min(lo, b["ppl"][c].get<double>());
-      hi = std::max(hi, b["ppl"][c].get<double>());
-    }
-    EXPECT_GE(res.ppl, lo * 0.995) << "context " << ctx;
-    EXPECT_LE(res.ppl, hi * 1.005) << "context " << ctx;
-    std::printf(
-        "[gemma3] perplexity at context %d: %.4f, llama.cpp %.4f (%+.2f%%; its builds "
-        "%.4f to %.4f)\n",
-        ctx, res.ppl, want, 100.0 * (res.ppl / want - 1.0), lo, hi);
+    const double want = g["ppl"][std::to_string(ctx)].get<double>();
+    EXPECT_NEAR(res.ppl, want, want * 0.005) << "context " << ctx;
+    std::printf("[gemma3] perplexity at context %d: %.4f, llama.cpp %.4f (%+.2f%%)\n", ctx, res.ppl,
+                want, 100.0 * (res.ppl / want - 1.0));
   }
 }
 
