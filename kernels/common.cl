@@ -1,5 +1,6 @@
 // Helpers shared by every kernel file (embedded first, see cmake/embed_kernels.cmake).
-// Quantized weights live on the device in their file's type, split into
+// Quantized weights live on the device in their file's type or one holding
+// exactly its values (runtime/device/device_weights), split into
 // structure-of-arrays form at upload so blocks load with aligned vector reads:
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
@@ -7,8 +8,8 @@
 //   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
 //     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
 //     16-31), m float2[rows][blocks] (their offsets m)
-// The quants are the file's bytes; the half scales are widened to float at
-// upload (exactly), because converting a half costs a dozen instructions
+// The quants are the file's bytes (ku8: its quants, one a byte); the half
+// scales are widened to float at upload (exactly), because converting a half costs a dozen instructions
 // per block on a device without cl_khr_fp16.
 // A block holds 32 values; for 4-bit types the low nibbles of the 16 bytes
 // are values 0..15 and the high nibbles values 16..31 (ggml's order).

@@ -13,9 +13,10 @@
 // single row with no redundant arithmetic.
 //
 // Two input formats, X below: F (the activations as float, every weight
-// type dequantized to float) and Q (the activations quantized to 8 bits per
-// block of 32 by quantize.cl, for 4- and 8-bit weights: integer dot
-// products, as llama.cpp computes them; kernels named *_xq_*).
+// type dequantized to float) and Q (the activations quantized to 8 bits by
+// quantize.cl, per block of 32 or, for K-quant weights, per 256 as Q8_K,
+// for the quantized types: integer dot products, as llama.cpp computes
+// them; kernels named *_xq_*).
 
 // Loops over a tile's tokens are unrolled (_Pragma("unroll")) so that the
 // per-token accumulators live in registers: indexed in a loop, they would
@@ -74,14 +75,15 @@
 
 #define F_SUM(acc, j) hsum16(acc[j])
 
-// Q: per block, the weights' 32 values as unsigned bytes (LOADU, see
-// quantize.cl) dotted with the activations' signed bytes in integers,
-// scaled by both blocks' scales; the weights' offset term (q4_1's min,
-// q4_0's and q8_0's bias) times the activation block's scaled sum is kept
-// apart, in acc_m; it uses the activation block's exact scaled sum (q4_0,
-// q8_0) or its half-rounded one (q4_1), as llama.cpp.  Blocks are taken
-// two at a time in 512-bit registers (measured on SmolLM2: prefill +10%,
-// batched decode +3-13%, one-token decode +4%).
+// Q: per block, the weights' 32 values as bytes (LOADU, see common.cl)
+// dotted with the activations' signed bytes in integers, scaled by both
+// blocks' scales (per block, or per 16 values for ku8); the weights'
+// offset term (q4_1's min, q4_0's bias, ku8's offsets; q8_0 has none)
+// times the activation block's scaled sum is added apart; it uses the
+// activation block's exact scaled sum (q4_0; ku8's per 16) or its
+// half-rounded one (q4_1), as llama.cpp.  Blocks are taken two at a time
+// in 512-bit registers (measured on SmolLM2: prefill +10%, batched decode
+// +3-13%, one-token decode +4%).
 #define Q_XARGS __global const int *xq, __global const float *xd, __global const float2 *xsum
 
 #define Q_SETUP_AT(TT, ROW) \
@@ -94,7 +96,8 @@
 // Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
 // blocks, 8-15 the odd ones), a lone last block into the low half.  The
 // offset term goes into the same accumulator, one lane per block (see
-// q_offset), so a tile of TT tokens keeps TT registers per row, not 2 TT:
+// q_offset; ku8: one per 16 values), so a tile of TT tokens keeps TT
+// registers per row, not 2 TT:
 // the 8-token tiles of two rows (Q_DOT2) then fit the 32 vector registers
 // (measured: spills before).  Every tile sums in this order.
 #define Q_ZERO(TT, acc) \
@@ -133,18 +136,18 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 // The lone last block (odd block counts) into the low half, its offset
 // term(s) into lane 0 (1).
-#define Q_TAIL(LOADU, TT, r, b, A)                                                              \
-  {                                                                                             \
-    int8 wu;                                                                                    \
-    LOADU##_t1 dw, mo;                                                                          \
-    int exact;                                                                                  \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                     \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                            \
-      const size_t xb = (size_t)tj[j] * nb + (b);                                               \
-      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), LOADU##_lanes(dw, xd[xb]), \
-                    A[j].lo);                                                                   \
-      if (LOADU##_has_offset) LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);                                           \
-    }                                                                                           \
+#define Q_TAIL(LOADU, TT, r, b, A)                                                         \
+  {                                                                                        \
+    int8 wu;                                                                               \
+    LOADU##_t1 dw, mo;                                                                     \
+    int exact;                                                                             \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                       \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                          \
+      const float8 lanes = LOADU##_lanes(dw, xd[xb]);                                      \
+      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), lanes, A[j].lo);      \
+      if (LOADU##_has_offset) LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);              \
+    }                                                                                      \
   }
 
 #define Q_DOT(LOADU, TT, r, acc)                                                    \

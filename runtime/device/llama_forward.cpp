@@ -783,31 +783,52 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   const int share = std::max(1, (T * K + S - 1) / S);
   const int tile = tile_for(share);
   const int tiles = (T + tile - 1) / tile;
-  const bool h_q8 = quantized_inline(M.shards.front().down);
+  const auto& down0 = M.shards.front().down;
+  const bool h_q8 = quantized_inline(down0);
+  // K-quant experts' down products read h as Q8_K, quantized between the
+  // gate/up and down launches (the gate/up kernel writes per-32 blocks
+  // only); elsewhere down reads what gate/up wrote.
+  const bool h_q8_k = int8_for(down0) && down0.q8_k_acts;
   // Each expert device runs its slots' products on its own queue, after the
   // routing; the combination waits for all of them.
   const bool spread = ctx_.shards() > 0;
-  if (spread) ctx_.fork();
-  for (size_t d = 0; d < M.shards.size(); ++d) {
+  auto run = [&](size_t d, const cl::kernel& k, int items, size_t local) {
+    const size_t groups = static_cast<size_t>(M.shards[d].n) * tiles;
+    if (spread)
+      ctx_.launch_on(static_cast<int>(d), k, {static_cast<size_t>(items), groups}, {local, 1});
+    else
+      ctx_.launch(k, {static_cast<size_t>(items), groups}, {local, 1});
+  };
+  auto gate_up = [&](size_t d) {
     const auto& sh = M.shards[d];
-    const size_t groups = static_cast<size_t>(sh.n) * tiles;
-    auto run = [&](const cl::kernel& k, int items, size_t local) {
-      if (spread)
-        ctx_.launch_on(static_cast<int>(d), k, {static_cast<size_t>(items), groups}, {local, 1});
-      else
-        ctx_.launch(k, {static_cast<size_t>(items), groups}, {local, 1});
-    };
     auto& kg = family_kernel(mm_family::id_glu, sh.gate_up.type, share, xq);
     const auto gg = glu_grid(F, h_q8);
     kg.args_from(matmul_inputs(kg, sh.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
                  gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
                  moe_slot_rows_, sh.slot0, tiles, K);
-    run(kg, gg.items, gg.local);
-    auto& kd = family_kernel(mm_family::id, sh.down.type, share, h_q8);
+    run(d, kg, gg.items, gg.local);
+  };
+  auto down = [&](size_t d) {
+    const auto& sh = M.shards[d];
+    const bool hq = h_q8 || h_q8_k;
+    auto& kd = family_kernel(mm_family::id, sh.down.type, share, hq);
     const auto gd = grid(D, 1);
-    kd.args_from(matmul_inputs(kd, sh.down, moe_h_, h_q8 ? &moe_hq_ : nullptr), moe_y_, F, D,
+    kd.args_from(matmul_inputs(kd, sh.down, moe_h_, hq ? &moe_hq_ : nullptr), moe_y_, F, D,
                  gd.rows_per_item, moe_slot_off_, moe_slot_rows_, sh.slot0, tiles, 1);
-    run(kd, gd.items, gd.local);
+    run(d, kd, gd.items, gd.local);
+  };
+  if (spread) ctx_.fork();
+  if (h_q8_k) {
+    for (size_t d = 0; d < M.shards.size(); ++d) gate_up(d);
+    if (spread) ctx_.join();
+    quantize(moe_h_, F, T * K, moe_hq_, down0);  // every assignment's row
+    if (spread) ctx_.fork();
+    for (size_t d = 0; d < M.shards.size(); ++d) down(d);
+  } else {
+    for (size_t d = 0; d < M.shards.size(); ++d) {
+      gate_up(d);
+      down(d);
+    }
   }
   if (spread) ctx_.join();
   // The shared expert (Qwen2-MoE) over the same normed rows, on the main

@@ -354,7 +354,7 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
 TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   auto& c = ctx();
   std::mt19937 rng(99);
-  const int K = 96, N = 41;
+  const int N = 41;
   // Rows 3 and 7 name device draws of the step before (token -1 - k):
   // draw 1 (token 33) and draw 0, refused (-1: token 0).
   const std::vector<int32_t> tokens = {0, 40, 7, -2, 13, 2, 40, -1, 1};
@@ -363,8 +363,12 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   const int T = static_cast<int>(tokens.size());
   const auto tb = upload(c, tokens);
   const auto db = upload(c, drawn);
-  for (const tensor_type type : k_types) {
-    if (!holds_rows_of(type, K)) continue;
+  // Rows of 256 for the K-quants (KU8 embeddings: each value s u + m).
+  for (const auto& [K, type] : [] {
+         std::vector<std::pair<int, tensor_type>> cases;
+         for (const tensor_type t : k_types) cases.push_back({holds_rows_of(t, 96) ? 96 : 256, t});
+         return cases;
+       }()) {
     SCOPED_TRACE("type " + suffix(type));
     const auto bytes = ref::random_matrix(type, K, N, rng);
     const auto w = ref::dequantize(type, bytes, K, N);

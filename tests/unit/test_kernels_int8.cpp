@@ -146,8 +146,9 @@ TEST_P(KernelInt8, RmsnormQ8QuantizesTheNormalizedRows) {
   }
 }
 
-// Block b of row r of a GGUF matrix as the Q kernels read it: unsigned
-// values, scale, and the coefficients of the offset terms (see common.cl).
+// Block b of row r of a GGUF matrix as the Q kernels read it: values u
+// (unsigned for the 4-bit types, signed for q8_0), scale, and the
+// coefficients of the offset terms (see common.cl).
 struct ublock {
   int u[32];
   double d, ms, mq;
@@ -179,13 +180,11 @@ ublock unpack(tensor_type t, const std::vector<uint8_t>& bytes, int K, int r, in
     uint16_t h = 0;
     int8_t q[32];
     widen_block_to_q8_0(t, &bytes[row_bytes(t, K) * r], b, h, q);
-    for (int i = 0; i < 32; ++i) u.u[i] = q[i] + 128;
-    u.mq = -128 * u.d;
+    for (int i = 0; i < 32; ++i) u.u[i] = q[i];
     return u;
   }
-  if (t == tensor_type::q8_0) {
-    for (int i = 0; i < 32; ++i) u.u[i] = static_cast<int8_t>(bytes[at + 2 + i]) + 128;
-    u.mq = -128 * u.d;
+  if (t == tensor_type::q8_0) {  // signed, no offset term
+    for (int i = 0; i < 32; ++i) u.u[i] = static_cast<int8_t>(bytes[at + 2 + i]);
     return u;
   }
   const size_t qs = t == tensor_type::q4_1 ? 4 : 2;
