@@ -59,16 +59,7 @@ tensor_type on_device(tensor_type t) {
 
 // llama.cpp's K-quant dot products read Q8_K activations.
 bool k_quant(const tensor_view* p) {
-  switch (p->type) {
-    case tensor_type::q2_k:
-    case tensor_type::q3_k:
-    case tensor_type::q4_k:
-    case tensor_type::q5_k:
-    case tensor_type::q6_k:
-      return true;
-    default:
-      return false;
-  }
+  return is_k_quant(p->type);
 }
 
 // Tensors' values as F32, one after another.

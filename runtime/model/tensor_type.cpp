@@ -503,7 +503,7 @@ void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d,
   throw std::invalid_argument(std::string(traits_of(t).name) + " does not widen to Q8_0");
 }
 
-bool splits_to_ku8(tensor_type t) {
+bool is_k_quant(tensor_type t) {
   switch (t) {
     case tensor_type::q2_k:
     case tensor_type::q3_k:

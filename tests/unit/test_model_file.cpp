@@ -412,7 +412,7 @@ TEST(TensorType, DequantizeTheOtherKQuantsQ5_1AndBf16AsLlamaCppDoes) {
     for (float v : out) sum += v, sum_abs += std::fabs(v);
     EXPECT_NEAR(sum, smp.sum, 1e-5) << name;
     EXPECT_NEAR(sum_abs, smp.sum_abs, 1e-5) << name;
-    if (splits_to_ku8(smp.type)) expect_ku8_split_exact(smp.type, smp.bytes, out);
+    if (is_k_quant(smp.type)) expect_ku8_split_exact(smp.type, smp.bytes, out);
   }
 }
 
