@@ -99,66 +99,6 @@ void q4_k_scale_min(int j, const uint8_t* q, int& sc, int& m) {
   }
 }
 
-// One super-block of Q2_K, Q3_K or Q5_K as ggml's dequantize_row_* give
-// it: each group of 16 (Q2_K, Q3_K) or 32 (Q5_K) values is (d * scale) *
-// q - (dmin * min), in that order, so the floats are ggml's.  The quants
-// of 128 values share 32 bytes (Q2_K, Q3_K: two bits a value, the shift
-// picking the group of 32) or 64 values share 32 (Q5_K: low, then high
-// nibbles), with a bit plane of the high bits.
-void dequantize_k_block(tensor_type t, const uint8_t* bytes, int64_t b, float* y) {
-  if (t == tensor_type::q2_k) {
-    block_q2_k blk;
-    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
-    const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
-    for (int g = 0; g < 16; ++g) {  // groups of 16 values
-      const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
-      const int shift = ((g / 2) % 4) * 2;
-      const float dl = d * static_cast<float>(blk.scales[g] & 0xF);
-      const float ml = dmin * static_cast<float>(blk.scales[g] >> 4);
-      for (int l = 0; l < 16; ++l)
-        y[g * 16 + l] = dl * static_cast<float>((q[l] >> shift) & 3) - ml;
-    }
-    return;
-  }
-  if (t == tensor_type::q3_k) {
-    block_q3_k blk;
-    std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
-    const float d = half_to_float(blk.d);
-    // Scale g: its low four bits in byte g % 8 (low nibble for g < 8,
-    // high for the rest), its top two in byte 8 + g % 4 at bits 2 * (g / 4).
-    const uint8_t* sc = blk.scales;
-    for (int g = 0; g < 16; ++g) {
-      const int low = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
-      const int high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-      const float dl = d * static_cast<float>((low | (high << 4)) - 32);
-      const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
-      const uint8_t* hm = blk.hmask + (g % 2) * 16;
-      const int shift = ((g / 2) % 4) * 2;
-      const uint8_t bit = static_cast<uint8_t>(1u << (g / 2));
-      for (int l = 0; l < 16; ++l) {
-        const int v = ((q[l] >> shift) & 3) - ((hm[l] & bit) ? 0 : 4);
-        y[g * 16 + l] = dl * static_cast<float>(v);
-      }
-    }
-    return;
-  }
-  block_q5_k blk;  // Q5_K
-  std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
-  const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
-  for (int j = 0; j < 8; ++j) {  // sub-blocks of 32
-    int sc = 0, mn = 0;
-    q4_k_scale_min(j, blk.scales, sc, mn);
-    const float dl = d * static_cast<float>(sc), ml = dmin * static_cast<float>(mn);
-    const uint8_t* ql = blk.qs + (j / 2) * 32;
-    const int shift = (j % 2) * 4;
-    const uint8_t bit = static_cast<uint8_t>(1u << j);
-    for (int l = 0; l < 32; ++l) {
-      const int v = ((ql[l] >> shift) & 0xF) | ((blk.qh[l] & bit) ? 16 : 0);
-      y[j * 32 + l] = dl * static_cast<float>(v) - ml;
-    }
-  }
-}
-
 constexpr type_traits k_f32{"F32", 1, 4};
 constexpr type_traits k_f16{"F16", 1, 2};
 constexpr type_traits k_q4_0{"Q4_0", 32, sizeof(block_q4_0)};
@@ -379,44 +319,18 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
         for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(q[j]) * scale;
       }
       return;
+    case tensor_type::q2_k:
+    case tensor_type::q3_k:
     case tensor_type::q4_k:
-      for (int64_t b = 0; b < n / 256; ++b) {
-        float d[8], m[8];
-        uint8_t qs[8][16];
-        split_q4_k_to_q4_1(src, b, d, m, qs);
-        for (int j = 0; j < 8; ++j) {
-          float* y = dst + b * 256 + j * 32;
-          for (int i = 0; i < 16; ++i) {
-            y[i] = d[j] * static_cast<float>(qs[j][i] & 0x0F) + m[j];
-            y[i + 16] = d[j] * static_cast<float>(qs[j][i] >> 4) + m[j];
-          }
-        }
-      }
-      return;
+    case tensor_type::q5_k:
     case tensor_type::q6_k:
-      // ggml's dequantize_row_q6_K: four 32-value runs per 128, sharing
-      // the bytes of ql and qh; (d * scale) * q is exact in float.
+      // s u + m with one rounding is ggml's float (split_k_quant says why).
       for (int64_t b = 0; b < n / 256; ++b) {
-        block_q6_k blk;
-        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
-        const float d = half_to_float(blk.d);
-        for (int half = 0; half < 2; ++half) {
-          const uint8_t* ql = blk.ql + half * 64;
-          const uint8_t* qh = blk.qh + half * 32;
-          const int8_t* sc = blk.scales + half * 8;
-          float* y = dst + b * 256 + half * 128;
-          for (int l = 0; l < 32; ++l) {
-            const int is = l / 16;
-            const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
-            y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-            y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-            y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
-          }
-        }
+        uint8_t u[256];
+        float sc[16], m[16];
+        split_k_quant(t, src, b, u, sc, m);
+        for (int i = 0; i < 256; ++i)
+          dst[b * 256 + i] = std::fma(sc[i / 16], static_cast<float>(u[i]), m[i / 16]);
       }
       return;
     case tensor_type::bf16:
@@ -441,11 +355,6 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
           y[j + 16] = static_cast<float>(hi) * d + m;
         }
       }
-      return;
-    case tensor_type::q2_k:
-    case tensor_type::q3_k:
-    case tensor_type::q5_k:
-      for (int64_t b = 0; b < n / 256; ++b) dequantize_k_block(t, bytes, b, dst + b * 256);
       return;
     case tensor_type::ku8:
       break;  // a device layout, never a file's
@@ -520,7 +429,11 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
                    float m[16]) {
   const auto* bytes = static_cast<const uint8_t*>(row);
   switch (t) {
-    case tensor_type::q2_k: {  // group g of 16: dl * q - ml (dequantize_k_block)
+    // The quants of 128 values share 32 bytes (Q2_K, Q3_K: two bits a value,
+    // the shift picking the group of 32; Q5_K, Q6_K: low, then high
+    // nibbles), with a bit plane of the high bits (Q3_K, Q5_K) or two
+    // (Q6_K's qh); ggml's dequantize_row_* read them so.
+    case tensor_type::q2_k: {  // group g of 16: (d sc) q - dmin min
       block_q2_k blk;
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
       const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
@@ -537,6 +450,8 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
       block_q3_k blk;
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
       const float d = half_to_float(blk.d);
+      // Scale g: its low four bits in byte g % 8 (low nibble for g < 8,
+      // high for the rest), its top two in byte 8 + g % 4 at bits 2 (g / 4).
       const uint8_t* sc = blk.scales;
       for (int g = 0; g < 16; ++g) {
         const int low = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;

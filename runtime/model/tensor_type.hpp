@@ -75,9 +75,9 @@ bool is_k_quant(tensor_type t);
 
 // Such a super-block as 256 unsigned quants u (at most 63) with a scale s
 // and an offset m per 16 values: value i is s[i / 16] * u[i] + m[i / 16]
-// with one rounding (fma), which is the float dequantize_row gives (a zero
-// may differ in sign), since s * u is exact in float (an 11-bit half times
-// a scale of at most 8 bits times u).  u is the file's quant made
+// with one rounding (fma), which is the float ggml's dequantize_row_*
+// give (a zero may differ in sign; dequantize_row reads K-quants so), since s * u is exact in float
+// (an 11-bit half times a scale of at most 8 bits times u).  u is the file's quant made
 // non-negative: Q6_K's q (value d sc (q - 32): m = -32 s), Q3_K's q + 4
 // (m = -4 s), Q2_K's, Q4_K's and Q5_K's q (m = -dmin min).
 void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], float s[16],

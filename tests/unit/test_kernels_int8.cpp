@@ -242,15 +242,21 @@ struct quantized_input {
   q8_rows host;
 };
 
-quantized_input quantize_on_device(cl::context& c, const std::vector<float>& x, int T, int K) {
+// q8_k_halves: as Q8_K with sums per 16 values (KU8 weights' input),
+// else per 32 as q8_1.
+quantized_input quantize_on_device(cl::context& c, const std::vector<float>& x, int T, int K,
+                                   bool q8_k_halves = false) {
   quantized_input in;
   const auto xb = upload(c, x);
   in.q = c.alloc(x.size());
   in.d = c.alloc(x.size() / 32 * 4);
   in.s = c.alloc(x.size() / 16 * 4);
-  auto k = c.make_kernel("quantize_q8");
-  k.args(xb, K, in.q, in.d, in.s);
-  c.launch(k, {static_cast<size_t>(K / 32), static_cast<size_t>(T)});
+  auto k = c.make_kernel(q8_k_halves ? "quantize_q8_k" : "quantize_q8");
+  if (q8_k_halves)
+    k.args(xb, K, in.q, in.d, in.s, 1);
+  else
+    k.args(xb, K, in.q, in.d, in.s);
+  c.launch(k, {static_cast<size_t>(K / (q8_k_halves ? 256 : 32)), static_cast<size_t>(T)});
   in.host = download_q8(c, in.q, in.d, in.s, T, K);
   return in;
 }
@@ -372,18 +378,6 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
   auto& c = ctx();
   std::mt19937 rng(2027);
   const int K = 512, N = 11, T = 5;
-  auto quantize_k = [&](const std::vector<float>& x) {
-    quantized_input in;
-    const auto xb = upload(c, x);
-    in.q = c.alloc(x.size());
-    in.d = c.alloc(x.size() / 32 * 4);
-    in.s = c.alloc(x.size() / 16 * 4);
-    auto k = c.make_kernel("quantize_q8_k");
-    k.args(xb, K, in.q, in.d, in.s, 1);
-    c.launch(k, {static_cast<size_t>(K / 256), static_cast<size_t>(T)});
-    in.host = download_q8(c, in.q, in.d, in.s, T, K);
-    return in;
-  };
   struct matrix {
     std::string name;
     std::vector<float> w;  // the file's values
@@ -412,7 +406,7 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
     ASSERT_EQ(mc.dm.type, tensor_type::ku8);
     ASSERT_TRUE(mc.dm.q8_k_acts);
     const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
-    const auto in = quantize_k(x);
+    const auto in = quantize_on_device(c, x, T, K, true);
     auto want = [&](int n, int t) {  // row n of W . row t of the quantized x
       ref::dot_result r{0, 0};
       for (int i = 0; i < K; ++i) {

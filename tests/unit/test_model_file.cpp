@@ -216,7 +216,9 @@ std::vector<uint8_t> from_hex(const std::string& hex) {
 }
 
 // A K-quant row split for the device (split_k_quant): every value, s u + m
-// with one rounding, is dequantize_row's, bit for bit, and u fits in 6 bits.
+// with one rounding, is dequantize_row's (which reads K-quants through the
+// split, so the gguf-py values the callers check anchor both), and u fits
+// in 6 bits, as the kernels' vpmaddubsw needs.
 void expect_ku8_split_exact(tensor_type t, const std::vector<uint8_t>& bytes,
                             const std::vector<float>& want) {
   const auto name = traits_of(t).name;
