@@ -40,7 +40,7 @@ json to_json(const tier_stats& t) {
   return {{"tier", t.name},         {"budget_bytes", t.budget}, {"bytes", t.bytes},
           {"pages", t.pages},       {"hits", t.hits},           {"misses", t.misses},
           {"bytes_in", t.bytes_in}, {"bytes_out", t.bytes_out}, {"evictions", t.evictions},
-          {"dropped", t.dropped}};
+          {"dropped", t.dropped},   {"read_ms", t.read_ms}};
 }
 
 // The device arenas added up (as before), with every process's KV store
@@ -83,6 +83,10 @@ json kv_json(const std::vector<instance_info>& v) {
 
 json to_json(const instance_info& i) {
   const auto& s = i.stats;
+  // Pulls per link: what the router's pull rule weighs.
+  auto links = json::array();
+  for (const auto& l : s.pull_links)
+    links.push_back({{"store", l.store}, {"pages", l.pages}, {"ms", l.ms}});
   return {{"name", i.name},
           {"id", i.id},
           {"node", i.node},
@@ -114,8 +118,10 @@ json to_json(const instance_info& i) {
           {"preempted_swap", s.preempted_swap},
           {"spilled_pages", s.spilled_pages},
           {"loaded_pages", s.loaded_pages},
+          {"tier_load_ms", s.tier_load_ms},
           {"copied_pages", s.copied_pages},
           {"pulled_pages", s.pulled_pages},
+          {"pull_links", std::move(links)},
           {"kv", to_json(s.kv)},
           {"kv_check", s.kv_check}};
 }

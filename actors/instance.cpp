@@ -52,7 +52,8 @@ struct instance_state {
   // their prefix from it, by request id: true once cancelled meanwhile.
   kv_pool_actor tiers;
   std::unordered_map<uint64_t, bool> fetching;
-  uint64_t pulled_pages = 0;  // pages other processes' stores gave (kv_sources)
+  uint64_t pulled_pages = 0;               // pages other processes' stores gave (kv_sources)
+  std::vector<kv_link_timing> pull_links;  // and how long they took, per store
   // Where each sequence's KV copies go (its request's kv_copy_to), by key.
   std::unordered_map<uint64_t, kv_pool_actor> copies;
   // Blobs arriving from other instances in chunks, until imported; swept
@@ -484,6 +485,17 @@ struct prefix_fetch {
   std::function<void(std::vector<kv_page>)> done;
 };
 
+// A pull's pages and time, for the router's per-link cost.
+void note_pull(self_ptr self, const kv_pool_actor& store, size_t pages, double ms) {
+  const auto name = caf::to_string(store.address());
+  auto& links = self->state.pull_links;
+  auto it = std::find_if(links.begin(), links.end(),
+                         [&](const kv_link_timing& l) { return l.store == name; });
+  if (it == links.end()) it = links.insert(links.end(), kv_link_timing{name, 0, 0});
+  it->pages += pages;
+  it->ms += ms;
+}
+
 void fetch_next(self_ptr self, std::shared_ptr<prefix_fetch> f) {
   if (f->next == f->want.size() || f->store == f->stores.size()) {
     self->state.pulled_pages += f->pulled;
@@ -494,19 +506,25 @@ void fetch_next(self_ptr self, std::shared_ptr<prefix_fetch> f) {
       local ? f->want.size() - f->next : std::min(k_pull_pages, f->want.size() - f->next);
   std::vector<uint64_t> ask(f->want.begin() + std::ptrdiff_t(f->next),
                             f->want.begin() + std::ptrdiff_t(f->next + n));
+  const auto asked = std::chrono::steady_clock::now();
   self->request(f->stores[f->store], local ? k_fetch_timeout : k_pull_timeout, kv_fetch_atom::value,
                 self->state.eng->kv_space(), ask)
       .then(
-          [self, f, n, local, ask](std::vector<kv_page>& pages) {
+          [self, f, n, local, ask, asked](std::vector<kv_page>& pages) {
             size_t k = 0;  // the leading pages that are the ones asked (the engine checks the rest)
             while (k < pages.size() && k < n && pages[k].hash == ask[k]) ++k;
             for (size_t i = 0; i < k; ++i) f->got.push_back(std::move(pages[i]));
             f->next += k;
-            if (!local) f->pulled += k;
+            if (!local) {
+              f->pulled += k;
+              // An answer with no page says nothing of the link's speed.
+              if (k > 0) note_pull(self, f->stores[f->store], k, ms_since(asked));
+            }
             if (k < n) ++f->store;
             fetch_next(self, f);
           },
-          [self, f](caf::error&) {
+          [self, f, local, asked](caf::error&) {
+            if (!local) note_pull(self, f->stores[f->store], 0, ms_since(asked));
             ++f->store;
             fetch_next(self, f);
           });
@@ -676,6 +694,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
       [self](stats_atom) -> caf::result<instance_stats> {
         auto s = self->state.eng->stats();
         s.pulled_pages = self->state.pulled_pages;
+        s.pull_links = self->state.pull_links;
         if (!self->state.tiers) return s;
         auto rp = self->make_response_promise<instance_stats>();
         self->request(self->state.tiers, std::chrono::seconds(2), stats_atom::value)

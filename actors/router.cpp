@@ -110,11 +110,18 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
       s.free_pages = it->second.kv.free + it->second.kv.reusable;
       s.total_pages = it->second.kv.total;
       s.prefix_hashes.insert(it->second.prefix_hashes.begin(), it->second.prefix_hashes.end());
-      // The global prefix index: what its process's KV store holds.
-      for (const auto& t : it->second.store.tiers)
-        s.tier_hashes.insert(t.hashes.begin(), t.hashes.end());
+      // The global prefix index: what its process's KV store holds, by
+      // tier, and what a page from each cost (a disk page: the load plus
+      // the disk's read of it).
       if (it->second.loaded_pages > 0)
         s.tier_load_ms_per_page = it->second.tier_load_ms / double(it->second.loaded_pages);
+      for (const auto& t : it->second.store.tiers) {
+        const bool disk = t.name == "disk";
+        auto& into = disk ? s.disk_hashes : s.tier_hashes;
+        into.insert(t.hashes.begin(), t.hashes.end());
+        if (disk && t.hits > 0 && s.tier_load_ms_per_page >= 0)
+          s.disk_load_ms_per_page = s.tier_load_ms_per_page + t.read_ms / double(t.hits);
+      }
     }
     out.push_back(std::move(s));
   }
@@ -125,7 +132,8 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
 // store on another node for the request's KV copies (in turn among them;
 // the request decides whether it keeps copies), and another node's store
 // to pull the prompt's pages from when one holds more of them than the
-// chosen instance and pulling beats computing (pick_kv_pull).
+// chosen instance and pulling over that link beats computing (pick_kv_pull,
+// with the link's cost as the chosen instance measured it).
 void add_kv_links(const router_state& st, placement_reply& r, const std::vector<uint64_t>& hashes,
                   int32_t prompt_tokens, uint64_t& copy_cursor) {
   const router_instance* chosen = nullptr;
@@ -146,20 +154,37 @@ void add_kv_links(const router_state& st, placement_reply& r, const std::vector<
   if (hashes.empty()) return;
   const auto snaps = snapshots(st);
   const instance_snapshot* mine = nullptr;
-  std::vector<const std::unordered_set<uint64_t>*> sets;
+  std::vector<const instance_snapshot*> theirs(others.size(), nullptr);
   for (const auto& s : snaps) {
     if (s.instance == chosen->id) mine = &s;
-    for (const auto* o : others)
-      if (s.instance == o->id) sets.push_back(&s.tier_hashes);
+    for (size_t k = 0; k < others.size(); ++k)
+      if (s.instance == others[k]->id) theirs[k] = &s;
   }
-  if (!mine || sets.size() != others.size()) return;
+  if (!mine || std::count(theirs.begin(), theirs.end(), nullptr) > 0) return;
+  // Each link's cost as the chosen instance measured its pulls over it.
+  const auto stats = st.last.find(chosen->id);
+  const int32_t have = held_run(*mine, hashes);
+  std::vector<int32_t> runs;
+  std::vector<double> pull_ms;
+  for (size_t k = 0; k < others.size(); ++k) {
+    // A store's run, in either of its tiers.
+    auto held = theirs[k]->tier_hashes;
+    held.insert(theirs[k]->disk_hashes.begin(), theirs[k]->disk_hashes.end());
+    runs.push_back(run_after(held, hashes, have));
+    double ms = -1;
+    if (stats != st.last.end()) {
+      const auto name = caf::to_string(others[k]->store.address());
+      for (const auto& l : stats->second.pull_links)
+        if (l.store == name) ms = l.ms_per_page();
+    }
+    pull_ms.push_back(ms);
+  }
   const double ps = std::max(1, st.opts.page_size);
   const double compute = st.model.samples() == 0
                              ? -1
                              : st.model.predict_ms(prompt_tokens) -
                                    st.model.predict_ms(std::max(0.0, double(prompt_tokens) - ps));
-  auto pull =
-      pick_kv_pull(hashes, held_run(*mine, hashes), sets, mine->tier_load_ms_per_page, compute);
+  auto pull = pick_kv_pull(runs, pull_ms, compute);
   if (pull.store < 0) return;
   r.kv_sources.push_back(others[size_t(pull.store)]->store);
   r.why += ", pulls " + std::to_string(pull.pages) + " pages from node " +

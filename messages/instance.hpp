@@ -71,7 +71,7 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
            x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
            x.accepted_tokens, x.overlapped_steps, x.device_idle_ms, x.spilled_pages, x.loaded_pages,
-           x.tier_load_ms, x.copied_pages, x.pulled_pages, x.store);
+           x.tier_load_ms, x.copied_pages, x.pulled_pages, x.pull_links, x.store);
 }
 
 // One sequence as its instance holds it (the dp_group's view for moves).

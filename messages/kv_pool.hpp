@@ -33,7 +33,12 @@ typename Inspector::result_type inspect(Inspector& f, kv_page& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tier_stats& x) {
   return f(caf::meta::type_name("tier_stats"), x.name, x.budget, x.bytes, x.pages, x.hits, x.misses,
-           x.bytes_in, x.bytes_out, x.evictions, x.dropped, x.hashes, x.check);
+           x.bytes_in, x.bytes_out, x.evictions, x.dropped, x.read_ms, x.hashes, x.check);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, kv_link_timing& x) {
+  return f(caf::meta::type_name("kv_link_timing"), x.store, x.pages, x.ms);
 }
 
 template <class Inspector>

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <queue>
 #include <stdexcept>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "runtime/service/service_monitor.hpp"
+#include "sim/sim_store.hpp"
 
 namespace troupe {
 
@@ -23,8 +25,15 @@ struct sim_seq {
   bool parked = false;   // prefill done, waiting for its KV transfer
   bool swapped = false;  // imported: its KV arrives on admission
   bool prefill_only = false;
+  bool fetching = false;  // its prompt's pages are on their way from a KV store
   seq_class cls = seq_class::online;
   double deadline = 0;
+  // Prefix caching: its tokens (prompt, then generated), and the pages a
+  // store gave at its arrival: `fetched` of them from page `fetch_from` on.
+  std::vector<int32_t> tokens;
+  int32_t fetch_from = 0;
+  int32_t fetched = 0;
+  bool first_admission = true;
 };
 
 struct sim_instance {
@@ -42,9 +51,13 @@ struct sim_instance {
   // Autoscaling: placed on only while active and ready.
   bool active = true;
   double ready_at = 0;  // serves from then (a started instance loads first)
+  // Prefix caching: the arena's pages (free_pages unused then), and its
+  // process's KV store.
+  std::unique_ptr<page_pool> arena;
+  std::unique_ptr<sim_store> store;
 };
 
-enum class ev : uint8_t { arrival, step_done, transfer_done, window };
+enum class ev : uint8_t { arrival, step_done, transfer_done, window, fetched };
 
 struct event {
   double t;
@@ -61,6 +74,8 @@ struct tracker {
   bool keep_itl = false;
   std::vector<double> times;
   double predicted_ttft_ms = 0;
+  double arrival = 0;   // when it arrived (a later turn: after its previous one)
+  int32_t cached = -1;  // prompt tokens not computed at its first admission; -1: no prefix caching
 };
 
 class simulation {
@@ -85,6 +100,14 @@ class simulation {
       in.id = uint64_t(i + 1);
       in.active = i < cfg.instances;
       in.free_pages = cfg.cost.kv_pages;
+      if (cfg.prefix_caching) {
+        in.arena = std::make_unique<page_pool>(cfg.cost.kv_pages, cfg.cost.page_size, k_salt);
+        if (cfg.kv_host_bytes > 0 || cfg.kv_disk_bytes > 0) {
+          in.store = std::make_unique<sim_store>(cfg.kv_host_bytes, cfg.kv_disk_bytes, page_bytes(),
+                                                 cfg.tier_policy);
+          in.arena->record_evictions(true);
+        }
+      }
       if (cfg.pd) {
         if (size_t(i) < cfg.roles.size())
           in.pool = pool_of(cfg.roles[size_t(i)]);
@@ -93,7 +116,19 @@ class simulation {
       }
       insts_.push_back(std::move(in));
     }
+    if (cfg.kv_pull && !(cfg.prefix_caching && cfg.kv_host_bytes + cfg.kv_disk_bytes > 0))
+      throw std::invalid_argument("sim: pulls need prefix caching and a KV store (a host budget)");
     track_.resize(reqs.size());
+    next_turn_.assign(reqs.size(), -1);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const long a = reqs[i].after;
+      if (a >= long(i)) throw std::invalid_argument("sim: a turn follows a later request");
+      if (!reqs[i].tokens.empty() && int64_t(reqs[i].tokens.size()) != reqs[i].prompt)
+        throw std::invalid_argument("sim: request " + std::to_string(i) + " has " +
+                                    std::to_string(reqs[i].tokens.size()) +
+                                    " token ids for a prompt of " + std::to_string(reqs[i].prompt));
+      if (a >= 0) next_turn_[size_t(a)] = long(i);
+    }
     int64_t tokens = 0;
     for (const auto& r : reqs) tokens += r.output;
     const int64_t every = std::max<int64_t>(1, tokens / 4'000'000);
@@ -104,7 +139,8 @@ class simulation {
 
   sim_result run() {
     const auto wall0 = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < reqs_.size(); ++i) push(reqs_[i].arrival, ev::arrival, 0, i, 0);
+    for (size_t i = 0; i < reqs_.size(); ++i)
+      if (reqs_[i].after < 0) push(reqs_[i].arrival, ev::arrival, 0, i, 0);
     if (!reqs_.empty()) push(cfg_.window_s, ev::window, 0, 0, 0);
     while (!q_.empty() && finished_ < reqs_.size()) {
       event e = q_.top();
@@ -121,6 +157,9 @@ class simulation {
         case ev::transfer_done:
           transfer_done(e.inst, uint32_t(e.b >> 40), e.a);
           break;
+        case ev::fetched:
+          fetched(insts_[e.inst], e.a);
+          break;
         case ev::window:
           window();
           if (finished_ < reqs_.size()) push(now_ + cfg_.window_s, ev::window, 0, 0, 0);
@@ -130,8 +169,11 @@ class simulation {
     for (size_t i = 0; i < reqs_.size(); ++i) {
       const auto& t = track_[i];
       bench::request_record r;
-      r.send_time = reqs_[i].arrival;
+      r.send_time = t.arrival;
       r.prompt_tokens = reqs_[i].prompt;
+      r.cached_tokens = t.cached;
+      r.turn = reqs_[i].turn;
+      r.index = i;
       r.output_tokens = t.tokens;
       r.success = t.tokens > 0;
       r.end_time = t.last;
@@ -154,6 +196,12 @@ class simulation {
       }
       res_.records.push_back(std::move(r));
     }
+    for (const auto& in : insts_) {
+      if (!res_.stats.kv_check.empty()) break;
+      if (in.arena) res_.stats.kv_check = in.arena->check_invariants();
+      if (res_.stats.kv_check.empty() && in.store)
+        res_.stats.kv_check = in.store->check_invariants();
+    }
     res_.stats.simulated_s = now_;
     res_.stats.ttft_mape = mon_.ttft_mape();
     res_.stats.wall_s =
@@ -162,8 +210,64 @@ class simulation {
   }
 
  private:
+  // One model, so one salt for every arena: a prompt's page hashes are
+  // the same in all of them.
+  static constexpr uint64_t k_salt = 0x5157;
+  // The pages a pull asks another store for at a time (the instance's
+  // k_pull_pages): what one page's link cost is spread over.
+  static constexpr int32_t k_pull_pages = 16;
+
   void push(double t, ev kind, uint32_t inst, uint64_t a, uint64_t b) {
     q_.push(event{t, next_order_++, kind, inst, a, b});
+  }
+
+  // The policies that weigh what an instance holds of the prompt.
+  static bool needs_hashes(placement_policy p) {
+    return p == placement_policy::prefix || p == placement_policy::slo;
+  }
+
+  // A page in a KV store tier: its KV and its tokens (kv_page::footprint).
+  uint64_t page_bytes() const {
+    return uint64_t(cfg_.cost.kv_bytes_per_page()) + uint64_t(cfg_.cost.page_size) * 4;
+  }
+
+  // Pages an allocation may take: free and reusable ones.
+  int32_t available(const sim_instance& in) const {
+    return in.arena ? in.arena->available() : in.free_pages;
+  }
+
+  // The sequence's pages go back to its arena (released to the prefix
+  // index with prefix caching).
+  void release(sim_instance& in, sim_seq& s) {
+    if (in.arena)
+      in.arena->free_sequence(s.id);
+    else
+      in.free_pages += s.pages;
+    s.pages = 0;
+  }
+
+  // What the arena evicted from its prefix index goes to its store.
+  void spill(sim_instance& in) {
+    if (!in.arena || !in.arena->has_evicted()) return;
+    auto pages = in.arena->take_evicted();
+    res_.stats.spilled_pages += pages.size();
+    if (in.store) in.store->put(pages);
+  }
+
+  // A generated token: any id, as long as one sequence always draws the
+  // same ones (its pages are indexed like a prompt's).
+  static int32_t generated_token(uint64_t id, int32_t pos) {
+    uint64_t x = id * 0x9e3779b97f4a7c15ull + uint64_t(pos);
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    return int32_t(256 + x % 31744);
+  }
+
+  // A conversation's next turn arrives its think time after this one ended.
+  void follow_up(size_t i) {
+    const long k = next_turn_[i];
+    if (k >= 0) push(now_ + reqs_[size_t(k)].think_s, ev::arrival, 0, uint64_t(k), 0);
   }
 
   int32_t pages_for(int64_t tokens) const {
@@ -176,7 +280,7 @@ class simulation {
     l.pool = in.pool;
     l.page_size = lim_.page_size;
     l.total_pages = cfg_.cost.kv_pages;
-    l.used_pages = cfg_.cost.kv_pages - in.free_pages;
+    l.used_pages = cfg_.cost.kv_pages - available(in);
     for (const auto& [id, s] : in.seqs) {
       const bool decoding = s.parked || (s.running && s.total - s.computed == 1);
       if (decoding) {
@@ -205,10 +309,23 @@ class simulation {
 
   void arrive(size_t i) {
     const auto& r = reqs_[i];
+    track_[i].arrival = now_;
+    // Its tokens, when prefix caching needs them: the dataset's, else its
+    // own (no other prompt shares them).
+    std::vector<int32_t> tokens;
+    if (cfg_.prefix_caching) {
+      if (!r.tokens.empty())
+        tokens.assign(r.tokens.begin(), r.tokens.end());
+      else
+        for (int32_t k = 0; k < r.prompt; ++k) tokens.push_back(generated_token(i + 1, -1 - k));
+    }
     uint64_t target = 0;
     bool prefill_only = false;
     double predicted = 0;
     if (!cfg_.pd) {
+      std::vector<uint64_t> hashes;
+      if (needs_hashes(cfg_.mixed_policy) && cfg_.prefix_caching)
+        hashes = insts_.front().arena->prompt_hashes(tokens);
       std::vector<instance_snapshot> snaps;
       snaps.reserve(insts_.size());
       for (const auto& in : insts_) {
@@ -219,12 +336,34 @@ class simulation {
           ++(q.running || q.parked ? s.running : s.waiting);
           if (q.total - q.computed > 1) s.queued_prefill_tokens += q.total - q.computed;
         }
-        s.free_pages = in.free_pages;
+        s.free_pages = available(in);
         s.total_pages = cfg_.cost.kv_pages;
+        // What the prefix and slo policies weigh: the prompt's pages the
+        // arena holds (its cached run) and its store's that continue it,
+        // each in its tier.  Only the prompt's own hashes: that is all the
+        // policies look up.
+        if (!hashes.empty() && in.arena) {
+          const auto dev = size_t(in.arena->cached_pages(tokens));
+          s.prefix_hashes.insert(hashes.begin(), hashes.begin() + std::ptrdiff_t(dev));
+          for (size_t k = dev; in.store && k < hashes.size(); ++k) {
+            if (in.store->in_host(hashes[k]))
+              s.tier_hashes.insert(hashes[k]);
+            else if (in.store->in_disk(hashes[k]))
+              s.disk_hashes.insert(hashes[k]);
+            else
+              break;
+          }
+          if (in.store) {
+            s.tier_load_ms_per_page = cfg_.cost.tier_load_ms(k_pull_pages, 0) / k_pull_pages;
+            s.disk_load_ms_per_page = cfg_.cost.tier_load_ms(0, k_pull_pages) / k_pull_pages;
+          }
+        }
         snaps.push_back(std::move(s));
       }
       placement_request pr;
       pr.prompt_tokens = r.prompt;
+      pr.page_size = lim_.page_size;
+      pr.page_hashes = std::move(hashes);
       auto p = place(cfg_.mixed_policy, pr, snaps, cursor_, model_, cfg_.targets.ttft_ms);
       target = p.instance;
       predicted = p.predicted_ttft_ms;
@@ -249,6 +388,7 @@ class simulation {
     if (int64_t(r.prompt) + r.output > int64_t(cfg_.cost.kv_pages) * lim_.page_size ||
         r.prompt <= 0 || r.output <= 0) {
       ++finished_;
+      follow_up(i);
       return;
     }
     track_[i].predicted_ttft_ms = model_.samples() > 0 ? predicted : 0;
@@ -257,11 +397,104 @@ class simulation {
     s.total = r.prompt;
     s.prefill_only = prefill_only;
     s.cls = r.offline ? seq_class::offline : seq_class::online;
-    if (!r.offline && cfg_.targets.ttft_ms > 0)
-      s.deadline = r.arrival * 1000 + cfg_.targets.ttft_ms;
+    s.tokens = std::move(tokens);
+    if (!r.offline && cfg_.targets.ttft_ms > 0) s.deadline = now_ * 1000 + cfg_.targets.ttft_ms;
     auto& in = insts_[index_of(target)];
-    in.seqs.emplace(s.id, s);
+    const double fetch_ms = fetch_prefix(in, s);
+    auto& placed = in.seqs.emplace(s.id, std::move(s)).first->second;
+    if (fetch_ms > 0) {
+      placed.fetching = true;
+      push(now_ + fetch_ms / 1000, ev::fetched, index_of(in.id), placed.id, 0);
+      return;
+    }
     try_step(in);
+  }
+
+  // The instance's enqueue_with_prefix: the prompt's pages past its
+  // arena's cached run, asked of its store (host, then disk) and then of
+  // the other store pick_kv_pull picks; they wait with the sequence until
+  // its admission.  Returns the fetch's time in ms (0: nothing fetched).
+  double fetch_prefix(sim_instance& in, sim_seq& s) {
+    if (!in.arena || !in.store || s.tokens.empty()) return 0;
+    const auto hashes = in.arena->prompt_hashes(s.tokens);
+    const int32_t have = in.arena->cached_pages(s.tokens);
+    const auto want_n = std::min<size_t>(hashes.size() - size_t(have), size_t(available(in)));
+    std::span<const uint64_t> want(hashes.data() + have, want_n);
+    const auto got = in.store->fetch(want);
+    double ms = cfg_.cost.tier_load_ms(got.host, got.disk);
+    res_.stats.host_hit_tokens += uint64_t(got.host) * lim_.page_size;
+    res_.stats.disk_hit_tokens += uint64_t(got.disk) * lim_.page_size;
+    int32_t n = got.pages();
+    if (cfg_.kv_pull && size_t(n) < want.size()) {
+      // The router's rule, with each link's cost from the cost model.
+      const auto rest = want.subspan(size_t(n));
+      std::vector<int32_t> runs;
+      std::vector<sim_instance*> from;
+      const double link_ms =
+          cfg_.cost.transfer_ms(int64_t(page_bytes()) * k_pull_pages) / k_pull_pages;
+      for (auto& o : insts_) {
+        if (&o == &in || !o.store) continue;
+        runs.push_back(o.store->run_length(rest));
+        from.push_back(&o);
+      }
+      const double p = double(s.total);
+      const double ps = lim_.page_size;
+      const double compute = model_.samples() == 0
+                                 ? -1
+                                 : model_.predict_ms(p) - model_.predict_ms(std::max(0.0, p - ps));
+      const auto pull = pick_kv_pull(runs, std::vector<double>(runs.size(), link_ms), compute);
+      if (pull.store >= 0) {
+        const auto pulled = from[size_t(pull.store)]->store->fetch(rest).pages();
+        ms += cfg_.cost.transfer_ms(int64_t(page_bytes()) * pulled);
+        res_.stats.pulled_tokens += uint64_t(pulled) * lim_.page_size;
+        n += pulled;
+      }
+    }
+    s.fetch_from = have;
+    s.fetched = n;
+    return n > 0 ? ms : 0;
+  }
+
+  void fetched(sim_instance& in, uint64_t id) {
+    auto it = in.seqs.find(id);
+    if (it == in.seqs.end()) return;
+    it->second.fetching = false;
+    try_step(in);
+  }
+
+  // A first or later admission: the arena's cached run mapped, then the
+  // pages its store gave that continue it loaded into fresh pages (engine
+  // admit and load_from_tier).
+  void admit_cached(sim_instance& in, sim_seq& s) {
+    auto m = in.arena->match_prefix(s.id, s.tokens);
+    s.computed = m.cached_tokens;
+    s.pages = int32_t(m.pages.size());
+    const int32_t ps = lim_.page_size;
+    const int32_t end = s.fetch_from + s.fetched;
+    int32_t n = s.pages >= s.fetch_from ? std::max(0, end - s.pages) : 0;
+    n = std::min(n, std::max(0, available(in) - 1));
+    s.fetched = 0;  // loaded or not, they are dropped (the engine's s.tier)
+    if (n > 0) {
+      const auto hashes = in.arena->prompt_hashes(s.tokens);
+      const auto fresh = in.arena->reserve(n);
+      spill(in);
+      for (int32_t k = 0; k < int32_t(fresh.size()); ++k) {
+        const int32_t d = s.pages + k;
+        const std::vector<int32_t> page(s.tokens.begin() + size_t(d) * ps,
+                                        s.tokens.begin() + size_t(d + 1) * ps);
+        in.arena->append_loaded(s.id, fresh[size_t(k)], hashes[size_t(d)],
+                                d == 0 ? 0 : hashes[size_t(d - 1)], d, page);
+      }
+      s.pages += int32_t(fresh.size());
+      s.computed += int32_t(fresh.size()) * ps;
+    }
+    if (s.first_admission) {
+      const size_t ri = size_t(s.id - 1);
+      track_[ri].cached = s.computed;
+      res_.stats.prompt_tokens += uint64_t(s.total);
+      res_.stats.device_hit_tokens += uint64_t(m.cached_tokens);
+      s.first_admission = false;
+    }
   }
 
   // The baselines' placement: least load or round robin over the instances
@@ -284,8 +517,12 @@ class simulation {
     return best->id;
   }
 
-  sched_seq describe(const sim_seq& s) const {
-    return {s.id, s.cls, s.id, s.computed, s.total, s.pages, s.swapped, {}, s.deadline};
+  // With prefix caching running sequences share pages: the plan needs
+  // their tables to count what preempting one frees.
+  sched_seq describe(const sim_instance& in, const sim_seq& s) const {
+    sched_seq d{s.id, s.cls, s.id, s.computed, s.total, s.pages, s.swapped, {}, s.deadline};
+    if (in.arena && s.running && in.arena->has_sequence(s.id)) d.table = in.arena->table(s.id);
+    return d;
   }
 
   // The instance actor's step() with the simulated pages and clock.
@@ -296,15 +533,14 @@ class simulation {
       std::vector<sched_seq> running, waiting;
       for (const auto& [id, s] : in.seqs) {
         if (s.running)
-          running.push_back(describe(s));
-        else if (!s.parked && !preempted_now.count(id))
-          waiting.push_back(describe(s));
+          running.push_back(describe(in, s));
+        else if (!s.parked && !s.fetching && !preempted_now.count(id))
+          waiting.push_back(describe(in, s));
       }
-      auto plan = plan_step(running, waiting, lim_, in.free_pages);
+      auto plan = plan_step(running, waiting, lim_, available(in));
       for (uint64_t v : plan.preempted) {
         auto& s = in.seqs.at(v);
-        in.free_pages += s.pages;
-        s.pages = 0;
+        release(in, s);
         s.computed = 0;
         s.running = false;
         preempted_now.insert(v);
@@ -316,8 +552,18 @@ class simulation {
           s.running = true;
           if (s.swapped) {
             s.pages = pages_for(s.computed);
-            in.free_pages -= s.pages;
+            if (in.arena) {
+              auto pages = in.arena->reserve(s.pages);
+              spill(in);
+              if (int32_t(pages.size()) != s.pages)
+                throw std::runtime_error("sim: an admitted import found no pages");
+              in.arena->attach({s.id, s.computed, std::move(pages)});
+            } else {
+              in.free_pages -= s.pages;
+            }
             s.swapped = false;
+          } else if (in.arena) {
+            admit_cached(in, s);
           }
         }
         continue;
@@ -331,12 +577,22 @@ class simulation {
       in.n_decode = plan.decode.size();
       int32_t rows = 0, decode_rows = 0;
       int64_t context = 0;
+      if (in.arena) {
+        std::vector<alloc_request> grow;
+        for (const auto& c : in.chunks) grow.push_back({c.id, c.start + c.n_tokens});
+        auto a = in.arena->allocate_step(grow);
+        if (!a.ok) throw std::runtime_error("sim: the arena lacked pages the step planner counted");
+        for (const auto& t : a.tables) in.seqs.at(t.seq).pages = int32_t(t.pages.size());
+        spill(in);
+      }
       for (size_t k = 0; k < in.chunks.size(); ++k) {
         const auto& c = in.chunks[k];
         auto& s = in.seqs.at(c.id);
-        const int32_t need = std::max(0, pages_for(c.start + c.n_tokens) - s.pages);
-        s.pages += need;
-        in.free_pages -= need;
+        if (!in.arena) {
+          const int32_t need = std::max(0, pages_for(c.start + c.n_tokens) - s.pages);
+          s.pages += need;
+          in.free_pages -= need;
+        }
         rows += c.n_tokens;
         if (k < in.n_decode) decode_rows += c.n_tokens;
         context += int64_t(c.n_tokens) * c.start + int64_t(c.n_tokens) * (c.n_tokens + 1) / 2;
@@ -355,7 +611,7 @@ class simulation {
     auto& t = track_[i];
     if (t.tokens == 0) {
       t.first = now_;
-      mon_.ttft(instance, t.predicted_ttft_ms, (now_ - reqs_[i].arrival) * 1000, now_);
+      mon_.ttft(instance, t.predicted_ttft_ms, (now_ - t.arrival) * 1000, now_);
     }
     t.last = now_;
     ++t.tokens;
@@ -374,16 +630,20 @@ class simulation {
       if (it == in.seqs.end() || !it->second.running) continue;
       auto& s = it->second;
       s.computed += c.n_tokens;
+      // Its computed full pages join the prefix index (the engine's commit).
+      if (in.arena) in.arena->commit_full_pages(s.id, s.tokens);
       if (!c.sample) continue;
       const size_t ri = size_t(s.id - 1);
+      if (in.arena) s.tokens.push_back(generated_token(s.id, s.total));
       ++s.total;
       record_token(ri, in.id);
       const auto& t = track_[ri];
       if (t.tokens >= reqs_[ri].output) {
-        in.free_pages += s.pages;
+        release(in, s);
         if (t.tokens > 1) mon_.tpot(in.id, (t.last - t.first) * 1000 / (t.tokens - 1), now_);
         in.seqs.erase(it);
         ++finished_;
+        follow_up(ri);
         continue;
       }
       if (s.prefill_only) {
@@ -426,10 +686,9 @@ class simulation {
     auto& src = insts_[src_i];
     auto it = src.seqs.find(id);
     if (it == src.seqs.end()) return;
-    sim_seq s = it->second;
-    src.free_pages += s.pages;
+    sim_seq s = std::move(it->second);
+    release(src, s);
     src.seqs.erase(it);
-    s.pages = 0;
     s.parked = false;
     s.prefill_only = false;
     s.running = false;
@@ -519,6 +778,7 @@ class simulation {
   flip_memory flips_;
   autoscale_memory scale_mem_;
   std::unordered_map<uint64_t, instance_window> windows_;
+  std::vector<long> next_turn_;  // a conversation's next turn, by request (-1: none)
   size_t rr_prefill_ = 0, rr_decode_ = 0;
   sim_result res_;
 };

@@ -5,16 +5,22 @@
 // (runtime/engine/scheduler plan_step for every step, runtime/service/placement and
 // runtime/service/pd_policy for placement and role switching, runtime/service/service_monitor
 // for the windows) with step and transfer times from a cost model fitted on
-// the real engine (sim/cost_model).  What it leaves out, on purpose: the
-// prefix cache (every prompt is computed), swap (preemption recomputes), the
-// router's polling delay (it sees each instance's state exactly) and message
-// latency other than the KV transfer.
+// the real engine (sim/cost_model).  Prefix caching runs on a real
+// page_pool per instance (runtime/engine/page_pool: prefix hits, LRU reuse
+// of released pages) when the requests carry token ids, and the KV store's
+// tiers (issue 39) on the kv_pool's own bookkeeping (sim/sim_store over
+// runtime/kvstore/tier_index).  What it leaves out, on purpose: swap
+// (preemption recomputes), the router's polling delay (it sees each
+// instance's state exactly) and message latency other than KV transfers
+// and tier loads.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "bench/bench_metrics.hpp"
 #include "runtime/engine/scheduler.hpp"
+#include "runtime/kvstore/tier_policy.hpp"
 #include "runtime/service/autoscale.hpp"
 #include "runtime/service/pd_policy.hpp"
 #include "runtime/service/placement.hpp"
@@ -27,6 +33,15 @@ struct sim_request {
   int32_t prompt = 0;
   int32_t output = 0;
   bool offline = false;
+  // The prompt's token ids, for prefix caching (empty: its own tokens,
+  // shared with no other prompt).  Points into the caller's dataset, which
+  // outlives simulate().  When given, its length is the prompt's.
+  std::span<const int32_t> tokens;
+  // Multi-turn conversations: request `after` (an earlier index) ended
+  // `think_s` before this one arrives (-1: it arrives at `arrival`).
+  long after = -1;
+  double think_s = 0;
+  int turn = 0;
 };
 
 // How requests are placed.
@@ -55,6 +70,16 @@ struct sim_config {
   bool autoscale = false;
   autoscale_config scale;
   double start_s = 2;
+  // Prefix caching in each instance's arena, and each instance's process's
+  // KV store (issue 39): a host tier of kv_host_bytes (0: no store) and a
+  // disk tier of kv_disk_bytes below it; with kv_pull, a prompt's pages may
+  // come from another instance's store (pick_kv_pull), at the cost model's
+  // transfer rate.
+  bool prefix_caching = true;
+  uint64_t kv_host_bytes = 0;
+  uint64_t kv_disk_bytes = 0;
+  tier_eviction tier_policy = tier_eviction::lru;
+  bool kv_pull = false;
 };
 
 struct sim_stats {
@@ -75,6 +100,14 @@ struct sim_stats {
   int32_t peak_instances = 0;
   uint64_t scale_ups = 0, scale_downs = 0;
   std::vector<std::string> scale_log;  // "t=60.0s: load 0.91 of capacity: 4 -> 6 instances"
+  // Prefix caching and the KV store: prompt tokens at first admission, and
+  // where those not computed came from (the arena, the host and disk tiers,
+  // another instance's store); pages arenas offered to their store; the
+  // first page-accounting violation found at the end (empty: none).
+  uint64_t prompt_tokens = 0;
+  uint64_t device_hit_tokens = 0, host_hit_tokens = 0, disk_hit_tokens = 0, pulled_tokens = 0;
+  uint64_t spilled_pages = 0;
+  std::string kv_check;
 };
 
 struct sim_result {

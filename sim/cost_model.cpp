@@ -12,6 +12,13 @@ double cost_model::step_ms(int32_t rows, int32_t decode_rows, int64_t context) c
          c_context * double(context);
 }
 
+double cost_model::tier_load_ms(int32_t host_pages, int32_t disk_pages) const {
+  if (host_pages + disk_pages <= 0) return 0;
+  const double page = double(kv_bytes_per_page());
+  return tier_fixed_ms + page * host_pages / (host_load_mb_per_s * 1e3) +
+         page * disk_pages / (disk_load_mb_per_s * 1e3);
+}
+
 double cost_model::transfer_ms(int64_t bytes) const {
   return transfer_fixed_ms + double(bytes) / (transfer_mb_per_s * 1e3);
 }
@@ -125,6 +132,10 @@ nlohmann::json cost_model::to_json() const {
       {"step_ms",
        {{"c0", c0}, {"c_prefill", c_prefill}, {"c_decode", c_decode}, {"c_context", c_context}}},
       {"transfer", {{"fixed_ms", transfer_fixed_ms}, {"mb_per_s", transfer_mb_per_s}}},
+      {"tiers",
+       {{"fixed_ms", tier_fixed_ms},
+        {"host_mb_per_s", host_load_mb_per_s},
+        {"disk_mb_per_s", disk_load_mb_per_s}}},
       {"kv_bytes_per_token", kv_bytes_per_token},
       {"kv_pages", kv_pages},
       {"page_size", page_size},
@@ -151,13 +162,20 @@ cost_model cost_model::from_json(const nlohmann::json& j) {
   m.kv_bytes_per_token = int64_t(num(j, "kv_bytes_per_token"));
   m.kv_pages = int32_t(num(j, "kv_pages"));
   m.page_size = int32_t(num(j, "page_size"));
+  if (j.contains("tiers") && j["tiers"].is_object()) {
+    m.tier_fixed_ms = j["tiers"].value("fixed_ms", m.tier_fixed_ms);
+    m.host_load_mb_per_s = j["tiers"].value("host_mb_per_s", m.host_load_mb_per_s);
+    m.disk_load_mb_per_s = j["tiers"].value("disk_mb_per_s", m.disk_load_mb_per_s);
+  }
   if (j.contains("fit")) {
     m.fit_mape = j["fit"].value("mape", 0.0);
     m.fit_r2 = j["fit"].value("r2", 0.0);
     m.samples = j["fit"].value("samples", size_t{0});
   }
-  if (m.transfer_mb_per_s <= 0 || m.kv_pages <= 0 || m.page_size <= 0)
-    throw std::runtime_error("cost model: transfer mb_per_s, kv_pages and page_size must be > 0");
+  if (m.transfer_mb_per_s <= 0 || m.kv_pages <= 0 || m.page_size <= 0 ||
+      !(m.host_load_mb_per_s > 0) || !(m.disk_load_mb_per_s > 0) || !(m.tier_fixed_ms >= 0))
+    throw std::runtime_error(
+        "cost model: transfer and tier mb_per_s, kv_pages and page_size must be > 0");
   return m;
 }
 

@@ -31,6 +31,13 @@ struct cost_model {
   double transfer_fixed_ms = 1;
   double transfer_mb_per_s = 100;
   int64_t kv_bytes_per_token = 0;
+  // KV store tiers (issue 39): a page loaded from the host or disk tier
+  // into the arena, ms = fixed + bytes / rate, per fetch.  Not calibrated:
+  // the defaults are this machine's (docs/bench_kv_store.md); a cost model
+  // file may set them ("tiers").
+  double tier_fixed_ms = 0.2;
+  double host_load_mb_per_s = 2000;
+  double disk_load_mb_per_s = 500;
   int32_t kv_pages = 0;  // the instance's arena, pages
   int32_t page_size = 16;
   // Fit quality on the samples: mean absolute percentage error, R^2, count.
@@ -39,6 +46,9 @@ struct cost_model {
 
   double step_ms(int32_t rows, int32_t decode_rows, int64_t context) const;
   double transfer_ms(int64_t bytes) const;
+  int64_t kv_bytes_per_page() const { return kv_bytes_per_token * page_size; }
+  // Loading host_pages and disk_pages pages of a prompt from a KV store.
+  double tier_load_ms(int32_t host_pages, int32_t disk_pages) const;
 
   static cost_model fit(const std::vector<step_sample>& samples);
   // Takes the step coefficients and fit figures of `fitted`, keeping the rest.

@@ -179,7 +179,8 @@ struct instance_stats {
   double tier_load_ms = 0;    // fetching them from the store (summed)
   uint64_t copied_pages = 0;  // full pages of running sequences copied to another node's store
   uint64_t pulled_pages = 0;  // prompt pages fetched from other processes' stores
-  kv_store_stats store;       // the process's KV store, as its kv_pool answered (none: no tiers)
+  std::vector<kv_link_timing> pull_links;  // per store pulled from
+  kv_store_stats store;  // the process's KV store, as its kv_pool answered (none: no tiers)
 };
 
 // How an engine replica runs (the instance actor's options).

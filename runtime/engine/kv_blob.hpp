@@ -67,6 +67,7 @@ struct tier_stats {
   uint64_t bytes_out = 0;  // bytes served
   uint64_t evictions = 0;  // pages that left for room
   uint64_t dropped = 0;    // pages refused or found damaged
+  double read_ms = 0;      // time its lookups that found pages took (the disk's reads)
   // The chained prefix hashes it holds, of every space: the router's
   // global prefix index weighs a prompt's pages found here.
   std::vector<uint64_t> hashes;
@@ -84,6 +85,19 @@ struct kv_store_stats {
   uint64_t swap_bytes = 0;        // their bytes (at most half the host budget)
   uint64_t swaps_kept = 0;        // swapped-out KV it took, since it started
   std::string check;              // the tiers' invariants: empty when they hold
+};
+
+// One link pages were pulled over: another process's store (named by its
+// actor address), the pages it gave and the time its answers took, a failed
+// pull counting its time and no page.  The router's per-link pull cost
+// (runtime/service/placement pick_kv_pull).
+struct kv_link_timing {
+  std::string store;
+  uint64_t pages = 0;
+  double ms = 0;
+  // < 0 before anything was measured; a link that failed every time costs
+  // its time per page.
+  double ms_per_page() const { return pages > 0 ? ms / double(pages) : ms > 0 ? ms : -1; }
 };
 
 // A blob that cannot be read, or does not fit where it is going; what()

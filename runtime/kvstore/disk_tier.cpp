@@ -11,6 +11,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "runtime/common/elapsed.hpp"
 #include "runtime/kvstore/page_file.hpp"
 
 namespace troupe {
@@ -36,9 +37,7 @@ bool parse_name(const std::string& name, kv_page_key& k, int32_t& depth) {
 }  // namespace
 
 disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
-    : dir_(std::move(dir)), budget_(budget_bytes), policy_(policy) {
-  st_.name = "disk";
-  st_.budget = budget_bytes;
+    : dir_(std::move(dir)), index_("disk", budget_bytes, policy) {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (!fs::is_directory(dir_))
@@ -78,17 +77,13 @@ disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
   std::sort(files.begin(), files.end(),
             [](const found& a, const found& b) { return a.mtime < b.mtime; });
   for (const auto& f : files) {
-    if (entries_.count(f.key)) {  // the same page at another depth: keep the newer
-      drop(f.key);
-    }
-    entries_[f.key] = {f.bytes, ++tick_, 0, f.depth};
-    st_.bytes += f.bytes;
-    ++st_.pages;
+    drop(f.key);  // the same page at another depth: keep the newer
+    index_.insert(f.key, f.bytes, f.depth, index_.tick());
   }
-  evict_for(0);
-  if (st_.pages > 0)
-    spdlog::info("KV disk tier: {} pages ({} MiB) found in {}", st_.pages, st_.bytes >> 20,
-                 dir_.string());
+  for (const auto& v : index_.evict_for(0)) remove_file(v.key, v.depth);
+  if (index_.size() > 0)
+    spdlog::info("KV disk tier: {} pages ({} MiB) found in {}", index_.size(),
+                 index_.counters().bytes >> 20, dir_.string());
 }
 
 disk_tier::~disk_tier() {
@@ -103,43 +98,29 @@ fs::path disk_tier::file_of(const kv_page_key& k, int32_t depth) const {
 }
 
 void disk_tier::drop(const kv_page_key& k) {
-  auto it = entries_.find(k);
-  if (it == entries_.end()) return;
-  std::error_code ec;
-  fs::remove(file_of(k, it->second.depth), ec);
-  st_.bytes -= it->second.bytes;
-  --st_.pages;
-  entries_.erase(it);
+  const int32_t depth = index_.depth_of(k);
+  if (depth < 0) return;
+  index_.erase(k);
+  remove_file(k, depth);
 }
 
-void disk_tier::evict_for(uint64_t incoming) {
-  if (st_.bytes + incoming <= budget_) return;
-  std::vector<tier_entry_use> uses;
-  std::vector<kv_page_key> keys;
-  for (const auto& [k, e] : entries_) {
-    uses.push_back({e.bytes, e.last_use, e.hits, e.depth});
-    keys.push_back(k);
-  }
-  for (size_t i : pick_victims(uses, st_.bytes + incoming - budget_, policy_)) {
-    drop(keys[i]);
-    ++st_.evictions;
-  }
+void disk_tier::remove_file(const kv_page_key& k, int32_t depth) {
+  std::error_code ec;
+  fs::remove(file_of(k, depth), ec);
 }
 
 void disk_tier::put(const std::vector<kv_page>& pages) {
-  const uint64_t now = ++tick_;  // one use per call, as in the host tier
+  const uint64_t now = index_.tick();  // one use per call, as in the host tier
+  auto& st = index_.counters();
   for (const auto& p : pages) {
     const kv_page_key k{p.space, p.hash};
-    if (auto it = entries_.find(k); it != entries_.end()) {
-      it->second.last_use = now;
-      continue;
-    }
+    if (index_.touch(k, now)) continue;
     const auto bytes = encode_page_file(p);
-    if (bytes.size() > budget_) {
-      ++st_.dropped;
+    if (bytes.size() > index_.budget()) {
+      ++st.dropped;
       continue;
     }
-    evict_for(bytes.size());
+    for (const auto& v : index_.evict_for(bytes.size())) remove_file(v.key, v.depth);
     const fs::path file = file_of(k, p.depth);
     fs::path tmp = file;
     tmp += ".tmp";
@@ -149,7 +130,7 @@ void disk_tier::put(const std::vector<kv_page>& pages) {
       if (!out.flush()) {
         std::error_code ec;
         fs::remove(tmp, ec);
-        ++st_.dropped;
+        ++st.dropped;
         spdlog::warn("KV disk tier: writing {} failed", tmp.string());
         continue;
       }
@@ -158,31 +139,31 @@ void disk_tier::put(const std::vector<kv_page>& pages) {
     fs::rename(tmp, file, ec);
     if (ec) {
       fs::remove(tmp, ec);
-      ++st_.dropped;
+      ++st.dropped;
       continue;
     }
-    entries_[k] = {bytes.size(), now, 0, p.depth};
-    st_.bytes += bytes.size();
-    st_.bytes_in += p.bytes.size();
-    ++st_.pages;
+    index_.insert(k, bytes.size(), p.depth, now);
+    st.bytes_in += p.bytes.size();
   }
 }
 
 std::vector<kv_page> disk_tier::read_run(uint64_t space, std::span<const uint64_t> hashes) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<kv_page> out;
-  const uint64_t now = ++tick_;
+  const uint64_t now = index_.tick();
+  auto& st = index_.counters();
   for (uint64_t h : hashes) {
     const kv_page_key k{space, h};
-    auto it = entries_.find(k);
-    if (it == entries_.end()) {
-      ++st_.misses;
+    const int32_t depth = index_.depth_of(k);
+    if (depth < 0) {
+      ++st.misses;
       break;
     }
-    const fs::path file = file_of(k, it->second.depth);
+    const fs::path file = file_of(k, depth);
     std::vector<uint8_t> bytes;
     std::error_code size_ec;
     // A file whose size changed since it was indexed is not read at all.
-    if (fs::file_size(file, size_ec) == it->second.bytes && !size_ec) {
+    if (fs::file_size(file, size_ec) == index_.bytes_of(k) && !size_ec) {
       std::ifstream in(file, std::ios::binary);
       if (in) bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
@@ -190,7 +171,7 @@ std::vector<kv_page> disk_tier::read_run(uint64_t space, std::span<const uint64_
     std::string why;
     try {
       p = decode_page_file(bytes);
-      if (p.space != space || p.hash != h || p.depth != it->second.depth)
+      if (p.space != space || p.hash != h || p.depth != depth)
         why = "its header names another page";
     } catch (const std::exception& e) {
       why = e.what();
@@ -198,53 +179,32 @@ std::vector<kv_page> disk_tier::read_run(uint64_t space, std::span<const uint64_
     if (!why.empty()) {
       spdlog::warn("KV disk tier: dropping {}: {}", file.string(), why);
       drop(k);
-      ++st_.dropped;
-      ++st_.misses;
+      ++st.dropped;
+      ++st.misses;
       break;
     }
-    it->second.last_use = now;
-    ++it->second.hits;
-    ++st_.hits;
-    st_.bytes_out += p.bytes.size();
+    index_.hit(k, now);
+    st.bytes_out += p.bytes.size();
     out.push_back(std::move(p));
   }
+  if (!out.empty()) st.read_ms += ms_since(t0);
   return out;
 }
 
 size_t disk_tier::run_length(uint64_t space, std::span<const uint64_t> hashes) const {
-  size_t n = 0;
-  while (n < hashes.size() && entries_.count({space, hashes[n]})) ++n;
-  return n;
+  return index_.run_length(space, hashes);
 }
 
 std::vector<uint64_t> disk_tier::hashes(uint64_t space) const {
-  std::vector<uint64_t> out;
-  for (const auto& [k, e] : entries_)
-    if (k.space == space) out.push_back(k.hash);
-  return out;
+  return index_.hashes(space);
 }
 
 tier_stats disk_tier::stats() const {
-  tier_stats out = st_;
-  out.hashes.reserve(entries_.size());
-  for (const auto& [k, e] : entries_) out.hashes.push_back(k.hash);
-  out.check = check_invariants();
-  return out;
+  return index_.stats();
 }
 
 std::string disk_tier::check_invariants() const {
-  uint64_t bytes = 0;
-  for (const auto& [k, e] : entries_) bytes += e.bytes;
-  if (bytes != st_.bytes)
-    return "disk tier: " + std::to_string(bytes) + " bytes held, counted " +
-           std::to_string(st_.bytes);
-  if (int64_t(entries_.size()) != st_.pages)
-    return "disk tier: " + std::to_string(entries_.size()) + " pages held, counted " +
-           std::to_string(st_.pages);
-  if (bytes > budget_)
-    return "disk tier: " + std::to_string(bytes) + " bytes over its budget of " +
-           std::to_string(budget_);
-  return {};
+  return index_.check_invariants();
 }
 
 }  // namespace troupe

@@ -12,11 +12,10 @@
 #include <filesystem>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "runtime/kvstore/kv_page.hpp"
-#include "runtime/kvstore/tier_policy.hpp"
+#include "runtime/kvstore/tier_index.hpp"
 
 namespace troupe {
 
@@ -45,23 +44,13 @@ class disk_tier {
   std::string check_invariants() const;
 
  private:
-  struct entry {
-    uint64_t bytes = 0;  // the file's size
-    uint64_t last_use = 0;
-    uint64_t hits = 0;
-    int32_t depth = 0;
-  };
   std::filesystem::path file_of(const kv_page_key& k, int32_t depth) const;
   void drop(const kv_page_key& k);
-  void evict_for(uint64_t incoming);
+  void remove_file(const kv_page_key& k, int32_t depth);
 
   std::filesystem::path dir_;
   int lock_fd_ = -1;
-  uint64_t budget_;
-  tier_eviction policy_;
-  uint64_t tick_ = 0;
-  std::unordered_map<kv_page_key, entry, kv_page_key_hash> entries_;
-  tier_stats st_;
+  tier_index index_;  // bytes: the files' sizes
 };
 
 }  // namespace troupe

@@ -1,6 +1,6 @@
 #pragma once
 // The KV store's host-memory tier: pages in a byte budget, evicted by the
-// tier policy (runtime/kvstore/tier_policy).  Pure bookkeeping, no actors:
+// tier policy (its bookkeeping: runtime/kvstore/tier_index).  No actors:
 // the kv_pool actor (actors/kv_pool) owns one and sends what it evicts to
 // the disk tier.
 #include <span>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "runtime/kvstore/kv_page.hpp"
-#include "runtime/kvstore/tier_policy.hpp"
+#include "runtime/kvstore/tier_index.hpp"
 
 namespace troupe {
 
@@ -33,24 +33,13 @@ class memory_tier {
   std::vector<uint64_t> hashes(uint64_t space) const;
 
   tier_stats stats() const;
-  // Empty when the byte and page counts match the entries and the budget
-  // holds, else the first violation.
+  // Empty when the index's invariants hold and every indexed page has its
+  // data, else the first violation.
   std::string check_invariants() const;
 
  private:
-  struct entry {
-    kv_page page;
-    uint64_t last_use = 0;
-    uint64_t hits = 0;
-  };
-  void evict_for(uint64_t incoming);
-
-  uint64_t budget_;
-  tier_eviction policy_;
-  uint64_t tick_ = 0;
-  std::unordered_map<kv_page_key, entry, kv_page_key_hash> entries_;
-  std::vector<kv_page> evicted_;  // put()'s answer, filled while it runs
-  tier_stats st_;
+  tier_index index_;
+  std::unordered_map<kv_page_key, kv_page, kv_page_key_hash> pages_;
 };
 
 }  // namespace troupe

@@ -98,11 +98,40 @@ int32_t prefix_run(const instance_snapshot& s, const std::vector<uint64_t>& hash
   return n;
 }
 
-// Pages after the first `from` that `s`'s KV store holds, continuing the run.
-int32_t tier_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes, int32_t from) {
-  int32_t n = 0;
-  for (size_t i = size_t(from); i < hashes.size() && s.tier_hashes.count(hashes[i]); ++i) ++n;
-  return n;
+// What a page from the host and from the disk tier is worth against one in
+// the arena (tier_weight); an unmeasured disk page is worth no more than a
+// host page, nor more than half.
+struct tier_weights {
+  double host = 0.5, disk = 0.5;
+};
+tier_weights weights_of(const instance_snapshot& s, double compute_ms_per_page) {
+  tier_weights w;
+  w.host = tier_weight(s.tier_load_ms_per_page, compute_ms_per_page);
+  w.disk = s.disk_load_ms_per_page >= 0 ? tier_weight(s.disk_load_ms_per_page, compute_ms_per_page)
+                                        : std::min(0.5, w.host);
+  return w;
+}
+
+// The prefill time one page of this prompt saves: the model's marginal
+// cost at its length (-1 before any sample).
+double compute_ms_per_page(const placement_request& req, const prefill_model& model) {
+  if (model.samples() == 0) return -1;
+  const double ps = std::max(1, req.page_size);
+  return model.predict_ms(req.prompt_tokens) -
+         model.predict_ms(std::max(0.0, req.prompt_tokens - ps));
+}
+
+// The slo policy's prediction for `s`: its queued prefill work, then this
+// prompt's rows past the pages it holds, plus loading its store's pages
+// (at their measured cost; unmeasured: free).
+double predicted_ms(const instance_snapshot& s, const placement_request& req,
+                    const prefill_model& model) {
+  const auto held = held_by(s, req.page_hashes);
+  const double rows =
+      std::max(1.0, double(req.prompt_tokens) - double(held.total()) * std::max(1, req.page_size));
+  return model.predict_ms(double(s.queued_prefill_tokens)) + model.predict_ms(rows) +
+         held.host * std::max(0.0, s.tier_load_ms_per_page) +
+         held.disk * std::max(0.0, s.disk_load_ms_per_page);
 }
 
 const instance_snapshot* least_loaded(const std::vector<const instance_snapshot*>& c) {
@@ -171,26 +200,47 @@ utilisation utilisation_of(const instance_snapshot& s, const prefill_model& mode
   return u;
 }
 
-int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
-  const int32_t dev = prefix_run(s, hashes);
-  return dev + tier_run(s, hashes, dev);
+held_pages held_by(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
+  held_pages out;
+  out.device = prefix_run(s, hashes);
+  for (size_t i = size_t(out.device); i < hashes.size(); ++i) {
+    if (s.tier_hashes.count(hashes[i]))
+      ++out.host;
+    else if (s.disk_hashes.count(hashes[i]))
+      ++out.disk;
+    else
+      break;
+  }
+  return out;
 }
 
-kv_pull pick_kv_pull(const std::vector<uint64_t>& hashes, int32_t have,
-                     const std::vector<const std::unordered_set<uint64_t>*>& stores,
-                     double pull_ms_per_page, double compute_ms_per_page) {
+int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes) {
+  return held_by(s, hashes).total();
+}
+
+int32_t run_after(const std::unordered_set<uint64_t>& store, const std::vector<uint64_t>& hashes,
+                  int32_t have) {
+  int32_t run = 0;
+  while (size_t(have + run) < hashes.size() && store.count(hashes[size_t(have + run)])) ++run;
+  return run;
+}
+
+kv_pull pick_kv_pull(const std::vector<int32_t>& runs, const std::vector<double>& pull_ms_per_page,
+                     double compute_ms_per_page) {
   kv_pull out;
-  for (size_t k = 0; k < stores.size(); ++k) {
-    // The instance asks it for the pages after the ones it holds; a store
-    // answers with the leading run of those.
-    int32_t run = 0;
-    while (size_t(have + run) < hashes.size() && stores[k]->count(hashes[size_t(have + run)]))
-      ++run;
-    if (run > out.pages) out = {int(k), run};
+  double best = 0;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    if (runs[k] <= 0) continue;
+    const double pull = k < pull_ms_per_page.size() ? pull_ms_per_page[k] : -1;
+    double saved_per_page = 1;  // compute time unknown: runs compare by length
+    if (compute_ms_per_page > 0)
+      saved_per_page = pull >= 0 ? compute_ms_per_page - pull : compute_ms_per_page / 2;
+    const double saved = runs[k] * saved_per_page;
+    if (saved > best) {
+      best = saved;
+      out = {int(k), runs[k]};
+    }
   }
-  const bool worth =
-      pull_ms_per_page <= 0 || compute_ms_per_page <= 0 || pull_ms_per_page < compute_ms_per_page;
-  if (!worth) return {};
   return out;
 }
 
@@ -220,29 +270,27 @@ placement place(placement_policy policy, const placement_request& req,
       return pick(s, load_text(*s));
     }
     case placement_policy::prefix: {
-      // The prefill time one of this prompt's pages saves (the model's
-      // marginal cost at its length).
-      const double ps = std::max(1, req.page_size);
-      const double compute = model.samples() == 0
-                                 ? -1
-                                 : model.predict_ms(req.prompt_tokens) -
-                                       model.predict_ms(std::max(0.0, req.prompt_tokens - ps));
+      const double compute = compute_ms_per_page(req, model);
       double best_score = 0;
       std::vector<const instance_snapshot*> best;
-      std::unordered_map<const instance_snapshot*, std::pair<int32_t, int32_t>> runs;
+      std::unordered_map<const instance_snapshot*, held_pages> runs;
       for (const auto* s : up) {
-        const int32_t dev = prefix_run(*s, req.page_hashes);
-        const int32_t tier = tier_run(*s, req.page_hashes, dev);
-        runs[s] = {dev, tier};
-        const double score = dev + tier_weight(s->tier_load_ms_per_page, compute) * tier;
+        const auto held = held_by(*s, req.page_hashes);
+        runs[s] = held;
+        const auto w = weights_of(*s, compute);
+        const double score = held.device + w.host * held.host + w.disk * held.disk;
         if (score > best_score + 1e-9) best.clear(), best_score = score;
         if (std::abs(score - best_score) <= 1e-9) best.push_back(s);
       }
       const auto* s = least_loaded(best);
-      const auto [dev, tier] = runs[s];
-      out.prefix_pages = dev;
-      std::string why = dev > 0 ? std::to_string(dev) + " cached prefix pages" : "";
-      if (tier > 0) why += (why.empty() ? "" : " + ") + std::to_string(tier) + " in its KV store";
+      const auto held = runs[s];
+      out.prefix_pages = held.device;
+      std::string why = held.device > 0 ? std::to_string(held.device) + " cached prefix pages" : "";
+      const int32_t tier = held.host + held.disk;
+      if (tier > 0) {
+        why += (why.empty() ? "" : " + ") + std::to_string(tier) + " in its KV store";
+        if (held.disk > 0) why += " (" + std::to_string(held.disk) + " on disk)";
+      }
       return pick(s, (why.empty() ? "no cached prefix anywhere" : why) + ", " + load_text(*s));
     }
     case placement_policy::slo: {
@@ -250,14 +298,13 @@ placement place(placement_policy policy, const placement_request& req,
       const instance_snapshot* fastest = nullptr;
       double fastest_ms = std::numeric_limits<double>::infinity();
       for (const auto* s : up) {
-        const double t = model.predict_ms(double(s->queued_prefill_tokens)) +
-                         model.predict_ms(double(req.prompt_tokens));
+        const double t = predicted_ms(*s, req, model);
         if (t <= ttft_target_ms) meet.push_back(s);
         if (t < fastest_ms) fastest_ms = t, fastest = s;
       }
       const auto* s = meet.empty() ? fastest : least_loaded(meet);
-      out.predicted_ttft_ms = model.predict_ms(double(s->queued_prefill_tokens)) +
-                              model.predict_ms(double(req.prompt_tokens));
+      out.predicted_ttft_ms = predicted_ms(*s, req, model);
+      out.prefix_pages = held_by(*s, req.page_hashes).device;
       char t_ms[32];
       std::snprintf(t_ms, sizeof t_ms, "%.1f", out.predicted_ttft_ms);
       const std::string t = "predicted TTFT " + std::string(t_ms) + " ms (target " +

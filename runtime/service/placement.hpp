@@ -8,11 +8,14 @@
 //   least-load   vLLM's score 4 x waiting + running, lowest first
 //   prefix       the longest run of the prompt's full-page hashes an
 //                instance holds in its prefix cache, continued by the pages
-//                its process's KV store holds (host and disk tiers), those
-//                weighed by what loading a page costs against computing it
-//                (tier_weight, from measured times); ties by load
+//                its process's KV store holds (host, then disk tier), each
+//                weighed by what loading a page from its tier costs against
+//                computing it (tier_weight, from measured times), so a hit
+//                counts most in the arena, then the host, then the disk;
+//                ties by load
 //   slo          predicted TTFT = the instance's queued prefill work plus
-//                this prompt's, from a prefill-time model fitted online;
+//                this prompt's past what it holds (held_pages), plus loading
+//                its store's pages, from a prefill-time model fitted online;
 //                the least-loaded instance predicted to meet the target,
 //                else the one with the lowest prediction
 //   load-aware   BanaServe's load-aware dispatch (Algorithm 4-2): the
@@ -40,10 +43,14 @@ struct instance_snapshot {
   int32_t free_pages = 0;
   int32_t total_pages = 0;
   std::unordered_set<uint64_t> prefix_hashes;  // chained hashes of its cached full pages
-  // Its process's KV store: the hashes its tiers hold, and what loading a
-  // page from them took on average (ms; < 0: not measured yet).
+  // Its process's KV store: the hashes its host tier holds, and what
+  // loading a page from the store took on average (ms; < 0: not measured
+  // yet); the hashes its disk tier holds, and what a page costs from there
+  // (the load plus the disk's read, ms; < 0: not measured yet).
   std::unordered_set<uint64_t> tier_hashes;
   double tier_load_ms_per_page = -1;
+  std::unordered_set<uint64_t> disk_hashes;
+  double disk_load_ms_per_page = -1;
 };
 
 enum class placement_policy { round_robin, least_load, prefix, slo, load_aware };
@@ -96,21 +103,34 @@ placement place(placement_policy policy, const placement_request& req,
                 const prefill_model& model, double ttft_target_ms);
 
 // The leading pages of `hashes` an instance can map without computing:
-// its arena's cached run, continued by its KV store's pages.
+// its arena's cached run, continued by its KV store's pages, each counted
+// where it is (a page in both tiers: the host).
+struct held_pages {
+  int32_t device = 0, host = 0, disk = 0;
+  int32_t total() const { return device + host + disk; }
+};
+held_pages held_by(const instance_snapshot& s, const std::vector<uint64_t>& hashes);
 int32_t held_run(const instance_snapshot& s, const std::vector<uint64_t>& hashes);
 
 // Pulling a prompt's pages from another node's KV store (issue 39): the
-// chosen instance holds the first `have` pages (held_run); `stores` are
-// the other nodes' stores' hash sets.  The store holding the longest run
-// of the pages after those is worth pulling from when a page costs less
-// to pull than to compute (unmeasured pull or compute: pull).
+// chosen instance holds the first pages of the prompt (held_run);
+// `runs[k]` is how many of the pages after those store k holds
+// (run_after), and `pull_ms_per_page[k]` what a page from it took to
+// arrive over that link, measured by the instance (< 0: not measured yet).
+// The store pulled from is the one that saves the most prefill time: a run
+// of r pages from a measured link saves r (compute - pull), and a link
+// slower than computing saves nothing; an unmeasured link is counted at
+// half the compute time (tier_weight's 0.5), so it gets tried and
+// measured.  Before the compute time is known, the longest run.
 struct kv_pull {
-  int store = -1;     // index into stores; -1: pull nothing
-  int32_t pages = 0;  // its run past `have`
+  int store = -1;     // index into runs; -1: pull nothing
+  int32_t pages = 0;  // its run
 };
-kv_pull pick_kv_pull(const std::vector<uint64_t>& hashes, int32_t have,
-                     const std::vector<const std::unordered_set<uint64_t>*>& stores,
-                     double pull_ms_per_page, double compute_ms_per_page);
+kv_pull pick_kv_pull(const std::vector<int32_t>& runs, const std::vector<double>& pull_ms_per_page,
+                     double compute_ms_per_page);
+// The run of `hashes` a store holds from index `have` on.
+int32_t run_after(const std::unordered_set<uint64_t>& store, const std::vector<uint64_t>& hashes,
+                  int32_t have);
 
 // Load-aware dispatch's utilisation of an instance, in [0, 2]: the share
 // of its KV pages in use plus its prefill backlog's predicted time over the

@@ -180,6 +180,12 @@ TEST(KvCluster, APromptPullsItsPagesFromAnotherNodesStore) {
   EXPECT_GE(pages, 5);
   EXPECT_EQ(t["tier_tokens"].get<int>(), pages * 16) << t.dump();
   EXPECT_EQ(instance(server, 3)["pulled_pages"].get<int>(), pages);
+  // The link it pulled over, measured for the router's next pull rule:
+  // one store, every pulled page, some time.
+  const auto links = instance(server, 3)["pull_links"];
+  ASSERT_EQ(links.size(), 1u) << links.dump();
+  EXPECT_EQ(links[0]["pages"].get<int>(), pages) << links.dump();
+  EXPECT_GT(links[0]["ms"].get<double>(), 0.0) << links.dump();
 }
 
 }  // namespace

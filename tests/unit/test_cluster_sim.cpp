@@ -22,8 +22,17 @@ sim_config flat(int instances) {
   return c;
 }
 
+sim_request req(double at, int32_t prompt, int32_t output, bool offline = false) {
+  sim_request r;
+  r.arrival = at;
+  r.prompt = prompt;
+  r.output = output;
+  r.offline = offline;
+  return r;
+}
+
 TEST(ClusterSim, OneRequestOnOneInstanceStepByStep) {
-  auto r = simulate(flat(1), {{0.0, 32, 4, false}});
+  auto r = simulate(flat(1), {req(0.0, 32, 4)});
   ASSERT_EQ(r.records.size(), 1u);
   const auto& rec = r.records[0];
   ASSERT_TRUE(rec.success);
@@ -38,7 +47,7 @@ TEST(ClusterSim, ChunkedPrefillAndBatchedDecode) {
   c.limits.chunk_size = 16;
   c.limits.max_batch_tokens = 16;
   // 40 prompt tokens in chunks of 16: 3 steps to the first token.
-  auto r = simulate(c, {{0.0, 40, 2, false}, {0.0, 8, 2, false}});
+  auto r = simulate(c, {req(0.0, 40, 2), req(0.0, 8, 2)});
   EXPECT_NEAR(r.records[0].ttft(), 0.030, 1e-9);
   // The first takes all 16 rows of steps 1 and 2 and 8 of step 3; the
   // second gets the other 8 rows of step 3.
@@ -50,7 +59,7 @@ TEST(ClusterSim, DisaggregationHandsTheKvToTheDecodeInstance) {
   c.pd = true;
   c.roles = {instance_role::prefill, instance_role::decode};
   c.pd_placement = "least-load";
-  auto r = simulate(c, {{0.0, 32, 3, false}});
+  auto r = simulate(c, {req(0.0, 32, 3)});
   const auto& rec = r.records[0];
   EXPECT_NEAR(rec.ttft(), 0.010, 1e-9);
   // Transfer 5 ms (+ 32 kB at "infinite" bandwidth), then two decode steps.
@@ -63,7 +72,7 @@ TEST(ClusterSim, RoundRobinAlternatesAndEveryRequestFinishes) {
   auto c = flat(2);
   c.mixed_policy = placement_policy::round_robin;
   std::vector<sim_request> reqs;
-  for (int i = 0; i < 50; ++i) reqs.push_back({i * 0.001, 20 + i, 5, i % 3 == 0});
+  for (int i = 0; i < 50; ++i) reqs.push_back(req(i * 0.001, 20 + i, 5, i % 3 == 0));
   auto r = simulate(c, reqs);
   for (const auto& rec : r.records) {
     EXPECT_TRUE(rec.success);
@@ -84,7 +93,7 @@ TEST(ClusterSim, DynamicRoleSwitchingFlipsUnderPrefillPressure) {
   c.pd_cfg.violation_windows = 1;
   c.pd_cfg.cooldown_s = 0.5;
   std::vector<sim_request> reqs;
-  for (int i = 0; i < 200; ++i) reqs.push_back({i * 0.05, 400, 4, false});
+  for (int i = 0; i < 200; ++i) reqs.push_back(req(i * 0.05, 400, 4));
   auto r = simulate(c, reqs);
   EXPECT_GE(r.stats.flips, 1u);
   ASSERT_FALSE(r.stats.flip_log.empty());
@@ -107,9 +116,9 @@ TEST(ClusterSim, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
   c.start_s = 0.5;
   c.cost.kv_pages = 4096;
   std::vector<sim_request> reqs;
-  for (int i = 0; i < 200; ++i) reqs.push_back({0.05 * i, 16, 400, false});
+  for (int i = 0; i < 200; ++i) reqs.push_back(req(0.05 * i, 16, 400));
   // A late request keeps the simulation going while the pool shrinks.
-  reqs.push_back({60.0, 16, 2, false});
+  reqs.push_back(req(60.0, 16, 2));
   auto r = simulate(c, reqs);
   for (const auto& rec : r.records) EXPECT_TRUE(rec.success);
   EXPECT_EQ(r.stats.peak_instances, 6) << testing::PrintToString(r.stats.scale_log);
@@ -125,6 +134,162 @@ TEST(ClusterSim, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
     end_fixed = std::max(end_fixed, fixed.records[i].end_time);
   }
   EXPECT_LT(end_auto, end_fixed * 0.5);
+}
+
+// Prefix caching and the KV store (issue 39): token ids for a prompt of n
+// tokens, distinct per `seed`.
+std::vector<int32_t> prompt_ids(int n, int seed) {
+  std::vector<int32_t> t;
+  for (int k = 0; k < n; ++k) t.push_back(1000 * seed + k);
+  return t;
+}
+
+sim_request with_ids(double at, const std::vector<int32_t>& ids, int output) {
+  auto r = req(at, int32_t(ids.size()), output);
+  r.tokens = ids;
+  return r;
+}
+
+TEST(ClusterSim, PrefixCachingSkipsASharedPromptsCachedPages) {
+  auto c = flat(1);
+  c.cost.c_prefill = 1;  // 1 ms a prompt row
+  const auto a = prompt_ids(64, 1);
+  const std::vector<sim_request> reqs = {with_ids(0, a, 2), with_ids(1, a, 2)};
+  auto r = simulate(c, reqs);
+  // The second maps 3 of its 4 pages (never the page of its last token).
+  EXPECT_EQ(r.records[0].cached_tokens, 0);
+  EXPECT_EQ(r.records[1].cached_tokens, 48);
+  EXPECT_NEAR(r.records[0].ttft(), 0.010 + 0.064, 1e-9);
+  EXPECT_NEAR(r.records[1].ttft(), 0.010 + 0.016, 1e-9);
+  EXPECT_EQ(r.stats.prompt_tokens, 128u);
+  EXPECT_EQ(r.stats.device_hit_tokens, 48u);
+  EXPECT_EQ(r.stats.kv_check, "");
+  c.prefix_caching = false;
+  auto off = simulate(c, reqs);
+  EXPECT_EQ(off.records[1].cached_tokens, -1);
+  EXPECT_NEAR(off.records[1].ttft(), 0.010 + 0.064, 1e-9);
+}
+
+// The router's prefix policy on the simulated arenas: a prompt goes where
+// its pages are.
+TEST(ClusterSim, ThePrefixPolicyPlacesAPromptWhereItsPagesAre) {
+  auto c = flat(2);
+  c.cost.c_prefill = 1;
+  const auto a = prompt_ids(64, 1), b = prompt_ids(64, 2);
+  // A and B at once: B finds the first instance busy and goes to the
+  // second.  Then B and A again, one at a time.
+  const std::vector<sim_request> reqs = {with_ids(0, a, 2), with_ids(0, b, 2), with_ids(2, b, 2),
+                                         with_ids(3, a, 2)};
+  c.mixed_policy = placement_policy::prefix;
+  auto r = simulate(c, reqs);
+  EXPECT_EQ(r.records[2].cached_tokens, 48);
+  EXPECT_EQ(r.records[3].cached_tokens, 48);
+  // Least load sends both to the first (idle, lowest id): B misses.
+  c.mixed_policy = placement_policy::least_load;
+  auto ll = simulate(c, reqs);
+  EXPECT_EQ(ll.records[2].cached_tokens, 0);
+  EXPECT_EQ(ll.records[3].cached_tokens, 48);
+}
+
+// An arena of 8 pages: A (4 full pages) finishes, B (8 pages) evicts all
+// of A's, then A's prompt comes again.
+std::vector<sim_request> evicting_workload(const std::vector<int32_t>& a) {
+  return {with_ids(0, a, 2), with_ids(1, prompt_ids(120, 2), 2), with_ids(2, a, 2)};
+}
+
+TEST(ClusterSim, EvictedPrefixPagesComeBackFromTheHostAndDiskTiers) {
+  auto c = flat(1);
+  c.cost.kv_pages = 8;
+  c.cost.c_prefill = 1;
+  const auto a = prompt_ids(64, 1);
+  auto none = simulate(c, evicting_workload(a));
+  EXPECT_EQ(none.records[2].cached_tokens, 0);  // B took every page
+  c.kv_host_bytes = 64ull << 20;
+  auto host = simulate(c, evicting_workload(a));
+  EXPECT_EQ(host.records[2].cached_tokens, 48);
+  EXPECT_EQ(host.stats.host_hit_tokens, 48u);
+  EXPECT_GE(host.stats.spilled_pages, 4u);
+  EXPECT_EQ(host.stats.kv_check, "");
+  // Loading 3 pages (0.2 ms + 48 kB at the host rate) beats computing 48 rows.
+  EXPECT_LT(host.records[2].ttft(), none.records[2].ttft() - 0.040);
+  // A host tier of one page: the rest went on to the disk tier.
+  c.kv_host_bytes = uint64_t(c.cost.kv_bytes_per_page() + 16 * 4);
+  c.kv_disk_bytes = 64ull << 20;
+  auto disk = simulate(c, evicting_workload(a));
+  EXPECT_EQ(disk.records[2].cached_tokens, 48);
+  EXPECT_GT(disk.stats.disk_hit_tokens, 0u);
+  EXPECT_EQ(disk.stats.kv_check, "");
+}
+
+TEST(ClusterSim, APromptPullsItsPagesFromAnotherInstancesStore) {
+  auto c = flat(2);
+  c.cost.kv_pages = 8;
+  c.cost.c_prefill = 1;
+  c.mixed_policy = placement_policy::round_robin;
+  c.kv_host_bytes = 64ull << 20;
+  const auto a = prompt_ids(64, 1);
+  // Round robin: A and B on the first instance (B evicts A's pages into its
+  // store), a small one on the second, then A's prompt on the second.
+  const std::vector<sim_request> reqs = {with_ids(0, a, 2), with_ids(0.5, prompt_ids(8, 3), 2),
+                                         with_ids(1, prompt_ids(120, 2), 2), with_ids(2, a, 2)};
+  auto alone = simulate(c, reqs);
+  EXPECT_EQ(alone.records[3].cached_tokens, 0);
+  c.kv_pull = true;
+  auto pulled = simulate(c, reqs);
+  EXPECT_EQ(pulled.records[3].cached_tokens, 48);
+  EXPECT_EQ(pulled.stats.pulled_tokens, 48u);
+  EXPECT_LT(pulled.records[3].ttft(), alone.records[3].ttft() - 0.040);
+  EXPECT_EQ(pulled.stats.kv_check, "");
+}
+
+// Many sequences at once sharing prefixes in a small arena, with a small
+// store: preemption (the plan counts shared pages by table), spills and
+// loads churn; every request finishes and the page accounting holds.
+TEST(ClusterSim, SharedPrefixesUnderPressureKeepThePageAccountingClean) {
+  auto c = flat(2);
+  c.cost.kv_pages = 40;
+  c.cost.c_prefill = 0.2;
+  c.limits.max_seqs = 12;
+  c.mixed_policy = placement_policy::prefix;
+  c.kv_host_bytes = 24 * uint64_t(c.cost.kv_bytes_per_page() + 16 * 4);
+  c.kv_disk_bytes = 2 * c.kv_host_bytes;
+  c.kv_pull = true;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 120; ++i) {
+    auto p = prompt_ids(96, 100 + i % 4);  // four shared prefixes
+    for (int k = 0; k < 16 + i % 7; ++k) p.push_back(50000 + 37 * i + k);
+    prompts.push_back(std::move(p));
+  }
+  std::vector<sim_request> reqs;
+  for (int i = 0; i < 120; ++i) reqs.push_back(with_ids(0.004 * i, prompts[size_t(i)], 8 + i % 5));
+  auto r = simulate(c, reqs);
+  for (const auto& rec : r.records) EXPECT_TRUE(rec.success);
+  EXPECT_EQ(r.stats.kv_check, "");
+  EXPECT_GT(r.stats.preemptions, 0u);
+  EXPECT_GT(r.stats.device_hit_tokens, 0u);
+  EXPECT_GT(r.stats.spilled_pages, 0u);
+}
+
+TEST(ClusterSim, ALaterTurnFollowsItsPreviousOneAndFindsItsHistoryCached) {
+  auto c = flat(1);
+  c.cost.c_prefill = 1;
+  auto first = prompt_ids(40, 1);
+  auto second = first;
+  for (int k = 0; k < 30; ++k) second.push_back(5000 + k);
+  std::vector<sim_request> reqs = {with_ids(0, first, 3), with_ids(0, second, 3)};
+  reqs[1].after = 0;
+  reqs[1].think_s = 2;
+  reqs[1].turn = 1;
+  auto r = simulate(c, reqs);
+  ASSERT_TRUE(r.records[1].success);
+  // It left 2 s after the first turn ended, and found the first turn's two
+  // full pages cached.
+  EXPECT_NEAR(r.records[1].send_time, r.records[0].end_time + 2, 1e-9);
+  EXPECT_EQ(r.records[1].turn, 1);
+  EXPECT_EQ(r.records[1].cached_tokens, 32);
+  c.prefix_caching = false;
+  auto off = simulate(c, reqs);
+  EXPECT_GT(off.records[1].ttft(), r.records[1].ttft() + 0.030);
 }
 
 TEST(CostModel, FitRecoversKnownCoefficients) {

@@ -16,6 +16,7 @@
 #include "runtime/kvstore/disk_tier.hpp"
 #include "runtime/kvstore/memory_tier.hpp"
 #include "runtime/kvstore/page_file.hpp"
+#include "runtime/kvstore/tier_index.hpp"
 #include "runtime/kvstore/tier_policy.hpp"
 
 namespace troupe {
@@ -73,6 +74,37 @@ TEST(TierPolicy, LruEvictsOldestAndDeepestFirst) {
   EXPECT_EQ(pick_victims(e, 40, tier_eviction::lfu), (std::vector<size_t>{1, 3, 2, 0}));
   EXPECT_EQ(parse_tier_eviction("lfu"), tier_eviction::lfu);
   EXPECT_FALSE(parse_tier_eviction("mru"));
+}
+
+// The tiers' shared bookkeeping: budget, evictions in the policy's order
+// with their depths, hits and misses, invariants.
+TEST(TierIndex, EvictsByThePolicyAndKeepsItsCounts) {
+  tier_index t("host", 30, tier_eviction::lru);
+  t.insert({1, 10}, 10, 0, t.tick());
+  t.insert({1, 11}, 10, 1, t.tick());
+  t.insert({1, 12}, 10, 2, t.tick());
+  EXPECT_TRUE(t.evict_for(0).empty());
+  EXPECT_TRUE(t.hit({1, 10}, t.tick()));  // 10 is now the newest
+  EXPECT_FALSE(t.hit({1, 99}, t.tick()));
+  auto v = t.evict_for(15);  // two pages must go: 11 then 12
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].key.hash, 11u);
+  EXPECT_EQ(v[0].depth, 1);
+  EXPECT_EQ(v[1].key.hash, 12u);
+  const auto st = t.stats();
+  EXPECT_EQ(st.pages, 1);
+  EXPECT_EQ(st.bytes, 10u);
+  EXPECT_EQ(st.hits, 1u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.evictions, 2u);
+  EXPECT_EQ(st.check, "");
+  const std::vector<uint64_t> run = {10, 11};
+  EXPECT_EQ(t.run_length(1, run), 1u);
+  EXPECT_EQ(t.run_length(2, run), 0u);  // another space
+  // Re-inserting a held key replaces it, counting it once.
+  t.insert({1, 10}, 20, 0, t.tick());
+  EXPECT_EQ(t.stats().bytes, 20u);
+  EXPECT_EQ(t.check_invariants(), "");
 }
 
 TEST(MemoryTier, KeepsItsBudgetAndServesLeadingRuns) {

@@ -76,6 +76,72 @@ TEST(Placement, PrefixWeighsKvStorePagesByTheirMeasuredCost) {
   EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 2u);
 }
 
+// Device > host > disk: the same run counts less the slower its tier loads.
+TEST(Placement, PrefixWeighsHostPagesAboveDiskPages) {
+  placement_request r;
+  r.page_hashes = {11, 12, 13, 14, 15, 16};
+  r.prompt_tokens = 100;
+  r.page_size = 16;
+  std::vector<instance_snapshot> s = {inst(1, 0, 0, 0, {11}), inst(2, 0, 0, 0, {11})};
+  s[0].disk_hashes = {12, 13, 14, 15, 16};
+  s[1].tier_hashes = {12, 13};
+  s[1].disk_hashes = {13, 14, 15, 16};  // 13 in both tiers: counted in the host
+  const auto held = held_by(s[1], r.page_hashes);
+  EXPECT_EQ(held.device, 1);
+  EXPECT_EQ(held.host, 2);
+  EXPECT_EQ(held.disk, 3);
+  EXPECT_EQ(held_run(s[0], r.page_hashes), 6);
+  prefill_model m;
+  for (int i = 0; i < 50; ++i) m.observe(100 + i, 10 + 0.1 * (100 + i));  // 1.6 ms a page
+  for (auto& x : s) {
+    x.tier_load_ms_per_page = 0.4;  // host weight 0.75
+    x.disk_load_ms_per_page = 1.2;  // disk weight 0.25
+  }
+  placement_cursor c;
+  // 1 + 0.25 x 5 = 2.25 against 1 + 0.75 x 2 + 0.25 x 3 = 3.25.
+  auto p = place(placement_policy::prefix, r, s, c, m, 0);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_NE(p.why.find("5 in its KV store (3 on disk)"), std::string::npos) << p.why;
+  // An unmeasured disk is worth no more than the host (and at most half).
+  for (auto& x : s) x.disk_load_ms_per_page = -1;
+  s[1].tier_hashes = {12};
+  s[1].disk_hashes = {13};
+  // 1 + 0.5 x 5 = 3.5 against 1 + 0.75 + 0.5 = 2.25.
+  EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 1u);
+}
+
+// The slo prediction: queued work, this prompt's rows past what the
+// instance holds, and loading its store's pages.
+TEST(Placement, SloCountsWhatAnInstanceHoldsOfThePrompt) {
+  prefill_model m;
+  for (int l = 16; l <= 2048; l *= 2) m.observe(l, 0.5 * l + 0.0001 * double(l) * l + 3);
+  placement_request r;
+  r.prompt_tokens = 800;
+  r.page_size = 16;
+  for (uint64_t h = 1; h <= 40; ++h) r.page_hashes.push_back(h);
+  std::unordered_set<uint64_t> all(r.page_hashes.begin(), r.page_hashes.end());
+  std::vector<instance_snapshot> s = {inst(1, 0, 0, 0), inst(2, 0, 0, 200, all),
+                                      inst(3, 0, 0, 200)};
+  s[2].disk_hashes = all;
+  s[2].disk_load_ms_per_page = 10;  // 400 ms to load the 40 pages
+  placement_cursor c;
+  auto p = place(placement_policy::slo, r, s, c, m, 300);
+  EXPECT_EQ(p.instance, 2u) << p.why;
+  EXPECT_EQ(p.prefix_pages, 40);
+  EXPECT_NEAR(p.predicted_ttft_ms, m.predict_ms(200) + m.predict_ms(160), 1e-9);
+  // Nothing held anywhere: the whole prompt, and the idle instance.
+  for (auto& x : s) x.prefix_hashes.clear(), x.disk_hashes.clear();
+  p = place(placement_policy::slo, r, s, c, m, 1e9);
+  EXPECT_EQ(p.instance, 1u) << p.why;
+  EXPECT_NEAR(p.predicted_ttft_ms, m.predict_ms(800), 1e-9);
+  // Cheap disk loads: the third is predicted as fast as the second was.
+  s = {inst(1, 0, 0, 0), inst(3, 0, 0, 200)};
+  s[1].disk_hashes = all;
+  s[1].disk_load_ms_per_page = 0.01;
+  p = place(placement_policy::slo, r, s, c, m, 300);
+  EXPECT_EQ(p.instance, 3u) << p.why;
+}
+
 TEST(Placement, PrefixTakesTheLongestLeadingRunThenLoad) {
   placement_request r;
   r.page_hashes = {11, 12, 13, 14};
@@ -151,15 +217,25 @@ TEST(KvPull, PullsTheLongestRunPastWhatTheInstanceHolds) {
   const std::unordered_set<uint64_t> a = {11, 12, 13};          // one page past
   const std::unordered_set<uint64_t> b = {13, 14, 15};          // three past, no first pages
   const std::unordered_set<uint64_t> c = {11, 12, 14, 15, 16};  // a hole at 13: nothing
-  auto p = pick_kv_pull(h, 2, {&a, &b, &c}, -1, -1);
+  const std::vector<int32_t> runs = {run_after(a, h, 2), run_after(b, h, 2), run_after(c, h, 2)};
+  EXPECT_EQ(runs, (std::vector<int32_t>{1, 3, 0}));
+  EXPECT_EQ(run_after(b, h, 0), 0);  // a store's run starts where the instance's ends
+  const auto& from3 = runs;
+  auto p = pick_kv_pull(from3, {-1, -1, -1}, -1);
   EXPECT_EQ(p.store, 1);
   EXPECT_EQ(p.pages, 3);
-  // Pulling a page costs more than computing it: recompute.
-  EXPECT_EQ(pick_kv_pull(h, 2, {&a, &b, &c}, 9.0, 3.0).store, -1);
-  EXPECT_EQ(pick_kv_pull(h, 2, {&a, &b, &c}, 1.0, 3.0).store, 1);
+  // Pulling a page over its link costs more than computing it: recompute.
+  EXPECT_EQ(pick_kv_pull(from3, {9.0, 9.0, 9.0}, 3.0).store, -1);
+  EXPECT_EQ(pick_kv_pull(from3, {1.0, 1.0, 1.0}, 3.0).store, 1);
+  // Per link: the short run over a fast link saves more than the long run
+  // over a slow one (1 x (3 - 0.1) > 3 x (3 - 2.5)).
+  EXPECT_EQ(pick_kv_pull(from3, {0.1, 2.5, -1}, 3.0).store, 0);
+  // An unmeasured link counts half the compute time: it is tried.
+  EXPECT_EQ(pick_kv_pull(from3, {0.1, -1, -1}, 3.0).store, 1);
+  EXPECT_EQ(pick_kv_pull(from3, {0.1, 2.9, -1}, 3.0).store, 0);
   // Nothing held anywhere past the instance's own pages.
-  EXPECT_EQ(pick_kv_pull(h, 6, {&a, &b}, -1, -1).store, -1);
-  EXPECT_EQ(pick_kv_pull(h, 0, {}, -1, -1).store, -1);
+  EXPECT_EQ(pick_kv_pull({0, 0}, {-1, -1}, -1).store, -1);
+  EXPECT_EQ(pick_kv_pull({}, {}, -1).store, -1);
 }
 
 // BanaServe's load-aware dispatch (Algorithm 4-2): memory share plus the

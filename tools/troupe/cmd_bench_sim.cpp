@@ -36,6 +36,10 @@ struct sim_flags : load_flags {
   double start_s = 2;
   double diurnal_period_s = 0;  // > 0: a diurnal arrival rate, peak --request-rate
   double diurnal_trough = 0.1;
+  bool no_prefix_caching = false;
+  double kv_host_mb = 0, kv_disk_mb = 0;
+  std::string kv_tier_eviction = "lru";
+  bool kv_pull = false;
 };
 
 sim_config make_config(const sim_flags& f) {
@@ -69,22 +73,45 @@ sim_config make_config(const sim_flags& f) {
     c.start_s = f.start_s;
   }
   if (f.kv_pages > 0) c.cost.kv_pages = f.kv_pages;
+  c.prefix_caching = !f.no_prefix_caching;
+  c.kv_host_bytes = uint64_t(f.kv_host_mb * 1024 * 1024);
+  c.kv_disk_bytes = uint64_t(f.kv_disk_mb * 1024 * 1024);
+  c.tier_policy = *parse_tier_eviction(f.kv_tier_eviction);
+  c.kv_pull = f.kv_pull;
+  if ((c.kv_host_bytes > 0 || c.kv_disk_bytes > 0) && !c.prefix_caching)
+    throw CLI::ValidationError("--kv-host-mb", "the KV store needs prefix caching");
+  if (c.kv_pull && c.kv_host_bytes == 0)
+    throw CLI::ValidationError("--kv-pull",
+                               "pulls come from other instances' stores: give "
+                               "--kv-host-mb");
   return c;
 }
 
-// The dataset as the simulator sees it: token counts and send times.
+// The dataset as the simulator sees it: token counts (and ids, for prefix
+// caching) and send times.  As bench serve sends them: only a
+// conversation's first turn takes the arrival schedule; a later turn
+// follows its previous one.
 std::vector<sim_request> to_sim(const std::vector<bench::bench_request>& reqs,
                                 const std::vector<double>& arrivals, double duration) {
   std::vector<sim_request> out;
-  for (size_t i = 0; i < reqs.size() && i < arrivals.size(); ++i) {
-    if (duration > 0 && arrivals[i] > duration) break;
+  size_t root = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
     const auto& r = reqs[i];
     sim_request s;
-    s.arrival = arrivals[i];
+    if (r.after < 0) {
+      if (root >= arrivals.size() || (duration > 0 && arrivals[root] > duration)) break;
+      s.arrival = arrivals[root++];
+    } else {
+      s.after = r.after;
+      s.think_s = r.think_s;
+    }
+    s.turn = r.turn;
+    s.tokens = r.prompt_tokens;
     // Text prompts (jsonl) count about 4 bytes a token.
     s.prompt = r.prompt_len > 0           ? r.prompt_len
                : !r.prompt_tokens.empty() ? int32_t(r.prompt_tokens.size())
                                           : int32_t(std::max<size_t>(1, r.prompt_text.size() / 4));
+    if (!s.tokens.empty()) s.prompt = int32_t(s.tokens.size());
     s.output = r.output_len > 0 ? r.output_len : 128;
     s.offline = r.offline;
     out.push_back(s);
@@ -134,6 +161,13 @@ nlohmann::json stats_json(const sim_stats& s) {
           {"scale_ups", s.scale_ups},
           {"scale_downs", s.scale_downs},
           {"scale_log", s.scale_log},
+          {"prompt_tokens", s.prompt_tokens},
+          {"device_hit_tokens", s.device_hit_tokens},
+          {"host_tier_tokens", s.host_hit_tokens},
+          {"disk_tier_tokens", s.disk_hit_tokens},
+          {"pulled_tokens", s.pulled_tokens},
+          {"spilled_pages", s.spilled_pages},
+          {"kv_check", s.kv_check},
           {"wall_s", s.wall_s}};
 }
 
@@ -162,6 +196,15 @@ void print_stats(const sim_stats& s) {
       static_cast<unsigned long long>(s.events), static_cast<unsigned long long>(s.flips),
       static_cast<unsigned long long>(s.transfers), s.transfer_bytes / 1e6,
       static_cast<unsigned long long>(s.preemptions), s.ttft_mape * 100);
+  if (s.prompt_tokens > 0) {
+    const double p = double(s.prompt_tokens) / 100;
+    std::printf(
+        "prefix caching: %.1f%% of prompt tokens cached in the arena; tiers served %.1f%% "
+        "(host), %.1f%% (disk), pulls %.1f%%; %llu pages offered to the stores\n",
+        s.device_hit_tokens / p, s.host_hit_tokens / p, s.disk_hit_tokens / p, s.pulled_tokens / p,
+        static_cast<unsigned long long>(s.spilled_pages));
+  }
+  if (!s.kv_check.empty()) std::printf("KV page accounting: %s\n", s.kv_check.c_str());
   for (size_t i = 0; i < s.flip_log.size() && i < 5; ++i)
     std::printf("  flip %s\n", s.flip_log[i].c_str());
   if (s.scale_ups + s.scale_downs > 0 || s.instance_seconds > 0)
@@ -180,10 +223,6 @@ void run_sim(const sim_flags& f) {
   try {
     goals = bench::slo::parse(f.goodput);
     if (f.sweep) bench::check_sweep(f.sweep_spec, goals);
-    if (f.dataset == "multi-turn")
-      throw std::invalid_argument(
-          "--dataset-name multi-turn: bench serve only (the simulator "
-          "has no conversations)");
     reqs = make_dataset(f);
     trace = send_times(f);
     bench::gamma_arrivals(1, f.sweep ? f.sweep_spec.start : f.request_rate, f.burstiness, f.seed);
@@ -280,6 +319,22 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--chunk-size", f->chunk_size, "prefill rows per sequence and step")
       ->capture_default_str();
   cmd->add_option("--kv-pages", f->kv_pages, "KV pages per instance (default: the cost model's)");
+  cmd->add_flag("--no-prefix-caching", f->no_prefix_caching,
+                "compute every prompt (prefix caching needs datasets of token ids: all but "
+                "text prompts)");
+  cmd->add_option("--kv-host-mb", f->kv_host_mb,
+                  "a KV store per instance with a host tier of this size (MiB): pages its arena "
+                  "evicts go there, and prompts load them back (serve's --kv-host-mb)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--kv-disk-mb", f->kv_disk_mb,
+                  "and a disk tier of this size below it (MiB; load rates: the cost model's tiers)")
+      ->check(CLI::Range(0.0, 1e9));
+  cmd->add_option("--kv-tier-eviction", f->kv_tier_eviction, "the tiers' policy: lru or lfu")
+      ->check(CLI::IsMember({"lru", "lfu"}))
+      ->capture_default_str();
+  cmd->add_flag("--kv-pull", f->kv_pull,
+                "a prompt's pages may come from another instance's store (the router's pull "
+                "rule, at the cost model's transfer rate)");
   cmd->add_flag("--colocate", f->colocate, "online/offline co-location in every instance");
   cmd->add_option("--window-ms", f->window_ms, "the monitor's window")->capture_default_str();
   cmd->add_option("--autoscale", f->autoscale,
