@@ -113,14 +113,22 @@ std::vector<instance_snapshot> snapshots(const router_state& st) {
       // The global prefix index: what its process's KV store holds, by
       // tier, and what a page from each cost (a disk page: the load plus
       // the disk's read of it).
-      if (it->second.loaded_pages > 0)
-        s.tier_load_ms_per_page = it->second.tier_load_ms / double(it->second.loaded_pages);
+      // The instance's fetch times include the disk's reads: a host page
+      // costs them less the disk's read time, a disk page that too.
+      double disk_read_ms = 0, disk_per_page = -1;
       for (const auto& t : it->second.store.tiers) {
         const bool disk = t.name == "disk";
         auto& into = disk ? s.disk_hashes : s.tier_hashes;
         into.insert(t.hashes.begin(), t.hashes.end());
-        if (disk && t.hits > 0 && s.tier_load_ms_per_page >= 0)
-          s.disk_load_ms_per_page = s.tier_load_ms_per_page + t.read_ms / double(t.hits);
+        if (disk && t.hits > 0) {
+          disk_read_ms = t.read_ms;
+          disk_per_page = t.read_ms / double(t.hits);
+        }
+      }
+      if (it->second.loaded_pages > 0) {
+        s.tier_load_ms_per_page =
+            std::max(0.0, it->second.tier_load_ms - disk_read_ms) / double(it->second.loaded_pages);
+        if (disk_per_page >= 0) s.disk_load_ms_per_page = s.tier_load_ms_per_page + disk_per_page;
       }
     }
     out.push_back(std::move(s));
@@ -168,9 +176,11 @@ void add_kv_links(const router_state& st, placement_reply& r, const std::vector<
   std::vector<double> pull_ms;
   for (size_t k = 0; k < others.size(); ++k) {
     // A store's run, in either of its tiers.
-    auto held = theirs[k]->tier_hashes;
-    held.insert(theirs[k]->disk_hashes.begin(), theirs[k]->disk_hashes.end());
-    runs.push_back(run_after(held, hashes, have));
+    int32_t run = 0;
+    for (size_t i = size_t(have); i < hashes.size(); ++i, ++run)
+      if (!theirs[k]->tier_hashes.count(hashes[i]) && !theirs[k]->disk_hashes.count(hashes[i]))
+        break;
+    runs.push_back(run);
     double ms = -1;
     if (stats != st.last.end()) {
       const auto name = caf::to_string(others[k]->store.address());

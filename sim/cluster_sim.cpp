@@ -34,6 +34,9 @@ struct sim_seq {
   int32_t fetch_from = 0;
   int32_t fetched = 0;
   bool first_admission = true;
+  uint64_t order = 0;  // arrival order (a later turn arrives after higher indices)
+  // Where each fetched page came from, in order: 0 host, 1 disk, 2 pull.
+  std::vector<uint8_t> fetched_from;
 };
 
 struct sim_instance {
@@ -76,6 +79,7 @@ struct tracker {
   double predicted_ttft_ms = 0;
   double arrival = 0;   // when it arrived (a later turn: after its previous one)
   int32_t cached = -1;  // prompt tokens not computed at its first admission; -1: no prefix caching
+  bool failed = false;  // the arena could not hold it (make_room)
 };
 
 class simulation {
@@ -127,6 +131,8 @@ class simulation {
         throw std::invalid_argument("sim: request " + std::to_string(i) + " has " +
                                     std::to_string(reqs[i].tokens.size()) +
                                     " token ids for a prompt of " + std::to_string(reqs[i].prompt));
+      if (a >= 0 && next_turn_[size_t(a)] >= 0)
+        throw std::invalid_argument("sim: two requests follow request " + std::to_string(a));
       if (a >= 0) next_turn_[size_t(a)] = long(i);
     }
     int64_t tokens = 0;
@@ -175,9 +181,12 @@ class simulation {
       r.turn = reqs_[i].turn;
       r.index = i;
       r.output_tokens = t.tokens;
-      r.success = t.tokens > 0;
+      r.success = t.tokens > 0 && !t.failed;
       r.end_time = t.last;
-      if (!r.success) {
+      if (t.failed) {
+        r.error_code = "kv_exhausted";
+        r.error_message = "the KV arena could not hold its step (shared prefix pages)";
+      } else if (!r.success) {
         r.error_code = "unfinished";
         r.error_message = "the simulation ended before it finished";
       }
@@ -398,6 +407,7 @@ class simulation {
     s.prefill_only = prefill_only;
     s.cls = r.offline ? seq_class::offline : seq_class::online;
     s.tokens = std::move(tokens);
+    s.order = ++arrivals_;
     if (!r.offline && cfg_.targets.ttft_ms > 0) s.deadline = now_ * 1000 + cfg_.targets.ttft_ms;
     auto& in = insts_[index_of(target)];
     const double fetch_ms = fetch_prefix(in, s);
@@ -420,10 +430,9 @@ class simulation {
     const int32_t have = in.arena->cached_pages(s.tokens);
     const auto want_n = std::min<size_t>(hashes.size() - size_t(have), size_t(available(in)));
     std::span<const uint64_t> want(hashes.data() + have, want_n);
-    const auto got = in.store->fetch(want);
+    auto got = in.store->fetch(want);
     double ms = cfg_.cost.tier_load_ms(got.host, got.disk);
-    res_.stats.host_hit_tokens += uint64_t(got.host) * lim_.page_size;
-    res_.stats.disk_hit_tokens += uint64_t(got.disk) * lim_.page_size;
+    s.fetched_from = std::move(got.from);
     int32_t n = got.pages();
     if (cfg_.kv_pull && size_t(n) < want.size()) {
       // The router's rule, with each link's cost from the cost model.
@@ -433,7 +442,7 @@ class simulation {
       const double link_ms =
           cfg_.cost.transfer_ms(int64_t(page_bytes()) * k_pull_pages) / k_pull_pages;
       for (auto& o : insts_) {
-        if (&o == &in || !o.store) continue;
+        if (&o == &in || !o.store || !o.active) continue;
         runs.push_back(o.store->run_length(rest));
         from.push_back(&o);
       }
@@ -444,9 +453,11 @@ class simulation {
                                  : model_.predict_ms(p) - model_.predict_ms(std::max(0.0, p - ps));
       const auto pull = pick_kv_pull(runs, std::vector<double>(runs.size(), link_ms), compute);
       if (pull.store >= 0) {
-        const auto pulled = from[size_t(pull.store)]->store->fetch(rest).pages();
-        ms += cfg_.cost.transfer_ms(int64_t(page_bytes()) * pulled);
-        res_.stats.pulled_tokens += uint64_t(pulled) * lim_.page_size;
+        const int32_t pulled = from[size_t(pull.store)]->store->fetch(rest).pages();
+        // In round trips of k_pull_pages, as the instance asks.
+        for (int32_t k = 0; k < pulled; k += k_pull_pages)
+          ms += cfg_.cost.transfer_ms(int64_t(page_bytes()) * std::min(k_pull_pages, pulled - k));
+        s.fetched_from.insert(s.fetched_from.end(), size_t(pulled), 2);
         n += pulled;
       }
     }
@@ -474,6 +485,14 @@ class simulation {
     int32_t n = s.pages >= s.fetch_from ? std::max(0, end - s.pages) : 0;
     n = std::min(n, std::max(0, available(in) - 1));
     s.fetched = 0;  // loaded or not, they are dropped (the engine's s.tier)
+    // Where the loaded pages came from (those past the arena's run).
+    for (int32_t k = 0; k < n; ++k) {
+      const uint8_t from = s.fetched_from[size_t(s.pages - s.fetch_from + k)];
+      (from == 0   ? res_.stats.host_hit_tokens
+       : from == 1 ? res_.stats.disk_hit_tokens
+                   : res_.stats.pulled_tokens) += uint64_t(ps);
+    }
+    s.fetched_from.clear();
     if (n > 0) {
       const auto hashes = in.arena->prompt_hashes(s.tokens);
       const auto fresh = in.arena->reserve(n);
@@ -520,9 +539,50 @@ class simulation {
   // With prefix caching running sequences share pages: the plan needs
   // their tables to count what preempting one frees.
   sched_seq describe(const sim_instance& in, const sim_seq& s) const {
-    sched_seq d{s.id, s.cls, s.id, s.computed, s.total, s.pages, s.swapped, {}, s.deadline};
+    sched_seq d{s.id, s.cls, s.order, s.computed, s.total, s.pages, s.swapped, {}, s.deadline};
     if (in.arena && s.running && in.arena->has_sequence(s.id)) d.table = in.arena->table(s.id);
     return d;
+  }
+
+  // Pages of the arena the sequence alone holds.
+  int32_t own_pages(const sim_instance& in, uint64_t id) const {
+    int32_t n = 0;
+    for (int32_t p : in.arena->table(id)) n += in.arena->refcount(p) == 1;
+    return n;
+  }
+
+  // The engine's make_room: a step the arena cannot hold (its plan did not
+  // see pages shared with parked sequences) preempts the running sequence
+  // that runs last and owns a page, never the first; with none, the step's
+  // last sequence fails, as the engine fails it.
+  void make_room(sim_instance& in, std::unordered_set<uint64_t>& preempted_now) {
+    const sim_seq* best = nullptr;
+    for (const auto& [id, s] : in.seqs)
+      if (s.running && (!best || runs_before(describe(in, s), describe(in, *best)))) best = &s;
+    sim_seq* victim = nullptr;
+    for (auto& [id, s] : in.seqs)
+      if (s.running && &s != best && own_pages(in, id) > 0 &&
+          (!victim || runs_before(describe(in, *victim), describe(in, s))))
+        victim = &s;
+    if (victim) {
+      release(in, *victim);
+      victim->computed = 0;
+      victim->running = false;
+      preempted_now.insert(victim->id);
+      ++res_.stats.preemptions;
+      return;
+    }
+    sim_seq* last = nullptr;
+    for (const auto& c : in.chunks) {
+      auto& s = in.seqs.at(c.id);
+      if (!last || runs_before(describe(in, *last), describe(in, s))) last = &s;
+    }
+    const size_t ri = size_t(last->id - 1);
+    track_[ri].failed = true;
+    release(in, *last);
+    in.seqs.erase(last->id);
+    ++finished_;
+    follow_up(ri);
   }
 
   // The instance actor's step() with the simulated pages and clock.
@@ -551,16 +611,21 @@ class simulation {
           auto& s = in.seqs.at(a);
           s.running = true;
           if (s.swapped) {
-            s.pages = pages_for(s.computed);
+            const int32_t need = pages_for(s.computed);
             if (in.arena) {
-              auto pages = in.arena->reserve(s.pages);
+              auto pages = in.arena->reserve(need);
               spill(in);
-              if (int32_t(pages.size()) != s.pages)
-                throw std::runtime_error("sim: an admitted import found no pages");
+              // An admission before it in this plan loaded store pages
+              // the plan did not count: it waits for the next (engine::admit).
+              if (pages.empty()) {
+                s.running = false;
+                continue;
+              }
               in.arena->attach({s.id, s.computed, std::move(pages)});
             } else {
-              in.free_pages -= s.pages;
+              in.free_pages -= need;
             }
+            s.pages = need;
             s.swapped = false;
           } else if (in.arena) {
             admit_cached(in, s);
@@ -581,7 +646,10 @@ class simulation {
         std::vector<alloc_request> grow;
         for (const auto& c : in.chunks) grow.push_back({c.id, c.start + c.n_tokens});
         auto a = in.arena->allocate_step(grow);
-        if (!a.ok) throw std::runtime_error("sim: the arena lacked pages the step planner counted");
+        if (!a.ok) {
+          make_room(in, preempted_now);
+          continue;
+        }
         for (const auto& t : a.tables) in.seqs.at(t.seq).pages = int32_t(t.pages.size());
         spill(in);
       }
@@ -779,6 +847,7 @@ class simulation {
   autoscale_memory scale_mem_;
   std::unordered_map<uint64_t, instance_window> windows_;
   std::vector<long> next_turn_;  // a conversation's next turn, by request (-1: none)
+  uint64_t arrivals_ = 0;
   size_t rr_prefill_ = 0, rr_decode_ = 0;
   sim_result res_;
 };

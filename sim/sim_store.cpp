@@ -45,6 +45,7 @@ sim_store::fetched sim_store::fetch(std::span<const uint64_t> hashes) {
       host_.hit(k, now);
       host_.counters().bytes_out += page_bytes_;
       ++out.host;
+      out.from.push_back(0);
       continue;
     }
     if (disk_ && disk_->contains(k)) {
@@ -52,6 +53,7 @@ sim_store::fetched sim_store::fetch(std::span<const uint64_t> hashes) {
       disk_->counters().bytes_out += page_bytes_;
       into_host(k, disk_->depth_of(k), now);
       ++out.disk;
+      out.from.push_back(1);
       continue;
     }
     break;

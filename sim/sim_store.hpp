@@ -26,8 +26,9 @@ class sim_store {
   void put(const std::vector<evicted_page>& pages);
 
   struct fetched {
-    int32_t host = 0;  // pages found in the host tier
-    int32_t disk = 0;  // in the disk tier (now in the host tier too)
+    int32_t host = 0;           // pages found in the host tier
+    int32_t disk = 0;           // in the disk tier (now in the host tier too)
+    std::vector<uint8_t> from;  // each page's tier, in order: 0 host, 1 disk
     int32_t pages() const { return host + disk; }
   };
   // The leading run of `hashes` it holds, each page a hit in its tier.

@@ -268,6 +268,32 @@ TEST(ClusterSim, SharedPrefixesUnderPressureKeepThePageAccountingClean) {
   EXPECT_GT(r.stats.preemptions, 0u);
   EXPECT_GT(r.stats.device_hit_tokens, 0u);
   EXPECT_GT(r.stats.spilled_pages, 0u);
+  // Where the cached tokens came from adds up to what was cached.
+  uint64_t cached = 0;
+  for (const auto& rec : r.records) cached += uint64_t(std::max(0, rec.cached_tokens));
+  EXPECT_EQ(r.stats.device_hit_tokens + r.stats.host_hit_tokens + r.stats.disk_hit_tokens +
+                r.stats.pulled_tokens,
+            cached);
+  // Disaggregated: parked prefills hold shared pages the plan does not
+  // see; the step makes room as the engine does.
+  c.pd = true;
+  c.pd_placement = "least-load";
+  c.roles = {instance_role::prefill, instance_role::decode};
+  auto pd = simulate(c, reqs);
+  EXPECT_EQ(pd.stats.kv_check, "");
+  EXPECT_GT(pd.stats.transfers, 0u);
+  size_t ok = 0;
+  for (const auto& rec : pd.records) ok += rec.success;
+  EXPECT_GT(ok, reqs.size() * 9 / 10);
+}
+
+TEST(ClusterSim, RefusesTwoTurnsAfterTheSameRequest) {
+  std::vector<sim_request> reqs = {req(0, 16, 2), req(0, 16, 2), req(0, 16, 2)};
+  reqs[1].after = 0;
+  reqs[2].after = 0;
+  EXPECT_THROW(simulate(flat(1), reqs), std::invalid_argument);
+  reqs[2].after = 1;
+  EXPECT_EQ(simulate(flat(1), reqs).records.size(), 3u);
 }
 
 TEST(ClusterSim, ALaterTurnFollowsItsPreviousOneAndFindsItsHistoryCached) {

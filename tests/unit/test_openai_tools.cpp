@@ -251,7 +251,8 @@ TEST(OpenAiTools, MistralTemplatesGetTheirOwnToolFormat) {
       "terse.\n\nAnd Rome?[/INST]");
   // Mistral-7B-v0.3's v3 template: a space after each tag and before an answer.
   ASSERT_FALSE(parse(tool_conversation("abc123XYZ"), true, "m", c, tool_format::mistral_v3));
-  const std::string v3 = rendered(c, "{%- if tools %}[AVAILABLE_TOOLS] [{%- endif %}{{ '[INST] ' + m }}");
+  const std::string v3 =
+      rendered(c, "{%- if tools %}[AVAILABLE_TOOLS] [{%- endif %}{{ '[INST] ' + m }}");
   for (const char* spelled : {"[INST] Weather in Paris?[/INST][TOOL_CALLS] [{", "[TOOL_RESULTS] {",
                               "[/TOOL_RESULTS] Sunny.</s>[AVAILABLE_TOOLS] [{"})
     EXPECT_NE(v3.find(spelled), std::string::npos) << v3;

@@ -102,12 +102,22 @@ TEST(Placement, PrefixWeighsHostPagesAboveDiskPages) {
   auto p = place(placement_policy::prefix, r, s, c, m, 0);
   EXPECT_EQ(p.instance, 2u) << p.why;
   EXPECT_NE(p.why.find("5 in its KV store (3 on disk)"), std::string::npos) << p.why;
-  // An unmeasured disk is worth no more than the host (and at most half).
+  // An unmeasured disk is worth no more than half a device page...
   for (auto& x : s) x.disk_load_ms_per_page = -1;
   s[1].tier_hashes = {12};
   s[1].disk_hashes = {13};
   // 1 + 0.5 x 5 = 3.5 against 1 + 0.75 + 0.5 = 2.25.
   EXPECT_EQ(place(placement_policy::prefix, r, s, c, m, 0).instance, 1u);
+  // ... nor more than a host page: with host loads at 1.2 ms (weight
+  // 0.25) an unmeasured disk page weighs 0.25 too.  The first holds 3 disk
+  // pages past its device page (1.75; 2.5 were the disk weighed 0.5), the
+  // second 4 host pages (2.0).
+  for (auto& x : s) x.tier_load_ms_per_page = 1.2;
+  s[0].disk_hashes = {12, 13, 14};
+  s[1].tier_hashes = {12, 13, 14, 15};
+  s[1].disk_hashes = {};
+  auto q = place(placement_policy::prefix, r, s, c, m, 0);
+  EXPECT_EQ(q.instance, 2u) << q.why;
 }
 
 // The slo prediction: queued work, this prompt's rows past what the
@@ -129,7 +139,11 @@ TEST(Placement, SloCountsWhatAnInstanceHoldsOfThePrompt) {
   EXPECT_EQ(p.instance, 2u) << p.why;
   EXPECT_EQ(p.prefix_pages, 40);
   EXPECT_NEAR(p.predicted_ttft_ms, m.predict_ms(200) + m.predict_ms(160), 1e-9);
-  // Nothing held anywhere: the whole prompt, and the idle instance.
+  // The third alone: its prediction carries the 400 ms of disk loads.
+  p = place(placement_policy::slo, r, {s[2]}, c, m, 300);
+  EXPECT_NEAR(p.predicted_ttft_ms, m.predict_ms(200) + m.predict_ms(160) + 400, 1e-9);
+  // Nothing held anywhere: the whole prompt, and the instance with no
+  // queued work.
   for (auto& x : s) x.prefix_hashes.clear(), x.disk_hashes.clear();
   p = place(placement_policy::slo, r, s, c, m, 1e9);
   EXPECT_EQ(p.instance, 1u) << p.why;
