@@ -33,11 +33,12 @@ struct cost_model {
   int64_t kv_bytes_per_token = 0;
   // KV store tiers (issue 39): a page loaded from the host or disk tier
   // into the arena, ms = fixed + bytes / rate, per fetch.  Not calibrated:
-  // the defaults are this machine's (docs/bench_kv_store.md); a cost model
-  // file may set them ("tiers").
+  // the defaults are this machine's, measured through admin instances and
+  // admin kv (docs/bench_kv_store.md); a cost model file may set them
+  // ("tiers").
   double tier_fixed_ms = 0.2;
-  double host_load_mb_per_s = 2000;
-  double disk_load_mb_per_s = 500;
+  double host_load_mb_per_s = 560;
+  double disk_load_mb_per_s = 160;
   int32_t kv_pages = 0;  // the instance's arena, pages
   int32_t page_size = 16;
   // Fit quality on the samples: mean absolute percentage error, R^2, count.
