@@ -189,11 +189,7 @@ void add_kv_links(const router_state& st, placement_reply& r, const std::vector<
     }
     pull_ms.push_back(ms);
   }
-  const double ps = std::max(1, st.opts.page_size);
-  const double compute = st.model.samples() == 0
-                             ? -1
-                             : st.model.predict_ms(prompt_tokens) -
-                                   st.model.predict_ms(std::max(0.0, double(prompt_tokens) - ps));
+  const double compute = compute_ms_per_page(prompt_tokens, st.opts.page_size, st.model);
   auto pull = pick_kv_pull(runs, pull_ms, compute);
   if (pull.store < 0) return;
   r.kv_sources.push_back(others[size_t(pull.store)]->store);

@@ -446,11 +446,7 @@ class simulation {
         runs.push_back(o.store->run_length(rest));
         from.push_back(&o);
       }
-      const double p = double(s.total);
-      const double ps = lim_.page_size;
-      const double compute = model_.samples() == 0
-                                 ? -1
-                                 : model_.predict_ms(p) - model_.predict_ms(std::max(0.0, p - ps));
+      const double compute = compute_ms_per_page(s.total, lim_.page_size, model_);
       const auto pull = pick_kv_pull(runs, std::vector<double>(runs.size(), link_ms), compute);
       if (pull.store >= 0) {
         const int32_t pulled = from[size_t(pull.store)]->store->fetch(rest).pages();

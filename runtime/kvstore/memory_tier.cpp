@@ -65,13 +65,17 @@ std::vector<uint64_t> memory_tier::hashes(uint64_t space) const {
 }
 
 tier_stats memory_tier::stats() const {
-  tier_stats out = index_.stats();
-  if (out.check.empty()) out.check = check_invariants();
+  tier_stats out = index_.stats();  // its check: the index's invariants
+  if (out.check.empty()) out.check = check_pages();
   return out;
 }
 
 std::string memory_tier::check_invariants() const {
   if (auto why = index_.check_invariants(); !why.empty()) return why;
+  return check_pages();
+}
+
+std::string memory_tier::check_pages() const {
   if (pages_.size() != index_.size())
     return "host tier: " + std::to_string(pages_.size()) + " pages of data, " +
            std::to_string(index_.size()) + " indexed";

@@ -38,6 +38,9 @@ class memory_tier {
   std::string check_invariants() const;
 
  private:
+  // That every indexed page has its data, under its own key and size.
+  std::string check_pages() const;
+
   tier_index index_;
   std::unordered_map<kv_page_key, kv_page, kv_page_key_hash> pages_;
 };

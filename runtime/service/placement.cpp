@@ -77,6 +77,12 @@ double prefill_model::predict_ms(double tokens) const {
   return std::max(0.0, theta_[0] * l * l + theta_[1] * l + theta_[2]);
 }
 
+double compute_ms_per_page(double prompt_tokens, int32_t page_size, const prefill_model& model) {
+  if (model.samples() == 0) return -1;
+  const double ps = std::max(1, page_size);
+  return model.predict_ms(prompt_tokens) - model.predict_ms(std::max(0.0, prompt_tokens - ps));
+}
+
 double tier_weight(double load_ms_per_page, double compute_ms_per_page) {
   if (load_ms_per_page < 0 || compute_ms_per_page <= 0) return 0.5;
   return std::clamp(1.0 - load_ms_per_page / compute_ms_per_page, 0.0, 1.0);
@@ -110,15 +116,6 @@ tier_weights weights_of(const instance_snapshot& s, double compute_ms_per_page) 
   w.disk = s.disk_load_ms_per_page >= 0 ? tier_weight(s.disk_load_ms_per_page, compute_ms_per_page)
                                         : std::min(0.5, w.host);
   return w;
-}
-
-// The prefill time one page of this prompt saves: the model's marginal
-// cost at its length (-1 before any sample).
-double compute_ms_per_page(const placement_request& req, const prefill_model& model) {
-  if (model.samples() == 0) return -1;
-  const double ps = std::max(1, req.page_size);
-  return model.predict_ms(req.prompt_tokens) -
-         model.predict_ms(std::max(0.0, req.prompt_tokens - ps));
 }
 
 // The slo policy's prediction for `s`: its queued prefill work, then this
@@ -270,7 +267,7 @@ placement place(placement_policy policy, const placement_request& req,
       return pick(s, load_text(*s));
     }
     case placement_policy::prefix: {
-      const double compute = compute_ms_per_page(req, model);
+      const double compute = compute_ms_per_page(req.prompt_tokens, req.page_size, model);
       double best_score = 0;
       std::vector<const instance_snapshot*> best;
       std::unordered_map<const instance_snapshot*, held_pages> runs;

@@ -81,6 +81,11 @@ struct placement_request {
   int32_t page_size = 16;             // tokens a page
 };
 
+// The prefill time one page of a prompt saves: the model's marginal cost
+// at the prompt's length (-1 before any sample).  What a page from a
+// tier or another node's store is weighed against.
+double compute_ms_per_page(double prompt_tokens, int32_t page_size, const prefill_model& model);
+
 // What a page found in a KV store tier is worth against one in the arena
 // (1) or none (0): 1 - load / compute, clamped, where compute is the
 // prefill time the page saves.  Unmeasured (either < 0): 0.5.
