@@ -641,12 +641,20 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
           f->second = true;
         with_engine(self, [id](engine& e) { return e.abort(id); });
       },
-      // Draining: every sequence's request side is asked to move it.
-      [self](relocate_atom) {
+      // Draining: the request side of every sequence that `client` (the
+      // service process draining it; none: every process) streams to is
+      // asked to move it.  Another service sharing this instance keeps
+      // its sequences here.  Replies with how many that client still has.
+      [self](relocate_atom, const caf::node_id& client) -> int32_t {
+        int32_t held = 0;
         for (const auto& [key, id] : self->state.eng->ids()) {
           auto s = self->state.sinks.find(key);
-          if (s != self->state.sinks.end()) self->send(s->second, relocate_atom::value, id);
+          if (s == self->state.sinks.end()) continue;
+          if (client != caf::node_id{} && s->second.node() != client) continue;
+          ++held;
+          self->send(s->second, relocate_atom::value, id);
         }
+        return held;
       },
       // Preempt one running sequence now (the shell, tests).
       [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {

@@ -8,6 +8,7 @@
 #include <caf/openssl/manager.hpp>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -146,18 +147,31 @@ node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer s
   };
 }
 
-// One service the node hosts instances for.
+// One instance the node runs, shared by every service that asks for the
+// same spec in the same slot (issue 37 item 3: several services of a
+// cluster serve through the same instances, and the instance's admission
+// arbitrates between their requests).  It stops once no service uses it.
+struct shared_instance {
+  hosted_instance hosted;
+  std::set<std::string> users;  // service ids
+};
+
+// One service the node hosts instances for: which shared instance serves
+// each of its slots.
 struct hosted_service {
   node_link_actor link;
   bool link_alive = false;
-  std::map<int32_t, hosted_instance> slots;  // by slot
-  std::map<int32_t, instance_spec> specs;
+  std::map<int32_t, std::string> slots;  // slot -> instance key
 };
 
 struct node_state {
   node_options opts;
   node_spawner_actor spawner;
-  std::map<std::string, hosted_service> services;  // by service id
+  std::map<std::string, hosted_service> services;    // by service id
+  std::map<std::string, shared_instance> instances;  // by instance key
+  // Keys being built, with what waits for them (a second service asking
+  // for an instance the first's request is building gets that one).
+  std::map<std::string, std::vector<std::function<void()>>> starting;
   bool leaving = false;
   // Other nodes connected directly (by the address a service gave: their
   // node actor, monitored, so a lost connection is noticed and made
@@ -205,12 +219,53 @@ void connect_peers(self_ptr self, const std::vector<std::string>& addresses) {
   }
 }
 
-bool same_spec(const instance_spec& a, const instance_spec& b) {
-  return caf::deep_to_string(a) == caf::deep_to_string(b);
+// One instance's stats into the node's load; the KV store is the
+// process's, counted once (every instance's stats carry it).
+void add_instance_load(node_load& l, const instance_stats& s, bool& store_seen) {
+  l.running += s.running;
+  l.waiting += s.waiting;
+  l.used_pages += static_cast<int64_t>(s.kv.used());
+  l.total_pages += static_cast<int64_t>(s.kv.total);
+  if (store_seen || s.store.tiers.empty()) return;
+  store_seen = true;
+  for (const auto& t : s.store.tiers) {
+    (t.name == "disk" ? l.kv_disk_pages : l.kv_host_pages) += t.pages;
+    l.kv_hits += t.hits;
+  }
+  l.kv_misses = s.store.tiers.back().misses;  // the lowest tier's: no tier held the page
 }
 
-// Spawns the missing slots of `svc` one after the other, then delivers.
+// Which shared instance serves `spec` in `slot`: services that ask for the
+// same engine in the same slot share it.
+std::string instance_key(int32_t slot, const instance_spec& spec) {
+  return std::to_string(slot) + "/" + caf::deep_to_string(spec);
+}
+
+// Service `svc` no longer uses the instance `key`: it stops when no
+// other service does.
+void release(self_ptr self, const std::string& svc, const std::string& key) {
+  auto& st = self->state;
+  auto it = st.instances.find(key);
+  if (it == st.instances.end()) return;
+  it->second.users.erase(svc);
+  if (!it->second.users.empty()) return;
+  self->send_exit(it->second.hosted.actor, caf::exit_reason::user_shutdown);
+  st.instances.erase(it);
+}
+
+// The instances of `svc`'s slots, in slot order (those that are up).
+std::vector<hosted_instance> hosted_of(const node_state& st, const hosted_service& hs) {
+  std::vector<hosted_instance> out;
+  for (const auto& [slot, key] : hs.slots)
+    if (auto it = st.instances.find(key); it != st.instances.end())
+      out.push_back(it->second.hosted);
+  return out;
+}
+
+// Spawns the missing slots of `svc` one after the other (or waits for
+// the one another service's request is building), then delivers.
 void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_t next,
+                std::vector<instance_spec> specs,
                 caf::typed_response_promise<std::vector<hosted_instance>> rp) {
   auto& st = self->state;
   auto it = st.services.find(svc);
@@ -219,28 +274,64 @@ void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_
     return;
   }
   if (next == todo.size()) {
-    std::vector<hosted_instance> out;
-    for (auto& [slot, h] : it->second.slots) out.push_back(h);
-    rp.deliver(std::move(out));
+    rp.deliver(hosted_of(st, it->second));
     return;
   }
   const int32_t slot = todo[next];
-  self->request(st.spawner, caf::infinite, spawn_instance_atom::value, slot, it->second.specs[slot])
+  const auto sit = it->second.slots.find(slot);
+  if (sit == it->second.slots.end()) {  // released meanwhile (a later host asked for fewer)
+    fill_slots(self, svc, std::move(todo), next + 1, std::move(specs), rp);
+    return;
+  }
+  const std::string key = sit->second;
+  auto again = [self, svc, todo, next, specs, rp]() mutable {
+    fill_slots(self, svc, std::move(todo), next, std::move(specs), rp);
+  };
+  if (auto have = st.instances.find(key); have != st.instances.end()) {
+    have->second.users.insert(svc);
+    fill_slots(self, svc, std::move(todo), next + 1, std::move(specs), rp);
+    return;
+  }
+  if (auto b = st.starting.find(key); b != st.starting.end()) {
+    b->second.push_back(again);
+    return;
+  }
+  st.starting[key];
+  auto wake = [self, key] {
+    auto& st = self->state;
+    auto w = st.starting.find(key);
+    if (w == st.starting.end()) return;
+    auto waiters = std::move(w->second);
+    st.starting.erase(w);
+    for (auto& f : waiters) f();
+  };
+  self->request(st.spawner, caf::infinite, spawn_instance_atom::value, slot, specs[size_t(slot)])
       .then(
-          [self, svc, todo, next, rp](hosted_instance& h) mutable {
+          [self, svc, todo, next, specs, rp, key, wake](hosted_instance& h) mutable {
             auto& st = self->state;
-            auto it = st.services.find(svc);
-            if (it == st.services.end()) {
+            // Wanted still by a service that asked for it?
+            bool wanted = false;
+            for (const auto& [id, hs] : st.services)
+              for (const auto& [s, k] : hs.slots) wanted = wanted || k == key;
+            if (!wanted) {
               caf::anon_send_exit(h.actor, caf::exit_reason::user_shutdown);
             } else {
-              spdlog::info("node: instance {} of service {} is up ({} pages of {} tokens)", h.slot,
-                           svc, h.info.n_pages, h.info.page_size);
+              spdlog::info("node: instance {} is up ({} pages of {} tokens)", h.slot,
+                           h.info.n_pages, h.info.page_size);
               self->monitor(h.actor);
-              it->second.slots[h.slot] = h;
+              auto& si = st.instances[key];
+              si.hosted = h;
+              for (const auto& [id, hs] : st.services)
+                for (const auto& [s, k] : hs.slots)
+                  if (k == key) si.users.insert(id);
             }
-            fill_slots(self, svc, std::move(todo), next + 1, rp);
+            wake();
+            fill_slots(self, svc, std::move(todo), next + 1, std::move(specs), rp);
           },
-          [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          [rp, wake](caf::error& e) mutable {
+            wake();
+            rp.deliver(std::move(e));
+          });
 }
 
 }  // namespace
@@ -258,8 +349,8 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
     // process, and the actor system (so the process) waits for every actor
     // before it exits.  Exit messages are trapped for that alone.
     self->set_exit_handler([self](caf::exit_msg& m) {
-      for (auto& [svc, hs] : self->state.services)
-        for (auto& [slot, h] : hs.slots) self->send_exit(h.actor, m.reason);
+      for (auto& [key, si] : self->state.instances) self->send_exit(si.hosted.actor, m.reason);
+      self->state.instances.clear();
       self->state.services.clear();
       self->quit(m.reason);
     });
@@ -281,15 +372,15 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
                        st.opts.reap_after.count());
           self->delayed_send(self, st.opts.reap_after, reap_atom::value, svc);
         }
-        for (auto it = hs.slots.begin(); it != hs.slots.end();)
-          if (it->second.actor.address() == dm.source) {
-            spdlog::warn("node: instance {} of service {} is down: {}", it->first, svc,
-                         self->system().render(dm.reason));
-            it = hs.slots.erase(it);
-          } else {
-            ++it;
-          }
       }
+      for (auto it = st.instances.begin(); it != st.instances.end();)
+        if (it->second.hosted.actor.address() == dm.source) {
+          spdlog::warn("node: instance {} ({} services) is down: {}", it->second.hosted.slot,
+                       it->second.users.size(), self->system().render(dm.reason));
+          it = st.instances.erase(it);
+        } else {
+          ++it;
+        }
     });
     return {
         // A service's instances, one per spec: the ones it runs, else spawned now.
@@ -314,28 +405,29 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           std::vector<int32_t> todo;
           for (size_t i = 0; i < specs.size(); ++i) {
             const auto slot = static_cast<int32_t>(i);
-            auto have = hs.specs.find(slot);
-            if (have != hs.specs.end() && !same_spec(have->second, specs[i])) {
-              // A different engine in this slot: the old one goes.
-              if (auto h = hs.slots.find(slot); h != hs.slots.end()) {
-                self->send_exit(h->second.actor, caf::exit_reason::user_shutdown);
-                hs.slots.erase(h);
-              }
-            }
-            hs.specs[slot] = specs[i];
-            if (!hs.slots.count(slot)) todo.push_back(slot);
+            const auto key = instance_key(slot, specs[i]);
+            auto have = hs.slots.find(slot);
+            // A different engine in this slot: the old one is released.
+            if (have != hs.slots.end() && have->second != key) release(self, svc, have->second);
+            hs.slots[slot] = key;
+            if (auto si = st.instances.find(key); si != st.instances.end())
+              si->second.users.insert(svc);
+            else
+              todo.push_back(slot);
           }
           for (auto it = hs.slots.begin(); it != hs.slots.end();)
             if (it->first >= static_cast<int32_t>(specs.size())) {
-              self->send_exit(it->second.actor, caf::exit_reason::user_shutdown);
+              release(self, svc, it->second);
               it = hs.slots.erase(it);
             } else {
               ++it;
             }
-          spdlog::info("node: service {} asks for {} instances ({} to start)", svc, specs.size(),
-                       todo.size());
+          spdlog::info(
+              "node: service {} asks for {} instances ({} to start, the rest shared "
+              "or its own already)",
+              svc, specs.size(), todo.size());
           auto rp = self->make_response_promise<std::vector<hosted_instance>>();
-          fill_slots(self, svc, std::move(todo), 0, rp);
+          fill_slots(self, svc, std::move(todo), 0, specs, rp);
           return rp;
         },
         // The service's other nodes: connect to them directly.
@@ -346,8 +438,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
         [self](resources_atom) {
           auto r = local_resources();
           for (const auto& [a, nid] : self->state.peers) r.peers.push_back(a);
-          for (const auto& [svc, hs] : self->state.services)
-            r.instances += static_cast<int32_t>(hs.slots.size());
+          r.instances = static_cast<int32_t>(self->state.instances.size());
           return r;
         },
         // The node stops: services are told once; replies with sequences still held.
@@ -360,8 +451,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           }
           // The sequences still held, summed over every instance.
           std::vector<instance_actor> all;
-          for (auto& [svc, hs] : st.services)
-            for (auto& [slot, h] : hs.slots) all.push_back(h.actor);
+          for (auto& [key, si] : st.instances) all.push_back(si.hosted.actor);
           if (all.empty()) return 0;
           auto rp = self->make_response_promise<int32_t>();
           auto total = std::make_shared<int32_t>(0);
@@ -378,16 +468,39 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
                     });
           return rp;
         },
+        // Its load for the registry: every instance's stats, summed.
+        [self](node_load_atom) -> caf::result<node_load> {
+          auto& st = self->state;
+          auto sum = std::make_shared<node_load>();
+          sum->instances = static_cast<int32_t>(st.instances.size());
+          if (st.instances.empty()) return *sum;
+          auto rp = self->make_response_promise<node_load>();
+          auto left = std::make_shared<size_t>(st.instances.size());
+          auto store_seen = std::make_shared<bool>(false);
+          for (const auto& [key, si] : st.instances)
+            self->request(si.hosted.actor, std::chrono::seconds(2), stats_atom::value)
+                .then(
+                    [rp, sum, left, store_seen](const instance_stats& s) mutable {
+                      add_instance_load(*sum, s, *store_seen);
+                      if (--*left == 0) rp.deliver(*sum);
+                    },
+                    [rp, sum, left](caf::error&) mutable {
+                      if (--*left == 0) rp.deliver(*sum);
+                    });
+          return rp;
+        },
         // A lost service did not come back in time: its instances stop.
         [self](reap_atom, const std::string& svc) {
           auto& st = self->state;
           auto it = st.services.find(svc);
           if (it == st.services.end() || it->second.link_alive) return;
-          spdlog::warn("node: service {} did not come back; stopping its {} instances", svc,
-                       it->second.slots.size());
-          for (auto& [slot, h] : it->second.slots)
-            self->send_exit(h.actor, caf::exit_reason::user_shutdown);
+          spdlog::warn(
+              "node: service {} did not come back; releasing its {} instances (those "
+              "no other service uses stop)",
+              svc, it->second.slots.size());
+          const auto slots = std::move(it->second.slots);
           st.services.erase(it);
+          for (const auto& [slot, key] : slots) release(self, svc, key);
         },
     };
   });

@@ -2,10 +2,13 @@
 // The node actor (docs/architecture.md §2 "The actors",
 // §2.2 "Processes, threads and boundaries"; issue 10): one per `troupe node`
 // process.  It hosts engine instances for services (messages/node.hpp):
-// builds them from specs on a detached spawner, keeps them while their
-// service's link lives (and for `reap_after` once it is gone, so a service
-// that reconnects finds its instances and sequences still there), and tells
-// the services when the node is about to stop.
+// builds them from specs on a detached spawner, keeps them while a
+// service's link using them lives (and for `reap_after` once it is gone, so
+// a service that reconnects finds its instances and sequences still there),
+// and tells the services when the node is about to stop.  Services that ask
+// for the same spec in the same slot share one instance (issue 37): each
+// router places its requests there, the instance's scheduler admits them
+// all, and the instance stops once no service uses it.
 //
 // spawn_engine is the one way an engine is built, for `troupe serve`'s
 // local instances as for a node's.
@@ -16,6 +19,7 @@
 #include "actors/kv_pool.hpp"
 #include "messages/node.hpp"
 #include "runtime/model/model_file.hpp"
+#include "runtime/service/cluster_state.hpp"
 
 namespace troupe {
 
@@ -52,7 +56,10 @@ struct node_options {
 // `stop_atom` on the node: the node is stopping; replies with the
 // sequences its instances still hold.  The first call tells every service
 // (leaving), which moves its sequences elsewhere; the caller polls until 0.
-using node_control_actor = node_actor::extend<caf::replies_to<stop_atom>::with<int32_t>>;
+// `node_load_atom`: the load of every instance it hosts and its KV store,
+// summed (the registry record's load, runtime/service/cluster_state).
+using node_control_actor = node_actor::extend<caf::replies_to<stop_atom>::with<int32_t>,
+                                              caf::replies_to<node_load_atom>::with<node_load>>;
 
 node_control_actor spawn_node(caf::actor_system& sys, node_options opts);
 

@@ -22,6 +22,7 @@ struct link_state {
   bool leaving = false;       // the node said it stops: no reconnect to it
   bool detaching = false;     // the service let the node go: never again
   bool shrinking = false;     // its last instance is draining to stop
+  int failures = 0;           // attempts failed since it was last up (the retry backs off)
   std::vector<caf::typed_response_promise<link_status>> waiting;            // for settled
   std::vector<caf::typed_response_promise<std::vector<uint64_t>>> growing;  // grow asked
   static inline const char* name = "node_link";
@@ -32,6 +33,9 @@ using self_ptr = node_link_full_actor::stateful_pointer<link_state>;
 // The node's resources again (memory, instances, peers), for the router's
 // view; every few seconds while it is up.
 constexpr auto k_resources_every = std::chrono::seconds(2);
+
+// The longest wait between attempts at a node that does not answer.
+constexpr std::chrono::milliseconds k_retry_most{5000};
 
 // The service's other nodes, for the node to connect to (again, after a
 // lost connection or a failed first try).
@@ -85,7 +89,12 @@ void failed(self_ptr self, const std::string& state, const std::string& why) {
     spdlog::warn("cluster: node {} {}: {}", st.opts.address(), state, why);
   }
   settle(self);
-  if (!st.leaving) self->delayed_send(self, st.opts.retry, connect_now_atom::value);
+  // A node that stays away is tried less often: retry, 2x, 4x, ... up to
+  // k_retry_most (a node that just died is tried again at once).
+  const int doublings = std::min(st.failures++, 6);
+  const auto wait = std::min<std::chrono::milliseconds>(st.opts.retry * (1 << doublings),
+                                                        std::max(st.opts.retry, k_retry_most));
+  if (!st.leaving) self->delayed_send(self, wait, connect_now_atom::value);
 }
 
 void host(self_ptr self) {
@@ -118,6 +127,7 @@ void host(self_ptr self) {
                       st.status.info = info;
                       st.status.state = "up";
                       st.status.error.clear();
+                      st.failures = 0;
                       st.status.instances = std::move(ids);
                       st.logged.clear();
                       for (auto& rp : st.growing) rp.deliver(st.status.instances);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -38,6 +39,10 @@ struct node_set_state {
   // a few ms, on a busy machine, would drain a healthy node).
   std::map<std::string, int> missing;
   std::set<std::string> warned;  // records refused, logged once
+  // Every link started, for the set's end: they stop with it.  (Monitored,
+  // not linked: one link that fails must not take the set and every other
+  // link down.)
+  std::shared_ptr<std::vector<caf::actor>> all_links = std::make_shared<std::vector<caf::actor>>();
   static inline const char* name = "node_set";
 };
 
@@ -93,7 +98,8 @@ std::string add(self_ptr self, const std::string& address, int32_t count,
   lo.peers = addresses(st);
   lo.peers.push_back(address);
   auto link = spawn_node_link(self->system(), std::move(lo));
-  self->link_to(link);  // the links stop with the set
+  self->monitor(link);
+  st.all_links->push_back(caf::actor_cast<caf::actor>(link));
   st.members[address] = member{link, how, false};
   st.removed_by_hand.erase(address);
   tell_peers(self);
@@ -161,6 +167,32 @@ void remove(self_ptr self, const std::string& address, std::function<void(std::s
 node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts) {
   return sys.spawn([opts = std::move(opts)](self_ptr self) -> node_set_actor::behavior_type {
     self->state.opts = opts;
+    // The links stop with the set.
+    self->attach_functor([links = self->state.all_links](const caf::error&) {
+      for (const auto& l : *links) caf::anon_send_exit(l, caf::exit_reason::user_shutdown);
+    });
+    // A link that failed (not one that quit after detach): its node leaves
+    // the router (its requests recover elsewhere); a registry node is joined
+    // again at the next read, with a new link (the node hands back the same
+    // instances).
+    self->set_down_handler([self](const caf::down_msg& dm) {
+      auto& st = self->state;
+      auto& links = *st.all_links;
+      links.erase(std::remove_if(links.begin(), links.end(),
+                                 [&](const caf::actor& l) { return l.address() == dm.source; }),
+                  links.end());
+      for (auto it = st.members.begin(); it != st.members.end(); ++it) {
+        if (it->second.link.address() != dm.source || it->second.removing) continue;
+        spdlog::error("cluster: the link to node {} failed ({}); the node leaves the service",
+                      it->first, self->system().render(dm.reason));
+        const std::string address = it->first;
+        st.members.erase(it);
+        st.missing.erase(address);
+        self->send(st.opts.router, forget_node_atom::value, address);
+        tell_peers(self);
+        break;
+      }
+    });
     return {
         [self](node_add_atom, const std::string& address, int32_t count,
                std::vector<instance_spec>& specs) -> caf::result<link_status> {

@@ -22,6 +22,9 @@ struct router_state {
   router_options opts;
   std::vector<router_instance> instances;
   std::map<uint64_t, instance_stats> last;  // by instance id
+  // A draining instance's sequences of this service (a shared instance
+  // holds other services' too): its last answer to relocate, by id.
+  std::map<uint64_t, int32_t> own_left;
   std::vector<drain_wait> drains;
   placement_cursor cursor;
   prefill_model model;                   // step time by rows, from every instance's steps
@@ -202,10 +205,13 @@ void settle_drains(self_ptr self) {
   for (auto it = st.drains.begin(); it != st.drains.end();) {
     auto s = st.last.find(it->instance);
     const auto* inst = find(st, it->instance);
+    const auto own = st.own_left.find(it->instance);
     const bool empty = !inst || inst->state == "down" ||
-                       (s != st.last.end() && s->second.running + s->second.waiting == 0);
+                       (s != st.last.end() && s->second.running + s->second.waiting == 0) ||
+                       (own != st.own_left.end() && own->second == 0);
     if (empty) {
       it->promise.deliver(it->instance);
+      st.own_left.erase(it->instance);
       it = st.drains.erase(it);
     } else {
       ++it;
@@ -301,6 +307,7 @@ void forget_instances(self_ptr self, Which which) {
     }
     if (it->actor) self->demonitor(it->actor.address());
     st.last.erase(it->id);
+    st.own_left.erase(it->id);
     st.windows.erase(it->id);
     st.modeled.erase(it->id);
     spdlog::info("router: instance {} on {} leaves the service", it->id, it->node);
@@ -311,13 +318,21 @@ void forget_instances(self_ptr self, Which which) {
 void poll(self_ptr self) {
   for (const auto& i : self->state.instances) {
     if (i.state == "down") continue;
-    // A draining instance with sequences asks their requests to move.
+    const uint64_t id = i.id;
+    // A draining instance with sequences asks this service's requests to
+    // move (only its own: other services sharing the instance keep theirs).
     if (i.state == "draining" && self->state.opts.drain_migrates) {
       auto s = self->state.last.find(i.id);
       if (s == self->state.last.end() || s->second.running + s->second.waiting > 0)
-        self->send(i.actor, relocate_atom::value);
+        self->request(i.actor, std::chrono::seconds(5), relocate_atom::value, self->node())
+            .then(
+                [self, id](int32_t held) {
+                  if (!find(self->state, id)) return;
+                  self->state.own_left[id] = held;
+                  settle_drains(self);
+                },
+                [](caf::error&) {});
     }
-    const uint64_t id = i.id;
     self->request(i.actor, std::chrono::seconds(5), stats_atom::value)
         .then(
             [self, id](instance_stats& s) {

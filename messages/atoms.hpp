@@ -121,5 +121,6 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
 // The node actor's own messages (actors/node).
 using reap_atom = caf::atom_constant<caf::atom("reap")>;
+using node_load_atom = caf::atom_constant<caf::atom("nodeload")>;
 
 }  // namespace troupe

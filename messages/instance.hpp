@@ -120,7 +120,9 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 // import:  (request, transfer) as import, from a staged, complete blob.
 // tick:    its own timer while blobs are staged (stale ones are dropped).
 // stats:   queue lengths, counters and the KV pages.
-// relocate: (drain) asks each sequence's sink to move it elsewhere.
+// relocate: (drain; client) asks the sink of each sequence that service
+//          process `client` streams to (none: every sequence) to move it
+//          elsewhere; replies with how many it asked.
 // preempt: (id) preempts running sequence `id` as the scheduler does when
 //          KV runs short (swap or recompute, per the instance's mode);
 //          replies 1, or an error when it is not running.
@@ -141,7 +143,8 @@ using kv_receiver_actor =
                                      std::vector<uint8_t>>::with<uint64_t>>;
 
 using instance_actor = caf::typed_actor<
-    caf::reacts_to<relocate_atom>, caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
+    caf::replies_to<relocate_atom, caf::node_id>::with<int32_t>,
+    caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,
     caf::replies_to<import_atom, sequence_request, std::vector<uint8_t>>::with<int32_t>,

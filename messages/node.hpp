@@ -14,6 +14,7 @@
 #include "messages/device.hpp"
 #include "messages/instance.hpp"
 #include "runtime/config/settings.hpp"
+#include "runtime/service/cluster_state.hpp"
 
 namespace troupe {
 
@@ -68,6 +69,12 @@ struct hosted_instance {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, hosted_instance& x) {
   return f(caf::meta::type_name("hosted_instance"), x.slot, x.actor, x.info, x.device, x.store);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, node_load& x) {
+  return f(caf::meta::type_name("node_load"), x.instances, x.running, x.waiting, x.used_pages,
+           x.total_pages, x.kv_host_pages, x.kv_disk_pages, x.kv_hits, x.kv_misses);
 }
 
 // What a node has to offer.
@@ -131,11 +138,13 @@ using node_set_actor =
                      caf::replies_to<node_remove_atom, std::string>::with<std::string>,
                      caf::reacts_to<registry_atom, std::vector<std::string>, std::vector<int32_t>>,
                      caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
-    caf::replies_to<shrink_atom, std::string>::with<uint64_t>>;
+                     caf::replies_to<shrink_atom, std::string>::with<uint64_t>>;
 
 // host:      (service id, link, specs) the instances this service runs on
 //            the node, one per spec: the ones it runs already (a link that
-//            reconnects gets the same actors back), else spawned now.  The
+//            reconnects gets the same actors back), or the one another
+//            service asked for with the same spec in the same slot (shared),
+//            else spawned now.  Specs it no longer names are released.  The
 //            reply comes once all are up; an error names the spec that
 //            failed and why (unknown model, no OpenCL device, ...).
 // resources: cores, memory, OpenCL devices, instances hosted.

@@ -113,10 +113,11 @@ std::string etcd_client::call(const std::string& path, const std::string& body) 
   throw etcd_error("etcd unreachable (" + failures + ")");
 }
 
-int64_t etcd_client::grant(int ttl_s) {
+int64_t etcd_client::grant(int ttl_s, int64_t* granted_ttl_s) {
   auto j = parse_reply(call("lease/grant", json{{"TTL", ttl_s}}.dump()));
   const int64_t id = number_of(j, "ID");
   if (id == 0) throw etcd_error("etcd: lease/grant gave no lease");
+  if (granted_ttl_s) *granted_ttl_s = number_of(j, "TTL");
   return id;
 }
 

@@ -35,8 +35,9 @@ class etcd_client {
   explicit etcd_client(std::vector<std::string> endpoints,
                        std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
 
-  // A new lease of `ttl_s` seconds; its id.
-  int64_t grant(int ttl_s);
+  // A new lease of `ttl_s` seconds; its id.  `granted_ttl_s`: the TTL etcd
+  // gave it (it may raise a short one to its minimum; 0 when not said).
+  int64_t grant(int ttl_s, int64_t* granted_ttl_s = nullptr);
   // Renews the lease; its remaining TTL in seconds, 0 when etcd no longer
   // knows it (it expired, or was revoked).
   int64_t keep_alive(int64_t lease);

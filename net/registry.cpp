@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace troupe {
 
 std::string registry_nodes_prefix(const std::string& cluster_fingerprint) {
@@ -11,6 +13,16 @@ std::string registry_nodes_prefix(const std::string& cluster_fingerprint) {
 registration::registration(std::vector<std::string> endpoints, std::string key, std::string value,
                            int ttl_s)
     : client_(std::move(endpoints)), key_(std::move(key)), ttl_s_(ttl_s), value_(std::move(value)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+registration::registration(std::vector<std::string> endpoints, std::string key,
+                           std::function<std::string()> current, int ttl_s)
+    : client_(std::move(endpoints)),
+      key_(std::move(key)),
+      ttl_s_(ttl_s),
+      value_(current()),
+      current_(std::move(current)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -43,24 +55,46 @@ void registration::stop(bool withdraw) {
 }
 
 void registration::loop() {
-  // Renew at a third of the TTL, so two lost renewals still leave the key.
-  const auto renew_every = std::chrono::milliseconds(ttl_s_ * 1000 / 3);
+  // Renew at a third of the TTL, so two lost renewals still leave the key;
+  // of the TTL etcd granted when that is shorter than the one asked for.
+  int64_t granted = ttl_s_;
+  auto renew_every = [&] {
+    return std::chrono::milliseconds(std::max<int64_t>(1, std::min<int64_t>(ttl_s_, granted)) *
+                                     1000 / 3);
+  };
   const auto retry_every = std::chrono::milliseconds(1000);
   std::string logged;  // the last failure logged: an outage logs once
   std::unique_lock<std::mutex> lk(mu_);
+  bool first = true;
   while (!stopping_) {
+    lk.unlock();
+    if (current_ && !first) {
+      std::string now = current_();
+      lk.lock();
+      if (!now.empty()) value_ = std::move(now);
+      lk.unlock();
+    }
+    first = false;
+    lk.lock();
     std::string value = value_;
     lk.unlock();
     bool ok = true;
     try {
-      if (lease_ != 0 && client_.keep_alive(lease_) <= 0) {
-        spdlog::warn("registry: the lease of {} expired; registering again", key_);
-        lease_ = 0;
+      if (lease_ != 0) {
+        const int64_t left = client_.keep_alive(lease_);
+        if (left <= 0) {
+          spdlog::warn("registry: the lease of {} expired; registering again", key_);
+          lease_ = 0;
+        } else {
+          granted = left;
+        }
       }
       // The record again at every renewal: cheap, and a key deleted by
       // hand (or a put that failed after its grant) comes back.
       const bool fresh = lease_ == 0;
-      const int64_t lease = fresh ? client_.grant(ttl_s_) : lease_;
+      int64_t ttl = 0;
+      const int64_t lease = fresh ? client_.grant(ttl_s_, &ttl) : lease_;
+      if (fresh && ttl > 0) granted = ttl;
       client_.put(key_, value, lease);
       lease_ = lease;
       if (fresh) spdlog::info("registry: registered {} (lease ttl {} s)", key_, ttl_s_);
@@ -76,7 +110,7 @@ void registration::loop() {
     }
     lk.lock();
     if (!ok) registered_ = false;
-    wake_.wait_for(lk, ok ? renew_every : retry_every, [this] { return stopping_; });
+    wake_.wait_for(lk, ok ? renew_every() : retry_every, [this] { return stopping_; });
   }
 }
 

@@ -25,10 +25,16 @@ namespace troupe {
 std::string registry_nodes_prefix(const std::string& cluster_fingerprint);
 
 // Keeps `key` = `value` in etcd under a lease of `ttl_s` seconds, renewed
-// every third of it, until stopped.  Its value can change (load).
+// every third of it, until stopped.  Its value can change (load): set by
+// set_value, or made at each renewal by a function.
 class registration {
  public:
   registration(std::vector<std::string> endpoints, std::string key, std::string value, int ttl_s);
+  // The value made anew by `current` at every renewal, on the loop's
+  // thread (a load summary: it may block briefly, asking actors); an empty
+  // string from it keeps the last value.
+  registration(std::vector<std::string> endpoints, std::string key,
+               std::function<std::string()> current, int ttl_s);
   ~registration();  // stop(false)
   registration(const registration&) = delete;
   registration& operator=(const registration&) = delete;
@@ -49,6 +55,7 @@ class registration {
   std::mutex mu_;
   std::condition_variable wake_;
   std::string value_;
+  std::function<std::string()> current_;
   bool stopping_ = false;
   std::atomic<bool> registered_{false};
   int64_t lease_ = 0;

@@ -7,11 +7,8 @@ namespace troupe {
 using json = nlohmann::json;
 
 std::string to_registry_value(const node_record& r) {
-  return json{{"address", r.address},
-              {"instances", r.instances},
-              {"cores", r.cores},
-              {"mem_total", r.mem_total},
-              {"devices", r.devices}}
+  return json{{"address", r.address},     {"instances", r.instances}, {"cores", r.cores},
+              {"mem_total", r.mem_total}, {"devices", r.devices},     {"load", to_json(r.load)}}
       .dump();
 }
 
@@ -44,6 +41,7 @@ std::optional<node_record> parse_registry_value(const std::string& value, std::s
   if (auto it = j.find("devices"); it != j.end() && it->is_array())
     for (const auto& d : *it)
       if (d.is_string()) r.devices.push_back(d.get<std::string>());
+  if (auto it = j.find("load"); it != j.end()) r.load = node_load_from(*it);
   return r;
 }
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/service/cluster_state.hpp"
+
 namespace troupe {
 
 // What a node says of itself in the registry: where it listens, how many
@@ -19,6 +21,7 @@ struct node_record {
   int32_t cores = 0;
   int64_t mem_total = 0;
   std::vector<std::string> devices;  // OpenCL devices, as the node names them
+  node_load load;                    // as of its last renewal (runtime/service/cluster_state)
 };
 
 std::string to_registry_value(const node_record& r);

@@ -159,8 +159,8 @@ class late_node {
 // A service started with no node at all takes a node started after it;
 // a second node joins under load; the first is killed -9 and its requests
 // recover on the second, then it leaves the registry; a second service
-// takes the remaining node; the first service is killed -9 and the
-// second's streams go on untouched.
+// shares the remaining node's instances; the first service is killed -9
+// while both stream there, and the second's streams go on untouched.
 TEST_F(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
   const auto want = offline_tokens("stories15m", kPrompt, 120);
 
@@ -198,13 +198,31 @@ TEST_F(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
       << "the dead node is still listed: " << dump(states);
   for (const auto& i : s1->admin("instances")) EXPECT_EQ(i["node"], n2.address());
 
-  // A second service finds the remaining node in the registry.
+  {  // s1 serves on the remaining node (its streams may have ended on the first)
+    auto r = run_one(s1->endpoint(), 150, 40);
+    ASSERT_FALSE(r.error) << r.error->message();
+  }
+  // A second service finds the remaining node in the registry and shares
+  // its instances: the node starts none for it, and the second service
+  // sees the requests the first one finished there.
   server_process s2(reg);
   states = node_states(s2);
   EXPECT_EQ(states, (std::map<std::string, std::string>{{n2.address(), "up"}})) << dump(states);
+  std::this_thread::sleep_for(2500ms);  // past the link's resource refresh (2 s)
+  EXPECT_EQ(s2.admin("nodes").at(0)["hosted"], 2) << "the node started instances for s2";
+  auto sum = [](const nlohmann::json& instances, const char* key) {
+    int64_t n = 0;
+    for (const auto& i : instances) n += i[key].get<int64_t>();
+    return n;
+  };
+  EXPECT_GE(sum(s2.admin("instances"), "finished"), 1)
+      << "s2 does not see s1's requests: " << s2.admin("instances").dump();
+  // Both services stream through the same instances; the first dies
+  // under load, and the second's streams go on where they are.
+  streams on_s1(s1->endpoint(), 4, 120, 200);
   streams on_s2(s2.endpoint(), 4, 120, 100);
+  ASSERT_TRUE(on_s1.wait_started(4));
   ASSERT_TRUE(on_s2.wait_started(4));
-  // The first service dies: the second's streams go on.
   s1.reset();
   ASSERT_TRUE(on_s2.finish());
   for (const auto& r : on_s2.rs) {
@@ -212,6 +230,18 @@ TEST_F(Registry, NodesJoinAndLeaveServicesWhileTheyServe) {
     EXPECT_EQ(r.token_ids, want) << "request " << r.request_id;
     EXPECT_EQ(r.finished.instances_size(), 1) << "a stream of the second service moved";
   }
+  // The dead service's sequences leave the shared instances (their sinks
+  // are gone), and the node keeps serving the second.
+  const auto until = clock_type::now() + 30s;
+  auto held = [&] {
+    auto is = s2.admin("instances");
+    return sum(is, "running") + sum(is, "waiting");
+  };
+  while (held() > 0 && clock_type::now() < until) std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(held(), 0) << "the dead service's sequences stay on the shared instances";
+  auto r = run_one(s2.endpoint(), 300, 120);
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.token_ids, want);
 }
 
 // etcd dies under load: serving goes on with the nodes known; a node
@@ -249,6 +279,87 @@ TEST_F(Registry, ServingOutlivesAnEtcdOutage) {
   // Both registered again, so both stay (a few lease periods later).
   std::this_thread::sleep_for(5s);
   EXPECT_EQ(node_states(s).size(), 2u) << dump(node_states(s));
+}
+
+// The cluster's global state in etcd: a node publishes its load and KV
+// summary, a service its endpoints and load, at every renewal; `troupe
+// cluster` shows them; `troupe client --server etcd://...` finds the
+// services there (the least loaded first); a service that stops withdraws
+// its record, one killed -9 leaves with its lease.
+TEST_F(Registry, GlobalStateIsPublishedAndClientsFindServicesThere) {
+  const auto want = offline_tokens("stories15m", kPrompt, 120);
+  node_process n1(secret.path(), node_reg + " --instances 2");
+  auto s1 = std::make_unique<server_process>(reg + kNodeFlags);
+  auto s2 = std::make_unique<server_process>(reg + kNodeFlags);
+  const std::string url = etcd->url();
+  auto cluster = [&] {
+    auto r = run_process(troupe_bin() + " cluster --registry " + url + " --json");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? nlohmann::json::parse(r.out)
+                            : nlohmann::json{{"nodes", nlohmann::json::array()},
+                                             {"services", nlohmann::json::array()}};
+  };
+  // Bounded wait until `pred(cluster view)` holds; the last view.
+  auto wait_view = [&](auto pred, std::chrono::seconds limit) {
+    const auto until = clock_type::now() + limit;
+    auto v = cluster();
+    while (!pred(v) && clock_type::now() < until) {
+      std::this_thread::sleep_for(300ms);
+      v = cluster();
+    }
+    return v;
+  };
+  // Both services up, and the node's record renewed since its instances
+  // are (a renewal every 0.67 s with a 2 s lease).
+  auto v = wait_view(
+      [](const auto& v) {
+        return v["services"].size() == 2 && v["nodes"].size() == 1 &&
+               v["nodes"][0]["load"]["instances"] == 2;
+      },
+      15s);
+  ASSERT_EQ(v["services"].size(), 2u) << v.dump();
+  ASSERT_EQ(v["nodes"].size(), 1u) << v.dump();
+  std::set<std::string> eps;
+  for (const auto& sv : v["services"]) eps.insert(sv["endpoints"][0].get<std::string>());
+  EXPECT_EQ(eps, (std::set<std::string>{s1->endpoint(), s2->endpoint()}));
+  // The two services share the node's two instances (a renewal later
+  // still 2, not 4).
+  std::this_thread::sleep_for(1500ms);
+  v = cluster();
+  ASSERT_EQ(v["nodes"].size(), 1u) << v.dump();
+  EXPECT_EQ(v["nodes"][0]["load"]["instances"], 2) << v.dump();
+  EXPECT_GT(v["nodes"][0]["load"]["total_pages"].get<int64_t>(), 0) << v.dump();
+
+  // Under load the records say so (within a few renewals).
+  streams load(s1->endpoint(), 8, 120, 10);
+  ASSERT_TRUE(load.wait_started(2));
+  v = wait_view(
+      [](const auto& v) {
+        return v["nodes"].size() == 1 && v["nodes"][0]["load"]["running"].template get<int>() > 0;
+      },
+      10s);
+  EXPECT_GT(v["nodes"][0]["load"]["running"].get<int>(), 0) << v.dump();
+  ASSERT_TRUE(load.finish());
+
+  // A client finds the services in the registry.
+  auto r = run_process(troupe_bin() + " client --server " + url + " -p " + shell_quote(kPrompt) +
+                       " -n 120 --ignore-eos --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["token_ids"].get<std::vector<int32_t>>(), want);
+
+  // s1 stops: its record is withdrawn at once; s2 is killed -9: its
+  // record leaves with its lease (2 s); clients then find none.
+  s1->signal(SIGTERM);
+  v = wait_view([](const auto& v) { return v["services"].size() == 1; }, 15s);
+  ASSERT_EQ(v["services"].size(), 1u) << v.dump();
+  EXPECT_EQ(v["services"][0]["endpoints"][0], s2->endpoint());
+  s1.reset();
+  s2.reset();
+  v = wait_view([](const auto& v) { return v["services"].empty(); }, 15s);
+  EXPECT_TRUE(v["services"].empty()) << v.dump();
+  auto none = run_process(troupe_bin() + " client --server " + url + " -p hi -n 4");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("lists no service"), std::string::npos) << none.err;
 }
 
 // By hand: `node add` takes a node that is not registered, `node remove`

@@ -138,7 +138,7 @@ struct tally {
            starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
            tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
            tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           second_services = 0, violations = 0;
+           second_services = 0, cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -388,6 +388,19 @@ class round_driver {
       else if (rs[0].token_ids != ref_->tokens[prompt])
         violation("second service: its greedy tokens differ from offline");
       ++t_.second_services;
+      // The registry's global state lists it (`troupe cluster`, within a
+      // few renewals of its lease).
+      bool listed = false;
+      for (int i = 0; i < 20 && !listed; ++i) {
+        auto r = testing::run_process(testing::troupe_bin() + " cluster --registry " +
+                                      etcd_->url() + " --json");
+        listed = r.exit_code == 0 && r.out.find(other.endpoint()) != std::string::npos;
+        if (!listed) std::this_thread::sleep_for(250ms);
+      }
+      if (listed)
+        ++t_.cluster_views;
+      else
+        violation("second service: `troupe cluster` does not list it");
     } catch (const std::exception& e) {
       violation(std::string("second service: ") + e.what());
     }
@@ -1229,6 +1242,7 @@ int run(const options& o) {
             {"registry_joins", t.registry_joins},
             {"registry_removes", t.registry_removes},
             {"second_services", t.second_services},
+            {"cluster_views", t.cluster_views},
             {"tier_copied_pages", t.tier_copied_pages},
             {"tier_pulled_pages", t.tier_pulled_pages},
             {"unfused_rounds", t.unfused_rounds},

@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tools/client/client.hpp"
+#include "tools/client/failover.hpp"
+#include "tools/troupe/cluster_view.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -14,6 +16,7 @@ namespace {
 
 struct client_flags {
   std::string server;
+  std::string cluster;  // with --server etcd://...: which cluster's services
   std::vector<std::string> prompts;
   std::string chat;
   std::string system;
@@ -53,7 +56,14 @@ wire::Generate make_request(const client_flags& f, uint64_t id) {
 int run_client(const client_flags& f) {
   if (f.prompts.empty() == f.chat.empty())
     throw std::invalid_argument("give --prompt (one or more) or --chat, not both");
-  client::connection conn(f.server);
+  // etcd://...: the cluster's services as its registry lists them, the
+  // least loaded first.
+  const bool from_registry = f.server.rfind("etcd://", 0) == 0;
+  const auto endpoints = from_registry
+                             ? rank_service_endpoints(read_cluster(f.server, f.cluster).services)
+                             : client::split_endpoints(f.server);
+  if (endpoints.empty())
+    throw std::runtime_error("the registry " + f.server + " lists no service of the cluster");
   std::vector<wire::Generate> reqs;
   if (!f.chat.empty()) {
     auto g = make_request(f, 1);
@@ -76,12 +86,34 @@ int run_client(const client_flags& f) {
   // One request streams to stdout as it comes; several are pipelined and
   // printed in order when done.
   const bool live = !f.json && reqs.size() == 1;
-  auto results = client::run(conn, reqs, std::chrono::milliseconds(f.timeout_ms),
-                             [&](const wire::TokenChunk& c) {
-                               if (!live) return;
-                               std::fwrite(c.text().data(), 1, c.text().size(), stdout);
-                               std::fflush(stdout);
-                             });
+  auto show = [&](const wire::TokenChunk& c) {
+    if (!live) return;
+    std::fwrite(c.text().data(), 1, c.text().size(), stdout);
+    std::fflush(stdout);
+  };
+  std::vector<client::result> results;
+  if (endpoints.size() == 1 && !from_registry) {
+    client::connection conn(f.server);
+    results = client::run(conn, reqs, std::chrono::milliseconds(f.timeout_ms), show);
+  } else {
+    // Several services of one cluster: a lost one's requests go again to
+    // the next that answers (client/failover.hpp).
+    client::failover_options o;
+    o.timeout = std::chrono::milliseconds(f.timeout_ms);
+    o.on_chunk = show;
+    o.on_failover = [live](const std::string& was, const std::string& next, size_t n) {
+      if (live) std::printf("\n");
+      if (next.empty())
+        std::fprintf(stderr, "[troupe client: the service at %s was lost; no other answers]\n",
+                     was.c_str());
+      else
+        std::fprintf(stderr,
+                     "[troupe client: the service at %s was lost; %zu requests sent again to "
+                     "%s, from their start]\n",
+                     was.c_str(), n, next.c_str());
+    };
+    results = client::run_failover(endpoints, reqs, o);
+  }
   int rc = 0;
   for (const auto& r : results) {
     if (f.json) {
@@ -135,6 +167,8 @@ int run_client(const client_flags& f) {
 }
 
 int run_ping(const client_flags& f) {
+  if (f.server.rfind("etcd://", 0) == 0 || client::split_endpoints(f.server).size() > 1)
+    throw std::invalid_argument("ping takes one endpoint; give --server one address");
   client::connection conn(f.server);
   const auto t0 = std::chrono::steady_clock::now();
   if (!conn.ping(std::chrono::milliseconds(f.timeout_ms))) {
@@ -152,8 +186,15 @@ int run_ping(const client_flags& f) {
 void add_client(CLI::App& app) {
   auto f = std::make_shared<client_flags>();
   auto* cmd = app.add_subcommand("client", "send prompts to a troupe server");
-  cmd->add_option("-s,--server", f->server, "server endpoint (tcp://host:port, ipc://path)")
+  cmd->add_option("-s,--server", f->server,
+                  "server endpoint (tcp://host:port, ipc://path); several services of one "
+                  "cluster, comma-separated: the first that answers serves, and when it is lost "
+                  "the unfinished requests go again to the next; or etcd://HOST:PORT: the "
+                  "services its registry lists, the least loaded first")
       ->required();
+  cmd->add_option("--cluster", f->cluster,
+                  "with --server etcd://...: the cluster's fingerprint (default: the one the "
+                  "registry holds)");
   cmd->add_option("-p,--prompt", f->prompts, "raw prompt text; repeat for pipelined requests");
   cmd->add_option("--chat", f->chat, "a user message, rendered with the model's chat template");
   cmd->add_option("--system", f->system, "system message for --chat");

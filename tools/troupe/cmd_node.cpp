@@ -86,10 +86,18 @@ int run_node(const node_flags& f) {
     rec.cores = res.cores;
     rec.mem_total = static_cast<int64_t>(res.mem_total);
     rec.devices = res.opencl_devices;
+    // The record again at every renewal, with the node's load as of then
+    // (asked of the node actor from the registration's thread).
+    auto current = [sys = env.sys.get(), node, rec]() mutable {
+      caf::scoped_actor self{*sys};
+      self->request(node, std::chrono::seconds(3), node_load_atom::value)
+          .receive([&](node_load& l) { rec.load = l; }, [](caf::error&) {});
+      return to_registry_value(rec);
+    };
     reg = std::make_unique<registration>(
         registry_endpoints(f.cluster.registry),
         registry_nodes_prefix(cluster_fingerprint(secret).substr(0, 16)) + rec.address,
-        to_registry_value(rec), f.cluster.registry_ttl_s);
+        std::function<std::string()>(current), f.cluster.registry_ttl_s);
     for (int i = 0; i < 50 && !reg->registered(); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     if (reg->registered())

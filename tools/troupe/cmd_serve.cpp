@@ -530,8 +530,28 @@ int run_serve(settings_flags& flags, const std::string& config) {
     std::printf("troupe serve: http on http://%s:%d/v1\n", s.http_host.c_str(), http->port());
   std::fflush(stdout);
 
+  // With a registry, the service publishes itself (its endpoints and load,
+  // at every renewal): clients find the cluster's services there.
+  std::unique_ptr<registration> published;
+  if (use_registry) {
+    service_record base;
+    base.id = nso.service_id;
+    base.endpoints = gw.endpoints;
+    base.model = e.model;
+    published = std::make_unique<registration>(
+        registry_endpoints(cl.registry),
+        registry_services_prefix(cluster_fingerprint(load_cluster_secret(cl)).substr(0, 16)) +
+            base.id,
+        std::function<std::string()>([sys = env.sys.get(), admin, base] {
+          return to_registry_value(current_service_record(*sys, admin, base));
+        }),
+        cl.registry_ttl_s);
+  }
+
   int sig = 0;
   sigwait(&sigs, &sig);
+  // Clients stop finding it before it drains.
+  if (published) published->stop(true);
   std::fprintf(stderr, "troupe serve: %s, draining (grace %.1f s)\n",
                sig == SIGINT ? "SIGINT" : "SIGTERM", s.grace_s);
   draining->store(true);

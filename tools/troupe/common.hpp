@@ -71,7 +71,8 @@ device_info query_info(caf::actor_system& sys, device_actor dev);
 // Subcommands
 void add_generate(CLI::App& app);
 void add_node(CLI::App& app);
-void add_shell(CLI::App& app);  // cmd_shell.cpp
+void add_cluster(CLI::App& app);  // cmd_cluster.cpp
+void add_shell(CLI::App& app);    // cmd_shell.cpp
 void add_perplexity(CLI::App& app);
 void add_bench(CLI::App& app);
 // `troupe client admin ...` under the client command (cmd_admin.cpp);

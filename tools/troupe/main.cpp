@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   troupe::cli::add_bench(app);
   troupe::cli::add_serve(app);
   troupe::cli::add_node(app);
+  troupe::cli::add_cluster(app);
   troupe::cli::add_shell(app);
   troupe::cli::add_client(app);
   troupe::cli::add_settings(app);

@@ -29,6 +29,27 @@ void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_regi
       .receive([&](expert_status& e) { record_experts(registry, e); }, [](caf::error&) {});
 }
 
+service_record current_service_record(caf::actor_system& sys, const admin_actor& admin,
+                                      service_record r) {
+  caf::scoped_actor self{sys};
+  self->request(admin, std::chrono::seconds(3), instances_atom::value)
+      .receive(
+          [&](std::vector<instance_info>& v) {
+            r.instances = static_cast<int32_t>(v.size());
+            for (const auto& i : v) {
+              r.serving += i.state == "serving" ? 1 : 0;
+              r.running += i.stats.running;
+              r.waiting += i.stats.waiting;
+            }
+          },
+          [](caf::error&) {});
+  self->request(admin, std::chrono::seconds(3), requests_atom::value)
+      .receive(
+          [&](std::vector<inflight_request>& v) { r.in_flight = static_cast<int64_t>(v.size()); },
+          [](caf::error&) {});
+  return r;
+}
+
 struct metrics_server::impl {
   caf::actor_system& sys;
   admin_actor admin;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "actors/admin.hpp"
+#include "runtime/service/cluster_state.hpp"
 #include "runtime/service/metrics.hpp"
 
 namespace troupe::cli {
@@ -15,6 +16,12 @@ namespace troupe::cli {
 // dp group, experts) and records them in `registry`; blocking, up to a few
 // seconds, so never on an event loop.
 void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_registry& registry);
+
+// `base` (id, endpoints, model) with the service's load as of now, for
+// its registry record (runtime/service/cluster_state); blocking, a few
+// seconds at most.  A failed ask leaves the load fields 0.
+service_record current_service_record(caf::actor_system& sys, const admin_actor& admin,
+                                      service_record base);
 
 // GET /metrics on 127.0.0.1:port, served by its own thread; each scrape
 // polls the admin actor (instances, requests in flight) into the registry

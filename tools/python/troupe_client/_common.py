@@ -219,6 +219,79 @@ def build_cancel(request_id: int) -> bytes:
     return msg.SerializeToString()
 
 
+def split_endpoints(endpoint: Union[str, Sequence[str]]) -> List[str]:
+    """One endpoint, several in a list, or several in one string with commas."""
+    items = endpoint.split(",") if isinstance(endpoint, str) else list(endpoint)
+    out = [e.strip() for e in items if isinstance(e, str)]
+    if not out or len(out) != len(items) or any(not e for e in out):
+        raise ValueError(f"endpoints must be non-empty strings: {endpoint!r}")
+    return out
+
+
+def registry_services(url: str, cluster: Optional[str] = None, timeout: float = 2.0) -> List[str]:
+    """The client endpoints of a cluster's services as its etcd registry
+    (etcd://HOST:PORT[,HOST:PORT...]) lists them, the least loaded first
+    (requests in flight per serving instance), as `troupe client --server
+    etcd://...` ranks them.  cluster: its fingerprint; None: the one
+    cluster the registry holds."""
+    import base64
+    import json
+    import urllib.request
+
+    if not url.startswith("etcd://"):
+        raise ValueError(f"{url!r} is not etcd://HOST:PORT[,HOST:PORT...]")
+    prefix = "/troupe/" + (cluster + "/" if cluster else "")
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps(
+        {"key": base64.b64encode(prefix.encode()).decode(), "range_end": base64.b64encode(end.encode()).decode()}
+    ).encode()
+    errors = []
+    for hostport in url[len("etcd://"):].split(","):
+        try:
+            req = urllib.request.Request(f"http://{hostport}/v3/kv/range", data=body, method="POST")
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                kvs = json.loads(r.read()).get("kvs", [])
+            break
+        except (OSError, ValueError) as e:
+            errors.append(f"{hostport}: {e}")
+    else:
+        raise TroupeError(pb.UNAVAILABLE, "the registry does not answer: " + "; ".join(errors))
+    services, clusters = [], set()
+    for kv in kvs:
+        parts = base64.b64decode(kv["key"]).decode(errors="replace").split("/")
+        if len(parts) < 5 or parts[1] != "troupe" or not parts[2]:
+            continue
+        clusters.add(parts[2])
+        if parts[3] != "services":
+            continue
+        try:
+            rec = json.loads(base64.b64decode(kv.get("value", "")))
+            eps = [e for e in rec["endpoints"] if isinstance(e, str) and e]
+            serving = int(rec.get("serving", 0))
+            load = int(rec.get("in_flight", 0)) / serving if serving > 0 else float("inf")
+            services.append((parts[2], load, str(rec.get("id", "")), eps))
+        except (ValueError, KeyError, TypeError):
+            continue  # not a service record
+    if len(clusters) > 1:
+        raise ValueError(f"the registry holds several clusters {sorted(clusters)}: name one")
+    out: List[str] = []
+    for _, _, _, eps in sorted(services, key=lambda s: (s[1], s[2])):
+        out += [e for e in eps if e not in out]
+    if not out:
+        raise TroupeError(pb.UNAVAILABLE, f"the registry {url} lists no service")
+    return out
+
+
+def error_message(request_id: int, code: int, message: str) -> Any:
+    """A ServerMessage Error for one request, made on the client side."""
+    msg = pb.ServerMessage()
+    msg.error.code = code
+    msg.error.message = message
+    msg.error.request_id = request_id
+    msg.error.has_request_id = True
+    return msg
+
+
 def build_ping(nonce: int) -> bytes:
     msg = pb.ClientMessage(protocol_version=PROTOCOL_VERSION)
     msg.ping.nonce = nonce

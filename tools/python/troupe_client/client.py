@@ -7,12 +7,16 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from typing import Any, Deque, Dict, Iterator, List, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Set, Union
 
 import zmq
 
 from . import _common as c
 from ._common import Chunk, Pong, Prompt, Result, TroupeError
+
+
+def pb_unavailable() -> int:
+    return c.pb.UNAVAILABLE
 
 
 class Stream(c.StreamState):
@@ -51,21 +55,49 @@ class Client:
     >>> with Client("tcp://127.0.0.1:5555") as cl:
     ...     for chunk in cl.generate("Once upon a time", max_tokens=16):
     ...         print(chunk.text, end="")
+
+    Several endpoints (a list, or one string with commas): `troupe serve`
+    processes of one cluster, which share its instances.  The client talks
+    to the first that answers a ping; when it falls silent (pings
+    unanswered for `lost_after` seconds) it moves to the next that answers
+    and sends again every request whose stream has shown nothing yet
+    (non-streaming requests always); a stream that had yielded chunks ends
+    with TroupeError UNAVAILABLE instead, since its text would restart.
     """
 
-    def __init__(self, endpoint: str, timeout: Optional[float] = 120.0, context: Optional[zmq.Context] = None):
-        self.endpoint = endpoint
+    def __init__(
+        self,
+        endpoint: Union[str, Sequence[str]],
+        timeout: Optional[float] = 120.0,
+        context: Optional[zmq.Context] = None,
+        *,
+        probe: float = 1.0,
+        lost_after: float = 3.0,
+    ):
+        self.endpoints = c.split_endpoints(endpoint)
         self.timeout = c.check_timeout(timeout)  # seconds to wait for any one reply; None: forever
+        self.probe = c.check_timeout(probe, "probe")
+        self.lost_after = c.check_timeout(lost_after, "lost_after")
         self.connection_errors: List[TroupeError] = []  # Errors naming no request
+        self.failovers = 0  # services lost and replaced by another endpoint
         self._closed = False
         self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._nonces = itertools.count(1)
         self._queues: Dict[int, Deque[Any]] = {}
         self._pongs: Dict[int, Any] = {}
+        self._frames: Dict[int, bytes] = {}  # what each request in flight sent (resent on failover)
+        self._shown: Set[int] = set()  # streams that have yielded a chunk
+        at = 0 if len(self.endpoints) == 1 else self._first_answering(0)
+        if at is None:
+            raise TroupeError(pb_unavailable(), f"no endpoint of {self.endpoints} answers a ping")
+        self._connect(at)
+
+    @classmethod
+    def from_registry(cls, registry: str, cluster: Optional[str] = None, **kwargs: Any) -> "Client":
+        """A client of the services a cluster's etcd registry lists
+        (etcd://HOST:PORT), the least loaded first, failing over among them."""
+        return cls(c.registry_services(registry, cluster), **kwargs)
 
     # -- public API --------------------------------------------------------
 
@@ -82,6 +114,7 @@ class Client:
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)
         self._queues[rid] = collections.deque()
+        self._frames[rid] = frame
         self._sock.send(frame)
         s = Stream(self, rid)
         return s if stream else s.wait()
@@ -131,6 +164,55 @@ class Client:
 
     def _done(self, request_id: int) -> None:
         self._queues.pop(request_id, None)
+        self._frames.pop(request_id, None)
+        self._shown.discard(request_id)
+
+    def _connect(self, at: int) -> None:
+        self._at = at
+        self.endpoint = self.endpoints[at]
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.endpoint)
+
+    def _first_answering(self, start: int) -> Optional[int]:
+        """The first endpoint from `start` on, in turn, that answers a ping."""
+        for k in range(len(self.endpoints)):
+            i = (start + k) % len(self.endpoints)
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            try:
+                sock.connect(self.endpoints[i])
+                sock.send(c.build_ping(0))
+                deadline = time.monotonic() + self.lost_after
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0 or not sock.poll(int(left * 1000)):
+                        break
+                    if c.parse_server(sock.recv()).WhichOneof("body") == "pong":
+                        return i
+            except zmq.ZMQError:
+                pass
+            finally:
+                sock.close(0)
+        return None
+
+    def _failover(self) -> None:
+        """The service in use is lost: move to the next that answers and
+        send the requests in flight again (those a stream has shown end
+        with UNAVAILABLE)."""
+        lost = self.endpoint
+        self._sock.close(0)
+        nxt = self._first_answering(self._at + 1)
+        if nxt is None:
+            raise TroupeError(pb_unavailable(), f"the service at {lost} was lost and no endpoint answers")
+        self._connect(nxt)
+        self.failovers += 1
+        for rid, q in self._queues.items():
+            q.clear()
+            if rid in self._shown:
+                q.append(c.error_message(rid, pb_unavailable(), f"the service at {lost} was lost mid-stream"))
+            else:
+                self._sock.send(self._frames[rid])
 
     def _next_for(self, request_id: int) -> Any:
         q = self._queues.get(request_id)
@@ -139,13 +221,49 @@ class Client:
         self._check_open()
         while not q:
             self._recv_one(None)
-        return q.popleft()
+        msg = q.popleft()
+        if msg.WhichOneof("body") == "chunk":
+            self._shown.add(request_id)
+        return msg
+
+    def _wait_readable(self, t: Optional[float]) -> bool:
+        """Waits up to t seconds (None: forever) for a frame.  With several
+        endpoints, pings a silent service and fails over once it is lost."""
+        if len(self.endpoints) == 1:
+            return t is None or bool(self._sock.poll(int(t * 1000)))
+        start = heard = time.monotonic()
+        pinged = start - self.probe
+        while True:
+            now = time.monotonic()
+            if t is not None and now - start >= t:
+                return False
+            if now - heard >= self.lost_after:
+                self._failover()
+                start = heard = time.monotonic()
+                pinged = start - self.probe
+                continue
+            if now - heard >= self.probe and now - pinged >= self.probe:
+                self._sock.send(c.build_ping(0))  # nonce 0: a liveness probe, not ping()'s
+                pinged = now
+            if self._sock.poll(200):
+                msg = c.parse_server(self._sock.recv(zmq.NOBLOCK))
+                heard = time.monotonic()
+                if msg.WhichOneof("body") == "pong" and msg.pong.nonce == 0:
+                    continue
+                self._take(msg)
+                return True
 
     def _recv_one(self, timeout: Optional[float]) -> None:
         t = self.timeout if timeout is None else timeout
+        if len(self.endpoints) > 1:
+            if not self._wait_readable(t):
+                raise TimeoutError(f"no reply from {self.endpoint} in {t} s")
+            return
         if t is not None and not self._sock.poll(int(t * 1000)):
             raise TimeoutError(f"no reply from {self.endpoint} in {t} s")
-        msg = c.parse_server(self._sock.recv())
+        self._take(c.parse_server(self._sock.recv()))
+
+    def _take(self, msg: Any) -> None:
         kind = msg.WhichOneof("body")
         if kind == "pong":
             self._pongs[msg.pong.nonce] = msg.pong
