@@ -656,6 +656,29 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         }
         return held;
       },
+      // Rebalancing: at most n of the client's queued sequences (no KV
+      // yet, so a move costs a placement) are asked to move, the latest
+      // first.  n 0: how many sequences the client has here, none asked.
+      [self](relocate_atom, const caf::node_id& client, int32_t n) -> int32_t {
+        if (n <= 0) {
+          int32_t held = 0;
+          for (const auto& [key, id] : self->state.eng->ids()) {
+            auto s = self->state.sinks.find(key);
+            held += s != self->state.sinks.end() && s->second.node() == client ? 1 : 0;
+          }
+          return held;
+        }
+        auto seqs = self->state.eng->sequences();
+        int32_t asked = 0;
+        for (auto it = seqs.rbegin(); it != seqs.rend() && asked < n; ++it) {
+          if (!it->queued) continue;
+          auto s = self->state.sinks.find(it->key);
+          if (s == self->state.sinks.end() || s->second.node() != client) continue;
+          ++asked;
+          self->send(s->second, relocate_atom::value, it->id);
+        }
+        return asked;
+      },
       // Preempt one running sequence now (the shell, tests).
       [self](preempt_atom, uint64_t id) -> caf::result<int32_t> {
         auto why = with_engine(self, [id](engine& e) { return e.preempt_request(id); });

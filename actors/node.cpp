@@ -171,7 +171,8 @@ struct node_state {
   std::map<std::string, shared_instance> instances;  // by instance key
   // Keys being built, with what waits for them (a second service asking
   // for an instance the first's request is building gets that one).
-  std::map<std::string, std::vector<std::function<void()>>> starting;
+  // They are called with the build's error, or null once it is up.
+  std::map<std::string, std::vector<std::function<void(const caf::error*)>>> starting;
   bool leaving = false;
   // Other nodes connected directly (by the address a service gave: their
   // node actor, monitored, so a lost connection is noticed and made
@@ -284,8 +285,17 @@ void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_
     return;
   }
   const std::string key = sit->second;
-  auto again = [self, svc, todo, next, specs, rp]() mutable {
-    fill_slots(self, svc, std::move(todo), next, std::move(specs), rp);
+  // A later host of this service gave the slot another spec: that call
+  // builds it.
+  if (key != instance_key(slot, specs[size_t(slot)])) {
+    fill_slots(self, svc, std::move(todo), next + 1, std::move(specs), rp);
+    return;
+  }
+  auto again = [self, svc, todo, next, specs, rp](const caf::error* failed) mutable {
+    if (failed)
+      rp.deliver(*failed);
+    else
+      fill_slots(self, svc, std::move(todo), next, std::move(specs), rp);
   };
   if (auto have = st.instances.find(key); have != st.instances.end()) {
     have->second.users.insert(svc);
@@ -297,13 +307,13 @@ void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_
     return;
   }
   st.starting[key];
-  auto wake = [self, key] {
+  auto wake = [self, key](const caf::error* failed) {
     auto& st = self->state;
     auto w = st.starting.find(key);
     if (w == st.starting.end()) return;
     auto waiters = std::move(w->second);
     st.starting.erase(w);
-    for (auto& f : waiters) f();
+    for (auto& f : waiters) f(failed);
   };
   self->request(st.spawner, caf::infinite, spawn_instance_atom::value, slot, specs[size_t(slot)])
       .then(
@@ -325,11 +335,11 @@ void fill_slots(self_ptr self, std::string svc, std::vector<int32_t> todo, size_
                 for (const auto& [s, k] : hs.slots)
                   if (k == key) si.users.insert(id);
             }
-            wake();
+            wake(nullptr);
             fill_slots(self, svc, std::move(todo), next + 1, std::move(specs), rp);
           },
           [rp, wake](caf::error& e) mutable {
-            wake();
+            wake(&e);  // those waiting for the same build get its error
             rp.deliver(std::move(e));
           });
 }
@@ -397,7 +407,10 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
             return caf::make_error(caf::sec::invalid_argument,
                                    "this service reaches this node already (under another "
                                    "address); one link per node");
-          if (hs.link != link) {
+          // Watched again each time it comes back: a monitor fires once, and
+          // a link whose connection dropped and returned must still be
+          // noticed when its service dies later.
+          if (hs.link != link || !hs.link_alive) {
             hs.link = link;
             self->monitor(link);
           }
@@ -478,7 +491,7 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
           auto left = std::make_shared<size_t>(st.instances.size());
           auto store_seen = std::make_shared<bool>(false);
           for (const auto& [key, si] : st.instances)
-            self->request(si.hosted.actor, std::chrono::seconds(2), stats_atom::value)
+            self->request(si.hosted.actor, std::chrono::milliseconds(400), stats_atom::value)
                 .then(
                     [rp, sum, left, store_seen](const instance_stats& s) mutable {
                       add_instance_load(*sum, s, *store_seen);

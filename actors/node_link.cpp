@@ -90,7 +90,7 @@ void failed(self_ptr self, const std::string& state, const std::string& why) {
   }
   settle(self);
   // A node that stays away is tried less often: retry, 2x, 4x, ... up to
-  // k_retry_most (a node that just died is tried again at once).
+  // k_retry_most (a node that just died is tried again after `retry`).
   const int doublings = std::min(st.failures++, 6);
   const auto wait = std::min<std::chrono::milliseconds>(st.opts.retry * (1 << doublings),
                                                         std::max(st.opts.retry, k_retry_most));

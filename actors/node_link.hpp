@@ -5,9 +5,9 @@
 // model, and hands them to the router.  It watches the node: when the node
 // is lost (its connection closes, or CAF's heartbeat times out) the router
 // and the request actors see the instances go down by themselves; the link
-// reconnects every `retry`, and when the node is back its instances serve
-// again under their old ids.  When the node says it is leaving, the link
-// drains its instances (their sequences move elsewhere).
+// reconnects after `retry`, backing off to 5 s while the node stays away,
+// and when the node is back its instances serve again under their old ids.  When the node says it
+// is leaving, the link drains its instances (their sequences move elsewhere).
 #include <chrono>
 #include <string>
 #include <vector>

@@ -85,8 +85,10 @@ std::string add(self_ptr self, const std::string& address, int32_t count,
     specs.assign(static_cast<size_t>(count), st.opts.base);
   }
   // Roles continue the instances' order (the router's ids).
-  for (auto& sp : specs)
+  for (auto& sp : specs) {
     if (st.opts.pd) sp.role = to_string(pd_start_role(st.opts.roles, size_t(st.opts.next_role++)));
+    sp.owner = st.opts.share ? std::string() : st.opts.service_id;
+  }
   node_link_options lo;
   const size_t colon = address.rfind(':');  // checked above: HOST:PORT
   lo.host = address.substr(0, colon);

@@ -24,6 +24,10 @@ struct node_set_options {
   bool pd = false;                   // roles continue the instances' order
   std::vector<instance_role> roles;  // service.roles
   int32_t next_role = 0;             // the local instances came first
+  // Whether its instances may be shared with other services (actors/node):
+  // not with PD, a dp group or an expert controller, which set state on an
+  // instance that is one service's.
+  bool share = true;
 };
 
 node_set_actor spawn_node_set(caf::actor_system& sys, node_set_options opts);

@@ -7,6 +7,7 @@
 
 #include "runtime/common/elapsed.hpp"
 #include "runtime/config/settings.hpp"
+#include "runtime/service/rebalance.hpp"
 
 namespace troupe {
 
@@ -38,6 +39,8 @@ struct router_state {
   uint64_t flips = 0;
   uint64_t copy_cursor = 0;  // turns among other nodes' stores for KV copies
   std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point rebalanced = born;
+  uint64_t rebalanced_requests = 0;  // queued requests asked to move
   static inline const char* name = "router";
 };
 
@@ -315,23 +318,57 @@ void forget_instances(self_ptr self, Which which) {
   }
 }
 
+// Queued requests of full instances to instances with room (this
+// service's requests only: each service rebalances its own).
+void rebalance(self_ptr self) {
+  auto& st = self->state;
+  if (st.opts.max_seqs < 1 || st.opts.pd || st.opts.dp_group) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - st.rebalanced < st.opts.rebalance_every) return;
+  st.rebalanced = now;
+  std::vector<rebalance_load> loads;
+  for (const auto& i : st.instances) {
+    auto s = st.last.find(i.id);
+    if (s == st.last.end()) continue;
+    loads.push_back({i.id, i.state == "serving", s->second.waiting, s->second.running});
+  }
+  for (const auto& m : plan_rebalance(loads, st.opts.max_seqs)) {
+    auto* i = find(st, m.from);
+    if (!i) continue;
+    self->request(i->actor, std::chrono::seconds(5), relocate_atom::value, self->node(), m.count)
+        .then(
+            [self, id = m.from](int32_t asked) {
+              if (asked == 0) return;
+              self->state.rebalanced_requests += uint64_t(asked);
+              spdlog::info("router: {} queued requests of full instance {} asked to move", asked,
+                           id);
+            },
+            [](caf::error&) {});
+  }
+}
+
 void poll(self_ptr self) {
   for (const auto& i : self->state.instances) {
     if (i.state == "down") continue;
     const uint64_t id = i.id;
-    // A draining instance with sequences asks this service's requests to
-    // move (only its own: other services sharing the instance keep theirs).
-    if (i.state == "draining" && self->state.opts.drain_migrates) {
-      auto s = self->state.last.find(i.id);
-      if (s == self->state.last.end() || s->second.running + s->second.waiting > 0)
+    // A draining instance that a drain waits on: this service's sequences
+    // there are counted and (drain = migrate) asked to move; other services
+    // sharing the instance keep theirs, and the drain waits for its own.
+    const bool awaited = std::any_of(self->state.drains.begin(), self->state.drains.end(),
+                                     [id](const drain_wait& d) { return d.instance == id; });
+    if (i.state == "draining" && awaited) {
+      auto then = [self, id](int32_t held) {
+        if (!find(self->state, id)) return;
+        self->state.own_left[id] = held;
+        settle_drains(self);
+      };
+      if (self->state.opts.drain_migrates)
         self->request(i.actor, std::chrono::seconds(5), relocate_atom::value, self->node())
-            .then(
-                [self, id](int32_t held) {
-                  if (!find(self->state, id)) return;
-                  self->state.own_left[id] = held;
-                  settle_drains(self);
-                },
-                [](caf::error&) {});
+            .then(then, [](caf::error&) {});
+      else  // a count of them only
+        self->request(i.actor, std::chrono::seconds(5), relocate_atom::value, self->node(),
+                      int32_t{0})
+            .then(then, [](caf::error&) {});
     }
     self->request(i.actor, std::chrono::seconds(5), stats_atom::value)
         .then(
@@ -420,6 +457,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         },
         // Its own timer: refresh the instances' load snapshots.
         [self](tick_atom) {
+          rebalance(self);
           poll(self);
           self->delayed_send(self, self->state.opts.poll, tick_atom::value);
         },
@@ -630,6 +668,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           if (!i)
             return caf::make_error(caf::sec::invalid_argument, "no instance " + std::to_string(id));
           if (i->state == "serving") i->state = "draining";
+          st.own_left.erase(id);  // a late answer of an earlier drain counts for nothing
           auto rp = self->make_response_promise<uint64_t>();
           st.drains.push_back({id, rp});
           poll(self);

@@ -40,6 +40,11 @@ struct router_options {
   // The expert controller of a mixture-of-experts model: nodes' engines
   // join it as their instances join the router.  May be null.
   expert_controller_actor experts;
+  // Queued requests of full instances move to instances with room
+  // (runtime/service/rebalance), at most once per `rebalance_every`; the
+  // instances' max_seqs (0: never).  Not with pd or a dp group.
+  int32_t max_seqs = 0;
+  std::chrono::milliseconds rebalance_every{1000};
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

@@ -123,6 +123,9 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
 // relocate: (drain; client) asks the sink of each sequence that service
 //          process `client` streams to (none: every sequence) to move it
 //          elsewhere; replies with how many it asked.
+//          (client, n): the same for at most n of that client's queued
+//          sequences (no KV yet), the latest first: rebalancing; n 0:
+//          only how many sequences that client has there.
 // preempt: (id) preempts running sequence `id` as the scheduler does when
 //          KV runs short (swap or recompute, per the instance's mode);
 //          replies 1, or an error when it is not running.
@@ -144,6 +147,7 @@ using kv_receiver_actor =
 
 using instance_actor = caf::typed_actor<
     caf::replies_to<relocate_atom, caf::node_id>::with<int32_t>,
+    caf::replies_to<relocate_atom, caf::node_id, int32_t>::with<int32_t>,
     caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,

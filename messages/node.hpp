@@ -30,6 +30,11 @@ struct instance_spec {
   int32_t cores = 0;           // > 0: a slice of the device with this many cores (device_choice)
   int32_t slice = 0;           // which slice
   double tpot_target_ms = 0;   // service.tpot_target_ms: co-location's TPOT guard
+  // Empty: any service asking for the same spec in the same slot shares the
+  // instance.  A service id: that service's alone (it sets state on the
+  // instance that is one service's: PD roles, a dp group's lockstep, an
+  // expert controller's swaps).
+  std::string owner;
 };
 
 // Every [engine] field of the schema, in its order (generated from
@@ -52,7 +57,7 @@ typename Inspector::result_type inspect(Inspector& f, engine_settings& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
   return f(caf::meta::type_name("instance_spec"), x.engine, x.role, x.cores, x.slice,
-           x.tpot_target_ms);
+           x.tpot_target_ms, x.owner);
 }
 
 // One instance a node runs for a service: its slot (the index of its spec

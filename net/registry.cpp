@@ -65,17 +65,7 @@ void registration::loop() {
   const auto retry_every = std::chrono::milliseconds(1000);
   std::string logged;  // the last failure logged: an outage logs once
   std::unique_lock<std::mutex> lk(mu_);
-  bool first = true;
   while (!stopping_) {
-    lk.unlock();
-    if (current_ && !first) {
-      std::string now = current_();
-      lk.lock();
-      if (!now.empty()) value_ = std::move(now);
-      lk.unlock();
-    }
-    first = false;
-    lk.lock();
     std::string value = value_;
     lk.unlock();
     bool ok = true;
@@ -108,9 +98,25 @@ void registration::loop() {
         spdlog::warn("registry: {} (retrying every second)", e.what());
       }
     }
+    // The next value (a load summary) after the lease is safe: a slow
+    // answer delays the next renewal by as much, never this one.
+    const auto made = std::chrono::steady_clock::now();
+    std::string next;
+    if (current_) {
+      try {
+        next = current_();
+      } catch (const std::exception& e) {
+        spdlog::warn("registry: the value of {} could not be made: {}", key_, e.what());
+      }
+    }
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - made);
     lk.lock();
+    if (!next.empty()) value_ = std::move(next);
     if (!ok) registered_ = false;
-    wake_.wait_for(lk, ok ? renew_every() : retry_every, [this] { return stopping_; });
+    const auto wait = ok ? renew_every() - took : retry_every;
+    wake_.wait_for(lk, std::max(wait, std::chrono::milliseconds(100)),
+                   [this] { return stopping_; });
   }
 }
 

@@ -1240,7 +1240,8 @@ std::vector<engine_seq_view> engine::sequences() const {
   for (const auto& [key, s] : seqs_)
     if (s.state != seq_state::finished && s.state != seq_state::exporting)
       out.push_back({key, s.req.id, int64_t(s.tokens.size()), s.state == seq_state::decoding,
-                     std::max(0, s.req.max_tokens - s.generated())});
+                     std::max(0, s.req.max_tokens - s.generated()),
+                     s.state == seq_state::waiting && !s.holds_pages() && !s.has_blob()});
   return out;
 }
 

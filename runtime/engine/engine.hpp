@@ -145,6 +145,7 @@ struct engine_seq_view {
   int64_t tokens = 0;     // prompt + generated
   bool decoding = false;  // running one token a step
   int32_t left = 0;       // tokens it may still generate
+  bool queued = false;    // waiting with no KV: moving it elsewhere costs only a placement
 };
 
 class engine {

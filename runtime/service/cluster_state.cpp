@@ -1,6 +1,7 @@
 #include "runtime/service/cluster_state.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -10,14 +11,23 @@ using json = nlohmann::json;
 
 namespace {
 
+// An integer field clamped to T's range (a huge or negative value in a
+// record must not wrap); 0 when missing or not an integer.
 template <class T>
 T number_or_zero(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) return T{0};
-  if constexpr (std::is_unsigned_v<T>)
-    return it->is_number_unsigned() ? it->get<T>() : T(std::max<int64_t>(0, it->get<int64_t>()));
-  else
-    return it->get<T>();
+  constexpr auto lo = std::numeric_limits<T>::lowest();
+  constexpr auto hi = std::numeric_limits<T>::max();
+  if (it->is_number_unsigned()) {
+    const uint64_t v = it->get<uint64_t>();
+    return v > uint64_t(hi) ? hi : T(v);
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < 0 && std::is_unsigned_v<T>) return T{0};
+  if (!std::is_unsigned_v<T> && v < int64_t(lo)) return lo;
+  if (v > 0 && uint64_t(v) > uint64_t(hi)) return hi;
+  return T(v);
 }
 
 bool clean_text(const std::string& s, size_t most) {
@@ -89,13 +99,25 @@ std::optional<service_record> parse_service_record(const std::string& value, std
       return fail("an endpoint is not a short printable string");
     r.endpoints.push_back(e.get<std::string>());
   }
-  if (auto m = j.find("model"); m != j.end() && m->is_string()) r.model = m->get<std::string>();
+  if (auto m = j.find("model");
+      m != j.end() && m->is_string() && clean_text(m->get<std::string>(), 255))
+    r.model = m->get<std::string>();
   r.instances = number_or_zero<int32_t>(j, "instances");
   r.serving = number_or_zero<int32_t>(j, "serving");
   r.running = number_or_zero<int64_t>(j, "running");
   r.waiting = number_or_zero<int64_t>(j, "waiting");
   r.in_flight = number_or_zero<int64_t>(j, "in_flight");
   return r;
+}
+
+std::string dialable_endpoint(const std::string& bound, const std::string& host) {
+  const std::string tcp = "tcp://";
+  if (bound.rfind(tcp, 0) != 0 || host.empty()) return bound;
+  const size_t colon = bound.rfind(':');
+  if (colon == std::string::npos || colon < tcp.size()) return bound;
+  const std::string h = bound.substr(tcp.size(), colon - tcp.size());
+  if (h != "0.0.0.0" && h != "*" && h != "[::]" && h != "::") return bound;
+  return tcp + host + bound.substr(colon);
 }
 
 std::vector<std::string> rank_service_endpoints(std::vector<service_record> services) {

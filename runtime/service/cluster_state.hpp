@@ -56,6 +56,11 @@ std::string to_registry_value(const service_record& r);
 // The record in `value`, or nullopt with `why` set (a foreign or broken key).
 std::optional<service_record> parse_service_record(const std::string& value, std::string* why);
 
+// A bound endpoint as a client elsewhere dials it: tcp://0.0.0.0:P (and
+// tcp://*:P, tcp://[::]:P) name the machine as `host`; the rest as they are
+// (a loopback or ipc:// endpoint serves clients of this machine only).
+std::string dialable_endpoint(const std::string& bound, const std::string& host);
+
 // The endpoints of the services that serve, the least loaded first (its
 // requests in flight per serving instance, then the id), each once; the
 // services with no serving instance last.

@@ -443,6 +443,8 @@ TEST_F(Registry, AutoscalingGrowsUnderALoadStepAndShrinksAfter) {
     fast += r.finished.ttft_ms() < 2000 ? 1 : 0;
   }
   EXPECT_EQ(most.load(), 4u) << s.stderr_text();
+  // Queued requests of the full instances moved to the new ones.
+  EXPECT_NE(s.stderr_text().find("queued requests of full instance"), std::string::npos);
   std::printf("[ autoscale ] most instances %zu; TTFT within 2 s: %d of %zu requests\n",
               most.load(), fast, load.rs.size());
   RecordProperty("ttft_within_2s", std::to_string(fast) + "/" + std::to_string(load.rs.size()));

@@ -2,6 +2,7 @@
 // load and of services, read back strictly, and services ranked by load.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "runtime/service/cluster_state.hpp"
@@ -56,6 +57,26 @@ TEST(ClusterState, ServiceRecordsAreReadStrictly) {
     EXPECT_FALSE(why.empty());
   }
   EXPECT_FALSE(parse_service_record(std::string(70000, ' '), &why));
+  // Numbers out of range are clamped, never wrapped; a model that would
+  // steer a terminal is dropped.
+  auto big = parse_service_record(
+      R"({"id":"a","endpoints":["tcp://h:1"],"serving":99999999999,"running":18446744073709551615,)"
+      R"("waiting":-5,"model":"x[2J"})",
+      &why);
+  ASSERT_TRUE(big) << why;
+  EXPECT_EQ(big->serving, std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(big->running, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(big->waiting, -5);
+  EXPECT_EQ(big->model, "");
+}
+
+TEST(ClusterState, WildcardEndpointsNameTheMachine) {
+  EXPECT_EQ(dialable_endpoint("tcp://0.0.0.0:5555", "gpu7"), "tcp://gpu7:5555");
+  EXPECT_EQ(dialable_endpoint("tcp://*:5555", "gpu7"), "tcp://gpu7:5555");
+  EXPECT_EQ(dialable_endpoint("tcp://[::]:5555", "gpu7"), "tcp://gpu7:5555");
+  EXPECT_EQ(dialable_endpoint("tcp://127.0.0.1:5555", "gpu7"), "tcp://127.0.0.1:5555");
+  EXPECT_EQ(dialable_endpoint("ipc:///tmp/x", "gpu7"), "ipc:///tmp/x");
+  EXPECT_EQ(dialable_endpoint("tcp://0.0.0.0:5555", ""), "tcp://0.0.0.0:5555");
 }
 
 TEST(ClusterState, ServicesAreRankedByLoadPerServingInstance) {

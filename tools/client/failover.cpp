@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <thread>
 
 namespace troupe::client {
 
@@ -47,12 +49,55 @@ std::vector<std::string> split_endpoints(const std::string& list) {
 }
 
 int first_answering(const std::vector<std::string>& endpoints, size_t start,
-                    std::chrono::milliseconds wait) {
-  for (size_t k = 0; k < endpoints.size(); ++k) {
-    const size_t i = (start + k) % endpoints.size();
-    connection c(endpoints[i]);
-    if (c.ping(wait)) return static_cast<int>(i);
+                    std::chrono::milliseconds wait, std::string* model) {
+  const size_t n = endpoints.size();
+  std::vector<std::unique_ptr<connection>> conns(n);
+  std::vector<std::optional<std::string>> served(n);  // by order from `start`: its model
+  for (size_t k = 0; k < n; ++k) {
+    try {
+      conns[k] = std::make_unique<connection>(endpoints[(start + k) % n]);
+      wire::ClientMessage m;
+      m.mutable_ping()->set_nonce(1);
+      conns[k]->send(std::move(m));
+    } catch (const client_error&) {
+      conns[k].reset();  // not an endpoint ZeroMQ can dial (a bad registry record)
+    }
   }
+  auto fits = [&](size_t k) {
+    return served[k] && (!model || model->empty() || *served[k] == *model);
+  };
+  auto deadline = clock_type::now() + wait;
+  bool grace = false;
+  while (clock_type::now() < deadline) {
+    bool all = true;
+    for (size_t k = 0; k < n; ++k) {
+      if (!conns[k] || served[k]) continue;
+      all = false;
+      try {
+        while (auto msg = conns[k]->receive(std::chrono::milliseconds(0)))
+          if (msg->has_pong()) {
+            served[k] = msg->pong().model();
+            break;
+          }
+      } catch (const client_error&) {
+        conns[k].reset();  // it answered with bytes that are not the protocol
+      }
+    }
+    // The first in order that fits, once the ones before it had 100 ms
+    // more than the fastest answer.
+    for (size_t k = 0; k < n && !grace; ++k)
+      if (fits(k)) {
+        grace = true;
+        deadline = std::min(deadline, clock_type::now() + std::chrono::milliseconds(100));
+      }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (size_t k = 0; k < n; ++k)
+    if (fits(k)) {
+      if (model && model->empty()) *model = *served[k];
+      return static_cast<int>((start + k) % n);
+    }
   return -1;
 }
 
@@ -73,8 +118,14 @@ std::vector<result> run_failover(const std::vector<std::string>& endpoints,
   auto open = [&] {
     return std::count_if(out.begin(), out.end(), [](const result& r) { return !r.done(); });
   };
-  int at = first_answering(endpoints, 0, o.lost_after);
+  // The model of the first service that answers: a failover goes only to
+  // services of the same model.
+  std::string model;
+  int at = first_answering(endpoints, 0, o.lost_after, &model);
   if (at < 0) throw client_error("no endpoint answers a ping");
+  // Services that keep coming and going are not chased for ever.
+  const size_t most_moves = 3 * endpoints.size();
+  size_t moves = 0;
   while (open() > 0) {
     // Every request not ended yet goes (again, whole) to this endpoint.
     connection conn(endpoints[size_t(at)]);
@@ -119,12 +170,14 @@ std::vector<result> run_failover(const std::vector<std::string>& endpoints,
     }
     if (!lost) break;
     const std::string was = endpoints[size_t(at)];
-    const int next = first_answering(endpoints, size_t(at) + 1, o.lost_after);
+    const int next = first_answering(endpoints, size_t(at) + 1, o.lost_after, &model);
     const auto left = static_cast<size_t>(open());
     if (o.on_failover) o.on_failover(was, next < 0 ? "" : endpoints[size_t(next)], left);
-    if (next < 0) {
+    if (next < 0 || ++moves > most_moves) {
       end_open(out, wire::UNAVAILABLE,
-               "the service at " + was + " was lost and no endpoint answers");
+               "the service at " + was + " was lost and " +
+                   (next < 0 ? "no endpoint serving " + model + " answers"
+                             : std::to_string(most_moves) + " moves were made already"));
       break;
     }
     at = next;

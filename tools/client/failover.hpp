@@ -3,9 +3,9 @@
 // that share the same instances.  The client talks to one of them; when it
 // falls silent (pings unanswered for `lost_after`), the service is taken
 // as lost, and the requests that had not ended are sent again, whole, to
-// the next endpoint that answers.  Greedy and seeded requests come out the
-// same there; a stream shown live restarts from its first token (the
-// caller is told through on_failover).
+// the next endpoint that answers and serves the same model.  Greedy and
+// seeded requests come out the same there; a stream shown live restarts
+// from its first token (the caller is told through on_failover).
 #include <chrono>
 #include <functional>
 #include <string>
@@ -30,10 +30,13 @@ struct failover_options {
 // refused with client_error).
 std::vector<std::string> split_endpoints(const std::string& list);
 
-// The first endpoint, from `start` on in turn, that answers a ping within
-// `wait`; -1 when none does.
+// The endpoint, from `start` on in turn, to talk to: every one is pinged at
+// once; the first in that order that answers (within 100 ms of the fastest
+// answer, and `wait` in all) and serves `*model` (empty: any, and then set
+// to the one it serves); -1 when none does.  Endpoints ZeroMQ cannot dial
+// are skipped.
 int first_answering(const std::vector<std::string>& endpoints, size_t start,
-                    std::chrono::milliseconds wait);
+                    std::chrono::milliseconds wait, std::string* model = nullptr);
 
 // Runs the requests to completion as run() does, moving to another endpoint
 // when the one in use is lost.  Throws client_error when no endpoint

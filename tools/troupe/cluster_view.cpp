@@ -25,6 +25,16 @@ bool split_key(const std::string& key, std::string& fp, std::string& kind) {
 
 }  // namespace
 
+CLI::Validator cluster_fingerprint_check() {
+  return CLI::Validator(
+      [](const std::string& v) -> std::string {
+        if (v.size() == 16 && v.find_first_not_of("0123456789abcdef") == std::string::npos)
+          return {};
+        return "'" + v + "' is not a cluster fingerprint (16 hex digits, as troupe node prints it)";
+      },
+      "FINGERPRINT");
+}
+
 cluster_view read_cluster(const std::string& url, const std::string& cluster) {
   etcd_client etcd(registry_endpoints(url));
   std::vector<etcd_kv> kvs;

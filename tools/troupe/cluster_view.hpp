@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "runtime/service/membership.hpp"
 
 namespace troupe::cli {
@@ -23,5 +25,8 @@ struct cluster_view {
 // std::runtime_error when etcd does not answer, when it holds no cluster,
 // or (`cluster` empty) several, naming them.
 cluster_view read_cluster(const std::string& url, const std::string& cluster);
+
+// --cluster: 16 hex digits (a fingerprint as `troupe node` prints it).
+CLI::Validator cluster_fingerprint_check();
 
 }  // namespace troupe::cli

@@ -93,7 +93,7 @@ int run_client(const client_flags& f) {
   };
   std::vector<client::result> results;
   if (endpoints.size() == 1 && !from_registry) {
-    client::connection conn(f.server);
+    client::connection conn(endpoints[0]);
     results = client::run(conn, reqs, std::chrono::milliseconds(f.timeout_ms), show);
   } else {
     // Several services of one cluster: a lost one's requests go again to
@@ -194,7 +194,8 @@ void add_client(CLI::App& app) {
       ->required();
   cmd->add_option("--cluster", f->cluster,
                   "with --server etcd://...: the cluster's fingerprint (default: the one the "
-                  "registry holds)");
+                  "registry holds)")
+      ->check(cluster_fingerprint_check());
   cmd->add_option("-p,--prompt", f->prompts, "raw prompt text; repeat for pipelined requests");
   cmd->add_option("--chat", f->chat, "a user message, rendered with the model's chat template");
   cmd->add_option("--system", f->system, "system message for --chat");

@@ -35,7 +35,8 @@ int run_cluster(const cluster_flags& f) {
     for (const auto& s : v.services)
       j["services"].push_back(nlohmann::json::parse(to_registry_value(s)));
     j["skipped"] = v.skipped;
-    std::cout << j.dump() << std::endl;
+    // Keys are etcd's bytes: any that are not UTF-8 are shown replaced.
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     return 0;
   }
   std::printf("cluster %s: %zu nodes, %zu services\n", v.cluster.c_str(), v.nodes.size(),
@@ -61,7 +62,12 @@ int run_cluster(const cluster_flags& f) {
         static_cast<long long>(s.running), static_cast<long long>(s.waiting),
         static_cast<long long>(s.in_flight));
   }
-  for (const auto& k : v.skipped) std::printf("  (skipped %s: not a record)\n", k.c_str());
+  for (auto k : v.skipped) {
+    // etcd's bytes: nothing that steers a terminal reaches it.
+    for (auto& c : k)
+      if (static_cast<unsigned char>(c) < ' ' || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+    std::printf("  (skipped %s: not a record)\n", k.c_str());
+  }
   return 0;
 }
 
@@ -77,6 +83,7 @@ void add_cluster(CLI::App& app) {
                   "the cluster's fingerprint (16 hex digits, as troupe node prints it); default: "
                   "the one cluster the registry holds");
   cmd->add_flag("--json", f->json, "print one JSON object");
+  cmd->get_option("--cluster")->check(cluster_fingerprint_check());
   cmd->callback([f] {
     if (run_cluster(*f) != 0) throw CLI::RuntimeError(1);
   });

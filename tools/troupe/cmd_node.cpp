@@ -90,7 +90,9 @@ int run_node(const node_flags& f) {
     // (asked of the node actor from the registration's thread).
     auto current = [sys = env.sys.get(), node, rec]() mutable {
       caf::scoped_actor self{*sys};
-      self->request(node, std::chrono::seconds(3), node_load_atom::value)
+      // Briefly: the lease's next renewal waits for it (a 2 s lease renews
+      // every 0.67 s).
+      self->request(node, std::chrono::milliseconds(500), node_load_atom::value)
           .receive([&](node_load& l) { rec.load = l; }, [](caf::error&) {});
       return to_registry_value(rec);
     };

@@ -234,6 +234,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ro.window = std::chrono::milliseconds(s.window_ms);
   ro.roles = roles;
   ro.page_size = e.page_size;  // every instance's, local or on a node
+  ro.max_seqs = e.max_seqs;    // rebalancing: queued requests of full instances move
   auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
   ro.monitor = monitor;
   // The data-parallel group places requests for the router (issue 15).
@@ -283,6 +284,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   nso.pd = s.pd;
   nso.roles = roles;
   nso.next_role = local;  // roles continue the local instances' order (the router's ids)
+  nso.share = !s.pd && !s.dp_group && !moe;  // else instances set one service's state
   auto node_set = spawn_node_set(*env.sys, nso);
   owned.push_back(caf::actor_cast<caf::actor>(node_set));
   {
@@ -536,7 +538,9 @@ int run_serve(settings_flags& flags, const std::string& config) {
   if (use_registry) {
     service_record base;
     base.id = nso.service_id;
-    base.endpoints = gw.endpoints;
+    // A wildcard listener is published under the machine's name.
+    const std::string host = local_resources().host;
+    for (const auto& ep : gw.endpoints) base.endpoints.push_back(dialable_endpoint(ep, host));
     base.model = e.model;
     published = std::make_unique<registration>(
         registry_endpoints(cl.registry),

@@ -32,7 +32,8 @@ void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_regi
 service_record current_service_record(caf::actor_system& sys, const admin_actor& admin,
                                       service_record r) {
   caf::scoped_actor self{sys};
-  self->request(admin, std::chrono::seconds(3), instances_atom::value)
+  // Briefly: the registration's next renewal waits for these.
+  self->request(admin, std::chrono::milliseconds(500), instances_atom::value)
       .receive(
           [&](std::vector<instance_info>& v) {
             r.instances = static_cast<int32_t>(v.size());
@@ -43,7 +44,7 @@ service_record current_service_record(caf::actor_system& sys, const admin_actor&
             }
           },
           [](caf::error&) {});
-  self->request(admin, std::chrono::seconds(3), requests_atom::value)
+  self->request(admin, std::chrono::milliseconds(300), requests_atom::value)
       .receive(
           [&](std::vector<inflight_request>& v) { r.in_flight = static_cast<int64_t>(v.size()); },
           [](caf::error&) {});

@@ -108,3 +108,21 @@ def test_endpoints_are_checked():
         Client("tcp://127.0.0.1:1,,tcp://127.0.0.1:2")
     with pytest.raises(TroupeError):  # none answers
         Client(["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], lost_after=0.3)
+
+
+def test_a_failover_never_changes_models():
+    a = Server()  # stories15m
+    b = Server(model="smollm2-135m-instruct")
+    try:
+        with Client([a.endpoint, b.endpoint], timeout=60, probe=0.5, lost_after=2.0) as cl:
+            assert cl.endpoint == a.endpoint
+            os.kill(a.proc.pid, signal.SIGSTOP)
+            with pytest.raises(TroupeError) as e:
+                cl.generate(PROMPT, max_tokens=8, stream=False)
+            assert e.value.code == pb.UNAVAILABLE, "b answers, but serves another model"
+            assert cl.failovers == 0
+    finally:
+        for s in (a, b):
+            if s.proc.poll() is None:
+                s.proc.kill()
+            s.stop()

@@ -250,28 +250,44 @@ def registry_services(url: str, cluster: Optional[str] = None, timeout: float = 
         try:
             req = urllib.request.Request(f"http://{hostport}/v3/kv/range", data=body, method="POST")
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                kvs = json.loads(r.read()).get("kvs", [])
+                reply = json.loads(r.read())
+            kvs = reply.get("kvs", []) if isinstance(reply, dict) else None
+            if not isinstance(kvs, list):
+                raise ValueError("not an etcd range reply")
             break
-        except (OSError, ValueError) as e:
+        except Exception as e:  # a bad address, a refused connection, a reply that is not etcd's
             errors.append(f"{hostport}: {e}")
     else:
         raise TroupeError(pb.UNAVAILABLE, "the registry does not answer: " + "; ".join(errors))
     services, clusters = [], set()
     for kv in kvs:
-        parts = base64.b64decode(kv["key"]).decode(errors="replace").split("/")
+        try:
+            parts = base64.b64decode(kv["key"]).decode(errors="replace").split("/")
+        except (ValueError, KeyError, TypeError):
+            continue
         if len(parts) < 5 or parts[1] != "troupe" or not parts[2]:
             continue
         clusters.add(parts[2])
         if parts[3] != "services":
             continue
         try:
-            rec = json.loads(base64.b64decode(kv.get("value", "")))
-            eps = [e for e in rec["endpoints"] if isinstance(e, str) and e]
-            serving = int(rec.get("serving", 0))
-            load = int(rec.get("in_flight", 0)) / serving if serving > 0 else float("inf")
+            raw = base64.b64decode(kv.get("value", ""))
+            if len(raw) > 64 << 10:
+                continue
+            rec = json.loads(raw)
+            eps = rec["endpoints"]
+            # As parse_service_record checks them: 1 to 16 printable strings.
+            if not isinstance(eps, list) or not 1 <= len(eps) <= 16:
+                continue
+            if not all(isinstance(e, str) and 0 < len(e) <= 255 and e.isprintable() for e in eps):
+                continue
+            serving, in_flight = rec.get("serving", 0), rec.get("in_flight", 0)
+            if not isinstance(serving, int) or not isinstance(in_flight, int):
+                continue
+            load = max(0, in_flight) / serving if serving > 0 else float("inf")
             services.append((parts[2], load, str(rec.get("id", "")), eps))
-        except (ValueError, KeyError, TypeError):
-            continue  # not a service record
+        except Exception:  # not a service record (bad base64, JSON, types, depth, size)
+            continue
     if len(clusters) > 1:
         raise ValueError(f"the registry holds several clusters {sorted(clusters)}: name one")
     out: List[str] = []
@@ -280,6 +296,19 @@ def registry_services(url: str, cluster: Optional[str] = None, timeout: float = 
     if not out:
         raise TroupeError(pb.UNAVAILABLE, f"the registry {url} lists no service")
     return out
+
+
+def has_last_message(queue: Iterable[Any]) -> bool:
+    """Whether a request's queued replies hold its last one (Finished or Error)."""
+    return any(m.WhichOneof("body") in ("finished", "error") for m in queue)
+
+
+def cancelled_message(request_id: int) -> Any:
+    """A ServerMessage Finished (cancelled) for one request, made on the client side."""
+    msg = pb.ServerMessage()
+    msg.finished.request_id = request_id
+    msg.finished.reason = pb.CANCELLED
+    return msg
 
 
 def error_message(request_id: int, code: int, message: str) -> Any:

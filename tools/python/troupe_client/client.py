@@ -88,6 +88,9 @@ class Client:
         self._pongs: Dict[int, Any] = {}
         self._frames: Dict[int, bytes] = {}  # what each request in flight sent (resent on failover)
         self._shown: Set[int] = set()  # streams that have yielded a chunk
+        self._cancelled: Set[int] = set()  # requests the caller cancelled
+        self._pinging: Set[int] = set()  # ping() nonces not answered yet
+        self._model: Optional[str] = None  # what the first service served (several endpoints)
         at = 0 if len(self.endpoints) == 1 else self._first_answering(0)
         if at is None:
             raise TroupeError(pb_unavailable(), f"no endpoint of {self.endpoints} answers a ping")
@@ -124,6 +127,8 @@ class Client:
         otherwise the server's UNKNOWN_REQUEST reply is ignored, False."""
         self._check_open()
         self._sock.send(c.build_cancel(request_id))
+        if request_id in self._queues:
+            self._cancelled.add(request_id)
         return request_id in self._queues
 
     def ping(self, timeout: Optional[float] = None) -> Pong:
@@ -132,8 +137,12 @@ class Client:
         nonce = next(self._nonces)
         start = time.monotonic()
         self._sock.send(c.build_ping(nonce))
-        while nonce not in self._pongs:
-            self._recv_one(timeout)
+        self._pinging.add(nonce)
+        try:
+            while nonce not in self._pongs:
+                self._recv_one(timeout)
+        finally:
+            self._pinging.discard(nonce)
         p = self._pongs.pop(nonce)
         return Pong(p.nonce, p.model, p.protocol_version, (time.monotonic() - start) * 1e3, p.admin_port)
 
@@ -166,53 +175,102 @@ class Client:
         self._queues.pop(request_id, None)
         self._frames.pop(request_id, None)
         self._shown.discard(request_id)
+        self._cancelled.discard(request_id)
 
     def _connect(self, at: int) -> None:
         self._at = at
         self.endpoint = self.endpoints[at]
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(self.endpoint)
+        try:
+            self._sock.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            self._sock.close(0)
+            raise ValueError(f"cannot connect to {self.endpoint!r}: {e}") from None
 
     def _first_answering(self, start: int) -> Optional[int]:
-        """The first endpoint from `start` on, in turn, that answers a ping."""
-        for k in range(len(self.endpoints)):
-            i = (start + k) % len(self.endpoints)
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            try:
-                sock.connect(self.endpoints[i])
-                sock.send(c.build_ping(0))
-                deadline = time.monotonic() + self.lost_after
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or not sock.poll(int(left * 1000)):
-                        break
-                    if c.parse_server(sock.recv()).WhichOneof("body") == "pong":
-                        return i
-            except zmq.ZMQError:
-                pass
-            finally:
+        """The endpoint from `start` on, in turn, to talk to: all are pinged
+        at once; the first in that order that answers (within 0.1 s of the
+        fastest answer, lost_after in all) and serves the model of the
+        first service this client used (a failover never changes models)."""
+        n = len(self.endpoints)
+        order = [(start + k) % n for k in range(n)]
+        socks: Dict[int, Any] = {}
+        served: Dict[int, str] = {}
+        poller = zmq.Poller()
+        try:
+            for i in order:
+                sock = self._ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 0)
+                try:
+                    sock.connect(self.endpoints[i])
+                    sock.send(c.build_ping(0))
+                except zmq.ZMQError:
+                    sock.close(0)  # not an endpoint ZeroMQ can dial
+                    continue
+                socks[i] = sock
+                poller.register(sock, zmq.POLLIN)
+            fits = lambda i: i in served and (self._model is None or served[i] == self._model)
+            deadline = time.monotonic() + self.lost_after
+            grace = False
+            while len(served) < len(socks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for sock, _ in poller.poll(int(left * 1000) + 1):
+                    i = next(k for k, s in socks.items() if s is sock)
+                    try:
+                        msg = c.parse_server(sock.recv(zmq.NOBLOCK))
+                    except Exception:
+                        poller.unregister(sock)
+                        served[i] = "\0"  # not the protocol: fits no model
+                        continue
+                    if msg.WhichOneof("body") == "pong":
+                        served[i] = msg.pong.model
+                        poller.unregister(sock)
+                if not grace and any(fits(i) for i in order):
+                    grace = True
+                    deadline = min(deadline, time.monotonic() + 0.1)
+            for i in order:
+                if fits(i):
+                    if self._model is None:
+                        self._model = served[i]
+                    return i
+            return None
+        finally:
+            for sock in socks.values():
                 sock.close(0)
-        return None
 
     def _failover(self) -> None:
         """The service in use is lost: move to the next that answers and
-        send the requests in flight again (those a stream has shown end
-        with UNAVAILABLE)."""
+        send again the requests in flight that the caller has seen nothing
+        of; a stream that showed chunks ends with UNAVAILABLE, a cancelled
+        request as cancelled, one whose last message came already as it
+        came.  When no endpoint answers, every open request ends with
+        UNAVAILABLE and TroupeError is raised."""
         lost = self.endpoint
         self._sock.close(0)
         nxt = self._first_answering(self._at + 1)
+        open_ = [(rid, q) for rid, q in self._queues.items() if not c.has_last_message(q)]
         if nxt is None:
-            raise TroupeError(pb_unavailable(), f"the service at {lost} was lost and no endpoint answers")
+            self._connect(self._at)  # a socket again: the lost service may come back
+            why = f"the service at {lost} was lost and no endpoint answers"
+            for rid, q in open_:
+                q.append(c.error_message(rid, pb_unavailable(), why))
+            raise TroupeError(pb_unavailable(), why)
         self._connect(nxt)
         self.failovers += 1
-        for rid, q in self._queues.items():
-            q.clear()
-            if rid in self._shown:
+        for rid, q in open_:
+            if rid in self._cancelled:
+                q.clear()
+                q.append(c.cancelled_message(rid))
+            elif rid in self._shown:
                 q.append(c.error_message(rid, pb_unavailable(), f"the service at {lost} was lost mid-stream"))
             else:
+                q.clear()
                 self._sock.send(self._frames[rid])
+        for nonce in self._pinging:
+            self._sock.send(c.build_ping(nonce))
 
     def _next_for(self, request_id: int) -> Any:
         q = self._queues.get(request_id)
