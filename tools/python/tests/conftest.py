@@ -26,6 +26,19 @@ def troupe_bin() -> str:
     return b
 
 
+def read_stdout_until(proc: subprocess.Popen, marker: bytes, seconds: float) -> bytes:
+    """What a child printed on stdout until `marker` (bounded; less when it exits)."""
+    out, until = b"", time.monotonic() + seconds
+    while marker not in out and time.monotonic() < until:
+        r, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if r:
+            data = os.read(proc.stdout.fileno(), 4096)
+            if not data:
+                break
+            out += data
+    return out
+
+
 class Server:
     READY = "troupe serve: listening on "
 
@@ -36,16 +49,7 @@ class Server:
             stdout=subprocess.PIPE,
             stderr=self.err,
         )
-        line = b""
-        until = time.monotonic() + 90
-        while b"\n" not in line and time.monotonic() < until:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if r:
-                data = os.read(self.proc.stdout.fileno(), 4096)
-                if not data:
-                    break
-                line += data
-        text = line.decode(errors="replace")
+        text = read_stdout_until(self.proc, b"\n", 90).decode(errors="replace")
         if not text.startswith(self.READY):
             self.stop()
             pytest.fail(f"troupe serve did not get ready: {text!r}\n{self.stderr()}")

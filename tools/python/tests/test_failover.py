@@ -4,17 +4,15 @@ take both endpoints and move to the second when the first falls silent."""
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 
 from troupe_client import Client, TroupeError, client_pb2 as pb
 
-from conftest import Server, offline_generate, troupe_bin
+from conftest import Server, offline_generate, read_stdout_until, troupe_bin
 
 PROMPT = "Once upon a time there was a dog"
 
@@ -33,14 +31,7 @@ class Node:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
-        line, until = b"", time.monotonic() + 60
-        while b"listening on" not in line and time.monotonic() < until:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.2)
-            if r:
-                data = os.read(self.proc.stdout.fileno(), 4096)
-                if not data:
-                    break
-                line += data
+        line = read_stdout_until(self.proc, b"listening on", 60)
         if b"listening on" not in line:
             self.stop()
             pytest.fail(f"troupe node did not start: {line!r}")
