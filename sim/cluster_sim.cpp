@@ -314,6 +314,67 @@ class simulation {
     return out;
   }
 
+  // The queue counts the router sees of one instance now (exact).
+  instance_snapshot counts_of(const sim_instance& in) const {
+    instance_snapshot s;
+    s.instance = in.id;
+    for (const auto& [id, q] : in.seqs) {
+      ++(q.running || q.parked ? s.running : s.waiting);
+      if (q.total - q.computed > 1) s.queued_prefill_tokens += q.total - q.computed;
+    }
+    s.free_pages = available(in);
+    s.total_pages = cfg_.cost.kv_pages;
+    return s;
+  }
+
+  // Whether the router's snapshot expired (taking a new one), when stale.
+  void refresh_snapshots() {
+    if (cfg_.router_staleness_s <= 0 || now_ - snapshot_at_ < cfg_.router_staleness_s) return;
+    snapshot_at_ = now_;
+    ++res_.stats.router_snapshots;
+    snapshots_.clear();
+    for (const auto& in : insts_) snapshots_[in.id] = counts_of(in);
+    stale_loads_ = loads();
+  }
+
+  // A placement counted into the stale snapshot at once, as the real
+  // router does (actors/router.cpp), so a burst does not all go to the
+  // instance the last snapshot showed idle.
+  void counted_prefill(uint64_t id, int32_t prompt) {
+    if (cfg_.router_staleness_s <= 0) return;
+    if (auto s = snapshots_.find(id); s != snapshots_.end()) {
+      ++s->second.waiting;
+      s->second.queued_prefill_tokens += prompt;
+    }
+    for (auto& l : stale_loads_)
+      if (l.id == id) {
+        l.queued_prefills.push_back(prompt);
+        ++l.prefilling;
+      }
+  }
+  void counted_decode(uint64_t id, int32_t context) {
+    if (cfg_.router_staleness_s <= 0) return;
+    for (auto& l : stale_loads_)
+      if (l.id == id) {
+        ++l.decoding;
+        l.running_tokens += context;
+      }
+  }
+
+  // The loads as the router sees them: exact, or its last snapshot (an
+  // instance started since is seen once the next one is taken).
+  std::vector<pd_load> router_loads() {
+    if (cfg_.router_staleness_s <= 0) return loads();
+    refresh_snapshots();
+    // The pools are the router's own state, never stale.
+    auto out = stale_loads_;
+    for (auto& l : out) {
+      const auto& in = insts_[index_of(l.id)];
+      l.pool = in.pool;
+    }
+    return out;
+  }
+
   uint32_t index_of(uint64_t id) const { return uint32_t(id - 1); }
 
   void arrive(size_t i) {
@@ -337,16 +398,17 @@ class simulation {
         hashes = insts_.front().arena->prompt_hashes(tokens);
       std::vector<instance_snapshot> snaps;
       snaps.reserve(insts_.size());
+      refresh_snapshots();
       for (const auto& in : insts_) {
         if (!in.active || in.ready_at > now_) continue;
         instance_snapshot s;
-        s.instance = in.id;
-        for (const auto& [id, q] : in.seqs) {
-          ++(q.running || q.parked ? s.running : s.waiting);
-          if (q.total - q.computed > 1) s.queued_prefill_tokens += q.total - q.computed;
+        if (cfg_.router_staleness_s <= 0) {
+          s = counts_of(in);
+        } else {
+          auto old = snapshots_.find(in.id);
+          if (old == snapshots_.end()) continue;  // not polled yet
+          s = old->second;
         }
-        s.free_pages = available(in);
-        s.total_pages = cfg_.cost.kv_pages;
         // What the prefix and slo policies weigh: the prompt's pages the
         // arena holds (its cached run) and its store's that continue it,
         // each in its tier.  Only the prompt's own hashes: that is all the
@@ -379,7 +441,7 @@ class simulation {
       if (predicted == 0 && model_.samples() > 0)
         predicted = predicted_ttft_ms(load_of(insts_[index_of(target)]), r.prompt, model_);
     } else {
-      auto ls = loads();
+      auto ls = router_loads();
       if (cfg_.pd_placement == "slo") {
         auto c = place_prefill(r.prompt, ls, model_, cfg_.targets);
         mon_.placed(c.meets_target);
@@ -393,6 +455,7 @@ class simulation {
       if (target != 0) prefill_only = !takes_decode(insts_[index_of(target)].pool);
     }
     if (target == 0) throw std::runtime_error("sim: no instance can take a request");
+    counted_prefill(target, r.prompt);
     // As the instance refuses it: a request that can never fit the arena.
     if (int64_t(r.prompt) + r.output > int64_t(cfg_.cost.kv_pages) * lim_.page_size ||
         r.prompt <= 0 || r.output <= 0) {
@@ -725,10 +788,11 @@ class simulation {
   void hand_off(sim_instance& src, sim_seq& s) {
     uint64_t dst = 0;
     if (cfg_.pd_placement == "slo") {
-      dst = place_decode(src.id, s.total, loads(), cfg_.pd_cfg, cfg_.targets).instance;
+      dst = place_decode(src.id, s.total, router_loads(), cfg_.pd_cfg, cfg_.targets).instance;
     } else {
-      dst = pick(loads(), false);
+      dst = pick(router_loads(), false);
     }
+    if (dst != 0 && dst != src.id) counted_decode(dst, s.total);
     if (dst == 0 || dst == src.id) {
       s.parked = false;
       s.prefill_only = false;
@@ -771,7 +835,7 @@ class simulation {
     pd_window w = mon_.take_window();
     if (cfg_.autoscale) scale();
     if (!cfg_.pd || !cfg_.role_switching || cfg_.pd_placement != "slo") return;
-    auto f = decide_flip(loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_);
+    auto f = decide_flip(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_);
     if (!f) return;
     auto& in = insts_[index_of(f->instance)];
     in.pool = flip_pool(in.pool, f->to);
@@ -842,6 +906,11 @@ class simulation {
   flip_memory flips_;
   autoscale_memory scale_mem_;
   std::unordered_map<uint64_t, instance_window> windows_;
+  // The router's snapshots when it is stale (cfg_.router_staleness_s):
+  // per instance, as of snapshot_at_.
+  std::unordered_map<uint64_t, instance_snapshot> snapshots_;
+  std::vector<pd_load> stale_loads_;
+  double snapshot_at_ = -1;
   std::vector<long> next_turn_;  // a conversation's next turn, by request (-1: none)
   uint64_t arrivals_ = 0;
   size_t rr_prefill_ = 0, rr_decode_ = 0;

@@ -80,6 +80,11 @@ struct sim_config {
   uint64_t kv_disk_bytes = 0;
   tier_eviction tier_policy = tier_eviction::lru;
   bool kv_pull = false;
+  // The router's view of the instances' loads (issue 36): 0 sees them as
+  // they are; > 0 sees a snapshot at most this old, taken when it expired,
+  // as the real router polls every 100 ms (its `poll`).  Prefix hits stay
+  // exact (the policies look the prompt's own pages up).
+  double router_staleness_s = 0;
 };
 
 struct sim_stats {
@@ -88,6 +93,7 @@ struct sim_stats {
   uint64_t flips = 0;
   uint64_t transfers = 0;
   uint64_t preemptions = 0;
+  uint64_t router_snapshots = 0;  // with router_staleness_s: the snapshots it took
   double transfer_bytes = 0;
   double transfer_ms_total = 0;
   double ttft_mape = 0;  // the TTFT predictor's error

@@ -40,6 +40,7 @@ struct sim_flags : load_flags {
   double kv_host_mb = 0, kv_disk_mb = 0;
   std::string kv_tier_eviction = "lru";
   bool kv_pull = false;
+  double router_staleness_ms = 0;
 };
 
 sim_config make_config(const sim_flags& f) {
@@ -78,6 +79,7 @@ sim_config make_config(const sim_flags& f) {
   c.kv_disk_bytes = uint64_t(f.kv_disk_mb * 1024 * 1024);
   c.tier_policy = *parse_tier_eviction(f.kv_tier_eviction);
   c.kv_pull = f.kv_pull;
+  c.router_staleness_s = f.router_staleness_ms / 1000;
   if ((c.kv_host_bytes > 0 || c.kv_disk_bytes > 0) && !c.prefix_caching)
     throw CLI::ValidationError("--kv-host-mb", "the KV store needs prefix caching");
   if (c.kv_pull && c.kv_host_bytes == 0)
@@ -335,6 +337,11 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_flag("--kv-pull", f->kv_pull,
                 "a prompt's pages may come from another instance's store (the router's pull "
                 "rule, at the cost model's transfer rate)");
+  cmd->add_option("--router-staleness-ms", f->router_staleness_ms,
+                  "the router sees the instances' loads as of a snapshot this old at most, as "
+                  "the real one polls (100 ms); 0: as they are")
+      ->check(CLI::Range(0.0, 1e7))
+      ->capture_default_str();
   cmd->add_flag("--colocate", f->colocate, "online/offline co-location in every instance");
   cmd->add_option("--window-ms", f->window_ms, "the monitor's window")->capture_default_str();
   cmd->add_option("--autoscale", f->autoscale,
