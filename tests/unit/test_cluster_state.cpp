@@ -61,7 +61,7 @@ TEST(ClusterState, ServiceRecordsAreReadStrictly) {
   // steer a terminal is dropped.
   auto big = parse_service_record(
       R"({"id":"a","endpoints":["tcp://h:1"],"serving":99999999999,"running":18446744073709551615,)"
-      R"("waiting":-5,"model":"x[2J"})",
+      R"("waiting":-5,"model":"x\u001b[2J"})",
       &why);
   ASSERT_TRUE(big) << why;
   EXPECT_EQ(big->serving, std::numeric_limits<int32_t>::max());
