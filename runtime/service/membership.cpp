@@ -17,6 +17,9 @@ std::optional<node_record> parse_registry_value(const std::string& value, std::s
     if (why) *why = w;
     return std::nullopt;
   };
+  // A record is a few hundred bytes: a huge value is not one (and is not
+  // parsed at every read).
+  if (value.size() > (64u << 10)) return fail("larger than 64 KiB");
   json j = json::parse(value, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return fail("not a JSON object");
   node_record r;

@@ -34,6 +34,8 @@ TEST(ClusterState, NodeLoadTravelsInTheNodeRecord) {
   ASSERT_TRUE(odd);
   EXPECT_EQ(odd->load.running, 0);
   EXPECT_EQ(odd->load.waiting, -3);
+  EXPECT_FALSE(parse_registry_value(std::string(70000, ' '), &why));
+  EXPECT_EQ(why, "larger than 64 KiB");
 }
 
 TEST(ClusterState, ServiceRecordsAreReadStrictly) {

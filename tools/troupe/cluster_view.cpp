@@ -63,8 +63,7 @@ cluster_view read_cluster(const std::string& url, const std::string& cluster) {
     if (!split_key(kv.key, fp, kind)) continue;
     std::string why;
     if (kind == "nodes") {
-      if (auto r =
-              kv.value.size() > (64u << 10) ? std::nullopt : parse_registry_value(kv.value, &why))
+      if (auto r = parse_registry_value(kv.value, &why))
         v.nodes.push_back(std::move(*r));
       else
         v.skipped.push_back(kv.key);

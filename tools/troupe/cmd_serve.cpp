@@ -83,9 +83,6 @@ bool any_instance_serving(caf::actor_system& sys, const router_actor& router) {
   return serving;
 }
 
-// A node record's largest size.
-constexpr size_t k_max_record_bytes = 64 << 10;
-
 // How often a service reads the registry's nodes.
 constexpr auto k_registry_poll = std::chrono::milliseconds(500);
 
@@ -329,11 +326,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
           std::vector<int32_t> counts;
           for (const auto& kv : kvs) {
             std::string why;
-            // A record is a few hundred bytes: a huge value is not one (and
-            // is not parsed at every read).
-            auto r = kv.value.size() > k_max_record_bytes ? std::nullopt
-                                                          : parse_registry_value(kv.value, &why);
-            if (kv.value.size() > k_max_record_bytes) why = "larger than 64 KiB";
+            auto r = parse_registry_value(kv.value, &why);
             if (!r) {
               if (warned.insert(kv.key + "=" + kv.value).second)
                 spdlog::warn("registry: {} is not a node record ({}); skipped", kv.key, why);
