@@ -86,7 +86,9 @@ std::string add(self_ptr self, const std::string& address, int32_t count,
   }
   // Roles continue the instances' order (the router's ids).
   for (auto& sp : specs) {
-    if (st.opts.pd) sp.role = to_string(pd_start_role(st.opts.roles, size_t(st.opts.next_role++)));
+    if (st.opts.pd)
+      sp.role =
+          to_string(pd_start_role(st.opts.roles, size_t(st.opts.next_role++), st.opts.mixed_start));
     sp.owner = st.opts.share ? std::string() : st.opts.service_id;
   }
   node_link_options lo;

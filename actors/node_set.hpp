@@ -23,6 +23,7 @@ struct node_set_options {
   instance_spec base;                // a joined node's instances: copies of this
   bool pd = false;                   // roles continue the instances' order
   std::vector<instance_role> roles;  // service.roles
+  bool mixed_start = false;          // beyond them: mixed (role switching through M)
   int32_t next_role = 0;             // the local instances came first
   // Whether its instances may be shared with other services (actors/node):
   // not with PD, a dp group or an expert controller, which set state on an

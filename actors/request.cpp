@@ -106,8 +106,13 @@ struct request_state {
   bool announced = false;
   bool handed_off = false;
   int placements_failed = 0;  // in a row, while recovering
-  uint64_t move = 0;          // the number of the latest move (the moving phase's)
-  instance_actor instance;    // where the sequence runs now
+  // The number of the latest placement or enqueue: callbacks of one that a
+  // later one superseded (a loss seen while it was on its way) are stale.
+  uint64_t attempt = 0;
+  uint64_t retry_for = 0;           // the attempt a pending retry continues
+  bool attach_unconfirmed = false;  // the trace names an instance no enqueue succeeded on yet
+  uint64_t move = 0;                // the number of the latest move (the moving phase's)
+  instance_actor instance;          // where the sequence runs now
   uint64_t instance_id = 0;
   std::unique_ptr<incremental_decoder> detok;
   std::unique_ptr<stop_matcher> stops;
@@ -401,10 +406,28 @@ void attach(self_ptr self, const placement_reply& p) {
   st.instance_id = p.instance;
   self->monitor(st.instance);
   st.trace.instances.push_back(p.instance);
+  st.attach_unconfirmed = true;
   if (st.trace.placement.empty()) st.trace.placement = p.why;
 }
 
 void place_and_enqueue(self_ptr self);
+
+// An enqueue that never ran: the trace does not name its instance.
+void forget_attach(request_state& st, uint64_t on_id) {
+  if (st.attach_unconfirmed && !st.trace.instances.empty() && st.trace.instances.back() == on_id)
+    st.trace.instances.pop_back();
+  st.attach_unconfirmed = false;
+}
+
+// A failed placement or enqueue while recovering: place again after a
+// pause (the router may still name a lost instance; retrying at once
+// would spend every attempt before it hears of the loss).
+void retry_later(self_ptr self) {
+  auto& st = self->state;
+  ++st.placements_failed;
+  st.retry_for = st.attempt;
+  self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
+}
 
 // Enqueues the sequence on the instance it is attached to.
 void enqueue(self_ptr self) {
@@ -412,16 +435,20 @@ void enqueue(self_ptr self) {
   enter(st.phase, request_phase::enqueueing);
   auto on = st.instance;
   const uint64_t on_id = st.instance_id;
+  const uint64_t attempt = ++st.attempt;
   self->request(on, caf::infinite, enqueue_atom::value, current_sequence(st))
       .then(
-          [self, on](int32_t ahead) {
+          [self, on, attempt](int32_t ahead) {
             auto& st = self->state;
-            if (st.done()) {  // cancelled while the enqueue was on its way
+            // Cancelled while the enqueue was on its way, or superseded
+            // by a placement after a loss: it must not run there.
+            if (st.done() || st.attempt != attempt) {
               self->send(on, abort_atom::value, st.seq.id);
               return;
             }
             enter(st.phase, request_phase::running);
             st.placements_failed = 0;
+            st.attach_unconfirmed = false;
             if (st.announced) return;  // a resumed sequence: the client knows it
             st.enqueued = clock_type::now();
             if (ahead >= st.ctx->max_queue) {
@@ -437,21 +464,16 @@ void enqueue(self_ptr self) {
             m.mutable_accepted()->set_prompt_tokens(static_cast<uint32_t>(st.seq.prompt.size()));
             send_frame(self, m, false);
           },
-          [self, on_id](caf::error& e) {
+          [self, on_id, attempt](caf::error& e) {
             auto& st = self->state;
-            if (st.done()) return;
+            if (st.done() || st.attempt != attempt) return;
             if (!st.announced)
               return reject(self, wire::INVALID_ARGUMENT,
                             "the engine refused the request: " + self->system().render(e));
             // Resuming on an instance that died meanwhile: place again,
-            // after a pause as a failed placement does (the router may
-            // still name the dead instance; retrying at once would spend
-            // every attempt before it hears of the loss).  The sequence
-            // never ran there, so the trace does not name it.
-            if (!st.trace.instances.empty() && st.trace.instances.back() == on_id)
-              st.trace.instances.pop_back();
-            ++st.placements_failed;
-            self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
+            // after a pause as a failed placement does.
+            forget_attach(st, on_id);
+            retry_later(self);
           });
 }
 
@@ -464,6 +486,7 @@ void place_and_enqueue(self_ptr self) {
   if (st.placements_failed > 40)
     return reject(self, wire::UNAVAILABLE, "no instance is serving: the request cannot go on");
   enter(st.phase, request_phase::placing);
+  const uint64_t attempt = ++st.attempt;
   // The chained hashes of the full pages, as the instances index them, so
   // the prefix policy can find who caches the longest part of it.
   std::vector<int32_t> tokens = st.seq.prompt;
@@ -478,19 +501,18 @@ void place_and_enqueue(self_ptr self) {
   self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
                 static_cast<int32_t>(tokens.size()), std::move(hashes))
       .then(
-          [self](placement_reply& p) {
-            if (self->state.done()) return;
+          [self, attempt](placement_reply& p) {
+            if (self->state.done() || self->state.attempt != attempt) return;
             attach(self, p);
             enqueue(self);
           },
-          [self](caf::error& e) {
+          [self, attempt](caf::error& e) {
             auto& st = self->state;
-            if (st.done()) return;
+            if (st.done() || st.attempt != attempt) return;
             if (!st.announced)
               return reject(self, wire::UNAVAILABLE,
                             "no instance can take the request: " + self->system().render(e));
-            ++st.placements_failed;
-            self->delayed_send(self, std::chrono::milliseconds(50), retry_atom::value);
+            retry_later(self);
           });
 }
 
@@ -729,10 +751,19 @@ request_actor::behavior_type request_behavior(self_ptr self,
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
     if (st.done() || dm.source != st.instance.address()) return;
+    // A placement on its way attaches elsewhere (or fails and retries) by
+    // itself: a second one beside it would find the sequence already
+    // enqueued and fail until the request gave up.
+    if (st.phase == request_phase::placing) return;
     // Recovery (docs/architecture.md §3.4 "Recovery"): the request holds its prompt and
     // every token streamed; it is placed again and recomputes from there.
     // The client sees a delay, not an error, while any instance lives.
-    ++st.trace.recoveries;
+    // (Attached to an instance already dead, as a router that has not
+    // heard of the loss yet may name, the enqueue is superseded.)
+    if (st.accepted())
+      ++st.trace.recoveries;
+    else
+      forget_attach(st, st.instance_id);
     place_and_enqueue(self);
   });
   if (st.gen.deadline_ms() > 0)
@@ -769,7 +800,8 @@ request_actor::behavior_type request_behavior(self_ptr self,
       },
       // Its own timer after a failed placement: place the sequence again.
       [self](retry_atom) {
-        if (!self->state.done()) place_and_enqueue(self);
+        const auto& st = self->state;
+        if (!st.done() && st.retry_for == st.attempt) place_and_enqueue(self);
       },
       // Preempt the sequence on its instance now (the shell, tests).
       [self](preempt_atom) -> caf::result<int32_t> {

@@ -52,11 +52,11 @@ router_instance* find(router_state& st, uint64_t id) {
   return nullptr;
 }
 
-// Where an instance starts: its --roles entry, else with --pd the first
-// prefills and the rest decode.
+// Where an instance starts: its --roles entry, else with --pd mixed when
+// roles switch through M, else the first prefills and the rest decode.
 pd_pool initial_pool(const router_options& o, uint64_t id) {
   if (!o.pd || id == 0) return pd_pool::mixed;
-  return pool_of(pd_start_role(o.roles, id - 1));
+  return pool_of(pd_start_role(o.roles, id - 1, o.role_switching && o.pd_cfg.via_mixed));
 }
 
 pd_pool pool_of_instance(const router_instance& i) {
@@ -91,6 +91,7 @@ pd_load load_of(const router_state& st, const router_instance& i) {
   }
   if (auto it = st.windows.find(i.id); it != st.windows.end()) {
     l.token_interval_ms = it->second.token_interval_ms;
+    l.tpot_ms = it->second.tpot_ms;
     l.busy = it->second.busy;
   }
   return l;
@@ -285,10 +286,9 @@ void on_window(self_ptr self) {
             const double now =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - st.born).count();
             pd_targets t{st.opts.ttft_target_ms, st.opts.tpot_target_ms};
-            auto f = decide_flip(pd_loads(st), {r.unmet_prefills, r.prefills}, t, st.opts.pd_cfg,
-                                 now, st.flip_mem);
-            if (f)
-              apply_role(self, f->instance, f->to, f->why, [](caf::expected<std::string> r) {
+            for (const auto& f : decide_flips(pd_loads(st), {r.unmet_prefills, r.prefills}, t,
+                                              st.opts.pd_cfg, now, st.flip_mem))
+              apply_role(self, f.instance, f.to, f.why, [](caf::expected<std::string> r) {
                 if (!r) spdlog::warn("router: role switch failed");
               });
           },

@@ -115,6 +115,8 @@ class simulation {
       if (cfg.pd) {
         if (size_t(i) < cfg.roles.size())
           in.pool = pool_of(cfg.roles[size_t(i)]);
+        else if (cfg.role_switching && cfg.pd_cfg.via_mixed)
+          in.pool = pd_pool::mixed;  // as troupe serve starts them (pd_start_role)
         else
           in.pool = i < (cfg.instances + 1) / 2 ? pd_pool::prefill : pd_pool::decode;
       }
@@ -302,6 +304,7 @@ class simulation {
     l.prefilling = int32_t(l.queued_prefills.size());
     if (auto it = windows_.find(in.id); it != windows_.end()) {
       l.token_interval_ms = it->second.token_interval_ms;
+      l.tpot_ms = it->second.tpot_ms;
       l.busy = it->second.busy;
     }
     return l;
@@ -835,20 +838,20 @@ class simulation {
     pd_window w = mon_.take_window();
     if (cfg_.autoscale) scale();
     if (!cfg_.pd || !cfg_.role_switching || cfg_.pd_placement != "slo") return;
-    auto f = decide_flip(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_);
-    if (!f) return;
-    auto& in = insts_[index_of(f->instance)];
-    in.pool = flip_pool(in.pool, f->to);
-    in.pool = settle(in.pool, load_of(in));
-    ++res_.stats.flips;
-    if (res_.stats.flip_log.size() < 200) {
-      char buf[256];
-      std::snprintf(buf, sizeof buf, "t=%.1fs instance %llu -> %s (pool %s): %s", now_,
-                    static_cast<unsigned long long>(f->instance), to_string(f->to),
-                    to_string(in.pool), f->why.c_str());
-      res_.stats.flip_log.push_back(buf);
+    for (const auto& f : decide_flips(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_)) {
+      auto& in = insts_[index_of(f.instance)];
+      in.pool = flip_pool(in.pool, f.to);
+      in.pool = settle(in.pool, load_of(in));
+      ++res_.stats.flips;
+      if (res_.stats.flip_log.size() < 200) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "t=%.1fs instance %llu -> %s (pool %s): %s", now_,
+                      static_cast<unsigned long long>(f.instance), to_string(f.to),
+                      to_string(in.pool), f.why.c_str());
+        res_.stats.flip_log.push_back(buf);
+      }
+      try_step(in);
     }
-    try_step(in);
   }
 
   // The autoscaling policy at a window: instances held are counted, then

@@ -53,8 +53,10 @@ pd_pool pool_of(instance_role r) {
   return pd_pool::mixed;
 }
 
-instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index) {
+instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index,
+                            bool mixed_start) {
   if (index < roles.size()) return roles[index];
+  if (mixed_start) return instance_role::mixed;
   return index == 0 ? instance_role::prefill : instance_role::decode;
 }
 
@@ -117,26 +119,31 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
   auto meets = [&](double ms) { return t.ttft_ms <= 0 || ms <= t.ttft_ms; };
   // Pool order of the report: P (with M) first, then D->P.
   for (bool flipping : {false, true}) {
+    // Of those predicted to meet the target, the least loaded: a mixed
+    // instance's decoding sequences count, so a prompt goes where it
+    // slows the fewest streams, not merely where it waits least (which
+    // piles prompts onto the instances that decode).
     const pd_load* best = nullptr;
     double best_ms = std::numeric_limits<double>::infinity();
     for (const auto& l : loads) {
       if (!l.serving || !takes_prefill(l.pool)) continue;
       if ((l.pool == pd_pool::decode_to_prefill) != flipping) continue;
       const double ms = predicted_ttft_ms(l, prompt_tokens, m);
-      if (ms < best_ms ||
-          (ms == best_ms && best && l.tokens_in_process() < best->tokens_in_process())) {
-        best = &l;
-        best_ms = ms;
-      }
       if (ms < best_overall_ms) {
         best_overall_ms = ms;
         best_overall = {l.id, ms, false, ""};
       }
+      if (!meets(ms)) continue;
+      if (!best || l.load_score() < best->load_score() ||
+          (l.load_score() == best->load_score() && ms < best_ms)) {
+        best = &l;
+        best_ms = ms;
+      }
     }
-    if (best && meets(best_ms))
+    if (best)
       return {best->id, best_ms, true,
               std::string(flipping ? "D->P" : to_string(best->pool)) +
-                  " pool, least predicted queueing"};
+                  " pool, least loaded of those predicted to meet the TTFT target"};
   }
   if (best_overall.instance == 0) {
     // No prefill instance serves (drained, lost): any serving instance
@@ -190,32 +197,49 @@ bool cooling(const flip_memory& mem, uint64_t id, double now_s, const pd_config&
   return it != mem.last_flip_s.end() && now_s - it->second < c.cooldown_s;
 }
 
-// The lightest instance of `first`, else of `second`, not cooling down.
-const pd_load* lightest(const std::vector<pd_load>& loads, pd_pool first, pd_pool second,
-                        const flip_memory& mem, double now_s, const pd_config& c) {
+// The lightest instances of `first`, then of `second`, not cooling down:
+// at most `n`.
+std::vector<const pd_load*> lightest(const std::vector<pd_load>& loads, pd_pool first,
+                                     pd_pool second, const flip_memory& mem, double now_s,
+                                     const pd_config& c, int32_t n) {
+  std::vector<const pd_load*> out;
   for (pd_pool pool : {first, second}) {
-    const pd_load* best = nullptr;
+    if (pool == second && second == first && !out.empty()) break;
+    std::vector<const pd_load*> of;
     for (const auto& l : loads)
-      if (l.serving && l.pool == pool && !cooling(mem, l.id, now_s, c) &&
-          (!best || l.tokens_in_process() < best->tokens_in_process()))
-        best = &l;
-    if (best) return best;
+      if (l.serving && l.pool == pool && !cooling(mem, l.id, now_s, c)) of.push_back(&l);
+    std::stable_sort(of.begin(), of.end(), [](const pd_load* a, const pd_load* b) {
+      return a->tokens_in_process() < b->tokens_in_process();
+    });
+    for (const auto* l : of)
+      if (int32_t(out.size()) < n) out.push_back(l);
   }
-  return nullptr;
+  return out;
 }
 
 }  // namespace
 
-std::optional<flip_decision> decide_flip(const std::vector<pd_load>& loads, const pd_window& w,
-                                         const pd_targets& t, const pd_config& c, double now_s,
-                                         flip_memory& mem) {
-  int32_t n_decode = 0, n_prefill = 0;
+std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const pd_window& w,
+                                        const pd_targets& t, const pd_config& c, double now_s,
+                                        flip_memory& mem) {
+  int32_t n_decode = 0, n_prefill = 0, n_mixed = 0;
   int64_t used = 0, total = 0, decoding = 0;
-  double interval_sum = 0;
-  int32_t interval_n = 0;
+  double interval_sum = 0, mixed_interval_sum = 0, mixed_tpot_sum = 0, decode_tpot_sum = 0;
+  int32_t interval_n = 0, mixed_interval_n = 0, mixed_tpot_n = 0, decode_tpot_n = 0;
   bool prefill_idle = true;
   for (const auto& l : loads) {
     if (!l.serving) continue;
+    if (l.pool == pd_pool::mixed) {
+      ++n_mixed;
+      if (l.token_interval_ms > 0) {
+        mixed_interval_sum += l.token_interval_ms;
+        ++mixed_interval_n;
+      }
+      if (l.tpot_ms > 0) {
+        mixed_tpot_sum += l.tpot_ms;
+        ++mixed_tpot_n;
+      }
+    }
     if (l.pool == pd_pool::decode || l.pool == pd_pool::prefill_to_decode) {
       ++n_decode;
       used += l.used_pages;
@@ -224,6 +248,10 @@ std::optional<flip_decision> decide_flip(const std::vector<pd_load>& loads, cons
       if (l.token_interval_ms > 0) {
         interval_sum += l.token_interval_ms;
         ++interval_n;
+      }
+      if (l.tpot_ms > 0) {
+        decode_tpot_sum += l.tpot_ms;
+        ++decode_tpot_n;
       }
     }
     if (l.pool == pd_pool::prefill || l.pool == pd_pool::decode_to_prefill) {
@@ -239,34 +267,122 @@ std::optional<flip_decision> decide_flip(const std::vector<pd_load>& loads, cons
   // P -> D: decode is slow, short of KV, or prefill idles while decode works.
   std::string decode_why;
   const double interval = interval_n > 0 ? interval_sum / interval_n : 0;
+  const double decode_tpot = decode_tpot_sum / std::max(1, decode_tpot_n);
   if (t.tpot_ms > 0 && interval > t.tpot_ms)
     decode_why = "mean token interval " + std::to_string(int(std::lround(interval))) +
                  " ms over the TPOT target";
+  else if (t.tpot_ms > 0 && decode_tpot_n > 0 && decode_tpot > t.tpot_ms)
+    decode_why = "requests on decode instances averaged a TPOT of " +
+                 std::to_string(int(std::lround(decode_tpot))) + " ms, over the target";
   else if (total > 0 && double(used) > c.kv_high * double(total))
     decode_why = "decode KV use over " + std::to_string(int(std::lround(c.kv_high * 100))) + "%";
   else if (n_prefill > 0 && prefill_idle && decoding > 0)
     decode_why = "prefill instances idle while decode works";
   mem.to_decode_streak = decode_why.empty() ? 0 : mem.to_decode_streak + 1;
+  // Through M: decode with room to spare takes prefill work too (P -> M),
+  // read from the window's decode steps; mixed instances whose requests
+  // missed the TPOT target give prefill up (M -> P), read from the
+  // requests themselves (a step's time says little of a stream's: one
+  // long prefill step among many short ones is a slow step, not a slow
+  // stream).  Not while prefills miss TTFT: a burst needs every
+  // instance that prefills.
+  const double decode_interval =
+      (interval_sum + mixed_interval_sum) / std::max(1, interval_n + mixed_interval_n);
+  const double mixed_tpot = mixed_tpot_sum / std::max(1, mixed_tpot_n);
+  // Mixing is tried where decode meets the TPOT target, and goes on while
+  // the requests that finished on mixed instances stay under mixed_slack
+  // of it, or do no worse than those on decode instances: the streams
+  // themselves say whether the prefills hurt.
+  const bool mixed_fine = mixed_tpot_n == 0 || mixed_tpot < c.mixed_slack * t.tpot_ms ||
+                          (decode_tpot_n > 0 && mixed_tpot <= decode_tpot);
+  const bool slack = c.via_mixed && t.tpot_ms > 0 && n_prefill > 0 &&
+                     interval_n + mixed_interval_n > 0 && decode_interval < t.tpot_ms && mixed_fine;
+  const bool interfered = c.via_mixed && c.unmix && t.tpot_ms > 0 && mixed_tpot_n > 0 &&
+                          mixed_tpot > t.tpot_ms && w.unmet_prefills == 0;
+  // Through M: idle decode instances (nothing decoding, the device nearly
+  // idle) earn their keep with prefill work mixed in; with the P
+  // instances gone, nothing else would ever reach them.
+  bool decode_idle = false;
+  for (const auto& l : loads)
+    if (c.via_mixed && l.serving && l.pool == pd_pool::decode && l.decoding == 0 &&
+        l.busy < c.idle_busy)
+      decode_idle = true;
+  mem.decode_idle_streak = decode_idle ? mem.decode_idle_streak + 1 : 0;
+  mem.slack_streak = slack ? mem.slack_streak + 1 : 0;
+  mem.interfered_streak = interfered ? mem.interfered_streak + 1 : 0;
 
-  auto flip = [&](const pd_load* l, instance_role to, std::string why) {
-    mem.last_flip_s[l->id] = now_s;
+  // Through M, the instances that keep serving a kind count M too.
+  const int32_t mixed_too = c.via_mixed ? n_mixed : 0;
+  std::vector<flip_decision> out;
+  auto flip = [&](const std::vector<const pd_load*>& ls, instance_role to, const std::string& why) {
+    for (const auto* l : ls) {
+      mem.last_flip_s[l->id] = now_s;
+      out.push_back({l->id, c.via_mixed ? instance_role::mixed : to, why});
+    }
     mem.to_prefill_streak = 0;
     mem.to_decode_streak = 0;
-    return flip_decision{l->id, to, std::move(why)};
+    mem.slack_streak = 0;
+    mem.interfered_streak = 0;
+    mem.decode_idle_streak = 0;
+    return out;
   };
-  if (mem.to_prefill_streak >= c.violation_windows && n_decode > c.min_decode) {
-    if (const pd_load* l =
-            lightest(loads, pd_pool::prefill_to_decode, pd_pool::decode, mem, now_s, c))
-      return flip(l, instance_role::prefill,
-                  std::to_string(w.unmet_prefills) + " of " + std::to_string(w.prefills) +
-                      " prefills predicted to miss the TTFT target");
+  if (mem.to_prefill_streak >= c.violation_windows) {
+    // The shortfall: prefill capacity grows by the share predicted to miss.
+    const double share = double(w.unmet_prefills) / double(std::max(1, w.prefills));
+    const int32_t want =
+        std::max<int32_t>(1, int32_t(std::ceil(share * double(n_prefill + n_mixed) - 1e-9)));
+    const int32_t spare = n_decode + mixed_too - c.min_decode;
+    const int32_t n = std::min({want, std::max(1, c.max_flips), spare, n_decode});
+    if (n > 0) {
+      auto ls = lightest(loads, pd_pool::prefill_to_decode, pd_pool::decode, mem, now_s, c, n);
+      if (!ls.empty())
+        return flip(ls, instance_role::prefill,
+                    std::to_string(w.unmet_prefills) + " of " + std::to_string(w.prefills) +
+                        " prefills predicted to miss the TTFT target");
+    }
   }
-  if (mem.to_decode_streak >= c.violation_windows && n_prefill > c.min_prefill) {
-    if (const pd_load* l =
-            lightest(loads, pd_pool::decode_to_prefill, pd_pool::prefill, mem, now_s, c))
-      return flip(l, instance_role::decode, decode_why);
+  if (mem.to_decode_streak >= c.violation_windows && n_prefill + mixed_too > c.min_prefill) {
+    // Through M nothing is lost by a flip (a mixed instance prefills
+    // still): as many as a window may.
+    auto ls = lightest(loads, pd_pool::decode_to_prefill, pd_pool::prefill, mem, now_s, c,
+                       c.via_mixed ? std::max(1, c.max_flips) : 1);
+    if (!ls.empty()) return flip(ls, instance_role::decode, decode_why);
   }
-  return std::nullopt;
+  if (mem.slack_streak >= c.violation_windows) {
+    // One first, to see what mixing does to the streams; then as many as
+    // a window may flip while they say it does no harm.
+    auto ls = lightest(loads, pd_pool::decode_to_prefill, pd_pool::prefill, mem, now_s, c,
+                       mixed_tpot_n == 0 ? 1 : std::max(1, c.max_flips));
+    if (!ls.empty())
+      return flip(ls, instance_role::mixed,
+                  mixed_tpot_n == 0
+                      ? "decode steps of " + std::to_string(int(std::lround(decode_interval))) +
+                            " ms meet the TPOT target: a prefill instance tries mixing"
+                      : "requests on mixed instances averaged a TPOT of " +
+                            std::to_string(int(std::lround(mixed_tpot))) +
+                            " ms, with room under the target: prefill instances mix");
+  }
+  if (mem.decode_idle_streak >= c.violation_windows) {
+    std::vector<const pd_load*> idle;
+    for (const auto* l :
+         lightest(loads, pd_pool::decode, pd_pool::decode, mem, now_s, c, std::max(1, c.max_flips)))
+      if (l->decoding == 0 && l->busy < c.idle_busy) idle.push_back(l);
+    if (!idle.empty()) return flip(idle, instance_role::mixed, "decode instances idle");
+  }
+  if (mem.interfered_streak >= c.violation_windows && n_mixed > 1) {
+    // Straight to P (not through the decode-side minimums: M keeps both).
+    auto ls = lightest(loads, pd_pool::mixed, pd_pool::mixed, mem, now_s, c, 1);
+    if (!ls.empty()) {
+      mem.last_flip_s[ls[0]->id] = now_s;
+      mem.to_prefill_streak = mem.to_decode_streak = mem.slack_streak = 0;
+      mem.interfered_streak = mem.decode_idle_streak = 0;
+      out.push_back({ls[0]->id, instance_role::prefill,
+                     "requests on mixed instances averaged a TPOT of " +
+                         std::to_string(int(std::lround(mixed_tpot))) +
+                         " ms, over the target: one disaggregates"});
+    }
+  }
+  return out;
 }
 
 }  // namespace troupe

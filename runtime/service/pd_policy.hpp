@@ -30,9 +30,12 @@ const char* to_string(pd_pool p);  // "M", "P", "D", "P->D", "D->P"
 pd_pool pool_of(instance_role r);  // where an instance of that role starts
 
 // With disaggregation, the role instance `index` (0-based, in the
-// service's instance order) starts with: its entry in `roles`, else the
-// first prefills and the rest decode.
-instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index);
+// service's instance order) starts with: its entry in `roles`, else
+// mixed with `mixed_start` (role switching through M: the policy
+// disaggregates where the streams say it pays), else the first prefills
+// and the rest decode.
+instance_role pd_start_role(const std::vector<instance_role>& roles, size_t index,
+                            bool mixed_start = false);
 instance_role role_of(pd_pool p);  // the role it has (or is flipping to)
 pd_pool flip_pool(pd_pool from, instance_role to);
 bool takes_prefill(pd_pool p);  // M, P, D->P
@@ -52,9 +55,13 @@ struct pd_load {
   int32_t page_size = 16;
   double token_interval_ms = 0;  // mean decode step time of the last window (0: none seen)
   double busy = 0;               // share of the last window its device computed
+  double tpot_ms = 0;  // mean TPOT of the requests that finished there in the last window (0: none)
 
   int64_t queued_prefill_tokens() const;
   int64_t tokens_in_process() const { return queued_prefill_tokens() + running_tokens; }
+  // vLLM's load score as least-load placement counts it (4 x waiting +
+  // running), with sequences still prefilling as the waiting ones.
+  int64_t load_score() const { return 4 * int64_t(prefilling) + decoding; }
 };
 
 // Promotes an X->Y instance to Y once its X work is done.
@@ -77,6 +84,15 @@ struct pd_config {
   double kv_high = 0.9;           // decode short of KV: used share above this
   double decode_step_cap_ms = 0;  // decode placement cap on the step time (0: the TPOT target)
   double decode_kv_cap = 0.9;     // decode placement cap on the KV share a placement may reach
+  // Flips go through M (mixed) rather than straight between P and D: a
+  // burst of prompts turns decode instances mixed, which prefill without
+  // giving up their decode work; slow decode turns prefill instances
+  // mixed.  A service whose disaggregation does not pay ends all mixed.
+  bool via_mixed = true;
+  int32_t max_flips = 4;  // instances one window may flip (the shortfall says how many)
+  double mixed_slack =
+      0.8;            // via M: mixed instances' TPOT under this share of the target: mix more
+  bool unmix = true;  // via M: mixed instances whose requests miss TPOT turn P
 };
 
 // TTFT predicted on `l` for a prompt: its queued prefill work plus this
@@ -90,8 +106,9 @@ struct prefill_choice {
   std::string why;
 };
 
-// The P (and M) instance with the least predicted queueing when it meets
-// the TTFT target, else the D->P instance that does, else the lowest
+// Of the P (and M) instances predicted to meet the TTFT target, the one
+// with the lowest load score (decoding sequences included); else of the
+// D->P instances that meet it, else the lowest
 // prediction of all, marked as missing.  With no prefill-taking instance
 // serving, any serving instance (it will decode there too); 0 when none
 // serves.
@@ -122,6 +139,9 @@ struct pd_window {
 struct flip_memory {
   int32_t to_prefill_streak = 0;
   int32_t to_decode_streak = 0;
+  int32_t slack_streak = 0;        // via M: decode steps well under the TPOT target
+  int32_t interfered_streak = 0;   // via M: mixed instances' requests over it
+  int32_t decode_idle_streak = 0;  // via M: a decode instance idle
   std::map<uint64_t, double> last_flip_s;
 };
 
@@ -131,20 +151,39 @@ struct flip_decision {
   std::string why;
 };
 
-// The report's role switching, evaluated once per window, at most one flip
-// per call:
+// The report's role switching, evaluated once per window:
 //  - to prefill when at least miss_share of the window's prefill
 //    placements were predicted to miss TTFT: the
-//    lightest instance (fewest tokens in process) from P->D first, then D,
-//    keeping min_decode decode-taking instances;
-//  - to decode when the decode side's mean token interval exceeds the
-//    TPOT target, or its KV use exceeds kv_high, or every prefill instance
+//    lightest instances (fewest tokens in process) from P->D first, then D,
+//    keeping min_decode instances that only decode;
+//  - to decode when the decode side's mean token interval, or the mean
+//    TPOT of the requests that finished there, exceeds the TPOT target,
+//    or its KV use exceeds kv_high, or every prefill instance
 //    is idle while decode has work: from D->P first, then P, keeping
-//    min_prefill prefill-taking instances.
-// A trigger must hold violation_windows windows in a row; an instance
-// flipped less than cooldown_s ago is not taken.
-std::optional<flip_decision> decide_flip(const std::vector<pd_load>& loads, const pd_window& w,
-                                         const pd_targets& t, const pd_config& c, double now_s,
-                                         flip_memory& mem);
+//    min_prefill instances that only prefill.
+// With via_mixed both go to M instead (an M instance takes both kinds, so
+// the minimums, which keep a kind of work served, count M too), and two
+// more triggers keep the service disaggregated only where that pays:
+//  - P -> M when the decode steps (D and M instances) meet the TPOT
+//    target and the requests that finished on mixed instances averaged
+//    under mixed_slack of it, or no worse than those on decode instances:
+//    one at first (with no mixed instance to judge by), then up to
+//    max_flips a window;
+//  - D -> M when decode instances idle (nothing decoding, busy under
+//    idle_busy): with prefill work they earn their keep, and once the P
+//    instances are gone nothing else would reach them;
+//  - M -> P (one of at least two M) when the requests that finished on
+//    mixed instances missed the TPOT target on average while no prefill
+//    was predicted to miss TTFT: their prefills slowed their decode, and
+//    prefill has capacity to spare.
+// How many flip: the share of the window's
+// prefills predicted to miss times the instances taking prefill (at
+// least one) for the first trigger, max_flips for the others through M
+// (one for the first P -> M without a mixed instance to judge by), one
+// for the others straight; never more than max_flips.  A trigger must hold violation_windows
+// windows in a row; an instance flipped less than cooldown_s ago is not taken.
+std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const pd_window& w,
+                                        const pd_targets& t, const pd_config& c, double now_s,
+                                        flip_memory& mem);
 
 }  // namespace troupe

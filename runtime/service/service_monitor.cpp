@@ -63,18 +63,20 @@ instance_window service_monitor::window(uint64_t instance, double now_s) const {
   w.tpot_ms = mean_of(tpot_, nullptr);
   if (auto it = steps_.find(instance); it != steps_.end()) {
     trim(it->second, now_s);
-    double busy = 0, decode_ms = 0;
-    int32_t decode_steps = 0;
+    // Each decode row waits its step's time for its token: the interval
+    // is weighted by them, so one long prefill step beside a single
+    // decode row counts for that row, as a TPOT would, not for a whole
+    // batch's.
+    double busy = 0, decode_row_ms = 0;
+    int64_t decode_rows = 0;
     for (const auto& s : it->second) {
       busy += s.a;
-      if (s.n > 0) {
-        decode_ms += s.a;
-        ++decode_steps;
-      }
+      decode_row_ms += s.a * double(s.n);
+      decode_rows += s.n;
     }
     w.steps = int32_t(it->second.size());
     w.busy = std::min(1.0, busy / (window_s_ * 1000.0));
-    w.token_interval_ms = decode_steps > 0 ? decode_ms / decode_steps : 0;
+    w.token_interval_ms = decode_rows > 0 ? decode_row_ms / double(decode_rows) : 0;
   }
   return w;
 }

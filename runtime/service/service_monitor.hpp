@@ -18,7 +18,7 @@ struct instance_window {
   uint64_t instance = 0;
   double ttft_ms = 0;            // mean over the window's first tokens (0: none)
   double tpot_ms = 0;            // mean over the window's finished requests
-  double token_interval_ms = 0;  // mean step time of steps with decode rows
+  double token_interval_ms = 0;  // mean step time a decode row waited (weighted by rows)
   double busy = 0;               // share of the window its device computed
   int32_t ttft_samples = 0;
   int32_t steps = 0;

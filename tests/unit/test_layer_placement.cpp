@@ -131,10 +131,12 @@ TEST(LayerPlacement, OptimalForItsObjectiveOn200RandomTopologies) {
       EXPECT_NEAR(placement_score(p, mode, b.best_latency, b.fewest), best, 1e-9)
           << "topology " << t << " mode " << placement_mode_name(mode);
       // What the modes promise, checked directly rather than by the score.
-      if (mode == placement_mode::lr)
+      if (mode == placement_mode::lr) {
         EXPECT_NEAR(p.latency_s(), b.best_latency, 1e-12) << "topology " << t;
-      if (mode == placement_mode::he)
+      }
+      if (mode == placement_mode::he) {
         EXPECT_EQ(static_cast<int32_t>(p.stages.size()), b.fewest) << "topology " << t;
+      }
       ++checked;
     }
   }

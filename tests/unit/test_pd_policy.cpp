@@ -107,6 +107,18 @@ TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCap
   EXPECT_EQ(place_decode(1, 100, {inst(1, pd_pool::prefill)}, cfg, {}).instance, 1u);
 }
 
+// The report's switching (straight between P and D, one flip a window),
+// as the tests below check it; the first flip decided, if any.
+std::optional<flip_decision> first_flip(const std::vector<pd_load>& loads, const pd_window& w,
+                                        const pd_targets& t, pd_config c, double now_s,
+                                        flip_memory& mem) {
+  c.via_mixed = false;
+  c.max_flips = 1;
+  auto fs = decide_flips(loads, w, t, c, now_s, mem);
+  if (fs.empty()) return std::nullopt;
+  return fs.front();
+}
+
 TEST(PdPolicy, FlipToPrefillNeedsConsecutiveWindowsAndTakesPToDFirst) {
   pd_config cfg;
   cfg.min_decode = 1;
@@ -116,25 +128,25 @@ TEST(PdPolicy, FlipToPrefillNeedsConsecutiveWindowsAndTakesPToDFirst) {
                                 inst(4, pd_pool::prefill_to_decode, {}, 900)};
   flip_memory mem;
   pd_window miss{3, 5};
-  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 0, mem));  // one window: not yet
-  auto f = decide_flip(loads, miss, {}, cfg, 1, mem);
+  EXPECT_FALSE(first_flip(loads, miss, {}, cfg, 0, mem));  // one window: not yet
+  auto f = first_flip(loads, miss, {}, cfg, 1, mem);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->instance, 4u);  // P->D first, although it is the heaviest
   EXPECT_EQ(f->to, instance_role::prefill);
   // Too few misses (under miss_share of the window's prefills) do not count.
   mem = {};
-  EXPECT_FALSE(decide_flip(loads, {1, 20}, {}, cfg, 0, mem));
-  EXPECT_FALSE(decide_flip(loads, {1, 20}, {}, cfg, 1, mem));
+  EXPECT_FALSE(first_flip(loads, {1, 20}, {}, cfg, 0, mem));
+  EXPECT_FALSE(first_flip(loads, {1, 20}, {}, cfg, 1, mem));
   // A window without misses resets the streak.
   mem = {};
-  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 0, mem));
-  EXPECT_FALSE(decide_flip(loads, {0, 5}, {}, cfg, 1, mem));
-  EXPECT_FALSE(decide_flip(loads, miss, {}, cfg, 2, mem));
+  EXPECT_FALSE(first_flip(loads, miss, {}, cfg, 0, mem));
+  EXPECT_FALSE(first_flip(loads, {0, 5}, {}, cfg, 1, mem));
+  EXPECT_FALSE(first_flip(loads, miss, {}, cfg, 2, mem));
   // Without P->D: the lightest D instance.
   loads.pop_back();
   mem = {};
-  decide_flip(loads, miss, {}, cfg, 0, mem);
-  f = decide_flip(loads, miss, {}, cfg, 1, mem);
+  first_flip(loads, miss, {}, cfg, 0, mem);
+  f = first_flip(loads, miss, {}, cfg, 1, mem);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->instance, 3u);
 }
@@ -146,14 +158,14 @@ TEST(PdPolicy, KeepsTheMinimumOfDecodeAndPrefillInstances) {
   std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 100),
                                 inst(3, pd_pool::decode, {}, 50)};
   flip_memory mem;
-  EXPECT_FALSE(decide_flip(loads, {1, 1}, {}, cfg, 0, mem));  // 2 decode instances: none to give
+  EXPECT_FALSE(first_flip(loads, {1, 1}, {}, cfg, 0, mem));  // 2 decode instances: none to give
   cfg.min_decode = 1;
-  EXPECT_TRUE(decide_flip(loads, {1, 1}, {}, cfg, 0, mem));
+  EXPECT_TRUE(first_flip(loads, {1, 1}, {}, cfg, 0, mem));
   // The other way: slow decode, but the only prefill instance stays.
   loads[1].token_interval_ms = 90;
   cfg.min_prefill = 1;
   mem = {};
-  EXPECT_FALSE(decide_flip(loads, {}, {0, 50}, cfg, 0, mem));
+  EXPECT_FALSE(first_flip(loads, {}, {0, 50}, cfg, 0, mem));
 }
 
 TEST(PdPolicy, FlipToDecodeOnSlowTokensShortKvOrIdlePrefillFromDToPFirst) {
@@ -164,7 +176,7 @@ TEST(PdPolicy, FlipToDecodeOnSlowTokensShortKvOrIdlePrefillFromDToPFirst) {
                                 inst(3, pd_pool::decode, {}, 300)};
   loads[2].token_interval_ms = 90;
   flip_memory mem;
-  auto f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  auto f = first_flip(loads, {}, {0, 50}, cfg, 0, mem);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->to, instance_role::decode);
   EXPECT_EQ(f->instance, 2u);  // the lighter P instance
@@ -172,13 +184,13 @@ TEST(PdPolicy, FlipToDecodeOnSlowTokensShortKvOrIdlePrefillFromDToPFirst) {
   // D->P is taken first.
   loads.push_back(inst(5, pd_pool::decode_to_prefill, {100}));
   mem = {};
-  EXPECT_EQ(decide_flip(loads, {}, {0, 50}, cfg, 0, mem)->instance, 5u);
+  EXPECT_EQ(first_flip(loads, {}, {0, 50}, cfg, 0, mem)->instance, 5u);
   // Short KV on the decode side.
   loads.pop_back();
   loads[2].token_interval_ms = 10;
   loads[2].used_pages = 95;
   mem = {};
-  f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  f = first_flip(loads, {}, {0, 50}, cfg, 0, mem);
   ASSERT_TRUE(f);
   EXPECT_NE(f->why.find("KV"), std::string::npos);
   // Idle prefill while decode works.
@@ -188,13 +200,13 @@ TEST(PdPolicy, FlipToDecodeOnSlowTokensShortKvOrIdlePrefillFromDToPFirst) {
     loads[i].busy = 0.05;
   }
   mem = {};
-  f = decide_flip(loads, {}, {0, 50}, cfg, 0, mem);
+  f = first_flip(loads, {}, {0, 50}, cfg, 0, mem);
   ASSERT_TRUE(f);
   EXPECT_NE(f->why.find("idle"), std::string::npos);
   // ... but not when decode is idle too.
   loads[2].decoding = 0;
   mem = {};
-  EXPECT_FALSE(decide_flip(loads, {}, {0, 50}, cfg, 0, mem));
+  EXPECT_FALSE(first_flip(loads, {}, {0, 50}, cfg, 0, mem));
 }
 
 TEST(PdPolicy, AnInstanceCoolsDownAfterAFlip) {
@@ -204,17 +216,91 @@ TEST(PdPolicy, AnInstanceCoolsDownAfterAFlip) {
   std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 10),
                                 inst(3, pd_pool::decode, {}, 900)};
   flip_memory mem;
-  auto f = decide_flip(loads, {1, 1}, {}, cfg, 0, mem);
+  auto f = first_flip(loads, {1, 1}, {}, cfg, 0, mem);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->instance, 2u);
   // Still missing a second later: 2 cools down, so 3 goes (a real router
   // would have moved 2 to D->P; here it is still D).
-  f = decide_flip(loads, {1, 1}, {}, cfg, 1, mem);
+  f = first_flip(loads, {1, 1}, {}, cfg, 1, mem);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->instance, 3u);
   mem.last_flip_s[3] = 1;
-  EXPECT_FALSE(decide_flip(loads, {1, 1}, {}, cfg, 2, mem));
-  EXPECT_TRUE(decide_flip(loads, {1, 1}, {}, cfg, 6, mem));
+  EXPECT_FALSE(first_flip(loads, {1, 1}, {}, cfg, 2, mem));
+  EXPECT_TRUE(first_flip(loads, {1, 1}, {}, cfg, 6, mem));
+}
+
+// Through M (the default): a burst of misses turns as many decode
+// instances mixed as the share missing asks (P->D first, lightest first,
+// at most max_flips); slow decode turns a prefill instance mixed; with
+// every instance mixed nothing flips again, whatever the window says.
+TEST(PdPolicy, ViaMixedFlipsAsManyAsTheShortfallAndEndsAllMixed) {
+  pd_config cfg;
+  cfg.violation_windows = 1;
+  cfg.min_decode = 1;
+  cfg.max_flips = 4;
+  std::vector<pd_load> loads = {
+      inst(1, pd_pool::prefill, {500}),  inst(2, pd_pool::prefill, {500}),
+      inst(3, pd_pool::decode, {}, 300), inst(4, pd_pool::decode, {}, 100),
+      inst(5, pd_pool::decode, {}, 200), inst(6, pd_pool::prefill_to_decode, {}, 900)};
+  flip_memory mem;
+  // 3 of 4 prefills missing on 2 prefill instances: 2 more take prefill.
+  auto fs = decide_flips(loads, {3, 4}, {}, cfg, 0, mem);
+  ASSERT_EQ(fs.size(), 2u);
+  EXPECT_EQ(fs[0].instance, 6u);  // P->D first
+  EXPECT_EQ(fs[1].instance, 4u);  // then the lightest D
+  for (const auto& f : fs) EXPECT_EQ(f.to, instance_role::mixed);
+  // Every prefill missing: as many as there are prefill takers, at most
+  // max_flips, and every D may go since mixed ones keep decoding.
+  for (auto& l : loads)
+    if (l.id == 6 || l.id == 4) l.pool = pd_pool::mixed;
+  mem = {};
+  cfg.max_flips = 1;
+  EXPECT_EQ(decide_flips(loads, {8, 8}, {}, cfg, 10, mem).size(), 1u);
+  cfg.max_flips = 8;
+  mem = {};
+  fs = decide_flips(loads, {8, 8}, {}, cfg, 10, mem);
+  ASSERT_EQ(fs.size(), 2u);  // the two D left
+  // Slow decode: a prefill instance turns mixed, the only one-kind
+  // prefill instance included, since mixed ones prefill too.
+  for (auto& l : loads)
+    if (l.pool == pd_pool::decode) l.pool = pd_pool::mixed;
+  loads[0].pool = pd_pool::prefill;
+  loads[1].pool = pd_pool::mixed;
+  loads[2].pool = pd_pool::decode;
+  loads[2].token_interval_ms = 90;
+  mem = {};
+  fs = decide_flips(loads, {}, {0, 50}, cfg, 20, mem);
+  ASSERT_EQ(fs.size(), 1u);
+  EXPECT_EQ(fs[0].instance, 1u);
+  EXPECT_EQ(fs[0].to, instance_role::mixed);
+  // All mixed: nothing left to flip.
+  for (auto& l : loads) l.pool = pd_pool::mixed;
+  mem = {};
+  EXPECT_TRUE(decide_flips(loads, {8, 8}, {0, 50}, cfg, 30, mem).empty());
+}
+
+// The report's way, straight between P and D, may also flip several in a
+// window, keeping min_decode instances that only decode.
+TEST(PdPolicy, StraightFlipsKeepTheDecodeMinimumWhenSeveralGo) {
+  pd_config cfg;
+  cfg.via_mixed = false;
+  cfg.violation_windows = 1;
+  cfg.min_decode = 2;
+  cfg.max_flips = 8;
+  std::vector<pd_load> loads = {inst(1, pd_pool::prefill, {500}), inst(2, pd_pool::decode, {}, 10),
+                                inst(3, pd_pool::decode, {}, 20), inst(4, pd_pool::decode, {}, 30),
+                                inst(5, pd_pool::decode, {}, 40)};
+  flip_memory mem;
+  auto fs = decide_flips(loads, {10, 10}, {}, cfg, 0, mem);
+  ASSERT_EQ(fs.size(), 1u);  // one prefill taker missing everything: one more (not 2: min_decode)
+  EXPECT_EQ(fs[0].to, instance_role::prefill);
+  loads.push_back(inst(6, pd_pool::prefill, {500}));
+  loads.push_back(inst(7, pd_pool::prefill, {500}));
+  mem = {};
+  fs = decide_flips(loads, {10, 10}, {}, cfg, 0, mem);
+  ASSERT_EQ(fs.size(), 2u);  // three asked, two spare
+  EXPECT_EQ(fs[0].instance, 2u);
+  EXPECT_EQ(fs[1].instance, 3u);
 }
 
 TEST(ServiceMonitor, RollingWindowsAndPredictionError) {

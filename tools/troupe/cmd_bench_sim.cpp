@@ -309,7 +309,8 @@ void add_bench_sim(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--role-switching", f->role_switching, "with --pd slo: flip roles by the policy");
   cmd->add_option("--roles", f->roles,
-                  "starting role per instance (prefill, decode, mixed); default half and half")
+                  "starting role per instance (prefill, decode, mixed); default half and half, "
+                  "all mixed with --role-switching through mixed")
       ->delimiter(',');
   cmd->add_option("--router", f->router, "without --pd: round-robin, least-load, slo or load-aware")
       ->capture_default_str();
@@ -381,6 +382,20 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--flip-miss-share", f->pd_cfg.miss_share,
                   "to prefill when this share of a window's prefills is predicted to miss TTFT")
       ->capture_default_str();
+  cmd->add_option("--flip-via-mixed", f->pd_cfg.via_mixed,
+                  "flip through mixed instances (false: straight between prefill and decode)")
+      ->capture_default_str();
+  cmd->add_option(
+         "--flip-mixed-slack", f->pd_cfg.mixed_slack,
+         "through mixed: P instances mix while mixed ones' TPOT is under this share of the target")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--flip-unmix", f->pd_cfg.unmix,
+                  "through mixed: mixed instances whose requests miss TPOT turn prefill")
+      ->capture_default_str();
+  cmd->add_option("--flip-max", f->pd_cfg.max_flips, "instances one window may flip")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   add_load_options(*cmd, *f);
   cmd->callback([f] { run_sim(*f); });
 }

@@ -198,7 +198,8 @@ int run_serve(settings_flags& flags, const std::string& config) {
   }
   for (int i = 0; i < local; ++i) {
     instance_spec spec = base;
-    if (s.pd) spec.role = to_string(pd_start_role(roles, size_t(i)));
+    if (s.pd)
+      spec.role = to_string(pd_start_role(roles, size_t(i), s.role_switching && s.flip_via_mixed));
     if (e.instance_cores > 0) {
       spec.cores = e.instance_cores;
       spec.slice = i;
@@ -226,6 +227,9 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ro.pd_cfg.violation_windows = s.flip_windows;
   ro.pd_cfg.cooldown_s = s.flip_cooldown_s;
   ro.pd_cfg.miss_share = s.flip_miss_share;
+  ro.pd_cfg.via_mixed = s.flip_via_mixed;
+  ro.pd_cfg.max_flips = s.flip_max;
+  ro.pd_cfg.mixed_slack = s.flip_mixed_slack;
   ro.pd_cfg.idle_busy = s.idle_busy;
   ro.pd_cfg.kv_high = s.decode_kv_high;
   ro.window = std::chrono::milliseconds(s.window_ms);
@@ -280,6 +284,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   nso.base = base;
   nso.pd = s.pd;
   nso.roles = roles;
+  nso.mixed_start = s.role_switching && s.flip_via_mixed;
   nso.next_role = local;  // roles continue the local instances' order (the router's ids)
   nso.share = !s.pd && !s.dp_group && !moe;  // else instances set one service's state
   auto node_set = spawn_node_set(*env.sys, nso);
