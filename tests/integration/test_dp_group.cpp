@@ -114,10 +114,16 @@ TEST(DpGroup, ANodesInstanceJoinsAndSequencesMoveAcrossProcesses) {
                             " --cluster-secret-file " + secret.path() +
                             " --dp-group --dp-interval-ms 20 --kv-mb 16",
                         "troupe serve: listening on ", kModel);
-  const auto inst = server.admin("instances");
-  // The server waits for the node's link to settle before it listens, so a
-  // missing instance means the node was refused or down: its reason is in
-  // the server's log, the node's side in the node's.
+  // The server waits for the node's link to settle before it listens; on
+  // a loaded machine the first connect may time out, and the link retries
+  // (within 5 s): a missing instance after that means the node was
+  // refused or down: its reason is in the server's log, the node's side
+  // in the node's.
+  auto inst = server.admin("instances");
+  for (int i = 0; i < 150 && inst.size() < 2; ++i) {
+    std::this_thread::sleep_for(100ms);
+    inst = server.admin("instances");
+  }
   ASSERT_EQ(inst.size(), 2u) << inst.dump() << "\nserver stderr:\n"
                              << server.stderr_text() << "\nnode stderr:\n"
                              << node.stderr_text();

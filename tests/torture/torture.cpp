@@ -300,8 +300,15 @@ class round_driver {
     lockstep_ = false;
     if (instances_ > 1 && chance(0.4)) {
       ++t_.pd_rounds;
-      a += " --pd --roles " + one_of<std::string>({"prefill,decode", "decode,prefill"});
-      if (chance(0.5)) a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5";
+      // Role switching through mixed starts all mixed without --roles.
+      const bool switching = chance(0.5);
+      if (!switching || chance(0.5))
+        a += " --pd --roles " + one_of<std::string>({"prefill,decode", "decode,prefill"});
+      else
+        a += " --pd";
+      if (switching)
+        a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5 --flip-via-mixed " +
+             one_of<std::string>({"true", "false"});
     } else if (instances_ > 1 && chance(0.4)) {
       // Issue 15: a data-parallel group places every request and moves
       // sequences between the two replicas (local, or on the two nodes); in
