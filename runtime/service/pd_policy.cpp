@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 
 namespace troupe {
@@ -197,14 +198,13 @@ bool cooling(const flip_memory& mem, uint64_t id, double now_s, const pd_config&
   return it != mem.last_flip_s.end() && now_s - it->second < c.cooldown_s;
 }
 
-// The lightest instances of `first`, then of `second`, not cooling down:
-// at most `n`.
-std::vector<const pd_load*> lightest(const std::vector<pd_load>& loads, pd_pool first,
-                                     pd_pool second, const flip_memory& mem, double now_s,
-                                     const pd_config& c, int32_t n) {
+// The lightest instances of each pool in turn, not cooling down: at most
+// `n`.
+std::vector<const pd_load*> lightest(const std::vector<pd_load>& loads,
+                                     std::initializer_list<pd_pool> pools, const flip_memory& mem,
+                                     double now_s, const pd_config& c, int32_t n) {
   std::vector<const pd_load*> out;
-  for (pd_pool pool : {first, second}) {
-    if (pool == second && second == first && !out.empty()) break;
+  for (pd_pool pool : pools) {
     std::vector<const pd_load*> of;
     for (const auto& l : loads)
       if (l.serving && l.pool == pool && !cooling(mem, l.id, now_s, c)) of.push_back(&l);
@@ -314,10 +314,12 @@ std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const
   // Through M, the instances that keep serving a kind count M too.
   const int32_t mixed_too = c.via_mixed ? n_mixed : 0;
   std::vector<flip_decision> out;
+  // The role a trigger flips to: M through mixed, else its own.
+  auto via = [&](instance_role to) { return c.via_mixed ? instance_role::mixed : to; };
   auto flip = [&](const std::vector<const pd_load*>& ls, instance_role to, const std::string& why) {
     for (const auto* l : ls) {
       mem.last_flip_s[l->id] = now_s;
-      out.push_back({l->id, c.via_mixed ? instance_role::mixed : to, why});
+      out.push_back({l->id, to, why});
     }
     mem.to_prefill_streak = 0;
     mem.to_decode_streak = 0;
@@ -334,9 +336,9 @@ std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const
     const int32_t spare = n_decode + mixed_too - c.min_decode;
     const int32_t n = std::min({want, std::max(1, c.max_flips), spare, n_decode});
     if (n > 0) {
-      auto ls = lightest(loads, pd_pool::prefill_to_decode, pd_pool::decode, mem, now_s, c, n);
+      auto ls = lightest(loads, {pd_pool::prefill_to_decode, pd_pool::decode}, mem, now_s, c, n);
       if (!ls.empty())
-        return flip(ls, instance_role::prefill,
+        return flip(ls, via(instance_role::prefill),
                     std::to_string(w.unmet_prefills) + " of " + std::to_string(w.prefills) +
                         " prefills predicted to miss the TTFT target");
     }
@@ -344,14 +346,14 @@ std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const
   if (mem.to_decode_streak >= c.violation_windows && n_prefill + mixed_too > c.min_prefill) {
     // Through M nothing is lost by a flip (a mixed instance prefills
     // still): as many as a window may.
-    auto ls = lightest(loads, pd_pool::decode_to_prefill, pd_pool::prefill, mem, now_s, c,
+    auto ls = lightest(loads, {pd_pool::decode_to_prefill, pd_pool::prefill}, mem, now_s, c,
                        c.via_mixed ? std::max(1, c.max_flips) : 1);
-    if (!ls.empty()) return flip(ls, instance_role::decode, decode_why);
+    if (!ls.empty()) return flip(ls, via(instance_role::decode), decode_why);
   }
   if (mem.slack_streak >= c.violation_windows) {
     // One first, to see what mixing does to the streams; then as many as
     // a window may flip while they say it does no harm.
-    auto ls = lightest(loads, pd_pool::decode_to_prefill, pd_pool::prefill, mem, now_s, c,
+    auto ls = lightest(loads, {pd_pool::decode_to_prefill, pd_pool::prefill}, mem, now_s, c,
                        mixed_tpot_n == 0 ? 1 : std::max(1, c.max_flips));
     if (!ls.empty())
       return flip(ls, instance_role::mixed,
@@ -365,22 +367,18 @@ std::vector<flip_decision> decide_flips(const std::vector<pd_load>& loads, const
   if (mem.decode_idle_streak >= c.violation_windows) {
     std::vector<const pd_load*> idle;
     for (const auto* l :
-         lightest(loads, pd_pool::decode, pd_pool::decode, mem, now_s, c, std::max(1, c.max_flips)))
+         lightest(loads, {pd_pool::decode}, mem, now_s, c, std::max(1, c.max_flips)))
       if (l->decoding == 0 && l->busy < c.idle_busy) idle.push_back(l);
     if (!idle.empty()) return flip(idle, instance_role::mixed, "decode instances idle");
   }
   if (mem.interfered_streak >= c.violation_windows && n_mixed > 1) {
     // Straight to P (not through the decode-side minimums: M keeps both).
-    auto ls = lightest(loads, pd_pool::mixed, pd_pool::mixed, mem, now_s, c, 1);
-    if (!ls.empty()) {
-      mem.last_flip_s[ls[0]->id] = now_s;
-      mem.to_prefill_streak = mem.to_decode_streak = mem.slack_streak = 0;
-      mem.interfered_streak = mem.decode_idle_streak = 0;
-      out.push_back({ls[0]->id, instance_role::prefill,
-                     "requests on mixed instances averaged a TPOT of " +
-                         std::to_string(int(std::lround(mixed_tpot))) +
-                         " ms, over the target: one disaggregates"});
-    }
+    auto ls = lightest(loads, {pd_pool::mixed}, mem, now_s, c, 1);
+    if (!ls.empty())
+      return flip(ls, instance_role::prefill,
+                  "requests on mixed instances averaged a TPOT of " +
+                      std::to_string(int(std::lround(mixed_tpot))) +
+                      " ms, over the target: one disaggregates");
   }
   return out;
 }
