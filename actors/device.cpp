@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "actors/pipeline.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/engine/step_overlap.hpp"
 
@@ -282,6 +283,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
 
 device_actor spawn_device(caf::actor_system& sys, std::shared_ptr<const model_file> model,
                           const engine_options& opts) {
+  if (opts.pipeline_stages >= 2) return spawn_pipeline(sys, std::move(model), opts);
   auto engine = std::make_shared<llama_forward>(std::move(model), opts);
   return sys.spawn<caf::detached>(device_behavior, std::move(engine));
 }

@@ -39,13 +39,13 @@ typename Inspector::result_type inspect(Inspector& f, placeholder_row& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_batch& x) {
   return f(caf::meta::type_name("forward_batch"), x.tokens, x.positions, x.seqs, x.logit_rows,
-           x.step, x.presample, x.after, x.placeholders, x.hidden_rows);
+           x.step, x.presample, x.after, x.placeholders, x.hidden_rows, x.stage_input);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_result& x) {
   return f(caf::meta::type_name("forward_result"), x.n_vocab, x.logits, x.drawn, x.n_embd, x.hidden,
-           x.device_ms, x.idle_ms);
+           x.device_ms, x.idle_ms, x.stage_output);
 }
 
 template <class Inspector>

@@ -140,6 +140,21 @@ kernel::~kernel() {
   if (k_) clReleaseKernel(k_);
 }
 
+int compute_units_of(const device_choice& choice) {
+  if (choice.cores > 0) return choice.cores;
+  auto ps = platforms();
+  if (choice.platform < 0 || choice.platform >= static_cast<int>(ps.size()))
+    throw cl_error("OpenCL platform " + std::to_string(choice.platform) + " does not exist (" +
+                   std::to_string(ps.size()) + " available)");
+  auto ds = devices_of(ps[choice.platform]);
+  if (choice.device < 0 || choice.device >= static_cast<int>(ds.size()))
+    throw cl_error("OpenCL device " + std::to_string(choice.device) +
+                   " does not exist on platform " + std::to_string(choice.platform));
+  cl_uint cu = 1;
+  clGetDeviceInfo(ds[choice.device], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
+  return static_cast<int>(cu);
+}
+
 context::context(device_choice choice, int shards) {
   auto ps = platforms();
   if (choice.platform < 0 || choice.platform >= static_cast<int>(ps.size()))

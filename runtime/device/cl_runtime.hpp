@@ -33,6 +33,11 @@ struct device_choice {
   int slice = 0;
 };
 
+// The compute units of a device (of its slice where choice.cores > 0, i.e.
+// choice.cores), without building a context.  Throws cl_error where it
+// does not exist.
+int compute_units_of(const device_choice& choice);
+
 class buffer {
  public:
   buffer() = default;

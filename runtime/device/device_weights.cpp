@@ -1,7 +1,9 @@
 #include "runtime/device/device_weights.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <utility>
 
 namespace troupe {
@@ -253,14 +255,20 @@ expert_layout initial_expert_layout(int n_expert, int devices) {
   return out;
 }
 
-device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices) {
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices,
+                              int first_layer, int end_layer) {
   device_weights w;
   const auto& hp = model.hparams();
+  if (end_layer <= 0) end_layer = hp.n_layer;
+  if (first_layer < 0 || first_layer >= end_layer || end_layer > hp.n_layer)
+    throw std::invalid_argument("layers [" + std::to_string(first_layer) + ", " +
+                                std::to_string(end_layer) + ") are not a range of the model's " +
+                                std::to_string(hp.n_layer));
   w.embedding = upload_matrix(ctx, {&model.tensor("token_embd.weight")});
   if (const auto* out = model.find_tensor("output.weight"))
     w.output = std::make_unique<device_matrix>(upload_matrix(ctx, {out}));
   w.output_norm = upload_vector(ctx, model.tensor("output_norm.weight"));
-  for (int l = 0; l < hp.n_layer; ++l) {
+  for (int l = first_layer; l < end_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto t = [&](const char* name) -> const tensor_view* { return &model.tensor(p + name); };
     device_layer layer;
@@ -295,7 +303,14 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
     }
     w.layers.push_back(std::move(layer));
   }
-  for (const auto& [name, tv] : model.tensors()) w.bytes += tv.bytes;
+  // The tensors uploaded: every one but the other layers' (blk.N.*).
+  for (const auto& [name, tv] : model.tensors()) {
+    if (name.rfind("blk.", 0) == 0) {
+      const int l = std::atoi(name.c_str() + 4);
+      if (l < first_layer || l >= end_layer) continue;
+    }
+    w.bytes += tv.bytes;
+  }
   return w;
 }
 

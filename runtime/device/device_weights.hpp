@@ -97,8 +97,11 @@ struct device_weights {
 };
 
 // Experts of MoE layers spread over `expert_devices` devices
-// (initial_expert_layout).
-device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices = 1);
+// (initial_expert_layout).  Layers [first_layer, end_layer) only (a
+// pipeline stage's; end_layer 0: to the last), layers[0] being first_layer;
+// the embedding, the output norm and the classifier always.
+device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices = 1,
+                              int first_layer = 0, int end_layer = 0);
 
 // Experts 0..n-1 split into `devices` contiguous runs, one slot each.
 expert_layout initial_expert_layout(int n_expert, int devices);

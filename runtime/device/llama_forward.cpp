@@ -63,6 +63,7 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
   o.fuse_step = s.fuse_step;
   o.queue_steps = s.queue_steps;
   o.expert_devices = s.expert_devices;
+  o.pipeline_stages = s.pipeline_parallel;
   return o;
 }
 
@@ -105,12 +106,21 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     throw model_error(model_->path() + ": head count " + std::to_string(hp.n_head) +
                       " is not a multiple of the KV head count " + std::to_string(hp.n_head_kv));
   if (opts_.page_size <= 0) throw std::invalid_argument("page_size must be positive");
+  const int layer_end = opts_.layer_end > 0 ? opts_.layer_end : hp.n_layer;
+  if (opts_.layer_first < 0 || opts_.layer_first >= layer_end || layer_end > hp.n_layer)
+    throw std::invalid_argument("layers [" + std::to_string(opts_.layer_first) + ", " +
+                                std::to_string(layer_end) + ") are not a range of the model's " +
+                                std::to_string(hp.n_layer));
+  layer_first_ = opts_.layer_first;
+  if (hp.n_expert > 0 && (layer_first_ > 0 || layer_end < hp.n_layer))
+    throw model_error(model_->path() +
+                      ": a mixture-of-experts model runs on one device (no pipeline stages)");
   ctx_.build(
       std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
       std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
       (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") + (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
       (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : "") + (ctx_.x86_avx2() ? " -DTROUPE_AVX2" : ""));
-  weights_ = upload_weights(ctx_, *model_, expert_devices());
+  weights_ = upload_weights(ctx_, *model_, expert_devices(), layer_first_, layer_end);
 
   n_pages_ =
       opts_.n_pages > 0 ? opts_.n_pages : static_cast<int>(opts_.kv_bytes / kv_bytes_per_page());
@@ -155,7 +165,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
 size_t llama_forward::kv_bytes_per_page() const {
   const auto& hp = hparams();
   const size_t elem = opts_.kv_f16 ? 2 : 4;
-  return 2 * static_cast<size_t>(hp.n_layer) * hp.n_head_kv * opts_.page_size * hp.head_dim * elem;
+  return 2 * weights_.layers.size() * hp.n_head_kv * opts_.page_size * hp.head_dim * elem;
 }
 
 int llama_forward::tile_for(int rows) const {
@@ -238,7 +248,8 @@ cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int at
 }
 
 bool llama_forward::can_fuse_step() const {
-  if (!opts_.fuse_step || weights_.layers.empty()) return false;
+  // A pipeline stage runs apart: its input or output is hidden states.
+  if (!opts_.fuse_step || weights_.layers.empty() || !first_stage() || !last_stage()) return false;
   // layer.cl's final norm quantizes per 32 for an integer classifier: a
   // K-quant one (Q8_K activations) runs after a step apart.
   if (weights_.classifier().q8_k_acts) return false;
@@ -374,6 +385,14 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
   if (b.positions.size() != rows)
     throw std::invalid_argument("batch has " + std::to_string(rows) + " tokens but " +
                                 std::to_string(b.positions.size()) + " positions");
+  // A pipeline stage's input and output: hidden states between stages.
+  const size_t input = first_stage() ? 0 : rows * static_cast<size_t>(hparams().n_embd);
+  if (b.stage_input.size() != input)
+    throw std::invalid_argument("stage input of " + std::to_string(b.stage_input.size()) +
+                                " values where layer " + std::to_string(layer_first_) + " takes " +
+                                std::to_string(input));
+  if (!last_stage() && (!b.logit_rows.empty() || !b.hidden_rows.empty() || !b.presample.empty()))
+    throw std::invalid_argument("a pipeline stage before the last has no logits or hidden rows");
   std::vector<int> owner(rows, -1);
   for (size_t s = 0; s < b.seqs.size(); ++s) {
     const auto& q = b.seqs[s];
@@ -544,6 +563,10 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
     }
   }
   ctx_.write(tokens_, f->tokens.data(), T * 4);
+  if (!first_stage()) {
+    f->stage_input = b.stage_input;
+    ctx_.write(x_, f->stage_input.data(), f->stage_input.size() * sizeof(float));
+  }
   ctx_.write(pos_, f->positions.data(), T * 4);
   ctx_.write(row_seq_, f->row_seq.data(), T * 4);
   ctx_.write(pt_, f->pt.data(), f->pt.size() * 4);
@@ -626,9 +649,16 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   f->result.logits.resize(static_cast<size_t>(R) * hp.n_vocab);
   f->result.drawn.resize(static_cast<size_t>(n_draws));
   if (n_draws > 0) ctx_.read_async(drawn_, f->result.drawn.data(), f->result.drawn.size() * 4);
-  f->done = R > 0 ? ctx_.read_async(logits_, f->result.logits.data(),
-                                    f->result.logits.size() * sizeof(float))
-                  : ctx_.marker();
+  if (!last_stage()) {
+    // The next stage's input: every row's residual after this stage's layers.
+    f->result.stage_output.resize(static_cast<size_t>(T) * hp.n_embd);
+    f->done = ctx_.read_async(x_, f->result.stage_output.data(),
+                              f->result.stage_output.size() * sizeof(float));
+  } else {
+    f->done = R > 0 ? ctx_.read_async(logits_, f->result.logits.data(),
+                                      f->result.logits.size() * sizeof(float))
+                    : ctx_.marker();
+  }
   if (on_done) f->done.on_complete(std::move(on_done));
   flights_.push_back(std::move(f));
 }
@@ -672,20 +702,26 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);
 
-  k_embed_.args(emb.q, emb.d, emb.m, tokens_, drawn_, x_, D);
-  ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
-  if (k_scale_.get()) {
-    k_scale_.args(x_, hp.embd_scale, T * D);
-    ctx_.launch(k_scale_, {uT * static_cast<size_t>(D)});
+  // A later pipeline stage's x_ holds the stage before's output already
+  // (submit wrote it).
+  if (first_stage()) {
+    k_embed_.args(emb.q, emb.d, emb.m, tokens_, drawn_, x_, D);
+    ctx_.launch(k_embed_, {static_cast<size_t>(D / 32), uT}, {static_cast<size_t>(D / 32), 1});
+    if (k_scale_.get()) {
+      k_scale_.args(x_, hp.embd_scale, T * D);
+      ctx_.launch(k_scale_, {uT * static_cast<size_t>(D)});
+    }
   }
 
-  for (int l = 0; l < hp.n_layer; ++l) {
+  // l indexes this forward's layers (and its KV arena's); the model's
+  // layer is layer_first_ + l.
+  for (int l = 0; l < static_cast<int>(weights_.layers.size()); ++l) {
     const auto& L = weights_.layers[l];
     if (fused(L)) {
       layer_step(L, l, T, att_rows);
       continue;
     }
-    const bool swa = hp.is_swa(l);
+    const bool swa = hp.is_swa(layer_first_ + l);
     const cl::buffer& rope = swa ? rope_swa_ : rope_;
     {
       norm(L.attn_norm, quantized_inline(L.qkv), T);
@@ -921,7 +957,8 @@ std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages
   for (int32_t p : pages)
     if (p < 0 || p >= n_pages_)
       throw std::invalid_argument("read_pages: page " + std::to_string(p) + " outside the arena");
-  const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
+  const int n_layers = static_cast<int>(weights_.layers.size());
+  const page_blocks g{kv_bytes_per_page() / 2 / n_layers, size_t(n_pages_)};
   const size_t per = kv_bytes_per_page();
   std::vector<uint8_t> out(pages.size() * per);
   // A run of consecutive arena pages is, per layer, one contiguous region
@@ -930,7 +967,7 @@ std::vector<uint8_t> llama_forward::read_pages(const std::vector<int32_t>& pages
   try {
     for_each_page_run(pages, [&](size_t first, size_t n) {
       uint8_t* dst = out.data() + first * per;
-      for (int l = 0; l < hparams().n_layer; ++l) {
+      for (int l = 0; l < n_layers; ++l) {
         const size_t at = g.offset(l, pages[first]);
         ctx_.read_rows(k_cache_, dst + size_t(l) * 2 * g.block, g.block, n, at, per);
         ctx_.read_rows(v_cache_, dst + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);
@@ -953,12 +990,13 @@ void llama_forward::write_pages(const std::vector<int32_t>& pages,
     throw std::invalid_argument("write_pages: " + std::to_string(data.size()) + " bytes for " +
                                 std::to_string(pages.size()) + " pages of " +
                                 std::to_string(kv_bytes_per_page()));
-  const page_blocks g{kv_bytes_per_page() / 2 / hparams().n_layer, size_t(n_pages_)};
+  const int n_layers = static_cast<int>(weights_.layers.size());
+  const page_blocks g{kv_bytes_per_page() / 2 / n_layers, size_t(n_pages_)};
   const size_t per = kv_bytes_per_page();
   try {
     for_each_page_run(pages, [&](size_t first, size_t n) {
       const uint8_t* src = data.data() + first * per;
-      for (int l = 0; l < hparams().n_layer; ++l) {
+      for (int l = 0; l < n_layers; ++l) {
         const size_t at = g.offset(l, pages[first]);
         ctx_.write_rows(k_cache_, src + size_t(l) * 2 * g.block, g.block, n, at, per);
         ctx_.write_rows(v_cache_, src + size_t(l) * 2 * g.block + g.block, g.block, n, at, per);

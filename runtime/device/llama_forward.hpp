@@ -66,6 +66,17 @@ struct engine_options {
   // with its own queue and weight buffers, tokens dispatched to the
   // sub-devices holding their experts; 0 or 1: on the device itself.
   int expert_devices = 0;
+  // Pipeline parallelism (actors/pipeline.hpp): spawn_device runs the
+  // model as this many stages, each a llama_forward over a contiguous
+  // range of layers on its own slice of the device; 1: one device.
+  int pipeline_stages = 1;
+  // A stage's layers, [layer_first, layer_end) (layer_end 0: to the last).
+  // A stage after the first takes its input as hidden states
+  // (forward_batch::stage_input) instead of tokens; one before the last
+  // answers with its output hidden states (forward_result::stage_output)
+  // instead of logits.  Its KV arena holds its own layers only.
+  int layer_first = 0;
+  int layer_end = 0;
 };
 
 // The device's part of the [engine] settings (runtime/config/settings.def),
@@ -122,6 +133,11 @@ class llama_forward {
   size_t weight_bytes() const { return weights_.bytes; }
   // Layers that run as one launch each (engine_options::fuse_layers).
   int fused_layers() const;
+  // This forward's layers [first, end) (a pipeline stage's; else all).
+  int layer_first() const { return layer_first_; }
+  int layer_end() const { return layer_first_ + static_cast<int>(weights_.layers.size()); }
+  bool first_stage() const { return layer_first_ == 0; }
+  bool last_stage() const { return layer_end() == hparams().n_layer; }
   // Whether a step runs as one launch (engine_options::fuse_step).
   bool fused_step() const { return static_cast<bool>(step_offs_); }
   size_t kv_bytes_per_page() const;
@@ -241,6 +257,7 @@ class llama_forward {
 
   std::shared_ptr<const model_file> model_;
   engine_options opts_;
+  int layer_first_ = 0;  // the first of this forward's layers (a pipeline stage's)
   cl::context ctx_;
   device_weights weights_;
   int n_pages_ = 0;
@@ -271,6 +288,7 @@ class llama_forward {
     std::vector<int32_t> bias_off, bias_tok;  // the draws' logit_bias (draw.cl)
     std::vector<float> bias_val;
     std::vector<float> rope, rope_swa;
+    std::vector<float> stage_input;  // a later pipeline stage's input rows
     forward_result result;
     cl::event done;
   };

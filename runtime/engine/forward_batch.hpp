@@ -48,6 +48,9 @@ struct forward_batch {
   // Rows whose final normed hidden states come back (embedding requests'
   // rows), in this order; the classifier does not run on them.
   std::vector<int32_t> hidden_rows;
+  // Pipeline stages after the first: every row's hidden state as the stage
+  // before left it (rows x n_embd), in place of the embedding of tokens.
+  std::vector<float> stage_input;
 };
 
 struct forward_result {
@@ -58,6 +61,9 @@ struct forward_result {
   std::vector<float> hidden;  // hidden_rows.size() x n_embd: after the output norm
   double device_ms = 0;       // the device's time on this step
   double idle_ms = -1;        // the device's idle time before it (-1: its first step)
+  // Pipeline stages before the last: every row's hidden state after the
+  // stage's layers (rows x n_embd), the next stage's stage_input; no logits.
+  std::vector<float> stage_output;
 };
 
 }  // namespace troupe

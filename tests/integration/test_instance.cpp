@@ -45,6 +45,7 @@ struct instance_fixture {
   std::vector<int32_t> story;  // the tokens prompts are cut from, BOS not included
   bool step_overlap = true;    // for the instances it spawns
   bool pipeline = true;        // for the devices it spawns (engine_options::pipeline)
+  int stages = 1;              // pipeline-parallel stages of the devices it spawns
 
   instance_fixture() {
     register_message_types(cfg);
@@ -63,6 +64,7 @@ struct instance_fixture {
     eo.n_pages = n_pages;
     eo.max_batch_tokens = 128;
     eo.queue_steps = pipeline;
+    eo.pipeline_stages = stages;
     return spawn_device(*sys, model, eo);
   }
 
@@ -531,8 +533,9 @@ TEST(Instance, RefusesBadRequests) {
 }
 
 // The device's page messages, which swap and copy-on-write rely on.
-TEST(DevicePages, ReadWriteCopyRoundTrip) {
+void page_round_trip(int stages) {
   instance_fixture f;
+  f.stages = stages;
   auto dev = f.device(8);
   caf::scoped_actor self{*f.sys};
   device_info info;
@@ -591,6 +594,17 @@ TEST(DevicePages, ReadWriteCopyRoundTrip) {
   EXPECT_FALSE(ok(write_pages_atom::value, std::vector<int32_t>{1}, data));
   EXPECT_FALSE(ok(copy_pages_atom::value, std::vector<int32_t>{1, 2}, std::vector<int32_t>{3}));
   EXPECT_TRUE(read({0}, back));
+}
+
+TEST(DevicePages, ReadWriteCopyRoundTrip) {
+  page_round_trip(1);
+}
+
+// A pipelined device (actors/pipeline.hpp) gathers each page from its
+// stages' parts and scatters writes to them: the same round trips.
+TEST(DevicePages, ReadWriteCopyRoundTripThroughPipelineStages) {
+  page_round_trip(2);
+  page_round_trip(3);
 }
 
 }  // namespace
@@ -671,6 +685,44 @@ TEST(Instance, ExportedMidStreamItContinuesIdenticallyElsewhere) {
   instance_fixture::expect_pages_released(sa);
   instance_fixture::expect_pages_released(sb);
   for (auto i : {a, b}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
+}
+
+// Pipeline parallelism (issue 35): an instance on a pipelined device (two
+// stages, a step's sequences through them in micro-batches) gives every
+// request the tokens of one device, with chunked prefill beside decodes,
+// under swap preemption in a small arena (pages gathered from and
+// scattered to the stages), and moved mid-stream between a pipelined
+// instance and one on a single device both ways (the same page layout).
+TEST(Instance, APipelinedInstanceServesAsOneDevice) {
+  instance_fixture f;
+  auto reqs = mixed_requests(f, 16, 16, 35, 90);
+  for (size_t i = 0; i < reqs.size(); i += 4) {
+    reqs[i].sampling.temperature = 0.8f;
+    reqs[i].sampling.seed = 9 + i;
+  }
+  const auto want = f.alone(reqs);
+  auto single = f.instance(f.device(), 64, 32);
+  f.stages = 2;
+  {
+    auto inst = f.instance(f.device(), 64, 16);
+    expect_same(f.run(inst, reqs), want);
+    f.expect_pages_released(f.stats(inst));
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+  {
+    auto inst = f.instance(f.device(16), 64, 32, preempt_mode::swap);
+    expect_same(f.run(inst, reqs), want);
+    const auto st = f.stats(inst);
+    EXPECT_GT(st.preempted_swap, 0u);
+    f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
+  auto piped = f.instance(f.device(), 64, 32);
+  const auto& r = reqs[1];
+  EXPECT_EQ(run_migrating(f, piped, single, r, 5), want.at(r.id)) << "pipelined to one device";
+  EXPECT_EQ(run_migrating(f, single, piped, r, 9), want.at(r.id)) << "one device to pipelined";
+  instance_fixture::expect_pages_released(f.stats(piped));
+  for (auto i : {single, piped}) caf::anon_send_exit(i, caf::exit_reason::user_shutdown);
 }
 
 // A blob for another geometry (an f32 KV arena), or damaged, is refused

@@ -134,11 +134,12 @@ struct tally {
            http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0, dp_rounds = 0,
            dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           unpipelined_rounds = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
-           starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
-           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           second_services = 0, cluster_views = 0, violations = 0;
+           unpipelined_rounds = 0, pipeline_parallel_rounds = 0, overlapped_steps = 0,
+           hostile_admin = 0, hostile_http = 0, starve_http = 0, tier_rounds = 0,
+           disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0,
+           pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0,
+           registry_joins = 0, registry_removes = 0, second_services = 0, cluster_views = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -369,6 +370,13 @@ class round_driver {
     if (chance(0.25)) {
       a += " --queue-steps false";
       ++t_.unpipelined_rounds;
+    }
+    // Issue 35: some rounds split a dense model's layers into stages
+    // (pipeline parallelism), every step's sequences through them in
+    // micro-batches; outputs must not change, kills and migrations as ever.
+    if (ref_->what != model_reference::kind::moe && chance(0.25)) {
+      a += " --pipeline-parallel " + std::to_string(one_of<int>({2, 3}));
+      ++t_.pipeline_parallel_rounds;
     }
     return a;
   }
@@ -1255,6 +1263,7 @@ int run(const options& o) {
             {"unfused_rounds", t.unfused_rounds},
             {"layer_launch_rounds", t.layer_launch_rounds},
             {"unpipelined_rounds", t.unpipelined_rounds},
+            {"pipeline_parallel_rounds", t.pipeline_parallel_rounds},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

@@ -1,0 +1,185 @@
+// Pipeline parallelism (actors/pipeline.hpp, issue 35): a model split by
+// layers into stages on slices of the device, a step's sequences going
+// through them in micro-batches.  Same kernels on every row, so the same
+// logits bit for bit as one device: llama.cpp's golden tokens on
+// stories15M with 2 and 3 stages, one device's logits on a batched step of
+// several models (llama, Gemma 3's windowed layers and sandwich norms,
+// Qwen 3's QK-norm), one device's perplexity exactly.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "actors/pipeline.hpp"
+#include "runtime/engine/perplexity.hpp"
+#include "runtime/text/tokenizer.hpp"
+#include "tests/integration/engine_fixture.hpp"
+
+namespace troupe {
+namespace {
+
+using testing::engine_fixture;
+using testing::read_file;
+
+const std::string golden_dir = std::string(TROUPE_SOURCE_DIR) + "/../shared/golden";
+
+engine_options stages(int n) {
+  engine_options o;
+  o.pipeline_stages = n;
+  o.kv_bytes = 32u << 20;
+  return o;
+}
+
+TEST(PipelineParallel, StageLayersSplitEvenlyAndWhole) {
+  for (int layers : {1, 6, 18, 30})
+    for (int n = 1; n <= std::min(layers, 7); ++n) {
+      int next = 0;
+      for (int i = 0; i < n; ++i) {
+        const auto [first, end] = stage_layers(layers, n, i);
+        EXPECT_EQ(first, next);
+        EXPECT_GE(end - first, layers / n);
+        EXPECT_LE(end - first, (layers + n - 1) / n);
+        next = end;
+      }
+      EXPECT_EQ(next, layers);
+    }
+}
+
+TEST(PipelineParallel, StoriesGreedyTokensMatchLlamaCppOnTwoAndThreeStages) {
+  std::ifstream in(golden_dir + "/stories15M_greedy.json");
+  ASSERT_TRUE(in.good()) << "missing " << golden_dir;
+  const auto golden = nlohmann::json::parse(in);
+  for (int n : {2, 3}) {
+    SCOPED_TRACE(std::to_string(n) + " stages");
+    engine_fixture e("stories15m", stages(n));
+    EXPECT_NE(e.info.device_name.find("pipeline of " + std::to_string(n)), std::string::npos)
+        << e.info.device_name;
+    EXPECT_EQ(e.info.n_layers, e.model->hparams().n_layer);
+    for (const auto& g : golden)
+      EXPECT_EQ(e.greedy(g["prompt_token_ids"].get<std::vector<int32_t>>(), 64),
+                g["greedy_token_ids"].get<std::vector<int32_t>>())
+          << g["prompt"];
+  }
+}
+
+// A step of several prompts (so several micro-batches), with logits of
+// every prompt's last row and of a row inside one, and two embedding rows;
+// then a decode step of one row each, reading the first step's KV.
+const int prompt_lens[] = {37, 5, 70, 12, 1};
+
+forward_batch several_prompts(const engine_fixture& e) {
+  forward_batch b;
+  int page = 0;
+  for (int s = 0; s < 5; ++s) {
+    forward_seq q;
+    q.first_row = static_cast<int32_t>(b.tokens.size());
+    q.n_rows = prompt_lens[s];
+    for (int i = 0; i < prompt_lens[s]; ++i) {
+      b.tokens.push_back(1 + (s * 131 + i * 17) % 900);
+      b.positions.push_back(i);
+    }
+    for (int p = 0; p * e.info.page_size <= prompt_lens[s]; ++p) q.pages.push_back(page++);
+    b.logit_rows.push_back(q.first_row + q.n_rows - 1);
+    b.seqs.push_back(std::move(q));
+  }
+  b.logit_rows.push_back(b.seqs[2].first_row + 30);
+  b.hidden_rows = {b.seqs[0].first_row + 3, b.seqs[3].first_row};
+  return b;
+}
+
+forward_batch decode_after(const forward_batch& prompts) {
+  forward_batch b;
+  for (size_t s = 0; s < prompts.seqs.size(); ++s) {
+    b.tokens.push_back(static_cast<int32_t>(7 + s));
+    b.positions.push_back(prompt_lens[s]);
+    b.seqs.push_back({static_cast<int32_t>(s), 1, prompts.seqs[s].pages});
+    b.logit_rows.push_back(static_cast<int32_t>(s));
+  }
+  return b;
+}
+
+std::vector<forward_result> two_steps(engine_fixture& e) {
+  const auto b = several_prompts(e);
+  auto fwd = e.forward();
+  return {fwd(b), fwd(decode_after(b))};
+}
+
+class PipelineModels : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PipelineModels, BatchedStepLogitsEqualOneDeviceBitForBit) {
+  engine_options one;
+  one.kv_bytes = 32u << 20;
+  std::vector<forward_result> want;
+  {
+    engine_fixture e(GetParam(), one);
+    want = two_steps(e);
+    ASSERT_FALSE(want[0].logits.empty());
+  }
+  engine_fixture e(GetParam(), stages(2));
+  const auto got = two_steps(e);
+  for (size_t i = 0; i < 2; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i));
+    EXPECT_EQ(got[i].logits, want[i].logits);
+    EXPECT_EQ(got[i].hidden, want[i].hidden);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PipelineModels,
+                         ::testing::Values("stories15m", "gemma3-270m", "qwen3-dense"));
+
+TEST(PipelineParallel, PerplexityEqualsOneDevice) {
+  engine_fixture one("stories15m");
+  engine_fixture two("stories15m", stages(2));
+  auto tok = tokenizer::create(one.model->vocab());
+  const auto tokens = tok->encode(read_file(golden_dir + "/ppl_stories.txt"), true, false);
+  const auto a =
+      perplexity(one.forward(), one.info.n_pages, one.info.page_size, tokens, 128, tok->bos(), 512);
+  const auto b =
+      perplexity(two.forward(), two.info.n_pages, two.info.page_size, tokens, 128, tok->bos(), 512);
+  EXPECT_EQ(a.chunks, b.chunks);
+  EXPECT_EQ(a.ppl, b.ppl);
+  EXPECT_NEAR(b.ppl, 3.9768, 3.9768 * 0.005);
+}
+
+TEST(PipelineParallel, UnfitPipelinesAreRefusedByName) {
+  caf::actor_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto open = [](const std::string& name) {
+    auto r = resolve_model(name);
+    return model_file::open(r.model_path, r.tokenizer_path);
+  };
+  auto stories = open("stories15m");
+  try {
+    spawn_pipeline(sys, stories, stages(7));
+    ADD_FAILURE() << "7 stages of 6 layers";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("6 layers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(spawn_pipeline(sys, open("moe-4x2-f32"), stages(2)), model_error);
+  // A stage's own checks: its input is hidden states of every row.
+  engine_options late = stages(1);
+  late.layer_first = 3;
+  llama_forward stage(stories, late);
+  EXPECT_FALSE(stage.first_stage());
+  EXPECT_TRUE(stage.last_stage());
+  forward_batch b;
+  b.tokens = {1, 2};
+  b.positions = {0, 1};
+  b.seqs.push_back({0, 2, {0}});
+  b.logit_rows = {1};
+  EXPECT_THROW(stage.run(b), std::invalid_argument);
+  b.stage_input.assign(2 * stories->hparams().n_embd, 0.5f);
+  EXPECT_EQ(stage.run(b).logits.size(), static_cast<size_t>(stories->hparams().n_vocab));
+  late.layer_first = 0;
+  late.layer_end = 3;
+  llama_forward early(stories, late);
+  b.stage_input.clear();
+  EXPECT_THROW(early.run(b), std::invalid_argument);  // logits asked of a stage before the last
+  b.logit_rows.clear();
+  EXPECT_EQ(early.run(b).stage_output.size(), 2u * stories->hparams().n_embd);
+  late.layer_end = 9;
+  EXPECT_THROW(llama_forward(stories, late), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
