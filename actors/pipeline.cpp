@@ -232,7 +232,21 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
       b.placeholders.clear();
       run->source = std::move(source);
     }
-    run->split = split_micro_batches(b, st.micro);
+    // A sequence stays in the micro-batch of the draw it takes, so each of
+    // this step's micro-batches waits for one of the step before only.
+    std::vector<int32_t> preferred(b.seqs.size(), -1);
+    if (!holes.empty()) {
+      std::vector<int32_t> seq_of(b.tokens.size(), -1);
+      for (size_t q = 0; q < b.seqs.size(); ++q)
+        for (int32_t r = b.seqs[q].first_row;
+             r >= 0 && r < b.seqs[q].first_row + b.seqs[q].n_rows &&
+             static_cast<size_t>(r) < seq_of.size();
+             ++r)
+          seq_of[r] = static_cast<int32_t>(q);
+      for (const auto& [row, draw] : holes)
+        if (seq_of[row] >= 0) preferred[seq_of[row]] = run->source->split.drawn[draw].group;
+    }
+    run->split = split_micro_batches(b, st.micro, preferred);
     run->holes.resize(run->split.groups.size());
     for (const auto& [row, draw] : holes) {
       const auto at = run->split.rows[row];

@@ -6,7 +6,8 @@
 
 namespace troupe {
 
-micro_split split_micro_batches(const forward_batch& b, int n) {
+micro_split split_micro_batches(const forward_batch& b, int n,
+                                const std::vector<int32_t>& preferred) {
   const size_t rows = b.tokens.size();
   if (b.positions.size() != rows)
     throw std::invalid_argument("micro-batches: " + std::to_string(b.positions.size()) +
@@ -33,24 +34,33 @@ micro_split split_micro_batches(const forward_batch& b, int n) {
   if (stage_input && width * rows != b.stage_input.size())
     throw std::invalid_argument("micro-batches: stage input is not rows x width");
 
-  // Sequences to groups: a new group once this one has its share of rows.
-  const int groups = std::max(1, std::min<int>(n, static_cast<int>(b.seqs.size())));
-  std::vector<int32_t> group_of(b.seqs.size(), 0);
+  // Sequences to groups: those with a preference to theirs, then each of
+  // the others, in order, to the group with the fewest rows so far; empty
+  // groups are dropped.
+  int groups = std::max(1, n);
+  std::vector<int32_t> group_of(b.seqs.size(), -1);
   {
-    // Each group takes sequences until it has its share of the rows, and
-    // moves on early where the sequences left are only enough for one each
-    // of the groups left.
-    size_t done = 0;
-    int g = 0;
-    const size_t n_seqs = b.seqs.size();
-    for (size_t s = 0; s < n_seqs; ++s) {
-      group_of[s] = g;
-      done += static_cast<size_t>(b.seqs[s].n_rows);
-      const size_t after = n_seqs - s - 1;
-      if (g + 1 < groups && (done * groups >= rows * static_cast<size_t>(g + 1) ||
-                             after == static_cast<size_t>(groups - 1 - g)))
-        ++g;
-    }
+    std::vector<size_t> load(static_cast<size_t>(groups), 0);
+    for (size_t s = 0; s < b.seqs.size(); ++s)
+      if (s < preferred.size() && preferred[s] >= 0) {
+        group_of[s] = preferred[s] % groups;
+        load[group_of[s]] += static_cast<size_t>(b.seqs[s].n_rows);
+      }
+    for (size_t s = 0; s < b.seqs.size(); ++s)
+      if (group_of[s] < 0) {
+        group_of[s] =
+            static_cast<int32_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        load[group_of[s]] += static_cast<size_t>(b.seqs[s].n_rows);
+      }
+    // Numbers close up in order: group g of the step before is followed by
+    // the group that prefers it, and the groups enter the pipeline in order.
+    std::vector<int32_t> renumber(static_cast<size_t>(groups), -1);
+    int used = 0;
+    for (int g = 0; g < groups; ++g)
+      if (load[g] > 0 || std::find(group_of.begin(), group_of.end(), g) != group_of.end())
+        renumber[g] = used++;
+    for (auto& g : group_of) g = renumber[g];
+    groups = std::max(used, 1);
   }
 
   micro_split out;

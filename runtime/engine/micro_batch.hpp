@@ -28,14 +28,19 @@ struct micro_split {
   std::vector<micro_index> rows;    // per row of the step: its group and row there
 };
 
-// Splits b into at most n groups of whole sequences, contiguous in b's
-// sequence order, of about equal rows (fewer where b has fewer sequences;
-// one for n <= 1).  Each group keeps b's step; its rows are its sequences'
-// rows in that order.  b's placeholders are left to the caller (the
-// groups have none; `rows` says where each placeholder row went).  Every
-// row must be in exactly one sequence; throws std::invalid_argument
-// otherwise.
-micro_split split_micro_batches(const forward_batch& b, int n);
+// Splits b into at most n groups of whole sequences (fewer where b has
+// fewer sequences; one for n <= 1).  Sequence s goes to group
+// preferred[s] % n where it has a preference (>= 0; the pipeline keeps a
+// sequence in the group whose draw its placeholder takes, so the next
+// step's group waits only for that one); the others, in b's order, each to
+// the group with the fewest rows so far.  Empty groups are dropped (the
+// numbers close up, in order).  Each group keeps b's step; its
+// rows are its sequences' rows, the sequences in b's order.  b's
+// placeholders are left to the caller (the groups have none; `rows` says
+// where each placeholder row went).  Every row must be in exactly one
+// sequence; throws std::invalid_argument otherwise.
+micro_split split_micro_batches(const forward_batch& b, int n,
+                                const std::vector<int32_t>& preferred = {});
 
 // The step's result from its groups' results (one per group, in order):
 // logits, hidden rows and draws in the step's order; device_ms the sum of

@@ -67,17 +67,30 @@ TEST(MicroBatch, SplitKeepsEverythingOnceAndMergeRestoresTheOrder) {
     const auto b = random_step(rng, seqs);
     const auto s = split_micro_batches(b, n);
     ASSERT_EQ(s.groups.size(), static_cast<size_t>(std::max(1, std::min(n, seqs))));
-    // Every sequence in one group, in the step's sequence order; its rows
-    // consecutive there, with the step's tokens, positions and inputs.
+    // Every sequence in one group, the groups' sequences in the step's
+    // order; each one's rows consecutive there, with the step's tokens,
+    // positions and inputs.
     size_t seq = 0, rows = 0;
+    std::vector<int> seen(b.seqs.size(), 0);
     for (const auto& g : s.groups) {
       ASSERT_FALSE(g.seqs.empty());
       EXPECT_EQ(g.step, 77u);
       EXPECT_EQ(g.tokens.size(), g.positions.size());
       EXPECT_EQ(g.stage_input.size(), 3 * g.tokens.size());
-      int32_t next = 0;
+      int32_t next = 0, last_first = -1;
       for (const auto& q : g.seqs) {
-        const auto& orig = b.seqs[seq++];
+        // The step's sequence: the one whose first row's token this is.
+        const int32_t orig_first = g.tokens[q.first_row];
+        const auto it = std::find_if(b.seqs.begin(), b.seqs.end(), [&](const forward_seq& o) {
+          return o.first_row == orig_first;
+        });
+        ASSERT_NE(it, b.seqs.end());
+        const auto& orig = *it;
+        const size_t index = static_cast<size_t>(it - b.seqs.begin());
+        EXPECT_GT(static_cast<int32_t>(index), last_first) << "out of the step's order";
+        last_first = static_cast<int32_t>(index);
+        ++seen[index];
+        ++seq;
         EXPECT_EQ(q.first_row, next);
         EXPECT_EQ(q.n_rows, orig.n_rows);
         EXPECT_EQ(q.pages, orig.pages);
@@ -93,18 +106,20 @@ TEST(MicroBatch, SplitKeepsEverythingOnceAndMergeRestoresTheOrder) {
       for (const auto& p : g.presample)
         EXPECT_LT(static_cast<size_t>(p.logit_index), g.logit_rows.size());
     }
+    for (int x : seen) EXPECT_EQ(x, 1);
     EXPECT_EQ(seq, b.seqs.size());
     ASSERT_EQ(s.rows.size(), b.tokens.size());
     for (size_t r = 0; r < b.tokens.size(); ++r)
       EXPECT_EQ(s.groups[s.rows[r].group].tokens[s.rows[r].index], static_cast<int32_t>(r));
     EXPECT_EQ(rows, b.tokens.size());
-    // Groups of about equal rows: none over its share by more than one
-    // sequence's rows (40), unless it holds one sequence.
+    // Groups of about equal rows: none more than one sequence's rows (40)
+    // apart.
+    size_t most = 0, least = b.tokens.size();
     for (const auto& g : s.groups) {
-      if (g.seqs.size() > 1) {
-        EXPECT_LE(g.tokens.size(), b.tokens.size() / s.groups.size() + 40);
-      }
+      most = std::max(most, g.tokens.size());
+      least = std::min(least, g.tokens.size());
     }
+    EXPECT_LE(most - least, 40u);
 
     // Results whose every value names the step's row it came from: the
     // merge gives them back in the step's order.
@@ -136,6 +151,40 @@ TEST(MicroBatch, SplitKeepsEverythingOnceAndMergeRestoresTheOrder) {
       EXPECT_EQ(m.drawn[i], b.logit_rows[b.presample[i].logit_index]);
     EXPECT_EQ(m.device_ms, static_cast<double>(s.groups.size()));
   }
+}
+
+// Sequences with a preference stay in their group (so the pipeline's next
+// micro-batch waits for one of the step before); the rest balance the rows;
+// groups left empty are dropped, the numbers closing up in order.
+TEST(MicroBatch, PreferredGroupsAreKept) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int seqs = std::uniform_int_distribution<int>(1, 12)(rng);
+    const int n = std::uniform_int_distribution<int>(2, 6)(rng);
+    const auto b = random_step(rng, seqs);
+    std::vector<int32_t> preferred(static_cast<size_t>(seqs), -1);
+    for (auto& p : preferred)
+      if (rng() % 2 == 0) p = static_cast<int32_t>(rng() % n);
+    const auto s = split_micro_batches(b, n, preferred);
+    // Where two sequences prefer groups a < b, a's group comes first; two
+    // preferring the same group share one.
+    for (int x = 0; x < seqs; ++x)
+      for (int y = 0; y < seqs; ++y) {
+        if (preferred[x] < 0 || preferred[y] < 0) continue;
+        const auto gx = s.rows[b.seqs[x].first_row].group, gy = s.rows[b.seqs[y].first_row].group;
+        if (preferred[x] == preferred[y]) {
+          EXPECT_EQ(gx, gy);
+        } else if (preferred[x] < preferred[y]) {
+          EXPECT_LT(gx, gy);
+        }
+      }
+    for (const auto& g : s.groups) EXPECT_FALSE(g.seqs.empty());
+  }
+  // Every sequence preferring group 1 of 2: one group.
+  std::mt19937 r2(3);
+  const auto b = random_step(r2, 4);
+  EXPECT_EQ(split_micro_batches(b, 2, {1, 1, 1, 1}).groups.size(), 1u);
+  EXPECT_EQ(split_micro_batches(b, 2, {1, 1, 1, -1}).groups.size(), 2u);
 }
 
 TEST(MicroBatch, MalformedStepsAreRefused) {
