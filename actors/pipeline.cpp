@@ -4,12 +4,16 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "actors/device.hpp"
 #include "runtime/common/elapsed.hpp"
+#include "runtime/device/layer_migration.hpp"
 #include "runtime/engine/micro_batch.hpp"
 
 namespace troupe {
@@ -35,11 +39,38 @@ struct group_ref {
   size_t group = 0;
 };
 
+// What spawn_pipeline built: the stages and what the pipeline needs to
+// rebuild two of them around a moved boundary.
+struct pipeline_setup {
+  std::shared_ptr<const model_file> model;
+  std::vector<engine_options> stage_opts;  // each stage's (its device slice, its layers)
+  std::vector<device_actor> stages;
+  size_t layer_page = 0;  // one layer's part of a page
+  device_info info;
+};
+
 struct pipeline_state {
   pipeline_state() = default;  // not an aggregate: CAF would build it from the self pointer
+  std::shared_ptr<const model_file> model;
+  std::vector<engine_options> stage_opts;
   std::vector<device_actor> stages;
   std::vector<size_t> page_bytes;  // each stage's part of a page
+  size_t layer_page = 0;
   device_info info;
+  // Layer migration (runtime/device/layer_migration.hpp): each stage's
+  // busy time over the window, the window's steps, a move under way.
+  layer_migration_options migration;
+  int window = 64;
+  std::vector<double> busy_s;
+  int window_steps = 0;
+  bool moving = false;
+  // A move's first phase: the two new stages loading on a thread of their
+  // own while steps go on (loading blocks).
+  std::future<std::pair<device_actor, device_actor>> preparing;
+  layer_move planned;
+  // Pages any step or write has named: a move copies only these (the
+  // others hold nothing yet).
+  std::vector<char> touched;
   int micro = 1;  // micro-batches per step
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
@@ -58,6 +89,11 @@ struct pipeline_state {
 };
 
 using self_ptr = device_actor::stateful_pointer<pipeline_state>;
+
+void touch(pipeline_state& st, const std::vector<int32_t>& pages) {
+  for (int32_t p : pages)
+    if (p >= 0 && static_cast<size_t>(p) < st.touched.size()) st.touched[p] = 1;
+}
 
 void pump(self_ptr self) {
   auto& st = self->state;
@@ -99,6 +135,9 @@ struct step_run {
   std::shared_ptr<step_run> source;  // held until every micro-batch has entered
 };
 
+void consider_moving_layers(self_ptr self);
+constexpr auto k_prepare_tick = std::chrono::milliseconds(20);
+
 void fail_step(step_run& run, const std::string& why) {
   if (run.failed) return;
   run.failed = true;
@@ -123,6 +162,7 @@ void group_done(self_ptr self, const std::shared_ptr<step_run>& run) {
   --st.steps_in_flight;
   st.last_end = std::chrono::steady_clock::now();
   st.ran = true;
+  if (!run->failed && ++st.window_steps >= st.window) consider_moving_layers(self);
   pump(self);
 }
 
@@ -178,6 +218,7 @@ void run_stage(self_ptr self, std::shared_ptr<step_run> run, size_t g, size_t s,
   self->request(st.stages[s], caf::infinite, forward_atom::value, std::move(b))
       .then(
           [self, run, g, s, last](forward_result& r) {
+            self->state.busy_s[s] += r.device_ms / 1000.0;
             if (!last && !run->failed) {
               run_stage(self, run, g, s + 1, std::move(r.stage_output));
               return;
@@ -259,6 +300,7 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
     group_done(self, run);
     return;
   }
+  for (const auto& q : b.seqs) touch(st, q.pages);
   run->drawn.assign(run->split.drawn.size(), 0);
   run->known.assign(run->split.drawn.size(), 0);
   run->results.resize(run->split.groups.size());
@@ -279,13 +321,168 @@ void page_op_ended(self_ptr self) {
   pump(self);
 }
 
-device_actor::behavior_type pipeline_behavior(self_ptr self, std::vector<device_actor> stages,
-                                              std::vector<size_t> page_bytes, device_info info) {
+void set_stage_layout(pipeline_state& st) {
+  st.page_bytes.clear();
+  st.info.stage_first_layers.clear();
+  for (const auto& o : st.stage_opts) {
+    st.page_bytes.push_back(st.layer_page * static_cast<size_t>(o.layer_end - o.layer_first));
+    st.info.stage_first_layers.push_back(o.layer_first);
+  }
+}
+
+// The two stages around a move's boundary with their new layers: the
+// pair's options after the move.
+std::pair<engine_options, engine_options> moved_pair(const pipeline_state& st, layer_move m) {
+  const size_t a = static_cast<size_t>(std::min(m.from, m.to));
+  auto oa = st.stage_opts[a], ob = st.stage_opts[a + 1];
+  const int shift = m.to < m.from ? m.layers : -m.layers;  // the boundary moves by this
+  oa.layer_end += shift;
+  ob.layer_first += shift;
+  return {oa, ob};
+}
+
+// A move's second phase, between steps (an exclusive, blocking operation:
+// every step before it has ended, none after it has started, so no step
+// sees half a move): every used page's KV of the pair's layers is read
+// from the old pair and written, split at the new boundary, into the new
+// pair (loaded in the first phase), which then replaces it.  Should
+// anything fail, the old pair stays.
+void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) {
   auto& st = self->state;
-  st.stages = std::move(stages);
-  st.page_bytes = std::move(page_bytes);
-  st.info = std::move(info);
+  const auto began = std::chrono::steady_clock::now();
+  const size_t a = static_cast<size_t>(std::min(m.from, m.to)), b = a + 1;
+  const auto [oa, ob] = moved_pair(st, m);
+  try {
+    caf::scoped_actor io{self->system()};
+    std::vector<int32_t> pages;
+    for (size_t i = 0; i < st.touched.size(); ++i)
+      if (st.touched[i]) pages.push_back(static_cast<int32_t>(i));
+    auto fail = [&](caf::error& e) { throw std::runtime_error(self->system().render(e)); };
+    auto read_all = [&](const device_actor& d) {
+      std::vector<uint8_t> out;
+      io->request(d, std::chrono::seconds(120), read_pages_atom::value, pages)
+          .receive([&](std::vector<uint8_t>& x) { out = std::move(x); }, fail);
+      return out;
+    };
+    auto write_all = [&](const device_actor& d, const std::vector<uint8_t>& data) {
+      io->request(d, std::chrono::seconds(120), write_pages_atom::value, pages, data)
+          .receive([](int32_t) {}, fail);
+    };
+    const auto pa = read_all(st.stages[a]);
+    const auto pb = read_all(st.stages[b]);
+    // Per page, the pair's layers in order: a's part, then b's; split anew.
+    const size_t old_a = st.page_bytes[a], old_b = st.page_bytes[b];
+    const size_t new_a = st.layer_page * static_cast<size_t>(oa.layer_end - oa.layer_first);
+    const size_t new_b = old_a + old_b - new_a;
+    if (pa.size() != pages.size() * old_a || pb.size() != pages.size() * old_b)
+      throw std::runtime_error("a stage answered a short page read");
+    std::vector<uint8_t> wa, wb, joined(old_a + old_b);
+    wa.reserve(pages.size() * new_a);
+    wb.reserve(pages.size() * new_b);
+    for (size_t i = 0; i < pages.size(); ++i) {
+      std::copy_n(pa.begin() + i * old_a, old_a, joined.begin());
+      std::copy_n(pb.begin() + i * old_b, old_b, joined.begin() + old_a);
+      wa.insert(wa.end(), joined.begin(), joined.begin() + new_a);
+      wb.insert(wb.end(), joined.begin() + new_a, joined.end());
+    }
+    write_all(na, wa);
+    write_all(nb, wb);
+    for (size_t i : {a, b}) {
+      self->unlink_from(st.stages[i]);
+      caf::anon_send_exit(st.stages[i], caf::exit_reason::user_shutdown);
+    }
+    st.stages[a] = na;
+    st.stages[b] = nb;
+    self->link_to(na);
+    self->link_to(nb);
+    st.stage_opts[a] = oa;
+    st.stage_opts[b] = ob;
+    set_stage_layout(st);
+    ++st.info.layer_moves;
+    const double s = ms_between(began, std::chrono::steady_clock::now()) / 1000.0;
+    // What a layer's move costs here (the pause), for the next decision.
+    st.migration.move_cost_s = s / m.layers;
+    std::string firsts;
+    for (int32_t f : st.info.stage_first_layers)
+      firsts += (firsts.empty() ? "" : ", ") + std::to_string(f);
+    spdlog::info(
+        "pipeline: moved {} layer(s) from stage {} to stage {} (predicted gain {:.0f}%): steps "
+        "paused {:.0f} ms for {} MiB of KV ({} pages); the stages start at layers {}",
+        m.layers, m.from, m.to, 100 * m.gain, 1000 * s, (wa.size() + wb.size()) >> 20, pages.size(),
+        firsts);
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "pipeline: moving {} layer(s) from stage {} to stage {} failed ({}); the stages "
+        "stay as they were",
+        m.layers, m.from, m.to, e.what());
+  }
+  st.moving = false;
+  std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
+  st.window_steps = 0;
+}
+
+// At the end of a window: the stages' busy times to plan_layer_move; a
+// move it finds goes in line after the steps already sent.
+void consider_moving_layers(self_ptr self) {
+  auto& st = self->state;
+  std::vector<stage_load> loads;
+  for (size_t i = 0; i < st.stages.size(); ++i)
+    loads.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
+  std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
+  st.window_steps = 0;
+  if (st.moving || !(st.migration.threshold > 0)) return;
+  const auto m = plan_layer_move(loads, st.migration);
+  if (!m) return;
+  st.moving = true;
+  st.planned = *m;
+  // Phase one: the new pair loads beside the old one while steps go on;
+  // the pipeline looks in on it (step_done ticks) and queues phase two.
+  auto [oa, ob] = moved_pair(st, *m);
+  st.preparing =
+      std::async(std::launch::async, [&sys = self->system(), model = st.model, oa = oa, ob = ob] {
+        return std::make_pair(spawn_device(sys, model, oa), spawn_device(sys, model, ob));
+      });
+  self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
+}
+
+// A tick while a move's new stages load: once loaded, phase two goes in
+// line after the steps already sent.
+void check_prepared(self_ptr self) {
+  auto& st = self->state;
+  if (!st.moving || !st.preparing.valid()) return;
+  if (st.preparing.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+    self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
+    return;
+  }
+  try {
+    auto [na, nb] = st.preparing.get();
+    enqueue(self, true, true, [self, m = st.planned, na = na, nb = nb] {
+      move_layers(self, m, na, nb);
+      self->state.blocked = false;
+      pump(self);
+    });
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "pipeline: the stages for moving {} layer(s) from stage {} to stage {} did not "
+        "load ({}); the stages stay as they were",
+        st.planned.layers, st.planned.from, st.planned.to, e.what());
+    st.moving = false;
+  }
+}
+
+device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setup) {
+  auto& st = self->state;
+  st.model = std::move(setup.model);
+  st.stage_opts = std::move(setup.stage_opts);
+  st.stages = std::move(setup.stages);
+  st.layer_page = setup.layer_page;
+  st.info = std::move(setup.info);
+  set_stage_layout(st);
   st.micro = static_cast<int>(st.stages.size());
+  st.busy_s.assign(st.stages.size(), 0.0);
+  st.touched.assign(static_cast<size_t>(std::max(st.info.n_pages, 0)), 0);
+  st.migration.threshold = st.stage_opts.front().pipeline_rebalance;
+  st.window = std::max(1, st.stage_opts.front().pipeline_window);
   // A stage that ends takes the pipeline with it (its instance sees the loss).
   for (const auto& s : st.stages) self->link_to(s);
   auto no_experts = [](const char* what) {
@@ -299,7 +496,8 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, std::vector<device_
                 [self, b = std::move(batch), rp]() mutable { start_step(self, std::move(b), rp); });
         return rp;
       },
-      [](step_done_atom, uint64_t) {},
+      // The pipeline's own tick while a layer move's stages load.
+      [self](step_done_atom, uint64_t) { check_prepared(self); },
       [self](info_atom) { return self->state.info; },
       // Each stage's part of every page, put together page by page.
       [self](read_pages_atom,
@@ -364,6 +562,7 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, std::vector<device_
         auto rp = self->make_response_promise<int32_t>();
         enqueue(self, true, true, [self, pages, data, per, rp]() mutable {
           auto& st = self->state;
+          touch(st, pages);
           auto g = std::make_shared<gather>();
           g->left = st.stages.size();
           size_t at = 0;  // the stage's part's offset within a page
@@ -401,6 +600,7 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, std::vector<device_
         auto rp = self->make_response_promise<int32_t>();
         enqueue(self, true, true, [self, src, dst, rp]() mutable {
           auto& st = self->state;
+          touch(st, dst);
           auto g = std::make_shared<gather>();
           g->left = st.stages.size();
           for (size_t s = 0; s < st.stages.size(); ++s) {
@@ -472,8 +672,10 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
   // One slice of the device per stage where it has the compute units.
   const int units = compute_units_of(opts.device);
   const bool sliced = units >= n;
-  std::vector<device_actor> stages;
-  std::vector<size_t> page_bytes;
+  pipeline_setup setup;
+  setup.model = model;
+  setup.layer_page = layer_page;
+  auto& stages = setup.stages;
   for (int i = 0; i < n; ++i) {
     std::tie(so.layer_first, so.layer_end) = stage_layers(hp.n_layer, n, i);
     if (sliced) {
@@ -481,11 +683,11 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
       so.device.slice = (opts.device.cores > 0 ? opts.device.slice * n : 0) + i;
     }
     stages.push_back(spawn_device(sys, model, so));
-    page_bytes.push_back(layer_page * static_cast<size_t>(so.layer_end - so.layer_first));
+    setup.stage_opts.push_back(so);
   }
   // What the pipeline holds: the first stage's answer, with every stage's
   // weights, names and page parts.
-  device_info info;
+  auto& info = setup.info;
   std::string names;
   size_t weights = 0;
   caf::scoped_actor self{sys};
@@ -508,7 +710,8 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
   info.weight_bytes = weights;
   info.kv_bytes_per_page = layer_page * static_cast<size_t>(hp.n_layer);
   info.kv_dtype = opts.kv_f16 ? "f16" : "f32";
-  return sys.spawn(pipeline_behavior, std::move(stages), std::move(page_bytes), std::move(info));
+  // Detached: a layer move loads stages and waits for their pages.
+  return sys.spawn<caf::detached>(pipeline_behavior, std::move(setup));
 }
 
 }  // namespace troupe

@@ -64,6 +64,7 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
   o.queue_steps = s.queue_steps;
   o.expert_devices = s.expert_devices;
   o.pipeline_stages = s.pipeline_parallel;
+  o.pipeline_rebalance = s.pipeline_rebalance;
   return o;
 }
 

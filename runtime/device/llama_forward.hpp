@@ -77,6 +77,11 @@ struct engine_options {
   // instead of logits.  Its KV arena holds its own layers only.
   int layer_first = 0;
   int layer_end = 0;
+  // Layer migration between stages (runtime/device/layer_migration.hpp):
+  // the busiest stage's excess over the mean that moves layers (0: never),
+  // judged over windows of this many steps.
+  double pipeline_rebalance = 0.1;
+  int pipeline_window = 64;
 };
 
 // The device's part of the [engine] settings (runtime/config/settings.def),

@@ -29,6 +29,10 @@ struct device_info {
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
   std::string kv_dtype;  // "f16" or "f32"
+  // A pipelined device (actors/pipeline.hpp): each stage's first layer,
+  // and the layer moves between stages so far (empty and 0 otherwise).
+  std::vector<int32_t> stage_first_layers;
+  uint64_t layer_moves = 0;
 };
 
 enum class finish_reason : uint8_t {

@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "actors/device.hpp"
 #include "actors/instance.hpp"
@@ -46,6 +47,7 @@ struct instance_fixture {
   bool step_overlap = true;    // for the instances it spawns
   bool pipeline = true;        // for the devices it spawns (engine_options::pipeline)
   int stages = 1;              // pipeline-parallel stages of the devices it spawns
+  int pipeline_window = 64;    // their layer migration's window (steps)
 
   instance_fixture() {
     register_message_types(cfg);
@@ -65,6 +67,7 @@ struct instance_fixture {
     eo.max_batch_tokens = 128;
     eo.queue_steps = pipeline;
     eo.pipeline_stages = stages;
+    eo.pipeline_window = pipeline_window;
     return spawn_device(*sys, model, eo);
   }
 
@@ -704,10 +707,32 @@ TEST(Instance, APipelinedInstanceServesAsOneDevice) {
   auto single = f.instance(f.device(), 64, 32);
   f.stages = 2;
   {
-    auto inst = f.instance(f.device(), 64, 16);
+    // Short windows: layers move off the last stage (the classifier's)
+    // while the requests stream, their pages' KV with them.
+    // The new stages load beside the old ones, so the move may land after
+    // the requests end: it is waited for (bounded), and the requests run
+    // again, their prompts' pages cached from before the move.
+    f.pipeline_window = 8;
+    auto dev = f.device();
+    auto inst = f.instance(dev, 64, 16);
     expect_same(f.run(inst, reqs), want);
     f.expect_pages_released(f.stats(inst));
+    caf::scoped_actor self{*f.sys};
+    uint64_t moves = 0;
+    for (int i = 0; i < 200 && moves == 0; ++i) {
+      self->request(dev, caf::infinite, info_atom::value)
+          .receive([&](device_info& d) { moves = d.layer_moves; },
+                   [](caf::error&) { ADD_FAILURE(); });
+      if (moves == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_GT(moves, 0u);
+    const auto before = f.stats(inst);
+    expect_same(f.run(inst, reqs), want);
+    const auto after = f.stats(inst);
+    EXPECT_GT(after.cached_tokens, before.cached_tokens);
+    f.expect_pages_released(after);
     caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+    f.pipeline_window = 64;
   }
   {
     auto inst = f.instance(f.device(16), 64, 32, preempt_mode::swap);

@@ -141,6 +141,40 @@ TEST(PipelineParallel, PerplexityEqualsOneDevice) {
   EXPECT_NEAR(b.ppl, 3.9768, 3.9768 * 0.005);
 }
 
+// Layer migration (BanaServe's, runtime/device/layer_migration.hpp): the
+// last stage also runs the classifier (stories15M's is about nine layers'
+// worth), so after a window of steps the pipeline moves layers to the
+// first stage, weights and KV, between two steps of a greedy decode; the
+// tokens are still llama.cpp's.  With rebalancing off, nothing moves.
+TEST(PipelineParallel, LayersMoveOffTheBusyLastStageMidStreamAndTokensStay) {
+  std::ifstream in(golden_dir + "/stories15M_greedy.json");
+  const auto golden = nlohmann::json::parse(in);
+  for (double threshold : {0.1, 0.0}) {
+    SCOPED_TRACE("threshold " + std::to_string(threshold));
+    auto o = stages(2);
+    o.pipeline_window = 4;
+    o.pipeline_rebalance = threshold;
+    engine_fixture e("stories15m", o);
+    EXPECT_EQ(e.info.stage_first_layers, (std::vector<int32_t>{0, 3}));
+    for (const auto& g : golden)
+      EXPECT_EQ(e.greedy(g["prompt_token_ids"].get<std::vector<int32_t>>(), 64),
+                g["greedy_token_ids"].get<std::vector<int32_t>>())
+          << g["prompt"];
+    caf::scoped_actor self{*e.sys};
+    device_info now;
+    self->request(e.dev, caf::infinite, info_atom::value)
+        .receive([&](device_info& i) { now = std::move(i); }, [](caf::error&) { FAIL(); });
+    ASSERT_EQ(now.stage_first_layers.size(), 2u);
+    if (threshold > 0) {
+      EXPECT_GT(now.layer_moves, 0u);
+      EXPECT_GT(now.stage_first_layers[1], 3) << "layers moved to the first stage";
+    } else {
+      EXPECT_EQ(now.layer_moves, 0u);
+      EXPECT_EQ(now.stage_first_layers[1], 3);
+    }
+  }
+}
+
 TEST(PipelineParallel, UnfitPipelinesAreRefusedByName) {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
