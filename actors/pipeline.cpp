@@ -71,12 +71,18 @@ struct pipeline_state {
   // Pages any step or write has named: a move copies only these (the
   // others hold nothing yet).
   std::vector<char> touched;
+  // After a move that failed (a stage did not load: memory), the windows
+  // to skip before planning again: doubling with each failure in a row.
+  int move_failures = 0;
+  int skip_windows = 0;
   int micro = 1;  // micro-batches per step
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
   bool blocked = false;  // a page operation runs
   // The step started last: its draws fill the next step's placeholders.
   std::shared_ptr<step_run> last_run;
+  // Steps not yet answered, oldest first.
+  std::deque<std::shared_ptr<step_run>> order;
   // Micro-batches enter the first stage in the order of their steps, so
   // every stage sees a sequence's rows in step order (each stage serves
   // its messages in order, and the next stage gets them in the order the
@@ -133,37 +139,60 @@ struct step_run {
   // Placeholders: per micro-batch, (its row, the draw of `source` it takes).
   std::vector<std::vector<std::pair<int32_t, int32_t>>> holes;
   std::shared_ptr<step_run> source;  // held until every micro-batch has entered
+  std::string error;                 // why it failed
+  forward_result out;                // its result, until answered
 };
 
 void consider_moving_layers(self_ptr self);
 constexpr auto k_prepare_tick = std::chrono::milliseconds(20);
 
+// A failed step is answered with its error in its turn (answer_in_order);
+// the steps after it that take its draws fail too.
 void fail_step(step_run& run, const std::string& why) {
   if (run.failed) return;
   run.failed = true;
-  run.rp.deliver(caf::make_error(caf::sec::invalid_argument, "forward: " + why));
+  run.error = why;
 }
 
-// A micro-batch is through (answered, failed or dropped); the last one
-// answers the step.
+// Answers the steps that are through, oldest first: the engine takes its
+// answers in the order it sent the steps, as one device gives them (an
+// answer ahead of an older step's would be dropped, and the older one
+// then wait for ever).
+void answer_in_order(self_ptr self) {
+  auto& st = self->state;
+  bool answered = false;
+  while (!st.order.empty() && st.order.front()->left == 0) {
+    auto run = std::move(st.order.front());
+    st.order.pop_front();
+    if (run->failed)
+      run->rp.deliver(caf::make_error(caf::sec::invalid_argument, "forward: " + run->error));
+    else
+      run->rp.deliver(std::move(run->out));
+    --st.steps_in_flight;
+    st.last_end = std::chrono::steady_clock::now();
+    st.ran = true;
+    answered = true;
+    if (!run->failed && ++st.window_steps >= st.window) consider_moving_layers(self);
+  }
+  if (answered) pump(self);
+}
+
+// A micro-batch is through (answered, failed or dropped); after the last
+// one the step's result is put together, to be answered in its turn.
 void group_done(self_ptr self, const std::shared_ptr<step_run>& run) {
   if (--run->left > 0) return;
-  auto& st = self->state;
   if (!run->failed) {
     try {
-      forward_result out = merge_micro_results(run->split, run->results);
-      out.device_ms = ms_between(run->began, std::chrono::steady_clock::now());
-      out.idle_ms = run->idle_ms;
-      run->rp.deliver(std::move(out));
+      run->out = merge_micro_results(run->split, run->results);
+      run->out.device_ms = ms_between(run->began, std::chrono::steady_clock::now());
+      run->out.idle_ms = run->idle_ms;
     } catch (const std::exception& e) {
       fail_step(*run, e.what());
     }
   }
-  --st.steps_in_flight;
-  st.last_end = std::chrono::steady_clock::now();
-  st.ran = true;
-  if (!run->failed && ++st.window_steps >= st.window) consider_moving_layers(self);
-  pump(self);
+  // The next step may hold this one (its draws) until it starts: not its logits.
+  run->results = {};
+  answer_in_order(self);
 }
 
 void run_stage(self_ptr self, std::shared_ptr<step_run> run, size_t g, size_t s,
@@ -251,6 +280,7 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
   run->began = std::chrono::steady_clock::now();
   if (st.ran && st.steps_in_flight == 0) run->idle_ms = ms_between(st.last_end, run->began);
   ++st.steps_in_flight;
+  st.order.push_back(run);
   auto source = std::move(st.last_run);
   st.last_run = run;
   try {
@@ -330,6 +360,11 @@ void set_stage_layout(pipeline_state& st) {
   }
 }
 
+void move_failed(pipeline_state& st) {
+  st.move_failures = std::min(st.move_failures + 1, 10);
+  st.skip_windows = 1 << st.move_failures;
+}
+
 // The two stages around a move's boundary with their new layers: the
 // pair's options after the move.
 std::pair<engine_options, engine_options> moved_pair(const pipeline_state& st, layer_move m) {
@@ -399,6 +434,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
     st.stage_opts[b] = ob;
     set_stage_layout(st);
     ++st.info.layer_moves;
+    st.move_failures = 0;
     const double s = ms_between(began, std::chrono::steady_clock::now()) / 1000.0;
     // What a layer's move costs here (the pause), for the next decision.
     st.migration.move_cost_s = s / m.layers;
@@ -415,6 +451,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
         "pipeline: moving {} layer(s) from stage {} to stage {} failed ({}); the stages "
         "stay as they were",
         m.layers, m.from, m.to, e.what());
+    move_failed(st);
   }
   st.moving = false;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
@@ -431,6 +468,10 @@ void consider_moving_layers(self_ptr self) {
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
   if (st.moving || !(st.migration.threshold > 0)) return;
+  if (st.skip_windows > 0) {
+    --st.skip_windows;
+    return;
+  }
   const auto m = plan_layer_move(loads, st.migration);
   if (!m) return;
   st.moving = true;
@@ -467,6 +508,7 @@ void check_prepared(self_ptr self) {
         "load ({}); the stages stay as they were",
         st.planned.layers, st.planned.from, st.planned.to, e.what());
     st.moving = false;
+    move_failed(st);
   }
 }
 
@@ -651,7 +693,8 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
   const int n = opts.pipeline_stages;
   if (n < 2) throw std::invalid_argument("a pipeline has 2 stages at least");
   if (n > hp.n_layer)
-    throw std::invalid_argument(std::to_string(n) + " pipeline stages for a model of " +
+    throw std::invalid_argument("--pipeline-parallel " + std::to_string(n) +
+                                " (engine.pipeline_parallel): more stages than the model's " +
                                 std::to_string(hp.n_layer) + " layers");
   if (hp.n_expert > 0)
     throw model_error(model->path() +
@@ -669,9 +712,11 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
           ? opts.n_pages
           : static_cast<int>(opts.kv_bytes / (layer_page * static_cast<size_t>(hp.n_layer)));
   if (so.n_pages <= 0) throw std::invalid_argument("KV arena holds no page; raise kv_bytes");
-  // One slice of the device per stage where it has the compute units.
-  const int units = compute_units_of(opts.device);
-  const bool sliced = units >= n;
+  // One slice of the device per stage where it can be split so (a slice
+  // of a slice only where it divides evenly: stage i of slice k is slice
+  // k * n + i of the whole device); else every stage on the whole device.
+  const int units = partition_units(opts.device);
+  const bool sliced = units >= n && (opts.device.cores == 0 || units % n == 0);
   pipeline_setup setup;
   setup.model = model;
   setup.layer_page = layer_page;

@@ -21,8 +21,10 @@ std::pair<int, int> stage_layers(int layers, int n, int i);
 
 // Spawns opts.pipeline_stages stage devices (spawn_device each, loading its
 // layers) and the pipeline over them.  Each stage runs on its own slice of
-// opts.device (its compute units split equally) where it has one compute
-// unit per stage at least; otherwise every stage shares the device.  Every
+// opts.device (its compute units split equally) where the device can be
+// split so, with one compute unit per stage at least (and, for a slice,
+// evenly); otherwise every stage shares the device (a GPU whose driver
+// does not partition it, for one).  Every
 // stage's arena holds the same pages (opts.n_pages, or as many as
 // opts.kv_bytes holds for the whole model).  Throws, before the pipeline
 // exists, where a stage does not load, or for more stages than layers or a

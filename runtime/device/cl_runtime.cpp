@@ -140,8 +140,7 @@ kernel::~kernel() {
   if (k_) clReleaseKernel(k_);
 }
 
-int compute_units_of(const device_choice& choice) {
-  if (choice.cores > 0) return choice.cores;
+int partition_units(const device_choice& choice) {
   auto ps = platforms();
   if (choice.platform < 0 || choice.platform >= static_cast<int>(ps.size()))
     throw cl_error("OpenCL platform " + std::to_string(choice.platform) + " does not exist (" +
@@ -150,8 +149,18 @@ int compute_units_of(const device_choice& choice) {
   if (choice.device < 0 || choice.device >= static_cast<int>(ds.size()))
     throw cl_error("OpenCL device " + std::to_string(choice.device) +
                    " does not exist on platform " + std::to_string(choice.platform));
+  const cl_device_id d = ds[choice.device];
+  size_t bytes = 0;
+  if (clGetDeviceInfo(d, CL_DEVICE_PARTITION_PROPERTIES, 0, nullptr, &bytes) != CL_SUCCESS)
+    return 0;
+  std::vector<cl_device_partition_property> props(bytes / sizeof(cl_device_partition_property));
+  if (props.empty() || clGetDeviceInfo(d, CL_DEVICE_PARTITION_PROPERTIES, bytes, props.data(),
+                                       nullptr) != CL_SUCCESS)
+    return 0;
+  if (std::find(props.begin(), props.end(), CL_DEVICE_PARTITION_EQUALLY) == props.end()) return 0;
+  if (choice.cores > 0) return choice.cores;
   cl_uint cu = 1;
-  clGetDeviceInfo(ds[choice.device], CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
+  clGetDeviceInfo(d, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof(cu), &cu, nullptr);
   return static_cast<int>(cu);
 }
 
@@ -176,8 +185,9 @@ context::context(device_choice choice, int shards) {
                      " slices of " + std::to_string(choice.cores) + " compute units; slice " +
                      std::to_string(choice.slice) + " does not exist");
     device_ = slice_device_ = slice[0];
-    device_name_ += " (slice " + std::to_string(choice.slice) + " of " +
-                    std::to_string(choice.cores) + " compute units)";
+    device_name_ += " (slice " + std::to_string(choice.slice) + ", " +
+                    std::to_string(choice.cores) +
+                    (choice.cores == 1 ? " compute unit)" : " compute units)");
   }
   cl_ulong mem = 0;
   clGetDeviceInfo(device_, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof(mem), &mem, nullptr);

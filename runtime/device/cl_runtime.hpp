@@ -33,10 +33,11 @@ struct device_choice {
   int slice = 0;
 };
 
-// The compute units of a device (of its slice where choice.cores > 0, i.e.
-// choice.cores), without building a context.  Throws cl_error where it
+// The compute units a device (its slice where choice.cores > 0: that many)
+// offers to split equally into sub-devices, without building a context; 0
+// where it cannot be split so (most GPU drivers).  Throws cl_error where it
 // does not exist.
-int compute_units_of(const device_choice& choice);
+int partition_units(const device_choice& choice);
 
 class buffer {
  public:
