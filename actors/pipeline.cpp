@@ -339,16 +339,35 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
   enter_groups(self);
 }
 
-// A page operation's answers from the stages still to come, and the first
-// error among them.
-struct gather {
-  size_t left = 0;
-  std::string error;
-};
-
-void page_op_ended(self_ptr self) {
-  self->state.blocked = false;
-  pump(self);
+// A page operation on every stage: `ask(s)` sends stage s its request,
+// `take(s, reply)` keeps its answer; once every stage has answered, the
+// operations after it may start and `done` gets the first error (empty:
+// none).
+template <class Reply, class Ask, class Take>
+void on_every_stage(self_ptr self, Ask ask, Take take,
+                    std::function<void(const std::string& error)> done) {
+  struct gather {
+    size_t left = 0;
+    std::string error;
+  };
+  auto g = std::make_shared<gather>();
+  g->left = self->state.stages.size();
+  auto finish = [self, g, done] {
+    if (--g->left > 0) return;
+    self->state.blocked = false;
+    pump(self);
+    done(g->error);
+  };
+  for (size_t s = 0; s < self->state.stages.size(); ++s)
+    ask(s).then(
+        [s, take, finish](Reply& r) mutable {
+          take(s, r);
+          finish();
+        },
+        [self, g, finish](caf::error& e) {
+          if (g->error.empty()) g->error = self->system().render(e);
+          finish();
+        });
 }
 
 void set_stage_layout(pipeline_state& st) {
@@ -546,47 +565,38 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
              const std::vector<int32_t>& pages) -> caf::result<std::vector<uint8_t>> {
         auto rp = self->make_response_promise<std::vector<uint8_t>>();
         enqueue(self, true, true, [self, pages, rp]() mutable {
-          auto& st = self->state;
-          auto g = std::make_shared<gather>();
-          auto parts = std::make_shared<std::vector<std::vector<uint8_t>>>(st.stages.size());
-          g->left = st.stages.size();
-          for (size_t s = 0; s < st.stages.size(); ++s) {
-            auto finish = [self, g, parts, pages, rp]() mutable {
-              if (--g->left > 0) return;
-              page_op_ended(self);
-              if (!g->error.empty()) {
-                rp.deliver(caf::make_error(caf::sec::invalid_argument, g->error));
-                return;
-              }
-              const auto& pb = self->state.page_bytes;
-              size_t per = 0;
-              for (size_t b : pb) per += b;
-              std::vector<uint8_t> out;
-              out.reserve(pages.size() * per);
-              for (size_t i = 0; i < pages.size(); ++i)
-                for (size_t s = 0; s < parts->size(); ++s) {
-                  const auto& part = (*parts)[s];
-                  if (part.size() != pages.size() * pb[s]) {
-                    rp.deliver(caf::make_error(
-                        caf::sec::invalid_argument,
-                        "readpages: stage " + std::to_string(s) + " answered a short read"));
-                    return;
-                  }
-                  out.insert(out.end(), part.begin() + i * pb[s], part.begin() + (i + 1) * pb[s]);
+          auto parts =
+              std::make_shared<std::vector<std::vector<uint8_t>>>(self->state.stages.size());
+          on_every_stage<std::vector<uint8_t>>(
+              self,
+              [self, pages](size_t s) {
+                return self->request(self->state.stages[s], caf::infinite, read_pages_atom::value,
+                                     pages);
+              },
+              [parts](size_t s, std::vector<uint8_t>& data) { (*parts)[s] = std::move(data); },
+              [self, parts, pages, rp](const std::string& error) mutable {
+                if (!error.empty()) {
+                  rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
+                  return;
                 }
-              rp.deliver(std::move(out));
-            };
-            self->request(st.stages[s], caf::infinite, read_pages_atom::value, pages)
-                .then(
-                    [parts, s, finish](std::vector<uint8_t>& data) mutable {
-                      (*parts)[s] = std::move(data);
-                      finish();
-                    },
-                    [self, g, finish](caf::error& e) mutable {
-                      if (g->error.empty()) g->error = self->system().render(e);
-                      finish();
-                    });
-          }
+                const auto& pb = self->state.page_bytes;
+                size_t per = 0;
+                for (size_t b : pb) per += b;
+                std::vector<uint8_t> out;
+                out.reserve(pages.size() * per);
+                for (size_t i = 0; i < pages.size(); ++i)
+                  for (size_t s = 0; s < parts->size(); ++s) {
+                    const auto& part = (*parts)[s];
+                    if (part.size() != pages.size() * pb[s]) {
+                      rp.deliver(caf::make_error(
+                          caf::sec::invalid_argument,
+                          "readpages: stage " + std::to_string(s) + " answered a short read"));
+                      return;
+                    }
+                    out.insert(out.end(), part.begin() + i * pb[s], part.begin() + (i + 1) * pb[s]);
+                  }
+                rp.deliver(std::move(out));
+              });
         });
         return rp;
       },
@@ -605,34 +615,28 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
         enqueue(self, true, true, [self, pages, data, per, rp]() mutable {
           auto& st = self->state;
           touch(st, pages);
-          auto g = std::make_shared<gather>();
-          g->left = st.stages.size();
-          size_t at = 0;  // the stage's part's offset within a page
-          for (size_t s = 0; s < st.stages.size(); ++s) {
-            const size_t pb = st.page_bytes[s];
-            std::vector<uint8_t> part;
-            part.reserve(pages.size() * pb);
-            for (size_t i = 0; i < pages.size(); ++i)
-              part.insert(part.end(), data.begin() + i * per + at,
-                          data.begin() + i * per + at + pb);
-            at += pb;
-            auto finish = [self, g, rp, n = pages.size()]() mutable {
-              if (--g->left > 0) return;
-              page_op_ended(self);
-              if (!g->error.empty()) {
-                rp.deliver(caf::make_error(caf::sec::invalid_argument, g->error));
-                return;
-              }
-              rp.deliver(static_cast<int32_t>(n));
-            };
-            self->request(st.stages[s], caf::infinite, write_pages_atom::value, pages,
-                          std::move(part))
-                .then([finish](int32_t) mutable { finish(); },
-                      [self, g, finish](caf::error& e) mutable {
-                        if (g->error.empty()) g->error = self->system().render(e);
-                        finish();
-                      });
-          }
+          // Stage s's part of a page starts at offsets[s] within it.
+          std::vector<size_t> offsets{0};
+          for (size_t b : st.page_bytes) offsets.push_back(offsets.back() + b);
+          on_every_stage<int32_t>(
+              self,
+              [self, pages, data, per, offsets](size_t s) {
+                const size_t pb = self->state.page_bytes[s];
+                std::vector<uint8_t> part;
+                part.reserve(pages.size() * pb);
+                for (size_t i = 0; i < pages.size(); ++i)
+                  part.insert(part.end(), data.begin() + i * per + offsets[s],
+                              data.begin() + i * per + offsets[s] + pb);
+                return self->request(self->state.stages[s], caf::infinite, write_pages_atom::value,
+                                     pages, std::move(part));
+              },
+              [](size_t, int32_t&) {},
+              [rp, n = pages.size()](const std::string& error) mutable {
+                if (error.empty())
+                  rp.deliver(static_cast<int32_t>(n));
+                else
+                  rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
+              });
         });
         return rp;
       },
@@ -641,27 +645,20 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
              const std::vector<int32_t>& dst) -> caf::result<int32_t> {
         auto rp = self->make_response_promise<int32_t>();
         enqueue(self, true, true, [self, src, dst, rp]() mutable {
-          auto& st = self->state;
-          touch(st, dst);
-          auto g = std::make_shared<gather>();
-          g->left = st.stages.size();
-          for (size_t s = 0; s < st.stages.size(); ++s) {
-            auto finish = [self, g, rp, n = src.size()]() mutable {
-              if (--g->left > 0) return;
-              page_op_ended(self);
-              if (!g->error.empty()) {
-                rp.deliver(caf::make_error(caf::sec::invalid_argument, g->error));
-                return;
-              }
-              rp.deliver(static_cast<int32_t>(n));
-            };
-            self->request(st.stages[s], caf::infinite, copy_pages_atom::value, src, dst)
-                .then([finish](int32_t) mutable { finish(); },
-                      [self, g, finish](caf::error& e) mutable {
-                        if (g->error.empty()) g->error = self->system().render(e);
-                        finish();
-                      });
-          }
+          touch(self->state, dst);
+          on_every_stage<int32_t>(
+              self,
+              [self, src, dst](size_t s) {
+                return self->request(self->state.stages[s], caf::infinite, copy_pages_atom::value,
+                                     src, dst);
+              },
+              [](size_t, int32_t&) {},
+              [rp, n = src.size()](const std::string& error) mutable {
+                if (error.empty())
+                  rp.deliver(static_cast<int32_t>(n));
+                else
+                  rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
+              });
         });
         return rp;
       },
