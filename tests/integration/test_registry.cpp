@@ -330,16 +330,22 @@ TEST_F(Registry, GlobalStateIsPublishedAndClientsFindServicesThere) {
   EXPECT_EQ(v["nodes"][0]["load"]["instances"], 2) << v.dump();
   EXPECT_GT(v["nodes"][0]["load"]["total_pages"].get<int64_t>(), 0) << v.dump();
 
-  // Under load the records say so (within a few renewals).
-  streams load(s1->endpoint(), 8, 120, 10);
-  ASSERT_TRUE(load.wait_started(2));
-  v = wait_view(
-      [](const auto& v) {
-        return v["nodes"].size() == 1 && v["nodes"][0]["load"]["running"].template get<int>() > 0;
-      },
-      10s);
-  EXPECT_GT(v["nodes"][0]["load"]["running"].get<int>(), 0) << v.dump();
-  ASSERT_TRUE(load.finish());
+  // Under load the records say so (within a few renewals).  On a loaded
+  // machine a burst can end between two renewals: up to three bursts of
+  // 16 streams of 200 tokens.
+  bool seen = false;
+  for (int burst = 0; burst < 3 && !seen; ++burst) {
+    streams load(s1->endpoint(), 16, 200, 10 + 100 * uint64_t(burst));
+    ASSERT_TRUE(load.wait_started(2));
+    v = wait_view(
+        [](const auto& v) {
+          return v["nodes"].size() == 1 && v["nodes"][0]["load"]["running"].template get<int>() > 0;
+        },
+        10s);
+    seen = v["nodes"].size() == 1 && v["nodes"][0]["load"]["running"].get<int>() > 0;
+    ASSERT_TRUE(load.finish());
+  }
+  EXPECT_TRUE(seen) << v.dump();
 
   // A client finds the services in the registry.
   auto r = run_process(troupe_bin() + " client --server " + url + " -p " + shell_quote(kPrompt) +
