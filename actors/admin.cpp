@@ -146,6 +146,11 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<uint64_t>(self, self->state.router, std::chrono::seconds(10),
                                kill_instance_atom::value, instance);
       },
+      // Move layers between two stages of an instance's pipelined device.
+      [self](move_layers_atom, uint64_t instance, int32_t from, int32_t to, int32_t layers) {
+        return relay<std::string>(self, self->state.router, std::chrono::minutes(10),
+                                  move_layers_atom::value, instance, from, to, layers);
+      },
       // Preempt an in-flight request's sequence now (the shell, tests).
       [self](preempt_atom, uint64_t id) {
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),

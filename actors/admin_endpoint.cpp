@@ -425,6 +425,13 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
   if (command == "experts")
     return call<expert_status>(
         self, peer, [](expert_status& e) { return to_json(e); }, expert_status_atom::value);
+  if (command == "layers")
+    return call_long<std::string>(
+        self, peer,
+        [instance](std::string& what) {
+          return json{{"instance", instance}, {"moved", what}};
+        },
+        move_layers_atom::value, instance, req.from, req.to, req.layers);
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -432,12 +439,13 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", i}, {"killed", true}};
         },
         kill_instance_atom::value, instance);
-  reply(self, peer,
-        failure(
-            "unknown_command",
-            "unknown command '" + command +
-                "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                "preempt, set, spawn, node_add, node_remove, role, monitor, steps, dp, experts)"));
+  reply(
+      self, peer,
+      failure("unknown_command",
+              "unknown command '" + command +
+                  "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
+                  "preempt, set, spawn, node_add, node_remove, role, layers, monitor, steps, dp, "
+                  "experts)"));
 }
 
 void poll_once(self_ptr self) {

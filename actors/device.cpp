@@ -217,6 +217,12 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         if (swap->prepared_epoch == epoch) swap->prepared.clear();
         return epoch;
       },
+      // Layer moves are between a pipeline's stages; one device has none.
+      [](move_layers_atom, int32_t, int32_t, int32_t) -> caf::result<std::string> {
+        return caf::make_error(caf::sec::invalid_argument,
+                               "movelayers: this instance's device is not pipelined (it has no "
+                               "stages; engine.pipeline_parallel)");
+      },
       // One step: submitted behind those running, answered when it ends.
       [self, engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
         return submit_forward(self, *engine, *chain, batch);

@@ -575,8 +575,18 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
   st.tiers = std::move(tiers);
   st.eng = std::make_unique<engine>(std::move(info), std::move(opts));
   st.staged = std::make_unique<blob_stage>(st.eng->geometry(), stage_cap(*st.eng), k_stage_ttl);
+  // Without its device the instance cannot step: it ends with it (a
+  // pipeline whose stage's node was lost, for one), so its requests see it
+  // down and recover elsewhere, as for a crash of the instance itself.
+  self->monitor(st.dev);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& st = self->state;
+    if (dm.source == st.dev.address()) {
+      spdlog::warn("instance: its device ended ({}); the instance ends with it",
+                   self->system().render(dm.reason));
+      self->quit(dm.reason ? dm.reason : caf::error{caf::exit_reason::unknown});
+      return;
+    }
     if (st.group && dm.source == st.group.address()) {
       // The group is gone: step freely again.
       leave_group(self);

@@ -7,6 +7,7 @@
 #include <caf/io/middleman_actor.hpp>
 #include <caf/openssl/manager.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -116,6 +117,28 @@ node_resources local_resources() {
   return r;
 }
 
+device_actor spawn_stage_device(caf::actor_system& sys, const stage_spec& spec) {
+  const engine_settings& es = spec.engine;
+  auto where = resolve_model(es.model);
+  auto model = model_file::open(where.model_path,
+                                es.tokenizer.empty() ? where.tokenizer_path : es.tokenizer);
+  const int layers = model->hparams().n_layer;
+  if (spec.layer_first < 0 || spec.layer_end <= spec.layer_first || spec.layer_end > layers)
+    throw std::invalid_argument("layers " + std::to_string(spec.layer_first) + ".." +
+                                std::to_string(spec.layer_end - 1) + " are not a range of the " +
+                                std::to_string(layers) + " layers of " + es.model);
+  if (spec.n_pages <= 0) throw std::invalid_argument("a stage needs a KV page at least");
+  // The node's device, whole: the stage is one device of the pipeline.
+  engine_options eo = engine_options_from(es, {es.platform, es.device, 0, 0});
+  eo.pipeline_stages = 1;
+  eo.pipeline_nodes.clear();
+  eo.expert_devices = 0;
+  eo.layer_first = spec.layer_first;
+  eo.layer_end = spec.layer_end;
+  eo.n_pages = spec.n_pages;
+  return spawn_device(sys, std::move(model), eo);
+}
+
 namespace {
 
 // The detached builder: one model load at a time (two at once would only
@@ -142,6 +165,15 @@ node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer s
           return caf::make_error(caf::sec::runtime_error, "instance " + std::to_string(slot) +
                                                               " (model " + spec.engine.model +
                                                               "): " + e.what());
+        }
+      },
+      // Build one pipeline stage's device (a pipeline elsewhere drives it).
+      [self](spawn_stage_atom, const stage_spec& spec) -> caf::result<device_actor> {
+        try {
+          return spawn_stage_device(self->system(), spec);
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::runtime_error,
+                                 "pipeline stage (model " + spec.engine.model + "): " + e.what());
         }
       },
   };
@@ -179,6 +211,9 @@ struct node_state {
   // again), and those being connected.
   std::map<std::string, caf::actor> peers;
   std::set<std::string> connecting;
+  // Pipeline stages it runs for pipelined devices elsewhere (monitored:
+  // a stage ends with its pipeline).
+  std::vector<device_actor> stages;
   static inline const char* name = "node";
 };
 
@@ -361,12 +396,18 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
     self->set_exit_handler([self](caf::exit_msg& m) {
       for (auto& [key, si] : self->state.instances) self->send_exit(si.hosted.actor, m.reason);
       self->state.instances.clear();
+      for (auto& d : self->state.stages) self->send_exit(d, m.reason);
+      self->state.stages.clear();
       self->state.services.clear();
       self->quit(m.reason);
     });
     // A lost link: its service's instances wait reap_after; a dead one leaves.
     self->set_down_handler([self](const caf::down_msg& dm) {
       auto& st = self->state;
+      st.stages.erase(
+          std::remove_if(st.stages.begin(), st.stages.end(),
+                         [&](const device_actor& d) { return d.address() == dm.source; }),
+          st.stages.end());
       for (auto it = st.peers.begin(); it != st.peers.end();)
         if (it->second.address() == dm.source) {
           spdlog::warn("node: lost the direct connection to peer {}", it->first);
@@ -446,6 +487,24 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
         // The service's other nodes: connect to them directly.
         [self](peers_atom, const std::vector<std::string>& addresses) {
           connect_peers(self, addresses);
+        },
+        // A stage of a pipelined device elsewhere (issue 35), built on the
+        // spawner; it ends with the pipeline that links to it, or with the
+        // node.
+        [self](spawn_stage_atom, stage_spec& spec) -> caf::result<device_actor> {
+          auto rp = self->make_response_promise<device_actor>();
+          spdlog::info("node: loading a pipeline stage of {} (layers {}..{}, {} KV pages)",
+                       spec.engine.model, spec.layer_first, spec.layer_end - 1, spec.n_pages);
+          self->request(self->state.spawner, caf::infinite, spawn_stage_atom::value,
+                        std::move(spec))
+              .then(
+                  [self, rp](device_actor& d) mutable {
+                    self->monitor(d);
+                    self->state.stages.push_back(d);
+                    rp.deliver(std::move(d));
+                  },
+                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
         },
         // What this machine offers, with the instances it hosts for all services.
         [self](resources_atom) {

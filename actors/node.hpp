@@ -46,6 +46,11 @@ kv_store_options kv_store_options_of(const engine_settings& es);
 // by troupe serve at start, taken by spawn_engine).
 scheduler_limits limits_of(const engine_settings& es);
 
+// A pipeline stage's device on this process's device (the node's side of
+// spawnstage): the model opened by name, layers and pages as `spec` says.
+// Blocks while the layers load.  Throws with the reason when it cannot.
+device_actor spawn_stage_device(caf::actor_system& sys, const stage_spec& spec);
+
 // What this machine has (cores, memory, OpenCL devices).
 node_resources local_resources();
 

@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/device.hpp"
+#include "actors/remote_stage.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/device/layer_migration.hpp"
 #include "runtime/engine/micro_batch.hpp"
@@ -45,7 +47,8 @@ struct pipeline_setup {
   std::shared_ptr<const model_file> model;
   std::vector<engine_options> stage_opts;  // each stage's (its device slice, its layers)
   std::vector<device_actor> stages;
-  size_t layer_page = 0;  // one layer's part of a page
+  std::vector<std::string> places;  // where each stage runs: "local" or a node's HOST:PORT
+  size_t layer_page = 0;            // one layer's part of a page
   device_info info;
 };
 
@@ -54,6 +57,7 @@ struct pipeline_state {
   std::shared_ptr<const model_file> model;
   std::vector<engine_options> stage_opts;
   std::vector<device_actor> stages;
+  std::vector<std::string> places;
   std::vector<size_t> page_bytes;  // each stage's part of a page
   size_t layer_page = 0;
   device_info info;
@@ -75,7 +79,8 @@ struct pipeline_state {
   // to skip before planning again: doubling with each failure in a row.
   int move_failures = 0;
   int skip_windows = 0;
-  int micro = 1;  // micro-batches per step
+  // A move asked for by hand (admin movelayers): answered once it is done.
+  std::optional<caf::typed_response_promise<std::string>> move_reply;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
   bool blocked = false;  // a page operation runs
@@ -144,6 +149,7 @@ struct step_run {
 };
 
 void consider_moving_layers(self_ptr self);
+void start_move(self_ptr self, layer_move m);
 constexpr auto k_prepare_tick = std::chrono::milliseconds(20);
 
 // A failed step is answered with its error in its turn (answer_in_order);
@@ -317,7 +323,8 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
       for (const auto& [row, draw] : holes)
         if (seq_of[row] >= 0) preferred[seq_of[row]] = run->source->split.drawn[draw].group;
     }
-    run->split = split_micro_batches(b, st.micro, preferred);
+    // As many micro-batches as stages keep every stage busy.
+    run->split = split_micro_batches(b, static_cast<int>(st.stages.size()), preferred);
     run->holes.resize(run->split.groups.size());
     for (const auto& [row, draw] : holes) {
       const auto at = run->split.rows[row];
@@ -370,6 +377,17 @@ void on_every_stage(self_ptr self, Ask ask, Take take,
         });
 }
 
+// A page operation's answer: the pages it covered, or the first stage's error.
+std::function<void(const std::string&)> answer_count(caf::typed_response_promise<int32_t> rp,
+                                                     size_t n) {
+  return [rp, n](const std::string& error) mutable {
+    if (error.empty())
+      rp.deliver(static_cast<int32_t>(n));
+    else
+      rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
+  };
+}
+
 void set_stage_layout(pipeline_state& st) {
   st.page_bytes.clear();
   st.info.stage_first_layers.clear();
@@ -382,6 +400,29 @@ void set_stage_layout(pipeline_state& st) {
 void move_failed(pipeline_state& st) {
   st.move_failures = std::min(st.move_failures + 1, 10);
   st.skip_windows = 1 << st.move_failures;
+}
+
+// A stage's device where the pipeline places it: on a slice of this
+// process's device, or on a troupe node.
+device_actor spawn_stage(caf::actor_system& sys, const std::shared_ptr<const model_file>& model,
+                         const engine_options& so, const std::string& place) {
+  if (place == "local") return spawn_device(sys, model, so);
+  stage_spec spec;
+  spec.engine = *so.settings;
+  spec.layer_first = so.layer_first;
+  spec.layer_end = so.layer_end;
+  spec.n_pages = so.n_pages;
+  return spawn_remote_stage(sys, place, spec);
+}
+
+// The answer to a move asked for by hand, if one was.
+void answer_move(pipeline_state& st, const std::string& what, bool ok) {
+  if (!st.move_reply) return;
+  if (ok)
+    st.move_reply->deliver(what);
+  else
+    st.move_reply->deliver(caf::make_error(caf::sec::runtime_error, "movelayers: " + what));
+  st.move_reply.reset();
 }
 
 // The two stages around a move's boundary with their new layers: the
@@ -460,21 +501,41 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
     std::string firsts;
     for (int32_t f : st.info.stage_first_layers)
       firsts += (firsts.empty() ? "" : ", ") + std::to_string(f);
-    spdlog::info(
-        "pipeline: moved {} layer(s) from stage {} to stage {} (predicted gain {:.0f}%): steps "
-        "paused {:.0f} ms for {} MiB of KV ({} pages); the stages start at layers {}",
-        m.layers, m.from, m.to, 100 * m.gain, 1000 * s, (wa.size() + wb.size()) >> 20, pages.size(),
-        firsts);
+    const std::string what = fmt::format(
+        "moved {} layer(s) from stage {} to stage {}: steps paused {:.0f} ms for {:.1f} MiB of KV "
+        "({} pages); the stages start at layers {}",
+        m.layers, m.from, m.to, 1000 * s, static_cast<double>(wa.size() + wb.size()) / (1 << 20),
+        pages.size(), firsts);
+    spdlog::info("pipeline: {} (predicted gain {:.0f}%)", what, 100 * m.gain);
+    answer_move(st, what, true);
   } catch (const std::exception& e) {
     spdlog::warn(
         "pipeline: moving {} layer(s) from stage {} to stage {} failed ({}); the stages "
         "stay as they were",
         m.layers, m.from, m.to, e.what());
     move_failed(st);
+    answer_move(st, std::string(e.what()) + "; the stages stay as they were", false);
   }
   st.moving = false;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
+}
+
+// Phase one of move `m`: the new pair loads beside the old one, where the
+// old one runs, while steps go on; the pipeline looks in on it
+// (step_done ticks) and queues phase two.
+void start_move(self_ptr self, layer_move m) {
+  auto& st = self->state;
+  st.moving = true;
+  st.planned = m;
+  const size_t a = static_cast<size_t>(std::min(m.from, m.to));
+  auto [oa, ob] = moved_pair(st, m);
+  st.preparing =
+      std::async(std::launch::async, [&sys = self->system(), model = st.model, oa = oa, ob = ob,
+                                      pa = st.places[a], pb = st.places[a + 1]] {
+        return std::make_pair(spawn_stage(sys, model, oa, pa), spawn_stage(sys, model, ob, pb));
+      });
+  self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
 }
 
 // At the end of a window: the stages' busy times to plan_layer_move; a
@@ -491,18 +552,7 @@ void consider_moving_layers(self_ptr self) {
     --st.skip_windows;
     return;
   }
-  const auto m = plan_layer_move(loads, st.migration);
-  if (!m) return;
-  st.moving = true;
-  st.planned = *m;
-  // Phase one: the new pair loads beside the old one while steps go on;
-  // the pipeline looks in on it (step_done ticks) and queues phase two.
-  auto [oa, ob] = moved_pair(st, *m);
-  st.preparing =
-      std::async(std::launch::async, [&sys = self->system(), model = st.model, oa = oa, ob = ob] {
-        return std::make_pair(spawn_device(sys, model, oa), spawn_device(sys, model, ob));
-      });
-  self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
+  if (const auto m = plan_layer_move(loads, st.migration)) start_move(self, *m);
 }
 
 // A tick while a move's new stages load: once loaded, phase two goes in
@@ -528,6 +578,7 @@ void check_prepared(self_ptr self) {
         st.planned.layers, st.planned.from, st.planned.to, e.what());
     st.moving = false;
     move_failed(st);
+    answer_move(st, std::string("the new stages did not load: ") + e.what(), false);
   }
 }
 
@@ -536,10 +587,10 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
   st.model = std::move(setup.model);
   st.stage_opts = std::move(setup.stage_opts);
   st.stages = std::move(setup.stages);
+  st.places = std::move(setup.places);
   st.layer_page = setup.layer_page;
   st.info = std::move(setup.info);
   set_stage_layout(st);
-  st.micro = static_cast<int>(st.stages.size());
   st.busy_s.assign(st.stages.size(), 0.0);
   st.touched.assign(static_cast<size_t>(std::max(st.info.n_pages, 0)), 0);
   st.migration.threshold = st.stage_opts.front().pipeline_rebalance;
@@ -630,13 +681,7 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
                 return self->request(self->state.stages[s], caf::infinite, write_pages_atom::value,
                                      pages, std::move(part));
               },
-              [](size_t, int32_t&) {},
-              [rp, n = pages.size()](const std::string& error) mutable {
-                if (error.empty())
-                  rp.deliver(static_cast<int32_t>(n));
-                else
-                  rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
-              });
+              [](size_t, int32_t&) {}, answer_count(rp, pages.size()));
         });
         return rp;
       },
@@ -652,14 +697,32 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
                 return self->request(self->state.stages[s], caf::infinite, copy_pages_atom::value,
                                      src, dst);
               },
-              [](size_t, int32_t&) {},
-              [rp, n = src.size()](const std::string& error) mutable {
-                if (error.empty())
-                  rp.deliver(static_cast<int32_t>(n));
-                else
-                  rp.deliver(caf::make_error(caf::sec::invalid_argument, error));
-              });
+              [](size_t, int32_t&) {}, answer_count(rp, src.size()));
         });
+        return rp;
+      },
+      // A layer move by hand (admin, shell): the same two phases as the
+      // pipeline's own moves.
+      [self](move_layers_atom, int32_t from, int32_t to,
+             int32_t layers) -> caf::result<std::string> {
+        auto& st = self->state;
+        const int32_t n = static_cast<int32_t>(st.stages.size());
+        auto refuse = [](const std::string& why) {
+          return caf::make_error(caf::sec::invalid_argument, "movelayers: " + why);
+        };
+        if (from < 0 || from >= n || to < 0 || to >= n || (to != from - 1 && to != from + 1))
+          return refuse("stages " + std::to_string(from) + " and " + std::to_string(to) +
+                        " are not neighbours among the " + std::to_string(n) + " stages (0.." +
+                        std::to_string(n - 1) + ")");
+        const int32_t have = st.stage_opts[from].layer_end - st.stage_opts[from].layer_first;
+        if (layers < 1 || layers >= have)
+          return refuse("stage " + std::to_string(from) + " holds " + std::to_string(have) +
+                        " layers: it can give 1 to " + std::to_string(have - 1) + ", not " +
+                        std::to_string(layers));
+        if (st.moving) return refuse("a move is under way; ask again once it is done");
+        auto rp = self->make_response_promise<std::string>();
+        st.move_reply = rp;
+        start_move(self, layer_move{from, to, layers, 0.0});
         return rp;
       },
       [no_experts](expert_stats_atom) -> caf::result<expert_stats> {
@@ -709,23 +772,43 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
           ? opts.n_pages
           : static_cast<int>(opts.kv_bytes / (layer_page * static_cast<size_t>(hp.n_layer)));
   if (so.n_pages <= 0) throw std::invalid_argument("KV arena holds no page; raise kv_bytes");
-  // One slice of the device per stage where it can be split so (a slice
-  // of a slice only where it divides evenly: stage i of slice k is slice
-  // k * n + i of the whole device); else every stage on the whole device.
-  const int units = partition_units(opts.device);
-  const bool sliced = units >= n && (opts.device.cores == 0 || units % n == 0);
+  // Where each stage runs: engine.pipeline_nodes, one entry per stage,
+  // "local" or a troupe node's address; none: every stage here.
   pipeline_setup setup;
+  setup.places = opts.pipeline_nodes;
+  if (setup.places.empty()) setup.places.assign(static_cast<size_t>(n), "local");
+  if (setup.places.size() != static_cast<size_t>(n))
+    throw std::invalid_argument("engine.pipeline_nodes names " +
+                                std::to_string(setup.places.size()) + " places for " +
+                                std::to_string(n) + " stages (--pipeline-parallel): one per stage");
+  const int local = static_cast<int>(std::count(setup.places.begin(), setup.places.end(), "local"));
+  if (local < n && !opts.settings)
+    throw std::invalid_argument("pipeline stages on troupe nodes need the engine's settings");
+  // One slice of the device per local stage where it can be split so (a
+  // slice of a slice only where it divides evenly: local stage i of slice
+  // k is slice k * n + i of the whole device); else every local stage on
+  // the whole device.  A stage on a node has the node's device.
+  const int units = partition_units(opts.device);
+  const bool sliced =
+      local >= 2 && units >= local && (opts.device.cores == 0 || units % local == 0);
   setup.model = model;
   setup.layer_page = layer_page;
   auto& stages = setup.stages;
-  for (int i = 0; i < n; ++i) {
-    std::tie(so.layer_first, so.layer_end) = stage_layers(hp.n_layer, n, i);
-    if (sliced) {
-      so.device.cores = units / n;
-      so.device.slice = (opts.device.cores > 0 ? opts.device.slice * n : 0) + i;
+  try {
+    for (int i = 0, j = 0; i < n; ++i) {
+      std::tie(so.layer_first, so.layer_end) = stage_layers(hp.n_layer, n, i);
+      const auto& place = setup.places[static_cast<size_t>(i)];
+      if (sliced && place == "local") {
+        so.device.cores = units / local;
+        so.device.slice = (opts.device.cores > 0 ? opts.device.slice * local : 0) + j++;
+      }
+      stages.push_back(spawn_stage(sys, model, so, place));
+      setup.stage_opts.push_back(so);
+      so.device = opts.device;
     }
-    stages.push_back(spawn_device(sys, model, so));
-    setup.stage_opts.push_back(so);
+  } catch (...) {
+    for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    throw;
   }
   // What the pipeline holds: the first stage's answer, with every stage's
   // weights, names and page parts.
@@ -733,17 +816,28 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
   std::string names;
   size_t weights = 0;
   caf::scoped_actor self{sys};
-  for (size_t i = 0; i < stages.size(); ++i) {
-    std::string error;
-    device_info d;
-    self->request(stages[i], std::chrono::seconds(60), info_atom::value)
-        .receive([&](device_info& x) { d = std::move(x); },
-                 [&](caf::error& e) { error = sys.render(e); });
-    if (!error.empty())
-      throw std::runtime_error("pipeline stage " + std::to_string(i) + ": " + error);
-    if (i == 0) info = d;
-    names += (i ? " | " : "") + d.device_name;
-    weights += d.weight_bytes;
+  try {
+    for (size_t i = 0; i < stages.size(); ++i) {
+      std::string error;
+      device_info d;
+      self->request(stages[i], std::chrono::seconds(60), info_atom::value)
+          .receive([&](device_info& x) { d = std::move(x); },
+                   [&](caf::error& e) { error = sys.render(e); });
+      if (!error.empty())
+        throw std::runtime_error("pipeline stage " + std::to_string(i) + ": " + error);
+      // A node opens the model by name: it must be this very file.
+      if (d.model_fingerprint != model->fingerprint())
+        throw std::runtime_error("pipeline stage " + std::to_string(i) + " on " + setup.places[i] +
+                                 " loaded another file for " + model->path() + " (fingerprint " +
+                                 d.model_fingerprint + ", here " + model->fingerprint() + ")");
+      if (i == 0) info = d;
+      const auto& place = setup.places[i];
+      names += (i ? " | " : "") + (place == "local" ? "" : "node " + place + ": ") + d.device_name;
+      weights += d.weight_bytes;
+    }
+  } catch (...) {
+    for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    throw;
   }
   // Every stage holds the embedding and the classifier (the first reads
   // tokens, the last makes logits; tied, they are one matrix): device

@@ -577,6 +577,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             ri->node = node;
             ri->actor = h.actor;
             ri->store = h.store;
+            ri->device = h.device;
             ri->state = "serving";
             st.last.erase(id);
             self->monitor(h.actor);
@@ -598,6 +599,27 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           spdlog::warn("router: killing instance {} (fault injection)", id);
           self->send_exit(i->actor, caf::exit_reason::kill);
           return id;
+        },
+        // Move layers between two stages of an instance's pipelined device.
+        [self](move_layers_atom, uint64_t id, int32_t from, int32_t to,
+               int32_t layers) -> caf::result<std::string> {
+          auto* i = find(self->state, id);
+          if (!i)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "movelayers: no instance " + std::to_string(id));
+          if (!i->device)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "movelayers: instance " + std::to_string(id) +
+                                       ": the router does not know its device");
+          spdlog::info("router: instance {}: moving {} layer(s) from stage {} to stage {} (admin)",
+                       id, layers, from, to);
+          auto rp = self->make_response_promise<std::string>();
+          // A move waits for the steps before it and loads two stages: minutes at most.
+          self->request(i->device, std::chrono::minutes(10), move_layers_atom::value, from, to,
+                        layers)
+              .then([rp](std::string& what) mutable { rp.deliver(std::move(what)); },
+                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          return rp;
         },
         // Change a live setting (the schema's live trait): the placement
         // policy here, an [engine] key on every instance.  The value is

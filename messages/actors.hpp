@@ -56,11 +56,13 @@ void for_each_message_type(F&& f) {
   f.template operator()<std::vector<uint64_t>>("troupe.uint64s");
   f.template operator()<instance_spec>("troupe.instance_spec");
   f.template operator()<std::vector<instance_spec>>("troupe.instance_specs");
+  f.template operator()<stage_spec>("troupe.stage_spec");
   f.template operator()<hosted_instance>("troupe.hosted_instance");
   f.template operator()<std::vector<hosted_instance>>("troupe.hosted_instances");
   f.template operator()<node_resources>("troupe.node_resources");
   f.template operator()<link_status>("troupe.link_status");
   f.template operator()<node_link_actor>("troupe.node_link_actor");
+  f.template operator()<device_actor>("troupe.device_actor");
   f.template operator()<std::vector<link_status>>("troupe.link_statuses");
   f.template operator()<router_instance>("troupe.router_instance");
   f.template operator()<std::vector<router_instance>>("troupe.router_instances");

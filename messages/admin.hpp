@@ -50,6 +50,9 @@ typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
 //            no sequence.
 // killinst:  (instance id) fault injection: kill the instance (its requests
 //            recover elsewhere).
+// movelayers: (instance id, from, to, layers) the instance's pipelined
+//            device moves layers between two neighbouring stages; replies
+//            with what moved and the pause it cost.
 // peek:      the monitor's window (per-instance TTFT, TPOT, token interval,
 //            busy share; the TTFT predictor's error).
 // setrole:   (instance id, prefill|decode|mixed) the instance's new role
@@ -59,24 +62,25 @@ typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
 //            an error when the service has no group.
 // expstatus: the expert controller's loads, placement and swaps; an error
 //            when the service has none.
-using admin_actor =
-    caf::typed_actor<caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
-                     caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
-                     caf::replies_to<trace_atom, uint64_t>::with<request_trace>,
-                     caf::replies_to<kv_atom>::with<pool_stats>,
-                     caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
-                     caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
-                     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
-                     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>,
-                     caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
-                     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
-                     caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
-                     caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
-                     caf::replies_to<peek_atom>::with<monitor_report>,
-                     caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
-                     caf::replies_to<node_add_atom, std::string, int32_t>::with<link_status>,
-                     caf::replies_to<node_remove_atom, std::string>::with<std::string>,
-                     caf::replies_to<dp_status_atom>::with<dp_group_status>,
-                     caf::replies_to<expert_status_atom>::with<expert_status>>;
+using admin_actor = caf::typed_actor<
+    caf::replies_to<instances_atom>::with<std::vector<instance_info>>,
+    caf::replies_to<requests_atom>::with<std::vector<inflight_request>>,
+    caf::replies_to<trace_atom, uint64_t>::with<request_trace>,
+    caf::replies_to<kv_atom>::with<pool_stats>,
+    caf::replies_to<cancel_atom, uint64_t>::with<int32_t>,
+    caf::replies_to<migrate_atom, uint64_t, uint64_t>::with<uint64_t>,
+    caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
+    caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>,
+    caf::replies_to<move_layers_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>,
+    caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
+    caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
+    caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
+    caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
+    caf::replies_to<peek_atom>::with<monitor_report>,
+    caf::replies_to<grow_atom, std::string, int32_t>::with<std::vector<uint64_t>>,
+    caf::replies_to<node_add_atom, std::string, int32_t>::with<link_status>,
+    caf::replies_to<node_remove_atom, std::string>::with<std::string>,
+    caf::replies_to<dp_status_atom>::with<dp_group_status>,
+    caf::replies_to<expert_status_atom>::with<expert_status>>;
 
 }  // namespace troupe

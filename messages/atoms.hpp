@@ -32,6 +32,8 @@ using expert_stats_atom = caf::atom_constant<caf::atom("expstats")>;
 using expert_prepare_atom = caf::atom_constant<caf::atom("expprepare")>;
 using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
 using expert_abort_atom = caf::atom_constant<caf::atom("expabort")>;
+// A pipelined device moves layers between two neighbouring stages (admin).
+using move_layers_atom = caf::atom_constant<caf::atom("movelayers")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
 using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;
@@ -88,6 +90,7 @@ using resources_atom = caf::atom_constant<caf::atom("resources")>;
 using leaving_atom = caf::atom_constant<caf::atom("leaving")>;
 using grow_atom = caf::atom_constant<caf::atom("grow")>;
 using spawn_instance_atom = caf::atom_constant<caf::atom("spawninst")>;
+using spawn_stage_atom = caf::atom_constant<caf::atom("spawnstage")>;
 // The service's node set (actors/node_set, issue 37).
 using node_add_atom = caf::atom_constant<caf::atom("nodeadd")>;
 using node_remove_atom = caf::atom_constant<caf::atom("noderemove")>;

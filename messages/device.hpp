@@ -107,6 +107,11 @@ typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
 //            ones in use from the next forward pass on (a step boundary);
 //            replies with the epoch, an error if none was prepared.
 // expabort: (epoch) drops a prepared plan.
+// movelayers: (from, to, layers) a pipelined device moves `layers` layers
+//            from stage `from` to its neighbour `to`, weights and KV, as its
+//            own layer migration does (two phases, no step sees half a
+//            move); replies once moved, saying what moved and what it cost.
+//            One device refuses: it has no stages.
 // The device serves its messages in order, so a page read sent before a
 // forward pass sees the data from before that pass.
 using device_actor = caf::typed_actor<
@@ -118,6 +123,7 @@ using device_actor = caf::typed_actor<
     caf::replies_to<expert_stats_atom>::with<expert_stats>,
     caf::replies_to<expert_prepare_atom, expert_plan>::with<uint64_t>,
     caf::replies_to<expert_commit_atom, uint64_t>::with<uint64_t>,
-    caf::replies_to<expert_abort_atom, uint64_t>::with<uint64_t>>;
+    caf::replies_to<expert_abort_atom, uint64_t>::with<uint64_t>,
+    caf::replies_to<move_layers_atom, int32_t, int32_t, int32_t>::with<std::string>>;
 
 }  // namespace troupe

@@ -60,6 +60,23 @@ typename Inspector::result_type inspect(Inspector& f, instance_spec& x) {
            x.tpot_target_ms, x.owner);
 }
 
+// One pipeline stage a node runs for a pipelined device elsewhere (issue
+// 35): a device actor over the model's layers [layer_first, layer_end)
+// with `n_pages` pages of its layers' KV, on the node's device (the
+// engine's platform and device, whole).  It lives as long as the pipeline
+// that asked for it (linked to it) or the node.
+struct stage_spec {
+  engine_settings engine;
+  int32_t layer_first = 0;
+  int32_t layer_end = 0;
+  int32_t n_pages = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, stage_spec& x) {
+  return f(caf::meta::type_name("stage_spec"), x.engine, x.layer_first, x.layer_end, x.n_pages);
+}
+
 // One instance a node runs for a service: its slot (the index of its spec
 // in the service's request, stable across reconnects) and what its device
 // holds (the service checks the model fingerprint).
@@ -153,6 +170,8 @@ using node_set_actor =
 //            reply comes once all are up; an error names the spec that
 //            failed and why (unknown model, no OpenCL device, ...).
 // resources: cores, memory, OpenCL devices, instances hosted.
+// spawnstage: (spec) a pipeline stage's device actor on this node, loaded
+//          (the reply comes once its layers are up; an error says why not).
 // peers:   (addresses) the service's other nodes: the node connects to
 //          each directly (the cluster's TLS), so KV bytes between their
 //          instances and stores travel node to node.
@@ -160,10 +179,12 @@ using node_actor = caf::typed_actor<
     caf::reacts_to<peers_atom, std::vector<std::string>>,
     caf::replies_to<host_atom, std::string, node_link_actor,
                     std::vector<instance_spec>>::with<std::vector<hosted_instance>>,
-    caf::replies_to<resources_atom>::with<node_resources>>;
+    caf::replies_to<resources_atom>::with<node_resources>,
+    caf::replies_to<spawn_stage_atom, stage_spec>::with<device_actor>>;
 
 // The node's one-at-a-time builder (detached: loading a model blocks).
 using node_spawner_actor = caf::typed_actor<
-    caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>>;
+    caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>,
+    caf::replies_to<spawn_stage_atom, stage_spec>::with<device_actor>>;
 
 }  // namespace troupe

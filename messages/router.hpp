@@ -23,12 +23,13 @@ struct router_instance {
   instance_actor actor;
   std::string pool = "M";  // disaggregation: M, P, D, P->D, D->P (runtime/service/pd_policy)
   kv_pool_actor store;     // its process's KV store (null: none)
+  device_actor device;     // its device (a pipeline's layer moves go there; null: unknown)
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, router_instance& x) {
   return f(caf::meta::type_name("router_instance"), x.id, x.node, x.role, x.state, x.actor, x.pool,
-           x.store);
+           x.store, x.device);
 }
 
 // Where a request goes, and why (for its trace).
@@ -75,6 +76,9 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 // setrole:  (instance id, prefill|decode|mixed) the instance takes the role
 //           now (pool X->Y: new work of the new role at once, its old work
 //           finishing); replies with what changed once the instance agreed.
+// movelayers: (instance id, from, to, layers) its pipelined device moves
+//           layers between two neighbouring stages (the device's
+//           movelayers); replies with what moved.
 // instforget: (id) the instance was stopped on purpose (autoscaling).
 // nodeforget: (address) the node left the service (actors/node_set): its
 //           status and its instances leave the registry.
@@ -82,8 +86,7 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 using router_actor = caf::typed_actor<
     caf::reacts_to<nodes_atom, link_status>,
     caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
-    caf::reacts_to<forget_node_atom, std::string>,
-    caf::reacts_to<forget_instance_atom, uint64_t>,
+    caf::reacts_to<forget_node_atom, std::string>, caf::reacts_to<forget_instance_atom, uint64_t>,
     caf::replies_to<add_instances_atom, std::string,
                     std::vector<hosted_instance>>::with<std::vector<uint64_t>>,
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
@@ -94,6 +97,7 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<window_atom>,
     caf::replies_to<place_decode_atom, uint64_t, int32_t>::with<placement_reply>,
     caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
-    caf::replies_to<set_atom, std::string, std::string>::with<std::string>>;
+    caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
+    caf::replies_to<move_layers_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>>;
 
 }  // namespace troupe

@@ -31,12 +31,24 @@ bool unsigned_field(const json& req, const char* key, uint64_t& out) {
   return true;
 }
 
+// A small count or index: an integer in [0, 65535].
+bool small_field(const json& req, const char* key, int32_t& out) {
+  const auto it = req.find(key);
+  if (it == req.end() || !it->is_number_integer()) return false;
+  const bool fits = it->is_number_unsigned()
+                        ? it->get<uint64_t>() <= 65535
+                        : it->get<int64_t>() >= 0 && it->get<int64_t>() <= 65535;
+  if (!fits) return false;
+  out = static_cast<int32_t>(it->get<int64_t>());
+  return true;
+}
+
 // The command's own arguments; "" when they are fine.
 std::string check_arguments(const json& req, admin_request& r) {
   const std::string& c = r.command;
   if (one_of(c, {"trace", "cancel", "migrate", "preempt"}) && !unsigned_field(req, "id", r.id))
     return c + " needs \"id\": a request id (unsigned)";
-  if (one_of(c, {"migrate", "drain", "kill", "role"}) &&
+  if (one_of(c, {"migrate", "drain", "kill", "role", "layers"}) &&
       !unsigned_field(req, "instance", r.instance))
     return c + " needs \"instance\": an instance id (unsigned)";
   if (c == "set" && (!string_field(req, "key", r.key) || !string_field(req, "value", r.value) ||
@@ -60,6 +72,10 @@ std::string check_arguments(const json& req, admin_request& r) {
   }
   if (c == "node_add" && (!string_field(req, "node", r.node) || r.node.empty()))
     return "node_add needs \"node\" (HOST:PORT)";
+  if (c == "layers" && (!small_field(req, "from", r.from) || !small_field(req, "to", r.to) ||
+                        !small_field(req, "layers", r.layers)))
+    return "layers needs \"from\" and \"to\" (neighbouring stages) and \"layers\" (how many "
+           "move), integers 0 to 65535";
   if (c == "role" && (!string_field(req, "role", r.role) || r.role.empty()))
     return "role needs \"role\": prefill, decode or mixed";
   return "";

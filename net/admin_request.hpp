@@ -14,12 +14,13 @@ namespace troupe {
 
 struct admin_request {
   std::string command, secret;
-  uint64_t id = 0;         // trace, cancel, migrate, preempt: a request id
-  uint64_t instance = 0;   // migrate, drain, kill, role: an instance id
-  std::string key, value;  // set
-  std::string node;        // spawn, node_add, node_remove: HOST:PORT
-  int32_t count = 0;       // spawn, node_add (default 1)
-  std::string role;        // role
+  uint64_t id = 0;                       // trace, cancel, migrate, preempt: a request id
+  uint64_t instance = 0;                 // migrate, drain, kill, role: an instance id
+  std::string key, value;                // set
+  std::string node;                      // spawn, node_add, node_remove: HOST:PORT
+  int32_t count = 0;                     // spawn, node_add (default 1)
+  std::string role;                      // role
+  int32_t from = 0, to = 0, layers = 0;  // layers: stages and how many layers move
   // Arguments the command cannot run with; empty when they are fine.  Kept
   // apart from admin_refusal so the endpoint answers an unauthenticated
   // peer "unauthenticated" before telling it anything about arguments.

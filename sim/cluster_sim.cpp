@@ -97,6 +97,12 @@ class simulation {
       throw std::invalid_argument("sim: --autoscale with --pd: not yet (mixed instances only)");
     if (cfg.autoscale && (cfg.scale.min < 1 || cfg.scale.max < cfg.scale.min))
       throw std::invalid_argument("sim: --autoscale needs 1 <= min <= max");
+    if (cfg.pipeline.stages > 1 && (cfg.autoscale || cfg.pd))
+      throw std::invalid_argument(
+          "sim: pipelined instances are mixed and fixed (no --pd, no --autoscale): not yet");
+    if (cfg.pipeline.stages > 1)
+      for (int32_t i = 0; i < cfg.instances; ++i) pipes_.push_back(make_sim_pipeline(cfg.pipeline));
+    res_.stats.devices = cfg.instances * std::max(1, cfg.pipeline.stages);
     // With autoscaling, a slot for every instance it may start.
     const int32_t slots = cfg.autoscale ? std::max(cfg.instances, cfg.scale.max) : cfg.instances;
     for (int32_t i = 0; i < slots; ++i) {
@@ -730,6 +736,11 @@ class simulation {
       in.busy = true;
       in.rows = rows;
       in.step_ms = cfg_.cost.step_ms(rows, decode_rows, context);
+      if (!pipes_.empty()) {
+        const size_t i = index_of(in.id);
+        in.step_ms = pipeline_step_ms(pipes_[i], cfg_.pipeline, i * size_t(cfg_.pipeline.stages),
+                                      in.step_ms, now_);
+      }
       in.decode_rows = decode_rows;
       push(now_ + in.step_ms / 1000, ev::step_done, index_of(in.id), 0, 0);
       return;
@@ -837,6 +848,12 @@ class simulation {
     for (const auto& w : mon_.windows(now_)) windows_[w.instance] = w;
     pd_window w = mon_.take_window();
     if (cfg_.autoscale) scale();
+    for (auto& p : pipes_)
+      if (auto m = pipeline_window(p, cfg_.pipeline, cfg_.window_s)) {
+        ++res_.stats.layer_moves;
+        res_.stats.layers_moved += uint64_t(m->layers);
+        res_.stats.move_pause_ms += 1000 * cfg_.pipeline.migration_opts.move_cost_s * m->layers;
+      }
     if (!cfg_.pd || !cfg_.role_switching || cfg_.pd_placement != "slo") return;
     for (const auto& f : decide_flips(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_)) {
       auto& in = insts_[index_of(f.instance)];
@@ -898,6 +915,7 @@ class simulation {
   const std::vector<sim_request>& reqs_;
   scheduler_limits lim_;
   std::vector<sim_instance> insts_;
+  std::vector<sim_pipeline> pipes_;  // per instance, when pipelined
   std::vector<tracker> track_;
   std::priority_queue<event, std::vector<event>, std::greater<event>> q_;
   uint64_t next_order_ = 0;

@@ -25,6 +25,7 @@
 #include "runtime/service/pd_policy.hpp"
 #include "runtime/service/placement.hpp"
 #include "sim/cost_model.hpp"
+#include "sim/sim_pipeline.hpp"
 
 namespace troupe {
 
@@ -85,6 +86,11 @@ struct sim_config {
   // as the real router polls every 100 ms (its `poll`).  Prefix hits stay
   // exact (the policies look the prompt's own pages up).
   double router_staleness_s = 0;
+  // Pipelined instances (issue 35): each instance over pipeline.stages
+  // devices of its own, under a skewed, shifting load, its layers moved
+  // between stages by the pipeline's rule where pipeline.migration says
+  // (sim/sim_pipeline).  Mixed instances, no autoscaling.
+  sim_pipeline_config pipeline;
 };
 
 struct sim_stats {
@@ -114,6 +120,11 @@ struct sim_stats {
   uint64_t device_hit_tokens = 0, host_hit_tokens = 0, disk_hit_tokens = 0, pulled_tokens = 0;
   uint64_t spilled_pages = 0;
   std::string kv_check;
+  // Pipelined instances: devices in all, layer moves, layers moved and
+  // the instances' pauses for them.
+  int32_t devices = 0;
+  uint64_t layer_moves = 0, layers_moved = 0;
+  double move_pause_ms = 0;
 };
 
 struct sim_result {

@@ -356,6 +356,12 @@ std::string check_node_address(const std::string& v) {
   return {};
 }
 
+std::string check_stage_place(const std::string& v) {
+  if (v == "local") return {};
+  if (auto why = check_node_address(v); !why.empty()) return why + " (nor local)";
+  return {};
+}
+
 std::string check_dial_address(const std::string& v) {
   if (auto why = check_node_address(v); !why.empty()) return why;
   const size_t colon = v.rfind(':');

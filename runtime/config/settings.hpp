@@ -124,6 +124,7 @@ nlohmann::json to_json(const settings& s);
 // The checks for RULE checked(fn).
 std::string check_endpoint(const std::string& v);      // tcp://, ipc://, inproc://
 std::string check_node_address(const std::string& v);  // HOST:PORT
+std::string check_stage_place(const std::string& v);   // local or HOST:PORT
 // An address others dial, in one spelling: HOST:PORT with a printable host
 // of at most 255 bytes and a port above 0 without leading zeros (a second
 // spelling of a node would be taken for another node).

@@ -65,6 +65,8 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
   o.expert_devices = s.expert_devices;
   o.pipeline_stages = s.pipeline_parallel;
   o.pipeline_rebalance = s.pipeline_rebalance;
+  o.pipeline_nodes = s.pipeline_nodes;
+  o.settings = std::make_shared<const engine_settings>(s);
   return o;
 }
 

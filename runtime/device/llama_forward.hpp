@@ -82,6 +82,10 @@ struct engine_options {
   // judged over windows of this many steps.
   double pipeline_rebalance = 0.1;
   int pipeline_window = 64;
+  // Where each stage runs ("local", or a troupe node's HOST:PORT; empty:
+  // every stage local), and the settings a node builds a stage from.
+  std::vector<std::string> pipeline_nodes;
+  std::shared_ptr<const engine_settings> settings;
 };
 
 // The device's part of the [engine] settings (runtime/config/settings.def),

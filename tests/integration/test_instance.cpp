@@ -873,6 +873,9 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
         [=](expert_abort_atom a, uint64_t e) {
           return relay<uint64_t>(self, real, caf::infinite, a, e);
         },
+        [=](move_layers_atom a, int32_t from, int32_t to, int32_t n) {
+          return relay<std::string>(self, real, caf::infinite, a, from, to, n);
+        },
     };
   });
 }

@@ -73,5 +73,87 @@ TEST(PipelineNodes, PipelinedInstancesOnTwoNodesKeepAMigratedStream) {
   std::remove(cfg.c_str());
 }
 
+// A pipelined instance of `troupe serve` whose second stage runs on a
+// `troupe node` (engine.pipeline_nodes): a greedy stream keeps offline's
+// tokens while an admin `layers` command moves a layer onto the node's
+// stage mid-stream (the new stage loads on the node, its KV copied there).
+// Bad moves are refused, named.
+TEST(PipelineNodes, AStageOnANodeKeepsOfflineTokensThroughALayerMoveByHand) {
+  secret_file secret("cluster-test-secret-pipeline-stage");
+  node_process n1(secret.path());
+  const auto want = offline_tokens("stories15m", "Once upon a time", 160);
+  server_process server("--pipeline-parallel 2 --pipeline-nodes local," + n1.address() +
+                        " --cluster-secret-file " + secret.path() + " --kv-mb 32");
+  const auto inst = server.admin("instances");
+  ASSERT_EQ(inst.size(), 1u) << inst.dump();
+  const std::string id = std::to_string(inst[0]["id"].get<uint64_t>());
+  EXPECT_NE(n1.stderr_text().find("loading a pipeline stage of stories15m (layers 3..5"),
+            std::string::npos)
+      << n1.stderr_text();
+  client::connection c(server.endpoint());
+  c.generate(greedy_request(7, "Once upon a time", 160));
+  client::result r;
+  auto find = [&](uint64_t rid) { return rid == 7 ? &r : nullptr; };
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return r.token_ids.size() >= 8 || r.done(); }, 30s));
+  // Stories15M's 6 layers split 3 + 3; one more goes to the node's stage.
+  const auto moved = server.admin_command("layers " + id + " 0 1 1");
+  ASSERT_EQ(moved.exit_code, 0) << moved.out << moved.err;
+  EXPECT_NE(moved.out.find("the stages start at layers 0, 2"), std::string::npos) << moved.out;
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return r.done(); }, 60s));
+  ASSERT_FALSE(r.error) << r.error->message();
+  EXPECT_EQ(r.token_ids, want);
+  // Refusals: not neighbours, more layers than the donor can give.
+  const auto far = server.admin_command("layers " + id + " 0 5 1");
+  EXPECT_NE(far.exit_code, 0);
+  EXPECT_NE(far.err.find("not neighbours"), std::string::npos) << far.err;
+  const auto many = server.admin_command("layers " + id + " 1 0 4");
+  EXPECT_NE(many.exit_code, 0);
+  EXPECT_NE(many.err.find("it can give 1 to 3"), std::string::npos) << many.err;
+}
+
+// A node's pipelined instance whose second stage runs on a third process:
+// kill -9 of that stage's node ends the pipeline and its instance, and the
+// request that ran there recovers on the service's local instance with
+// offline's tokens.
+TEST(PipelineNodes, LosingAStagesNodeRecoversItsRequestElsewhere) {
+  secret_file secret("cluster-test-secret-pipeline-stage-kill");
+  node_process stage_node(secret.path()), host(secret.path());
+  const std::string cfg = "/tmp/troupe_pipeline_stage_kill_" + std::to_string(::getpid()) + ".toml";
+  {
+    std::FILE* f = std::fopen(cfg.c_str(), "w");
+    std::fprintf(f, "[cluster]\nsecret_file = \"%s\"\n", secret.path().c_str());
+    std::fprintf(f,
+                 "\n[[cluster.node]]\naddress = \"%s\"\ninstances = 1\nkv_mb = 32\n"
+                 "pipeline_parallel = 2\npipeline_nodes = [\"local\", \"%s\"]\n",
+                 host.address().c_str(), stage_node.address().c_str());
+    std::fclose(f);
+  }
+  const auto want = offline_tokens("stories15m", "Once upon a time", 200);
+  server_process server("--config " + cfg + " --local-instances 1 --router round-robin");
+  std::remove(cfg.c_str());
+  const auto inst = server.admin("instances");
+  ASSERT_EQ(inst.size(), 2u) << inst.dump();
+  client::connection c(server.endpoint());
+  // Round-robin: one request on each instance.
+  std::vector<client::result> rs(2);
+  for (uint64_t rid = 1; rid <= 2; ++rid) c.generate(greedy_request(rid, "Once upon a time", 200));
+  auto find = [&](uint64_t rid) { return rid >= 1 && rid <= 2 ? &rs[rid - 1] : nullptr; };
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return rs[0].token_ids.size() >= 8 && rs[1].token_ids.size() >= 8; }, 30s));
+  stage_node.kill9();
+  ASSERT_TRUE(receive_until(
+      c, find, [&] { return rs[0].done() && rs[1].done(); }, 60s));
+  int recovered = 0;
+  for (const auto& x : rs) {
+    ASSERT_FALSE(x.error) << x.error->message();
+    EXPECT_EQ(x.token_ids, want) << "request " << x.request_id;
+    if (x.finished.instances_size() > 1) ++recovered;
+  }
+  EXPECT_EQ(recovered, 1);
+  EXPECT_NE(host.stderr_text().find("its device ended"), std::string::npos) << host.stderr_text();
+}
+
 }  // namespace
 }  // namespace troupe::testing

@@ -134,12 +134,12 @@ struct tally {
            http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0, dp_rounds = 0,
            dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           unpipelined_rounds = 0, pipeline_parallel_rounds = 0, overlapped_steps = 0,
-           hostile_admin = 0, hostile_http = 0, starve_http = 0, tier_rounds = 0,
-           disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0,
-           pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0,
-           registry_joins = 0, registry_removes = 0, second_services = 0, cluster_views = 0,
-           violations = 0;
+           unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
+           layer_moves = 0, layer_moves_refused = 0, overlapped_steps = 0, hostile_admin = 0,
+           hostile_http = 0, starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0,
+           tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0,
+           tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0,
+           registry_removes = 0, second_services = 0, cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -375,8 +375,17 @@ class round_driver {
     // (pipeline parallelism), every step's sequences through them in
     // micro-batches; outputs must not change, kills and migrations as ever.
     if (ref_->what != model_reference::kind::moe && chance(0.25)) {
-      a += " --pipeline-parallel " + std::to_string(one_of<int>({2, 3}));
+      stages_ = one_of<int>({2, 3});
+      a += " --pipeline-parallel " + std::to_string(stages_);
       ++t_.pipeline_parallel_rounds;
+      // Some node rounds run every pipeline's last stage on a third node
+      // (engine.pipeline_nodes): hidden states and KV parts cross nodes.
+      if (!nodes_.empty() && chance(0.5)) {
+        stage_node_ = std::make_unique<testing::node_process>(secret_->path());
+        a += " --pipeline-nodes " + std::string(stages_ == 3 ? "local,local," : "local,") +
+             stage_node_->address();
+        ++t_.remote_stage_rounds;
+      }
     }
     return a;
   }
@@ -625,6 +634,16 @@ class round_driver {
                               one_of<std::string>({"prefill", "decode", "mixed"});
       // A killed or lost instance refuses; that is fine.
       ++(shell(cmd).exit_code == 0 ? t_.role_flips : t_.role_flips_refused);
+    } else if (roll == 94 && stages_ > 1 && chance(0.3)) {
+      // A layer moved by hand between two stages of a pipelined instance
+      // (troupe shell layers), live; outputs must not change.  A donor
+      // with one layer, a move under way or a lost instance refuses.
+      const int from = static_cast<int>(pick(static_cast<size_t>(stages_)));
+      const int to = from == 0 ? 1 : from == stages_ - 1 ? from - 1 : from + (chance(0.5) ? 1 : -1);
+      const std::string cmd = "layers " + std::to_string(1 + pick(instances_)) + " " +
+                              std::to_string(from) + " " + std::to_string(to) + " 1";
+      ++(shell(cmd, "--admin-timeout-ms 60000").exit_code == 0 ? t_.layer_moves
+                                                               : t_.layer_moves_refused);
     } else if (roll < 95 && instances_ > 1) {
       migrate(s);
     } else if (roll == 98 && !nodes_.empty() && !spawned_ && chance(0.2)) {
@@ -1160,6 +1179,10 @@ class round_driver {
   bool pull_round_ = false;                      // the first node has no KV store this round
   std::string config_;                           // this round's cluster config (removed at settle)
   std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
+  int stages_ = 1;  // pipeline stages of each instance's device
+  // A node holding the last stage of every instance's pipeline (some
+  // pipelined node rounds); it hosts no instance of its own.
+  std::unique_ptr<testing::node_process> stage_node_;
   uint64_t sockets_made_ = 0;
   std::vector<client_socket> sockets_;
   std::vector<std::string> violations_;
@@ -1264,6 +1287,9 @@ int run(const options& o) {
             {"layer_launch_rounds", t.layer_launch_rounds},
             {"unpipelined_rounds", t.unpipelined_rounds},
             {"pipeline_parallel_rounds", t.pipeline_parallel_rounds},
+            {"remote_stage_rounds", t.remote_stage_rounds},
+            {"layer_moves", t.layer_moves},
+            {"layer_moves_refused", t.layer_moves_refused},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

@@ -56,6 +56,15 @@ TEST(AdminRequest, ArgumentsAreTypeAndRangeChecked) {
               std::string::npos)
         << count;
   EXPECT_EQ(outcome(R"({"command":"spawn","node":"h:1","count":0})"), "ok");
+  // layers: an instance, two stages and a count, each a small integer.
+  EXPECT_EQ(outcome(R"({"command":"layers","instance":1,"from":0,"to":1,"layers":2})"), "ok");
+  for (const char* bad : {R"("from":-1,"to":1,"layers":2)", R"("from":0,"to":"1","layers":2)",
+                          R"("from":0,"to":1,"layers":65536)", R"("from":0,"to":1)",
+                          R"("from":0,"to":1,"layers":4294967298)"})
+    EXPECT_NE(outcome(std::string(R"({"command":"layers","instance":1,)") + bad + "}")
+                  .find("layers needs \"from\" and \"to\""),
+              std::string::npos)
+        << bad;
   // node_add takes a count or not (1); node_remove an address alone.
   EXPECT_EQ(outcome(R"({"command":"node_add","node":"h:1"})"), "ok");
   EXPECT_EQ(outcome(R"({"command":"node_add","node":"h:1","count":3})"), "ok");

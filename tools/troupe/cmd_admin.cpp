@@ -44,7 +44,8 @@ struct admin_flags {
   std::string action;
   uint64_t id = 0;
   uint64_t instance = 0;
-  std::string key, value;  // set
+  std::string key, value;                // set
+  int32_t from = 0, to = 0, layers = 0;  // layers
   const std::string* server = nullptr;
   const bool* json = nullptr;
 };
@@ -62,6 +63,12 @@ int run_admin(admin_flags& f) {
   if (f.action == "migrate" || f.action == "drain" || f.action == "kill" || f.action == "role")
     args["instance"] = f.instance;
   if (f.action == "role") args["role"] = f.value;
+  if (f.action == "layers") {
+    args["instance"] = f.instance;
+    args["from"] = f.from;
+    args["to"] = f.to;
+    args["layers"] = f.layers;
+  }
   if (!link.connect()) {
     std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
     return 1;
@@ -154,6 +161,28 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
         ->check(CLI::IsMember({"prefill", "decode", "mixed"}));
     sub->callback([f] {
       f->action = "role";
+      int rc = run_admin(*f);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
+  {
+    auto* sub = cmd->add_subcommand(
+        "layers",
+        "move layers, weights and KV, between two neighbouring stages of an instance's pipelined "
+        "device (engine.pipeline_parallel), between two steps; exits 0 once moved");
+    sub->fallthrough();
+    sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
+    sub->add_option("from", f->from, "the stage that gives layers (0 is the first)")
+        ->required()
+        ->check(CLI::Range(0, 65535));
+    sub->add_option("to", f->to, "its neighbour that takes them (from - 1 or from + 1)")
+        ->required()
+        ->check(CLI::Range(0, 65535));
+    sub->add_option("layers", f->layers, "how many layers move")
+        ->required()
+        ->check(CLI::Range(1, 65535));
+    sub->callback([f] {
+      f->action = "layers";
       int rc = run_admin(*f);
       if (rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -41,6 +41,9 @@ struct sim_flags : load_flags {
   std::string kv_tier_eviction = "lru";
   bool kv_pull = false;
   double router_staleness_ms = 0;
+  sim_pipeline_config pipeline;
+  bool layer_migration = false;
+  double move_ms_per_layer = 250;
 };
 
 sim_config make_config(const sim_flags& f) {
@@ -78,6 +81,9 @@ sim_config make_config(const sim_flags& f) {
   c.kv_host_bytes = uint64_t(f.kv_host_mb * 1024 * 1024);
   c.kv_disk_bytes = uint64_t(f.kv_disk_mb * 1024 * 1024);
   c.tier_policy = *parse_tier_eviction(f.kv_tier_eviction);
+  c.pipeline = f.pipeline;
+  c.pipeline.migration = f.layer_migration;
+  c.pipeline.migration_opts.move_cost_s = f.move_ms_per_layer / 1000;
   c.kv_pull = f.kv_pull;
   c.router_staleness_s = f.router_staleness_ms / 1000;
   if ((c.kv_host_bytes > 0 || c.kv_disk_bytes > 0) && !c.prefix_caching)
@@ -170,6 +176,10 @@ nlohmann::json stats_json(const sim_stats& s) {
           {"pulled_tokens", s.pulled_tokens},
           {"spilled_pages", s.spilled_pages},
           {"kv_check", s.kv_check},
+          {"devices", s.devices},
+          {"layer_moves", s.layer_moves},
+          {"layers_moved", s.layers_moved},
+          {"move_pause_ms", s.move_pause_ms},
           {"wall_s", s.wall_s}};
 }
 
@@ -187,6 +197,16 @@ nlohmann::json sim_config_json(const sim_flags& f, const sim_config& c, size_t p
                  {"max_seqs", f.max_seqs},
                  {"chunk_size", f.chunk_size}};
   j["cost_model"] = c.cost.to_json();
+  if (c.pipeline.stages > 1)
+    j["pipeline"] = {{"stages", c.pipeline.stages},
+                     {"layers", c.pipeline.layers},
+                     {"classifier_layers", c.pipeline.classifier_layers},
+                     {"layer_migration", c.pipeline.migration},
+                     {"rebalance", c.pipeline.migration_opts.threshold},
+                     {"move_ms_per_layer", f.move_ms_per_layer},
+                     {"load_skew", c.pipeline.load_skew},
+                     {"loaded_share", c.pipeline.loaded_share},
+                     {"load_shift_s", c.pipeline.load_shift_s}};
   return j;
 }
 
@@ -207,6 +227,10 @@ void print_stats(const sim_stats& s) {
         static_cast<unsigned long long>(s.spilled_pages));
   }
   if (!s.kv_check.empty()) std::printf("KV page accounting: %s\n", s.kv_check.c_str());
+  if (s.devices > 0 && (s.layer_moves > 0 || s.move_pause_ms > 0 || s.steps > 0))
+    std::printf("devices: %d; layer moves %llu (%llu layers), instances paused %.0f ms for them\n",
+                s.devices, static_cast<unsigned long long>(s.layer_moves),
+                static_cast<unsigned long long>(s.layers_moved), s.move_pause_ms);
   for (size_t i = 0; i < s.flip_log.size() && i < 5; ++i)
     std::printf("  flip %s\n", s.flip_log[i].c_str());
   if (s.scale_ups + s.scale_downs > 0 || s.instance_seconds > 0)
@@ -364,6 +388,42 @@ void add_bench_sim(CLI::App& bench) {
                   "a started instance serves after this long (its model loads)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--pipeline-stages", f->pipeline.stages,
+                  "pipelined instances: each instance's layers over this many devices of its own "
+                  "(1: one device each)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--model-layers", f->pipeline.layers, "pipelined instances: the model's layers")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  cmd->add_option("--classifier-layers", f->pipeline.classifier_layers,
+                  "pipelined instances: the classifier's work on the last stage, in layers")
+      ->check(CLI::Range(0.0, 100000.0))
+      ->capture_default_str();
+  cmd->add_flag("--layer-migration", f->layer_migration,
+                "pipelined instances: move layers between stages by the pipeline's own rule "
+                "(BanaServe's layer migration) at every window");
+  cmd->add_option("--pipeline-rebalance", f->pipeline.migration_opts.threshold,
+                  "the busiest stage's excess over the mean that moves layers")
+      ->check(CLI::Range(0.0, 10.0))
+      ->capture_default_str();
+  cmd->add_option("--move-ms-per-layer", f->move_ms_per_layer,
+                  "an instance's pause for each layer moved (troupe measured 250 ms a layer for "
+                  "SmolLM2 with a full arena: docs/pipeline.md)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--load-skew", f->pipeline.load_skew,
+                  "pipelined instances: a loaded device runs this many times slower (co-tenants; "
+                  "1: no skew)")
+      ->check(CLI::Range(1.0, 100.0))
+      ->capture_default_str();
+  cmd->add_option("--loaded-share", f->pipeline.loaded_share, "the share of devices loaded")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--load-shift-s", f->pipeline.load_shift_s,
+                  "which devices are loaded changes every this many seconds")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
   cmd->add_option("--diurnal-period-s", f->diurnal_period_s,
                   "arrivals at a rate that follows a day of this length: --request-rate at the "
                   "peak, --diurnal-trough of it at the trough")

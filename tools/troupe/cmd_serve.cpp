@@ -161,7 +161,11 @@ int run_serve(settings_flags& flags, const std::string& config) {
     throw std::invalid_argument(
         "service.local_instances: 0 and no nodes (--nodes, [[cluster.node]], --registry): no "
         "instance would serve");
-  std::unique_ptr<actor_env> envp = nodes.empty() && !use_registry
+  // Pipeline stages on troupe nodes (engine.pipeline_nodes) speak the
+  // cluster's TLS too.
+  const bool remote_stages = std::any_of(e.pipeline_nodes.begin(), e.pipeline_nodes.end(),
+                                         [](const std::string& place) { return place != "local"; });
+  std::unique_ptr<actor_env> envp = nodes.empty() && !use_registry && !remote_stages
                                         ? std::make_unique<actor_env>()
                                         : std::make_unique<actor_env>(load_cluster_secret(cl), cl);
   actor_env& env = *envp;
@@ -213,6 +217,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
     ri.id = static_cast<uint64_t>(i + 1);
     ri.actor = h.hosted.actor;
     ri.store = tiers;
+    ri.device = h.device;
     registry.push_back(std::move(ri));
   }
   router_options ro;

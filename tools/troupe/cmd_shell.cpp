@@ -148,7 +148,8 @@ class shell {
     if ((cmd == "trace" || cmd == "cancel" || cmd == "preempt" || cmd == "migrate") && index == 1)
       return ids("requests", "id");
     if ((cmd == "migrate" && index == 2) ||
-        ((cmd == "drain" || cmd == "kill" || cmd == "kv" || cmd == "role") && index == 1))
+        ((cmd == "drain" || cmd == "kill" || cmd == "kv" || cmd == "role" || cmd == "layers") &&
+         index == 1))
       return ids("instances", "id");
     if (cmd == "role" && index == 2) return {"prefill", "decode", "mixed"};
     if (cmd == "set" && index == 1) {
@@ -244,6 +245,18 @@ class shell {
           if (l.args.size() < 2 || !parse_role(l.args[1]))
             throw failure{"role: give prefill, decode or mixed (" + self->usage_of("role") + ")"};
           self->control(l, "role", {{"instance", id}, {"role", l.args[1]}});
+        });
+    add("layers", "layers INSTANCE FROM TO N",
+        "move N layers, weights and KV, from stage FROM of an instance's pipelined device to its "
+        "neighbour TO, between two steps (engine.pipeline_parallel); returns once moved",
+        [self](const command_line& l) {
+          const uint64_t id = self->id_arg(l, 0, "an instance id");
+          uint64_t from = 0, to = 0, n = 0;
+          if (l.args.size() < 4 || !parse_id(l.args[1], from) || !parse_id(l.args[2], to) ||
+              !parse_id(l.args[3], n))
+            throw failure{"layers: give the instance, two neighbouring stages and a count (" +
+                          self->usage_of("layers") + ")"};
+          self->control(l, "layers", {{"instance", id}, {"from", from}, {"to", to}, {"layers", n}});
         });
     add("spawn", "spawn NODE [N]",
         "start N more instances (default 1) on a node, like the ones the service has there",

@@ -78,10 +78,12 @@ std::vector<node_entry> parse_node_entries(const std::string& path, const toml::
       if (sk->alias())
         std::fprintf(stderr, "troupe: config %s: cluster.node: %s is deprecated; use %s\n",
                      path.c_str(), key.c_str(), sk->deprecated_for.c_str());
-      auto text = scalar_text(v);
-      if (!text) throw bad(key + ": not a value");
-      if (auto why = sk->set(scratch, *text); !why.empty()) throw bad(key + ": " + why);
-      e.overrides.emplace_back(sk, *text);
+      // A list key takes a TOML array (its items joined as the flag's
+      // comma-separated form) or one value.
+      std::string text;
+      for (const auto& item : file_values(path, *sk, v)) text += (text.empty() ? "" : ",") + item;
+      if (auto why = sk->set(scratch, text); !why.empty()) throw bad(key + ": " + why);
+      e.overrides.emplace_back(sk, text);
     }
     if (e.address.empty()) throw bad("a [[cluster.node]] needs an address");
     out.push_back(std::move(e));

@@ -1,0 +1,53 @@
+#include "actors/remote_stage.hpp"
+
+#include <caf/io/middleman_actor.hpp>
+#include <caf/openssl/manager.hpp>
+
+#include <chrono>
+#include <set>
+#include <stdexcept>
+
+#include "runtime/config/settings.hpp"
+
+namespace troupe {
+
+device_actor spawn_remote_stage(caf::actor_system& sys, const std::string& address,
+                                const stage_spec& spec) {
+  const std::string what = "pipeline stage of layers " + std::to_string(spec.layer_first) + ".." +
+                           std::to_string(spec.layer_end - 1) + " on node " + address;
+  if (auto why = check_node_address(address); !why.empty())
+    throw std::runtime_error(what + ": " + why);
+  // Nodes speak only the cluster's TLS (net/cluster_tls.hpp): a process
+  // without the secret cannot reach one.
+  if (!sys.has_openssl_manager())
+    throw std::runtime_error(what +
+                             ": stages on troupe nodes need the cluster's secret "
+                             "(cluster.secret_file), and this process has none");
+  const auto colon = address.rfind(':');
+  const std::string host = address.substr(0, colon);
+  const auto port = static_cast<uint16_t>(std::stoi(address.substr(colon + 1)));
+  caf::scoped_actor self{sys};
+  std::string error;
+  node_actor node;
+  self->request(sys.openssl_manager().actor_handle(), std::chrono::seconds(10),
+                caf::connect_atom::value, host, port)
+      .receive(
+          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+            if (ptr)
+              node = caf::actor_cast<node_actor>(ptr);
+            else
+              error = "it publishes no node actor at that port";
+          },
+          [&](caf::error& e) { error = "cannot connect: " + sys.render(e); });
+  if (!error.empty()) throw std::runtime_error(what + ": " + error);
+  device_actor stage;
+  // Loading a stage reads its layers from the node's disk: minutes at most.
+  self->request(node, std::chrono::minutes(10), spawn_stage_atom::value, spec)
+      .receive([&](device_actor& d) { stage = std::move(d); },
+               [&](caf::error& e) { error = sys.render(e); });
+  if (!error.empty()) throw std::runtime_error(what + ": " + error);
+  if (!stage) throw std::runtime_error(what + ": the node answered no stage");
+  return stage;
+}
+
+}  // namespace troupe

@@ -1,0 +1,65 @@
+#pragma once
+// Pipelined instances in the cluster simulator (issue 35): each instance's
+// layers split over `stages` devices of its own, each device slowed at
+// times by a load it does not control (co-tenants: a skewed load that
+// shifts from device to device), and, with migration, moved between
+// stages by the pipeline's own rule (runtime/device/layer_migration
+// plan_layer_move) at every window, each move pausing the instance.
+//
+// The cost of a step: the cost model gives one device's time for the
+// whole model (`whole_ms`); stage s takes the share of its layers (the
+// last stage also the classifier, `classifier_layers` layers' worth),
+// times its device's slowdown now.  The step's sequences go through as
+// `stages` micro-batches (the pipeline's), so the step lasts
+//   sum_s stage_s / M + (M - 1) * max_s stage_s / M,     M = stages,
+// the first micro-batch crossing every stage and the others following at
+// the slowest stage's pace.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "runtime/device/layer_migration.hpp"
+
+namespace troupe {
+
+struct sim_pipeline_config {
+  int32_t stages = 1;  // 1: instances are not pipelined
+  int32_t layers = 30;
+  double classifier_layers = 8;
+  bool migration = false;
+  layer_migration_options migration_opts;
+  // The skewed, shifting load: a `loaded_share` of the devices runs
+  // `load_skew` times slower; which ones changes every `load_shift_s`.
+  double load_skew = 1;
+  double loaded_share = 0.25;
+  double load_shift_s = 60;
+};
+
+struct sim_pipeline {
+  std::vector<int32_t> layers;  // per stage
+  std::vector<double> busy_s;   // per stage, over the window
+  double pause_ms = 0;          // a move's pause, charged to the next step
+  uint64_t moves = 0, layers_moved = 0;
+  double paused_ms = 0;  // all moves' pauses
+};
+
+// Stages with equal shares of the layers (the pipeline's stage_layers);
+// throws std::invalid_argument for fewer layers than stages.
+sim_pipeline make_sim_pipeline(const sim_pipeline_config& c);
+
+// How many times slower device `device` runs at time `t` (1 or load_skew).
+double device_slowdown(const sim_pipeline_config& c, uint64_t device, double t);
+
+// One step of an instance whose devices are first_device.. first_device +
+// stages - 1: its time in ms, the stages' busy times added, a pending
+// move's pause charged.
+double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t first_device,
+                        double whole_ms, double t);
+
+// The end of a window: with migration, the move plan_layer_move finds on
+// the window's busy times, applied (its pause charged to the next step);
+// the busy times start again.
+std::optional<layer_move> pipeline_window(sim_pipeline& p, const sim_pipeline_config& c,
+                                          double window_s);
+
+}  // namespace troupe

@@ -1,0 +1,121 @@
+// Pipelined instances in the simulator (sim/sim_pipeline, issue 35): the
+// step cost of a pipeline of micro-batches, the skewed, shifting load, and
+// layer migration by the pipeline's own rule; then whole simulations of
+// pipelined instances with migration on and off.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "sim/cluster_sim.hpp"
+#include "sim/sim_pipeline.hpp"
+
+namespace troupe {
+namespace {
+
+TEST(SimPipeline, AStepCostsTheStagesSharesThroughMicroBatches) {
+  sim_pipeline_config c;
+  c.stages = 2;
+  c.layers = 30;
+  c.classifier_layers = 0;
+  auto p = make_sim_pipeline(c);
+  EXPECT_EQ(p.layers, (std::vector<int32_t>{15, 15}));
+  // Two equal stages of 50 ms, two micro-batches: 50 / 2 + 50 / 2 + 50 / 2.
+  EXPECT_NEAR(pipeline_step_ms(p, c, 0, 100, 0), 75, 1e-9);
+  EXPECT_NEAR(p.busy_s[0], 0.05, 1e-12);
+  c.classifier_layers = 10;  // the last stage: 25 of 40 layers' worth
+  EXPECT_NEAR(pipeline_step_ms(p, c, 0, 100, 0), (37.5 + 62.5) / 2 + 62.5 / 2, 1e-9);
+  c.stages = 31;
+  EXPECT_THROW(make_sim_pipeline(c), std::invalid_argument);
+}
+
+TEST(SimPipeline, TheLoadIsSkewedOverTheDevicesAndShifts) {
+  sim_pipeline_config c;
+  c.load_skew = 3;
+  c.loaded_share = 0.25;
+  c.load_shift_s = 10;
+  int loaded = 0, changed = 0;
+  for (uint64_t d = 0; d < 4000; ++d) {
+    const double now = device_slowdown(c, d, 5), later = device_slowdown(c, d, 15);
+    EXPECT_TRUE(now == 1 || now == 3);
+    EXPECT_EQ(now, device_slowdown(c, d, 9.9));  // the same within a phase
+    loaded += now == 3;
+    changed += now != later;
+  }
+  EXPECT_NEAR(loaded / 4000.0, 0.25, 0.03);
+  EXPECT_GT(changed, 1000);  // a new phase loads other devices
+  c.load_skew = 1;
+  EXPECT_EQ(device_slowdown(c, 7, 5), 1);
+}
+
+TEST(SimPipeline, MigrationMovesLayersOffTheSlowStageAndPaysAPause) {
+  sim_pipeline_config c;
+  c.stages = 2;
+  c.layers = 30;
+  c.classifier_layers = 8;
+  c.migration = true;
+  c.migration_opts.move_cost_s = 0.25;
+  auto p = make_sim_pipeline(c);
+  const double before = pipeline_step_ms(p, c, 0, 100, 0);
+  for (int i = 0; i < 99; ++i) pipeline_step_ms(p, c, 0, 100, 0);
+  const auto m = pipeline_window(p, c, 1);
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->from, 1);
+  EXPECT_EQ(m->to, 0);
+  EXPECT_EQ(p.layers[0] + p.layers[1], 30);
+  EXPECT_EQ(p.layers[0], 15 + m->layers);
+  // The next step pays the pause; the ones after are faster than before.
+  EXPECT_NEAR(pipeline_step_ms(p, c, 0, 100, 0) - pipeline_step_ms(p, c, 0, 100, 0),
+              250.0 * m->layers, 1e-6);
+  EXPECT_LT(pipeline_step_ms(p, c, 0, 100, 0), before);
+  // Off: nothing moves.
+  c.migration = false;
+  auto q = make_sim_pipeline(c);
+  for (int i = 0; i < 100; ++i) pipeline_step_ms(q, c, 0, 100, 0);
+  EXPECT_FALSE(pipeline_window(q, c, 1));
+  EXPECT_EQ(q.layers, (std::vector<int32_t>{15, 15}));
+}
+
+sim_config pipelined_config(bool migration) {
+  sim_config cfg;
+  cfg.instances = 8;
+  cfg.cost.c0 = 2;
+  cfg.cost.c_prefill = 0.05;
+  cfg.cost.c_decode = 0.3;
+  cfg.cost.kv_pages = 4096;
+  cfg.limits = {256, 32, 128, 16};
+  cfg.pipeline.stages = 4;  // 32 devices
+  cfg.pipeline.layers = 30;
+  cfg.pipeline.classifier_layers = 8;
+  cfg.pipeline.load_skew = 3;
+  cfg.pipeline.load_shift_s = 20;
+  cfg.pipeline.migration = migration;
+  cfg.pipeline.migration_opts.move_cost_s = 0.05;
+  return cfg;
+}
+
+TEST(SimPipeline, PipelinedClustersFinishEveryRequestWithAndWithoutMigration) {
+  std::vector<sim_request> reqs;
+  for (int i = 0; i < 600; ++i) {
+    sim_request r;
+    r.arrival = i * 0.1;
+    r.prompt = 64 + (i % 7) * 16;
+    r.output = 32 + (i % 5) * 8;
+    reqs.push_back(r);
+  }
+  const auto off = simulate(pipelined_config(false), reqs);
+  const auto on = simulate(pipelined_config(true), reqs);
+  for (const auto* r : {&off, &on}) {
+    EXPECT_EQ(r->stats.devices, 32);
+    for (const auto& rec : r->records) EXPECT_TRUE(rec.success) << rec.error_message;
+  }
+  EXPECT_EQ(off.stats.layer_moves, 0u);
+  EXPECT_GT(on.stats.layer_moves, 0u);
+  EXPECT_GT(on.stats.move_pause_ms, 0);
+  // Not pipelined with --pd or --autoscale (yet): refused by name.
+  auto bad = pipelined_config(true);
+  bad.pd = true;
+  EXPECT_THROW(simulate(bad, reqs), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
