@@ -79,8 +79,10 @@ struct pipeline_state {
   // to skip before planning again: doubling with each failure in a row.
   int move_failures = 0;
   int skip_windows = 0;
-  // A move asked for by hand (admin movelayers): answered once it is done.
+  // A move asked for by hand (admin movelayers): answered once it is done;
+  // one asked while another move runs waits for it.
   std::optional<caf::typed_response_promise<std::string>> move_reply;
+  std::optional<std::pair<layer_move, caf::typed_response_promise<std::string>>> queued_move;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
   bool blocked = false;  // a page operation runs
@@ -415,6 +417,39 @@ device_actor spawn_stage(caf::actor_system& sys, const std::shared_ptr<const mod
   return spawn_remote_stage(sys, place, spec);
 }
 
+// Why a move asked for by hand cannot run on the stages as they are (empty:
+// it can).
+std::string check_manual_move(const pipeline_state& st, const layer_move& m) {
+  const int32_t n = static_cast<int32_t>(st.stages.size());
+  if (m.from < 0 || m.from >= n || m.to < 0 || m.to >= n ||
+      (m.to != m.from - 1 && m.to != m.from + 1))
+    return "stages " + std::to_string(m.from) + " and " + std::to_string(m.to) +
+           " are not neighbours among the " + std::to_string(n) + " stages (0.." +
+           std::to_string(n - 1) + ")";
+  const auto& o = st.stage_opts[static_cast<size_t>(m.from)];
+  const int32_t have = o.layer_end - o.layer_first;
+  if (m.layers < 1 || m.layers >= have)
+    return "stage " + std::to_string(m.from) + " holds " + std::to_string(have) +
+           " layers: it can give 1 to " + std::to_string(have - 1) + ", not " +
+           std::to_string(m.layers);
+  return {};
+}
+
+// A move asked for by hand while another ran: it starts now, checked
+// against the stages as that move left them.
+void start_queued_move(self_ptr self) {
+  auto& st = self->state;
+  if (st.moving || !st.queued_move) return;
+  auto [m, rp] = std::move(*st.queued_move);
+  st.queued_move.reset();
+  if (auto why = check_manual_move(st, m); !why.empty()) {
+    rp.deliver(caf::make_error(caf::sec::invalid_argument, "movelayers: " + why));
+    return;
+  }
+  st.move_reply = rp;
+  start_move(self, m);
+}
+
 // The answer to a move asked for by hand, if one was.
 void answer_move(pipeline_state& st, const std::string& what, bool ok) {
   if (!st.move_reply) return;
@@ -519,6 +554,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
   st.moving = false;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
+  start_queued_move(self);
 }
 
 // Phase one of move `m`: the new pair loads beside the old one, where the
@@ -579,6 +615,7 @@ void check_prepared(self_ptr self) {
     st.moving = false;
     move_failed(st);
     answer_move(st, std::string("the new stages did not load: ") + e.what(), false);
+    start_queued_move(self);
   }
 }
 
@@ -706,23 +743,21 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
       [self](move_layers_atom, int32_t from, int32_t to,
              int32_t layers) -> caf::result<std::string> {
         auto& st = self->state;
-        const int32_t n = static_cast<int32_t>(st.stages.size());
-        auto refuse = [](const std::string& why) {
+        const layer_move m{from, to, layers, 0.0};
+        if (auto why = check_manual_move(st, m); !why.empty())
           return caf::make_error(caf::sec::invalid_argument, "movelayers: " + why);
-        };
-        if (from < 0 || from >= n || to < 0 || to >= n || (to != from - 1 && to != from + 1))
-          return refuse("stages " + std::to_string(from) + " and " + std::to_string(to) +
-                        " are not neighbours among the " + std::to_string(n) + " stages (0.." +
-                        std::to_string(n - 1) + ")");
-        const int32_t have = st.stage_opts[from].layer_end - st.stage_opts[from].layer_first;
-        if (layers < 1 || layers >= have)
-          return refuse("stage " + std::to_string(from) + " holds " + std::to_string(have) +
-                        " layers: it can give 1 to " + std::to_string(have - 1) + ", not " +
-                        std::to_string(layers));
-        if (st.moving) return refuse("a move is under way; ask again once it is done");
+        if (st.queued_move || st.move_reply)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "movelayers: a move asked for by hand is under way; ask again "
+                                 "once it is done");
         auto rp = self->make_response_promise<std::string>();
+        if (st.moving) {
+          // The pipeline's own move runs: this one follows it.
+          st.queued_move.emplace(m, rp);
+          return rp;
+        }
         st.move_reply = rp;
-        start_move(self, layer_move{from, to, layers, 0.0});
+        start_move(self, m);
         return rp;
       },
       [no_experts](expert_stats_atom) -> caf::result<expert_stats> {

@@ -8,6 +8,7 @@
 #include "runtime/common/elapsed.hpp"
 #include "runtime/config/settings.hpp"
 #include "runtime/service/rebalance.hpp"
+#include "runtime/service/ttft_predictor.hpp"
 
 namespace troupe {
 
@@ -22,13 +23,15 @@ struct router_state {
   router_state() = default;
   router_options opts;
   std::vector<router_instance> instances;
-  std::map<uint64_t, instance_stats> last;  // by instance id
+  std::map<uint64_t, instance_stats> last;                            // by instance id
+  std::map<uint64_t, std::chrono::steady_clock::time_point> last_at;  // when each came
   // A draining instance's sequences of this service (a shared instance
   // holds other services' too): its last answer to relocate, by id.
   std::map<uint64_t, int32_t> own_left;
   std::vector<drain_wait> drains;
   placement_cursor cursor;
   prefill_model model;                   // step time by rows, from every instance's steps
+  ttft_model ttft;                       // the TTFT predictor's step model, from every step
   std::map<uint64_t, uint64_t> modeled;  // instance id -> the last step fed to `model`
   std::map<std::pair<std::string, int32_t>, uint64_t> slot_ids;  // (node, slot) -> id
   uint64_t next_id = 1;
@@ -88,6 +91,10 @@ pd_load load_of(const router_state& st, const router_instance& i) {
     l.running_tokens = s.running_tokens;
     l.total_pages = s.kv.total;
     l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
+    if (auto at = st.last_at.find(i.id); at != st.last_at.end())
+      l.age_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - at->second)
+              .count();
   }
   if (auto it = st.windows.find(i.id); it != st.windows.end()) {
     l.token_interval_ms = it->second.token_interval_ms;
@@ -237,6 +244,9 @@ void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& 
       // prefill rows (decode rows beside them only add their delay, which
       // a prefill placed there meets too).
       if (t.rows > t.decode_rows) st.model.observe(t.rows - t.decode_rows, t.ms);
+      // The TTFT predictor learns from every step, decode-only ones too
+      // (they price the decode rows that share a mixed instance's steps).
+      st.ttft.steps.observe(t.rows - t.decode_rows, t.decode_rows, t.context, t.ms);
       fresh.push_back(t);
     }
   seen = steps.back().step;
@@ -377,6 +387,7 @@ void poll(self_ptr self) {
               if (!find(st, id)) return;  // forgotten (its node left) since the poll
               learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
+              st.last_at[id] = std::chrono::steady_clock::now();
               // An X->Y instance whose X work is done is promoted to Y.
               if (auto* i = find(st, id)) {
                 const pd_load l = load_of(st, *i);
@@ -396,6 +407,8 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                     opts](self_ptr self) mutable -> router_actor::behavior_type {
     auto& st = self->state;
     st.opts = opts;
+    st.ttft.step_rows = opts.max_batch_tokens;
+    st.ttft.chunk_rows = opts.chunk_size;
     st.instances = std::move(instances);
     for (auto& i : st.instances) {
       self->monitor(i.actor);
@@ -476,7 +489,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           placement_reply r;
           const auto page_hashes = hashes;
           if (st.opts.pd) {
-            auto c = place_prefill(prompt_tokens, pd_loads(st), st.model,
+            auto c = place_prefill(prompt_tokens, pd_loads(st), st.ttft,
                                    {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
             if (st.opts.monitor) self->send(st.opts.monitor, placed_atom::value, c.meets_target);
             if (c.instance == 0)
@@ -498,9 +511,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                                 i->actor,
                                 p.why,
                                 false,
-                                st.model.samples() > 0
-                                    ? predicted_ttft_ms(load_of(st, *i), prompt_tokens, st.model)
-                                    : 0.0,
+                                predict_ttft_ms(load_of(st, *i), prompt_tokens, st.ttft),
                                 {},
                                 {}};
           }

@@ -45,6 +45,10 @@ struct router_options {
   // instances' max_seqs (0: never).  Not with pd or a dp group.
   int32_t max_seqs = 0;
   std::chrono::milliseconds rebalance_every{1000};
+  // The instances' step limits (max_batch_tokens, chunk_size): the TTFT
+  // predictor's (runtime/service/ttft_predictor).
+  int32_t max_batch_tokens = 256;
+  int32_t chunk_size = 128;
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

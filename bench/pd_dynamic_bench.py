@@ -129,7 +129,7 @@ def main():
                     rate, j = sweep_highest(a, n, 0.1 if w == "bursty" else 1.0, extra)
                 s = (j or {}).get("sim", {})
                 row = {"instances": n, "workload": w, "config": c, "highest_rate": rate,
-                       "flips": s.get("flips", 0), "ttft_mape": s.get("ttft_mape"),
+                       "flips": s.get("flips", 0), "ttft_mape": s.get("ttft_prediction_mape"),
                        "ttft_p99_ms": (j or {}).get("ttft_ms", {}).get("p99")}
                 print(f"  -> {rate:.2f} req/s, {row['flips']} flips", flush=True)
                 out.append(row)

@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "runtime/service/service_monitor.hpp"
+#include "runtime/service/ttft_predictor.hpp"
 #include "sim/sim_store.hpp"
 
 namespace troupe {
@@ -51,6 +52,7 @@ struct sim_instance {
   double step_ms = 0;
   int32_t rows = 0;
   int32_t decode_rows = 0;
+  int64_t context = 0;  // the step's attention work
   // Autoscaling: placed on only while active and ready.
   bool active = true;
   double ready_at = 0;  // serves from then (a started instance loads first)
@@ -149,6 +151,8 @@ class simulation {
     for (size_t i = 0; i < reqs.size(); ++i) track_[i].keep_itl = int64_t(i) % every == 0;
     lim_ = cfg.limits;
     lim_.page_size = cfg.cost.page_size;
+    ttft_.step_rows = lim_.max_batch_tokens;
+    ttft_.chunk_rows = lim_.chunk_size;
   }
 
   sim_result run() {
@@ -380,8 +384,17 @@ class simulation {
     for (auto& l : out) {
       const auto& in = insts_[index_of(l.id)];
       l.pool = in.pool;
+      l.age_ms = (now_ - snapshot_at_) * 1000;
     }
     return out;
+  }
+
+  // Instance `id` as the router sees it (its snapshot when stale, with the
+  // placements counted since).
+  pd_load view_of(uint64_t id) {
+    for (const auto& l : router_loads())
+      if (l.id == id) return l;
+    return load_of(insts_[index_of(id)]);
   }
 
   uint32_t index_of(uint64_t id) const { return uint32_t(id - 1); }
@@ -447,19 +460,17 @@ class simulation {
       auto p = place(cfg_.mixed_policy, pr, snaps, cursor_, model_, cfg_.targets.ttft_ms);
       target = p.instance;
       predicted = p.predicted_ttft_ms;
-      if (predicted == 0 && model_.samples() > 0)
-        predicted = predicted_ttft_ms(load_of(insts_[index_of(target)]), r.prompt, model_);
+      if (predicted == 0) predicted = predict_ttft_ms(view_of(target), r.prompt, ttft_);
     } else {
       auto ls = router_loads();
       if (cfg_.pd_placement == "slo") {
-        auto c = place_prefill(r.prompt, ls, model_, cfg_.targets);
+        auto c = place_prefill(r.prompt, ls, ttft_, cfg_.targets);
         mon_.placed(c.meets_target);
         target = c.instance;
         predicted = c.predicted_ttft_ms;
       } else {
         target = pick(ls, true);
-        if (model_.samples() > 0)
-          predicted = predicted_ttft_ms(load_of(insts_[index_of(target)]), r.prompt, model_);
+        predicted = predict_ttft_ms(view_of(target), r.prompt, ttft_);
       }
       if (target != 0) prefill_only = !takes_decode(insts_[index_of(target)].pool);
     }
@@ -472,7 +483,7 @@ class simulation {
       follow_up(i);
       return;
     }
-    track_[i].predicted_ttft_ms = model_.samples() > 0 ? predicted : 0;
+    track_[i].predicted_ttft_ms = ttft_.steps.samples() > 0 ? predicted : 0;
     sim_seq s;
     s.id = i + 1;
     s.total = r.prompt;
@@ -735,6 +746,7 @@ class simulation {
       }
       in.busy = true;
       in.rows = rows;
+      in.context = context;
       in.step_ms = cfg_.cost.step_ms(rows, decode_rows, context);
       if (!pipes_.empty()) {
         const size_t i = index_of(in.id);
@@ -764,6 +776,7 @@ class simulation {
     ++res_.stats.steps;
     if (in.rows > in.decode_rows)
       model_.observe(in.rows - in.decode_rows, in.step_ms);  // as the router does
+    ttft_.steps.observe(in.rows - in.decode_rows, in.decode_rows, in.context, in.step_ms);
     mon_.step(in.id, in.rows, in.decode_rows, in.step_ms, now_);
     for (size_t k = 0; k < in.chunks.size(); ++k) {
       const auto& c = in.chunks[k];
@@ -923,6 +936,7 @@ class simulation {
   size_t finished_ = 0;
   service_monitor mon_;
   prefill_model model_;
+  ttft_model ttft_;  // the TTFT predictor, learning from every step as the router's does
   placement_cursor cursor_;
   flip_memory flips_;
   autoscale_memory scale_mem_;

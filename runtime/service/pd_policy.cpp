@@ -1,5 +1,7 @@
 #include "runtime/service/pd_policy.hpp"
 
+#include "runtime/service/ttft_predictor.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
@@ -107,14 +109,8 @@ pd_pool settle(pd_pool p, const pd_load& l) {
   return p;
 }
 
-double predicted_ttft_ms(const pd_load& l, int32_t prompt_tokens, const prefill_model& m) {
-  double ms = m.predict_ms(prompt_tokens);
-  for (int32_t q : l.queued_prefills) ms += m.predict_ms(q);
-  return ms;
-}
-
 prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& loads,
-                             const prefill_model& m, const pd_targets& t) {
+                             const ttft_model& m, const pd_targets& t) {
   prefill_choice best_overall;
   double best_overall_ms = std::numeric_limits<double>::infinity();
   auto meets = [&](double ms) { return t.ttft_ms <= 0 || ms <= t.ttft_ms; };
@@ -129,7 +125,7 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
     for (const auto& l : loads) {
       if (!l.serving || !takes_prefill(l.pool)) continue;
       if ((l.pool == pd_pool::decode_to_prefill) != flipping) continue;
-      const double ms = predicted_ttft_ms(l, prompt_tokens, m);
+      const double ms = predict_ttft_ms(l, prompt_tokens, m);
       if (ms < best_overall_ms) {
         best_overall_ms = ms;
         best_overall = {l.id, ms, false, ""};
@@ -153,7 +149,7 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
     double any_ms = 0;
     for (const auto& l : loads) {
       if (!l.serving) continue;
-      const double ms = predicted_ttft_ms(l, prompt_tokens, m);
+      const double ms = predict_ttft_ms(l, prompt_tokens, m);
       if (!any || ms < any_ms) {
         any = &l;
         any_ms = ms;

@@ -56,6 +56,9 @@ struct pd_load {
   double token_interval_ms = 0;  // mean decode step time of the last window (0: none seen)
   double busy = 0;               // share of the last window its device computed
   double tpot_ms = 0;  // mean TPOT of the requests that finished there in the last window (0: none)
+  // How old this view is (the router polls): the instance has worked
+  // through this much of the queue shown since (the TTFT predictor).
+  double age_ms = 0;
 
   int64_t queued_prefill_tokens() const;
   int64_t tokens_in_process() const { return queued_prefill_tokens() + running_tokens; }
@@ -95,9 +98,8 @@ struct pd_config {
   bool unmix = true;  // via M: mixed instances whose requests miss TPOT turn P
 };
 
-// TTFT predicted on `l` for a prompt: its queued prefill work plus this
-// prompt's, each from the prefill-time model.
-double predicted_ttft_ms(const pd_load& l, int32_t prompt_tokens, const prefill_model& m);
+// The TTFT predictor (runtime/service/ttft_predictor.hpp).
+struct ttft_model;
 
 struct prefill_choice {
   uint64_t instance = 0;  // 0: no instance takes prefill
@@ -113,7 +115,7 @@ struct prefill_choice {
 // serving, any serving instance (it will decode there too); 0 when none
 // serves.
 prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& loads,
-                             const prefill_model& m, const pd_targets& t);
+                             const ttft_model& m, const pd_targets& t);
 
 struct decode_choice {
   uint64_t instance = 0;

@@ -53,6 +53,12 @@
 // Some rounds serve a mixture-of-experts fixture instead (its experts on two
 // sub-devices, the expert controller swapping them under load).
 //
+// Some dense-model rounds pipeline each instance's layers over 2 or 3
+// stages (issue 35); layers move between stages by hand mid-round
+// (troupe shell layers); in some node rounds the first node's last stage
+// runs on a third node, which may be the one killed (the first node's
+// instance ends with its pipeline, its requests recover on the second).
+//
 //   troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE] [--no-moe]
 #include <signal.h>
 #include <sys/socket.h>
@@ -135,11 +141,12 @@ struct tally {
            dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
            overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
-           layer_moves = 0, layer_moves_refused = 0, overlapped_steps = 0, hostile_admin = 0,
-           hostile_http = 0, starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0,
-           tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0,
-           tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0,
-           registry_removes = 0, second_services = 0, cluster_views = 0, violations = 0;
+           layer_moves = 0, layer_moves_refused = 0, stage_node_kills = 0, overlapped_steps = 0,
+           hostile_admin = 0, hostile_http = 0, starve_http = 0, tier_rounds = 0,
+           disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0,
+           pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0,
+           registry_joins = 0, registry_removes = 0, second_services = 0, cluster_views = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -267,14 +274,34 @@ class round_driver {
                             : "--nodes " + nodes_[0]->address() + "," + nodes_[1]->address() +
                                   " --cluster-secret-file " + secret_->path();
     if (etcd_) where = "--registry " + etcd_->url() + " --cluster-secret-file " + secret_->path();
-    if (pull_round_) {
-      ++t_.pull_rounds;
+    // Issue 35: some rounds split a dense model's layers into stages
+    // (pipeline parallelism), every step's sequences through them in
+    // micro-batches; outputs must not change, kills and migrations as ever.
+    // Some node rounds run the first node's last stage on a third node
+    // (engine.pipeline_nodes in its [[cluster.node]] table): hidden states
+    // and KV parts cross nodes, and that node may be killed.
+    std::string pipeline;
+    if (ref_->what != model_reference::kind::moe && chance(0.25)) {
+      stages_ = one_of<int>({2, 3});
+      pipeline = " --pipeline-parallel " + std::to_string(stages_);
+      ++t_.pipeline_parallel_rounds;
+      if (!nodes_.empty() && !etcd_ && chance(0.5)) {
+        stage_node_ = std::make_unique<testing::node_process>(secret_->path());
+        ++t_.remote_stage_rounds;
+      }
+    }
+    if (pull_round_) ++t_.pull_rounds;
+    if (pull_round_ || stage_node_) {
       config_ = "/tmp/troupe_torture_nodes_" + std::to_string(::getpid()) + "_" +
                 std::to_string(t_.rounds) + ".toml";
-      std::ofstream(config_) << "[cluster]\nsecret_file = \"" << secret_->path()
-                             << "\"\n[[cluster.node]]\naddress = \"" << nodes_[0]->address()
-                             << "\"\ninstances = 1\nkv_host_mb = 0\n[[cluster.node]]\naddress = \""
-                             << nodes_[1]->address() << "\"\ninstances = 1\n";
+      std::ofstream cfg(config_);
+      cfg << "[cluster]\nsecret_file = \"" << secret_->path()
+          << "\"\n[[cluster.node]]\naddress = \"" << nodes_[0]->address() << "\"\ninstances = 1\n";
+      if (pull_round_) cfg << "kv_host_mb = 0\n";
+      if (stage_node_)
+        cfg << "pipeline_nodes = [" << (stages_ == 3 ? "\"local\", " : "") << "\"local\", \""
+            << stage_node_->address() << "\"]\n";
+      cfg << "[[cluster.node]]\naddress = \"" << nodes_[1]->address() << "\"\ninstances = 1\n";
       where = "-c " + config_;
     }
     http_port_ = testing::free_port();
@@ -290,7 +317,7 @@ class round_driver {
            " --max-batch-tokens " + std::to_string(one_of<int>({64, 128})) + " --max-queue " +
            std::to_string(one_of<int>({16, 64, 256})) + " --client-backlog " +
            std::to_string(one_of<int>({64, 10000})) + " --max-frame-bytes 65536 --grace-s 5" +
-           service_layer_args();
+           pipeline + service_layer_args();
   }
 
   // Issue 11: with two instances, some rounds disaggregate (prefill and
@@ -370,22 +397,6 @@ class round_driver {
     if (chance(0.25)) {
       a += " --queue-steps false";
       ++t_.unpipelined_rounds;
-    }
-    // Issue 35: some rounds split a dense model's layers into stages
-    // (pipeline parallelism), every step's sequences through them in
-    // micro-batches; outputs must not change, kills and migrations as ever.
-    if (ref_->what != model_reference::kind::moe && chance(0.25)) {
-      stages_ = one_of<int>({2, 3});
-      a += " --pipeline-parallel " + std::to_string(stages_);
-      ++t_.pipeline_parallel_rounds;
-      // Some node rounds run every pipeline's last stage on a third node
-      // (engine.pipeline_nodes): hidden states and KV parts cross nodes.
-      if (!nodes_.empty() && chance(0.5)) {
-        stage_node_ = std::make_unique<testing::node_process>(secret_->path());
-        a += " --pipeline-nodes " + std::string(stages_ == 3 ? "local,local," : "local,") +
-             stage_node_->address();
-        ++t_.remote_stage_rounds;
-      }
     }
     return a;
   }
@@ -674,8 +685,16 @@ class round_driver {
     } else if (roll == 96 && !nodes_.empty() && !killed_ && !drained_ && chance(0.1)) {
       // A node dies as a crash would; its requests recover on the other.
       killed_ = true;
-      killed_node_ = static_cast<int>(pick(2));
-      nodes_[killed_node_]->kill9();
+      if (stage_node_ && chance(0.5)) {
+        // The first node's last stage is lost: its pipeline and instance
+        // end with it, and their requests recover on the second node.
+        killed_node_ = 0;
+        stage_node_->kill9();
+        ++t_.stage_node_kills;
+      } else {
+        killed_node_ = static_cast<int>(pick(2));
+        nodes_[killed_node_]->kill9();
+      }
       ++t_.node_kills;
     } else if (roll == 95 && nodes_.empty() && instances_ > 1 && !killed_ && !drained_ &&
                chance(0.05)) {
@@ -1180,7 +1199,7 @@ class round_driver {
   std::string config_;                           // this round's cluster config (removed at settle)
   std::vector<std::unique_ptr<testing::node_process>> nodes_;  // node rounds: two
   int stages_ = 1;  // pipeline stages of each instance's device
-  // A node holding the last stage of every instance's pipeline (some
+  // A node holding the last stage of the first node's pipeline (some
   // pipelined node rounds); it hosts no instance of its own.
   std::unique_ptr<testing::node_process> stage_node_;
   uint64_t sockets_made_ = 0;
@@ -1290,6 +1309,7 @@ int run(const options& o) {
             {"remote_stage_rounds", t.remote_stage_rounds},
             {"layer_moves", t.layer_moves},
             {"layer_moves_refused", t.layer_moves_refused},
+            {"stage_node_kills", t.stage_node_kills},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
             {"role_flips_refused", t.role_flips_refused},

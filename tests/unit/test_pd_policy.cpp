@@ -6,6 +6,7 @@
 
 #include "runtime/service/pd_policy.hpp"
 #include "runtime/service/service_monitor.hpp"
+#include "runtime/service/ttft_predictor.hpp"
 
 namespace troupe {
 namespace {
@@ -23,10 +24,10 @@ pd_load inst(uint64_t id, pd_pool pool, std::vector<int32_t> queued = {}, int64_
   return l;
 }
 
-// t(L) = L ms: fitted from exact samples.
-prefill_model linear_model() {
-  prefill_model m;
-  for (int i = 0; i < 50; ++i) m.observe(10 + i * 7, 10 + i * 7);
+// A step of p prefill rows takes p ms: fitted from exact samples.
+ttft_model linear_model() {
+  ttft_model m;
+  for (int i = 0; i < 50; ++i) m.steps.observe(10 + i * 7, 0, 0, 10 + i * 7);
   return m;
 }
 
@@ -63,7 +64,9 @@ TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
   auto c = place_prefill(50, loads, m, {500, 0});
   EXPECT_EQ(c.instance, 2u);
   EXPECT_TRUE(c.meets_target);
-  EXPECT_NEAR(c.predicted_ttft_ms, 150, 1);
+  // Its 100 queued rows and the prompt's 50 in one step, after half of the
+  // step in flight (its 100 rows).
+  EXPECT_NEAR(c.predicted_ttft_ms, 200, 1);
   // No P instance meets 120 ms: the idle D->P one does.
   c = place_prefill(50, loads, m, {120, 0});
   EXPECT_EQ(c.instance, 3u);

@@ -239,8 +239,10 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ro.pd_cfg.kv_high = s.decode_kv_high;
   ro.window = std::chrono::milliseconds(s.window_ms);
   ro.roles = roles;
-  ro.page_size = e.page_size;  // every instance's, local or on a node
-  ro.max_seqs = e.max_seqs;    // rebalancing: queued requests of full instances move
+  ro.page_size = e.page_size;                // every instance's, local or on a node
+  ro.max_batch_tokens = e.max_batch_tokens;  // the TTFT predictor's step limits
+  ro.chunk_size = e.chunk_size;
+  ro.max_seqs = e.max_seqs;  // rebalancing: queued requests of full instances move
   auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
   ro.monitor = monitor;
   // The data-parallel group places requests for the router (issue 15).
