@@ -14,8 +14,10 @@
 
 #include "actors/device.hpp"
 #include "actors/remote_stage.hpp"
+#include "actors/stage_probe.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/device/layer_migration.hpp"
+#include "runtime/device/layer_placement.hpp"
 #include "runtime/engine/micro_batch.hpp"
 
 namespace troupe {
@@ -541,7 +543,10 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
         "({} pages); the stages start at layers {}",
         m.layers, m.from, m.to, 1000 * s, static_cast<double>(wa.size() + wb.size()) / (1 << 20),
         pages.size(), firsts);
-    spdlog::info("pipeline: {} (predicted gain {:.0f}%)", what, 100 * m.gain);
+    if (st.move_reply)
+      spdlog::info("pipeline: {} (asked for by hand)", what);
+    else
+      spdlog::info("pipeline: {} (predicted gain {:.0f}%)", what, 100 * m.gain);
     answer_move(st, what, true);
   } catch (const std::exception& e) {
     spdlog::warn(
@@ -775,6 +780,92 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
   };
 }
 
+// UELLM's HELR placement over the stages' devices (engine.pipeline_placement
+// he, lr or helr; runtime/device/layer_placement): each stage's device is
+// measured (a token through its layers, a message there and back, its
+// memory), and place_layers picks the devices, their order and their
+// layers; where that differs from the even split the stages are spawned
+// anew (before the pipeline serves: no KV to carry).  A placement may use
+// fewer devices than stages.  Throws where no set of the devices holds the
+// model.
+void place_stages(caf::actor_system& sys, pipeline_setup& setup, const model_hparams& hp,
+                  const engine_options& opts) {
+  const auto mode = parse_placement_mode(opts.pipeline_placement);
+  const size_t n = setup.stages.size();
+  std::vector<placement_device> devices;
+  std::vector<double> trip;
+  std::string measured;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& o = setup.stage_opts[i];
+    const auto p =
+        probe_stage(sys, setup.stages[i], o.layer_end - o.layer_first, hp.n_embd, i == 0);
+    placement_device d;
+    d.name = setup.places[i] + (o.device.cores > 0 && setup.places[i] == "local"
+                                    ? " slice " + std::to_string(o.device.slice)
+                                    : "");
+    d.memory_bytes = opts.pipeline_device_mb > 0 ? double(opts.pipeline_device_mb) * (1 << 20)
+                                                 : static_cast<double>(p.memory_bytes);
+    d.seconds_per_layer = p.seconds_per_layer;
+    measured += fmt::format("{}{}: {:.3f} ms a layer, {:.0f} MiB, {:.2f} ms there and back",
+                            i ? "; " : "", d.name, 1000 * d.seconds_per_layer,
+                            d.memory_bytes / (1 << 20), 1000 * p.round_trip_s);
+    devices.push_back(std::move(d));
+    trip.push_back(p.round_trip_s);
+  }
+  // A step's hidden states go from one stage to the next through the
+  // pipeline: half of each stage's round trip.
+  std::vector<std::vector<double>> link(n, std::vector<double>(n, 0.0));
+  for (size_t i = 0; i < n; ++i)
+    for (size_t j = 0; j < n; ++j)
+      if (i != j) link[i][j] = (trip[i] + trip[j]) / 2;
+  // A layer's weights and its part of the KV arena live with its stage.
+  size_t weights = 0;
+  caf::scoped_actor self{sys};
+  for (const auto& st : setup.stages)
+    self->request(st, std::chrono::seconds(60), info_atom::value)
+        .receive([&](device_info& d) { weights += d.weight_bytes; }, [](caf::error&) {});
+  layer_model lm;
+  lm.layers = hp.n_layer;
+  lm.layer_bytes = static_cast<double>(weights) / hp.n_layer +
+                   static_cast<double>(setup.layer_page) * setup.stage_opts.front().n_pages;
+  const auto plan = place_layers(devices, link, lm, mode);
+  std::string chosen;
+  bool same = plan.stages.size() == n;
+  for (size_t k = 0; k < plan.stages.size(); ++k) {
+    const auto& ps = plan.stages[k];
+    const auto& o = setup.stage_opts[static_cast<size_t>(ps.device)];
+    same = same && ps.device == static_cast<int32_t>(k) && ps.first_layer == o.layer_first &&
+           ps.first_layer + ps.layers == o.layer_end;
+    chosen += fmt::format("{}{} [{}..{}]", k ? " -> " : "", devices[size_t(ps.device)].name,
+                          ps.first_layer, ps.first_layer + ps.layers - 1);
+  }
+  spdlog::info("pipeline: placement {} ({}): {}, {:.2f} ms a token ({:.2f} compute + {:.2f} links)",
+               placement_mode_name(mode), measured, chosen, 1000 * plan.latency_s(),
+               1000 * plan.compute_s, 1000 * plan.link_s);
+  if (same) return;
+  std::vector<device_actor> stages;
+  std::vector<engine_options> stage_opts;
+  std::vector<std::string> places;
+  try {
+    for (const auto& ps : plan.stages) {
+      auto so = setup.stage_opts[static_cast<size_t>(ps.device)];
+      so.layer_first = ps.first_layer;
+      so.layer_end = ps.first_layer + ps.layers;
+      const auto& place = setup.places[static_cast<size_t>(ps.device)];
+      stages.push_back(spawn_stage(sys, setup.model, so, place));
+      stage_opts.push_back(so);
+      places.push_back(place);
+    }
+  } catch (...) {
+    for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    throw;
+  }
+  for (auto& s : setup.stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  setup.stages = std::move(stages);
+  setup.stage_opts = std::move(stage_opts);
+  setup.places = std::move(places);
+}
+
 }  // namespace
 
 std::pair<int, int> stage_layers(int layers, int n, int i) {
@@ -845,6 +936,14 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
     for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
     throw;
   }
+  if (opts.pipeline_placement != "even") {
+    try {
+      place_stages(sys, setup, hp, opts);
+    } catch (...) {
+      for (auto& s : stages) caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+      throw;
+    }
+  }
   // What the pipeline holds: the first stage's answer, with every stage's
   // weights, names and page parts.
   auto& info = setup.info;
@@ -877,7 +976,8 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
   // Every stage holds the embedding and the classifier (the first reads
   // tokens, the last makes logits; tied, they are one matrix): device
   // memory, summed.
-  info.device_name = "pipeline of " + std::to_string(n) + " stages: " + names;
+  info.device_name = "pipeline of " + std::to_string(stages.size()) + " stage" +
+                     (stages.size() == 1 ? "" : "s") + ": " + names;
   info.weight_bytes = weights;
   info.kv_bytes_per_page = layer_page * static_cast<size_t>(hp.n_layer);
   info.kv_dtype = opts.kv_f16 ? "f16" : "f32";

@@ -52,7 +52,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, device_info& x) {
   return f(caf::meta::type_name("device_info"), x.device_name, x.model_path, x.model_fingerprint,
            x.n_vocab, x.n_ctx, x.n_pages, x.page_size, x.weight_bytes, x.kv_bytes_per_page,
-           x.n_layers, x.n_kv_heads, x.head_dim, x.kv_dtype, x.stage_first_layers, x.layer_moves);
+           x.n_layers, x.n_kv_heads, x.head_dim, x.kv_dtype, x.stage_first_layers, x.layer_moves,
+           x.memory_bytes);
 }
 
 // Mixture of experts: one layer's placement, for each expert device the

@@ -66,6 +66,8 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
   o.pipeline_stages = s.pipeline_parallel;
   o.pipeline_rebalance = s.pipeline_rebalance;
   o.pipeline_nodes = s.pipeline_nodes;
+  o.pipeline_placement = s.pipeline_placement;
+  o.pipeline_device_mb = s.pipeline_device_mb;
   o.settings = std::make_shared<const engine_settings>(s);
   return o;
 }

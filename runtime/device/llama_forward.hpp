@@ -86,6 +86,11 @@ struct engine_options {
   // every stage local), and the settings a node builds a stage from.
   std::vector<std::string> pipeline_nodes;
   std::shared_ptr<const engine_settings> settings;
+  // How the layers split over the stages' devices: "even", or UELLM's
+  // HELR placement by measured speeds ("he", "lr", "helr"), each device
+  // giving the model at most pipeline_device_mb (0: its memory).
+  std::string pipeline_placement = "even";
+  int pipeline_device_mb = 0;
 };
 
 // The device's part of the [engine] settings (runtime/config/settings.def),
@@ -140,6 +145,7 @@ class llama_forward {
   int page_size() const { return opts_.page_size; }
   const std::string& device_name() const { return ctx_.device_name(); }
   size_t weight_bytes() const { return weights_.bytes; }
+  size_t device_memory_bytes() const { return ctx_.global_mem_bytes(); }
   // Layers that run as one launch each (engine_options::fuse_layers).
   int fused_layers() const;
   // This forward's layers [first, end) (a pipeline stage's; else all).

@@ -33,6 +33,7 @@ struct device_info {
   // and the layer moves between stages so far (empty and 0 otherwise).
   std::vector<int32_t> stage_first_layers;
   uint64_t layer_moves = 0;
+  uint64_t memory_bytes = 0;  // the device's memory (OpenCL global memory)
 };
 
 enum class finish_reason : uint8_t {

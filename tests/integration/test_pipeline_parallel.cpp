@@ -186,6 +186,46 @@ TEST(PipelineParallel, LayersMoveOffTheBusyLastStageMidStreamAndTokensStay) {
   }
 }
 
+// UELLM's HELR placement over the stages' devices, measured on them (two
+// slices of one CPU: about equal speeds, and a message's round trip as the
+// link): lr and helr take one device, as a second would only add a link;
+// he with each device giving the model at most 100 MiB, which holds 4 of
+// stories15M's 6 layers with their KV, takes two.  Every placement keeps
+// llama.cpp's tokens; one where no set of devices holds the model is
+// refused, saying what it needs.
+TEST(PipelineParallel, HelrPlacementPicksTheDevicesByMeasurementAndTokensStay) {
+  std::ifstream in(golden_dir + "/stories15M_greedy.json");
+  const auto golden = nlohmann::json::parse(in);
+  struct placement {
+    const char* mode;
+    int device_mb;
+    size_t stages;
+  };
+  for (const auto& p : {placement{"lr", 0, 1}, placement{"helr", 0, 1}, placement{"he", 100, 2}}) {
+    SCOPED_TRACE(std::string(p.mode) + ", " + std::to_string(p.device_mb) + " MiB");
+    auto o = stages(2);
+    o.pipeline_placement = p.mode;
+    o.pipeline_device_mb = p.device_mb;
+    o.pipeline_rebalance = 0;
+    engine_fixture e("stories15m", o);
+    ASSERT_EQ(e.info.stage_first_layers.size(), p.stages) << e.info.device_name;
+    for (const auto& g : golden)
+      EXPECT_EQ(
+          e.greedy(g["prompt_token_ids"].get<std::vector<int32_t>>(), 32),
+          std::vector<int32_t>(g["greedy_token_ids"].begin(), g["greedy_token_ids"].begin() + 32))
+          << g["prompt"];
+  }
+  auto o = stages(2);
+  o.pipeline_placement = "he";
+  o.pipeline_device_mb = 10;
+  try {
+    engine_fixture e("stories15m", o);
+    ADD_FAILURE() << "a model that no device set holds was placed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no set of devices"), std::string::npos) << e.what();
+  }
+}
+
 TEST(PipelineParallel, UnfitPipelinesAreRefusedByName) {
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
