@@ -291,6 +291,13 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
 device_actor spawn_device(caf::actor_system& sys, std::shared_ptr<const model_file> model,
                           const engine_options& opts) {
   if (opts.pipeline_stages >= 2) return spawn_pipeline(sys, std::move(model), opts);
+  // Places for stages of a device that has none: a mistake to say, not to
+  // ignore.
+  if (!opts.pipeline_nodes.empty())
+    throw std::invalid_argument("engine.pipeline_nodes (--pipeline-nodes) names " +
+                                std::to_string(opts.pipeline_nodes.size()) +
+                                " stage places, but --pipeline-parallel is " +
+                                std::to_string(opts.pipeline_stages) + ": give one per stage");
   auto engine = std::make_shared<llama_forward>(std::move(model), opts);
   return sys.spawn<caf::detached>(device_behavior, std::move(engine));
 }

@@ -167,7 +167,11 @@ node_spawner_actor::behavior_type spawner_behavior(node_spawner_actor::pointer s
                                                               "): " + e.what());
         }
       },
-      // Build one pipeline stage's device (a pipeline elsewhere drives it).
+  };
+}
+
+stage_builder_actor::behavior_type stage_builder(stage_builder_actor::pointer self) {
+  return {
       [self](spawn_stage_atom, const stage_spec& spec) -> caf::result<device_actor> {
         try {
           return spawn_stage_device(self->system(), spec);
@@ -492,18 +496,28 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
         // spawner; it ends with the pipeline that links to it, or with the
         // node.
         [self](spawn_stage_atom, stage_spec& spec) -> caf::result<device_actor> {
+          if (self->state.leaving)
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "this node is stopping: it takes no new pipeline stage");
           auto rp = self->make_response_promise<device_actor>();
           spdlog::info("node: loading a pipeline stage of {} (layers {}..{}, {} KV pages)",
                        spec.engine.model, spec.layer_first, spec.layer_end - 1, spec.n_pages);
-          self->request(self->state.spawner, caf::infinite, spawn_stage_atom::value,
-                        std::move(spec))
+          // A builder of its own: the instance spawner may be waiting for
+          // this very stage (an instance of this node with a stage here), or
+          // for one on a node that waits for this one.
+          auto builder = self->spawn<caf::detached>(stage_builder);
+          self->request(builder, caf::infinite, spawn_stage_atom::value, std::move(spec))
               .then(
-                  [self, rp](device_actor& d) mutable {
+                  [self, rp, builder](device_actor& d) mutable {
+                    self->send_exit(builder, caf::exit_reason::user_shutdown);
                     self->monitor(d);
                     self->state.stages.push_back(d);
                     rp.deliver(std::move(d));
                   },
-                  [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+                  [self, rp, builder](caf::error& e) mutable {
+                    self->send_exit(builder, caf::exit_reason::user_shutdown);
+                    rp.deliver(std::move(e));
+                  });
           return rp;
         },
         // What this machine offers, with the instances it hosts for all services.

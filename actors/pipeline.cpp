@@ -4,7 +4,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
-#include <future>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -54,8 +54,35 @@ struct pipeline_setup {
   device_info info;
 };
 
+// What a move's loader (phase one) leaves the pipeline: the new pair, or
+// why not.  A pipeline that ended meanwhile marks it abandoned, and the
+// loader's stages end at once instead of lingering (on a node, a stage
+// nobody links to would live as long as the node).
+struct prepared_pair {
+  std::mutex m;
+  bool done = false;
+  bool abandoned = false;
+  device_actor a, b;
+  std::string error;
+};
+
 struct pipeline_state {
   pipeline_state() = default;  // not an aggregate: CAF would build it from the self pointer
+  pipeline_state(const pipeline_state&) = delete;
+  pipeline_state& operator=(const pipeline_state&) = delete;
+  ~pipeline_state() {
+    // A move asked for by hand gets its answer: the pipeline ended (a
+    // stage was lost) before it was done.
+    const auto gone = caf::make_error(caf::sec::runtime_error,
+                                      "movelayers: the pipeline ended before the move was done");
+    if (move_reply) move_reply->deliver(gone);
+    if (queued_move) queued_move->second.deliver(gone);
+    if (!preparing) return;
+    std::lock_guard<std::mutex> lock(preparing->m);
+    preparing->abandoned = true;
+    for (auto* d : {&preparing->a, &preparing->b})
+      if (*d) caf::anon_send_exit(*d, caf::exit_reason::user_shutdown);
+  }
   std::shared_ptr<const model_file> model;
   std::vector<engine_options> stage_opts;
   std::vector<device_actor> stages;
@@ -70,9 +97,9 @@ struct pipeline_state {
   std::vector<double> busy_s;
   int window_steps = 0;
   bool moving = false;
-  // A move's first phase: the two new stages loading on a thread of their
+  // A move's first phase: the two new stages loading on a loader of their
   // own while steps go on (loading blocks).
-  std::future<std::pair<device_actor, device_actor>> preparing;
+  std::shared_ptr<prepared_pair> preparing;
   layer_move planned;
   // Pages any step or write has named: a move copies only these (the
   // others hold nothing yet).
@@ -154,7 +181,6 @@ struct step_run {
 
 void consider_moving_layers(self_ptr self);
 void start_move(self_ptr self, layer_move m);
-constexpr auto k_prepare_tick = std::chrono::milliseconds(20);
 
 // A failed step is answered with its error in its turn (answer_in_order);
 // the steps after it that take its draws fail too.
@@ -430,6 +456,7 @@ std::string check_manual_move(const pipeline_state& st, const layer_move& m) {
            std::to_string(n - 1) + ")";
   const auto& o = st.stage_opts[static_cast<size_t>(m.from)];
   const int32_t have = o.layer_end - o.layer_first;
+  if (have <= 1) return "stage " + std::to_string(m.from) + " holds one layer: it has none to give";
   if (m.layers < 1 || m.layers >= have)
     return "stage " + std::to_string(m.from) + " holds " + std::to_string(have) +
            " layers: it can give 1 to " + std::to_string(have - 1) + ", not " +
@@ -553,6 +580,10 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
         "pipeline: moving {} layer(s) from stage {} to stage {} failed ({}); the stages "
         "stay as they were",
         m.layers, m.from, m.to, e.what());
+    // The new pair is not used: it ends (on a node it would linger).
+    for (const auto* d : {&na, &nb})
+      if (*d && *d != st.stages[a] && *d != st.stages[b])
+        caf::anon_send_exit(*d, caf::exit_reason::user_shutdown);
     move_failed(st);
     answer_move(st, std::string(e.what()) + "; the stages stay as they were", false);
   }
@@ -571,12 +602,37 @@ void start_move(self_ptr self, layer_move m) {
   st.planned = m;
   const size_t a = static_cast<size_t>(std::min(m.from, m.to));
   auto [oa, ob] = moved_pair(st, m);
-  st.preparing =
-      std::async(std::launch::async, [&sys = self->system(), model = st.model, oa = oa, ob = ob,
-                                      pa = st.places[a], pb = st.places[a + 1]] {
-        return std::make_pair(spawn_stage(sys, model, oa, pa), spawn_stage(sys, model, ob, pb));
+  auto slot = std::make_shared<prepared_pair>();
+  st.preparing = slot;
+  // A detached actor of its own (the actor system waits for it at exit;
+  // the pipeline never does): it loads the pair, leaves it in the slot and
+  // ticks the pipeline (step_done 0).
+  self->system().spawn<caf::detached>(
+      [slot, model = st.model, oa = oa, ob = ob, pa = st.places[a], pb = st.places[a + 1],
+       pipeline = caf::actor_cast<device_actor>(self)](caf::event_based_actor* loader) {
+        auto& sys = loader->system();
+        device_actor na, nb;
+        std::string error;
+        try {
+          na = spawn_stage(sys, model, oa, pa);
+          nb = spawn_stage(sys, model, ob, pb);
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+        {
+          std::lock_guard<std::mutex> lock(slot->m);
+          slot->done = true;
+          if (slot->abandoned || !error.empty()) {
+            for (auto* d : {&na, &nb})
+              if (*d) caf::anon_send_exit(*d, caf::exit_reason::user_shutdown);
+            slot->error = error.empty() ? "the pipeline ended" : error;
+          } else {
+            slot->a = std::move(na);
+            slot->b = std::move(nb);
+          }
+        }
+        caf::anon_send(pipeline, step_done_atom::value, uint64_t{0});
       });
-  self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
 }
 
 // At the end of a window: the stages' busy times to plan_layer_move; a
@@ -600,28 +656,33 @@ void consider_moving_layers(self_ptr self) {
 // line after the steps already sent.
 void check_prepared(self_ptr self) {
   auto& st = self->state;
-  if (!st.moving || !st.preparing.valid()) return;
-  if (st.preparing.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-    self->delayed_send(self, k_prepare_tick, step_done_atom::value, uint64_t{0});
-    return;
+  if (!st.moving || !st.preparing) return;
+  device_actor na, nb;
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(st.preparing->m);
+    if (!st.preparing->done) return;
+    na = std::move(st.preparing->a);
+    nb = std::move(st.preparing->b);
+    error = st.preparing->error;
   }
-  try {
-    auto [na, nb] = st.preparing.get();
+  st.preparing.reset();
+  if (error.empty()) {
     enqueue(self, true, true, [self, m = st.planned, na = na, nb = nb] {
       move_layers(self, m, na, nb);
       self->state.blocked = false;
       pump(self);
     });
-  } catch (const std::exception& e) {
-    spdlog::warn(
-        "pipeline: the stages for moving {} layer(s) from stage {} to stage {} did not "
-        "load ({}); the stages stay as they were",
-        st.planned.layers, st.planned.from, st.planned.to, e.what());
-    st.moving = false;
-    move_failed(st);
-    answer_move(st, std::string("the new stages did not load: ") + e.what(), false);
-    start_queued_move(self);
+    return;
   }
+  spdlog::warn(
+      "pipeline: the stages for moving {} layer(s) from stage {} to stage {} did not "
+      "load ({}); the stages stay as they were",
+      st.planned.layers, st.planned.from, st.planned.to, error);
+  st.moving = false;
+  move_failed(st);
+  answer_move(st, "the new stages did not load: " + error, false);
+  start_queued_move(self);
 }
 
 device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setup) {
@@ -650,7 +711,7 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
                 [self, b = std::move(batch), rp]() mutable { start_step(self, std::move(b), rp); });
         return rp;
       },
-      // The pipeline's own tick while a layer move's stages load.
+      // The loader's tick: a layer move's new stages are loaded.
       [self](step_done_atom, uint64_t) { check_prepared(self); },
       [self](info_atom) { return self->state.info; },
       // Each stage's part of every page, put together page by page.
@@ -892,6 +953,7 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
                             static_cast<size_t>(hp.head_dim) * elem;
   engine_options so = opts;
   so.pipeline_stages = 1;
+  so.pipeline_nodes.clear();  // a stage is one device: its place is the pipeline's to say
   so.expert_devices = 0;
   so.n_pages =
       opts.n_pages > 0
@@ -912,7 +974,7 @@ device_actor spawn_pipeline(caf::actor_system& sys, std::shared_ptr<const model_
     throw std::invalid_argument("pipeline stages on troupe nodes need the engine's settings");
   // One slice of the device per local stage where it can be split so (a
   // slice of a slice only where it divides evenly: local stage i of slice
-  // k is slice k * n + i of the whole device); else every local stage on
+  // k is slice k * L + i of the whole device, L the local stages); else every local stage on
   // the whole device.  A stage on a node has the node's device.
   const int units = partition_units(opts.device);
   const bool sliced =

@@ -25,6 +25,7 @@ struct router_state {
   std::vector<router_instance> instances;
   std::map<uint64_t, instance_stats> last;                            // by instance id
   std::map<uint64_t, std::chrono::steady_clock::time_point> last_at;  // when each came
+  std::map<uint64_t, int32_t> polled_prefills;  // queued prefills each had then (counted after)
   // A draining instance's sequences of this service (a shared instance
   // holds other services' too): its last answer to relocate, by id.
   std::map<uint64_t, int32_t> own_left;
@@ -91,6 +92,8 @@ pd_load load_of(const router_state& st, const router_instance& i) {
     l.running_tokens = s.running_tokens;
     l.total_pages = s.kv.total;
     l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
+    if (auto p = st.polled_prefills.find(i.id); p != st.polled_prefills.end())
+      l.polled_prefills = p->second;
     if (auto at = st.last_at.find(i.id); at != st.last_at.end())
       l.age_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - at->second)
@@ -388,6 +391,7 @@ void poll(self_ptr self) {
               learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
               st.last_at[id] = std::chrono::steady_clock::now();
+              st.polled_prefills[id] = static_cast<int32_t>(st.last[id].queued_prefills.size());
               // An X->Y instance whose X work is done is promoted to Y.
               if (auto* i = find(st, id)) {
                 const pd_load l = load_of(st, *i);
@@ -657,6 +661,9 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
                                    "set " + k->key + ": live, but nothing here applies it");
           const std::string key = k->key;
           const int32_t v = k->get(checked).get<int32_t>();
+          // The TTFT predictor composes steps of these limits.
+          if (k->name() == "engine.max_batch_tokens") st.ttft.step_rows = v;
+          if (k->name() == "engine.chunk_size") st.ttft.chunk_rows = v;
           // Every instance that serves takes the limit; the first refusal
           // (a bad key or value) is the answer.
           struct gathering {

@@ -184,7 +184,12 @@ using node_actor = caf::typed_actor<
 
 // The node's one-at-a-time builder (detached: loading a model blocks).
 using node_spawner_actor = caf::typed_actor<
-    caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>,
-    caf::replies_to<spawn_stage_atom, stage_spec>::with<device_actor>>;
+    caf::replies_to<spawn_instance_atom, int32_t, instance_spec>::with<hosted_instance>>;
+
+// A pipeline stage's one-off builder (detached: loading blocks).  Not the
+// instance spawner: an instance it builds may wait for its stages, on this
+// node or on another that waits for this one.
+using stage_builder_actor =
+    caf::typed_actor<caf::replies_to<spawn_stage_atom, stage_spec>::with<device_actor>>;
 
 }  // namespace troupe

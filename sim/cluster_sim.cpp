@@ -105,6 +105,7 @@ class simulation {
     if (cfg.pipeline.stages > 1)
       for (int32_t i = 0; i < cfg.instances; ++i) pipes_.push_back(make_sim_pipeline(cfg.pipeline));
     res_.stats.devices = cfg.instances * std::max(1, cfg.pipeline.stages);
+    res_.stats.pipelined = cfg.pipeline.stages > 1;
     // With autoscaling, a slot for every instance it may start.
     const int32_t slots = cfg.autoscale ? std::max(cfg.instances, cfg.scale.max) : cfg.instances;
     for (int32_t i = 0; i < slots; ++i) {
@@ -348,6 +349,7 @@ class simulation {
     snapshots_.clear();
     for (const auto& in : insts_) snapshots_[in.id] = counts_of(in);
     stale_loads_ = loads();
+    for (auto& l : stale_loads_) l.polled_prefills = static_cast<int32_t>(l.queued_prefills.size());
   }
 
   // A placement counted into the stale snapshot at once, as the real

@@ -122,6 +122,7 @@ struct sim_stats {
   std::string kv_check;
   // Pipelined instances: devices in all, layer moves, layers moved and
   // the instances' pauses for them.
+  bool pipelined = false;
   int32_t devices = 0;
   uint64_t layer_moves = 0, layers_moved = 0;
   double move_pause_ms = 0;

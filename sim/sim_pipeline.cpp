@@ -52,7 +52,8 @@ double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t 
 std::optional<layer_move> pipeline_window(sim_pipeline& p, const sim_pipeline_config& c,
                                           double window_s) {
   std::optional<layer_move> m;
-  if (c.migration && p.layers.size() >= 2) {
+  // A threshold of 0 turns migration off, as --pipeline-rebalance 0 does live.
+  if (c.migration && c.migration_opts.threshold > 0 && p.layers.size() >= 2) {
     std::vector<stage_load> loads;
     for (size_t s = 0; s < p.layers.size(); ++s) loads.push_back({p.layers[s], p.busy_s[s]});
     auto o = c.migration_opts;
@@ -62,9 +63,6 @@ std::optional<layer_move> pipeline_window(sim_pipeline& p, const sim_pipeline_co
       p.layers[static_cast<size_t>(m->from)] -= m->layers;
       p.layers[static_cast<size_t>(m->to)] += m->layers;
       p.pause_ms += 1000 * o.move_cost_s * m->layers;
-      p.paused_ms += 1000 * o.move_cost_s * m->layers;
-      ++p.moves;
-      p.layers_moved += static_cast<uint64_t>(m->layers);
     }
   }
   std::fill(p.busy_s.begin(), p.busy_s.end(), 0.0);

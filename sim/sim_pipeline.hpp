@@ -39,8 +39,6 @@ struct sim_pipeline {
   std::vector<int32_t> layers;  // per stage
   std::vector<double> busy_s;   // per stage, over the window
   double pause_ms = 0;          // a move's pause, charged to the next step
-  uint64_t moves = 0, layers_moved = 0;
-  double paused_ms = 0;  // all moves' pauses
 };
 
 // Stages with equal shares of the layers (the pipeline's stage_layers);

@@ -32,49 +32,18 @@ std::optional<placement_policy> parse_placement_policy(std::string_view name) {
   return std::nullopt;
 }
 
-prefill_model::prefill_model(double forgetting) : lambda_(forgetting) {
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) p_[i][j] = i == j ? 1e6 : 0;
-}
+prefill_model::prefill_model(double forgetting) : fit_(forgetting) {}
 
+// Features scaled so L^2 and L are of similar size (L in thousands).
 void prefill_model::observe(double tokens, double ms) {
-  // Features scaled so L^2 and L are of similar size (L in thousands).
   const double l = tokens / 1000.0;
-  const double x[3] = {l * l, l, 1.0};
-  double px[3] = {0, 0, 0};
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) px[i] += p_[i][j] * x[j];
-  double denom = lambda_;
-  for (int i = 0; i < 3; ++i) denom += x[i] * px[i];
-  double k[3];
-  for (int i = 0; i < 3; ++i) k[i] = px[i] / denom;
-  double err = ms;
-  for (int i = 0; i < 3; ++i) err -= theta_[i] * x[i];
-  for (int i = 0; i < 3; ++i) theta_[i] += k[i] * err;
-  double np[3][3];
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) np[i][j] = (p_[i][j] - k[i] * px[j]) / lambda_;
-  for (int i = 0; i < 3; ++i)
-    for (int j = 0; j < 3; ++j) p_[i][j] = np[i][j];
-  // Forgetting with inputs that do not vary (a steady load repeats the same
-  // step shapes) makes P grow without bound until the update is all
-  // rounding error (RLS "windup"; millions of steps in the simulator blew
-  // predictions up).  Capping P's trace at its starting size keeps the
-  // gain bounded.
-  const double trace = p_[0][0] + p_[1][1] + p_[2][2];
-  if (trace > 3e6 || !std::isfinite(trace)) {
-    const double f = std::isfinite(trace) ? 3e6 / trace : 0;
-    for (int i = 0; i < 3; ++i)
-      for (int j = 0; j < 3; ++j)
-        p_[i][j] = std::isfinite(trace) ? p_[i][j] * f : (i == j ? 1e6 : 0);
-  }
-  ++samples_;
+  fit_.observe({l * l, l, 1.0}, ms);
 }
 
 double prefill_model::predict_ms(double tokens) const {
   if (tokens <= 0) return 0;
   const double l = tokens / 1000.0;
-  return std::max(0.0, theta_[0] * l * l + theta_[1] * l + theta_[2]);
+  return std::max(0.0, fit_.predict({l * l, l, 1.0}));
 }
 
 double compute_ms_per_page(double prompt_tokens, int32_t page_size, const prefill_model& model) {

@@ -31,6 +31,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/service/rls.hpp"
+
 namespace troupe {
 
 // One instance as the router last heard of it.
@@ -65,14 +67,11 @@ class prefill_model {
   explicit prefill_model(double forgetting = 0.999);
   void observe(double tokens, double ms);
   double predict_ms(double tokens) const;  // 0 for 0 tokens
-  uint64_t samples() const { return samples_; }
-  const double* coefficients() const { return theta_; }  // a, b, c
+  uint64_t samples() const { return fit_.samples(); }
+  const double* coefficients() const { return fit_.coefficients(); }  // a, b, c
 
  private:
-  double lambda_;
-  double theta_[3] = {0, 0, 0};
-  double p_[3][3];
-  uint64_t samples_ = 0;
+  rls<3> fit_;
 };
 
 struct placement_request {

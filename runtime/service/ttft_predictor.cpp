@@ -9,7 +9,9 @@ namespace {
 
 // Features scaled to similar sizes (hundreds of rows, about 1e5 of
 // attention work), so one starting covariance suits them all.
-void features(double p, double d, double c, double x[4]) {
+using step_features = double[4];
+
+void features(double p, double d, double c, step_features& x) {
   x[0] = 1.0;
   x[1] = p / 100.0;
   x[2] = d / 100.0;
@@ -18,46 +20,20 @@ void features(double p, double d, double c, double x[4]) {
 
 }  // namespace
 
-step_time_model::step_time_model(double forgetting) : lambda_(forgetting) {
-  for (int i = 0; i < k; ++i)
-    for (int j = 0; j < k; ++j) p_[i][j] = i == j ? 1e6 : 0;
-}
+step_time_model::step_time_model(double forgetting) : fit_(forgetting) {}
 
 void step_time_model::observe(int32_t prefill_rows, int32_t decode_rows, int64_t context,
                               double ms) {
   if (!(ms >= 0) || !std::isfinite(ms)) return;
-  double x[k];
+  step_features x;
   features(prefill_rows, decode_rows, static_cast<double>(context), x);
-  double px[k] = {0, 0, 0, 0};
-  for (int i = 0; i < k; ++i)
-    for (int j = 0; j < k; ++j) px[i] += p_[i][j] * x[j];
-  double denom = lambda_;
-  for (int i = 0; i < k; ++i) denom += x[i] * px[i];
-  double err = ms;
-  for (int i = 0; i < k; ++i) err -= theta_[i] * x[i];
-  for (int i = 0; i < k; ++i) theta_[i] += px[i] / denom * err;
-  for (int i = 0; i < k; ++i)
-    for (int j = 0; j < k; ++j) p_[i][j] = (p_[i][j] - px[i] * px[j] / denom) / lambda_;
-  // As prefill_model: a steady load repeats the same step shapes, and
-  // forgetting then grows P without bound (RLS windup); its trace is
-  // capped at the starting size.
-  double trace = 0;
-  for (int i = 0; i < k; ++i) trace += p_[i][i];
-  if (trace > k * 1e6 || !std::isfinite(trace)) {
-    const bool finite = std::isfinite(trace);
-    for (int i = 0; i < k; ++i)
-      for (int j = 0; j < k; ++j)
-        p_[i][j] = finite ? p_[i][j] * (k * 1e6 / trace) : (i == j ? 1e6 : 0);
-  }
-  ++samples_;
+  fit_.observe(x, ms);
 }
 
 double step_time_model::step_ms(double prefill_rows, double decode_rows, double context) const {
-  double x[k];
+  step_features x;
   features(prefill_rows, decode_rows, context, x);
-  double ms = 0;
-  for (int i = 0; i < k; ++i) ms += theta_[i] * x[i];
-  return std::max(0.0, ms);
+  return std::max(0.0, fit_.predict(x));
 }
 
 double predict_ttft_ms(const pd_load& l, int32_t prompt_tokens, const ttft_model& m) {
@@ -80,12 +56,16 @@ double predict_ttft_ms(const pd_load& l, int32_t prompt_tokens, const ttft_model
   // The step running when the prompt arrives ends first: half of one on
   // average, where the instance has work.
   if (decode > 0 || queued > 0) ms += 0.5 * m.steps.step_ms(std::min(queued, budget), decode, held);
-  // What the view showed queued ahead has been worked on since it was
-  // taken: as long as the view is old, up to all of it.
-  if (l.age_ms > 0 && queued > 0) {
-    pd_load ahead = l;
-    ahead.age_ms = 0;
-    ms -= std::min(l.age_ms, predict_ttft_ms(ahead, 0, m));
+  // What the view showed queued when it was taken has been worked on
+  // since: as long as the view is old, up to all of it (not what was
+  // placed since).  A view older than a few polls says nothing of now: no
+  // correction.
+  if (l.age_ms > 0 && l.age_ms <= k_stale_view_ms && queued > 0 && l.polled_prefills != 0) {
+    pd_load seen = l;
+    seen.age_ms = 0;
+    if (l.polled_prefills > 0 && size_t(l.polled_prefills) < seen.queued_prefills.size())
+      seen.queued_prefills.resize(size_t(l.polled_prefills));
+    if (seen.queued_prefill_tokens() > 0) ms -= std::min(l.age_ms, predict_ttft_ms(seen, 0, m));
   }
   return std::max(0.0, ms);
 }

@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "runtime/service/pd_policy.hpp"
+#include "runtime/service/rls.hpp"
 
 namespace troupe {
 
@@ -37,15 +38,15 @@ class step_time_model {
   void observe(int32_t prefill_rows, int32_t decode_rows, int64_t context, double ms);
   // One step's predicted time, >= 0.
   double step_ms(double prefill_rows, double decode_rows, double context) const;
-  uint64_t samples() const { return samples_; }
+  uint64_t samples() const { return fit_.samples(); }
 
  private:
-  static constexpr int k = 4;
-  double lambda_;
-  double theta_[k] = {0, 0, 0, 0};
-  double p_[k][k];
-  uint64_t samples_ = 0;
+  rls<4> fit_;
 };
+
+// A view older than this is not corrected for its age (an instance that
+// stopped answering polls: its queue is not known to be worked off).
+constexpr double k_stale_view_ms = 500;
 
 struct ttft_model {
   step_time_model steps;

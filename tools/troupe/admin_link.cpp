@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -151,7 +152,8 @@ bool admin_link::connect() {
   return true;
 }
 
-admin_reply admin_link::call(const std::string& command, nlohmann::json args) {
+admin_reply admin_link::call(const std::string& command, nlohmann::json args, int wait_ms) {
+  const int timeout_ms = std::max(wait_ms, target_.timeout_ms);
   admin_reply out;
   if (!connected() && !connect()) {
     out.code = "unreachable";
@@ -187,14 +189,14 @@ admin_reply admin_link::call(const std::string& command, nlohmann::json args) {
   auto& sock = *impl_->sock;
   sock.send(zmq::buffer(body), zmq::send_flags::none);
   zmq::pollitem_t items[] = {{sock.handle(), 0, ZMQ_POLLIN, 0}};
-  zmq::poll(items, 1, std::chrono::milliseconds(target_.timeout_ms));
+  zmq::poll(items, 1, std::chrono::milliseconds(timeout_ms));
   zmq::message_t msg;
   if (!(items[0].revents & ZMQ_POLLIN) || !sock.recv(msg, zmq::recv_flags::dontwait)) {
     // A late reply must not answer the next call: start a fresh socket.
     impl_->open();
     out.code = "timeout";
     out.message = "no answer from the admin endpoint at " + where() + " within " +
-                  std::to_string(target_.timeout_ms) + " ms";
+                  std::to_string(timeout_ms) + " ms";
     return out;
   }
   auto reply = nlohmann::json::parse(msg.to_string(), nullptr, false);

@@ -27,6 +27,10 @@ struct admin_reply {
   std::string message;  // when !ok: what went wrong, for people
 };
 
+// How long `layers` (a pipeline's layer move) waits at least: the router
+// and the admin endpoint give it 10 minutes.
+constexpr int k_layer_move_wait_ms = 600000;
+
 // --admin, --secret-file and --admin-timeout-ms on `cmd` (troupe client
 // admin and troupe shell say the same).
 void add_admin_target_flags(CLI::App& cmd, admin_target& t, int default_timeout_ms);
@@ -45,8 +49,10 @@ class admin_link {
   std::string where() const;  // HOST:PORT once found
 
   // One command: {"command": name, ...args}; the secret is added (control,
-  // else read-only for a read command).
-  admin_reply call(const std::string& command, nlohmann::json args = nlohmann::json::object());
+  // else read-only for a read command).  It waits `wait_ms` for the answer
+  // where more than --admin-timeout-ms (a command that answers once done).
+  admin_reply call(const std::string& command, nlohmann::json args = nlohmann::json::object(),
+                   int wait_ms = 0);
 
  private:
   struct impl;

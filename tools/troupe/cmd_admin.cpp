@@ -73,7 +73,8 @@ int run_admin(admin_flags& f) {
     std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
     return 1;
   }
-  auto reply = link.call(f.action, args);
+  // A layer move answers once done: loading two stages, copying their KV.
+  auto reply = link.call(f.action, args, f.action == "layers" ? k_layer_move_wait_ms : 0);
   if (!reply.ok) {
     if (reply.code == "timeout" || reply.code == "protocol" || reply.code == "unreachable")
       std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), reply.message.c_str());

@@ -227,7 +227,7 @@ void print_stats(const sim_stats& s) {
         static_cast<unsigned long long>(s.spilled_pages));
   }
   if (!s.kv_check.empty()) std::printf("KV page accounting: %s\n", s.kv_check.c_str());
-  if (s.devices > 0 && (s.layer_moves > 0 || s.move_pause_ms > 0 || s.steps > 0))
+  if (s.pipelined)
     std::printf("devices: %d; layer moves %llu (%llu layers), instances paused %.0f ms for them\n",
                 s.devices, static_cast<unsigned long long>(s.layer_moves),
                 static_cast<unsigned long long>(s.layers_moved), s.move_pause_ms);
@@ -399,6 +399,7 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--classifier-layers", f->pipeline.classifier_layers,
                   "pipelined instances: the classifier's work on the last stage, in layers")
       ->check(CLI::Range(0.0, 100000.0))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_flag("--layer-migration", f->layer_migration,
                 "pipelined instances: move layers between stages by the pipeline's own rule "
@@ -406,23 +407,28 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_option("--pipeline-rebalance", f->pipeline.migration_opts.threshold,
                   "the busiest stage's excess over the mean that moves layers")
       ->check(CLI::Range(0.0, 10.0))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--move-ms-per-layer", f->move_ms_per_layer,
                   "an instance's pause for each layer moved (troupe measured 250 ms a layer for "
                   "SmolLM2 with a full arena: docs/pipeline.md)")
       ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--load-skew", f->pipeline.load_skew,
                   "pipelined instances: a loaded device runs this many times slower (co-tenants; "
                   "1: no skew)")
       ->check(CLI::Range(1.0, 100.0))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--loaded-share", f->pipeline.loaded_share, "the share of devices loaded")
       ->check(CLI::Range(0.0, 1.0))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--load-shift-s", f->pipeline.load_shift_s,
                   "which devices are loaded changes every this many seconds")
       ->check(CLI::Range(0.0, 1e9))
+      ->check(finite_number(true))
       ->capture_default_str();
   cmd->add_option("--diurnal-period-s", f->diurnal_period_s,
                   "arrivals at a rate that follows a day of this length: --request-rate at the "

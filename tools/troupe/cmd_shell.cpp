@@ -321,7 +321,8 @@ class shell {
 
   // One admin call; a failure becomes what to tell the person.
   json must(const std::string& cmd, json args = json::object()) {
-    auto r = link_.call(cmd, std::move(args));
+    // A layer move answers once done: loading two stages, copying their KV.
+    auto r = link_.call(cmd, std::move(args), cmd == "layers" ? k_layer_move_wait_ms : 0);
     if (r.ok) return r.result;
     if (r.code == "timeout" || r.code == "unreachable")
       throw failure{r.message + "; the server may be gone: 'reconnect' tries again"};
