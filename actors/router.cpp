@@ -25,7 +25,6 @@ struct router_state {
   std::vector<router_instance> instances;
   std::map<uint64_t, instance_stats> last;                            // by instance id
   std::map<uint64_t, std::chrono::steady_clock::time_point> last_at;  // when each came
-  std::map<uint64_t, int32_t> polled_prefills;  // queued prefills each had then (counted after)
   // A draining instance's sequences of this service (a shared instance
   // holds other services' too): its last answer to relocate, by id.
   std::map<uint64_t, int32_t> own_left;
@@ -92,8 +91,6 @@ pd_load load_of(const router_state& st, const router_instance& i) {
     l.running_tokens = s.running_tokens;
     l.total_pages = s.kv.total;
     l.used_pages = s.kv.total - s.kv.free - s.kv.reusable;
-    if (auto p = st.polled_prefills.find(i.id); p != st.polled_prefills.end())
-      l.polled_prefills = p->second;
     if (auto at = st.last_at.find(i.id); at != st.last_at.end())
       l.age_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - at->second)
@@ -391,7 +388,6 @@ void poll(self_ptr self) {
               learn_steps(st, id, s.recent_steps);
               st.last[id] = std::move(s);
               st.last_at[id] = std::chrono::steady_clock::now();
-              st.polled_prefills[id] = static_cast<int32_t>(st.last[id].queued_prefills.size());
               // An X->Y instance whose X work is done is promoted to Y.
               if (auto* i = find(st, id)) {
                 const pd_load l = load_of(st, *i);

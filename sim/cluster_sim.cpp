@@ -349,7 +349,6 @@ class simulation {
     snapshots_.clear();
     for (const auto& in : insts_) snapshots_[in.id] = counts_of(in);
     stale_loads_ = loads();
-    for (auto& l : stale_loads_) l.polled_prefills = static_cast<int32_t>(l.queued_prefills.size());
   }
 
   // A placement counted into the stale snapshot at once, as the real

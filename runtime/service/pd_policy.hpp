@@ -57,11 +57,8 @@ struct pd_load {
   double busy = 0;               // share of the last window its device computed
   double tpot_ms = 0;  // mean TPOT of the requests that finished there in the last window (0: none)
   // How old this view is (the router polls): the instance has worked
-  // through this much of the queue shown since (the TTFT predictor).  The
-  // first `polled_prefills` of queued_prefills were in the view when it was
-  // taken, the rest placed since (-1: all were).
+  // through this much of the queue shown since (the TTFT predictor).
   double age_ms = 0;
-  int32_t polled_prefills = -1;
 
   int64_t queued_prefill_tokens() const;
   int64_t tokens_in_process() const { return queued_prefill_tokens() + running_tokens; }
