@@ -492,9 +492,9 @@ node_control_actor spawn_node(caf::actor_system& sys, node_options opts) {
         [self](peers_atom, const std::vector<std::string>& addresses) {
           connect_peers(self, addresses);
         },
-        // A stage of a pipelined device elsewhere (issue 35), built on the
-        // spawner; it ends with the pipeline that links to it, or with the
-        // node.
+        // A stage of a pipelined device elsewhere (issue 35), built on a
+        // one-off builder (below); it ends with the pipeline that links to
+        // it, or with the node.
         [self](spawn_stage_atom, stage_spec& spec) -> caf::result<device_actor> {
           if (self->state.leaving)
             return caf::make_error(caf::sec::invalid_argument,
