@@ -141,6 +141,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_quant_ = ctx_.make_kernel("quantize_q8");
   k_attn_ = ctx_.make_kernel("attention");
   k_argmax_ = ctx_.make_kernel("argmax_rows");
+  k_sample_ = ctx_.make_kernel("sample_rows");
   if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
   if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
@@ -442,7 +443,8 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
       throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) + " of " +
                                   std::to_string(b.logit_rows.size()));
   if (device_draws && !draws_on_device(b.presample))
-    throw std::invalid_argument("device draws: a presample row is not greedy");
+    throw std::invalid_argument(
+        "device draws: a presample row has penalties or an unsorted logit_bias");
 }
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
@@ -493,33 +495,6 @@ llama_forward::~llama_forward() {
 forward_result llama_forward::run(const forward_batch& b) {
   submit(b, false);
   return collect();
-}
-
-bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
-  return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
-    // logit_bias included: draw.cl adds it as the sampler does, for a
-    // list sorted by token without repeats (check_generate sorts it; the
-    // wire's map has no repeats); another list is drawn on the host.
-    const auto& lb = p.sampling.logit_bias;
-    const bool sorted = std::adjacent_find(lb.begin(), lb.end(), [](const auto& a, const auto& b) {
-                          return a.token >= b.token;
-                        }) == lb.end();
-    return p.sampling.temperature == 0.0f && presamplable(p.sampling) && sorted;
-  });
-}
-
-bool llama_forward::ensure_draws(int n) {
-  if (n <= draw_capacity_) return false;
-  const int cap = std::max(n, 2 * draw_capacity_);
-  auto rows = ctx_.alloc(static_cast<size_t>(cap) * 4);
-  auto drawn = ctx_.alloc(static_cast<size_t>(cap) * 4);
-  // The next step may read the last step's draws: they move along (in
-  // queue order, after that step has written them).
-  if (device_draws_ > 0) ctx_.copy(drawn_, drawn, static_cast<size_t>(device_draws_) * 4, 0);
-  draw_rows_ = std::move(rows);
-  drawn_ = std::move(drawn);
-  draw_capacity_ = cap;
-  return true;
 }
 
 void llama_forward::submit(const forward_batch& b, bool device_draws,
@@ -605,32 +580,7 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   } else {
     enqueue_step(T, R, att_rows);
   }
-  if (n_draws > 0) {
-    ctx_.write(draw_rows_, f->draw_rows.data(), static_cast<size_t>(n_draws) * 4);
-    // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs.
-    f->bias_off.assign(1, 0);
-    for (int k = 0; k < n_draws; ++k) {
-      for (const auto& tb : b.presample[k].sampling.logit_bias) {
-        f->bias_tok.push_back(tb.token);
-        f->bias_val.push_back(tb.bias);
-      }
-      f->bias_off.push_back(static_cast<int32_t>(f->bias_tok.size()));
-    }
-    const size_t n_bias = std::max<size_t>(f->bias_tok.size(), 1);
-    if (bias_off_.bytes() < f->bias_off.size() * 4)
-      bias_off_ = ctx_.alloc(f->bias_off.size() * 4 * 2);
-    if (bias_tok_.bytes() < n_bias * 4) {
-      bias_tok_ = ctx_.alloc(n_bias * 4 * 2);
-      bias_val_ = ctx_.alloc(n_bias * 4 * 2);
-    }
-    ctx_.write(bias_off_, f->bias_off.data(), f->bias_off.size() * 4);
-    if (!f->bias_tok.empty()) {
-      ctx_.write(bias_tok_, f->bias_tok.data(), f->bias_tok.size() * 4);
-      ctx_.write(bias_val_, f->bias_val.data(), f->bias_val.size() * 4);
-    }
-    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_);
-    ctx_.launch(k_argmax_, {static_cast<size_t>(n_draws)}, {1});
-  }
+  if (n_draws > 0) enqueue_draws(b, *f);
   device_draws_ = n_draws;
 
   // Embedding rows: the final norm of their residual rows (x_ holds every

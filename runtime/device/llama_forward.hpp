@@ -57,9 +57,9 @@ struct engine_options {
   // results bit for bit; engine.fuse_step false turns it off.
   bool fuse_step = true;
   // Queued steps (the device actor): a step is enqueued behind the one
-  // running instead of after its result has reached the host, greedy
-  // tokens drawn on the device for the next step (step overlap's
-  // placeholders).  Same results; engine.queue_steps false turns it off.
+  // running instead of after its result has reached the host, greedy and
+  // seeded sampled tokens drawn on the device for the next step (step
+  // overlap's placeholders).  Same results; engine.queue_steps false turns it off.
   bool queue_steps = true;
   // Mixture-of-experts models: the experts spread over this many
   // sub-devices of one compute unit each (expert parallelism; >= 2), each
@@ -133,9 +133,9 @@ class llama_forward {
               std::function<void(bool ok)> on_done = {});
   forward_result collect();
   size_t in_flight() const { return flights_.size(); }
-  // Whether the device can make every one of these draws: greedy
-  // (temperature 0) and presamplable (no penalties), as sampler's first
-  // branch.
+  // Whether the device can make every one of these draws: presamplable
+  // (no penalties: greedy by argmax_rows, sampled by sample_rows, as the
+  // host sampler draws) with a logit_bias sorted by token.
   static bool draws_on_device(const std::vector<presample_row>& rows);
 
   const model_hparams& hparams() const { return model_->hparams(); }
@@ -288,13 +288,21 @@ class llama_forward {
   int hidden_capacity_ = 0;
   // Device draws (kernels/draw.cl): the logit row of each, and the tokens
   // drawn (read by the next step's embedding); room for draw_capacity_.
-  cl::kernel k_argmax_;
+  cl::kernel k_argmax_, k_sample_;
   cl::buffer draw_rows_, drawn_;
   cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
+  // Sampled draws (temperature > 0): which draws, their parameters, their
+  // random bits, and sample_rows' scratch (three vocabulary rows each).
+  cl::buffer sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_;
   int draw_capacity_ = 0;
   int device_draws_ = 0;  // draws the step submitted last made on the device
   // Grows the draw buffers to hold n draws, keeping the last step's.
   bool ensure_draws(int n);
+  // Enqueues the device draws of b's presample rows (after its logits):
+  // every row by argmax, then the sampled rows again by sample_rows
+  // (llama_forward_draws.cpp).
+  struct flight;
+  void enqueue_draws(const forward_batch& b, flight& f);
 
   // A submitted step: the host memory its writes read and its reads fill,
   // held until collect() (the writes and reads do not wait).
@@ -302,6 +310,10 @@ class llama_forward {
     std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows, hidden_rows;
     std::vector<int32_t> bias_off, bias_tok;  // the draws' logit_bias (draw.cl)
     std::vector<float> bias_val;
+    std::vector<int32_t> sample_which;  // sampled draws: which, and their parameters
+    std::vector<float> sample_fpar;
+    std::vector<uint32_t> sample_ipar;
+    std::vector<uint64_t> sample_bits;
     std::vector<float> rope, rope_swa;
     std::vector<float> stage_input;  // a later pipeline stage's input rows
     forward_result result;

@@ -1,5 +1,7 @@
 #include "runtime/engine/sampler.hpp"
 
+#include "runtime/engine/draw_arith.hpp"
+
 #include <sstream>
 #include <stdexcept>
 
@@ -37,14 +39,86 @@ std::string validate(const sampling_params& p) {
 sampler::sampler(const sampling_params& p) : params_(p) {}
 
 double seeded_uniform(uint64_t seed, uint64_t position) {
-  auto mix = [](uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t bits = mix(mix(seed) ^ position);
+  const uint64_t bits = draw::seeded_bits(seed, position);
   return static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 bits: [0, 1)
+}
+
+// A seeded draw from cand_ (the logits after bias and penalties, in token
+// order), in draw_arith.hpp's arithmetic, which kernels/draw.cl's
+// sample_rows repeats bit for bit: weights W_i = floor(exp((l_i - max) / T)
+// * 2^31); candidates (W_i > 0) in order of larger logit, then smaller
+// index; top-k keeps the first k, min-p those with exp(...) >= min_p,
+// top-p the shortest prefix of those reaching top_p of the top-k's
+// weight; the draw point (bits * total) >> 64 picks the first kept token,
+// in token order, whose running weight passes it.
+int32_t sampler::draw_sampled(size_t position) {
+  const auto& p = params_;
+  float mx = -INFINITY;
+  for (const auto& c : cand_) mx = std::max(mx, c.first);
+  if (!std::isfinite(mx)) {  // an infinite maximum: the first of them
+    size_t i = 0;
+    while (cand_[i].first != mx) ++i;
+    return static_cast<int32_t>(i);
+  }
+  const float inv_t = 1.0f / p.temperature;
+  if (!std::isfinite(inv_t)) {  // a temperature too small for its inverse: greedy
+    size_t best = 0;
+    for (size_t i = 1; i < cand_.size(); ++i)
+      if (cand_[i].first > cand_[best].first) best = i;
+    return static_cast<int32_t>(best);
+  }
+  const size_t n = cand_.size();
+  weights_.resize(n);
+  order_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    weights_[i] = draw::exp_neg((cand_[i].first - mx) * inv_t);
+    if (draw::weight(weights_[i]) > 0) order_.push_back(static_cast<int32_t>(i));
+  }
+  auto before = [&](int32_t a, int32_t b) {
+    const uint32_t ka = draw::order_key(cand_[a].first), kb = draw::order_key(cand_[b].first);
+    return ka > kb || (ka == kb && a < b);
+  };
+  const bool top_p = draw::top_p_fixed(p.top_p) < (1u << 24);
+  size_t keep = order_.size();
+  if (p.top_k > 0) keep = std::min(keep, static_cast<size_t>(p.top_k));
+  if (keep == order_.size() && !top_p) {
+    // No cut by order: min-p alone is a test of each token.
+    if (p.min_p > 0.0f) std::erase_if(order_, [&](int32_t i) { return weights_[i] < p.min_p; });
+  } else {
+    // Cuts by order: the first `keep` in order suffice.
+    if (keep < order_.size())
+      std::partial_sort(order_.begin(), order_.begin() + static_cast<ptrdiff_t>(keep), order_.end(),
+                        before);
+    else
+      std::sort(order_.begin(), order_.end(), before);
+    order_.resize(keep);
+    uint64_t mass_k = 0;
+    for (int32_t i : order_) mass_k += draw::weight(weights_[i]);
+    size_t kept = 0;
+    while (kept < keep && weights_[order_[kept]] >= p.min_p) ++kept;
+    if (top_p) {
+      const uint64_t need = draw::top_p_mass(mass_k, draw::top_p_fixed(p.top_p));
+      uint64_t cum = 0;
+      for (size_t j = 0; j < kept; ++j) {
+        cum += draw::weight(weights_[order_[j]]);
+        if (cum >= need) {
+          kept = j + 1;
+          break;
+        }
+      }
+    }
+    order_.resize(kept);
+    std::sort(order_.begin(), order_.end());  // the draw walks in token order
+  }
+  uint64_t total = 0;
+  for (int32_t i : order_) total += draw::weight(weights_[i]);
+  const uint64_t r = draw::draw_point(draw::seeded_bits(p.seed, position), total);
+  uint64_t acc = 0;
+  for (int32_t i : order_) {
+    acc += draw::weight(weights_[i]);
+    if (acc > r) return i;
+  }
+  return order_.back();  // not reached: r < total
 }
 
 namespace {
@@ -140,46 +214,7 @@ sample_result sampler::pick(std::span<const float> raw, std::span<const int32_t>
     });
     res.token = best->second;
   } else {
-    // Sort descending once; every truncation is then a prefix.
-    size_t keep = cand_.size();
-    if (p.top_k > 0) keep = std::min(keep, size_t(p.top_k));
-    std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(),
-                      [](auto& a, auto& b) { return a.first > b.first; });
-    cand_.resize(keep);
-    const float mx = cand_.front().first;
-    std::vector<double> probs(keep);
-    double sum = 0.0;
-    for (size_t i = 0; i < keep; ++i) {
-      probs[i] = std::exp(static_cast<double>((cand_[i].first - mx) / p.temperature));
-      sum += probs[i];
-    }
-    for (auto& x : probs) x /= sum;
-    if (p.min_p > 0.0f) {
-      const double floor = probs[0] * p.min_p;
-      size_t k = 1;
-      while (k < keep && probs[k] >= floor) ++k;
-      keep = k;
-    }
-    if (p.top_p < 1.0f) {
-      double cum = 0.0;
-      size_t k = 0;
-      while (k < keep) {
-        cum += probs[k++];
-        if (cum >= p.top_p) break;
-      }
-      keep = k;
-    }
-    double total = 0.0;
-    for (size_t i = 0; i < keep; ++i) total += probs[i];
-    double r = total * seeded_uniform(p.seed, position), acc = 0.0;
-    res.token = cand_[keep - 1].second;
-    for (size_t i = 0; i < keep; ++i) {
-      acc += probs[i];
-      if (r < acc) {
-        res.token = cand_[i].second;
-        break;
-      }
-    }
+    res.token = draw_sampled(position);
   }
 
   return with_logprobs(res, raw);

@@ -87,10 +87,13 @@ class sampler {
   sample_result pick(std::span<const float> logits, std::span<const int32_t> history,
                      size_t position);
   sample_result with_logprobs(sample_result res, std::span<const float> logits) const;
+  int32_t draw_sampled(size_t position);
 
   sampling_params params_;
   std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
   std::vector<float> biased_;                    // the logits with logit_bias added
+  std::vector<float> weights_;                   // a sampled draw's exp((l - max) / T)
+  std::vector<int32_t> order_;                   // its candidates
 };
 
 }  // namespace troupe

@@ -133,13 +133,13 @@ struct options {
 
 struct tally {
   uint64_t rounds = 0, requests = 0, greedy_checked = 0, biased_checked = 0, sampled = 0,
-           cancels = 0, deadlines = 0, disconnects = 0, bad_frames = 0, pings = 0,
-           preempted_recompute = 0, preempted_swap = 0, migrations = 0, migrations_refused = 0,
-           kills = 0, node_rounds = 0, node_kills = 0, pd_rounds = 0, role_flips = 0,
-           role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0, sets = 0,
-           http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0, dp_rounds = 0,
-           dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0, expert_swaps = 0,
-           overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
+           sampled_twins_checked = 0, cancels = 0, deadlines = 0, disconnects = 0, bad_frames = 0,
+           pings = 0, preempted_recompute = 0, preempted_swap = 0, migrations = 0,
+           migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0, pd_rounds = 0,
+           role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0,
+           sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0,
+           dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
+           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
            layer_moves = 0, layer_moves_refused = 0, stage_node_kills = 0, overlapped_steps = 0,
            hostile_admin = 0, hostile_http = 0, starve_http = 0, tier_rounds = 0,
@@ -159,6 +159,7 @@ struct tracked {
   kind k = kind::greedy;
   size_t prompt = 0;
   int32_t forced = -1, banned = -1;  // kind::biased
+  int twin = -1;                     // kind::sampled: its parameters' index in the round
   std::vector<int32_t> tokens;
   int terminals = 0;
   // Generates sent again with this id while it looked in flight: each is
@@ -244,6 +245,8 @@ class round_driver {
       violation("registry: both nodes not up within 60 s");
     const int n_sockets = 2 + pick(4);
     for (int i = 0; i < n_sockets; ++i) sockets_.push_back(new_socket());
+    sampled_sent_.clear();  // twins within a round: one server, one model
+    sampled_done_.clear();
     const auto end = clock_type::now() + std::chrono::milliseconds(int64_t(round_s * 1000));
     while (clock_type::now() < end) {
       act();
@@ -527,7 +530,20 @@ class round_driver {
     return g;
   }
 
+  // A seeded sampled request; in some, one sent before in this round again
+  // under a new id (a twin): it must draw the same tokens, wherever and
+  // however it runs (on the host or the device, moved, preempted).
   wire::Generate sampled(client_socket& s, uint64_t id) {
+    if (!sampled_sent_.empty() && chance(0.3)) {
+      const size_t twin = pick(sampled_sent_.size());
+      wire::Generate g = sampled_sent_[twin];
+      g.set_request_id(id);
+      tracked t = track(kind::sampled, 0);
+      t.twin = static_cast<int>(twin);
+      s.reqs[id] = t;
+      ++t_.sampled;
+      return g;
+    }
     wire::Generate g;
     g.set_request_id(id);
     const size_t prompt = pick(kPrompts.size());
@@ -538,13 +554,17 @@ class round_driver {
     g.mutable_sampling()->set_seed(id);
     if (chance(0.5)) g.mutable_sampling()->set_top_k(1 + static_cast<int>(pick(50)));
     if (chance(0.3)) g.mutable_sampling()->set_top_p(0.5f + static_cast<float>(pick(50)) / 100.0f);
+    if (chance(0.2)) g.mutable_sampling()->set_min_p(static_cast<float>(pick(20)) / 100.0f);
     g.set_logprobs(static_cast<int>(pick(21)));
     // Penalties read the tokens themselves: step overlap cannot draw these
     // ahead, and the steps they are in wait for their results.
     if (chance(0.2)) g.mutable_sampling()->set_repetition_penalty(1.1f);
     if (chance(0.2)) g.set_request_class(wire::OFFLINE);
     if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(17)));
-    s.reqs[id] = track(kind::sampled, prompt);
+    tracked t = track(kind::sampled, prompt);
+    t.twin = static_cast<int>(sampled_sent_.size());
+    sampled_sent_.push_back(g);
+    s.reqs[id] = t;
     ++t_.sampled;
     return g;
   }
@@ -1092,6 +1112,16 @@ class round_driver {
                   std::to_string(r.forced) + ", banned " + std::to_string(r.banned) +
                   ") was not biased");
     }
+    if (r.k == kind::sampled && r.twin >= 0 && (how == "LENGTH" || how == "EOS") &&
+        r.duplicates == 0) {
+      auto [first, fresh] = sampled_done_.try_emplace(r.twin, r.tokens);
+      if (!fresh) {
+        ++t_.sampled_twins_checked;
+        if (first->second != r.tokens)
+          violation("sampled request " + std::to_string(id) +
+                    " drew other tokens than its twin with the same seed and parameters");
+      }
+    }
     if (r.k == kind::greedy && how == "LENGTH" && r.duplicates == 0) {
       ++t_.greedy_checked;
       if (r.tokens != ref_->tokens[r.prompt])
@@ -1180,6 +1210,8 @@ class round_driver {
   const model_reference* ref_ = nullptr;  // this round's model
   int http_port_ = 0;
   int admin_port_ = 0;
+  std::vector<wire::Generate> sampled_sent_;          // this round's sampled requests
+  std::map<int, std::vector<int32_t>> sampled_done_;  // the tokens of the first of each to end
   std::vector<int> slow_clients_;  // half-sent requests and unread streams, closed at settle
   zmq::context_t zmq_ctx_;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
@@ -1267,6 +1299,7 @@ int run(const options& o) {
             {"greedy_checked", t.greedy_checked},
             {"biased_checked", t.biased_checked},
             {"sampled", t.sampled},
+            {"sampled_twins_checked", t.sampled_twins_checked},
             {"cancels", t.cancels},
             {"deadlines", t.deadlines},
             {"disconnects", t.disconnects},

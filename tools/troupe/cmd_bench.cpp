@@ -3,7 +3,8 @@
 // greedy generation: each step's token is the last step's greedy draw,
 // with two steps on their way as the instance sends them (step overlap),
 // so a pipelining device (engine_options::pipeline) runs them back to back.
-// (llama-bench's tg feeds random tokens and samples nothing.)
+// (llama-bench's tg feeds random tokens and samples nothing.)  With
+// --temperature, tg's draws are seeded samples (top-k, top-p, min-p).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@ struct bench_flags {
   int n_gen = 128;
   int reps = 3;
   bool json = false;
+  sampling_params sampling;  // tg's draws: greedy unless a temperature is given
 };
 
 struct stat {
@@ -75,7 +77,7 @@ int run_bench(const bench_flags& f) {
       b.positions = {seq.length};
       b.seqs.push_back({0, 1, seq.pages});
       b.logit_rows = {0};
-      b.presample.push_back({0, sampling_params{}, seq.length + 1});
+      b.presample.push_back({0, f.sampling, seq.length + 1});
       if (k > 1) {
         b.after = k - 1;
         b.placeholders.push_back({0, 0});
@@ -155,7 +157,24 @@ void add_bench(CLI::App& app) {
   cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (tg test; 0 skips)")->default_val(128);
   cmd->add_option("-r,--reps", f->reps, "repetitions")->default_val(3)->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
-  cmd->callback([f] { run_bench(*f); });
+  cmd->add_option("--temperature", f->sampling.temperature,
+                  "tg: sample at this temperature, seeded (0: greedy)")
+      ->default_val(0.0f)
+      ->check(CLI::Range(0.0f, 100.0f));
+  cmd->add_option("--top-k", f->sampling.top_k, "tg: top-k (0: off)")
+      ->default_val(0)
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--top-p", f->sampling.top_p, "tg: top-p (1: off)")
+      ->default_val(1.0f)
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--min-p", f->sampling.min_p, "tg: min-p (0: off)")
+      ->default_val(0.0f)
+      ->check(CLI::Range(0.0f, 1.0f));
+  cmd->add_option("--seed", f->sampling.seed, "tg: the draws' seed")->default_val(42);
+  cmd->callback([f] {
+    if (auto err = validate(f->sampling); !err.empty()) throw CLI::ValidationError(err);
+    run_bench(*f);
+  });
   add_bench_batch(*bench);
   add_bench_experts(*bench);
   add_bench_serve(*bench);

@@ -1,0 +1,110 @@
+// llama_forward's device draws (kernels/draw.cl; step overlap,
+// runtime/engine/step_overlap.hpp): the token of each presample row drawn
+// on the device right after the step's logits, so the next step can be
+// enqueued before they reach the host.  Greedy and sampled draws both
+// equal the host sampler's, bit for bit (runtime/engine/draw_arith.hpp).
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/engine/draw_arith.hpp"
+#include "runtime/engine/step_overlap.hpp"
+
+namespace troupe {
+
+namespace {
+
+// sample_rows' work-group (DRAW_G in draw.cl).
+constexpr size_t k_draw_group = 16;
+
+// Grows b to hold `bytes`, doubling.
+void fit(cl::context& ctx, cl::buffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = ctx.alloc(std::max<size_t>(bytes, 8) * 2);
+}
+
+}  // namespace
+
+bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
+  return std::all_of(rows.begin(), rows.end(), [](const presample_row& p) {
+    // logit_bias included: draw.cl adds it as the sampler does, for a
+    // list sorted by token without repeats (check_generate sorts it; the
+    // wire's map has no repeats); another list is drawn on the host.
+    const auto& lb = p.sampling.logit_bias;
+    const bool sorted = std::adjacent_find(lb.begin(), lb.end(), [](const auto& a, const auto& b) {
+                          return a.token >= b.token;
+                        }) == lb.end();
+    return presamplable(p.sampling) && sorted;
+  });
+}
+
+bool llama_forward::ensure_draws(int n) {
+  if (n <= draw_capacity_) return false;
+  const int cap = std::max(n, 2 * draw_capacity_);
+  auto rows = ctx_.alloc(static_cast<size_t>(cap) * 4);
+  auto drawn = ctx_.alloc(static_cast<size_t>(cap) * 4);
+  // The next step may read the last step's draws: they move along (in
+  // queue order, after that step has written them).
+  if (device_draws_ > 0) ctx_.copy(drawn_, drawn, static_cast<size_t>(device_draws_) * 4, 0);
+  draw_rows_ = std::move(rows);
+  drawn_ = std::move(drawn);
+  draw_capacity_ = cap;
+  return true;
+}
+
+void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
+  const auto& hp = hparams();
+  const int n_draws = static_cast<int>(b.presample.size());
+  ctx_.write(draw_rows_, f.draw_rows.data(), static_cast<size_t>(n_draws) * 4);
+  // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs.
+  f.bias_off.assign(1, 0);
+  for (int k = 0; k < n_draws; ++k) {
+    for (const auto& tb : b.presample[k].sampling.logit_bias) {
+      f.bias_tok.push_back(tb.token);
+      f.bias_val.push_back(tb.bias);
+    }
+    f.bias_off.push_back(static_cast<int32_t>(f.bias_tok.size()));
+  }
+  const size_t n_bias = std::max<size_t>(f.bias_tok.size(), 1);
+  if (bias_off_.bytes() < f.bias_off.size() * 4) bias_off_ = ctx_.alloc(f.bias_off.size() * 4 * 2);
+  if (bias_tok_.bytes() < n_bias * 4) {
+    bias_tok_ = ctx_.alloc(n_bias * 4 * 2);
+    bias_val_ = ctx_.alloc(n_bias * 4 * 2);
+  }
+  ctx_.write(bias_off_, f.bias_off.data(), f.bias_off.size() * 4);
+  if (!f.bias_tok.empty()) {
+    ctx_.write(bias_tok_, f.bias_tok.data(), f.bias_tok.size() * 4);
+    ctx_.write(bias_val_, f.bias_val.data(), f.bias_val.size() * 4);
+  }
+  k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_);
+  ctx_.launch(k_argmax_, {static_cast<size_t>(n_draws)}, {1});
+
+  // The sampled draws again, over the greedy ones argmax_rows made.
+  for (int k = 0; k < n_draws; ++k) {
+    const auto& p = b.presample[k];
+    // Greedy rows, and temperatures too small for their inverse (greedy
+    // on the host too), keep argmax_rows' draw.
+    if (p.sampling.temperature == 0.0f || !std::isfinite(1.0f / p.sampling.temperature)) continue;
+    f.sample_which.push_back(k);
+    f.sample_fpar.push_back(1.0f / p.sampling.temperature);
+    f.sample_fpar.push_back(p.sampling.min_p);
+    f.sample_ipar.push_back(static_cast<uint32_t>(p.sampling.top_k));
+    f.sample_ipar.push_back(draw::top_p_fixed(p.sampling.top_p));
+    f.sample_bits.push_back(draw::seeded_bits(p.sampling.seed, static_cast<uint64_t>(p.position)));
+  }
+  const size_t n_sampled = f.sample_which.size();
+  if (n_sampled == 0) return;
+  fit(ctx_, sample_which_, n_sampled * 4);
+  fit(ctx_, sample_fpar_, n_sampled * 8);
+  fit(ctx_, sample_ipar_, n_sampled * 8);
+  fit(ctx_, sample_bits_, n_sampled * 8);
+  fit(ctx_, sample_scratch_, n_sampled * 3 * static_cast<size_t>(hp.n_vocab) * sizeof(float));
+  ctx_.write(sample_which_, f.sample_which.data(), n_sampled * 4);
+  ctx_.write(sample_fpar_, f.sample_fpar.data(), n_sampled * 8);
+  ctx_.write(sample_ipar_, f.sample_ipar.data(), n_sampled * 8);
+  ctx_.write(sample_bits_, f.sample_bits.data(), n_sampled * 8);
+  k_sample_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_,
+                 sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_);
+  ctx_.launch(k_sample_, {n_sampled * k_draw_group}, {k_draw_group});
+}
+
+}  // namespace troupe

@@ -1,0 +1,221 @@
+// Sampled draws on the device (kernels/draw.cl, sample_rows) against the
+// host sampler (runtime/engine/sampler.cpp): the same token for the same
+// logits, parameters, seed and position, every time.  Exact equality is
+// the design (runtime/engine/draw_arith.hpp), so any difference fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/device/cl_runtime.hpp"
+#include "runtime/device/llama_forward.hpp"
+#include "runtime/engine/draw_arith.hpp"
+#include "runtime/engine/sampler.hpp"
+#include "tests/unit/kernel_test_io.hpp"
+
+namespace troupe {
+namespace {
+
+using kernel_test::download;
+using kernel_test::random_floats;
+using kernel_test::shared_context;
+using kernel_test::upload;
+
+shared_context& context() {
+  static shared_context shared;
+  return kernel_test::make_once(shared, [](cl::context&) {
+    return std::optional<std::string>("-cl-std=CL1.2 -cl-mad-enable");
+  });
+}
+
+class KernelSample : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!context().ctx) GTEST_SKIP() << "no OpenCL device: " << context().no_device;
+  }
+  cl::context& ctx() { return *context().ctx; }
+
+  // Draws each (row, params, position) on the device; the greedy rows
+  // (temperature 0) by argmax_rows, as llama_forward does.
+  std::vector<int32_t> device_draws(const std::vector<float>& logits, int n_vocab,
+                                    const std::vector<int32_t>& rows,
+                                    const std::vector<sampling_params>& params,
+                                    const std::vector<uint64_t>& positions) {
+    auto& c = ctx();
+    std::vector<int32_t> off = {0}, toks, which;
+    std::vector<float> vals, fpar;
+    std::vector<uint32_t> ipar;
+    std::vector<uint64_t> bits;
+    for (size_t k = 0; k < params.size(); ++k) {
+      const auto& p = params[k];
+      for (const auto& tb : p.logit_bias) {
+        toks.push_back(tb.token);
+        vals.push_back(tb.bias);
+      }
+      off.push_back(static_cast<int32_t>(toks.size()));
+      if (p.temperature == 0.0f || !std::isfinite(1.0f / p.temperature)) continue;
+      which.push_back(static_cast<int32_t>(k));
+      fpar.push_back(1.0f / p.temperature);
+      fpar.push_back(p.min_p);
+      ipar.push_back(static_cast<uint32_t>(p.top_k));
+      ipar.push_back(draw::top_p_fixed(p.top_p));
+      bits.push_back(draw::seeded_bits(p.seed, positions[k]));
+    }
+    if (toks.empty()) {
+      toks.push_back(0);
+      vals.push_back(0.0f);
+    }
+    const auto lb = upload(c, logits), rb = upload(c, rows), ob = upload(c, off),
+               tb = upload(c, toks), vb = upload(c, vals);
+    const auto db = c.alloc(rows.size() * 4);
+    auto argmax = c.make_kernel("argmax_rows");
+    argmax.args(lb, n_vocab, rb, db, ob, tb, vb);
+    c.launch(argmax, {rows.size()}, {1});
+    if (!which.empty()) {
+      const auto wb = upload(c, which), fb = upload(c, fpar), ib = upload(c, ipar),
+                 bb = upload(c, bits);
+      const auto scratch = c.alloc(which.size() * 3 * static_cast<size_t>(n_vocab) * 4);
+      auto k = c.make_kernel("sample_rows");
+      k.args(lb, n_vocab, rb, db, ob, tb, vb, wb, fb, ib, bb, scratch);
+      c.launch(k, {which.size() * 16}, {16});
+    }
+    return download<int32_t>(c, db, rows.size());
+  }
+
+  static int32_t host_draw(const std::vector<float>& logits, int n_vocab, int row,
+                           const sampling_params& p, uint64_t position) {
+    sampler s(p);
+    try {
+      return s.sample_at(
+          {logits.data() + static_cast<size_t>(row) * n_vocab, static_cast<size_t>(n_vocab)},
+          position);
+    } catch (const std::invalid_argument&) {
+      return -1;
+    }
+  }
+
+  void expect_same(const std::vector<float>& logits, int n_vocab, const std::vector<int32_t>& rows,
+                   const std::vector<sampling_params>& params,
+                   const std::vector<uint64_t>& positions) {
+    const auto got = device_draws(logits, n_vocab, rows, params, positions);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const auto& p = params[k];
+      EXPECT_EQ(got[k], host_draw(logits, n_vocab, rows[k], p, positions[k]))
+          << "draw " << k << " of row " << rows[k] << ": T " << p.temperature << " top_k "
+          << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p << " seed " << p.seed
+          << " position " << positions[k] << " biases " << p.logit_bias.size();
+    }
+  }
+};
+
+sampling_params sampled(float t, int top_k, float top_p, float min_p, uint64_t seed) {
+  sampling_params p;
+  p.temperature = t;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.seed = seed;
+  return p;
+}
+
+// Every truncation alone and together, over vocabularies from one token to
+// Gemma's size, many seeds and positions: the device's token is the host's.
+TEST_F(KernelSample, SampledDrawsEqualTheHostSamplers) {
+  std::mt19937 rng(29);
+  for (const int n_vocab : {1, 7, 100, 1000, 49152}) {
+    SCOPED_TRACE("n_vocab " + std::to_string(n_vocab));
+    const int R = 3;
+    auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -8.0f, 8.0f, rng);
+    // Row 1 peaked (a few tokens hold the mass), row 2 coarse (many ties).
+    for (int i = 0; i < n_vocab; ++i) {
+      logits[static_cast<size_t>(n_vocab) + i] *= 3.0f;
+      logits[2 * static_cast<size_t>(n_vocab) + i] =
+          std::round(logits[2 * static_cast<size_t>(n_vocab) + i]);
+    }
+    std::vector<int32_t> rows;
+    std::vector<sampling_params> params;
+    std::vector<uint64_t> positions;
+    const float temps[] = {0.0f, 0.3f, 0.8f, 1.0f, 1.7f};
+    const int top_ks[] = {0, 1, 2, 40, 5000};
+    const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.1f, 1e-9f};
+    const float min_ps[] = {0.0f, 0.05f, 0.5f};
+    for (int trial = 0; trial < 48; ++trial) {
+      rows.push_back(trial % R);
+      params.push_back(sampled(temps[trial % 5], top_ks[(trial / 2) % 5], top_ps[(trial / 3) % 5],
+                               min_ps[(trial / 5) % 3], 1000 + trial));
+      positions.push_back(static_cast<uint64_t>(trial * 7919 % 4096));
+    }
+    expect_same(logits, n_vocab, rows, params, positions);
+  }
+}
+
+// The same seed walks a sequence of positions (what a request draws token
+// after token): every one of 200 draws equal.
+TEST_F(KernelSample, ASequenceOfSeededDrawsIsTheHosts) {
+  std::mt19937 rng(31);
+  const int n_vocab = 4096;
+  auto logits = random_floats(n_vocab, -6.0f, 6.0f, rng);
+  std::vector<int32_t> rows(200, 0);
+  std::vector<sampling_params> params(200, sampled(0.8f, 0, 0.95f, 0.0f, 42));
+  std::vector<uint64_t> positions(200);
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = 17 + i;
+  expect_same(logits, n_vocab, rows, params, positions);
+}
+
+// OpenAI's logit_bias before sampling, infinities, a NaN (refused: -1),
+// signed zeros and a row of equal logits (the ties' order is the index's).
+TEST_F(KernelSample, BiasInfinitiesNaNsAndTiesAreTheHosts) {
+  const int n_vocab = 300;
+  std::mt19937 rng(37);
+  const int R = 5;
+  auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -3.0f, 3.0f, rng);
+  auto row = [&](int r) { return logits.begin() + static_cast<ptrdiff_t>(r) * n_vocab; };
+  std::fill(row(1), row(2), 0.25f);
+  row(2)[7] = std::numeric_limits<float>::infinity();
+  row(2)[9] = std::numeric_limits<float>::infinity();
+  row(3)[100] = std::nanf("");
+  for (int i = 0; i < n_vocab; ++i) row(4)[i] = i % 2 ? 0.0f : -0.0f;
+  std::vector<int32_t> rows;
+  std::vector<sampling_params> params;
+  std::vector<uint64_t> positions;
+  for (int r = 0; r < R; ++r)
+    for (int variant = 0; variant < 6; ++variant) {
+      auto p = sampled(0.9f, variant % 3 == 1 ? 3 : 0, variant >= 3 ? 0.6f : 1.0f, 0.0f,
+                       static_cast<uint64_t>(r * 10 + variant));
+      if (variant == 2) p.logit_bias = {{1, 5.0f}, {2, -100.0f}, {n_vocab + 3, 1.0f}};
+      if (variant == 5) p.logit_bias = {{0, 0.5f}, {150, 2.0f}};
+      if (variant == 4) p.temperature = 1e-45f;  // 1 / T is infinite: greedy
+      rows.push_back(r);
+      params.push_back(p);
+      positions.push_back(static_cast<uint64_t>(variant));
+    }
+  expect_same(logits, n_vocab, rows, params, positions);
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Which draws the device makes itself, so that the next step is queued
+// behind the last without waiting for the host: greedy and sampled rows
+// alike; not penalties (they read the tokens), nor an unsorted logit_bias.
+TEST(DeviceDraws, SampledRowsAreDrawnOnTheDeviceAndPenalizedOnesAreNot) {
+  presample_row greedy{0, {}, 5};
+  presample_row hot{1, sampled(0.8f, 0, 0.95f, 0.0f, 7), 9};
+  EXPECT_TRUE(llama_forward::draws_on_device({greedy, hot}));
+  presample_row penalized = hot;
+  penalized.sampling.presence_penalty = 0.5f;
+  EXPECT_FALSE(llama_forward::draws_on_device({greedy, penalized}));
+  presample_row unsorted = hot;
+  unsorted.sampling.logit_bias = {{9, 1.0f}, {3, -1.0f}};
+  EXPECT_FALSE(llama_forward::draws_on_device({unsorted}));
+}
+
+}  // namespace
+}  // namespace troupe
