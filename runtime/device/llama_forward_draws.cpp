@@ -17,9 +17,10 @@ namespace {
 // sample_rows' work-group (DRAW_G in draw.cl).
 constexpr size_t k_draw_group = 16;
 
-// Grows b to hold `bytes`, doubling.
-void fit(cl::context& ctx, cl::buffer& b, size_t bytes) {
-  if (b.bytes() < bytes) b = ctx.alloc(std::max<size_t>(bytes, 8) * 2);
+// Grows b to hold `bytes`: doubling, or to the byte where `exact` (the
+// scratch, three vocabulary rows a draw: Gemma's 3 MiB each).
+void fit(cl::context& ctx, cl::buffer& b, size_t bytes, bool exact = false) {
+  if (b.bytes() < bytes) b = ctx.alloc(exact ? bytes : std::max<size_t>(bytes, 8) * 2);
 }
 
 }  // namespace
@@ -97,7 +98,7 @@ void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
   fit(ctx_, sample_fpar_, n_sampled * 8);
   fit(ctx_, sample_ipar_, n_sampled * 8);
   fit(ctx_, sample_bits_, n_sampled * 8);
-  fit(ctx_, sample_scratch_, n_sampled * 3 * static_cast<size_t>(hp.n_vocab) * sizeof(float));
+  fit(ctx_, sample_scratch_, n_sampled * 3 * static_cast<size_t>(hp.n_vocab) * sizeof(float), true);
   ctx_.write(sample_which_, f.sample_which.data(), n_sampled * 4);
   ctx_.write(sample_fpar_, f.sample_fpar.data(), n_sampled * 8);
   ctx_.write(sample_ipar_, f.sample_ipar.data(), n_sampled * 8);

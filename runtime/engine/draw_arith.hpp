@@ -7,8 +7,9 @@
 // rint, ldexp), which OpenCL and C++ both round exactly; no library exp
 // (libm's and OpenCL's differ in the last place), no contraction, no sum
 // whose order could differ.  Weights are then integers, and integer sums
-// are the same in any order.  kernels/draw.cl mirrors each function by
-// name; change both or neither.
+// are the same in any order.  kernels/draw.cl mirrors each function under
+// a draw_ prefix (its exp multiplies by 2^k built from bits where this
+// one calls ldexp: both exact, so the same); change both or neither.
 #include <cmath>
 #include <cstdint>
 
