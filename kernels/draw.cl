@@ -1,4 +1,6 @@
-// Greedy draws on the device (step overlap, runtime/engine/step_overlap.hpp): the
+// Draws on the device (step overlap, runtime/engine/step_overlap.hpp):
+// argmax_rows makes every draw greedily, then sample_rows (below) makes
+// the sampled ones again.  Greedy: the
 // token of draw k is the first maximum of logit row rows[k], -1 where the
 // row holds a NaN: what the host sampler's greedy path picks, or refuses.
 // The next step's embedding reads drawn[] (token_at), so it can be
@@ -108,12 +110,13 @@ __kernel void argmax_rows(__global const float* logits, int n_vocab, __global co
 // r = (bits * total) >> 64 picks the first kept token, in index order,
 // whose running weight passes r.
 //
-// One work-group of DRAW_G items per draw, each item a contiguous chunk
+// One work-group of DRAW_G items per draw (its local memory 18 KiB,
+// within OpenCL's 32 KiB minimum), each item a contiguous chunk
 // of the vocabulary.  No sort: the cut of top-k (by count) and of top-p
 // (by weight) is found by a radix select over the logits' ordered keys,
 // four passes of 8 bits, and ties at the cut are broken by index.
 
-#define DRAW_G 16
+#define DRAW_G 8
 
 float draw_exp_neg(float x) {
   if (!(x >= -80.0f)) return 0.0f;
@@ -326,15 +329,17 @@ int draw_nth_tie(__global const float* l, __global const int* list, int i0, int 
 
 // which[g]: the draw work-group g makes (its logit row rows[which[g]],
 // its logit_bias as argmax_rows reads it); fpar[2g..]: its (1 / T, min_p),
-// ipar[2g..]: (top_k, top_p * 2^24), bits[g]: its 64 random bits;
-// scratch: 3 * n_vocab floats per work-group.  A row with a NaN draws -1.
+// ipar[2g..]: (top_k, top_p * 2^24), bits[g]: its 64 random bits, where
+// g is group0 plus the group's id; scratch: 3 * n_vocab floats per
+// work-group of the launch.  A row with a NaN draws -1.
 __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
     __global const float* logits, int n_vocab, __global const int* rows, __global int* drawn,
     __global const int* bias_off, __global const int* bias_tok, __global const float* bias_val,
     __global const int* which, __global const float* fpar, __global const uint* ipar,
-    __global const ulong* bits, __global float* scratch) {
+    __global const ulong* bits, __global float* scratch, int group0) {
   const int lid = get_local_id(0);
-  const int k = which[get_group_id(0)];
+  const int g = group0 + get_group_id(0);  // the launch's draws start at group0
+  const int k = which[g];
   __global float* s = scratch + (size_t)get_group_id(0) * 3 * n_vocab;
   __global float* w = s + n_vocab;
   __global int* list = (__global int*)(w + n_vocab);
@@ -400,7 +405,6 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
     return;
   }
 
-  const int g = get_group_id(0);
   const float inv_t = fpar[2 * g], min_p = fpar[2 * g + 1];
   const int top_k = (int)ipar[2 * g];
   const uint p24 = ipar[2 * g + 1];

@@ -506,6 +506,7 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   const int n_draws = device_draws ? static_cast<int>(b.presample.size()) : 0;
   bool grew = ensure_scratch(T, std::max(R, 1));
   grew = ensure_draws(std::max(n_draws, 1)) || grew;
+  if (n_draws > 0) ensure_draw_inputs(b);
 
   // The writes below do not wait: what they read lives in the flight.
   auto f = std::make_unique<flight>();

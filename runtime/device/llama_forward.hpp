@@ -121,13 +121,13 @@ class llama_forward {
   // behind those already submitted and returns; collect() waits for the
   // oldest submitted step and returns its result; on_done(ok) runs on a
   // driver thread once the step has ended.  With device_draws, the step's
-  // presample rows (every one greedy: see draws_on_device) are drawn on
+  // presample rows (none with penalties: see draws_on_device) are drawn on
   // the device right after its logits (result.drawn), and the next step may
   // name them as tokens (forward_batch.hpp's device_draw_token), so it can
   // be submitted before this one ends.  Throws std::invalid_argument for a
   // malformed batch (a presample row outside its logit rows included), a
   // token naming a draw the last step did not make on the device, or
-  // device draws for rows that are not greedy; the batch is then not
+  // device draws for rows the device cannot draw; the batch is then not
   // submitted.
   void submit(const forward_batch& batch, bool device_draws,
               std::function<void(bool ok)> on_done = {});
@@ -292,7 +292,8 @@ class llama_forward {
   cl::buffer draw_rows_, drawn_;
   cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
   // Sampled draws (temperature > 0): which draws, their parameters, their
-  // random bits, and sample_rows' scratch (three vocabulary rows each).
+  // random bits, and sample_rows' scratch (three vocabulary rows for each
+  // draw of one launch).
   cl::buffer sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_;
   int draw_capacity_ = 0;
   int device_draws_ = 0;  // draws the step submitted last made on the device
@@ -303,6 +304,9 @@ class llama_forward {
   // (llama_forward_draws.cpp).
   struct flight;
   void enqueue_draws(const forward_batch& b, flight& f);
+  // Sizes the draws' input buffers for b before any of its writes is
+  // queued (an allocation that fails then leaves nothing half-queued).
+  void ensure_draw_inputs(const forward_batch& b);
 
   // A submitted step: the host memory its writes read and its reads fill,
   // held until collect() (the writes and reads do not wait).

@@ -15,12 +15,13 @@ namespace troupe {
 namespace {
 
 // sample_rows' work-group (DRAW_G in draw.cl).
-constexpr size_t k_draw_group = 16;
+constexpr size_t k_draw_group = 8;
+// The most sampled draws one sample_rows launch makes.
+constexpr size_t k_sample_groups = 32;
 
-// Grows b to hold `bytes`: doubling, or to the byte where `exact` (the
-// scratch, three vocabulary rows a draw: Gemma's 3 MiB each).
-void fit(cl::context& ctx, cl::buffer& b, size_t bytes, bool exact = false) {
-  if (b.bytes() < bytes) b = ctx.alloc(exact ? bytes : std::max<size_t>(bytes, 8) * 2);
+// Grows b to hold `bytes`, doubling.
+void fit(cl::context& ctx, cl::buffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = ctx.alloc(std::max<size_t>(bytes, 8) * 2);
 }
 
 }  // namespace
@@ -52,11 +53,43 @@ bool llama_forward::ensure_draws(int n) {
   return true;
 }
 
+// Whether the device draws row p by sample_rows (argmax_rows' greedy draw
+// stands for the others: greedy rows, and temperatures too small for
+// their inverse, greedy on the host too).
+bool sampled_on_device(const presample_row& p) {
+  return p.sampling.temperature != 0.0f && std::isfinite(1.0f / p.sampling.temperature);
+}
+
+void llama_forward::ensure_draw_inputs(const forward_batch& b) {
+  size_t n_bias = 0, n_sampled = 0;
+  for (const auto& p : b.presample) {
+    n_bias += p.sampling.logit_bias.size();
+    n_sampled += sampled_on_device(p) ? 1 : 0;
+  }
+  fit(ctx_, bias_off_, (b.presample.size() + 1) * 4);
+  fit(ctx_, bias_tok_, std::max<size_t>(n_bias, 1) * 4);
+  fit(ctx_, bias_val_, std::max<size_t>(n_bias, 1) * 4);
+  if (n_sampled == 0) return;
+  fit(ctx_, sample_which_, n_sampled * 4);
+  fit(ctx_, sample_fpar_, n_sampled * 8);
+  fit(ctx_, sample_ipar_, n_sampled * 8);
+  fit(ctx_, sample_bits_, n_sampled * 8);
+  // Scratch for one launch's draws, at most k_sample_groups of them:
+  // three vocabulary rows each (Gemma's 3 MiB).
+  const size_t groups = std::min(n_sampled, k_sample_groups);
+  const size_t row_bytes = 3 * static_cast<size_t>(hparams().n_vocab) * sizeof(float);
+  if (sample_scratch_.bytes() < groups * row_bytes) {
+    const size_t had = sample_scratch_.bytes() / row_bytes;
+    sample_scratch_ = ctx_.alloc(std::min(k_sample_groups, std::max(groups, 2 * had)) * row_bytes);
+  }
+}
+
 void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
   const auto& hp = hparams();
   const int n_draws = static_cast<int>(b.presample.size());
   ctx_.write(draw_rows_, f.draw_rows.data(), static_cast<size_t>(n_draws) * 4);
   // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs.
+  // The buffers were sized by ensure_draw_inputs, before any write.
   f.bias_off.assign(1, 0);
   for (int k = 0; k < n_draws; ++k) {
     for (const auto& tb : b.presample[k].sampling.logit_bias) {
@@ -64,12 +97,6 @@ void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
       f.bias_val.push_back(tb.bias);
     }
     f.bias_off.push_back(static_cast<int32_t>(f.bias_tok.size()));
-  }
-  const size_t n_bias = std::max<size_t>(f.bias_tok.size(), 1);
-  if (bias_off_.bytes() < f.bias_off.size() * 4) bias_off_ = ctx_.alloc(f.bias_off.size() * 4 * 2);
-  if (bias_tok_.bytes() < n_bias * 4) {
-    bias_tok_ = ctx_.alloc(n_bias * 4 * 2);
-    bias_val_ = ctx_.alloc(n_bias * 4 * 2);
   }
   ctx_.write(bias_off_, f.bias_off.data(), f.bias_off.size() * 4);
   if (!f.bias_tok.empty()) {
@@ -82,9 +109,7 @@ void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
   // The sampled draws again, over the greedy ones argmax_rows made.
   for (int k = 0; k < n_draws; ++k) {
     const auto& p = b.presample[k];
-    // Greedy rows, and temperatures too small for their inverse (greedy
-    // on the host too), keep argmax_rows' draw.
-    if (p.sampling.temperature == 0.0f || !std::isfinite(1.0f / p.sampling.temperature)) continue;
+    if (!sampled_on_device(p)) continue;
     f.sample_which.push_back(k);
     f.sample_fpar.push_back(1.0f / p.sampling.temperature);
     f.sample_fpar.push_back(p.sampling.min_p);
@@ -94,18 +119,20 @@ void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
   }
   const size_t n_sampled = f.sample_which.size();
   if (n_sampled == 0) return;
-  fit(ctx_, sample_which_, n_sampled * 4);
-  fit(ctx_, sample_fpar_, n_sampled * 8);
-  fit(ctx_, sample_ipar_, n_sampled * 8);
-  fit(ctx_, sample_bits_, n_sampled * 8);
-  fit(ctx_, sample_scratch_, n_sampled * 3 * static_cast<size_t>(hp.n_vocab) * sizeof(float), true);
   ctx_.write(sample_which_, f.sample_which.data(), n_sampled * 4);
   ctx_.write(sample_fpar_, f.sample_fpar.data(), n_sampled * 8);
   ctx_.write(sample_ipar_, f.sample_ipar.data(), n_sampled * 8);
   ctx_.write(sample_bits_, f.sample_bits.data(), n_sampled * 8);
-  k_sample_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_,
-                 sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_);
-  ctx_.launch(k_sample_, {n_sampled * k_draw_group}, {k_draw_group});
+  // Launches of as many draws as the scratch holds (the queue runs them in
+  // order, so each reuses it).
+  const size_t per_launch = std::min(k_sample_groups, n_sampled);
+  for (size_t first = 0; first < n_sampled; first += per_launch) {
+    const size_t groups = std::min(per_launch, n_sampled - first);
+    k_sample_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_,
+                   sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_,
+                   static_cast<int32_t>(first));
+    ctx_.launch(k_sample_, {groups * k_draw_group}, {k_draw_group});
+  }
 }
 
 }  // namespace troupe

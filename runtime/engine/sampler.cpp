@@ -94,8 +94,10 @@ int32_t sampler::draw_sampled(size_t position) {
     order_.resize(keep);
     uint64_t mass_k = 0;
     for (int32_t i : order_) mass_k += draw::weight(weights_[i]);
-    size_t kept = 0;
-    while (kept < keep && weights_[order_[kept]] >= p.min_p) ++kept;
+    // min-p tests each token (as the device does): not a prefix where
+    // the rounded exp is not monotone.
+    if (p.min_p > 0.0f) std::erase_if(order_, [&](int32_t i) { return weights_[i] < p.min_p; });
+    size_t kept = order_.size();
     if (top_p) {
       const uint64_t need = draw::top_p_mass(mass_k, draw::top_p_fixed(p.top_p));
       uint64_t cum = 0;

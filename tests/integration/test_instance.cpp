@@ -48,6 +48,7 @@ struct instance_fixture {
   bool pipeline = true;        // for the devices it spawns (engine_options::pipeline)
   int stages = 1;              // pipeline-parallel stages of the devices it spawns
   int pipeline_window = 64;    // their layer migration's window (steps)
+  int32_t max_seqs = 32;       // the most sequences a step of its instances holds
 
   instance_fixture() {
     register_message_types(cfg);
@@ -77,7 +78,7 @@ struct instance_fixture {
     instance_options o;
     o.draft_tokens = draft_tokens;
     o.limits.max_batch_tokens = max_batch_tokens;
-    o.limits.max_seqs = std::min<int32_t>(32, max_batch_tokens);
+    o.limits.max_seqs = std::min<int32_t>(max_seqs, max_batch_tokens);
     o.limits.chunk_size = chunk;
     o.preemption = mode;
     o.prefix_caching = caching;
@@ -238,6 +239,31 @@ TEST(Instance, BatchedRequestsMatchTheirRunsAlone) {
   }
 }
 
+// Seeded sampled requests, more of them in one step than one launch of
+// the device's sampler draws (32: llama_forward_draws.cpp), each with its
+// own truncations: every one draws on the device what it draws alone.
+TEST(Instance, ManySampledRequestsInOneStepDrawWhatTheyDrawAlone) {
+  instance_fixture f;
+  f.max_seqs = 48;
+  auto reqs = mixed_requests(f, 40, 12, 9, 40);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto& s = reqs[i].sampling;
+    s.temperature = 0.6f + 0.1f * static_cast<float>(i % 8);
+    s.seed = 500 + i;
+    if (i % 3 == 1) s.top_p = 0.9f;
+    if (i % 4 == 2) s.top_k = 30;
+    if (i % 5 == 3) s.min_p = 0.05f;
+  }
+  auto want = f.alone(reqs);
+  auto inst = f.instance(f.device(), 128, 128);
+  auto got = f.run(inst, reqs);
+  expect_same(got, want);
+  const auto st = f.stats(inst);
+  EXPECT_GT(st.overlapped_steps, 0u);
+  f.expect_pages_released(st);
+  caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+}
+
 TEST(Instance, SharedPrefixIsComputedOnce) {
   instance_fixture f;
   const auto prefix = f.prompt(0, 100);  // 6 full pages of 16
@@ -306,8 +332,8 @@ TEST(Instance, PreemptionBySwapKeepsOutputs) {
 // whether a sequence's token is drawn ahead (greedy, seeded sampling with
 // any truncation, logprobs) or waits for the result (penalties, drafts) in
 // the same batch, also under preemption in a small arena, and whether the
-// device enqueues a step behind the one running, drawing greedy tokens
-// itself (pipeline), or not.  Off, no step is sent while another runs.
+// device enqueues a step behind the one running, drawing greedy and seeded
+// sampled tokens itself (pipeline), or not.  Off, no step is sent while another runs.
 TEST(Instance, StepOverlapKeepsEveryOutput) {
   instance_fixture f;
   auto reqs = mixed_requests(f, 12, 24, 31, 60);

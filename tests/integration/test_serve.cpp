@@ -312,9 +312,8 @@ TEST_F(Serve, TokenIdPromptsEqualTextPrompts) {
 }
 
 // OpenAI's logit_bias on the wire: a banned token is never drawn, a forced
-// one always, greedy (drawn on the device when unbiased: a biased row must
-// go to the host's sampler) and sampled alike; ids outside the vocabulary
-// are refused.
+// one always, greedy and sampled alike (drawn on the device or the host);
+// ids outside the vocabulary are refused.
 TEST_F(Serve, LogitBiasForcesAndBansTokens) {
   client::connection c(endpoint());
   auto plain = client::run(c, {text_request(1, "Once upon a time", 8)}, 30s).at(0);

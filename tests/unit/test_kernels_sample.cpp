@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <string>
@@ -44,7 +45,8 @@ class KernelSample : public ::testing::Test {
   std::vector<int32_t> device_draws(const std::vector<float>& logits, int n_vocab,
                                     const std::vector<int32_t>& rows,
                                     const std::vector<sampling_params>& params,
-                                    const std::vector<uint64_t>& positions) {
+                                    const std::vector<uint64_t>& positions,
+                                    size_t per_launch = SIZE_MAX) {
     auto& c = ctx();
     std::vector<int32_t> off = {0}, toks, which;
     std::vector<float> vals, fpar;
@@ -78,10 +80,16 @@ class KernelSample : public ::testing::Test {
     if (!which.empty()) {
       const auto wb = upload(c, which), fb = upload(c, fpar), ib = upload(c, ipar),
                  bb = upload(c, bits);
-      const auto scratch = c.alloc(which.size() * 3 * static_cast<size_t>(n_vocab) * 4);
+      // Launches of at most per_launch draws over one scratch, as
+      // llama_forward makes them.
+      const size_t per = std::min(per_launch, which.size());
+      const auto scratch = c.alloc(per * 3 * static_cast<size_t>(n_vocab) * 4);
       auto k = c.make_kernel("sample_rows");
-      k.args(lb, n_vocab, rb, db, ob, tb, vb, wb, fb, ib, bb, scratch);
-      c.launch(k, {which.size() * 16}, {16});
+      for (size_t first = 0; first < which.size(); first += per) {
+        k.args(lb, n_vocab, rb, db, ob, tb, vb, wb, fb, ib, bb, scratch,
+               static_cast<int32_t>(first));
+        c.launch(k, {std::min(per, which.size() - first) * 8}, {8});
+      }
     }
     return download<int32_t>(c, db, rows.size());
   }
@@ -100,8 +108,8 @@ class KernelSample : public ::testing::Test {
 
   void expect_same(const std::vector<float>& logits, int n_vocab, const std::vector<int32_t>& rows,
                    const std::vector<sampling_params>& params,
-                   const std::vector<uint64_t>& positions) {
-    const auto got = device_draws(logits, n_vocab, rows, params, positions);
+                   const std::vector<uint64_t>& positions, size_t per_launch = SIZE_MAX) {
+    const auto got = device_draws(logits, n_vocab, rows, params, positions, per_launch);
     for (size_t k = 0; k < rows.size(); ++k) {
       const auto& p = params[k];
       EXPECT_EQ(got[k], host_draw(logits, n_vocab, rows[k], p, positions[k]))
@@ -164,6 +172,7 @@ TEST_F(KernelSample, ASequenceOfSeededDrawsIsTheHosts) {
   std::vector<uint64_t> positions(200);
   for (size_t i = 0; i < positions.size(); ++i) positions[i] = 17 + i;
   expect_same(logits, n_vocab, rows, params, positions);
+  expect_same(logits, n_vocab, rows, params, positions, 32);  // seven launches
 }
 
 // OpenAI's logit_bias before sampling, infinities, a NaN (refused: -1),

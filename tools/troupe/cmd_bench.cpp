@@ -68,7 +68,7 @@ int run_bench(const bench_flags& f) {
     linear_pages pages(info.n_pages, info.page_size);
     sequence_slot seq;
     feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
-    // Step k's token: step k-1's greedy draw (a placeholder), except the first's.
+    // Step k's token: step k-1's draw (a placeholder), except the first's.
     auto decode_step = [&](uint64_t k) {
       pages.reserve(seq, seq.length + 1);
       forward_batch b;
