@@ -110,6 +110,19 @@ class server_process {
     }
   }
 
+  // Polls `admin instances` until `n` instances are listed, up to `timeout`;
+  // returns the last answer.  A node whose first start-up attempt failed
+  // (a 2-core host under load) is tried again by its link, so a test of
+  // nodes waits for them rather than reading the first answer.
+  nlohmann::json wait_instances(size_t n, std::chrono::milliseconds timeout) const {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto last = admin("instances");
+      if (last.size() >= n || std::chrono::steady_clock::now() >= until) return last;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+
   // Waits for the exit; the exit code, or -1 if it did not exit in time.
   int wait_exit(std::chrono::milliseconds timeout) { return child_.wait_exit(timeout); }
 

@@ -46,7 +46,8 @@ TEST(PipelineNodes, PipelinedInstancesOnTwoNodesKeepAMigratedStream) {
     const auto cfg = write_config(secret, n1, n2, 2);
     server_process server("--config " + cfg);
     std::remove(cfg.c_str());
-    ASSERT_EQ(server.admin("instances").size(), 2u);
+    const auto inst = server.wait_instances(2, std::chrono::seconds(30));
+    ASSERT_EQ(inst.size(), 2u) << inst.dump() << "\nserver: " << server.stderr_text();
     client::connection c(server.endpoint());
     // A stream of 160 tokens can end before the first `admin migrate` (a
     // process of its own) lands on a loaded 2-core host: then the stream
@@ -142,8 +143,10 @@ TEST(PipelineNodes, LosingAStagesNodeRecoversItsRequestElsewhere) {
   const auto want = offline_tokens("stories15m", "Once upon a time", 200);
   server_process server("--config " + cfg + " --local-instances 1 --router round-robin");
   std::remove(cfg.c_str());
-  const auto inst = server.admin("instances");
-  ASSERT_EQ(inst.size(), 2u) << inst.dump();
+  const auto inst = server.wait_instances(2, std::chrono::seconds(30));
+  ASSERT_EQ(inst.size(), 2u) << inst.dump() << "\nserver: " << server.stderr_text()
+                             << "\nhost node: " << host.stderr_text()
+                             << "\nstage node: " << stage_node.stderr_text();
   client::connection c(server.endpoint());
   // Round-robin: one request on each instance.
   std::vector<client::result> rs(2);
