@@ -67,7 +67,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
   mem_fence(CLK_GLOBAL_MEM_FENCE);
 }
 
-#define LAYER_PHASES 7
+#define LAYER_PHASES 8
 
 // Phase P's N items, item i running BODY; WAIT: whether the next phase
 // needs this one's results.
@@ -82,10 +82,11 @@ INLINE void wait_items(volatile __global int* done, int n) {
     if (WAIT) wait_items(ctr + 2 * (P) + 1, n_items);                      \
   }
 
-// Counters per layer (two per phase, one spare), in a whole step's
-// counter buffer: layer l's at ctr0 + LAYER_CTRS * l, the step's own
-// (embedding, final norm, groups through) after the last layer's.
-#define LAYER_CTRS 16
+// Counters per layer (two per phase, one for the groups through, one
+// spare), in a whole step's counter buffer: layer l's at ctr0 + LAYER_CTRS
+// * l, the step's own (embedding, final norm, groups through) after the
+// last layer's.  The host's k_layer_counters.
+#define LAYER_CTRS 18
 
 // Inputs of the products per activation format: the normed rows (A), and
 // attention's and the FFN's outputs (ATT, H): quantized (Q; attention and
@@ -117,13 +118,42 @@ INLINE void wait_items(volatile __global int* done, int n) {
       __global const uchar *gu_q, __global const float *gu_d, __global const float *gu_m,          \
       __global const uchar *dn_q, __global const float *dn_d, __global const float *dn_m,          \
       __global const float *attn_norm, __global const float *ffn_norm, __global const float *bias, \
-      int has_bias, int layer, LAYER_IO_ARGS, volatile __global int *ctr
+      int has_bias, int layer, int dn_fmt, LAYER_IO_ARGS, volatile __global int *ctr
+
+// The FFN's two phases where down takes gate/up's activation format
+// (FFN_SAME: h written quantized per 32 where X is Q) ...
+#define FFN_SAME(WT, TS, X, LAST_WAIT)                                                          \
+  PHASE(5, n_glu* tg, 1,                                                                        \
+        matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
+                                    T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT))              \
+  PHASE(6, n_d* tg, LAST_WAIT,                                                                  \
+        matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
+                                rpi))
+
+// ... and where down is a K-quant beside per-32 layers (llama-quantize's
+// Q4_K_M and Q6_K of a model whose other rows are no whole super-blocks:
+// only ffn_down gets K-quants).  h is written as float, quantized to Q8_K
+// in a phase of its own (per 256 values: quantize.cl), then multiplied by
+// down's kernel: Q4_K held as q4_1 (dn_fmt 1) or the KU8 types (dn_fmt 2,
+// with sums per 16), as the launches apart run them.
+#define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                             \
+  PHASE(5, n_glu* tg, 1,                                                                          \
+        matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
+                                    T, rpi_glu, qb_q, qb_d, qb_s, 0))                            \
+  PHASE(7, T*(F / 256), 1,                                                                        \
+        quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
+  PHASE(6, n_d* tg, LAST_WAIT,                                                                    \
+        if (dn_fmt == 2) matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, Q_IN_H, x, F, \
+                                                 D, T, D, 1, rpi);                                \
+        else matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, Q_IN_H, x, F, D, T, D,  \
+                                      1, rpi))
 
 // The phases of one layer over T rows with the products of weight type WT
 // (the separate kernels' suffix, e.g. xq_q4_1) and token tile TS (t1, t4,
-// tiled: TT tokens), activations in format X, counters at ctr.  LAST_WAIT:
-// whether the last phase waits (a whole step's next layer reads its rows).
-#define LAYER_BODY(WT, TS, TT, X, LAST_WAIT)                                                       \
+// tiled: TT tokens), activations in format X, the FFN as FFN says,
+// counters at ctr.  LAST_WAIT: whether the last phase waits (a whole
+// step's next layer reads its rows).
+#define LAYER_BODY(WT, TS, TT, X, LAST_WAIT, FFN)                                                  \
   {                                                                                                \
     const int tg = (T + TT - 1) / TT;                                                              \
     const int n_qkv = ((n_head + 2 * n_kv) * hd / 2 + rpi - 1) / rpi;                              \
@@ -143,12 +173,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
           matmul_##WT##_##TS##_at(i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x, n_head * hd,  \
                                   D, T, D, 1, rpi))                                                \
     PHASE(4, T, 1, X##_NORM_ROW(i, ffn_norm))                                                      \
-    PHASE(5, n_glu* tg, 1,                                                                         \
-          matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
-                                      T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT))                \
-    PHASE(6, n_d* tg, LAST_WAIT,                                                                   \
-          matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1,  \
-                                  rpi))                                                            \
+    FFN(WT, TS, X, LAST_WAIT)                                                                      \
   }
 
 // The last group through sets the n counters at c back to zero.
@@ -157,11 +182,12 @@ INLINE void wait_items(volatile __global int* done, int n) {
   if (atomic_inc((c) + (n)-1) == get_num_groups(0) - 1) \
     for (int z = 0; z < (n); ++z) (c)[z] = 0;
 
-#define TROUPE_LAYER(WT, TS, TT, X)             \
-  __kernel void layer_##WT##_##TS(LAYER_ARGS) { \
-    const int groups = get_num_groups(0);       \
-    LAYER_BODY(WT, TS, TT, X, 0)                \
-    RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)   \
+// KIND: empty, or _kd for the K-quant down (FFN_Q8K).
+#define TROUPE_LAYER(WT, TS, TT, X, FFN, KIND)          \
+  __kernel void layer_##WT##KIND##_##TS(LAYER_ARGS) { \
+    const int groups = get_num_groups(0);             \
+    LAYER_BODY(WT, TS, TT, X, 0, FFN)                 \
+    RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)         \
   }
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
@@ -200,15 +226,16 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
 
 // A layer's tensor k in the arena: offs holds ARENA_SLOTS byte offsets per
 // layer (the host's k_arena_slots: qkv, wo, gate/up, down: quants, scales,
-// mins each; then the two norms and the bias, -1 where the layer has none).
+// mins each; then the two norms and the bias, -1 where the layer has none;
+// then not an offset: down's activation format, dn_fmt).
 #define ARENA_SLOTS 16
 #define ARENA_AT(T, k) ((__global const T*)(arena + o[k]))
 
 // A whole step: embedding (type et) of the T tokens, the n_layer layers,
 // then the final norm of the R rows logit_rows names (to qa quantized
 // where final_q8, else to xo) for the classifier's launch.
-#define TROUPE_STEP(WT, TS, TT, X)                                                               \
-  __kernel void step_##WT##_##TS(                                                                \
+#define TROUPE_STEP(WT, TS, TT, X, FFN, KIND)                                                    \
+  __kernel void step_##WT##KIND##_##TS(                                                          \
       __global const uchar* arena, __global const long* offs, int n_layer, int et,               \
       __global const uchar* eq, __global const float* ed, __global const float* em,              \
       __global const int* tokens, __global const int* drawn, __global const float* out_norm,     \
@@ -227,10 +254,10 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
                            *gu_d = ARENA_AT(float, 7), *gu_m = ARENA_AT(float, 8),               \
                            *dn_d = ARENA_AT(float, 10), *dn_m = ARENA_AT(float, 11),             \
                            *attn_norm = ARENA_AT(float, 12), *ffn_norm = ARENA_AT(float, 13);    \
-      const int has_bias = o[14] >= 0;                                                           \
+      const int has_bias = o[14] >= 0, dn_fmt = (int)o[15];                                      \
       __global const float* bias = has_bias ? ARENA_AT(float, 14) : attn_norm;                   \
       volatile __global int* ctr = ctr0 + LAYER_CTRS * layer;                                    \
-      LAYER_BODY(WT, TS, TT, X, 1)                                                               \
+      LAYER_BODY(WT, TS, TT, X, 1, FFN)                                                          \
     }                                                                                            \
     PHASE(1, R, 0,                                                                               \
           if (final_q8) rmsnorm_q8_row(i, x, out_norm, qa_q, qa_d, qa_s, logit_rows, 1, D, eps); \
@@ -238,18 +265,21 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
     RESET_COUNTERS(ctr0, LAYER_CTRS*(n_layer + 1))                                               \
   }
 
-#define TROUPE_LAYER_TILES(WT, X)         \
-  TROUPE_LAYER(WT, t1, 1, X)              \
-  TROUPE_LAYER(WT, t4, 4, X)              \
-  TROUPE_LAYER(WT, tiled, TROUPE_TILE, X) \
-  TROUPE_STEP(WT, t1, 1, X)               \
-  TROUPE_STEP(WT, t4, 4, X)               \
-  TROUPE_STEP(WT, tiled, TROUPE_TILE, X)
+#define TROUPE_LAYER_TILES(WT, X, FFN, KIND)         \
+  TROUPE_LAYER(WT, t1, 1, X, FFN, KIND)              \
+  TROUPE_LAYER(WT, t4, 4, X, FFN, KIND)              \
+  TROUPE_LAYER(WT, tiled, TROUPE_TILE, X, FFN, KIND) \
+  TROUPE_STEP(WT, t1, 1, X, FFN, KIND)               \
+  TROUPE_STEP(WT, t4, 4, X, FFN, KIND)               \
+  TROUPE_STEP(WT, tiled, TROUPE_TILE, X, FFN, KIND)
 
-TROUPE_LAYER_TILES(f32, F)
-TROUPE_LAYER_TILES(f16, F)
-TROUPE_LAYER_TILES(xq_q4_0, Q)
-TROUPE_LAYER_TILES(xq_q4_1, Q)
-TROUPE_LAYER_TILES(xq_q8_0, Q)
+TROUPE_LAYER_TILES(f32, F, FFN_SAME, )
+TROUPE_LAYER_TILES(f16, F, FFN_SAME, )
+TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )
+TROUPE_LAYER_TILES(xq_q4_1, Q, FFN_SAME, )
+TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )
+// Q8_0 (and Q5_0, held as Q8_0) layers with a K-quant down: the layers of
+// llama-quantize's K-quant files of SmolLM2 and its like.
+TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
 
 #endif  // TROUPE_FUSED_LAYERS

@@ -41,10 +41,10 @@ INLINE void q8_k_scale(__global const float* xr, float* iscale, float* d) {
 // Q4_K x Q8_K does.  With halves (the input of KU8 weights, a scale and
 // offset per 16 values), xsum holds the scaled sums of values 0-15 and
 // 16-31 of a block instead (llama.cpp's Q8_K keeps sums per 16, bsums).
-// One work-item per (256 values, row) of x [rows][K].
-__kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, __global float* xd,
-                            __global float2* xsum, int halves) {
-  const int b = get_global_id(0), r = get_global_id(1);
+// Block b (of 256 values) of row r of x [rows][K]; also the body of a
+// fused layer's phase (layer.cl) for a K-quant down projection's input.
+INLINE void quantize_q8_k_at(int b, int r, __global const float* x, int K, __global char* xq,
+                             __global float* xd, __global float2* xsum, int halves) {
   const int nb = K / 256;
   if (b >= nb) return;
   __global const float* xr = x + (size_t)r * K + (size_t)b * 256;
@@ -69,6 +69,12 @@ __kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, _
     const float whole = d * (float)(lo + hi);
     xsum[blk0 + sb] = halves ? (float2)(d * (float)lo, d * (float)hi) : (float2)(whole, whole);
   }
+}
+
+// One work-item per (256 values, row) of x [rows][K].
+__kernel void quantize_q8_k(__global const float* x, int K, __global char* xq, __global float* xd,
+                            __global float2* xsum, int halves) {
+  quantize_q8_k_at(get_global_id(0), get_global_id(1), x, K, xq, xd, xsum, halves);
 }
 
 // x's rows rounded in place to the values their Q8_K quantization holds

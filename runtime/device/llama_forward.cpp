@@ -146,13 +146,16 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
   if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
   if (can_fuse_step()) {
-    const auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
+    auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
+    // Each layer's spare slot: down's activation format (layer.cl's dn_fmt).
+    for (size_t l = 0; l < weights_.layers.size() && !offs.empty(); ++l)
+      offs[(l + 1) * k_arena_slots - 1] = input_format(weights_.layers[l].down);
     if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
   }
   // Fused layers' counters (kernels/layer.cl's LAYER_CTRS per layer: two
-  // per phase of its seven, one for the groups that are through); a whole
-  // step uses a set per layer and one of its own.
-  constexpr size_t k_layer_counters = 16;
+  // per phase of its eight, one for the groups that are through, one
+  // spare); a whole step uses a set per layer and one of its own.
+  constexpr size_t k_layer_counters = 18;
   const std::vector<int32_t> ctr_zeros(k_layer_counters * (static_cast<size_t>(hp.n_layer) + 1), 0);
   layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
@@ -195,18 +198,27 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
   return k;
 }
 
+bool llama_forward::k_down(const device_layer& L) const {
+  const auto& hp = hparams();
+  return L.qkv.type == tensor_type::q8_0 && L.down.q8_k_acts && int8_for(L.down) &&
+         (L.down.type == tensor_type::ku8 || L.down.type == tensor_type::q4_1) &&
+         hp.n_ff % 256 == 0;
+}
+
 bool llama_forward::fused(const device_layer& L) const {
   if (!opts_.fuse_layers || !ctx_.cpu() || L.moe) return false;
   // layer.cl runs the llama layer only (no QK-norm, sandwich norms, GELU
   // or sliding window: Gemma 3 runs launch by launch).
   const auto& h = hparams();
   if (h.qk_norm || h.sandwich_norms || h.gelu_ffn || h.sliding_window > 0) return false;
-  // Nor Q8_K activations (K-quant weights).
+  // Nor Q8_K activations (K-quant weights), but for a K-quant down beside
+  // Q8_0 products.
+  const bool kd = k_down(L);
   for (const device_matrix* m : {&L.qkv, &L.wo, &L.gate_up, &L.down})
-    if (m->q8_k_acts) return false;
+    if (m->q8_k_acts && !(kd && m == &L.down)) return false;
   const tensor_type t = L.qkv.type;
   for (const device_matrix* m : {&L.wo, &L.gate_up, &L.down})
-    if (m->type != t) return false;
+    if (m->type != t && !(kd && m == &L.down)) return false;
   // layer.cl has float activations for float weights, quantized ones
   // (with attention and the FFN writing theirs quantized: whole blocks)
   // for quantized weights.
@@ -222,22 +234,23 @@ int llama_forward::fused_layers() const {
 
 cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, int T) {
   const int slot = tile_slot(T);
-  auto& k = (whole_step ? k_step_ : k_layer_)[type_slot(L.qkv.type)][slot];
+  const bool kd = k_down(L);
+  auto& k = (whole_step ? k_step_ : k_layer_)[kd ? 6 : type_slot(L.qkv.type)][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(whole_step ? "step_" : "layer_") +
                          (int8_for(L.qkv) ? "xq_" : "") + type_suffix[type_slot(L.qkv.type)] +
-                         slot_suffix[slot]);
+                         (kd ? "_kd" : "") + slot_suffix[slot]);
   return k;
 }
 
 void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_rows) {
   auto& k = layer_kernel(false, L, T);
-  const int h_q8 = int8_for(L.down) ? 1 : 0;
   const cl_uint io =
       k.args_from(0, L.qkv.q, L.qkv.d, L.qkv.m, L.wo.q, L.wo.d, L.wo.m, L.gate_up.q, L.gate_up.d,
                   L.gate_up.m, L.down.q, L.down.d, L.down.m, L.attn_norm, L.ffn_norm,
-                  L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, layer);
-  k.args_from(layer_io_args(k, io, T, att_rows, h_q8 != 0), layer_ctr_);
+                  L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, layer,
+                  input_format(L.down));
+  k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L.down)), layer_ctr_);
   // One work-group of one work-item per compute unit (see kernels/layer.cl).
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
@@ -260,8 +273,11 @@ bool llama_forward::can_fuse_step() const {
   // K-quant one (Q8_K activations) runs after a step apart.
   if (weights_.classifier().q8_k_acts) return false;
   const tensor_type t = weights_.layers.front().qkv.type;
-  return std::all_of(weights_.layers.begin(), weights_.layers.end(),
-                     [&](const device_layer& L) { return fused(L) && L.qkv.type == t; });
+  // One kernel for every layer: the same type, all with a K-quant down or none.
+  const bool kd = k_down(weights_.layers.front());
+  return std::all_of(weights_.layers.begin(), weights_.layers.end(), [&](const device_layer& L) {
+    return fused(L) && L.qkv.type == t && k_down(L) == kd;
+  });
 }
 
 void llama_forward::whole_step(int T, int R, int att_rows) {
@@ -273,7 +289,7 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
   const cl_uint io = k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type),
                                  emb.q, emb.d, emb.m, tokens_, drawn_, weights_.output_norm,
                                  logit_rows_, R, logits_q8 ? 1 : 0, xo_);
-  k.args_from(layer_io_args(k, io, T, att_rows, int8_for(L0.down)), layer_ctr_);
+  k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L0.down)), layer_ctr_);
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
 

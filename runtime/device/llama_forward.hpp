@@ -257,8 +257,12 @@ class llama_forward {
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
   // Fused layers (engine_options::fuse_layers): whether layer L runs as one
   // launch (a dense layer whose four products share a weight type that
-  // kernels/layer.cl has), and that launch.
+  // kernels/layer.cl has, or Q8_0 ones with a K-quant down: k_down), and
+  // that launch.
   bool fused(const device_layer& L) const;
+  // Whether L is Q8_0 with a K-quant down taking Q8_K activations
+  // (layer.cl's _kd kernels).
+  bool k_down(const device_layer& L) const;
   void layer_step(const device_layer& L, int layer, int T, int att_rows);
   // The layer's (or, whole_step, the step's) kernel for T rows, made once.
   cl::kernel& layer_kernel(bool whole_step, const device_layer& L, int T);
@@ -333,9 +337,9 @@ class llama_forward {
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
   cl::kernel k_mm_[2][5][6][3];  // [float x, quantized x][family][type][t1, t4, tiled]
-  cl::kernel k_layer_[6][3];     // fused layers: [type][t1, t4, tiled]
+  cl::kernel k_layer_[7][3];     // fused layers: [type, 6: Q8_0 with a K-quant down][tile]
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
-  cl::kernel k_step_[6][3];      // whole steps: [layer type][t1, t4, tiled]
+  cl::kernel k_step_[7][3];      // whole steps: [as k_layer_][t1, t4, tiled]
   cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 
   // Mixture of experts (hparams().n_expert > 0): the router's logits, each

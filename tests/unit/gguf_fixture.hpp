@@ -250,7 +250,10 @@ struct tiny_llama_options {
   int n_head_kv = 2;
   int n_ctx = 128;
   tensor_type matrix_type = tensor_type::q4_0;  // attention and FFN matrices
-  tensor_type embd_type = tensor_type::q8_0;    // token_embd (and output)
+  // ffn_down's type in layer l: down_types[l % size] (empty: matrix_type),
+  // as llama-quantize's K-quant files give ffn_down alone a K-quant.
+  std::vector<tensor_type> down_types;
+  tensor_type embd_type = tensor_type::q8_0;  // token_embd (and output)
   bool tied = true;
   bool qkv_bias = false;  // attn_{q,k,v}.bias as Qwen2 has them
   uint32_t seed = 1234;
@@ -312,7 +315,9 @@ inline gguf_writer make_tiny_llama(const tiny_llama_options& o = {}) {
     add(b + "ffn_norm.weight", tensor_type::f32, {o.n_embd});
     add(b + "ffn_gate.weight", o.matrix_type, {o.n_embd, o.n_ff});
     add(b + "ffn_up.weight", o.matrix_type, {o.n_embd, o.n_ff});
-    add(b + "ffn_down.weight", o.matrix_type, {o.n_ff, o.n_embd});
+    add(b + "ffn_down.weight",
+        o.down_types.empty() ? o.matrix_type : o.down_types[l % o.down_types.size()],
+        {o.n_ff, o.n_embd});
   }
   add("output_norm.weight", tensor_type::f32, {o.n_embd});
   if (!o.tied) add("output.weight", o.embd_type, {o.n_embd, o.n_vocab});

@@ -169,6 +169,28 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   }
 }
 
+// llama-quantize's K-quant files of a model whose rows are no whole
+// super-blocks (SmolLM2's 576): Q5_0 or Q8_0 everywhere but ffn_down,
+// which is Q6_K (held as KU8) or Q4_K (held as Q4_1), both with Q8_K
+// inputs; layer.cl's _kd kernels quantize h per 256 values in a phase of
+// their own.  Layers of both downs in one model: the whole step reads
+// each layer's format from the arena's table.
+TEST_F(FusedLayerTiny, KQuantDownBesideQ8_0MatchesSeparateLaunches) {
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q5_0}) {
+    SCOPED_TRACE(std::string(traits_of(t).name));
+    testing::tiny_llama_options opts;
+    opts.n_embd = 128;
+    opts.n_head = 4;
+    opts.n_head_kv = 2;
+    opts.n_ff = 256;
+    opts.n_layer = 3;
+    opts.matrix_type = t;
+    opts.down_types = {tensor_type::q6_k, tensor_type::q4_k};
+    expect_same_logits(write(opts, "tiny-kdown-" + std::string(traits_of(t).name)), true,
+                       {k_variants.front()});
+  }
+}
+
 // A QKV bias (Qwen2's) is added in the fused layer and the whole step as
 // in the separate QKV kernel: the step reads it from the arena.
 TEST_F(FusedLayerTiny, QkvBiasMatchesSeparateLaunches) {
