@@ -16,7 +16,7 @@
 typedef half kv_t;
 #define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
 #define KV_LOAD1(p) vload_half(0, p)
-#define KV_STORE(v, i, p) vstore_half(v, i, p)
+#define KV_STORE(v, i, p) STORE_HALF(v, i, p)
 #else
 typedef float kv_t;
 #define KV_LOAD16(i, p) vload16(i, p)

@@ -264,7 +264,8 @@ void q8_k_reference(const float* x, int8_t* q, float& d) {
 // Q8_K activations (K-quant products): quantize_q8_k writes llama.cpp's
 // quants and float scale as eight blocks of 32 with exact sums (with
 // halves, of values 0-15 and 16-31 apart: KU8 weights' input), and
-// round_q8_k rounds values in place to d * q; a row of zeros stays zero.
+// round_q8_k rounds values in place to d * q; a row of zeros stays zero,
+// and of tied largest magnitudes the first one's sign is the scale's.
 TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   auto& c = ctx();
   std::mt19937 rng(88);
@@ -273,6 +274,11 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   std::fill(x.begin() + 2 * K, x.begin() + 2 * K + 256, 0.0f);  // row 2's first block
   x[5] = 3.5f;                                                  // a positive maximum
   x[K + 300] = -3.0f;                                           // a negative one
+  // Largest magnitudes of both signs tied: the first one's sign counts.
+  x[256 + 4] = -4.0f;
+  x[256 + 10] = 4.0f;
+  x[2 * K + 256 + 7] = 4.0f;
+  x[2 * K + 256 + 9] = -4.0f;
   const auto xb = upload(c, x);
   const size_t nb = x.size() / 32;
   const auto qb = c.alloc(x.size()), db = c.alloc(nb * 4), sb = c.alloc(nb * 8),
