@@ -168,8 +168,8 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     if (b < nb) Q_TAIL(LOADU, TT, r, b, acc)                                        \
   }
 
-// Two rows at once, sharing the activation blocks' loads.
-#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)                                           \
+// Two rows at once, sharing the activation blocks' loads ...
+#define Q_DOT2_SHARED(LOADU, TT, r1, acc1, r2, acc2)                                    \
   {                                                                                     \
     int b = 0;                                                                          \
     for (; b + 1 < nb; b += 2) {                                                        \
@@ -193,6 +193,23 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
       Q_TAIL(LOADU, TT, r2, b, acc2)                                                    \
     }                                                                                   \
   }
+
+// ... except for tiles of 4 tokens or more with AVX2 (TROUPE_AVX2), whose
+// 16 vector registers the two rows' accumulators (a float16 is two
+// registers there) would fill: one row after the other, each activation
+// block loaded twice (from the L1 cache).  Each row sums its blocks in the
+// same order either way, so the results are the same.
+#ifdef TROUPE_AVX2
+#define Q_SPLIT_ROWS 1
+#else
+#define Q_SPLIT_ROWS 0
+#endif
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)   \
+  if (Q_SPLIT_ROWS && TT >= 4) {                \
+    Q_DOT(LOADU, TT, r1, acc1)                  \
+    Q_DOT(LOADU, TT, r2, acc2)                  \
+  } else                                        \
+    Q_DOT2_SHARED(LOADU, TT, r1, acc1, r2, acc2)
 
 #define Q_SUM(acc, j) hsum16(acc[j])
 
