@@ -308,7 +308,7 @@ void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scra
     if (!k_quant_k_.get()) k_quant_k_ = ctx_.make_kernel("quantize_q8_k");
     k_quant_k_.args(x, K, out.q, out.d, out.s, input_format(w) == 2 ? 1 : 0);
     ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)},
-                {static_cast<size_t>(K / 256), 1});
+                {1, 1});
     return;
   }
   k_quant_.args(x, K, out.q, out.d, out.s);
