@@ -29,12 +29,11 @@ inline float hsum16(float16 v) {
 }
 
 // Float -> half bits, rounded to nearest even as vstore_half rounds:
-// PoCL's vstore_half is a software routine with branches, and the KV
-// stores of the QKV kernel (a half per K and V value) took three quarters
-// of its time in prefill (SmolLM2 Q6_K, 22.6 ms against 4.8 ms without
-// them).  With F16C (every AVX2 and AVX-512 host; inline assembly for the
-// reason dpbusd below gives) one vcvtps2ph, which rounds as IEEE does,
-// subnormal halves included.
+// PoCL's vstore_half is a software routine with branches.  With F16C
+// (every AVX2 and AVX-512 host; inline assembly for the reason dpbusd
+// below gives) one vcvtps2ph, which rounds as IEEE does, subnormal halves
+// included.  (PoCL's event profile showed the QKV kernel's stores as most
+// of its time; wall-clock A/B in one run showed no change in pp512.)
 #if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
 inline ushort float_to_half_bits(float f) {
   const float4 v = (float4)(f);
@@ -163,6 +162,22 @@ inline float gelu_ggml(float x) {
                        (1.0f + tanh(0.79788456080286535587989211986876f * h *
                                     (1.0f + 0.044715f * h * h))));
 }
+
+// The same through the host's table of every half's GELU (the engine's
+// gelu_half_table, ggml's ggml_table_gelu_f16): a lookup instead of a
+// scalar tanh.  Without F16C (no float_to_half_bits) it computes.
+#if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
+inline float gelu_from_table(__global const ushort* tab, float x) {
+  if (x <= -10.0f) return 0.0f;
+  if (x >= 10.0f) return x;
+  const ushort8 h = (ushort8)(tab[float_to_half_bits(x)]);
+  float4 f;
+  __asm__("vcvtph2ps %1, %0" : "=x"(f) : "x"(h));
+  return f.s0;
+}
+#else
+#define gelu_from_table(tab, x) gelu_ggml(x)
+#endif
 
 inline float16 round_to_half16(float16 v) {
   const float16 sub = rint(v * 16777216.0f) / 16777216.0f;  // half subnormals: 2^-24 steps

@@ -125,7 +125,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 #define FFN_SAME(WT, TS, X, LAST_WAIT)                                                          \
   PHASE(5, n_glu* tg, 1,                                                                        \
         matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
-                                    T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT))              \
+                                    T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT, 0))           \
   PHASE(6, n_d* tg, LAST_WAIT,                                                                  \
         matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
                                 rpi))
@@ -139,7 +139,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 #define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                             \
   PHASE(5, n_glu* tg, 1,                                                                          \
         matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
-                                    T, rpi_glu, qb_q, qb_d, qb_s, 0))                            \
+                                    T, rpi_glu, qb_q, qb_d, qb_s, 0, 0))                         \
   PHASE(7, T*(F / 256), 1,                                                                        \
         quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
   PHASE(6, n_d* tg, LAST_WAIT,                                                                    \

@@ -243,7 +243,8 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     NAME##_at(get_global_id(0), get_global_id(1), MATMUL_NAMES(X));        \
   }
 
-// quant_out's bits: h also written quantized; GELU (Gemma) instead of SiLU.
+// quant_out's bits: h also written quantized; GELU (Gemma) instead of SiLU,
+// through gelu_tab (the host's gelu_half_table; unread without GELU).
 #define GLU_QUANT_OUT 1
 #define GLU_GELU 2
 
@@ -257,7 +258,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
     X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)               \
         _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] = \
-            (quant_out & GLU_GELU ? gelu_ggml(X##_SUM(g, j)) : silu(X##_SUM(g, j))) *              \
+            (quant_out & GLU_GELU ? gelu_from_table(gelu_tab, X##_SUM(g, j)) : silu(X##_SUM(g, j))) * \
             X##_SUM(u, j);                                                                         \
   }                                                                                                \
   if (quant_out & GLU_QUANT_OUT)                                                                   \
@@ -273,8 +274,9 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 #define GLU_ARGS(X)                                                                                \
   W_ARGS, X##_XARGS, __global float *h, int K, int F, int T, int rows_per_item, __global char *oq, \
-      __global float *od, __global float2 *os, int quant_out
-#define GLU_NAMES(X) wq, wd, wm, X##_XNAMES, h, K, F, T, rows_per_item, oq, od, os, quant_out
+      __global float *od, __global float2 *os, int quant_out, __global const ushort *gelu_tab
+#define GLU_NAMES(X) \
+  wq, wd, wm, X##_XNAMES, h, K, F, T, rows_per_item, oq, od, os, quant_out, gelu_tab
 
 #define TROUPE_MATMUL_GLU(NAME, LOAD, TT, X)                       \
   INLINE void NAME##_at(int gx, int gy, GLU_ARGS(X)) {             \
@@ -414,7 +416,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
                      X##_XARGS, __global float* h, int K, int F, int rows_per_item,                \
                      __global char* oq, __global float* od, __global float2* os, int quant_out,    \
-                     ID_ARGS) {                                                                    \
+                     __global const ushort* gelu_tab, ID_ARGS) {                                   \
     const int gx = get_global_id(0);                                                               \
     ID_SETUP(TT)                                                                                   \
     X##_SETUP_AT(TT, ID_ROW) GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                 \

@@ -1,5 +1,6 @@
 #include "runtime/device/llama_forward.hpp"
 
+#include "runtime/device/gelu_table.hpp"
 #include "runtime/device/weight_arena.hpp"
 #include "runtime/engine/step_overlap.hpp"
 
@@ -145,6 +146,14 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
   if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
+  // GELU's table (kernels/common.cl's gelu_from_table); a placeholder
+  // where the FFN is SiLU (the kernels take the argument either way).
+  if (hp.gelu_ffn) {
+    const auto tab = gelu_half_table();
+    gelu_tab_ = ctx_.alloc(tab.size() * sizeof(uint16_t), tab.data());
+  } else {
+    gelu_tab_ = ctx_.alloc(4);
+  }
   if (can_fuse_step()) {
     auto offs = pack_layer_weights(ctx_, weights_.layers, weights_.arena);
     // Each layer's spare slot: down's activation format (layer.cl's dn_fmt).
@@ -307,8 +316,7 @@ void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scra
   if (w.q8_k_acts) {
     if (!k_quant_k_.get()) k_quant_k_ = ctx_.make_kernel("quantize_q8_k");
     k_quant_k_.args(x, K, out.q, out.d, out.s, input_format(w) == 2 ? 1 : 0);
-    ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)},
-                {1, 1});
+    ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)}, {1, 1});
     return;
   }
   k_quant_.args(x, K, out.q, out.d, out.s);
@@ -766,7 +774,7 @@ void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& d
   // kernels/matmul.cl's GLU_QUANT_OUT and GLU_GELU bits.
   const int flags = (h_q8 ? 1 : 0) | (hparams().gelu_ffn ? 2 : 0);
   k.args_from(matmul_inputs(k, gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T, gg.rows_per_item,
-              qb_.q, qb_.d, qb_.s, flags);
+              qb_.q, qb_.d, qb_.s, flags, gelu_tab_);
   launch_grid(k, gg, T);
   matmul(down, h_, y, T, D, accumulate, h_q8 ? &qb_ : nullptr);
 }
@@ -813,8 +821,8 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
     auto& kg = family_kernel(mm_family::id_glu, sh.gate_up.type, share, xq);
     const auto gg = glu_grid(F, h_q8);
     kg.args_from(matmul_inputs(kg, sh.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
-                 gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, moe_slot_off_,
-                 moe_slot_rows_, sh.slot0, tiles, K);
+                 gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, gelu_tab_,
+                 moe_slot_off_, moe_slot_rows_, sh.slot0, tiles, K);
     run(d, kg, gg.items, gg.local);
   };
   auto down = [&](size_t d) {

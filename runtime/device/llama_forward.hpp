@@ -286,6 +286,7 @@ class llama_forward {
   int scratch_rows_ = 0, scratch_logit_rows_ = 0;
   cl::buffer x_, xn_, qkv_, att_, h_, xo_, logits_;
   cl::buffer tokens_, pos_, row_seq_, pt_, pt_off_, logit_rows_, rope_;
+  cl::buffer gelu_tab_;  // GELU of every half (gelu_half_table), for Gemma's FFN
   cl::buffer rope_swa_;  // windowed layers' RoPE table (their own base)
   // Embedding rows (forward_batch::hidden_rows) and their normed states.
   cl::buffer hidden_rows_, xh_;

@@ -15,6 +15,7 @@
 
 #include "runtime/device/cl_runtime.hpp"
 #include "runtime/device/device_weights.hpp"
+#include "runtime/device/gelu_table.hpp"
 #include "runtime/device/llama_forward.hpp"
 #include "runtime/model/model_file.hpp"
 #include "runtime/model/tensor_type.hpp"
@@ -214,7 +215,7 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
           const auto h0 = random_floats(static_cast<size_t>(T + 1) * F, -1.0f, 1.0f, rng);
           const auto xb = upload(c, x);
           const auto hb = upload(c, h0);
-          k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0);
+          k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0, hb);
           launch_matmul(c, k, F, ls, T);
           const auto h = download<float>(c, hb, h0.size());
           for (int t = 0; t <= T; ++t) {
@@ -237,6 +238,60 @@ TEST_F(KernelMatmulGlu, EveryTypeTileAndShapeGatesUpBySiluOfGate) {
         }
       }
     }
+  }
+}
+
+// Gemma's GELU (GLU_GELU) through the host's table of every half, as
+// ggml's CPU backend computes it: x rounded to half, gelu(x) rounded to
+// half; the identity past 10, zero below -10.  The reference computes the
+// tanh form in double.
+TEST_F(KernelMatmulGlu, GeluThroughTheHalfTableIsGgmls) {
+  // The plain build computes GELU; the half-KV build, with F16C on x86
+  // hosts, reads the table.
+  for (const bool native : {false, true}) {
+    SCOPED_TRACE(native ? "half KV build" : "plain build");
+    auto& c = ctx(native);
+    std::mt19937 rng(77);
+    const int K = 64, F = 24, T = 3;
+    const auto bytes = ref::random_matrix(tensor_type::f32, K, 2 * F, rng);
+    auto w = ref::dequantize(tensor_type::f32, bytes, K, 2 * F);
+    const tensor_view v = view_of(tensor_type::f32, K, 2 * F, bytes.data());
+    const auto dm = upload_matrix(c, {&v});
+    // Inputs reaching both saturations: row 0's gate sums scaled up.
+    auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+    for (int i = 0; i < K; ++i) x[i] *= 40.0f;
+    const auto table = gelu_half_table();
+    const auto tb = c.alloc(table.size() * 2, table.data());
+    const auto xb = upload(c, x);
+    const auto hb = c.alloc(static_cast<size_t>(T) * F * 4);
+    auto k = c.make_kernel("matmul_glu_f32_t1");
+    k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, 1, hb, hb, hb, 2 /* GLU_GELU */, tb);
+    c.launch(k, {static_cast<size_t>(F), static_cast<size_t>(T)});
+    const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
+    auto gelu = [](double x) {
+      if (x <= -10.0) return 0.0;
+      if (x >= 10.0) return x;
+      const double hx = half_to_float(float_to_half(static_cast<float>(x)));
+      const double y =
+          0.5 * hx * (1.0 + std::tanh(0.7978845608028654 * hx * (1.0 + 0.044715 * hx * hx)));
+      return static_cast<double>(half_to_float(float_to_half(static_cast<float>(y))));
+    };
+    checker chk;
+    int saturated = 0;
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < F; ++n) {
+        const float* xt = &x[static_cast<size_t>(t) * K];
+        const auto g = ref::dot(&w[static_cast<size_t>(n) * K], xt, K);
+        const auto u = ref::dot(&w[static_cast<size_t>(F + n) * K], xt, K);
+        saturated += std::fabs(g.dot) >= 10.0;
+        const double want = gelu(g.dot) * u.dot;
+        // One half's rounding of gelu (2^-11 relative) and the dots' own error.
+        const double tol = std::fabs(want) * 2e-3 +
+                           ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag));
+        chk.near(h[static_cast<size_t>(t) * F + n], want, tol,
+                 [&] { return "h[" + std::to_string(t) + "][" + std::to_string(n) + "]"; });
+      }
+    EXPECT_GT(saturated, 0) << "no gate sum reached the saturation";
   }
 }
 

@@ -323,7 +323,7 @@ TEST_P(KernelInt8, MatmulGluGatesUpBySiluOfGate) {
       const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
       const auto in = quantize_on_device(c, x, T, K);
       const auto hb = c.alloc(static_cast<size_t>(T) * F * 4);
-      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0);
+      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, ls.rows_per_item, hb, hb, hb, 0, hb);
       launch_matmul(c, k, F, ls, T);
       const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
       for (int t = 0; t < T; ++t)
@@ -358,7 +358,7 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
       const size_t n = static_cast<size_t>(T) * F;
       const auto hb = c.alloc(n * 4), oq = c.alloc(n), od = c.alloc(n / 32 * 4),
                  os = c.alloc(n / 16 * 4);
-      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, 32, oq, od, os, 1);
+      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, 32, oq, od, os, 1, hb);
       c.launch(k, {static_cast<size_t>(F / 32), static_cast<size_t>((T + tt - 1) / tt)});
       const auto h = download<float>(c, hb, n);
       const auto got = download_q8(c, oq, od, os, T, F);
@@ -442,7 +442,7 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
       auto g = c.make_kernel("matmul_glu_xq_ku8" + kernel_suffix(ls));
       const auto hb = c.alloc(static_cast<size_t>(T) * N * 4);
       g.args(mc.dm.q, mc.dm.d, mc.dm.m, in.q, in.d, in.s, hb, K, N, T, ls.rows_per_item, hb, hb, hb,
-             0);
+             0, hb);
       launch_matmul(c, g, N, ls, T);
       const auto h = download<float>(c, hb, static_cast<size_t>(T) * N);
       for (int t = 0; t < T; ++t)

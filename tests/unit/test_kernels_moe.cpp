@@ -256,7 +256,7 @@ TEST_F(KernelMoe, GroupedProductsEqualTheDenseKernelsRowForRow) {
         hq.s = c.alloc(static_cast<size_t>(A) * F / 32 * 8);
         auto kg = c.make_kernel("matmul_id_glu_" + xn + suffix(type) + tile);
         const int rpi = 32;  // whole blocks per work-item, for the quantized output
-        kg.args_from(set_inputs(kg, gu_all, x, xq), h, D, F, rpi, hq.q, hq.d, hq.s, 1, slot_off,
+        kg.args_from(set_inputs(kg, gu_all, x, xq), h, D, F, rpi, hq.q, hq.d, hq.s, 1, h, slot_off,
                      slot_rows, 0, tiles, K);
         c.launch(kg, {static_cast<size_t>(F / rpi), static_cast<size_t>(S * tiles)});
         hq.f = std::move(h);
@@ -274,7 +274,7 @@ TEST_F(KernelMoe, GroupedProductsEqualTheDenseKernelsRowForRow) {
           const auto w = upload_matrix(c, {gu_s[0]});
           auto hd = c.alloc(static_cast<size_t>(T) * F * 4);
           auto kgd = c.make_kernel("matmul_glu_" + xn + suffix(type) + "_t1");
-          kgd.args_from(set_inputs(kgd, w, x, xq), hd, D, F, T, 1, hd, hd, hd, 0);
+          kgd.args_from(set_inputs(kgd, w, x, xq), hd, D, F, T, 1, hd, hd, hd, 0, hd);
           c.launch(kgd, {static_cast<size_t>(F), static_cast<size_t>(T)});
           const auto h_dense = download<float>(c, hd, static_cast<size_t>(T) * F);
           const auto wd = upload_matrix(c, {&dn_views[s]});
