@@ -83,10 +83,11 @@ INLINE void wait_items(volatile __global int* done, int n) {
   }
 
 // Counters per layer (two per phase, one for the groups through, one
-// spare), in a whole step's counter buffer: layer l's at ctr0 + LAYER_CTRS
-// * l, the step's own (embedding, final norm, groups through) after the
-// last layer's.  The host's k_layer_counters.
-#define LAYER_CTRS 18
+// spare; a Gemma layer's twelve phases take the most), in a whole step's
+// counter buffer: layer l's at ctr0 + LAYER_CTRS * l, the step's own
+// (embedding, final norm, groups through) after the last layer's.  The
+// host's k_layer_counters.
+#define LAYER_CTRS 26
 
 // Inputs of the products per activation format: the normed rows (A), and
 // attention's and the FFN's outputs (ATT, H): quantized (Q; attention and
@@ -190,6 +191,61 @@ INLINE void wait_items(volatile __global int* done, int n) {
     RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)         \
   }
 
+// A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
+// the matrix w over Q8_K activations in qb, rows of K values, into y.
+#define KQ_PRODUCT(TS, fmt, w, K, y)                                                              \
+  if ((fmt) == 2)                                                                                 \
+    matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, 0, rpi); \
+  else                                                                                            \
+    matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, 0, rpi)
+
+// A Gemma 3 layer (QK-norm, sandwich norms, GELU, a sliding window where
+// window > 0) as its Q4_K_M files hold it: Q8_0 (and Q5_0 as Q8_0) QKV
+// and gate/up over per-32 activations, K-quant Wo and down (wo_fmt,
+// dn_fmt) over Q8_K ones.  The launches apart's twelve kernels as phases:
+// norm, QKV, per-head QK-norm with RoPE and the KV store, attention, Q8_K
+// quantization of its output, Wo into xn, x += norm(xn); norm, gate/up with
+// GELU (from the table), Q8_K quantization of h, down into xn, x +=
+// norm(xn).  rope: the layer's table (the host picks the local layers').
+#define GEMMA_PHASES 12
+#define TROUPE_GEMMA_LAYER(TS, TT)                                                                \
+  __kernel void layer_gemma_xq_q8_0_##TS(                                                         \
+      LAYER_ARGS, __global const float* q_norm, __global const float* k_norm,                     \
+      __global const float* post_attn_norm, __global const float* post_ffn_norm, int wo_fmt,      \
+      int window, __global const ushort* gelu_tab) {                                              \
+    const int groups = get_num_groups(0);                                                         \
+    const int tg = (T + TT - 1) / TT;                                                             \
+    const int A = n_head * hd, W = (n_head + 2 * n_kv) * hd;                                      \
+    const int n_qkv = (W + rpi - 1) / rpi;                                                        \
+    const int n_d = (D + rpi - 1) / rpi;                                                          \
+    const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                \
+    PHASE(0, T, 1, Q_NORM_ROW(i, attn_norm))                                                      \
+    PHASE(1, n_qkv* tg, 1,                                                                        \
+          matmul_xq_q8_0_##TS##_at(i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, Q_IN_A, qkv, D, W,  \
+                                   T, W, 0, rpi))                                                 \
+    PHASE(2, (n_head + 2 * n_kv) * T, 1,                                                          \
+          qk_norm_rope_at(i % (n_head + 2 * n_kv), i / (n_head + 2 * n_kv), qkv, q_norm, k_norm,  \
+                          pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, rope_dims, rope,    \
+                          neox, page_size, layer, n_pages, eps))                                  \
+    PHASE(3, n_head*((T + att_rows - 1) / att_rows), 1,                                           \
+          attention_at(i % n_head, i / n_head, qkv, kc, vc, att, pos, row_seq, pt, pt_off,        \
+                       n_head, n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q,     \
+                       qb_d, qb_s, 0, one_pass, window))                                          \
+    PHASE(4, T*(A / 256), 1,                                                                      \
+          quantize_q8_k_at(i % (A / 256), i / (A / 256), att, A, qb_q, qb_d, qb_s, wo_fmt == 2)) \
+    PHASE(5, n_d* tg, 1, KQ_PRODUCT(TS, wo_fmt, wo, A, xn))                                       \
+    PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                             \
+    PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                       \
+    PHASE(8, n_glu* tg, 1,                                                                        \
+          matmul_glu_xq_q8_0_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D, F,   \
+                                       T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))         \
+    PHASE(9, T*(F / 256), 1,                                                                      \
+          quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))   \
+    PHASE(10, n_d* tg, 1, KQ_PRODUCT(TS, dn_fmt, dn, F, xn))                                      \
+    PHASE(11, T, 0, rmsnorm_add_row(i, x, xn, post_ffn_norm, D, eps))                             \
+    RESET_COUNTERS(ctr, 2 * GEMMA_PHASES + 1)                                                     \
+  }
+
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
 // embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
 // as the host's type_slot).
@@ -281,5 +337,8 @@ TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )
 // Q8_0 (and Q5_0, held as Q8_0) layers with a K-quant down: the layers of
 // llama-quantize's K-quant files of SmolLM2 and its like.
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
+TROUPE_GEMMA_LAYER(t1, 1)
+TROUPE_GEMMA_LAYER(t4, 4)
+TROUPE_GEMMA_LAYER(tiled, TROUPE_TILE)
 
 #endif  // TROUPE_FUSED_LAYERS

@@ -49,14 +49,19 @@ __kernel void rmsnorm_q8(__global const float* x, __global const float* w, __glo
 
 // x[r] += rmsnorm(t[r]) * w: Gemma's post-attention and post-FFN norms,
 // applied to a sublayer's output before the residual add (ggml's order:
-// (t * scale) * w, then + x).  One work-item per row.
-__kernel void rmsnorm_add(__global float* x, __global const float* t, __global const float* w,
-                          int D, float eps) {
-  const int r = get_global_id(0);
+// (t * scale) * w, then + x).  One work-item per row; the row's body is
+// also a fused Gemma layer's phase.
+INLINE void rmsnorm_add_row(int r, __global float* x, __global const float* t,
+                            __global const float* w, int D, float eps) {
   __global const float* tr = t + (size_t)r * D;
   __global float* xr = x + (size_t)r * D;
   const float scale = rms_scale(tr, D, eps);
   for (int i = 0; i < D; ++i) xr[i] = tr[i] * scale * w[i] + xr[i];
+}
+
+__kernel void rmsnorm_add(__global float* x, __global const float* t, __global const float* w,
+                          int D, float eps) {
+  rmsnorm_add_row(get_global_id(0), x, t, w, D, eps);
 }
 
 // x *= s over n values (Gemma's embedding times sqrt(n_embd), as ggml_scale).

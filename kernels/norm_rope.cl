@@ -4,16 +4,16 @@
 // values, shared by the heads), applies RoPE from the row's table, writes
 // q back in place and k and v into the paged cache, as the fused qkv
 // kernel does for the other models.  ggml's order: (x * scale) * w, then
-// the rotation.  One work-item per (head of the stacked projection, row).
-__kernel void qk_norm_rope(__global float* qkv, __global const float* qn,
-                           __global const float* kn, __global const int* pos,
-                           __global const int* row_seq, __global const int* pt,
-                           __global const int* pt_off, __global kv_t* kc, __global kv_t* vc,
-                           int n_head, int n_kv, int hd, int rope_dims,
-                           __global const float2* rope, int neox, int page_size, int layer,
-                           int n_pages, float eps) {
-  const int head = get_global_id(0);
-  const int t = get_global_id(1);
+// the rotation.  One work-item per (head of the stacked projection, row);
+// its body, qk_norm_rope_at, is also a fused Gemma layer's phase.
+#define QK_NORM_ROPE_ARGS                                                                         \
+  __global float *qkv, __global const float *qn, __global const float *kn,                       \
+      __global const int *pos, __global const int *row_seq, __global const int *pt,               \
+      __global const int *pt_off, __global kv_t *kc, __global kv_t *vc, int n_head, int n_kv,     \
+      int hd, int rope_dims, __global const float2 *rope, int neox, int page_size, int layer,     \
+      int n_pages, float eps
+
+INLINE void qk_norm_rope_at(int head, int t, QK_NORM_ROPE_ARGS) {
   if (head >= n_head + 2 * n_kv) return;
   __global float* x = qkv + (size_t)t * (n_head + 2 * n_kv) * hd + (size_t)head * hd;
   const int is_v = head >= n_head + n_kv;
@@ -47,4 +47,9 @@ __kernel void qk_norm_rope(__global float* qkv, __global const float* qn,
   } else {  // K: transposed within the page
     for (int i = 0; i < hd; ++i) KV_STORE(v[i], o + (size_t)i * page_size + slot, kc);
   }
+}
+
+__kernel void qk_norm_rope(QK_NORM_ROPE_ARGS) {
+  qk_norm_rope_at(get_global_id(0), get_global_id(1), qkv, qn, kn, pos, row_seq, pt, pt_off, kc,
+                  vc, n_head, n_kv, hd, rope_dims, rope, neox, page_size, layer, n_pages, eps);
 }

@@ -162,9 +162,9 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     if (!offs.empty()) step_offs_ = ctx_.alloc(offs.size() * sizeof(int64_t), offs.data());
   }
   // Fused layers' counters (kernels/layer.cl's LAYER_CTRS per layer: two
-  // per phase of its eight, one for the groups that are through, one
-  // spare); a whole step uses a set per layer and one of its own.
-  constexpr size_t k_layer_counters = 18;
+  // per phase of its at most twelve, one for the groups that are through,
+  // one spare); a whole step uses a set per layer and one of its own.
+  constexpr size_t k_layer_counters = 26;
   const std::vector<int32_t> ctr_zeros(k_layer_counters * (static_cast<size_t>(hp.n_layer) + 1), 0);
   layer_ctr_ = ctx_.alloc(ctr_zeros.size() * 4, ctr_zeros.data());
   if (hp.n_expert > 0) {
@@ -214,12 +214,26 @@ bool llama_forward::k_down(const device_layer& L) const {
          hp.n_ff % 256 == 0;
 }
 
+bool llama_forward::gemma_fused(const device_layer& L) const {
+  const auto& h = hparams();
+  auto k_quant_int8 = [&](const device_matrix& m) {
+    return m.q8_k_acts && int8_for(m) &&
+           (m.type == tensor_type::ku8 || m.type == tensor_type::q4_1);
+  };
+  return h.qk_norm && h.sandwich_norms && h.gelu_ffn && !L.qkv_bias &&
+         L.qkv.type == tensor_type::q8_0 && quantized_inline(L.qkv) &&
+         L.gate_up.type == tensor_type::q8_0 && quantized_inline(L.gate_up) && k_quant_int8(L.wo) &&
+         k_quant_int8(L.down) && h.head_dim % 32 == 0 && h.head_dim <= 256 &&
+         (h.n_head * h.head_dim) % 256 == 0 && h.n_ff % 256 == 0 && h.n_embd % 32 == 0;
+}
+
 bool llama_forward::fused(const device_layer& L) const {
   if (!opts_.fuse_layers || !ctx_.cpu() || L.moe) return false;
-  // layer.cl runs the llama layer only (no QK-norm, sandwich norms, GELU
-  // or sliding window: Gemma 3 runs launch by launch).
+  // Gemma 3's layers (QK-norm, sandwich norms, GELU, windows) as its
+  // Q4_K_M files hold them: layer.cl's layer_gemma_* kernels.
   const auto& h = hparams();
-  if (h.qk_norm || h.sandwich_norms || h.gelu_ffn || h.sliding_window > 0) return false;
+  if (h.qk_norm || h.sandwich_norms || h.gelu_ffn) return gemma_fused(L);
+  if (h.sliding_window > 0) return false;
   // Nor Q8_K activations (K-quant weights), but for a K-quant down beside
   // Q8_0 products.
   const bool kd = k_down(L);
@@ -243,6 +257,11 @@ int llama_forward::fused_layers() const {
 
 cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, int T) {
   const int slot = tile_slot(T);
+  if (hparams().qk_norm) {  // Gemma's (no whole step)
+    auto& k = k_layer_gemma_[slot];
+    if (!k.get()) k = ctx_.make_kernel(std::string("layer_gemma_xq_q8_0") + slot_suffix[slot]);
+    return k;
+  }
   const bool kd = k_down(L);
   auto& k = (whole_step ? k_step_ : k_layer_)[kd ? 6 : type_slot(L.qkv.type)][slot];
   if (!k.get())
@@ -259,17 +278,29 @@ void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_
                   L.gate_up.m, L.down.q, L.down.d, L.down.m, L.attn_norm, L.ffn_norm,
                   L.qkv_bias ? L.qkv_bias : row_seq_ /*unused*/, L.qkv_bias ? 1 : 0, layer,
                   input_format(L.down));
-  k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L.down)), layer_ctr_);
+  const cl_uint next =
+      k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L.down), layer), layer_ctr_);
+  if (hparams().qk_norm) {
+    const auto& hp = hparams();
+    const bool swa = hp.is_swa(layer_first_ + layer);
+    k.args_from(next, L.q_norm, L.k_norm, L.post_attn_norm, L.post_ffn_norm, input_format(L.wo),
+                swa ? hp.sliding_window : 0, gelu_tab_);
+  }
   // One work-group of one work-item per compute unit (see kernels/layer.cl).
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
 
-cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8) {
+cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8,
+                                     int layer) {
   const auto& hp = hparams();
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  // As step_apart: the file's attention scale where it gives one.
+  const float scale =
+      hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  // A windowed layer's own RoPE table (its own base), as step_apart.
+  const cl::buffer& rope = hp.is_swa(layer_first_ + layer) ? rope_swa_ : rope_;
   return k.args_from(first, x_, xn_, qa_.q, qa_.d, qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_,
-                     k_cache_, v_cache_, pos_, row_seq_, pt_, pt_off_, rope_, T, hp.n_embd, hp.n_ff,
+                     k_cache_, v_cache_, pos_, row_seq_, pt_, pt_off_, rope, T, hp.n_embd, hp.n_ff,
                      hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims, neox, opts_.page_size,
                      n_pages_, scale, hp.rms_eps, att_rows, opts_.flash_attention ? 1 : 0,
                      grid(hp.n_embd, T).rows_per_item, glu_grid(hp.n_ff, h_q8).rows_per_item);
@@ -281,6 +312,8 @@ bool llama_forward::can_fuse_step() const {
   // layer.cl's final norm quantizes per 32 for an integer classifier: a
   // K-quant one (Q8_K activations) runs after a step apart.
   if (weights_.classifier().q8_k_acts) return false;
+  // Gemma's layers have no whole-step form.
+  if (hparams().qk_norm) return false;
   const tensor_type t = weights_.layers.front().qkv.type;
   // One kernel for every layer: the same type, all with a K-quant down or none.
   const bool kd = k_down(weights_.layers.front());
@@ -298,7 +331,7 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
   const cl_uint io = k.args_from(0, weights_.arena, step_offs_, hp.n_layer, type_slot(emb.type),
                                  emb.q, emb.d, emb.m, tokens_, drawn_, weights_.output_norm,
                                  logit_rows_, R, logits_q8 ? 1 : 0, xo_);
-  k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L0.down)), layer_ctr_);
+  k.args_from(layer_io_args(k, io, T, att_rows, quantized_inline(L0.down), 0), layer_ctr_);
   ctx_.launch(k, {static_cast<size_t>(ctx_.compute_units())}, {1});
 }
 

@@ -263,6 +263,9 @@ class llama_forward {
   // Whether L is Q8_0 with a K-quant down taking Q8_K activations
   // (layer.cl's _kd kernels).
   bool k_down(const device_layer& L) const;
+  // Whether L is a Gemma 3 layer layer.cl's layer_gemma_* kernels run:
+  // Q8_0 QKV and gate/up, K-quant Wo and down (its Q4_K_M files).
+  bool gemma_fused(const device_layer& L) const;
   void layer_step(const device_layer& L, int layer, int T, int att_rows);
   // The layer's (or, whole_step, the step's) kernel for T rows, made once.
   cl::kernel& layer_kernel(bool whole_step, const device_layer& L, int T);
@@ -271,7 +274,8 @@ class llama_forward {
   bool can_fuse_step() const;
   // Sets the arguments layer.cl's layers and steps share (LAYER_IO_ARGS)
   // from `first` on; returns the index after them.
-  cl_uint layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8);
+  // `layer`: this forward's layer (its RoPE table: a windowed layer's own).
+  cl_uint layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8, int layer);
   void whole_step(int T, int R, int att_rows);
 
   std::shared_ptr<const model_file> model_;
@@ -340,6 +344,7 @@ class llama_forward {
   cl::kernel k_mm_[2][5][6][3];  // [float x, quantized x][family][type][t1, t4, tiled]
   cl::kernel k_layer_[7][3];     // fused layers: [type, 6: Q8_0 with a K-quant down][tile]
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
+  cl::kernel k_layer_gemma_[3];  // fused Gemma 3 layers: [t1, t4, tiled]
   cl::kernel k_step_[7][3];      // whole steps: [as k_layer_][t1, t4, tiled]
   cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 

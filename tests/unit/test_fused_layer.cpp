@@ -131,6 +131,20 @@ TEST(FusedLayer, SmolLM2Q4_1MatchesSeparateLaunches) {
   expect_same_logits(open_named("smollm2-135m-instruct"), true);
 }
 
+// Gemma 3 270M Q4_K_M: QK-norm, sandwich norms, GELU from the table,
+// local layers with their own window and RoPE base, Q8_0 QKV and gate/up
+// beside K-quant Wo and down: every layer one launch (layer_gemma_*), no
+// whole step.
+TEST(FusedLayer, Gemma3MatchesSeparateLaunches) {
+  const auto model = open_named("gemma3-270m");
+  engine_options o;
+  o.n_pages = 64;
+  llama_forward f(model, o);
+  EXPECT_EQ(f.fused_layers(), model->hparams().n_layer);
+  EXPECT_FALSE(f.fused_step());
+  expect_same_logits(model, false);
+}
+
 // Tiny random models written to a folder of this process's own, removed
 // whatever the test's outcome.
 class FusedLayerTiny : public ::testing::Test {
