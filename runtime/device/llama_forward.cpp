@@ -349,7 +349,12 @@ void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scra
   if (w.q8_k_acts) {
     if (!k_quant_k_.get()) k_quant_k_ = ctx_.make_kernel("quantize_q8_k");
     k_quant_k_.args(x, K, out.q, out.d, out.s, input_format(w) == 2 ? 1 : 0);
-    ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)}, {1, 1});
+    // A CPU device: work-groups of one item (PoCL builds a work-group
+    // function per local size); elsewhere the driver's choice.
+    if (ctx_.cpu())
+      ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)}, {1, 1});
+    else
+      ctx_.launch(k_quant_k_, {static_cast<size_t>(K / 256), static_cast<size_t>(rows)});
     return;
   }
   k_quant_.args(x, K, out.q, out.d, out.s);

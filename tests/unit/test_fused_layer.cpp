@@ -76,10 +76,45 @@ const std::vector<variant> k_variants = {
     {"float KV", false, false},
 };
 
+// One sequence's prefill past a window of 512 positions (Gemma 3's local
+// layers), then two decode steps, in pages after those steps() uses.
+std::vector<forward_batch> window_steps(int n_vocab, int page_size) {
+  auto token = [&](int i) { return 3 + (i * 104729) % (n_vocab - 3); };
+  const int len = 530;
+  std::vector<int32_t> pages;
+  const int first = 2 * ((64 + page_size - 1) / page_size);
+  for (int i = 0; i < (len + 2 + page_size - 1) / page_size; ++i) pages.push_back(first + i);
+  std::vector<forward_batch> out;
+  // Chunks of 500 and 30 rows (the scratch holds 512).
+  for (const auto& [from, to] : {std::pair{0, 500}, std::pair{500, len}}) {
+    forward_batch prefill;
+    for (int i = from; i < to; ++i) {
+      prefill.tokens.push_back(token(i));
+      prefill.positions.push_back(i);
+    }
+    prefill.seqs = {{0, to - from, pages}};
+    prefill.logit_rows = {to - from - 1};
+    out.push_back(prefill);
+  }
+  for (int s = 0; s < 2; ++s) {
+    forward_batch one;
+    one.tokens = {token(len + s)};
+    one.positions = {len + s};
+    one.seqs = {{0, 1, pages}};
+    one.logit_rows = {0};
+    out.push_back(one);
+  }
+  return out;
+}
+
 // Runs the steps apart, with fused layers and as whole steps; every logit
-// must be equal.
+// must be equal.  expect_fused: whether a whole step runs too.
+// fused_layers: how many layers every variant fuses (-1: all where
+// expect_fused, unchecked otherwise).  long_window: window_steps too.
 void expect_same_logits(const std::shared_ptr<const model_file>& model, bool expect_fused,
-                        const std::vector<variant>& variants = k_variants) {
+                        const std::vector<variant>& variants = k_variants, int fused_layers = -1,
+                        bool long_window = false) {
+  if (fused_layers < 0 && expect_fused) fused_layers = model->hparams().n_layer;
   for (const auto& v : variants) {
     SCOPED_TRACE(v.name);
     engine_options o;
@@ -97,11 +132,15 @@ void expect_same_logits(const std::shared_ptr<const model_file>& model, bool exp
     EXPECT_FALSE(apart.fused_step());
     EXPECT_FALSE(layers.fused_step());
     EXPECT_EQ(whole.fused_step(), expect_fused);
-    if (expect_fused) {
-      EXPECT_EQ(layers.fused_layers(), model->hparams().n_layer);
+    if (fused_layers >= 0) {
+      EXPECT_EQ(layers.fused_layers(), fused_layers);
     }
     int step = 0;
-    for (const auto& b : steps(model->hparams().n_vocab, o.page_size)) {
+    auto batches = steps(model->hparams().n_vocab, o.page_size);
+    if (long_window)
+      for (auto& b : window_steps(model->hparams().n_vocab, o.page_size))
+        batches.push_back(std::move(b));
+    for (const auto& b : batches) {
       SCOPED_TRACE("step " + std::to_string(step++) + " (" + std::to_string(b.tokens.size()) +
                    " rows)");
       const auto a = apart.run(b);
@@ -134,15 +173,13 @@ TEST(FusedLayer, SmolLM2Q4_1MatchesSeparateLaunches) {
 // Gemma 3 270M Q4_K_M: QK-norm, sandwich norms, GELU from the table,
 // local layers with their own window and RoPE base, Q8_0 QKV and gate/up
 // beside K-quant Wo and down: every layer one launch (layer_gemma_*), no
-// whole step.
+// whole step; a sequence past the 512-token window too.  (Its attention
+// scale is 1/sqrt(head_dim), so the file's own scale, which the fused
+// layers now take as the launches apart do, is not tested apart.)
 TEST(FusedLayer, Gemma3MatchesSeparateLaunches) {
   const auto model = open_named("gemma3-270m");
-  engine_options o;
-  o.n_pages = 64;
-  llama_forward f(model, o);
-  EXPECT_EQ(f.fused_layers(), model->hparams().n_layer);
-  EXPECT_FALSE(f.fused_step());
-  expect_same_logits(model, false);
+  ASSERT_EQ(model->hparams().sliding_window, 512);
+  expect_same_logits(model, false, k_variants, model->hparams().n_layer, true);
 }
 
 // Tiny random models written to a folder of this process's own, removed
@@ -161,6 +198,17 @@ class FusedLayerTiny : public ::testing::Test {
     testing::make_tiny_llama(opts).write(path);
     return model_file::open(path);
   }
+  // A tiny model whose head size (32) and FFN width are whole blocks of
+  // type t (the quantized types' condition for a fused layer).
+  static testing::tiny_llama_options whole_blocks(tensor_type t, int n_ff) {
+    testing::tiny_llama_options opts;
+    opts.n_embd = 128;
+    opts.n_head = 4;
+    opts.n_head_kv = 2;
+    opts.n_ff = n_ff;
+    opts.matrix_type = t;
+    return opts;
+  }
   std::filesystem::path dir_;
 };
 
@@ -170,12 +218,7 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
                         tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
-    testing::tiny_llama_options opts;
-    opts.n_embd = 128;
-    opts.n_head = 4;
-    opts.n_head_kv = 2;
-    opts.n_ff = 96;
-    opts.matrix_type = t;
+    const auto opts = whole_blocks(t, 96);
     // One attention mode here (each KV type is a program build of its
     // own); the real models above take all three.
     expect_same_logits(write(opts, "tiny-" + std::string(traits_of(t).name)), true,
@@ -192,13 +235,8 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
 TEST_F(FusedLayerTiny, KQuantDownBesideQ8_0MatchesSeparateLaunches) {
   for (tensor_type t : {tensor_type::q8_0, tensor_type::q5_0}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
-    testing::tiny_llama_options opts;
-    opts.n_embd = 128;
-    opts.n_head = 4;
-    opts.n_head_kv = 2;
-    opts.n_ff = 256;
+    auto opts = whole_blocks(t, 512);  // two Q8_K blocks a row of h
     opts.n_layer = 3;
-    opts.matrix_type = t;
     opts.down_types = {tensor_type::q6_k, tensor_type::q4_k};
     expect_same_logits(write(opts, "tiny-kdown-" + std::string(traits_of(t).name)), true,
                        {k_variants.front()});
@@ -208,12 +246,7 @@ TEST_F(FusedLayerTiny, KQuantDownBesideQ8_0MatchesSeparateLaunches) {
 // A QKV bias (Qwen2's) is added in the fused layer and the whole step as
 // in the separate QKV kernel: the step reads it from the arena.
 TEST_F(FusedLayerTiny, QkvBiasMatchesSeparateLaunches) {
-  testing::tiny_llama_options opts;
-  opts.n_embd = 128;
-  opts.n_head = 4;
-  opts.n_head_kv = 2;
-  opts.n_ff = 96;
-  opts.matrix_type = tensor_type::q8_0;
+  auto opts = whole_blocks(tensor_type::q8_0, 96);
   opts.qkv_bias = true;
   expect_same_logits(write(opts, "tiny-bias"), true, {k_variants.front()});
 }
