@@ -131,6 +131,16 @@ INLINE void wait_items(volatile __global int* done, int n) {
         matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
                                 rpi))
 
+// A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
+// the matrix w over Q8_K activations in qb, rows of K values, into y (acc:
+// added to it).
+#define KQ_PRODUCT(TS, fmt, w, K, y, acc)                                                        \
+  if ((fmt) == 2)                                                                                \
+    matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc,    \
+                            rpi);                                                                \
+  else                                                                                           \
+    matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, rpi)
+
 // ... and where down is a K-quant beside per-32 layers (llama-quantize's
 // Q4_K_M and Q6_K of a model whose other rows are no whole super-blocks:
 // only ffn_down gets K-quants).  h is written as float, quantized to Q8_K
@@ -143,11 +153,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
                                     T, rpi_glu, qb_q, qb_d, qb_s, 0, 0))                         \
   PHASE(7, T*(F / 256), 1,                                                                        \
         quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
-  PHASE(6, n_d* tg, LAST_WAIT,                                                                    \
-        if (dn_fmt == 2) matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, Q_IN_H, x, F, \
-                                                 D, T, D, 1, rpi);                                \
-        else matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, Q_IN_H, x, F, D, T, D,  \
-                                      1, rpi))
+  PHASE(6, n_d* tg, LAST_WAIT, KQ_PRODUCT(TS, dn_fmt, dn, F, x, 1))
 
 // The phases of one layer over T rows with the products of weight type WT
 // (the separate kernels' suffix, e.g. xq_q4_1) and token tile TS (t1, t4,
@@ -191,14 +197,6 @@ INLINE void wait_items(volatile __global int* done, int n) {
     RESET_COUNTERS(ctr, 2 * LAYER_PHASES + 1)         \
   }
 
-// A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
-// the matrix w over Q8_K activations in qb, rows of K values, into y.
-#define KQ_PRODUCT(TS, fmt, w, K, y)                                                              \
-  if ((fmt) == 2)                                                                                 \
-    matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, 0, rpi); \
-  else                                                                                            \
-    matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, 0, rpi)
-
 // A Gemma 3 layer (QK-norm, sandwich norms, GELU, a sliding window where
 // window > 0) as its Q4_K_M files hold it: Q8_0 (and Q5_0 as Q8_0) QKV
 // and gate/up over per-32 activations, K-quant Wo and down (wo_fmt,
@@ -233,7 +231,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
                        qb_d, qb_s, 0, one_pass, window))                                          \
     PHASE(4, T*(A / 256), 1,                                                                      \
           quantize_q8_k_at(i % (A / 256), i / (A / 256), att, A, qb_q, qb_d, qb_s, wo_fmt == 2)) \
-    PHASE(5, n_d* tg, 1, KQ_PRODUCT(TS, wo_fmt, wo, A, xn))                                       \
+    PHASE(5, n_d* tg, 1, KQ_PRODUCT(TS, wo_fmt, wo, A, xn, 0))                                    \
     PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                             \
     PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                       \
     PHASE(8, n_glu* tg, 1,                                                                        \
@@ -241,7 +239,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
                                        T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))         \
     PHASE(9, T*(F / 256), 1,                                                                      \
           quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))   \
-    PHASE(10, n_d* tg, 1, KQ_PRODUCT(TS, dn_fmt, dn, F, xn))                                      \
+    PHASE(10, n_d* tg, 1, KQ_PRODUCT(TS, dn_fmt, dn, F, xn, 0))                                   \
     PHASE(11, T, 0, rmsnorm_add_row(i, x, xn, post_ffn_norm, D, eps))                             \
     RESET_COUNTERS(ctr, 2 * GEMMA_PHASES + 1)                                                     \
   }
