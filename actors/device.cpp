@@ -5,6 +5,7 @@
 #include <mutex>
 #include <optional>
 
+#include "actors/head_route.hpp"
 #include "actors/pipeline.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/engine/step_overlap.hpp"
@@ -163,6 +164,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
   auto swap = std::make_shared<expert_swap>();
   auto chain = std::make_shared<step_chain>();
+  auto heads = std::make_shared<head_route_state>();
   chain->notifier = std::make_shared<step_notifier>();
   self->attach_functor([n = chain->notifier] { n->disarm(); });
   return {
@@ -223,6 +225,28 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
                                "movelayers: this instance's device is not pipelined (it has no "
                                "stages; engine.pipeline_parallel)");
       },
+      [](move_heads_atom, int32_t, int32_t, int32_t) -> caf::result<std::string> {
+        return caf::make_error(caf::sec::invalid_argument,
+                               "moveheads: this instance's device is not pipelined (it has no "
+                               "stages; engine.pipeline_parallel)");
+      },
+      // KV-head migration, as a pipeline's stage (actors/head_route.hpp).
+      [engine, heads](head_guest_atom, const head_op& op) -> caf::result<head_answer> {
+        try {
+          return serve_head_op(*engine, *heads, op);
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("headguest: ") + e.what());
+        }
+      },
+      [self, engine, heads](head_route_atom, caf::actor helper, int32_t kv_lo,
+                            int32_t kv_hi) -> caf::result<int32_t> {
+        try {
+          route_heads(self->system(), *engine, *heads, std::move(helper), kv_lo, kv_hi);
+          return kv_hi - kv_lo;
+        } catch (const std::exception& e) {
+          return caf::make_error(caf::sec::invalid_argument, std::string("headroute: ") + e.what());
+        }
+      },
       // One step: submitted behind those running, answered when it ends.
       [self, engine, chain](forward_atom, forward_batch& batch) -> caf::result<forward_result> {
         return submit_forward(self, *engine, *chain, batch);
@@ -263,10 +287,11 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         }
       },
       // Write KV data into the pages (swap-in, import).
-      [engine](write_pages_atom, const std::vector<int32_t>& pages,
-               const std::vector<uint8_t>& data) -> caf::result<int32_t> {
+      [self, engine, heads](write_pages_atom, const std::vector<int32_t>& pages,
+                            const std::vector<uint8_t>& data) -> caf::result<int32_t> {
         try {
           engine->write_pages(pages, data);
+          mirror_page_write(self->system(), *engine, *heads, pages, data);
           return static_cast<int32_t>(pages.size());
         } catch (const std::exception& e) {
           return caf::make_error(caf::sec::invalid_argument,
@@ -274,10 +299,11 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         }
       },
       // Copy the pages' data, src to dst (copy-on-write).
-      [engine](copy_pages_atom, const std::vector<int32_t>& src,
-               const std::vector<int32_t>& dst) -> caf::result<int32_t> {
+      [self, engine, heads](copy_pages_atom, const std::vector<int32_t>& src,
+                            const std::vector<int32_t>& dst) -> caf::result<int32_t> {
         try {
           engine->copy_pages(src, dst);
+          mirror_page_copy(self->system(), *heads, src, dst);
           return static_cast<int32_t>(src.size());
         } catch (const std::exception& e) {
           return caf::make_error(caf::sec::invalid_argument, std::string("copypages: ") + e.what());

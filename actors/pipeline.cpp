@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/device.hpp"
+#include "actors/head_route.hpp"
 #include "actors/remote_stage.hpp"
 #include "actors/stage_probe.hpp"
 #include "runtime/common/elapsed.hpp"
@@ -112,6 +113,9 @@ struct pipeline_state {
   // one asked while another move runs waits for it.
   std::optional<caf::typed_response_promise<std::string>> move_reply;
   std::optional<std::pair<layer_move, caf::typed_response_promise<std::string>>> queued_move;
+  // KV-head migration (actors/head_route.hpp): the stage whose group of
+  // KV heads attends on another (-1: none), that one, the group's size.
+  int heads_donor = -1, heads_helper = -1, heads_away = 0;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
   bool blocked = false;  // a page operation runs
@@ -454,6 +458,10 @@ std::string check_manual_move(const pipeline_state& st, const layer_move& m) {
     return "stages " + std::to_string(m.from) + " and " + std::to_string(m.to) +
            " are not neighbours among the " + std::to_string(n) + " stages (0.." +
            std::to_string(n - 1) + ")";
+  if (st.heads_donor >= 0)
+    return "KV heads of stage " + std::to_string(st.heads_donor) + " attend on stage " +
+           std::to_string(st.heads_helper) + ": bring them home first (moveheads " +
+           std::to_string(st.heads_donor) + " " + std::to_string(st.heads_helper) + " 0)";
   const auto& o = st.stage_opts[static_cast<size_t>(m.from)];
   const int32_t have = o.layer_end - o.layer_first;
   if (have <= 1) return "stage " + std::to_string(m.from) + " holds one layer: it has none to give";
@@ -635,6 +643,71 @@ void start_move(self_ptr self, layer_move m) {
       });
 }
 
+// Why a head move asked for cannot run (empty: it can).
+std::string check_head_move(const pipeline_state& st, int32_t from, int32_t to, int32_t heads) {
+  const int32_t n = static_cast<int32_t>(st.stages.size());
+  const int32_t n_kv = st.info.n_kv_heads;
+  if (from < 0 || from >= n || to < 0 || to >= n || from == to)
+    return "stages " + std::to_string(from) + " and " + std::to_string(to) +
+           " are not two of the " + std::to_string(n) + " stages (0.." + std::to_string(n - 1) +
+           ")";
+  if (heads < 0 || heads >= n_kv)
+    return "a stage has " + std::to_string(n_kv) + " KV heads and keeps one at least: move 1 to " +
+           std::to_string(n_kv - 1) + " (0 brings a group home), not " + std::to_string(heads);
+  if (st.moving) return "a layer move is under way; ask again once it is done";
+  if (heads == 0 && (st.heads_donor != from || st.heads_helper != to))
+    return "no KV heads of stage " + std::to_string(from) + " attend on stage " +
+           std::to_string(to);
+  if (heads > 0 && st.heads_donor >= 0)
+    return "KV heads of stage " + std::to_string(st.heads_donor) + " attend on stage " +
+           std::to_string(st.heads_helper) +
+           " already: one group at a time (bring it home: " + "moveheads " +
+           std::to_string(st.heads_donor) + " " + std::to_string(st.heads_helper) + " 0)";
+  return {};
+}
+
+// A head move, between steps (exclusive and blocking, as a layer move's
+// phase two): the group's pages go to the helper and the donor routes the
+// group there, or the group comes home.
+std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
+  auto& st = self->state;
+  const auto began = std::chrono::steady_clock::now();
+  const auto donor = caf::actor_cast<caf::actor>(st.stages[static_cast<size_t>(from)]);
+  const auto helper = caf::actor_cast<caf::actor>(st.stages[static_cast<size_t>(to)]);
+  if (heads == 0) {
+    bring_head_group_home(self->system(), donor, helper);
+    const int32_t away = st.heads_away;
+    st.heads_donor = st.heads_helper = -1;
+    st.heads_away = 0;
+    return fmt::format(
+        "{} KV head(s) of stage {} attend at home again (from stage {}): steps "
+        "paused {:.0f} ms",
+        away, from, to, ms_between(began, std::chrono::steady_clock::now()));
+  }
+  const auto& o = st.stage_opts[static_cast<size_t>(from)];
+  head_move m;
+  m.layer_first = o.layer_first;
+  m.layer_end = o.layer_end;
+  m.n_kv = st.info.n_kv_heads;
+  m.kv_lo = m.n_kv - heads;  // the last ones
+  m.kv_hi = m.n_kv;
+  m.head_bytes = static_cast<size_t>(st.info.page_size) * st.info.head_dim *
+                 (st.info.kv_dtype == "f16" ? 2 : 4);
+  std::vector<int32_t> pages;
+  for (size_t i = 0; i < st.touched.size(); ++i)
+    if (st.touched[i]) pages.push_back(static_cast<int32_t>(i));
+  const size_t bytes = move_head_group(self->system(), donor, helper, m, pages);
+  st.heads_donor = from;
+  st.heads_helper = to;
+  st.heads_away = heads;
+  return fmt::format(
+      "moved the attention of KV heads [{}, {}) of stage {}'s layers [{}, {}) to stage {}: steps "
+      "paused {:.0f} ms for {:.2f} MiB of KV ({} pages)",
+      m.kv_lo, m.kv_hi, from, m.layer_first, m.layer_end, to,
+      ms_between(began, std::chrono::steady_clock::now()), static_cast<double>(bytes) / (1 << 20),
+      pages.size());
+}
+
 // At the end of a window: the stages' busy times to plan_layer_move; a
 // move it finds goes in line after the steps already sent.
 void consider_moving_layers(self_ptr self) {
@@ -644,7 +717,8 @@ void consider_moving_layers(self_ptr self) {
     loads.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
-  if (st.moving || !(st.migration.threshold > 0)) return;
+  // A layer move would rebuild a stage a head group routes from or to.
+  if (st.moving || !(st.migration.threshold > 0) || st.heads_donor >= 0) return;
   if (st.skip_windows > 0) {
     --st.skip_windows;
     return;
@@ -825,6 +899,40 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
         st.move_reply = rp;
         start_move(self, m);
         return rp;
+      },
+      // KV-head migration by hand (admin, shell): between two steps.
+      [self](move_heads_atom, int32_t from, int32_t to, int32_t heads) -> caf::result<std::string> {
+        if (auto why = check_head_move(self->state, from, to, heads); !why.empty())
+          return caf::make_error(caf::sec::invalid_argument, "moveheads: " + why);
+        auto rp = self->make_response_promise<std::string>();
+        enqueue(self, true, true, [self, from, to, heads, rp]() mutable {
+          // Checked again: a move queued behind another sees its result.
+          auto why = check_head_move(self->state, from, to, heads);
+          if (why.empty()) {
+            try {
+              const auto what = move_heads(self, from, to, heads);
+              spdlog::info("pipeline: {}", what);
+              rp.deliver(what);
+            } catch (const std::exception& e) {
+              why = std::string(e.what()) + "; the heads stay where they were";
+            }
+          }
+          if (!why.empty())
+            rp.deliver(caf::make_error(caf::sec::invalid_argument, "moveheads: " + why));
+          self->state.blocked = false;
+          pump(self);
+        });
+        return rp;
+      },
+      // A stage's part of head migration is the stages' business.
+      [](head_guest_atom, const head_op&) -> caf::result<head_answer> {
+        return caf::make_error(
+            caf::sec::invalid_argument,
+            "headguest: a pipeline's stages serve head groups, not the pipeline");
+      },
+      [](head_route_atom, caf::actor, int32_t, int32_t) -> caf::result<int32_t> {
+        return caf::make_error(caf::sec::invalid_argument,
+                               "headroute: a pipeline's stages route head groups (moveheads)");
       },
       [no_experts](expert_stats_atom) -> caf::result<expert_stats> {
         return no_experts("expstats");

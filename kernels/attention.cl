@@ -14,11 +14,13 @@
 
 #ifdef TROUPE_KV_F16
 typedef half kv_t;
+typedef ushort kv_bits_t;  // a value's bits, to copy (half has no loads without cl_khr_fp16)
 #define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
 #define KV_LOAD1(p) vload_half(0, p)
 #define KV_STORE(v, i, p) STORE_HALF(v, i, p)
 #else
 typedef float kv_t;
+typedef uint kv_bits_t;
 #define KV_LOAD16(i, p) vload16(i, p)
 #define KV_LOAD1(p) (*(p))
 #define KV_STORE(v, i, p) ((p)[i] = (v))
@@ -322,8 +324,39 @@ INLINE void attention_at(int h, int gy, ATTENTION_ARGS) {
   }
 }
 
-__kernel void attention(ATTENTION_ARGS) {
-  attention_at(get_global_id(0), get_global_id(1), qkv, kc, vc, out, pos, row_seq, pt, pt_off,
-               n_head, n_kv, hd, page_size, layer, n_pages, scale, n_rows, rows_per_item, oq, od,
-               os, quant_out, one_pass, window);
+// head_lo: the first query head of the launch (a pipeline stage whose
+// group of KV heads attends on another stage runs its other heads only).
+__kernel void attention(ATTENTION_ARGS, int head_lo) {
+  attention_at(head_lo + get_global_id(0), get_global_id(1), qkv, kc, vc, out, pos, row_seq, pt,
+               pt_off, n_head, n_kv, hd, page_size, layer, n_pages, scale, n_rows, rows_per_item,
+               oq, od, os, quant_out, one_pass, window);
+}
+
+// A group of KV heads attending on another pipeline stage (KV-head
+// migration, runtime/device/head_group.hpp): the K and V that a step's
+// rows stored for KV heads [g_lo, g_lo + g_n) of `layer`, copied between
+// the cache and a compact buffer rows[t][K, V][g_n][hd] (cache values
+// as they are: no conversion).  gather: cache to rows; else rows to cache.
+// One work-item per (row, head of the group).
+__kernel void kv_rows_copy(__global kv_bits_t* kc, __global kv_bits_t* vc, __global kv_bits_t* rows,
+                           __global const int* pos, __global const int* row_seq,
+                           __global const int* pt, __global const int* pt_off, int n_kv, int hd,
+                           int page_size, int layer, int n_pages, int g_lo, int g_n, int gather) {
+  const int t = get_global_id(0), j = get_global_id(1);
+  const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];
+  const int slot = pos[t] % page_size;
+  const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g_lo + j);
+  __global kv_bits_t* rk = rows + ((size_t)t * 2 * g_n + j) * hd;
+  __global kv_bits_t* rv = rk + (size_t)g_n * hd;
+  for (int d = 0; d < hd; ++d) {
+    __global kv_bits_t* k = kc + o + (size_t)d * page_size + slot;  // K: transposed in the page
+    __global kv_bits_t* v = vc + o + (size_t)slot * hd + d;
+    if (gather) {
+      rk[d] = *k;
+      rv[d] = *v;
+    } else {
+      *k = rk[d];
+      *v = rv[d];
+    }
+  }
 }

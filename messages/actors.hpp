@@ -27,6 +27,8 @@ void for_each_message_type(F&& f) {
   f.template operator()<forward_batch>("troupe.forward_batch");
   f.template operator()<forward_result>("troupe.forward_result");
   f.template operator()<device_info>("troupe.device_info");
+  f.template operator()<head_op>("troupe.head_op");
+  f.template operator()<head_answer>("troupe.head_answer");
   f.template operator()<expert_stats>("troupe.expert_stats");
   f.template operator()<expert_plan>("troupe.expert_plan");
   f.template operator()<layer_experts>("troupe.layer_experts");

@@ -34,6 +34,13 @@ using expert_commit_atom = caf::atom_constant<caf::atom("expcommit")>;
 using expert_abort_atom = caf::atom_constant<caf::atom("expabort")>;
 // A pipelined device moves layers between two neighbouring stages (admin).
 using move_layers_atom = caf::atom_constant<caf::atom("movelayers")>;
+// KV-head migration (runtime/device/head_group.hpp): a pipelined device
+// moves a group of KV heads' attention to another stage (admin); a stage
+// serves a donor's group (headguest) or sends its own group's to a helper
+// (headroute).
+using move_heads_atom = caf::atom_constant<caf::atom("moveheads")>;
+using head_guest_atom = caf::atom_constant<caf::atom("headguest")>;
+using head_route_atom = caf::atom_constant<caf::atom("headroute")>;
 using info_atom = caf::atom_constant<caf::atom("info")>;
 using read_pages_atom = caf::atom_constant<caf::atom("readpages")>;
 using write_pages_atom = caf::atom_constant<caf::atom("writepages")>;

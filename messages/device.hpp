@@ -4,6 +4,7 @@
 #include <caf/all.hpp>
 #include "messages/atoms.hpp"
 
+#include "runtime/device/head_group.hpp"
 #include "runtime/engine/engine_types.hpp"
 #include "runtime/engine/forward_batch.hpp"
 
@@ -91,6 +92,18 @@ typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
   return f(caf::meta::type_name("expert_plan"), x.epoch, x.layouts);
 }
 
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, head_op& x) {
+  return f(caf::meta::type_name("head_op"), x.kind, x.layer_first, x.n_layers, x.kv_lo, x.kv_hi,
+           x.layer, x.n_rows, x.att_rows, x.quant_out, x.pos, x.row_seq, x.pt, x.pt_off, x.q, x.kv,
+           x.pages, x.dst, x.data);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, head_answer& x) {
+  return f(caf::meta::type_name("head_answer"), x.out, x.oq, x.od, x.os, x.count);
+}
+
 // forward: run one step, reply with the logits of batch.logit_rows.
 // info: what the device holds.
 // readpages: the KV data of the pages, in order, kv_bytes_per_page each
@@ -113,6 +126,16 @@ typename Inspector::result_type inspect(Inspector& f, expert_plan& x) {
 //            own layer migration does (two phases, no step sees half a
 //            move); replies once moved, saying what moved and what it cost.
 //            One device refuses: it has no stages.
+// moveheads: (from, to, heads) a pipelined device moves the attention of
+//            `heads` KV heads of stage `from`'s layers (its last ones),
+//            with their pages, to stage `to` (runtime/device/head_group.hpp);
+//            heads 0 brings them home.  Between two steps; replies saying
+//            what moved and what it cost.  One device refuses.
+// headguest: (op) a stage serves another stage's group of KV heads
+//            (head_op: open, attend, write, copy, close).
+// headroute: (helper, kv_lo, kv_hi) a stage's KV heads [kv_lo, kv_hi)
+//            attend on `helper` from the next step on (kv_hi == kv_lo:
+//            at home); its page writes and copies reach the helper too.
 // The device serves its messages in order, so a page read sent before a
 // forward pass sees the data from before that pass.
 using device_actor = caf::typed_actor<
@@ -125,6 +148,9 @@ using device_actor = caf::typed_actor<
     caf::replies_to<expert_prepare_atom, expert_plan>::with<uint64_t>,
     caf::replies_to<expert_commit_atom, uint64_t>::with<uint64_t>,
     caf::replies_to<expert_abort_atom, uint64_t>::with<uint64_t>,
-    caf::replies_to<move_layers_atom, int32_t, int32_t, int32_t>::with<std::string>>;
+    caf::replies_to<move_layers_atom, int32_t, int32_t, int32_t>::with<std::string>,
+    caf::replies_to<move_heads_atom, int32_t, int32_t, int32_t>::with<std::string>,
+    caf::replies_to<head_guest_atom, head_op>::with<head_answer>,
+    caf::replies_to<head_route_atom, caf::actor, int32_t, int32_t>::with<int32_t>>;
 
 }  // namespace troupe

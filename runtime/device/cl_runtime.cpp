@@ -354,20 +354,22 @@ struct rows_region {
 }  // namespace
 
 void context::read_rows(const buffer& b, void* dst, size_t block, size_t rows, size_t offset,
-                        size_t host_pitch) {
+                        size_t host_pitch, size_t buffer_pitch) {
   if (block == 0 || rows == 0) return;
   const rows_region r(block, rows, offset);
   check(clEnqueueReadBufferRect(queue_, b.get(), CL_FALSE, r.buffer_origin, r.host_origin, r.region,
-                                block, 0, host_pitch, 0, dst, 0, nullptr, nullptr),
+                                buffer_pitch ? buffer_pitch : block, 0, host_pitch, 0, dst, 0,
+                                nullptr, nullptr),
         "clEnqueueReadBufferRect");
 }
 
 void context::write_rows(const buffer& b, const void* src, size_t block, size_t rows, size_t offset,
-                         size_t host_pitch) {
+                         size_t host_pitch, size_t buffer_pitch) {
   if (block == 0 || rows == 0) return;
   const rows_region r(block, rows, offset);
   check(clEnqueueWriteBufferRect(queue_, b.get(), CL_FALSE, r.buffer_origin, r.host_origin,
-                                 r.region, block, 0, host_pitch, 0, src, 0, nullptr, nullptr),
+                                 r.region, buffer_pitch ? buffer_pitch : block, 0, host_pitch, 0,
+                                 src, 0, nullptr, nullptr),
         "clEnqueueWriteBufferRect");
 }
 

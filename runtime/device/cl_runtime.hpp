@@ -191,11 +191,12 @@ class context {
   // `block` bytes, contiguous in the buffer from `offset`, each
   // `host_pitch` bytes apart in host memory.  One command instead of one
   // per block (KV pages: a layer's run of pages, interleaved per page on
-  // the host).
+  // the host).  buffer_pitch: the blocks' distance in the buffer where it
+  // is not `block` (columns of a row-major matrix).
   void read_rows(const buffer& b, void* dst, size_t block, size_t rows, size_t offset,
-                 size_t host_pitch);
+                 size_t host_pitch, size_t buffer_pitch = 0);
   void write_rows(const buffer& b, const void* src, size_t block, size_t rows, size_t offset,
-                  size_t host_pitch);
+                  size_t host_pitch, size_t buffer_pitch = 0);
   // The same without waiting: dst must stay valid until the returned event
   // has ended.  Flushes the queue, so the device starts on what it holds.
   event read_async(const buffer& b, void* dst, size_t bytes, size_t offset = 0);

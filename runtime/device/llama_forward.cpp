@@ -228,7 +228,8 @@ bool llama_forward::gemma_fused(const device_layer& L) const {
 }
 
 bool llama_forward::fused(const device_layer& L) const {
-  if (!opts_.fuse_layers || !ctx_.cpu() || L.moe) return false;
+  // Heads attending elsewhere leave the layer between its launches.
+  if (!opts_.fuse_layers || !ctx_.cpu() || L.moe || away_call_) return false;
   // Gemma 3's layers (QK-norm, sandwich norms, GELU, windows) as its
   // Q4_K_M files hold them: layer.cl's layer_gemma_* kernels.
   const auto& h = hparams();
@@ -624,6 +625,11 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   // (one row per sequence) keeps one row per work-item for parallelism.
   const int att_rows =
       T > static_cast<int>(b.seqs.size()) ? std::clamp(opts_.attention_rows, 1, 64) : 1;
+  building_ = f.get();
+  struct unset_at_exit {
+    const flight*& p;
+    ~unset_at_exit() { p = nullptr; }
+  } unset_building{building_};
   // Recordings name the buffers they were made with.
   if (grew) graphs_.clear();
   if (graph_mode(T)) {
@@ -694,7 +700,7 @@ bool llama_forward::graph_mode(int rows) const {
   // Profiling times each launch, which a replay has none of.
   // Recordings are of the one queue: expert devices' queues are not in them.
   return opts_.graph && rows <= k_max_graph_rows && ctx_.command_buffers() && !ctx_.profiling() &&
-         ctx_.shards() == 0;
+         ctx_.shards() == 0 && !away_call_;
 }
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
@@ -765,17 +771,22 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
     }
     // Attention writes its output quantized too where Wo takes it so.
     const bool att_q8 = quantized_inline(L.wo) && hd % 32 == 0;
-    k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
-                 hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d, qb_.s,
-                 att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0, swa ? hp.sliding_window : 0);
-    // A work-group size independent of the row count (see
-    // cl::context::launch), one work-item per group: that also spreads
-    // one-token decode's heads over both cores (PoCL's choice put them all
-    // in one group).
-    ctx_.launch(
-        k_attn_,
-        {static_cast<size_t>(hp.n_head), static_cast<size_t>((T + att_rows - 1) / att_rows)},
-        {1, 1});
+    if (away_call_) {
+      attend_split(l, T, att_rows, att_q8, swa, scale);
+    } else {
+      k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
+                   hp.n_head_kv, hd, page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d,
+                   qb_.s, att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0,
+                   swa ? hp.sliding_window : 0, 0);
+      // A work-group size independent of the row count (see
+      // cl::context::launch), one work-item per group: that also spreads
+      // one-token decode's heads over both cores (PoCL's choice put them all
+      // in one group).
+      ctx_.launch(
+          k_attn_,
+          {static_cast<size_t>(hp.n_head), static_cast<size_t>((T + att_rows - 1) / att_rows)},
+          {1, 1});
+    }
     // Sandwich norms: a sublayer's output goes to xn_ (free by then), is
     // normed and added to x_; otherwise it is added to x_ directly.
     const bool sandwich = hp.sandwich_norms;

@@ -14,6 +14,7 @@
 #include "runtime/config/settings.hpp"
 #include "runtime/device/cl_runtime.hpp"
 #include "runtime/device/device_weights.hpp"
+#include "runtime/device/head_group.hpp"
 #include "runtime/engine/forward_batch.hpp"
 #include "runtime/model/model_file.hpp"
 
@@ -173,6 +174,17 @@ class llama_forward {
   void set_experts(int layer, std::shared_ptr<device_moe> moe);
   cl::context& context() { return ctx_; }
 
+  // KV-head migration (runtime/device/head_group.hpp): from the next step
+  // on, KV heads [kv_lo, kv_hi) of every layer here, with their query
+  // heads, attend through `call` (a helper stage's head_guest); kv_hi ==
+  // kv_lo brings them home.  Layers then run apart, not fused.  The cache
+  // still gets every head's K and V (the projections store them all), so
+  // coming home needs no copy.  Throws std::invalid_argument for heads the
+  // model lacks or a group of all of them.
+  using head_call = std::function<head_answer(head_op)>;
+  void attend_heads_elsewhere(int kv_lo, int kv_hi, head_call call);
+  std::pair<int, int> heads_elsewhere() const { return {away_lo_, away_hi_}; }
+
   // Page data, for swap and copy-on-write.  A page's data is
   // kv_bytes_per_page() bytes: for each layer, its K block, then its V
   // block (kv heads x page_size x head_dim elements, as the cache stores
@@ -193,6 +205,10 @@ class llama_forward {
   // final norm of the R logit rows, to xo_ or quantized to qa_), one per
   // operation or per fused layer; whole_step() is the same in one launch.
   void step_apart(int T, int R, int att_rows);
+  // Layer l's attention with a group of its KV heads away
+  // (attend_heads_elsewhere): this stage's heads here, the group's rows to
+  // the helper and its output back into att_ (and qb_ where att_q8).
+  void attend_split(int l, int T, int att_rows, bool att_q8, bool swa, float scale);
   // x_ += RMSNorm(xn_) * weight over T rows (Gemma 3's sandwich norms).
   void norm_add(const cl::buffer& weight, int T);
   // Whether a step of `rows` rows is replayed from a recording.
@@ -333,6 +349,14 @@ class llama_forward {
     cl::event done;
   };
   std::deque<std::unique_ptr<flight>> flights_;
+  const flight* building_ = nullptr;  // the step being enqueued (its host tables)
+  // KV heads attending elsewhere (attend_heads_elsewhere), and the rows'
+  // K and V gathered for them.
+  int away_lo_ = 0, away_hi_ = 0;
+  head_call away_call_;
+  cl::kernel k_kv_copy_;
+  cl::buffer kv_rows_;
+  size_t kv_rows_bytes_ = 0;
   // Quantized activations: qa_ the norms' rows (inputs of QKV, gate/up
   // and the classifier), qb_ attention's and the FFN's (of Wo and down).
   q8_scratch qa_, qb_;

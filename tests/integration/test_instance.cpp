@@ -902,6 +902,15 @@ device_actor faulty_device(caf::actor_system& sys, device_actor real, fault_plan
         [=](move_layers_atom a, int32_t from, int32_t to, int32_t n) {
           return relay<std::string>(self, real, caf::infinite, a, from, to, n);
         },
+        [=](move_heads_atom a, int32_t from, int32_t to, int32_t n) {
+          return relay<std::string>(self, real, caf::infinite, a, from, to, n);
+        },
+        [=](head_guest_atom a, head_op& op) {
+          return relay<head_answer>(self, real, caf::infinite, a, std::move(op));
+        },
+        [=](head_route_atom a, caf::actor helper, int32_t lo, int32_t hi) {
+          return relay<int32_t>(self, real, caf::infinite, a, std::move(helper), lo, hi);
+        },
     };
   });
 }

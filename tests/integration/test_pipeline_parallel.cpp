@@ -268,3 +268,121 @@ TEST(PipelineParallel, UnfitPipelinesAreRefusedByName) {
 
 }  // namespace
 }  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// KV-head migration (BanaServe's attention-level migration,
+// runtime/device/head_group.hpp): a group of a stage's KV heads attends
+// on another stage, which holds the group's pages.  Same kernels on the
+// same values: one device's logits bit for bit, with the group moved
+// before a step (the helper's copy of the pages the step before wrote),
+// while steps run away from home, and after it came home (the donor's
+// cache kept every head).
+std::string move_heads(engine_fixture& e, int32_t from, int32_t to, int32_t heads) {
+  caf::scoped_actor self{*e.sys};
+  std::string out;
+  self->request(e.dev, caf::infinite, move_heads_atom::value, from, to, heads)
+      .receive([&](std::string& s) { out = s; },
+               [&](caf::error& err) { out = "error: " + self->system().render(err); });
+  return out;
+}
+
+class HeadMigration : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HeadMigration, LogitsEqualOneDeviceWithAGroupOfKvHeadsOnAnotherStage) {
+  engine_options one;
+  one.kv_bytes = 32u << 20;
+  std::vector<forward_result> want;
+  {
+    engine_fixture e(GetParam(), one);
+    want = two_steps(e);
+  }
+  auto o = stages(2);
+  o.pipeline_rebalance = 0;
+  const auto check = [&](const std::vector<forward_result>& got) {
+    for (size_t i = 0; i < 2; ++i) {
+      SCOPED_TRACE("step " + std::to_string(i));
+      EXPECT_EQ(got[i].logits, want[i].logits);
+      EXPECT_EQ(got[i].hidden, want[i].hidden);
+    }
+  };
+  {
+    SCOPED_TRACE("the prompts at home, the decode step away from stage 1 on stage 0");
+    engine_fixture e(GetParam(), o);
+    const int n_kv = e.info.n_kv_heads;
+    ASSERT_GE(n_kv, 2);
+    const auto b = several_prompts(e);
+    auto fwd = e.forward();
+    std::vector<forward_result> got{fwd(b)};
+    const auto moved = move_heads(e, 1, 0, n_kv - 1);
+    EXPECT_NE(moved.find("moved the attention of KV heads [1, " + std::to_string(n_kv) + ")"),
+              std::string::npos)
+        << moved;
+    got.push_back(fwd(decode_after(b)));
+    check(got);
+  }
+  {
+    SCOPED_TRACE("the prompts away from stage 0 on stage 1, the decode step at home");
+    engine_fixture e(GetParam(), o);
+    EXPECT_EQ(move_heads(e, 0, 1, 1).rfind("moved", 0), 0u);
+    const auto b = several_prompts(e);
+    auto fwd = e.forward();
+    std::vector<forward_result> got{fwd(b)};
+    EXPECT_NE(move_heads(e, 0, 1, 0).find("1 KV head(s) of stage 0 attend at home again"),
+              std::string::npos);
+    got.push_back(fwd(decode_after(b)));
+    check(got);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HeadMigration,
+                         ::testing::Values("stories15m", "smollm2-135m-instruct", "qwen3-dense"));
+
+// Bad moves are refused by name, and a layer move waits for the group to
+// come home; the greedy tokens of a stream whose heads move mid-way stay
+// llama.cpp's.
+TEST(HeadMigration, MovesMidStreamKeepLlamaCppsTokensAndBadMovesAreRefused) {
+  std::ifstream in(golden_dir + "/stories15M_greedy.json");
+  const auto golden = nlohmann::json::parse(in);
+  auto o = stages(2);
+  o.pipeline_rebalance = 0;
+  engine_fixture e("stories15m", o);
+  EXPECT_NE(move_heads(e, 0, 0, 1).find("not two of the 2 stages"), std::string::npos);
+  EXPECT_NE(move_heads(e, 0, 2, 1).find("not two of the 2 stages"), std::string::npos);
+  EXPECT_NE(move_heads(e, 0, 1, 6).find("keeps one at least"), std::string::npos);
+  EXPECT_NE(move_heads(e, 0, 1, 0).find("no KV heads of stage 0"), std::string::npos);
+  for (const auto& g : golden) {
+    const auto prompt = g["prompt_token_ids"].get<std::vector<int32_t>>();
+    const auto want = g["greedy_token_ids"].get<std::vector<int32_t>>();
+    linear_pages pages(e.info.n_pages, e.info.page_size);
+    sequence_slot seq;
+    auto fwd = e.forward();
+    auto logits = feed_tokens(fwd, pages, seq, prompt, 512, false);
+    std::vector<int32_t> got;
+    for (int i = 0; i < 48; ++i) {
+      if (i == 16) {
+        EXPECT_EQ(move_heads(e, 1, 0, 4).rfind("moved", 0), 0u);
+        EXPECT_NE(move_heads(e, 0, 1, 1).find("one group at a time"), std::string::npos);
+        caf::scoped_actor self{*e.sys};
+        self->request(e.dev, caf::infinite, move_layers_atom::value, 1, 0, 1)
+            .receive([](std::string& s) { ADD_FAILURE() << "a layer move ran: " << s; },
+                     [&](caf::error& err) {
+                       EXPECT_NE(self->system().render(err).find("bring them home first"),
+                                 std::string::npos);
+                     });
+      }
+      if (i == 32) {
+        EXPECT_NE(move_heads(e, 1, 0, 0).find("at home again"), std::string::npos);
+      }
+      const auto best =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      got.push_back(best);
+      logits = feed_tokens(fwd, pages, seq, {best}, 1, false);
+    }
+    EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 48)) << g["prompt"];
+  }
+}
+
+}  // namespace
+}  // namespace troupe

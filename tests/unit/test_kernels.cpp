@@ -898,7 +898,7 @@ void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, boo
   const int quant_out = hd % 32 == 0 ? 1 : 0;
   const auto oq = c.alloc(n_out), od = c.alloc(n_out / 32 * 4), os = c.alloc(n_out / 16 * 4);
   k.args(qkvb, kcb, vcb, outb, posb, rsb, ptb, offb, n_head, n_kv, hd, page_size, layer, n_pages,
-         scale, T, rows_per_item, oq, od, os, quant_out, one_pass ? 1 : 0, window);
+         scale, T, rows_per_item, oq, od, os, quant_out, one_pass ? 1 : 0, window, 0);
   c.launch(k, {static_cast<size_t>(n_head),
                static_cast<size_t>((T + rows_per_item - 1) / rows_per_item)});
   const auto out = download<float>(c, outb, n_out);
