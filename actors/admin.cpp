@@ -151,6 +151,11 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
         return relay<std::string>(self, self->state.router, std::chrono::minutes(10),
                                   move_layers_atom::value, instance, from, to, layers);
       },
+      // Move a group of KV heads' attention between two stages.
+      [self](move_heads_atom, uint64_t instance, int32_t from, int32_t to, int32_t heads) {
+        return relay<std::string>(self, self->state.router, std::chrono::minutes(10),
+                                  move_heads_atom::value, instance, from, to, heads);
+      },
       // Preempt an in-flight request's sequence now (the shell, tests).
       [self](preempt_atom, uint64_t id) {
         return relay<int32_t>(self, self->state.gateway, std::chrono::seconds(10),

@@ -432,6 +432,13 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
           return json{{"instance", instance}, {"moved", what}};
         },
         move_layers_atom::value, instance, req.from, req.to, req.layers);
+  if (command == "heads")
+    return call_long<std::string>(
+        self, peer,
+        [instance](std::string& what) {
+          return json{{"instance", instance}, {"moved", what}};
+        },
+        move_heads_atom::value, instance, req.from, req.to, req.heads);
   if (command == "kill")
     return call<uint64_t>(
         self, peer,
@@ -444,7 +451,8 @@ void on_request(self_ptr self, const std::string& peer, const std::string& addre
       failure("unknown_command",
               "unknown command '" + command +
                   "' (instances, nodes, requests, trace, kv, config, cancel, migrate, drain, kill, "
-                  "preempt, set, spawn, node_add, node_remove, role, layers, monitor, steps, dp, "
+                  "preempt, set, spawn, node_add, node_remove, role, layers, heads, monitor, "
+                  "steps, dp, "
                   "experts)"));
 }
 

@@ -34,7 +34,8 @@ head_answer serve_head_op(llama_forward& engine, head_route_state& st, const hea
   if (op.kind == head_op::open) {
     if (st.guest) throw std::invalid_argument("this stage serves a head group already");
     if (st.helper) throw std::invalid_argument("this stage's own heads attend elsewhere");
-    st.guest = std::make_unique<head_guest>(engine, op);
+    if (!st.guest_ctx) st.guest_ctx = guest_context(engine);
+    st.guest = std::make_unique<head_guest>(engine, *st.guest_ctx, op);
     head_answer a;
     a.count = static_cast<int32_t>(st.guest->bytes() >> 20);
     return a;

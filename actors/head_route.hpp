@@ -14,8 +14,9 @@
 namespace troupe {
 
 struct head_route_state {
-  std::unique_ptr<head_guest> guest;  // a donor's group served here
-  caf::actor helper;                  // where this stage's group attends (null: home)
+  std::unique_ptr<head_guest> guest;       // a donor's group served here
+  std::unique_ptr<cl::context> guest_ctx;  // its context, kept for the next group
+  caf::actor helper;                       // where this stage's group attends (null: home)
   int kv_lo = 0, kv_hi = 0;
 };
 

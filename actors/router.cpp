@@ -55,6 +55,28 @@ router_instance* find(router_state& st, uint64_t id) {
   return nullptr;
 }
 
+// A move between two stages of an instance's pipelined device (admin):
+// `n` layers (movelayers) or KV heads (moveheads), relayed to its device.
+template <class Atom>
+caf::result<std::string> move_on_stages(self_ptr self, Atom atom, const char* what, uint64_t id,
+                                        int32_t from, int32_t to, int32_t n) {
+  const std::string cmd = caf::to_string(caf::atom_value{Atom::value});
+  auto* i = find(self->state, id);
+  if (!i)
+    return caf::make_error(caf::sec::invalid_argument, cmd + ": no instance " + std::to_string(id));
+  if (!i->device)
+    return caf::make_error(caf::sec::invalid_argument, cmd + ": instance " + std::to_string(id) +
+                                                           ": the router does not know its device");
+  spdlog::info("router: instance {}: moving {} {}(s) from stage {} to stage {} (admin)", id, n,
+               what, from, to);
+  auto rp = self->make_response_promise<std::string>();
+  // A move waits for the steps before it and may load two stages: minutes at most.
+  self->request(i->device, std::chrono::minutes(10), atom, from, to, n)
+      .then([rp](std::string& moved) mutable { rp.deliver(std::move(moved)); },
+            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  return rp;
+}
+
 // Where an instance starts: its --roles entry, else with --pd mixed when
 // roles switch through M, else the first prefills and the rest decode.
 pd_pool initial_pool(const router_options& o, uint64_t id) {
@@ -611,26 +633,15 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           self->send_exit(i->actor, caf::exit_reason::kill);
           return id;
         },
-        // Move layers between two stages of an instance's pipelined device.
-        [self](move_layers_atom, uint64_t id, int32_t from, int32_t to,
+        // Move layers, or a group of KV heads' attention, between two
+        // stages of an instance's pipelined device.
+        [self](move_layers_atom a, uint64_t id, int32_t from, int32_t to,
                int32_t layers) -> caf::result<std::string> {
-          auto* i = find(self->state, id);
-          if (!i)
-            return caf::make_error(caf::sec::invalid_argument,
-                                   "movelayers: no instance " + std::to_string(id));
-          if (!i->device)
-            return caf::make_error(caf::sec::invalid_argument,
-                                   "movelayers: instance " + std::to_string(id) +
-                                       ": the router does not know its device");
-          spdlog::info("router: instance {}: moving {} layer(s) from stage {} to stage {} (admin)",
-                       id, layers, from, to);
-          auto rp = self->make_response_promise<std::string>();
-          // A move waits for the steps before it and loads two stages: minutes at most.
-          self->request(i->device, std::chrono::minutes(10), move_layers_atom::value, from, to,
-                        layers)
-              .then([rp](std::string& what) mutable { rp.deliver(std::move(what)); },
-                    [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
-          return rp;
+          return move_on_stages(self, a, "layer", id, from, to, layers);
+        },
+        [self](move_heads_atom a, uint64_t id, int32_t from, int32_t to,
+               int32_t heads) -> caf::result<std::string> {
+          return move_on_stages(self, a, "KV head", id, from, to, heads);
         },
         // Change a live setting (the schema's live trait): the placement
         // policy here, an [engine] key on every instance.  The value is

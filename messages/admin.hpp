@@ -53,6 +53,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_info& x) {
 // movelayers: (instance id, from, to, layers) the instance's pipelined
 //            device moves layers between two neighbouring stages; replies
 //            with what moved and the pause it cost.
+// moveheads: (instance id, from, to, heads) the attention of a group of
+//            KV heads of stage `from` moves to stage `to` (0: home again).
 // peek:      the monitor's window (per-instance TTFT, TPOT, token interval,
 //            busy share; the TTFT predictor's error).
 // setrole:   (instance id, prefill|decode|mixed) the instance's new role
@@ -72,6 +74,7 @@ using admin_actor = caf::typed_actor<
     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,
     caf::replies_to<kill_instance_atom, uint64_t>::with<uint64_t>,
     caf::replies_to<move_layers_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>,
+    caf::replies_to<move_heads_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>,
     caf::replies_to<nodes_atom>::with<std::vector<link_status>>,
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
     caf::replies_to<set_atom, std::string, std::string>::with<std::string>,

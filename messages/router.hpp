@@ -79,6 +79,9 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 // movelayers: (instance id, from, to, layers) its pipelined device moves
 //           layers between two neighbouring stages (the device's
 //           movelayers); replies with what moved.
+// moveheads: (instance id, from, to, heads) its pipelined device moves the
+//           attention of a group of KV heads of stage `from` to stage `to`
+//           (0 heads: home again; the device's moveheads).
 // instforget: (id) the instance was stopped on purpose (autoscaling).
 // nodeforget: (address) the node left the service (actors/node_set): its
 //           status and its instances leave the registry.
@@ -98,6 +101,7 @@ using router_actor = caf::typed_actor<
     caf::replies_to<place_decode_atom, uint64_t, int32_t>::with<placement_reply>,
     caf::replies_to<set_role_atom, uint64_t, std::string>::with<std::string>,
     caf::replies_to<set_atom, std::string, std::string>::with<std::string>,
-    caf::replies_to<move_layers_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>>;
+    caf::replies_to<move_layers_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>,
+    caf::replies_to<move_heads_atom, uint64_t, int32_t, int32_t, int32_t>::with<std::string>>;
 
 }  // namespace troupe

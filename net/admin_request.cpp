@@ -48,7 +48,7 @@ std::string check_arguments(const json& req, admin_request& r) {
   const std::string& c = r.command;
   if (one_of(c, {"trace", "cancel", "migrate", "preempt"}) && !unsigned_field(req, "id", r.id))
     return c + " needs \"id\": a request id (unsigned)";
-  if (one_of(c, {"migrate", "drain", "kill", "role", "layers"}) &&
+  if (one_of(c, {"migrate", "drain", "kill", "role", "layers", "heads"}) &&
       !unsigned_field(req, "instance", r.instance))
     return c + " needs \"instance\": an instance id (unsigned)";
   if (c == "set" && (!string_field(req, "key", r.key) || !string_field(req, "value", r.value) ||
@@ -76,6 +76,10 @@ std::string check_arguments(const json& req, admin_request& r) {
                         !small_field(req, "layers", r.layers)))
     return "layers needs \"from\" and \"to\" (neighbouring stages) and \"layers\" (how many "
            "move), integers 0 to 65535";
+  if (c == "heads" && (!small_field(req, "from", r.from) || !small_field(req, "to", r.to) ||
+                       !small_field(req, "heads", r.heads)))
+    return "heads needs \"from\" and \"to\" (two stages) and \"heads\" (how many KV heads "
+           "move; 0 brings them home), integers 0 to 65535";
   if (c == "role" && (!string_field(req, "role", r.role) || r.role.empty()))
     return "role needs \"role\": prefill, decode or mixed";
   return "";

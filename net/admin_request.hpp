@@ -21,6 +21,7 @@ struct admin_request {
   int32_t count = 0;                     // spawn, node_add (default 1)
   std::string role;                      // role
   int32_t from = 0, to = 0, layers = 0;  // layers: stages and how many layers move
+  int32_t heads = 0;                     // heads: how many KV heads move (0: home)
   // Arguments the command cannot run with; empty when they are fine.  Kept
   // apart from admin_refusal so the endpoint answers an unauthenticated
   // peer "unauthenticated" before telling it anything about arguments.

@@ -50,8 +50,15 @@ void group_into_page(uint8_t* page, const uint8_t* group, int n_layers, int n_kv
                    });
 }
 
-head_guest::head_guest(llama_forward& host, const head_op& open)
+std::unique_ptr<cl::context> guest_context(const llama_forward& host) {
+  auto c = std::make_unique<cl::context>(host.options().device);
+  c->build(host.build_options());
+  return c;
+}
+
+head_guest::head_guest(llama_forward& host, cl::context& ctx, const head_op& open)
     : host_(host),
+      ctx_(ctx),
       layer_first_(open.layer_first),
       n_layers_(open.n_layers),
       kv_lo_(open.kv_lo),
@@ -68,7 +75,7 @@ head_guest::head_guest(llama_forward& host, const head_op& open)
                                 std::to_string(hp.n_head_kv));
   const size_t elem = host.options().kv_f16 ? 2 : 4;
   head_bytes_ = static_cast<size_t>(host.page_size()) * hp.head_dim * elem;
-  auto& c = host.context();
+  auto& c = ctx_;
   const size_t cache = bytes() / 2;
   k_cache_ = c.alloc(cache);
   v_cache_ = c.alloc(cache);
@@ -91,7 +98,7 @@ head_answer head_guest::attend(const head_op& op) {
       op.kv.size() != uT * 2 * g_n * head_bytes_ / host_.page_size() || op.pos.size() != uT ||
       op.row_seq.size() != uT || op.pt_off.empty())
     throw std::invalid_argument("attend: a malformed head group step");
-  auto& c = host_.context();
+  auto& c = ctx_;
   // The attention kernel reads queries as rows of a QKV projection: the
   // group's query heads, then room for its K and V (unread: they come
   // from the cache).
@@ -156,7 +163,7 @@ void head_guest::write_pages(const std::vector<int32_t>& pages, const std::vecto
     if (p < 0 || p >= n_pages_)
       throw std::invalid_argument("head group pages: page " + std::to_string(p) + " of " +
                                   std::to_string(n_pages_));
-  auto& c = host_.context();
+  auto& c = ctx_;
   const size_t g = static_cast<size_t>(kv_hi_ - kv_lo_) * head_bytes_;
   for (size_t i = 0; i < pages.size(); ++i)
     for (int l = 0; l < n_layers_; ++l) {
@@ -180,7 +187,7 @@ void head_guest::copy_pages(const std::vector<int32_t>& src, const std::vector<i
                                     std::to_string(n_pages_));
   std::vector<int32_t> pages = src;
   std::vector<uint8_t> data(pages.size() * page_bytes());
-  auto& c = host_.context();
+  auto& c = ctx_;
   const size_t g = static_cast<size_t>(kv_hi_ - kv_lo_) * head_bytes_;
   for (size_t i = 0; i < src.size(); ++i)
     for (int l = 0; l < n_layers_; ++l) {

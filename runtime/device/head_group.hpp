@@ -64,11 +64,20 @@ void group_into_page(uint8_t* page, const uint8_t* group, int n_layers, int n_kv
                      int kv_hi, size_t head_bytes);
 
 // The helper's side: the group's KV arena (as many pages as the host's)
-// and its attention, on the host forward's device queue.
+// and its attention, on the host forward's device but on `ctx`, a context
+// and queue of its own (guest_context): a donor's layer then waits for the
+// group's attention only, not for the host's own steps queued before it
+// (one in-order queue made every layer of the donor wait for a whole step
+// of the helper's).
+// A context on the host's device with its kernels built as the host's are
+// (the same results bit for bit): made once, kept across groups (building
+// it takes some 0.5 s).
+std::unique_ptr<cl::context> guest_context(const llama_forward& host);
+
 class head_guest {
  public:
   // Throws std::invalid_argument for a group the host's model lacks.
-  head_guest(llama_forward& host, const head_op& open);
+  head_guest(llama_forward& host, cl::context& ctx, const head_op& open);
   head_answer attend(const head_op& op);
   void write_pages(const std::vector<int32_t>& pages, const std::vector<uint8_t>& data);
   void copy_pages(const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
@@ -78,6 +87,7 @@ class head_guest {
 
  private:
   llama_forward& host_;
+  cl::context& ctx_;
   int layer_first_, n_layers_, kv_lo_, kv_hi_, n_pages_;
   size_t head_bytes_;  // page_size x head_dim cache values
   cl::buffer k_cache_, v_cache_;

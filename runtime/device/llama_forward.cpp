@@ -95,6 +95,13 @@ std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_di
   return out;
 }
 
+std::string llama_forward::build_options() const {
+  return std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
+         std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
+         (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") + (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
+         (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : "") + (ctx_.x86_avx2() ? " -DTROUPE_AVX2" : "");
+}
+
 llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
     : model_(std::move(model)),
       opts_(opts),
@@ -121,11 +128,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   if (hp.n_expert > 0 && (layer_first_ > 0 || layer_end < hp.n_layer))
     throw model_error(model_->path() +
                       ": a mixture-of-experts model runs on one device (no pipeline stages)");
-  ctx_.build(
-      std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
-      std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
-      (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") + (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
-      (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : "") + (ctx_.x86_avx2() ? " -DTROUPE_AVX2" : ""));
+  ctx_.build(build_options());
   weights_ = upload_weights(ctx_, *model_, expert_devices(), layer_first_, layer_end);
 
   n_pages_ =

@@ -173,6 +173,9 @@ class llama_forward {
   // placement change); takes effect from the next step.
   void set_experts(int layer, std::shared_ptr<device_moe> moe);
   cl::context& context() { return ctx_; }
+  // The options this forward's kernels were built with (another context
+  // on its device builds the same kernels with them: head_guest).
+  std::string build_options() const;
 
   // KV-head migration (runtime/device/head_group.hpp): from the next step
   // on, KV heads [kv_lo, kv_hi) of every layer here, with their query

@@ -768,6 +768,21 @@ TEST(Instance, APipelinedInstanceServesAsOneDevice) {
     f.expect_pages_released(st);
     caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
   }
+  {
+    // KV-head migration: two of stage 1's KV heads attend on stage 0 (their
+    // pages there) while the requests stream under swap preemption, so
+    // swapped-in pages reach the helper's copy of the group too.
+    auto dev = f.device(16);
+    auto inst = f.instance(dev, 64, 32, preempt_mode::swap);
+    caf::scoped_actor self{*f.sys};
+    self->request(dev, caf::infinite, move_heads_atom::value, 1, 0, 2)
+        .receive([](std::string&) {}, [&](caf::error& e) { ADD_FAILURE() << f.sys->render(e); });
+    expect_same(f.run(inst, reqs), want);
+    const auto st = f.stats(inst);
+    EXPECT_GT(st.preempted_swap, 0u);
+    f.expect_pages_released(st);
+    caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
+  }
   auto piped = f.instance(f.device(), 64, 32);
   const auto& r = reqs[1];
   EXPECT_EQ(run_migrating(f, piped, single, r, 5), want.at(r.id)) << "pipelined to one device";

@@ -56,6 +56,10 @@ TEST(AdminRequest, ArgumentsAreTypeAndRangeChecked) {
               std::string::npos)
         << count;
   EXPECT_EQ(outcome(R"({"command":"spawn","node":"h:1","count":0})"), "ok");
+  // heads: the same, with a count of KV heads (0: home again).
+  EXPECT_EQ(outcome(R"({"command":"heads","instance":1,"from":1,"to":0,"heads":0})"), "ok");
+  EXPECT_NE(outcome(R"({"command":"heads","instance":1,"from":1,"to":0})").find("heads needs"),
+            std::string::npos);
   // layers: an instance, two stages and a count, each a small integer.
   EXPECT_EQ(outcome(R"({"command":"layers","instance":1,"from":0,"to":1,"layers":2})"), "ok");
   for (const char* bad : {R"("from":-1,"to":1,"layers":2)", R"("from":0,"to":"1","layers":2)",

@@ -45,7 +45,7 @@ struct admin_flags {
   uint64_t id = 0;
   uint64_t instance = 0;
   std::string key, value;                // set
-  int32_t from = 0, to = 0, layers = 0;  // layers
+  int32_t from = 0, to = 0, layers = 0;  // layers, heads (layers: how many)
   const std::string* server = nullptr;
   const bool* json = nullptr;
 };
@@ -69,12 +69,19 @@ int run_admin(admin_flags& f) {
     args["to"] = f.to;
     args["layers"] = f.layers;
   }
+  if (f.action == "heads") {
+    args["instance"] = f.instance;
+    args["from"] = f.from;
+    args["to"] = f.to;
+    args["heads"] = f.layers;
+  }
   if (!link.connect()) {
     std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
     return 1;
   }
   // A layer move answers once done: loading two stages, copying their KV.
-  auto reply = link.call(f.action, args, f.action == "layers" ? k_layer_move_wait_ms : 0);
+  auto reply = link.call(f.action, args,
+                         f.action == "layers" || f.action == "heads" ? k_layer_move_wait_ms : 0);
   if (!reply.ok) {
     if (reply.code == "timeout" || reply.code == "protocol" || reply.code == "unreachable")
       std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), reply.message.c_str());
@@ -184,6 +191,29 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
         ->check(CLI::Range(1, 65535));
     sub->callback([f] {
       f->action = "layers";
+      int rc = run_admin(*f);
+      if (rc != 0) throw CLI::RuntimeError(rc);
+    });
+  }
+  {
+    auto* sub = cmd->add_subcommand(
+        "heads",
+        "move the attention of a group of KV heads of one stage's layers, with their KV pages, to "
+        "another stage of an instance's pipelined device (no weights move), between two steps; "
+        "0 heads brings the group home; exits 0 once moved");
+    sub->fallthrough();
+    sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
+    sub->add_option("from", f->from, "the stage whose KV heads move (0 is the first)")
+        ->required()
+        ->check(CLI::Range(0, 65535));
+    sub->add_option("to", f->to, "the stage that takes their attention")
+        ->required()
+        ->check(CLI::Range(0, 65535));
+    sub->add_option("heads", f->layers, "how many KV heads move (its last ones); 0: home again")
+        ->required()
+        ->check(CLI::Range(0, 65535));
+    sub->callback([f] {
+      f->action = "heads";
       int rc = run_admin(*f);
       if (rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -147,9 +147,9 @@ class shell {
     if (cmd == "watch" && index == 1) return {"instances", "requests", "kv"};
     if ((cmd == "trace" || cmd == "cancel" || cmd == "preempt" || cmd == "migrate") && index == 1)
       return ids("requests", "id");
-    if ((cmd == "migrate" && index == 2) ||
-        ((cmd == "drain" || cmd == "kill" || cmd == "kv" || cmd == "role" || cmd == "layers") &&
-         index == 1))
+    if ((cmd == "migrate" && index == 2) || ((cmd == "drain" || cmd == "kill" || cmd == "kv" ||
+                                              cmd == "role" || cmd == "layers" || cmd == "heads") &&
+                                             index == 1))
       return ids("instances", "id");
     if (cmd == "role" && index == 2) return {"prefill", "decode", "mixed"};
     if (cmd == "set" && index == 1) {
@@ -258,6 +258,18 @@ class shell {
                           self->usage_of("layers") + ")"};
           self->control(l, "layers", {{"instance", id}, {"from", from}, {"to", to}, {"layers", n}});
         });
+    add("heads", "heads INSTANCE FROM TO N",
+        "move the attention of N KV heads of stage FROM's layers, with their KV pages, to stage TO "
+        "of an instance's pipelined device, between two steps; N 0 brings them home",
+        [self](const command_line& l) {
+          const uint64_t id = self->id_arg(l, 0, "an instance id");
+          uint64_t from = 0, to = 0, n = 0;
+          if (l.args.size() < 4 || !parse_id(l.args[1], from) || !parse_id(l.args[2], to) ||
+              !parse_id(l.args[3], n))
+            throw failure{"heads: give the instance, two stages and a count (" +
+                          self->usage_of("heads") + ")"};
+          self->control(l, "heads", {{"instance", id}, {"from", from}, {"to", to}, {"heads", n}});
+        });
     add("spawn", "spawn NODE [N]",
         "start N more instances (default 1) on a node, like the ones the service has there",
         [self](const command_line& l) {
@@ -322,7 +334,8 @@ class shell {
   // One admin call; a failure becomes what to tell the person.
   json must(const std::string& cmd, json args = json::object()) {
     // A layer move answers once done: loading two stages, copying their KV.
-    auto r = link_.call(cmd, std::move(args), cmd == "layers" ? k_layer_move_wait_ms : 0);
+    auto r = link_.call(cmd, std::move(args),
+                        cmd == "layers" || cmd == "heads" ? k_layer_move_wait_ms : 0);
     if (r.ok) return r.result;
     if (r.code == "timeout" || r.code == "unreachable")
       throw failure{r.message + "; the server may be gone: 'reconnect' tries again"};
