@@ -141,12 +141,12 @@ struct tally {
            dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
            expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
            unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
-           layer_moves = 0, layer_moves_refused = 0, stage_node_kills = 0, overlapped_steps = 0,
-           hostile_admin = 0, hostile_http = 0, starve_http = 0, tier_rounds = 0,
-           disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0,
-           pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0,
-           registry_joins = 0, registry_removes = 0, second_services = 0, cluster_views = 0,
-           violations = 0;
+           layer_moves = 0, layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0,
+           stage_node_kills = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
+           starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
+           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
+           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
+           second_services = 0, cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
 };
 
@@ -665,6 +665,19 @@ class round_driver {
                               one_of<std::string>({"prefill", "decode", "mixed"});
       // A killed or lost instance refuses; that is fine.
       ++(shell(cmd).exit_code == 0 ? t_.role_flips : t_.role_flips_refused);
+    } else if (roll == 94 && stages_ > 1 && chance(0.2)) {
+      // A group of KV heads' attention moved by hand to another stage of a
+      // pipelined instance, or brought home (troupe shell heads), live;
+      // outputs must not change.  A second group, a group not away, a
+      // layer move under way or a lost instance refuses.
+      const int from = static_cast<int>(pick(static_cast<size_t>(stages_)));
+      const int to =
+          (from + 1 + static_cast<int>(pick(static_cast<size_t>(stages_ - 1)))) % stages_;
+      const std::string cmd = "heads " + std::to_string(1 + pick(instances_)) + " " +
+                              std::to_string(from) + " " + std::to_string(to) + " " +
+                              (chance(0.4) ? "0" : "1");
+      ++(shell(cmd, "--admin-timeout-ms 60000").exit_code == 0 ? t_.head_moves
+                                                               : t_.head_moves_refused);
     } else if (roll == 94 && stages_ > 1 && chance(0.3)) {
       // A layer moved by hand between two stages of a pipelined instance
       // (troupe shell layers), live; outputs must not change.  A donor
@@ -1342,6 +1355,8 @@ int run(const options& o) {
             {"remote_stage_rounds", t.remote_stage_rounds},
             {"layer_moves", t.layer_moves},
             {"layer_moves_refused", t.layer_moves_refused},
+            {"head_moves", t.head_moves},
+            {"head_moves_refused", t.head_moves_refused},
             {"stage_node_kills", t.stage_node_kills},
             {"overlapped_steps", t.overlapped_steps},
             {"role_flips", t.role_flips},
