@@ -151,6 +151,9 @@ size_t move_head_group(caf::actor_system& sys, const caf::actor& donor, const ca
     ask<int32_t>(io, donor, head_route_atom::value, helper, m.kv_lo, m.kv_hi);
     return bytes;
   } catch (...) {
+    // The donor may have taken the route after all (a late answer): home
+    // first (harmless when it never left), then the helper's copy goes.
+    io->send(donor, head_route_atom::value, caf::actor{}, int32_t{0}, int32_t{0});
     head_op close;
     close.kind = head_op::close;
     io->send(helper, head_guest_atom::value, close);
@@ -158,13 +161,19 @@ size_t move_head_group(caf::actor_system& sys, const caf::actor& donor, const ca
   }
 }
 
-void bring_head_group_home(caf::actor_system& sys, const caf::actor& donor,
-                           const caf::actor& helper) {
+std::string bring_head_group_home(caf::actor_system& sys, const caf::actor& donor,
+                                  const caf::actor& helper) {
   caf::scoped_actor io{sys};
   ask<int32_t>(io, donor, head_route_atom::value, caf::actor{}, int32_t{0}, int32_t{0});
+  // Home from here on, whatever the helper says.
   head_op close;
   close.kind = head_op::close;
-  ask<head_answer>(io, helper, head_guest_atom::value, close);
+  try {
+    ask<head_answer>(io, helper, head_guest_atom::value, close);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
 }
 
 }  // namespace troupe

@@ -14,8 +14,8 @@
 namespace troupe {
 
 struct head_route_state {
-  std::unique_ptr<head_guest> guest;       // a donor's group served here
-  std::unique_ptr<cl::context> guest_ctx;  // its context, kept for the next group
+  std::unique_ptr<cl::context> guest_ctx;  // the guest's context, kept for the next group
+  std::unique_ptr<head_guest> guest;       // a donor's group served here (on guest_ctx)
   caf::actor helper;                       // where this stage's group attends (null: home)
   int kv_lo = 0, kv_hi = 0;
 };
@@ -54,8 +54,10 @@ struct head_move {
 size_t move_head_group(caf::actor_system& sys, const caf::actor& donor, const caf::actor& helper,
                        const head_move& m, const std::vector<int32_t>& pages);
 // The reverse: the donor's group attends at home again (its cache kept
-// every head), and the helper drops its copy.
-void bring_head_group_home(caf::actor_system& sys, const caf::actor& donor,
-                           const caf::actor& helper);
+// every head), and the helper drops its copy.  Throws std::runtime_error
+// when the donor does not answer (the group is then where it was);
+// returns why the helper did not drop its copy (empty: it did).
+std::string bring_head_group_home(caf::actor_system& sys, const caf::actor& donor,
+                                  const caf::actor& helper);
 
 }  // namespace troupe

@@ -17,6 +17,7 @@
 #include "actors/remote_stage.hpp"
 #include "actors/stage_probe.hpp"
 #include "runtime/common/elapsed.hpp"
+#include "runtime/device/head_migration.hpp"
 #include "runtime/device/layer_migration.hpp"
 #include "runtime/device/layer_placement.hpp"
 #include "runtime/engine/micro_batch.hpp"
@@ -116,6 +117,10 @@ struct pipeline_state {
   // KV-head migration (actors/head_route.hpp): the stage whose group of
   // KV heads attends on another (-1: none), that one, the group's size.
   int heads_donor = -1, heads_helper = -1, heads_away = 0;
+  bool heads_by_hand = false;  // moved by hand: the pipeline's rule leaves it
+  // The window's rows and their contexts (for attention's share of a step).
+  int64_t window_rows = 0;
+  double window_context = 0;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
   bool blocked = false;  // a page operation runs
@@ -372,6 +377,8 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
     return;
   }
   for (const auto& q : b.seqs) touch(st, q.pages);
+  st.window_rows += static_cast<int64_t>(b.positions.size());
+  for (int32_t p : b.positions) st.window_context += p + 1.0;
   run->drawn.assign(run->split.drawn.size(), 0);
   run->known.assign(run->split.drawn.size(), 0);
   run->results.resize(run->split.groups.size());
@@ -651,6 +658,7 @@ std::string check_head_move(const pipeline_state& st, int32_t from, int32_t to, 
     return "stages " + std::to_string(from) + " and " + std::to_string(to) +
            " are not two of the " + std::to_string(n) + " stages (0.." + std::to_string(n - 1) +
            ")";
+  if (n_kv < 2) return "a stage of this model has one KV head: it has none to give";
   if (heads < 0 || heads >= n_kv)
     return "a stage has " + std::to_string(n_kv) + " KV heads and keeps one at least: move 1 to " +
            std::to_string(n_kv - 1) + " (0 brings a group home), not " + std::to_string(heads);
@@ -675,7 +683,9 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
   const auto donor = caf::actor_cast<caf::actor>(st.stages[static_cast<size_t>(from)]);
   const auto helper = caf::actor_cast<caf::actor>(st.stages[static_cast<size_t>(to)]);
   if (heads == 0) {
-    bring_head_group_home(self->system(), donor, helper);
+    const auto not_dropped = bring_head_group_home(self->system(), donor, helper);
+    if (!not_dropped.empty())
+      spdlog::warn("pipeline: stage {} kept its copy of the head group: {}", to, not_dropped);
     const int32_t away = st.heads_away;
     st.heads_donor = st.heads_helper = -1;
     st.heads_away = 0;
@@ -708,6 +718,38 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
       pages.size());
 }
 
+// A head move in line after the steps already sent, answered on `rp`
+// where one was asked for by hand.
+void queue_head_move(self_ptr self, int32_t from, int32_t to, int32_t heads,
+                     std::optional<caf::typed_response_promise<std::string>> rp, double gain = 0) {
+  enqueue(self, true, true, [self, from, to, heads, rp, gain]() mutable {
+    // Checked again: a move queued behind another sees its result.
+    auto why = check_head_move(self->state, from, to, heads);
+    if (why.empty()) {
+      try {
+        const auto what = move_heads(self, from, to, heads);
+        if (heads > 0) self->state.heads_by_hand = rp.has_value();
+        if (rp)
+          spdlog::info("pipeline: {} (asked for by hand)", what);
+        else
+          spdlog::info("pipeline: {} (predicted gain {:.0f}%)", what, 100 * gain);
+        if (rp) rp->deliver(what);
+      } catch (const std::exception& e) {
+        why = std::string(e.what()) + "; the heads stay where they were";
+      }
+    }
+    if (!why.empty()) {
+      if (rp)
+        rp->deliver(caf::make_error(caf::sec::invalid_argument, "moveheads: " + why));
+      else
+        spdlog::warn("pipeline: moving {} KV head(s) of stage {} to stage {}: {}", heads, from, to,
+                     why);
+    }
+    self->state.blocked = false;
+    pump(self);
+  });
+}
+
 // At the end of a window: the stages' busy times to plan_layer_move; a
 // move it finds goes in line after the steps already sent.
 void consider_moving_layers(self_ptr self) {
@@ -715,15 +757,42 @@ void consider_moving_layers(self_ptr self) {
   std::vector<stage_load> loads;
   for (size_t i = 0; i < st.stages.size(); ++i)
     loads.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
+  head_move_inputs heads;
+  heads.steps = st.window_steps;
+  const double context = st.window_rows > 0 ? st.window_context / st.window_rows : 0;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
+  st.window_rows = 0;
+  st.window_context = 0;
+  if (!(st.migration.threshold > 0)) return;
+  // A group away comes home once its helper is the busier of the two by
+  // more than the threshold (the load shifted, or the round trips cost
+  // more than predicted).
+  if (st.heads_donor >= 0 && !st.heads_by_hand &&
+      loads[static_cast<size_t>(st.heads_helper)].busy_s >
+          loads[static_cast<size_t>(st.heads_donor)].busy_s * (1 + st.migration.threshold)) {
+    queue_head_move(self, st.heads_donor, st.heads_helper, 0, std::nullopt);
+    return;
+  }
   // A layer move would rebuild a stage a head group routes from or to.
-  if (st.moving || !(st.migration.threshold > 0) || st.heads_donor >= 0) return;
+  if (st.moving || st.heads_donor >= 0) return;
   if (st.skip_windows > 0) {
     --st.skip_windows;
     return;
   }
-  if (const auto m = plan_layer_move(loads, st.migration)) start_move(self, *m);
+  if (const auto m = plan_layer_move(loads, st.migration)) {
+    start_move(self, *m);
+    return;
+  }
+  // No layer move pays: a group of the busiest stage's KV heads may, where
+  // attention is a large share of its time (long contexts).
+  const auto& hp = st.model->hparams();
+  heads.stages = std::move(loads);
+  heads.n_kv = hp.n_head_kv;
+  heads.attention_share =
+      attention_share(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, context);
+  if (const auto h = plan_head_move(heads, st.migration))
+    queue_head_move(self, h->from, h->to, h->heads, std::nullopt, h->gain);
 }
 
 // A tick while a move's new stages load: once loaded, phase two goes in
@@ -905,23 +974,7 @@ device_actor::behavior_type pipeline_behavior(self_ptr self, pipeline_setup setu
         if (auto why = check_head_move(self->state, from, to, heads); !why.empty())
           return caf::make_error(caf::sec::invalid_argument, "moveheads: " + why);
         auto rp = self->make_response_promise<std::string>();
-        enqueue(self, true, true, [self, from, to, heads, rp]() mutable {
-          // Checked again: a move queued behind another sees its result.
-          auto why = check_head_move(self->state, from, to, heads);
-          if (why.empty()) {
-            try {
-              const auto what = move_heads(self, from, to, heads);
-              spdlog::info("pipeline: {}", what);
-              rp.deliver(what);
-            } catch (const std::exception& e) {
-              why = std::string(e.what()) + "; the heads stay where they were";
-            }
-          }
-          if (!why.empty())
-            rp.deliver(caf::make_error(caf::sec::invalid_argument, "moveheads: " + why));
-          self->state.blocked = false;
-          pump(self);
-        });
+        queue_head_move(self, from, to, heads, rp);
         return rp;
       },
       // A stage's part of head migration is the stages' business.

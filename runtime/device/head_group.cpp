@@ -76,6 +76,11 @@ head_guest::head_guest(llama_forward& host, cl::context& ctx, const head_op& ope
   const size_t elem = host.options().kv_f16 ? 2 : 4;
   head_bytes_ = static_cast<size_t>(host.page_size()) * hp.head_dim * elem;
   auto& c = ctx_;
+  // Every page of the donor's layers, used or not: refused here, not in a
+  // later step, where the device cannot hold it beside what it has.
+  if (bytes() > c.global_mem_bytes() / 2)
+    throw std::invalid_argument("the head group's pages take " + std::to_string(bytes() >> 20) +
+                                " MiB, more than half the helper's device memory");
   const size_t cache = bytes() / 2;
   k_cache_ = c.alloc(cache);
   v_cache_ = c.alloc(cache);
@@ -94,10 +99,24 @@ head_answer head_guest::attend(const head_op& op) {
   const int gq = g_n * per_kv;  // the group's query heads
   const int T = op.n_rows;
   const size_t uT = static_cast<size_t>(T);
-  if (op.layer < 0 || op.layer >= n_layers_ || T < 1 || op.q.size() != uT * gq * hd ||
+  if (op.layer < 0 || op.layer >= n_layers_ || T < 1 || op.att_rows < 1 || op.att_rows > 64 ||
+      op.q.size() != uT * gq * hd ||
       op.kv.size() != uT * 2 * g_n * head_bytes_ / host_.page_size() || op.pos.size() != uT ||
       op.row_seq.size() != uT || op.pt_off.empty())
     throw std::invalid_argument("attend: a malformed head group step");
+  // Every index the kernels follow stays inside its buffer.
+  const auto pt_size = static_cast<int32_t>(op.pt.size());
+  for (int32_t o : op.pt_off)
+    if (o < 0 || o > pt_size) throw std::invalid_argument("attend: a page table outside its list");
+  for (int32_t p : op.pt)
+    if (p < 0 || p >= n_pages_) throw std::invalid_argument("attend: a page outside the arena");
+  for (size_t t = 0; t < uT; ++t) {
+    const int32_t s = op.row_seq[t];
+    if (s < 0 || static_cast<size_t>(s) >= op.pt_off.size() || op.pos[t] < 0 ||
+        op.pt_off[s] + op.pos[t] / host_.page_size() >= pt_size)
+      throw std::invalid_argument("attend: row " + std::to_string(t) +
+                                  " names no page of its sequence");
+  }
   auto& c = ctx_;
   // The attention kernel reads queries as rows of a QKV projection: the
   // group's query heads, then room for its K and V (unread: they come

@@ -339,8 +339,8 @@ TEST_P(HeadMigration, LogitsEqualOneDeviceWithAGroupOfKvHeadsOnAnotherStage) {
 INSTANTIATE_TEST_SUITE_P(Models, HeadMigration,
                          ::testing::Values("stories15m", "smollm2-135m-instruct", "qwen3-dense"));
 
-// Bad moves are refused by name, and a layer move waits for the group to
-// come home; the greedy tokens of a stream whose heads move mid-way stay
+// Bad moves are refused by name, and a layer move while a group is away
+// too (bring it home first); the greedy tokens of a stream whose heads move mid-way stay
 // llama.cpp's.
 TEST(HeadMigration, MovesMidStreamKeepLlamaCppsTokensAndBadMovesAreRefused) {
   std::ifstream in(golden_dir + "/stories15M_greedy.json");
