@@ -33,16 +33,6 @@ void llama_forward::attend_split(int l, int T, int att_rows, bool att_q8, bool s
   const int g_n = away_hi_ - away_lo_;
   const size_t uT = static_cast<size_t>(T);
   const size_t groups = static_cast<size_t>((T + att_rows - 1) / att_rows);
-  // This stage's query heads, before and after the group's.
-  for (const auto& [h0, h1] : {std::pair{0, qlo}, std::pair{qhi, hp.n_head}}) {
-    if (h1 <= h0) continue;
-    k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
-                 hp.n_head_kv, hd, opts_.page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d,
-                 qb_.s, att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0, swa ? hp.sliding_window : 0,
-                 h0);
-    ctx_.launch(k_attn_, {static_cast<size_t>(h1 - h0), groups}, {1, 1});
-  }
-
   // The group's rows: its queries as projected, its K and V as the cache
   // stored them (so the helper's cache holds the same values).
   head_op op;
@@ -71,6 +61,18 @@ void llama_forward::attend_split(int l, int T, int att_rows, bool att_q8, bool s
                   opts_.page_size, l, n_pages_, away_lo_, g_n, 1);
   ctx_.launch(k_kv_copy_, {uT, static_cast<size_t>(g_n)});
   ctx_.read(kv_rows_, op.kv.data(), op.kv.size());  // waits for the queue
+
+  // This stage's query heads, before and after the group's, run while
+  // the helper runs the group's (flushed: the device starts on them now).
+  for (const auto& [h0, h1] : {std::pair{0, qlo}, std::pair{qhi, hp.n_head}}) {
+    if (h1 <= h0) continue;
+    k_attn_.args(qkv_, k_cache_, v_cache_, att_, pos_, row_seq_, pt_, pt_off_, hp.n_head,
+                 hp.n_head_kv, hd, opts_.page_size, l, n_pages_, scale, T, att_rows, qb_.q, qb_.d,
+                 qb_.s, att_q8 ? 1 : 0, opts_.flash_attention ? 1 : 0, swa ? hp.sliding_window : 0,
+                 h0);
+    ctx_.launch(k_attn_, {static_cast<size_t>(h1 - h0), groups}, {1, 1});
+  }
+  ctx_.marker();  // flushes the queue
 
   const head_answer a = away_call_(std::move(op));
   const size_t n_out = uT * gq * hd;
