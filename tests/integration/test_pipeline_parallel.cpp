@@ -104,17 +104,19 @@ std::vector<forward_result> two_steps(engine_fixture& e) {
   return {fwd(b), fwd(decode_after(b))};
 }
 
+// The two steps on one device (the same KV arena size as stages()).
+std::vector<forward_result> two_steps_on_one_device(const std::string& model) {
+  engine_options one;
+  one.kv_bytes = 32u << 20;
+  engine_fixture e(model, one);
+  return two_steps(e);
+}
+
 class PipelineModels : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PipelineModels, BatchedStepLogitsEqualOneDeviceBitForBit) {
-  engine_options one;
-  one.kv_bytes = 32u << 20;
-  std::vector<forward_result> want;
-  {
-    engine_fixture e(GetParam(), one);
-    want = two_steps(e);
-    ASSERT_FALSE(want[0].logits.empty());
-  }
+  const auto want = two_steps_on_one_device(GetParam());
+  ASSERT_FALSE(want[0].logits.empty());
   engine_fixture e(GetParam(), stages(2));
   const auto got = two_steps(e);
   for (size_t i = 0; i < 2; ++i) {
@@ -291,13 +293,7 @@ std::string move_heads(engine_fixture& e, int32_t from, int32_t to, int32_t head
 class HeadMigration : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HeadMigration, LogitsEqualOneDeviceWithAGroupOfKvHeadsOnAnotherStage) {
-  engine_options one;
-  one.kv_bytes = 32u << 20;
-  std::vector<forward_result> want;
-  {
-    engine_fixture e(GetParam(), one);
-    want = two_steps(e);
-  }
+  const auto want = two_steps_on_one_device(GetParam());
   auto o = stages(2);
   o.pipeline_rebalance = 0;
   const auto check = [&](const std::vector<forward_result>& got) {
