@@ -160,6 +160,13 @@ expert_stats read_expert_stats(llama_forward& engine, const expert_swap& swap) {
   return s;
 }
 
+caf::error not_pipelined(const char* what) {
+  return caf::make_error(caf::sec::invalid_argument,
+                         std::string(what) +
+                             ": this instance's device is not pipelined (it has no stages; "
+                             "engine.pipeline_parallel)");
+}
+
 device_actor::behavior_type device_behavior(device_actor::pointer self,
                                             std::shared_ptr<llama_forward> engine) {
   auto swap = std::make_shared<expert_swap>();
@@ -219,16 +226,13 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         if (swap->prepared_epoch == epoch) swap->prepared.clear();
         return epoch;
       },
-      // Layer moves are between a pipeline's stages; one device has none.
+      // Layer and head moves are between a pipeline's stages; one device
+      // has none.
       [](move_layers_atom, int32_t, int32_t, int32_t) -> caf::result<std::string> {
-        return caf::make_error(caf::sec::invalid_argument,
-                               "movelayers: this instance's device is not pipelined (it has no "
-                               "stages; engine.pipeline_parallel)");
+        return not_pipelined("movelayers");
       },
       [](move_heads_atom, int32_t, int32_t, int32_t) -> caf::result<std::string> {
-        return caf::make_error(caf::sec::invalid_argument,
-                               "moveheads: this instance's device is not pipelined (it has no "
-                               "stages; engine.pipeline_parallel)");
+        return not_pipelined("moveheads");
       },
       // KV-head migration, as a pipeline's stage (actors/head_route.hpp).
       [engine, heads](head_guest_atom, const head_op& op) -> caf::result<head_answer> {

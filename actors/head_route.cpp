@@ -10,22 +10,27 @@ namespace troupe {
 
 namespace {
 
-// One request to the helper, waited for.  Two minutes: a helper busy with
-// a long prefill of its own answers after it.
-head_answer ask_helper(caf::actor_system& sys, const caf::actor& helper, head_op op) {
-  caf::scoped_actor self{sys};
-  head_answer answer;
+// One request, waited for (two minutes: a helper busy with a long prefill
+// of its own answers after it).  Throws std::runtime_error with the error.
+template <class Reply, class... Ts>
+Reply ask(caf::scoped_actor& io, const caf::actor& to, Ts&&... xs) {
+  Reply out{};
   std::string error;
-  self->request(helper, std::chrono::minutes(2), head_guest_atom::value, std::move(op))
-      .receive([&](head_answer& a) { answer = std::move(a); },
-               [&](caf::error& e) { error = sys.render(e); });
-  if (!error.empty()) throw std::runtime_error("the head group's helper: " + error);
-  return answer;
+  io->request(to, std::chrono::minutes(2), std::forward<Ts>(xs)...)
+      .receive([&](Reply& r) { out = std::move(r); },
+               [&](caf::error& e) { error = io->system().render(e); });
+  if (!error.empty()) throw std::runtime_error(error);
+  return out;
 }
 
-size_t head_bytes(const llama_forward& engine) {
-  return static_cast<size_t>(engine.page_size()) * engine.hparams().head_dim *
-         (engine.options().kv_f16 ? 2 : 4);
+// A donor's request to its helper.
+head_answer ask_helper(caf::actor_system& sys, const caf::actor& helper, head_op op) {
+  caf::scoped_actor io{sys};
+  try {
+    return ask<head_answer>(io, helper, head_guest_atom::value, std::move(op));
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("the head group's helper: ") + e.what());
+  }
 }
 
 }  // namespace
@@ -36,9 +41,7 @@ head_answer serve_head_op(llama_forward& engine, head_route_state& st, const hea
     if (st.helper) throw std::invalid_argument("this stage's own heads attend elsewhere");
     if (!st.guest_ctx) st.guest_ctx = guest_context(engine);
     st.guest = std::make_unique<head_guest>(engine, *st.guest_ctx, op);
-    head_answer a;
-    a.count = static_cast<int32_t>(st.guest->bytes() >> 20);
-    return a;
+    return {};
   }
   if (op.kind == head_op::close) {
     st.guest.reset();
@@ -79,16 +82,13 @@ void mirror_page_write(caf::actor_system& sys, const llama_forward& engine,
                        const head_route_state& st, const std::vector<int32_t>& pages,
                        const std::vector<uint8_t>& data) {
   if (!st.helper || pages.empty()) return;
-  const size_t per = data.size() / pages.size();
   head_op op;
   op.kind = head_op::write;
   op.pages = pages;
-  const int n_layers = engine.layer_end() - engine.layer_first();
-  for (size_t i = 0; i < pages.size(); ++i) {
-    const auto g = group_of_page(data.data() + i * per, n_layers, engine.hparams().n_head_kv,
-                                 st.kv_lo, st.kv_hi, head_bytes(engine));
-    op.data.insert(op.data.end(), g.begin(), g.end());
-  }
+  op.data = group_of_pages(
+      data, pages.size(), engine.layer_end() - engine.layer_first(), engine.hparams().n_head_kv,
+      st.kv_lo, st.kv_hi,
+      kv_head_bytes(engine.page_size(), engine.hparams().head_dim, engine.options().kv_f16));
   ask_helper(sys, st.helper, std::move(op));
 }
 
@@ -101,25 +101,6 @@ void mirror_page_copy(caf::actor_system& sys, const head_route_state& st,
   op.dst = dst;
   ask_helper(sys, st.helper, std::move(op));
 }
-
-}  // namespace troupe
-
-namespace troupe {
-
-namespace {
-
-template <class Reply, class... Ts>
-Reply ask(caf::scoped_actor& io, const caf::actor& to, Ts&&... xs) {
-  Reply out{};
-  std::string error;
-  io->request(to, std::chrono::seconds(120), std::forward<Ts>(xs)...)
-      .receive([&](Reply& r) { out = std::move(r); },
-               [&](caf::error& e) { error = io->system().render(e); });
-  if (!error.empty()) throw std::runtime_error(error);
-  return out;
-}
-
-}  // namespace
 
 size_t move_head_group(caf::actor_system& sys, const caf::actor& donor, const caf::actor& helper,
                        const head_move& m, const std::vector<int32_t>& pages) {
@@ -135,17 +116,10 @@ size_t move_head_group(caf::actor_system& sys, const caf::actor& donor, const ca
     head_op write;
     write.kind = head_op::write;
     write.pages = pages;
-    if (!pages.empty()) {
-      const auto data = ask<std::vector<uint8_t>>(io, donor, read_pages_atom::value, pages);
-      const size_t per = data.size() / pages.size();
-      if (per * pages.size() != data.size() || per == 0)
-        throw std::runtime_error("the donor answered a short page read");
-      for (size_t i = 0; i < pages.size(); ++i) {
-        const auto g = group_of_page(data.data() + i * per, open.n_layers, m.n_kv, m.kv_lo, m.kv_hi,
-                                     m.head_bytes);
-        write.data.insert(write.data.end(), g.begin(), g.end());
-      }
-    }
+    if (!pages.empty())
+      write.data =
+          group_of_pages(ask<std::vector<uint8_t>>(io, donor, read_pages_atom::value, pages),
+                         pages.size(), open.n_layers, m.n_kv, m.kv_lo, m.kv_hi, m.head_bytes);
     const size_t bytes = write.data.size();
     ask<head_answer>(io, helper, head_guest_atom::value, std::move(write));
     ask<int32_t>(io, donor, head_route_atom::value, helper, m.kv_lo, m.kv_hi);

@@ -37,10 +37,6 @@ void mirror_page_write(caf::actor_system& sys, const llama_forward& engine,
 void mirror_page_copy(caf::actor_system& sys, const head_route_state& st,
                       const std::vector<int32_t>& src, const std::vector<int32_t>& dst);
 
-}  // namespace troupe
-
-namespace troupe {
-
 // A pipeline's group move, run between two steps (no step in flight): the
 // helper opens the group, gets the group's part of every page in `pages`
 // as the donor holds it, and the donor routes the group there.  Returns

@@ -146,6 +146,28 @@ void touch(pipeline_state& st, const std::vector<int32_t>& pages) {
     if (p >= 0 && static_cast<size_t>(p) < st.touched.size()) st.touched[p] = 1;
 }
 
+// The pages any step or write has named (a move copies only these: the
+// others hold nothing yet).
+std::vector<int32_t> touched_pages(const pipeline_state& st) {
+  std::vector<int32_t> pages;
+  for (size_t i = 0; i < st.touched.size(); ++i)
+    if (st.touched[i]) pages.push_back(static_cast<int32_t>(i));
+  return pages;
+}
+
+// Where a group of KV heads is away, as refusals name it: "KV heads of
+// stage D attend on stage H".
+std::string heads_away(const pipeline_state& st) {
+  return "KV heads of stage " + std::to_string(st.heads_donor) + " attend on stage " +
+         std::to_string(st.heads_helper);
+}
+
+// How to bring it home: "moveheads D H 0".
+std::string bring_home_command(const pipeline_state& st) {
+  return "moveheads " + std::to_string(st.heads_donor) + " " + std::to_string(st.heads_helper) +
+         " 0";
+}
+
 void pump(self_ptr self) {
   auto& st = self->state;
   while (!st.queue.empty() && !st.blocked) {
@@ -466,9 +488,7 @@ std::string check_manual_move(const pipeline_state& st, const layer_move& m) {
            " are not neighbours among the " + std::to_string(n) + " stages (0.." +
            std::to_string(n - 1) + ")";
   if (st.heads_donor >= 0)
-    return "KV heads of stage " + std::to_string(st.heads_donor) + " attend on stage " +
-           std::to_string(st.heads_helper) + ": bring them home first (moveheads " +
-           std::to_string(st.heads_donor) + " " + std::to_string(st.heads_helper) + " 0)";
+    return heads_away(st) + ": bring them home first (" + bring_home_command(st) + ")";
   const auto& o = st.stage_opts[static_cast<size_t>(m.from)];
   const int32_t have = o.layer_end - o.layer_first;
   if (have <= 1) return "stage " + std::to_string(m.from) + " holds one layer: it has none to give";
@@ -528,9 +548,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
   const auto [oa, ob] = moved_pair(st, m);
   try {
     caf::scoped_actor io{self->system()};
-    std::vector<int32_t> pages;
-    for (size_t i = 0; i < st.touched.size(); ++i)
-      if (st.touched[i]) pages.push_back(static_cast<int32_t>(i));
+    const std::vector<int32_t> pages = touched_pages(st);
     auto fail = [&](caf::error& e) { throw std::runtime_error(self->system().render(e)); };
     auto read_all = [&](const device_actor& d) {
       std::vector<uint8_t> out;
@@ -667,10 +685,8 @@ std::string check_head_move(const pipeline_state& st, int32_t from, int32_t to, 
     return "no KV heads of stage " + std::to_string(from) + " attend on stage " +
            std::to_string(to);
   if (heads > 0 && st.heads_donor >= 0)
-    return "KV heads of stage " + std::to_string(st.heads_donor) + " attend on stage " +
-           std::to_string(st.heads_helper) +
-           " already: one group at a time (bring it home: " + "moveheads " +
-           std::to_string(st.heads_donor) + " " + std::to_string(st.heads_helper) + " 0)";
+    return heads_away(st) +
+           " already: one group at a time (bring it home: " + bring_home_command(st) + ")";
   return {};
 }
 
@@ -701,11 +717,8 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
   m.n_kv = st.info.n_kv_heads;
   m.kv_lo = m.n_kv - heads;  // the last ones
   m.kv_hi = m.n_kv;
-  m.head_bytes = static_cast<size_t>(st.info.page_size) * st.info.head_dim *
-                 (st.info.kv_dtype == "f16" ? 2 : 4);
-  std::vector<int32_t> pages;
-  for (size_t i = 0; i < st.touched.size(); ++i)
-    if (st.touched[i]) pages.push_back(static_cast<int32_t>(i));
+  m.head_bytes = kv_head_bytes(st.info.page_size, st.info.head_dim, st.info.kv_dtype == "f16");
+  const std::vector<int32_t> pages = touched_pages(st);
   const size_t bytes = move_head_group(self->system(), donor, helper, m, pages);
   st.heads_donor = from;
   st.heads_helper = to;

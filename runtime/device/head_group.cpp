@@ -42,6 +42,23 @@ std::vector<uint8_t> group_of_page(const uint8_t* page, int n_layers, int n_kv, 
   return out;
 }
 
+std::vector<uint8_t> group_of_pages(const std::vector<uint8_t>& pages, size_t n_pages, int n_layers,
+                                    int n_kv, int kv_lo, int kv_hi, size_t head_bytes) {
+  std::vector<uint8_t> out;
+  if (n_pages == 0) return out;
+  const size_t per = pages.size() / n_pages;
+  if (per * n_pages != pages.size() || per != static_cast<size_t>(n_layers) * 2 * n_kv * head_bytes)
+    throw std::invalid_argument("head group pages: " + std::to_string(pages.size()) +
+                                " bytes for " + std::to_string(n_pages) + " pages of " +
+                                std::to_string(n_layers) + " layers");
+  out.reserve(n_pages * static_cast<size_t>(n_layers) * 2 * (kv_hi - kv_lo) * head_bytes);
+  for (size_t i = 0; i < n_pages; ++i) {
+    const auto g = group_of_page(pages.data() + i * per, n_layers, n_kv, kv_lo, kv_hi, head_bytes);
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  return out;
+}
+
 void group_into_page(uint8_t* page, const uint8_t* group, int n_layers, int n_kv, int kv_lo,
                      int kv_hi, size_t head_bytes) {
   each_group_block(n_layers, n_kv, kv_lo, kv_hi, head_bytes,
@@ -73,8 +90,7 @@ head_guest::head_guest(llama_forward& host, cl::context& ctx, const head_op& ope
     throw std::invalid_argument("a head group of KV heads [" + std::to_string(kv_lo_) + ", " +
                                 std::to_string(kv_hi_) + ") in a model of " +
                                 std::to_string(hp.n_head_kv));
-  const size_t elem = host.options().kv_f16 ? 2 : 4;
-  head_bytes_ = static_cast<size_t>(host.page_size()) * hp.head_dim * elem;
+  head_bytes_ = kv_head_bytes(host.page_size(), hp.head_dim, host.options().kv_f16);
   auto& c = ctx_;
   // Every page of the donor's layers, used or not: refused here, not in a
   // later step, where the device cannot hold it beside what it has.
@@ -86,6 +102,10 @@ head_guest::head_guest(llama_forward& host, cl::context& ctx, const head_op& ope
   v_cache_ = c.alloc(cache);
   attn_ = c.make_kernel("attention");
   kv_copy_ = c.make_kernel("kv_rows_copy");
+}
+
+size_t head_guest::block_at(int layer, int32_t page) const {
+  return (static_cast<size_t>(layer) * n_pages_ + page) * (kv_hi_ - kv_lo_) * head_bytes_;
 }
 
 size_t head_guest::page_bytes() const {
@@ -148,8 +168,7 @@ head_answer head_guest::attend(const head_op& op) {
   kv_copy_.args(k_cache_, v_cache_, kv_rows_, pos_, row_seq_, pt_, pt_off_, g_n, hd,
                 host_.page_size(), op.layer, n_pages_, 0, g_n, 0);
   c.launch(kv_copy_, {uT, static_cast<size_t>(g_n)});
-  const float scale =
-      hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = hp.attention_scale();
   const bool swa = hp.is_swa(layer_first_ + op.layer);
   attn_.args(qkv_, k_cache_, v_cache_, out_, pos_, row_seq_, pt_, pt_off_, gq, g_n, hd,
              host_.page_size(), op.layer, n_pages_, scale, T, op.att_rows, oq_, od_, os_,
@@ -186,11 +205,9 @@ void head_guest::write_pages(const std::vector<int32_t>& pages, const std::vecto
   const size_t g = static_cast<size_t>(kv_hi_ - kv_lo_) * head_bytes_;
   for (size_t i = 0; i < pages.size(); ++i)
     for (int l = 0; l < n_layers_; ++l) {
-      // The (layer, page) block of the group's cache: its heads in order.
-      const size_t at = (static_cast<size_t>(l) * n_pages_ + pages[i]) * g;
       const uint8_t* src = data.data() + i * per + static_cast<size_t>(l) * 2 * g;
-      c.write(k_cache_, src, g, at);
-      c.write(v_cache_, src + g, g, at);
+      c.write(k_cache_, src, g, block_at(l, pages[i]));
+      c.write(v_cache_, src + g, g, block_at(l, pages[i]));
     }
   c.finish();
 }
@@ -204,16 +221,14 @@ void head_guest::copy_pages(const std::vector<int32_t>& src, const std::vector<i
       if (p < 0 || p >= n_pages_)
         throw std::invalid_argument("head group copy: page " + std::to_string(p) + " of " +
                                     std::to_string(n_pages_));
-  std::vector<int32_t> pages = src;
-  std::vector<uint8_t> data(pages.size() * page_bytes());
+  std::vector<uint8_t> data(src.size() * page_bytes());
   auto& c = ctx_;
   const size_t g = static_cast<size_t>(kv_hi_ - kv_lo_) * head_bytes_;
   for (size_t i = 0; i < src.size(); ++i)
     for (int l = 0; l < n_layers_; ++l) {
-      const size_t at = (static_cast<size_t>(l) * n_pages_ + src[i]) * g;
       uint8_t* to = data.data() + i * page_bytes() + static_cast<size_t>(l) * 2 * g;
-      c.read(k_cache_, to, g, at);
-      c.read(v_cache_, to + g, g, at);
+      c.read(k_cache_, to, g, block_at(l, src[i]));
+      c.read(v_cache_, to + g, g, block_at(l, src[i]));
     }
   write_pages(dst, data);
 }

@@ -52,6 +52,11 @@ struct head_answer {
   int32_t count = 0;
 };
 
+// One KV head's part of one layer's page: page_size x head_dim cache values.
+inline size_t kv_head_bytes(int page_size, int head_dim, bool kv_f16) {
+  return static_cast<size_t>(page_size) * head_dim * (kv_f16 ? 2 : 4);
+}
+
 // The group's part of one page as the helper holds it (and as write
 // takes it): for each of the donor's layers, the K of the group's heads,
 // then their V, each head page_size x head_dim cache values in the
@@ -59,6 +64,10 @@ struct head_answer {
 // gives it for the donor's n_layers layers of n_kv heads.
 std::vector<uint8_t> group_of_page(const uint8_t* page, int n_layers, int n_kv, int kv_lo,
                                    int kv_hi, size_t head_bytes);
+// The same for `n_pages` whole pages in a row (a page read's answer),
+// the groups in a row.
+std::vector<uint8_t> group_of_pages(const std::vector<uint8_t>& pages, size_t n_pages, int n_layers,
+                                    int n_kv, int kv_lo, int kv_hi, size_t head_bytes);
 // The reverse: the group's data written into a whole page.
 void group_into_page(uint8_t* page, const uint8_t* group, int n_layers, int n_kv, int kv_lo,
                      int kv_hi, size_t head_bytes);
@@ -86,6 +95,9 @@ class head_guest {
   size_t bytes() const { return page_bytes() * n_pages_; }
 
  private:
+  // Where the (layer, page) block of the group's cache starts: its heads
+  // in order, page_size x head_dim values each.
+  size_t block_at(int layer, int32_t page) const;
   llama_forward& host_;
   cl::context& ctx_;
   int layer_first_, n_layers_, kv_lo_, kv_hi_, n_pages_;

@@ -299,8 +299,7 @@ cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int at
   const auto& hp = hparams();
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
   // As step_apart: the file's attention scale where it gives one.
-  const float scale =
-      hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hp.head_dim));
+  const float scale = hp.attention_scale();
   // A windowed layer's own RoPE table (its own base), as step_apart.
   const cl::buffer& rope = hp.is_swa(layer_first_ + layer) ? rope_swa_ : rope_;
   return k.args_from(first, x_, xn_, qa_.q, qa_.d, qa_.s, qkv_, att_, qb_.q, qb_.d, qb_.s, h_,
@@ -724,8 +723,7 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
   const int D = hp.n_embd, hd = hp.head_dim;
   const int qkv_w = (hp.n_head + 2 * hp.n_head_kv) * hd;
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
-  const float scale =
-      hp.attn_scale > 0.0f ? hp.attn_scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = hp.attention_scale();
   const int page_size = opts_.page_size;
   const auto& emb = weights_.embedding;
   const size_t uT = static_cast<size_t>(T);

@@ -2,6 +2,7 @@
 // A model opened from disk: hyper-parameters, vocabulary and tensors, the same
 // shape whether it came from a GGUF file or a llama2.c checkpoint.  Tensor
 // data points into a read-only memory map owned by the model_file.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -78,6 +79,11 @@ struct model_hparams {
   int sliding_window = 0;
   std::vector<bool> swa_layers;  // per layer: windowed (empty: none)
   float rope_theta_swa = 10000.0f;
+
+  // The q.k scale attention applies: the file's, else 1 / sqrt(head_dim).
+  float attention_scale() const {
+    return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  }
 
   bool is_swa(int layer) const {
     return sliding_window > 0 && layer >= 0 && static_cast<size_t>(layer) < swa_layers.size() &&

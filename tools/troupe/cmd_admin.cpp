@@ -44,8 +44,8 @@ struct admin_flags {
   std::string action;
   uint64_t id = 0;
   uint64_t instance = 0;
-  std::string key, value;                // set
-  int32_t from = 0, to = 0, layers = 0;  // layers, heads (layers: how many)
+  std::string key, value;               // set
+  int32_t from = 0, to = 0, count = 0;  // layers, heads: two stages and how many move
   const std::string* server = nullptr;
   const bool* json = nullptr;
 };
@@ -63,17 +63,11 @@ int run_admin(admin_flags& f) {
   if (f.action == "migrate" || f.action == "drain" || f.action == "kill" || f.action == "role")
     args["instance"] = f.instance;
   if (f.action == "role") args["role"] = f.value;
-  if (f.action == "layers") {
+  if (f.action == "layers" || f.action == "heads") {
     args["instance"] = f.instance;
     args["from"] = f.from;
     args["to"] = f.to;
-    args["layers"] = f.layers;
-  }
-  if (f.action == "heads") {
-    args["instance"] = f.instance;
-    args["from"] = f.from;
-    args["to"] = f.to;
-    args["heads"] = f.layers;
+    args[f.action] = f.count;  // the count's key is the command's name
   }
   if (!link.connect()) {
     std::fprintf(stderr, "error: admin %s: %s\n", f.action.c_str(), link.why().c_str());
@@ -186,7 +180,7 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
     sub->add_option("to", f->to, "its neighbour that takes them (from - 1 or from + 1)")
         ->required()
         ->check(CLI::Range(0, 65535));
-    sub->add_option("layers", f->layers, "how many layers move")
+    sub->add_option("layers", f->count, "how many layers move")
         ->required()
         ->check(CLI::Range(1, 65535));
     sub->callback([f] {
@@ -209,7 +203,7 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
     sub->add_option("to", f->to, "the stage that takes their attention")
         ->required()
         ->check(CLI::Range(0, 65535));
-    sub->add_option("heads", f->layers, "how many KV heads move (its last ones); 0: home again")
+    sub->add_option("heads", f->count, "how many KV heads move (its last ones); 0: home again")
         ->required()
         ->check(CLI::Range(0, 65535));
     sub->callback([f] {
