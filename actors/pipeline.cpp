@@ -20,6 +20,7 @@
 #include "runtime/device/head_migration.hpp"
 #include "runtime/device/layer_migration.hpp"
 #include "runtime/device/layer_placement.hpp"
+#include "runtime/device/stage_rebalance.hpp"
 #include "runtime/engine/micro_batch.hpp"
 
 namespace troupe {
@@ -120,6 +121,7 @@ struct pipeline_state {
   bool heads_by_hand = false;  // moved by hand: the pipeline's rule leaves it
   // The window's rows and their contexts (for attention's share of a step).
   int64_t window_rows = 0;
+  int64_t window_passes = 0;  // micro-batches through the stages (each pays a head trip)
   double window_context = 0;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
@@ -400,6 +402,7 @@ void start_step(self_ptr self, forward_batch b, caf::typed_response_promise<forw
   }
   for (const auto& q : b.seqs) touch(st, q.pages);
   st.window_rows += static_cast<int64_t>(b.positions.size());
+  st.window_passes += static_cast<int64_t>(run->split.groups.size());
   for (int32_t p : b.positions) st.window_context += p + 1.0;
   run->drawn.assign(run->split.drawn.size(), 0);
   run->known.assign(run->split.drawn.size(), 0);
@@ -723,12 +726,16 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
   st.heads_donor = from;
   st.heads_helper = to;
   st.heads_away = heads;
+  const double ms = ms_between(began, std::chrono::steady_clock::now());
+  // What moving every head of a layer costs here (the pause), for the next
+  // decision: this group's pause over its share.
+  st.migration.head_move_cost_s =
+      ms / 1000 / ((m.layer_end - m.layer_first) * static_cast<double>(heads) / m.n_kv);
   return fmt::format(
       "moved the attention of KV heads [{}, {}) of stage {}'s layers [{}, {}) to stage {}: steps "
       "paused {:.0f} ms for {:.2f} MiB of KV ({} pages)",
-      m.kv_lo, m.kv_hi, from, m.layer_first, m.layer_end, to,
-      ms_between(began, std::chrono::steady_clock::now()), static_cast<double>(bytes) / (1 << 20),
-      pages.size());
+      m.kv_lo, m.kv_hi, from, m.layer_first, m.layer_end, to, ms,
+      static_cast<double>(bytes) / (1 << 20), pages.size());
 }
 
 // A head move in line after the steps already sent, answered on `rp`
@@ -763,49 +770,41 @@ void queue_head_move(self_ptr self, int32_t from, int32_t to, int32_t heads,
   });
 }
 
-// At the end of a window: the stages' busy times to plan_layer_move; a
-// move it finds goes in line after the steps already sent.
+// At the end of a window: the stages' busy times to plan_rebalance
+// (runtime/device/stage_rebalance.hpp, the simulator's rule too); a move it
+// finds goes in line after the steps already sent.
 void consider_moving_layers(self_ptr self) {
   auto& st = self->state;
-  std::vector<stage_load> loads;
+  rebalance_inputs in;
   for (size_t i = 0; i < st.stages.size(); ++i)
-    loads.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
-  head_move_inputs heads;
-  heads.steps = st.window_steps;
+    in.stages.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
+  in.steps = st.window_passes;
   const double context = st.window_rows > 0 ? st.window_context / st.window_rows : 0;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;
   st.window_rows = 0;
+  st.window_passes = 0;
   st.window_context = 0;
-  if (!(st.migration.threshold > 0)) return;
-  // A group away comes home once its helper is the busier of the two by
-  // more than the threshold (the load shifted, or the round trips cost
-  // more than predicted).
-  if (st.heads_donor >= 0 && !st.heads_by_hand &&
-      loads[static_cast<size_t>(st.heads_helper)].busy_s >
-          loads[static_cast<size_t>(st.heads_donor)].busy_s * (1 + st.migration.threshold)) {
-    queue_head_move(self, st.heads_donor, st.heads_helper, 0, std::nullopt);
-    return;
-  }
-  // A layer move would rebuild a stage a head group routes from or to.
-  if (st.moving || st.heads_donor >= 0) return;
-  if (st.skip_windows > 0) {
+  // A group moved by hand stays until brought home by hand; a layer move
+  // under way finishes first.
+  if (st.moving || (st.heads_donor >= 0 && st.heads_by_hand)) return;
+  if (st.heads_donor >= 0)
+    in.away = head_group_away{st.heads_donor, st.heads_helper};
+  else if (st.skip_windows > 0) {
     --st.skip_windows;
     return;
   }
-  if (const auto m = plan_layer_move(loads, st.migration)) {
-    start_move(self, *m);
-    return;
-  }
-  // No layer move pays: a group of the busiest stage's KV heads may, where
-  // attention is a large share of its time (long contexts).
   const auto& hp = st.model->hparams();
-  heads.stages = std::move(loads);
-  heads.n_kv = hp.n_head_kv;
-  heads.attention_share =
+  in.n_kv = hp.n_head_kv;
+  in.attention_share =
       attention_share(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, context);
-  if (const auto h = plan_head_move(heads, st.migration))
-    queue_head_move(self, h->from, h->to, h->heads, std::nullopt, h->gain);
+  const auto m = plan_rebalance(in, st.migration);
+  if (m.heads_home)
+    queue_head_move(self, st.heads_donor, st.heads_helper, 0, std::nullopt);
+  else if (m.layers)
+    start_move(self, *m.layers);
+  else if (m.heads)
+    queue_head_move(self, m.heads->from, m.heads->to, m.heads->heads, std::nullopt, m.heads->gain);
 }
 
 // A tick while a move's new stages load: once loaded, phase two goes in

@@ -752,7 +752,7 @@ class simulation {
       if (!pipes_.empty()) {
         const size_t i = index_of(in.id);
         in.step_ms = pipeline_step_ms(pipes_[i], cfg_.pipeline, i * size_t(cfg_.pipeline.stages),
-                                      in.step_ms, now_);
+                                      in.step_ms, now_, rows, static_cast<double>(context));
       }
       in.decode_rows = decode_rows;
       push(now_ + in.step_ms / 1000, ev::step_done, index_of(in.id), 0, 0);
@@ -862,12 +862,14 @@ class simulation {
     for (const auto& w : mon_.windows(now_)) windows_[w.instance] = w;
     pd_window w = mon_.take_window();
     if (cfg_.autoscale) scale();
-    for (auto& p : pipes_)
-      if (auto m = pipeline_window(p, cfg_.pipeline, cfg_.window_s)) {
-        ++res_.stats.layer_moves;
-        res_.stats.layers_moved += uint64_t(m->layers);
-        res_.stats.move_pause_ms += 1000 * cfg_.pipeline.migration_opts.move_cost_s * m->layers;
-      }
+    for (auto& p : pipes_) {
+      const auto r = pipeline_window(p, cfg_.pipeline, cfg_.window_s);
+      res_.stats.layer_moves += r.layers_moved > 0;
+      res_.stats.layers_moved += uint64_t(r.layers_moved);
+      res_.stats.head_moves += r.heads_moved > 0;
+      res_.stats.heads_home += r.heads_home;
+      res_.stats.move_pause_ms += r.pause_ms;
+    }
     if (!cfg_.pd || !cfg_.role_switching || cfg_.pd_placement != "slo") return;
     for (const auto& f : decide_flips(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_)) {
       auto& in = insts_[index_of(f.instance)];

@@ -125,6 +125,7 @@ struct sim_stats {
   bool pipelined = false;
   int32_t devices = 0;
   uint64_t layer_moves = 0, layers_moved = 0;
+  uint64_t head_moves = 0, heads_home = 0;  // KV-head groups sent away, brought home
   double move_pause_ms = 0;
 };
 

@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/device/stage_rebalance.hpp"
+
 namespace troupe {
 
 sim_pipeline make_sim_pipeline(const sim_pipeline_config& c) {
@@ -32,41 +34,81 @@ double device_slowdown(const sim_pipeline_config& c, uint64_t device, double t) 
 }
 
 double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t first_device,
-                        double whole_ms, double t) {
+                        double whole_ms, double t, int64_t rows, double context) {
   const size_t n = p.layers.size();
   const double total = c.layers + c.classifier_layers;
+  std::vector<double> ms(n);
+  std::vector<double> slow(n);
+  for (size_t s = 0; s < n; ++s) {
+    slow[s] = device_slowdown(c, first_device + s, t);
+    ms[s] = whole_ms * (p.layers[s] + (s + 1 == n ? c.classifier_layers : 0)) / total * slow[s];
+  }
+  const double mean_context = rows > 0 ? context / static_cast<double>(rows) : 0;
+  if (p.heads_away > 0) {
+    const auto d = static_cast<size_t>(p.heads_donor), h = static_cast<size_t>(p.heads_helper);
+    const double share =
+        attention_share(c.n_embd, c.n_head, c.n_kv, c.head_dim, c.n_ff, mean_context);
+    // The group's attention, as the donor would run it.
+    const double moved = whole_ms * p.layers[d] / total * slow[d] * share * p.heads_away / c.n_kv;
+    ms[d] += -moved + c.trip_ms * p.layers[d] * static_cast<double>(n);
+    ms[h] += moved * slow[h] / slow[d];
+  }
   double sum = 0, slowest = 0;
   for (size_t s = 0; s < n; ++s) {
-    const double share = (p.layers[s] + (s + 1 == n ? c.classifier_layers : 0)) / total;
-    const double ms = whole_ms * share * device_slowdown(c, first_device + s, t);
-    p.busy_s[s] += ms / 1000;
-    sum += ms;
-    slowest = std::max(slowest, ms);
+    p.busy_s[s] += ms[s] / 1000;
+    sum += ms[s];
+    slowest = std::max(slowest, ms[s]);
   }
+  p.passes += static_cast<int64_t>(n);
+  p.rows += rows;
+  p.context += context;
   const double m = static_cast<double>(n);
   const double step = sum / m + (m - 1) * slowest / m + p.pause_ms;
   p.pause_ms = 0;
   return step;
 }
 
-std::optional<layer_move> pipeline_window(sim_pipeline& p, const sim_pipeline_config& c,
-                                          double window_s) {
-  std::optional<layer_move> m;
-  // A threshold of 0 turns migration off, as --pipeline-rebalance 0 does live.
-  if (c.migration && c.migration_opts.threshold > 0 && p.layers.size() >= 2) {
-    std::vector<stage_load> loads;
-    for (size_t s = 0; s < p.layers.size(); ++s) loads.push_back({p.layers[s], p.busy_s[s]});
+sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s) {
+  sim_rebalance r;
+  if ((c.migration || c.head_migration) && p.layers.size() >= 2) {
+    rebalance_inputs in;
+    for (size_t s = 0; s < p.layers.size(); ++s) in.stages.push_back({p.layers[s], p.busy_s[s]});
+    if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper};
+    in.layers = c.migration;
+    in.heads = c.head_migration;
+    in.n_kv = c.n_kv;
+    in.attention_share = attention_share(c.n_embd, c.n_head, c.n_kv, c.head_dim, c.n_ff,
+                                         p.rows > 0 ? p.context / static_cast<double>(p.rows) : 0);
+    in.trip_s = c.trip_ms / 1000;
+    in.steps = p.passes;
     auto o = c.migration_opts;
     o.window_s = window_s;
-    m = plan_layer_move(loads, o);
-    if (m) {
-      p.layers[static_cast<size_t>(m->from)] -= m->layers;
-      p.layers[static_cast<size_t>(m->to)] += m->layers;
-      p.pause_ms += 1000 * o.move_cost_s * m->layers;
+    const auto m = plan_rebalance(in, o);
+    if (m.heads_home) {
+      // Coming home copies nothing (the donor's cache kept every head).
+      r.heads_home = true;
+      p.heads_donor = p.heads_helper = -1;
+      p.heads_away = 0;
+    } else if (m.layers) {
+      p.layers[static_cast<size_t>(m.layers->from)] -= m.layers->layers;
+      p.layers[static_cast<size_t>(m.layers->to)] += m.layers->layers;
+      r.layers_moved = m.layers->layers;
+      r.pause_ms = 1000 * o.move_cost_s * m.layers->layers;
+    } else if (m.heads) {
+      p.heads_donor = m.heads->from;
+      p.heads_helper = m.heads->to;
+      p.heads_away = m.heads->heads;
+      r.heads_moved = m.heads->heads;
+      // As plan_head_move prices it: the group's share of moving every head.
+      r.pause_ms = 1000 * o.head_move_cost_s * p.layers[static_cast<size_t>(m.heads->from)] *
+                   m.heads->heads / c.n_kv;
     }
+    p.pause_ms += r.pause_ms;
   }
   std::fill(p.busy_s.begin(), p.busy_s.end(), 0.0);
-  return m;
+  p.passes = p.rows = 0;
+  p.context = 0;
+  return r;
 }
 
 }  // namespace troupe

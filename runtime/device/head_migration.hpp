@@ -9,10 +9,10 @@
 // KV heads to another stage (the helper: the least busy) takes g / n_kv of
 // the donor's attention time off it and puts it on the helper (scaled by
 // the helper's speed against the donor's, from their per-layer times), but
-// the donor then waits for a round trip per layer and step (`trip_s`): the
+// the donor then waits for a round trip per layer and pass (`trip_s`): the
 // g that makes the busier of the two least is taken, and the move must pay
 // for itself: a gain of min_gain at least, and the gain over the horizon
-// above the pause (move_cost_s per layer, for the group's share of them).
+// above the pause (head_move_cost_s per layer, for the group's share).
 //
 // The attention's share of a stage's time is not measured: it is estimated
 // from the window's mean context by multiply-accumulates (attention_share),
@@ -30,7 +30,7 @@ struct head_move_inputs {
   int32_t n_kv = 0;            // KV heads per layer
   double attention_share = 0;  // of a stage's busy time, its attention's
   double trip_s = 0.0006;      // the donor's wait per layer and step with a group away
-  int64_t steps = 0;           // steps in the window
+  int64_t steps = 0;           // passes over the stages in the window (micro-batches)
 };
 
 struct head_move_plan {

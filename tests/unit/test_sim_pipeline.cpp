@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "runtime/device/head_migration.hpp"
 #include "sim/cluster_sim.hpp"
 #include "sim/sim_pipeline.hpp"
 
@@ -58,21 +59,70 @@ TEST(SimPipeline, MigrationMovesLayersOffTheSlowStageAndPaysAPause) {
   const double before = pipeline_step_ms(p, c, 0, 100, 0);
   for (int i = 0; i < 99; ++i) pipeline_step_ms(p, c, 0, 100, 0);
   const auto m = pipeline_window(p, c, 1);
-  ASSERT_TRUE(m);
-  EXPECT_EQ(m->from, 1);
-  EXPECT_EQ(m->to, 0);
+  ASSERT_GT(m.layers_moved, 0);
+  EXPECT_EQ(m.heads_moved, 0);
   EXPECT_EQ(p.layers[0] + p.layers[1], 30);
-  EXPECT_EQ(p.layers[0], 15 + m->layers);
+  EXPECT_EQ(p.layers[0], 15 + m.layers_moved);  // off the last stage, onto the first
+  EXPECT_NEAR(m.pause_ms, 250.0 * m.layers_moved, 1e-9);
   // The next step pays the pause; the ones after are faster than before.
   EXPECT_NEAR(pipeline_step_ms(p, c, 0, 100, 0) - pipeline_step_ms(p, c, 0, 100, 0),
-              250.0 * m->layers, 1e-6);
+              250.0 * m.layers_moved, 1e-6);
   EXPECT_LT(pipeline_step_ms(p, c, 0, 100, 0), before);
   // Off: nothing moves.
   c.migration = false;
   auto q = make_sim_pipeline(c);
   for (int i = 0; i < 100; ++i) pipeline_step_ms(q, c, 0, 100, 0);
-  EXPECT_FALSE(pipeline_window(q, c, 1));
+  EXPECT_EQ(pipeline_window(q, c, 1).layers_moved, 0);
   EXPECT_EQ(q.layers, (std::vector<int32_t>{15, 15}));
+}
+
+TEST(SimPipeline, HeadMigrationSendsAttentionToTheIdleStageAndBringsItHome) {
+  // Layer moves off: the last stage, heavier by the classifier, gives a
+  // group of its KV heads to the first where contexts are long.
+  sim_pipeline_config c;
+  c.stages = 2;
+  c.layers = 30;
+  c.classifier_layers = 8;
+  c.head_migration = true;
+  c.migration_opts.head_move_cost_s = 0.01;
+  c.trip_ms = 0.05;  // a fast link (troupe's PoCL round trip is 0.6 ms)
+  auto p = make_sim_pipeline(c);
+  const int64_t rows = 16;
+  const double context = rows * 2000.0;  // a mean context of 2000
+  const double before = pipeline_step_ms(p, c, 0, 100, 0, rows, context);
+  for (int i = 0; i < 99; ++i) pipeline_step_ms(p, c, 0, 100, 0, rows, context);
+  const auto m = pipeline_window(p, c, 1);
+  EXPECT_EQ(m.layers_moved, 0);
+  ASSERT_GT(m.heads_moved, 0);
+  EXPECT_EQ(p.heads_donor, 1);
+  EXPECT_EQ(p.heads_helper, 0);
+  EXPECT_EQ(p.layers, (std::vector<int32_t>{15, 15}));  // no weights move
+  EXPECT_NEAR(m.pause_ms, 10.0 * 15 * m.heads_moved / 3, 1e-9);
+  pipeline_step_ms(p, c, 0, 100, 0, rows, context);  // pays the pause
+  std::fill(p.busy_s.begin(), p.busy_s.end(), 0.0);
+  EXPECT_LT(pipeline_step_ms(p, c, 0, 100, 0, rows, context), before);
+  // The attention moved, and the donor's trips, by the formula.
+  const double share = attention_share(576, 9, 3, 64, 1536, 2000);
+  const double moved = 100 * 15 / 38.0 * share * m.heads_moved / 3;
+  EXPECT_NEAR(p.busy_s[0] * 1000, 100 * 15 / 38.0 + moved, 1e-9);
+  EXPECT_NEAR(p.busy_s[1] * 1000, 100 * 23 / 38.0 - moved + 0.05 * 15 * 2, 1e-9);
+  // The load shifts: the helper's device is now 3 times slower, so it is
+  // the busier of the two and the group comes home, copying nothing.
+  c.load_skew = 3;
+  c.loaded_share = 1;  // every device: both slower, the helper's share grows
+  for (int i = 0; i < 100; ++i) pipeline_step_ms(p, c, 0, 100, 0, rows, context);
+  sim_pipeline_config busy_helper = c;
+  busy_helper.load_skew = 1;
+  p.busy_s[0] = 3 * p.busy_s[1];
+  const auto home = pipeline_window(p, busy_helper, 1);
+  EXPECT_TRUE(home.heads_home);
+  EXPECT_EQ(home.pause_ms, 0);
+  EXPECT_EQ(p.heads_away, 0);
+  // Short contexts: attention is too small a share for any group to pay.
+  auto q = make_sim_pipeline(c);
+  c.load_skew = 1;
+  for (int i = 0; i < 100; ++i) pipeline_step_ms(q, c, 0, 100, 0, rows, rows * 8.0);
+  EXPECT_EQ(pipeline_window(q, c, 1).heads_moved, 0);
 }
 
 sim_config pipelined_config(bool migration) {
@@ -111,6 +161,17 @@ TEST(SimPipeline, PipelinedClustersFinishEveryRequestWithAndWithoutMigration) {
   EXPECT_EQ(off.stats.layer_moves, 0u);
   EXPECT_GT(on.stats.layer_moves, 0u);
   EXPECT_GT(on.stats.move_pause_ms, 0);
+  // KV-head moves alone, on long prompts: groups go away and come home
+  // as the load shifts, and every request still finishes.
+  auto heads = pipelined_config(false);
+  heads.pipeline.head_migration = true;
+  heads.pipeline.trip_ms = 0.001;  // a fast link: these steps take a few ms
+  std::vector<sim_request> long_reqs = reqs;
+  for (auto& r : long_reqs) r.prompt = 1500 + r.prompt;
+  const auto h = simulate(heads, long_reqs);
+  for (const auto& rec : h.records) EXPECT_TRUE(rec.success) << rec.error_message;
+  EXPECT_EQ(h.stats.layer_moves, 0u);
+  EXPECT_GT(h.stats.head_moves, 0u);
   // Not pipelined with --pd or --autoscale (yet): refused by name.
   auto bad = pipelined_config(true);
   bad.pd = true;

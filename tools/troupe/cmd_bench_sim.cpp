@@ -43,7 +43,9 @@ struct sim_flags : load_flags {
   double router_staleness_ms = 0;
   sim_pipeline_config pipeline;
   bool layer_migration = false;
+  bool head_migration = false;
   double move_ms_per_layer = 250;
+  double head_move_ms_per_layer = 15;
 };
 
 sim_config make_config(const sim_flags& f) {
@@ -83,7 +85,9 @@ sim_config make_config(const sim_flags& f) {
   c.tier_policy = *parse_tier_eviction(f.kv_tier_eviction);
   c.pipeline = f.pipeline;
   c.pipeline.migration = f.layer_migration;
+  c.pipeline.head_migration = f.head_migration;
   c.pipeline.migration_opts.move_cost_s = f.move_ms_per_layer / 1000;
+  c.pipeline.migration_opts.head_move_cost_s = f.head_move_ms_per_layer / 1000;
   c.kv_pull = f.kv_pull;
   c.router_staleness_s = f.router_staleness_ms / 1000;
   if ((c.kv_host_bytes > 0 || c.kv_disk_bytes > 0) && !c.prefix_caching)
@@ -179,6 +183,8 @@ nlohmann::json stats_json(const sim_stats& s) {
           {"devices", s.devices},
           {"layer_moves", s.layer_moves},
           {"layers_moved", s.layers_moved},
+          {"head_moves", s.head_moves},
+          {"heads_home", s.heads_home},
           {"move_pause_ms", s.move_pause_ms},
           {"wall_s", s.wall_s}};
 }
@@ -202,6 +208,9 @@ nlohmann::json sim_config_json(const sim_flags& f, const sim_config& c, size_t p
                      {"layers", c.pipeline.layers},
                      {"classifier_layers", c.pipeline.classifier_layers},
                      {"layer_migration", c.pipeline.migration},
+                     {"head_migration", c.pipeline.head_migration},
+                     {"head_trip_ms", c.pipeline.trip_ms},
+                     {"head_move_ms_per_layer", f.head_move_ms_per_layer},
                      {"rebalance", c.pipeline.migration_opts.threshold},
                      {"move_ms_per_layer", f.move_ms_per_layer},
                      {"load_skew", c.pipeline.load_skew},
@@ -228,9 +237,13 @@ void print_stats(const sim_stats& s) {
   }
   if (!s.kv_check.empty()) std::printf("KV page accounting: %s\n", s.kv_check.c_str());
   if (s.pipelined)
-    std::printf("devices: %d; layer moves %llu (%llu layers), instances paused %.0f ms for them\n",
-                s.devices, static_cast<unsigned long long>(s.layer_moves),
-                static_cast<unsigned long long>(s.layers_moved), s.move_pause_ms);
+    std::printf(
+        "devices: %d; layer moves %llu (%llu layers), KV-head groups moved %llu (home %llu), "
+        "instances paused %.0f ms for them\n",
+        s.devices, static_cast<unsigned long long>(s.layer_moves),
+        static_cast<unsigned long long>(s.layers_moved),
+        static_cast<unsigned long long>(s.head_moves),
+        static_cast<unsigned long long>(s.heads_home), s.move_pause_ms);
   for (size_t i = 0; i < s.flip_log.size() && i < 5; ++i)
     std::printf("  flip %s\n", s.flip_log[i].c_str());
   if (s.scale_ups + s.scale_downs > 0 || s.instance_seconds > 0)
@@ -404,6 +417,22 @@ void add_bench_sim(CLI::App& bench) {
   cmd->add_flag("--layer-migration", f->layer_migration,
                 "pipelined instances: move layers between stages by the pipeline's own rule "
                 "(BanaServe's layer migration) at every window");
+  cmd->add_flag("--head-migration", f->head_migration,
+                "pipelined instances: move a group of a stage's KV heads to another stage by the "
+                "pipeline's own rule (BanaServe's attention-level migration), where no layer "
+                "move pays");
+  cmd->add_option("--head-move-ms-per-layer", f->head_move_ms_per_layer,
+                  "an instance's pause per layer for moving every KV head's pages (a group pays "
+                  "its share; troupe measured 5 ms a layer for 1 of SmolLM2's 3 heads)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->check(finite_number(true))
+      ->capture_default_str();
+  cmd->add_option("--head-trip-ms", f->pipeline.trip_ms,
+                  "a stage's wait per layer and micro-batch with a group of its KV heads away "
+                  "(troupe measured about 0.6 ms: docs/pipeline.md)")
+      ->check(CLI::Range(0.0, 1e4))
+      ->check(finite_number(true))
+      ->capture_default_str();
   cmd->add_option("--pipeline-rebalance", f->pipeline.migration_opts.threshold,
                   "the busiest stage's excess over the mean that moves layers")
       ->check(CLI::Range(0.0, 10.0))

@@ -1,0 +1,50 @@
+#pragma once
+// What a pipeline does with a window's stage loads (BanaServe's adaptive
+// module migration, the thesis's Algorithm 4-1): the one decision the live
+// pipeline (actors/pipeline.cpp) and the simulator (sim/sim_pipeline) both
+// take at the end of every window, so the simulator's moves are the live
+// ones.  In order:
+//   1. a group of KV heads away comes home once its helper is the busier of
+//      the two by more than the threshold (the load shifted, or the round
+//      trips cost more than predicted); while it is away nothing else moves
+//      (a layer move would rebuild a stage the group routes from or to);
+//   2. a layer move (plan_layer_move), where one pays;
+//   3. else a group of the busiest stage's KV heads (plan_head_move), where
+//      attention is a large share of its time (long contexts).
+// A threshold of 0 turns it all off (--pipeline-rebalance 0).
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "runtime/device/head_migration.hpp"
+#include "runtime/device/layer_migration.hpp"
+
+namespace troupe {
+
+struct head_group_away {
+  int32_t donor = -1;
+  int32_t helper = -1;
+};
+
+struct rebalance_inputs {
+  std::vector<stage_load> stages;
+  std::optional<head_group_away> away;  // a group away now
+  bool layers = true;                   // layer moves considered
+  bool heads = true;                    // head moves considered
+  // For plan_head_move (its stages are `stages`).
+  int32_t n_kv = 0;
+  double attention_share = 0;
+  double trip_s = 0.0006;
+  int64_t steps = 0;  // passes over the stages in the window (micro-batches)
+};
+
+struct rebalance_move {
+  std::optional<layer_move> layers;
+  std::optional<head_move_plan> heads;
+  bool heads_home = false;  // the group away comes home
+  bool any() const { return layers || heads || heads_home; }
+};
+
+rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_options& o);
+
+}  // namespace troupe

@@ -1,0 +1,65 @@
+// The pipeline's one window rule (runtime/device/stage_rebalance, issue
+// 35): a group away comes home or stays, else a layer move, else a head
+// move; the live pipeline and the simulator both take it.
+#include <gtest/gtest.h>
+
+#include "runtime/device/stage_rebalance.hpp"
+
+namespace troupe {
+namespace {
+
+rebalance_inputs two_stages(double busy0, double busy1) {
+  rebalance_inputs in;
+  in.stages = {{15, busy0}, {15, busy1}};
+  in.n_kv = 3;
+  in.attention_share = 0.4;
+  in.steps = 100;
+  in.trip_s = 0.0001;
+  return in;
+}
+
+TEST(StageRebalance, ALayerMoveComesFirstAndAHeadMoveWhereLayersAreOff) {
+  layer_migration_options o;
+  o.move_cost_s = 0.01;
+  o.head_move_cost_s = 0.01;
+  auto in = two_stages(1, 2);
+  const auto m = plan_rebalance(in, o);
+  ASSERT_TRUE(m.layers);
+  EXPECT_EQ(m.layers->from, 1);
+  EXPECT_FALSE(m.heads);
+  in.layers = false;
+  const auto h = plan_rebalance(in, o);
+  EXPECT_FALSE(h.layers);
+  ASSERT_TRUE(h.heads);
+  EXPECT_EQ(h.heads->from, 1);
+  EXPECT_EQ(h.heads->to, 0);
+  EXPECT_GE(h.heads->heads, 1);
+  EXPECT_LE(h.heads->heads, 2);
+  in.heads = false;
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+  // Balanced within the threshold, or the threshold 0: nothing.
+  in = two_stages(1, 1.05);
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+  in = two_stages(1, 2);
+  o.threshold = 0;
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+}
+
+TEST(StageRebalance, AGroupAwayComesHomeOnlyWhenItsHelperIsTheBusier) {
+  layer_migration_options o;
+  auto in = two_stages(1, 3);  // stage 1 far busier: a layer move would pay
+  in.away = head_group_away{1, 0};
+  EXPECT_FALSE(plan_rebalance(in, o).any());  // nothing moves while a group is away
+  in = two_stages(1.5, 1);                    // the helper is now the busier
+  in.away = head_group_away{1, 0};
+  const auto m = plan_rebalance(in, o);
+  EXPECT_TRUE(m.heads_home);
+  EXPECT_FALSE(m.layers);
+  EXPECT_FALSE(m.heads);
+  in = two_stages(1.05, 1);  // within the threshold: it stays
+  in.away = head_group_away{1, 0};
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+}
+
+}  // namespace
+}  // namespace troupe
