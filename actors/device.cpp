@@ -22,7 +22,9 @@ namespace {
 struct pending_step {
   uint64_t seq = 0;  // the actor's own count of submitted steps
   caf::typed_response_promise<forward_result> rp;
-  std::vector<presample_row> presample;  // drawn on the host when answered
+  // Drawn on the host when answered: the rows' sampling, and the tokens
+  // and logit rows their penalties count the input token from.
+  forward_batch drawn_from;
   bool device_draws = false;
   std::chrono::steady_clock::time_point submitted;
 };
@@ -76,9 +78,7 @@ void answer_oldest(llama_forward& engine, step_chain& chain) {
     forward_result r = engine.collect();
     const auto now = std::chrono::steady_clock::now();
     if (!p.device_draws) {
-      forward_batch drawn_from;
-      drawn_from.presample = std::move(p.presample);
-      r.drawn = presample(drawn_from, r);
+      r.drawn = presample(p.drawn_from, r);
       if (last) chain.drawn = r.drawn;
     }
     // The device started this step when it was submitted or when the one
@@ -118,8 +118,15 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
     auto notify = [n = chain.notifier, seq](bool) { n->ended(seq); };
     if (pipelined) chain.notifier->arm(caf::actor_cast<caf::actor>(self));
     // Host draws need the rows' sampling when the step is answered.
-    pending_step p{seq, rp, device_draws ? std::vector<presample_row>{} : b.presample, device_draws,
-                   std::chrono::steady_clock::now()};
+    pending_step p{seq, rp, {}, device_draws, std::chrono::steady_clock::now()};
+    if (!device_draws && !b.presample.empty()) {
+      p.drawn_from.presample = b.presample;
+      if (std::any_of(b.presample.begin(), b.presample.end(),
+                      [](const presample_row& q) { return q.count_input; })) {
+        p.drawn_from.tokens = b.tokens;
+        p.drawn_from.logit_rows = b.logit_rows;
+      }
+    }
     engine.submit(b, device_draws, pipelined ? std::function<void(bool)>(notify) : nullptr);
     chain.submitted = seq;
     chain.step = b.step;

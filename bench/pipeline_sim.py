@@ -74,6 +74,7 @@ def main():
     p.add_argument("--ttft-ms", type=float, default=3000)
     p.add_argument("--tpot-ms", type=float, default=150)
     p.add_argument("--sweep-steps", type=int, default=12)
+    p.add_argument("--sweep-start", type=float, default=0.5, help="the sweep's first rate (req/s)")
     args = p.parse_args()
     if not os.path.exists(TROUPE):
         sys.exit("build troupe first (build/troupe)")
@@ -81,7 +82,7 @@ def main():
     print("| devices | mode | highest rate (req/s) | vs off | at 80% of off's rate: TTFT p50, p99 (ms) | TPOT p50, p99 (ms) | output tok/s | layer moves (layers), head groups moved (home), pause |")
     print("|---|---|---|---|---|---|---|---|")
     for n in args.instances:
-        sweep = ["--sweep", "--sweep-start", "0.5", "--sweep-steps", str(args.sweep_steps)]
+        sweep = ["--sweep", "--sweep-start", "%g" % args.sweep_start, "--sweep-steps", str(args.sweep_steps)]
         best = {m: sim(args, n, m, sweep)["sweep"]["highest_rate"] or 0.0 for m in modes}
         rate = 0.8 * best["off"] if best["off"] > 0 else 0.5
         for m in modes:

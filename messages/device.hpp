@@ -21,6 +21,11 @@ typename Inspector::result_type inspect(Inspector& f, token_bias& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, token_count& x) {
+  return f(caf::meta::type_name("token_count"), x.token, x.count);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
   return f(caf::meta::type_name("sampling_params"), x.temperature, x.top_k, x.top_p, x.min_p,
            x.repetition_penalty, x.presence_penalty, x.frequency_penalty, x.penalty_last_n, x.seed,
@@ -29,7 +34,8 @@ typename Inspector::result_type inspect(Inspector& f, sampling_params& x) {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, presample_row& x) {
-  return f(caf::meta::type_name("presample_row"), x.logit_index, x.sampling, x.position);
+  return f(caf::meta::type_name("presample_row"), x.logit_index, x.sampling, x.position, x.counts,
+           x.count_input);
 }
 
 template <class Inspector>

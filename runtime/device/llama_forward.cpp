@@ -146,6 +146,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_attn_ = ctx_.make_kernel("attention");
   k_argmax_ = ctx_.make_kernel("argmax_rows");
   k_sample_ = ctx_.make_kernel("sample_rows");
+  k_copy_rows_ = ctx_.make_kernel("copy_rows");
+  k_penalize_ = ctx_.make_kernel("penalize_rows");
   if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
   if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
@@ -510,7 +512,7 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
                                   std::to_string(b.logit_rows.size()));
   if (device_draws && !draws_on_device(b.presample))
     throw std::invalid_argument(
-        "device draws: a presample row has penalties or an unsorted logit_bias");
+        "device draws: a presample row has an unsorted logit_bias or penalty counts");
 }
 
 void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl::buffer& y,
@@ -570,7 +572,12 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   const int T = static_cast<int>(b.tokens.size());
   const int R = static_cast<int>(b.logit_rows.size());
   const int n_draws = device_draws ? static_cast<int>(b.presample.size()) : 0;
-  bool grew = ensure_scratch(T, std::max(R, 1));
+  // Penalized draws get rows of their own after the logit rows.
+  const int n_penalized =
+      device_draws
+          ? static_cast<int>(std::count_if(b.presample.begin(), b.presample.end(), penalized_draw))
+          : 0;
+  bool grew = ensure_scratch(T, std::max(R + n_penalized, 1));
   grew = ensure_draws(std::max(n_draws, 1)) || grew;
   if (n_draws > 0) ensure_draw_inputs(b);
 
@@ -587,7 +594,8 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
     for (int r = 0; r < b.seqs[s].n_rows; ++r)
       f->row_seq[b.seqs[s].first_row + r] = static_cast<int32_t>(s);
   }
-  for (int k = 0; k < n_draws; ++k) f->draw_rows.push_back(b.presample[k].logit_index);
+  for (int k = 0, j = 0; k < n_draws; ++k)
+    f->draw_rows.push_back(penalized_draw(b.presample[k]) ? R + j++ : b.presample[k].logit_index);
   if (pt_.bytes() < f->pt.size() * 4) {
     pt_ = ctx_.alloc(f->pt.size() * 4 * 2);
     grew = true;

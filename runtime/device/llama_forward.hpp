@@ -14,6 +14,7 @@
 #include "runtime/config/settings.hpp"
 #include "runtime/device/cl_runtime.hpp"
 #include "runtime/device/device_weights.hpp"
+#include "runtime/device/draw_penalties.hpp"
 #include "runtime/device/head_group.hpp"
 #include "runtime/engine/forward_batch.hpp"
 #include "runtime/model/model_file.hpp"
@@ -134,9 +135,10 @@ class llama_forward {
               std::function<void(bool ok)> on_done = {});
   forward_result collect();
   size_t in_flight() const { return flights_.size(); }
-  // Whether the device can make every one of these draws: presamplable
-  // (no penalties: greedy by argmax_rows, sampled by sample_rows, as the
-  // host sampler draws) with a logit_bias sorted by token.
+  // Whether the device can make every one of these draws (greedy by
+  // argmax_rows, sampled by sample_rows, penalized rows first by
+  // penalize_rows, as the host sampler draws): each with a logit_bias
+  // sorted by token and, with penalties, its window's counts sorted too.
   static bool draws_on_device(const std::vector<presample_row>& rows);
 
   const model_hparams& hparams() const { return model_->hparams(); }
@@ -316,13 +318,17 @@ class llama_forward {
   int hidden_capacity_ = 0;
   // Device draws (kernels/draw.cl): the logit row of each, and the tokens
   // drawn (read by the next step's embedding); room for draw_capacity_.
-  cl::kernel k_argmax_, k_sample_;
+  cl::kernel k_argmax_, k_sample_, k_copy_rows_, k_penalize_;
   cl::buffer draw_rows_, drawn_;
   cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
   // Sampled draws (temperature > 0): which draws, their parameters, their
   // random bits, and sample_rows' scratch (three vocabulary rows for each
   // draw of one launch).
   cl::buffer sample_which_, sample_fpar_, sample_ipar_, sample_bits_, sample_scratch_;
+  // Penalized draws (runtime/device/draw_penalties.hpp): penalize_rows'
+  // inputs; their rows follow the step's logit rows in logits_.
+  cl::buffer pen_src_, pen_dst_, pen_input_, pen_par_, pen_off_, pen_tok_, pen_cnt_, pen_has_,
+      pen_bias_;
   int draw_capacity_ = 0;
   int device_draws_ = 0;  // draws the step submitted last made on the device
   // Grows the draw buffers to hold n draws, keeping the last step's.
@@ -332,6 +338,7 @@ class llama_forward {
   // (llama_forward_draws.cpp).
   struct flight;
   void enqueue_draws(const forward_batch& b, flight& f);
+  void enqueue_penalties(const forward_batch& b, flight& f);
   // Sizes the draws' input buffers for b before any of its writes is
   // queued (an allocation that fails then leaves nothing half-queued).
   void ensure_draw_inputs(const forward_batch& b);
@@ -346,6 +353,7 @@ class llama_forward {
     std::vector<float> sample_fpar;
     std::vector<uint32_t> sample_ipar;
     std::vector<uint64_t> sample_bits;
+    penalty_inputs penalties;
     std::vector<float> rope, rope_swa;
     std::vector<float> stage_input;  // a later pipeline stage's input rows
     forward_result result;

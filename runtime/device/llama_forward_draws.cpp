@@ -8,7 +8,6 @@
 
 #include "runtime/device/llama_forward.hpp"
 #include "runtime/engine/draw_arith.hpp"
-#include "runtime/engine/step_overlap.hpp"
 
 namespace troupe {
 
@@ -35,7 +34,13 @@ bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
     const bool sorted = std::adjacent_find(lb.begin(), lb.end(), [](const auto& a, const auto& b) {
                           return a.token >= b.token;
                         }) == lb.end();
-    return presamplable(p.sampling) && sorted;
+    // Penalty counts too (make_presample_row sorts them).
+    const auto& tc = p.counts;
+    const bool counts_sorted =
+        std::adjacent_find(tc.begin(), tc.end(), [](const auto& a, const auto& b) {
+          return a.token >= b.token;
+        }) == tc.end();
+    return sorted && counts_sorted;
   });
 }
 
@@ -61,14 +66,25 @@ bool sampled_on_device(const presample_row& p) {
 }
 
 void llama_forward::ensure_draw_inputs(const forward_batch& b) {
-  size_t n_bias = 0, n_sampled = 0;
+  size_t n_bias = 0, n_sampled = 0, n_penalized = 0, n_entries = 0;
   for (const auto& p : b.presample) {
     n_bias += p.sampling.logit_bias.size();
     n_sampled += sampled_on_device(p) ? 1 : 0;
+    if (penalized_draw(p)) {
+      ++n_penalized;
+      n_entries += p.sampling.logit_bias.size() + p.counts.size();
+    }
   }
   fit(ctx_, bias_off_, (b.presample.size() + 1) * 4);
   fit(ctx_, bias_tok_, std::max<size_t>(n_bias, 1) * 4);
   fit(ctx_, bias_val_, std::max<size_t>(n_bias, 1) * 4);
+  if (n_penalized > 0) {
+    for (auto* buf : {&pen_src_, &pen_dst_, &pen_input_}) fit(ctx_, *buf, n_penalized * 4);
+    fit(ctx_, pen_par_, n_penalized * 16);
+    fit(ctx_, pen_off_, (n_penalized + 1) * 4);
+    for (auto* buf : {&pen_tok_, &pen_cnt_, &pen_has_, &pen_bias_})
+      fit(ctx_, *buf, std::max<size_t>(n_entries, 1) * 4);
+  }
   if (n_sampled == 0) return;
   fit(ctx_, sample_which_, n_sampled * 4);
   fit(ctx_, sample_fpar_, n_sampled * 8);
@@ -84,14 +100,55 @@ void llama_forward::ensure_draw_inputs(const forward_batch& b) {
   }
 }
 
+// The penalized draws' rows (kernels/penalty.cl): each a copy of its
+// logit row with its logit_bias and penalties applied, written where
+// f.draw_rows points it.
+void llama_forward::enqueue_penalties(const forward_batch& b, flight& f) {
+  auto& in = f.penalties;
+  for (size_t k = 0; k < b.presample.size(); ++k) {
+    const auto& p = b.presample[k];
+    if (!penalized_draw(p)) continue;
+    // From its logit row into its own; its input token is its row's.
+    const int32_t row = b.logit_rows[static_cast<size_t>(p.logit_index)];
+    add_penalized_draw(in, p, p.logit_index, f.draw_rows[k], b.tokens[static_cast<size_t>(row)]);
+  }
+  const size_t n = in.draws();
+  if (n == 0) return;
+  const auto& hp = hparams();
+  ctx_.write(pen_src_, in.src.data(), n * 4);
+  ctx_.write(pen_dst_, in.dst.data(), n * 4);
+  ctx_.write(pen_input_, in.input.data(), n * 4);
+  ctx_.write(pen_par_, in.par.data(), n * 16);
+  ctx_.write(pen_off_, in.off.data(), (n + 1) * 4);
+  if (!in.tok.empty()) {
+    const size_t e = in.tok.size() * 4;
+    ctx_.write(pen_tok_, in.tok.data(), e);
+    ctx_.write(pen_cnt_, in.cnt.data(), e);
+    ctx_.write(pen_has_, in.has_bias.data(), e);
+    ctx_.write(pen_bias_, in.bias.data(), e);
+  }
+  k_copy_rows_.args(logits_, hp.n_vocab, pen_src_, pen_dst_);
+  ctx_.launch(k_copy_rows_, {static_cast<size_t>(hp.n_vocab), n});
+  // drawn_ still holds the step before's draws: this step's are made after.
+  k_penalize_.args(logits_, hp.n_vocab, pen_dst_, pen_input_, pen_par_, pen_off_, pen_tok_,
+                   pen_cnt_, pen_has_, pen_bias_, drawn_);
+  ctx_.launch(k_penalize_, {n}, {1});
+}
+
 void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
   const auto& hp = hparams();
   const int n_draws = static_cast<int>(b.presample.size());
   ctx_.write(draw_rows_, f.draw_rows.data(), static_cast<size_t>(n_draws) * 4);
-  // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs.
-  // The buffers were sized by ensure_draw_inputs, before any write.
+  enqueue_penalties(b, f);
+  // Each draw's logit_bias (draw.cl): offsets, then (token, bias) pairs;
+  // none for a penalized draw (its row has them already).  The buffers
+  // were sized by ensure_draw_inputs, before any write.
   f.bias_off.assign(1, 0);
   for (int k = 0; k < n_draws; ++k) {
+    if (penalized_draw(b.presample[k])) {
+      f.bias_off.push_back(static_cast<int32_t>(f.bias_tok.size()));
+      continue;
+    }
     for (const auto& tb : b.presample[k].sampling.logit_bias) {
       f.bias_tok.push_back(tb.token);
       f.bias_val.push_back(tb.bias);

@@ -48,6 +48,16 @@ inline uint32_t order_key(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// A penalized logit (llama.cpp's order: the repetition penalty, then
+// count x frequency + presence subtracted), for a token seen `count` > 0
+// times in the window.  A positive logit is multiplied by inv_rep, the
+// float nearest 1 / repetition_penalty, rather than divided: OpenCL lets
+// a division round differently from the host's.
+inline float penalize(float v, int32_t count, float rep, float inv_rep, float freq, float pres) {
+  if (rep != 1.0f) v = v > 0 ? v * inv_rep : v * rep;
+  return v - std::fma(static_cast<float>(count), freq, pres);
+}
+
 // top_p as a fraction of 2^24.
 inline uint32_t top_p_fixed(float top_p) {
   return top_p >= 1.0f ? (1u << 24) : static_cast<uint32_t>(top_p * 16777216.0f);

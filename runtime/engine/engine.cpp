@@ -529,7 +529,7 @@ bool engine::may_plan_ahead() const {
 bool engine::drawable(const live_seq& s, const step_chunk& c) const {
   const int32_t drafts = s.req.draft_tokens >= 0 ? s.req.draft_tokens : opts_.draft_tokens;
   return opts_.step_overlap && !lockstep_ && c.sample && c.draft.empty() && !s.constraint &&
-         !s.req.prefill_only && !s.req.embed && drafts <= 0 && presamplable(s.req.sampling);
+         !s.req.prefill_only && !s.req.embed && drafts <= 0;
 }
 
 // Whether the token a sequence samples next ends it (max_tokens, context),
@@ -672,8 +672,8 @@ void engine::step() {
       int32_t drawn = -1;
       if (drawable(s, c)) {
         drawn = static_cast<int32_t>(b.presample.size());
-        b.presample.push_back(
-            {static_cast<int32_t>(b.logit_rows.size()), s.req.sampling, c.start + c.n_tokens});
+        b.presample.push_back(make_presample_row(static_cast<int32_t>(b.logit_rows.size()),
+                                                 s.req.sampling, c.start + c.n_tokens, s.tokens));
       } else if (c.sample) {
         fl.chainable = false;
       }

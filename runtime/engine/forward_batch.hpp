@@ -3,6 +3,7 @@
 // flattened into rows (continuous batching without padding), each sequence
 // with the page table its KV lives in.
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "runtime/engine/sampler.hpp"
@@ -18,9 +19,18 @@ struct forward_seq {
 // Step overlap (runtime/engine/step_overlap.hpp): a token the device draws from
 // this step's logits, as the instance's sampler will, for the next step.
 struct presample_row {
+  presample_row() = default;
+  presample_row(int32_t logit_index_, sampling_params sampling_, int64_t position_)
+      : logit_index(logit_index_), sampling(std::move(sampling_)), position(position_) {}
   int32_t logit_index = 0;  // into logit_rows
   sampling_params sampling;
   int64_t position = 0;  // the sequence's length when it samples (the seeded draw's counter)
+  // Penalties: the counts of the sequence's penalty window but its last
+  // token (sorted by token, sampler::penalty_counts); the draw counts the
+  // last one too, the row's input token (with count_input), which on the
+  // device may itself be a draw of the step before.
+  std::vector<token_count> counts;
+  bool count_input = false;
 };
 
 // Step overlap: a row whose token is still being sampled when the step is

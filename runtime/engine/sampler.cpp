@@ -147,17 +147,34 @@ bool sampler::wants_logprobs(const sampling_params& p) {
   return p.logprobs || p.n_logprobs > 0;
 }
 
+std::vector<token_count> sampler::penalty_counts(const sampling_params& p,
+                                                 std::span<const int32_t> history) {
+  std::vector<token_count> out;
+  if (!needs_history(p)) return out;
+  const size_t window =
+      p.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.penalty_last_n));
+  std::vector<int32_t> toks(history.end() - static_cast<ptrdiff_t>(window), history.end());
+  std::sort(toks.begin(), toks.end());
+  for (size_t i = 0; i < toks.size();) {
+    size_t j = i;
+    while (j < toks.size() && toks[j] == toks[i]) ++j;
+    out.push_back({toks[i], static_cast<int32_t>(j - i)});
+    i = j;
+  }
+  return out;
+}
+
 sample_result sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
-  return pick(logits, history, history.size());
+  const auto counts = penalty_counts(params_, history);
+  return pick(logits, counts, history.size());
 }
 
-int32_t sampler::sample_at(std::span<const float> logits, size_t position) {
-  if (needs_history(params_))
-    throw std::logic_error("sample_at: penalties need the history's tokens");
-  return pick(logits, {}, position).token;
+int32_t sampler::sample_at(std::span<const float> logits, size_t position,
+                           std::span<const token_count> counts) {
+  return pick(logits, counts, position).token;
 }
 
-sample_result sampler::pick(std::span<const float> raw, std::span<const int32_t> history,
+sample_result sampler::pick(std::span<const float> raw, std::span<const token_count> counts,
                             size_t position) {
   const auto& p = params_;
   const int32_t n = static_cast<int32_t>(raw.size());
@@ -175,7 +192,8 @@ sample_result sampler::pick(std::span<const float> raw, std::span<const int32_t>
   // A broken forward pass (or a malformed reply from a remote device) must
   // end this sequence with an error, not pick an arbitrary token.
   if (n == 0) throw std::invalid_argument("sample: no logits");
-  if (p.temperature == 0.0f && (!needs_history(p) || history.empty())) {
+  const bool penalized = needs_history(p) && !counts.empty();
+  if (p.temperature == 0.0f && !penalized) {
     // Greedy without penalties: one pass, no candidate list (the first of
     // equal maxima, as below).  Every decode row of a greedy batch comes
     // here, on the host's critical path.
@@ -195,18 +213,15 @@ sample_result sampler::pick(std::span<const float> raw, std::span<const int32_t>
     cand_[i] = {logits[i], i};
   }
 
-  // Penalties over the recent window (llama.cpp semantics).
-  if (needs_history(p) && !history.empty()) {
-    size_t window =
-        p.penalty_last_n < 0 ? history.size() : std::min(history.size(), size_t(p.penalty_last_n));
-    std::unordered_map<int32_t, int> counts;
-    for (size_t i = history.size() - window; i < history.size(); ++i) ++counts[history[i]];
-    for (auto [tok, c] : counts) {
-      if (tok < 0 || tok >= n) continue;
-      float& v = cand_[tok].first;
-      if (p.repetition_penalty != 1.0f)
-        v = v > 0 ? v / p.repetition_penalty : v * p.repetition_penalty;
-      v -= static_cast<float>(c) * p.frequency_penalty + p.presence_penalty;
+  // Penalties over the recent window (llama.cpp semantics; draw::penalize,
+  // as kernels/penalty.cl computes them).
+  if (penalized) {
+    const float inv_rep = 1.0f / p.repetition_penalty;
+    for (const auto& tc : counts) {
+      if (tc.token < 0 || tc.token >= n || tc.count <= 0) continue;
+      float& v = cand_[tc.token].first;
+      v = draw::penalize(v, tc.count, p.repetition_penalty, inv_rep, p.frequency_penalty,
+                         p.presence_penalty);
     }
   }
 

@@ -23,6 +23,12 @@ struct token_bias {
   float bias = 0.0f;
 };
 
+// How often a token occurs in a sequence's penalty window.
+struct token_count {
+  int32_t token = 0;
+  int32_t count = 0;
+};
+
 // At most this many biased tokens per request (OpenAI allows 300).
 constexpr size_t k_max_logit_bias = 1024;
 
@@ -67,12 +73,17 @@ class sampler {
   // Throws std::invalid_argument when the logits are empty or hold a NaN.
   sample_result sample(std::span<const float> logits, std::span<const int32_t> history);
 
-  // The token `sample` picks after a history of `position` tokens, for
-  // parameters without penalties (which read the history itself; see
-  // needs_history): step overlap draws it on the device, ahead of the
-  // instance, and both must agree.  Throws as `sample` does, and
-  // std::logic_error for parameters with penalties.
-  int32_t sample_at(std::span<const float> logits, size_t position);
+  // The token `sample` picks after a history of `position` tokens whose
+  // penalty window holds `counts` (penalty_counts of that history; empty
+  // without penalties): step overlap draws it on the device, ahead of the
+  // instance, and both must agree.  Throws as `sample` does.
+  int32_t sample_at(std::span<const float> logits, size_t position,
+                    std::span<const token_count> counts = {});
+
+  // The tokens of `history`'s penalty window (its last penalty_last_n)
+  // with how often each occurs, by token.
+  static std::vector<token_count> penalty_counts(const sampling_params& p,
+                                                 std::span<const int32_t> history);
 
   // Whether sampling reads the history's tokens, not only its length.
   static bool needs_history(const sampling_params& p);
@@ -84,7 +95,7 @@ class sampler {
   const sampling_params& params() const { return params_; }
 
  private:
-  sample_result pick(std::span<const float> logits, std::span<const int32_t> history,
+  sample_result pick(std::span<const float> logits, std::span<const token_count> counts,
                      size_t position);
   sample_result with_logprobs(sample_result res, std::span<const float> logits) const;
   int32_t draw_sampled(size_t position);

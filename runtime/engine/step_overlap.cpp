@@ -7,8 +7,47 @@
 
 namespace troupe {
 
-bool presamplable(const sampling_params& p) {
-  return !sampler::needs_history(p);
+presample_row make_presample_row(int32_t logit_index, const sampling_params& p, int64_t position,
+                                 std::span<const int32_t> history) {
+  presample_row row{logit_index, p, position};
+  if (!sampler::needs_history(p) || position <= 0) return row;
+  const int64_t window =
+      p.penalty_last_n < 0 ? position : std::min<int64_t>(position, p.penalty_last_n);
+  if (window <= 0) return row;
+  // The window is [position - window, position); its last token the draw
+  // counts itself.
+  const int64_t known_end = position - 1;
+  if (known_end > static_cast<int64_t>(history.size()))
+    throw std::invalid_argument("presample: " + std::to_string(history.size()) +
+                                " tokens known for a draw at " + std::to_string(position));
+  sampling_params all = p;
+  all.penalty_last_n = -1;
+  row.counts = sampler::penalty_counts(all, history.subspan(static_cast<size_t>(position - window),
+                                                            static_cast<size_t>(window - 1)));
+  row.count_input = true;
+  return row;
+}
+
+std::vector<token_count> count_one_more(std::vector<token_count> counts, int32_t token) {
+  auto it = std::lower_bound(counts.begin(), counts.end(), token,
+                             [](const token_count& c, int32_t t) { return c.token < t; });
+  if (it != counts.end() && it->token == token)
+    ++it->count;
+  else
+    counts.insert(it, {token, 1});
+  return counts;
+}
+
+std::vector<token_count> draw_counts(const forward_batch& b, const presample_row& p) {
+  if (!p.count_input) return p.counts;
+  if (p.logit_index < 0 || static_cast<size_t>(p.logit_index) >= b.logit_rows.size())
+    throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) + " of " +
+                                std::to_string(b.logit_rows.size()));
+  const int32_t row = b.logit_rows[static_cast<size_t>(p.logit_index)];
+  if (row < 0 || static_cast<size_t>(row) >= b.tokens.size() || b.tokens[row] < 0)
+    throw std::invalid_argument("presample: the input token of row " + std::to_string(row) +
+                                " is not known");
+  return count_one_more(p.counts, b.tokens[row]);
 }
 
 std::vector<int32_t> presample(const forward_batch& b, const forward_result& r) {
@@ -19,15 +58,14 @@ std::vector<int32_t> presample(const forward_batch& b, const forward_result& r) 
     if (p.logit_index < 0 || size_t(p.logit_index + 1) * n_vocab > r.logits.size())
       throw std::invalid_argument("presample: logit row " + std::to_string(p.logit_index) + " of " +
                                   std::to_string(r.logits.size() / std::max<size_t>(1, n_vocab)));
-    if (!presamplable(p.sampling))
-      throw std::invalid_argument("presample: sampling with penalties needs the tokens");
+    const auto counts = draw_counts(b, p);
     sampling_params quiet = p.sampling;  // the token only: logprobs are the instance's
     quiet.logprobs = false;
     quiet.n_logprobs = 0;
     sampler s(quiet);
     std::span<const float> logits(r.logits.data() + size_t(p.logit_index) * n_vocab, n_vocab);
     try {
-      drawn.push_back(s.sample_at(logits, static_cast<size_t>(p.position)));
+      drawn.push_back(s.sample_at(logits, static_cast<size_t>(p.position), counts));
     } catch (const std::invalid_argument&) {
       drawn.push_back(-1);
     }

@@ -14,17 +14,33 @@
 // request wants logprobs) it checks its token against the draw.  Pure
 // functions: the device actor calls them around its forward pass.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "runtime/engine/forward_batch.hpp"
 
 namespace troupe {
 
-// Whether the device can draw a sequence's next token exactly as the
-// instance will: the sampler needs only the sequence's length, not its
-// tokens (no penalties).  Structured output and speculative drafts are the
-// instance's to rule out: they depend on the instance's own state.
-bool presamplable(const sampling_params& p);
+// The device draws a sequence's next token exactly as the instance will
+// from the sequence's length and, for penalties, its window's counts
+// (presample_row::counts), which the instance sends with the row.
+// Structured output and speculative drafts are the instance's to rule out
+// (engine::drawable): they depend on the instance's own state.
+//
+// The presample row the instance sends for a sequence of `history` known
+// tokens that samples at `position` (history holds every token before
+// position - 1; the last, position - 1, may be a draw still on the device:
+// the draw counts it itself).
+presample_row make_presample_row(int32_t logit_index, const sampling_params& p, int64_t position,
+                                 std::span<const int32_t> history);
+
+// The window's counts for row p of b with its input token counted (the
+// token of its logit row, which must be known by now), as the sampler
+// takes them.  Throws std::invalid_argument for a row outside b.
+std::vector<token_count> draw_counts(const forward_batch& b, const presample_row& p);
+
+// `counts` (sorted by token) with `token` counted once more.
+std::vector<token_count> count_one_more(std::vector<token_count> counts, int32_t token);
 
 // After `b` ran with result `r`: the token each of b.presample draws (-1
 // where the sampler refuses the logits, a NaN: the instance fails that

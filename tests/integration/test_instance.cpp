@@ -330,7 +330,7 @@ TEST(Instance, PreemptionBySwapKeepsOutputs) {
 // Step overlap (runtime/engine/step_overlap.hpp): the next step is sent while one
 // runs, the tokens it samples drawn on the device.  No output changes,
 // whether a sequence's token is drawn ahead (greedy, seeded sampling with
-// any truncation, logprobs) or waits for the result (penalties, drafts) in
+// any truncation, logprobs, penalties) or waits for the result (drafts) in
 // the same batch, also under preemption in a small arena, and whether the
 // device enqueues a step behind the one running, drawing greedy and seeded
 // sampled tokens itself (pipeline), or not.  Off, no step is sent while another runs.
@@ -346,6 +346,15 @@ TEST(Instance, StepOverlapKeepsEveryOutput) {
   reqs[2].sampling.seed = 5;
   reqs[3].sampling.n_logprobs = 3;
   reqs[4].sampling.repetition_penalty = 1.3f;
+  // Penalties with sampling, a whole-sequence window and a logit_bias.
+  reqs[8].sampling.temperature = 0.9f;
+  reqs[8].sampling.seed = 21;
+  reqs[8].sampling.presence_penalty = 0.8f;
+  reqs[8].sampling.frequency_penalty = 0.5f;
+  reqs[8].sampling.penalty_last_n = 8;
+  reqs[9].sampling.frequency_penalty = 1.5f;
+  reqs[9].sampling.penalty_last_n = -1;
+  reqs[9].sampling.logit_bias = {{13, 2.0f}, {200, -1.0f}};
   reqs[5].draft_tokens = 3;
   reqs[6].max_tokens = 1;
   reqs[7].cls = seq_class::offline;
@@ -366,11 +375,11 @@ TEST(Instance, StepOverlapKeepsEveryOutput) {
     expect_same(got, want);
     EXPECT_EQ(got.at(103).logprobs.size(), 24u);
     if (!pages) {
-      // Without the sequences that wait for their results, steps are
+      // Without the sequence that waits for its results, steps are
       // planned ahead.
       std::vector<sequence_request> drawn;
       for (const auto& r : reqs)
-        if (r.id != 104 && r.id != 105) drawn.push_back(r);
+        if (r.id != 105) drawn.push_back(r);
       auto again = f.run(inst, drawn);
       for (const auto& r : drawn) EXPECT_EQ(again.at(r.id).tokens, want.at(r.id)) << r.id;
     }
@@ -391,11 +400,20 @@ TEST(Instance, StepOverlapKeepsEveryOutput) {
     EXPECT_GT(f.stats(inst).overlapped_steps, 0u);
     caf::anon_send_exit(inst, caf::exit_reason::user_shutdown);
   }
-  // Alone, a sequence with penalties never lets a step be planned ahead.
+  // Alone, a sequence with penalties lets steps be planned ahead (its
+  // window's counts go with the step; the device counts the token it drew
+  // the step before), and draws what it draws without overlap.
   auto inst = f.instance(dev, 64, 32);
-  auto got = f.run(inst, {reqs[4]});
+  auto got = f.run(inst, {reqs[4], reqs[8]});
   EXPECT_EQ(got.at(104).tokens, want.at(104));
-  EXPECT_EQ(f.stats(inst).overlapped_steps, 0u);
+  EXPECT_EQ(got.at(108).tokens, want.at(108));
+  EXPECT_GT(f.stats(inst).overlapped_steps, 0u);
+  // A penalty that changes what is drawn: the same greedy request without
+  // it draws otherwise (else this test could not fail).
+  auto plain = reqs[9];
+  plain.sampling.frequency_penalty = 0.0f;
+  plain.sampling.logit_bias.clear();
+  EXPECT_NE(f.alone({plain}).at(109), want.at(109));
 }
 
 // Speculative decoding (n-gram drafts verified in one step) changes no

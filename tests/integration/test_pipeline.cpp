@@ -118,10 +118,11 @@ TEST(Pipeline, TokensNamingDrawsTheLastStepDidNotMakeAreRefused) {
   // One device draw per row of the last step: draw 2 does not exist.
   engine.submit(s.step(1, 1), true);
   EXPECT_THROW(engine.submit(s.step(device_draw_token(2), 1), true), std::invalid_argument);
-  // Device draws for a row whose sampling reads the tokens (penalties).
+  // Device draws for a row whose penalty counts are not sorted by token.
   auto hot = s.step(device_draw_token(0), device_draw_token(1));
   hot.presample[0].sampling.temperature = 0.7f;
   hot.presample[0].sampling.repetition_penalty = 1.2f;
+  hot.presample[0].counts = {{9, 1}, {3, 2}};
   EXPECT_THROW(engine.submit(hot, true), std::invalid_argument);
   // What was refused was not submitted; the step in flight still answers.
   EXPECT_EQ(engine.in_flight(), 1u);

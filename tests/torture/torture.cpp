@@ -556,9 +556,16 @@ class round_driver {
     if (chance(0.3)) g.mutable_sampling()->set_top_p(0.5f + static_cast<float>(pick(50)) / 100.0f);
     if (chance(0.2)) g.mutable_sampling()->set_min_p(static_cast<float>(pick(20)) / 100.0f);
     g.set_logprobs(static_cast<int>(pick(21)));
-    // Penalties read the tokens themselves: step overlap cannot draw these
-    // ahead, and the steps they are in wait for their results.
+    // Penalties: the device draws these too, from the window's counts the
+    // instance sends and the token it drew the step before; with logprobs
+    // the instance samples as well and fails the request on a different
+    // token, and a twin must draw the same tokens.
     if (chance(0.2)) g.mutable_sampling()->set_repetition_penalty(1.1f);
+    if (chance(0.15)) {
+      g.mutable_sampling()->set_presence_penalty(static_cast<float>(pick(20)) / 10.0f - 0.5f);
+      g.mutable_sampling()->set_frequency_penalty(static_cast<float>(pick(15)) / 10.0f);
+      g.mutable_sampling()->set_penalty_last_n(chance(0.3) ? -1 : static_cast<int>(pick(80)));
+    }
     if (chance(0.2)) g.set_request_class(wire::OFFLINE);
     if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(17)));
     tracked t = track(kind::sampled, prompt);

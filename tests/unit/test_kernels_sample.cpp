@@ -9,13 +9,16 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "runtime/device/cl_runtime.hpp"
+#include "runtime/device/draw_penalties.hpp"
 #include "runtime/device/llama_forward.hpp"
 #include "runtime/engine/draw_arith.hpp"
 #include "runtime/engine/sampler.hpp"
+#include "runtime/engine/step_overlap.hpp"
 #include "tests/unit/kernel_test_io.hpp"
 
 namespace troupe {
@@ -205,6 +208,96 @@ TEST_F(KernelSample, BiasInfinitiesNaNsAndTiesAreTheHosts) {
   expect_same(logits, n_vocab, rows, params, positions);
 }
 
+// Penalized draws (kernels/penalty.cl): penalize_rows writes each draw's
+// row with its logit_bias and penalties, argmax_rows and sample_rows draw
+// from it, and the token is the host sampler's over the whole history, for
+// greedy and sampled draws, inputs given as tokens or as draws of the
+// step before, windows short, long and whole, and ties and infinities.
+TEST_F(KernelSample, PenalizedDrawsEqualTheHostSamplers) {
+  std::mt19937 rng(41);
+  for (const int n_vocab : {5, 300, 49152}) {
+    SCOPED_TRACE("n_vocab " + std::to_string(n_vocab));
+    const int R = 3;
+    auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -4.0f, 4.0f, rng);
+    const int hot = std::min(n_vocab, 12);
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < hot; ++t) logits[static_cast<size_t>(r) * n_vocab + t] += 5.0f;
+    for (int t = 0; t < hot; t += 2) logits[t] = std::round(logits[t]);  // ties in row 0
+    logits[2 * static_cast<size_t>(n_vocab) + 1] = std::numeric_limits<float>::infinity();
+    std::uniform_int_distribution<int32_t> tok(0, hot - 1);
+    std::vector<int32_t> prev;  // the step before's draws, for inputs named as draws
+    std::vector<presample_row> draws;
+    std::vector<std::vector<int32_t>> histories;
+    std::vector<int32_t> inputs;  // as b.tokens holds them
+    for (int trial = 0; trial < 40; ++trial) {
+      sampling_params p = sampled(trial % 3 == 0 ? 0.0f : 0.9f, trial % 5 == 1 ? 3 : 0,
+                                  trial % 4 == 2 ? 0.8f : 1.0f, 0.0f, 500 + trial);
+      p.repetition_penalty = trial % 3 == 1 ? 1.0f : 1.3f;
+      p.frequency_penalty = trial % 2 ? 0.4f : 0.0f;
+      p.presence_penalty = trial % 5 ? 0.7f : -0.5f;
+      p.penalty_last_n = trial % 6 == 0 ? -1 : 2 + trial % 11;
+      if (trial % 7 == 3) p.logit_bias = {{1, 2.0f}, {4, -3.0f}, {n_vocab + 2, 1.0f}};
+      std::vector<int32_t> h(static_cast<size_t>(2 + trial % 29));
+      for (auto& t : h) t = tok(rng);
+      const auto row = make_presample_row(trial % R, p, static_cast<int64_t>(h.size()),
+                                          std::span<const int32_t>(h.data(), h.size() - 1));
+      draws.push_back(row);
+      if (trial % 2) {  // the input token is a draw of the step before
+        inputs.push_back(device_draw_token(static_cast<int32_t>(prev.size())));
+        prev.push_back(h.back());
+      } else {
+        inputs.push_back(h.back());
+      }
+      histories.push_back(std::move(h));
+    }
+    // The penalized rows, after the R logit rows.
+    penalty_inputs in;
+    std::vector<int32_t> rows;
+    std::vector<sampling_params> params;
+    std::vector<uint64_t> positions;
+    for (size_t k = 0; k < draws.size(); ++k) {
+      const auto& d = draws[k];
+      sampling_params q = d.sampling;
+      if (penalized_draw(d)) {
+        const int32_t dst = R + static_cast<int32_t>(in.draws());
+        add_penalized_draw(in, d, d.logit_index, dst, inputs[k]);
+        rows.push_back(dst);
+        q.logit_bias.clear();  // in the row already
+      } else {
+        rows.push_back(d.logit_index);
+      }
+      params.push_back(q);
+      positions.push_back(static_cast<uint64_t>(d.position));
+    }
+    ASSERT_EQ(in.draws(), draws.size());
+    auto& c = ctx();
+    std::vector<float> all = logits;
+    all.resize(static_cast<size_t>(R + in.draws()) * n_vocab, 0.0f);
+    const auto lb = upload(c, all);
+    const auto sb = upload(c, in.src), db = upload(c, in.dst), ib = upload(c, in.input),
+               pb = upload(c, in.par), ob = upload(c, in.off), tb = upload(c, in.tok),
+               cb = upload(c, in.cnt), hb = upload(c, in.has_bias), bb = upload(c, in.bias),
+               prevb = upload(c, prev);
+    auto copy = c.make_kernel("copy_rows");
+    copy.args(lb, n_vocab, sb, db);
+    c.launch(copy, {static_cast<size_t>(n_vocab), in.draws()});
+    auto pen = c.make_kernel("penalize_rows");
+    pen.args(lb, n_vocab, db, ib, pb, ob, tb, cb, hb, bb, prevb);
+    c.launch(pen, {in.draws()}, {1});
+    const auto penalized = download<float>(c, lb, all.size());
+    const auto got = device_draws(penalized, n_vocab, rows, params, positions);
+    for (size_t k = 0; k < draws.size(); ++k) {
+      const auto& d = draws[k];
+      sampler host(d.sampling);
+      const auto* row = logits.data() + static_cast<size_t>(d.logit_index) * n_vocab;
+      const int32_t want = host.sample({row, static_cast<size_t>(n_vocab)}, histories[k]).token;
+      EXPECT_EQ(got[k], want) << "draw " << k << ": T " << d.sampling.temperature << " rep "
+                              << d.sampling.repetition_penalty << " last_n "
+                              << d.sampling.penalty_last_n << " input " << inputs[k];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace troupe
 
@@ -212,18 +305,24 @@ namespace troupe {
 namespace {
 
 // Which draws the device makes itself, so that the next step is queued
-// behind the last without waiting for the host: greedy and sampled rows
-// alike; not penalties (they read the tokens), nor an unsorted logit_bias.
-TEST(DeviceDraws, SampledRowsAreDrawnOnTheDeviceAndPenalizedOnesAreNot) {
+// behind the last without waiting for the host: greedy, sampled and
+// penalized rows alike; not an unsorted logit_bias or penalty counts.
+TEST(DeviceDraws, SampledAndPenalizedRowsAreDrawnOnTheDevice) {
   presample_row greedy{0, {}, 5};
   presample_row hot{1, sampled(0.8f, 0, 0.95f, 0.0f, 7), 9};
   EXPECT_TRUE(llama_forward::draws_on_device({greedy, hot}));
   presample_row penalized = hot;
   penalized.sampling.presence_penalty = 0.5f;
-  EXPECT_FALSE(llama_forward::draws_on_device({greedy, penalized}));
+  penalized.counts = {{3, 1}, {9, 2}};
+  penalized.count_input = true;
+  EXPECT_TRUE(llama_forward::draws_on_device({greedy, penalized}));
+  EXPECT_TRUE(penalized_draw(penalized));
+  EXPECT_FALSE(penalized_draw(hot));
   presample_row unsorted = hot;
   unsorted.sampling.logit_bias = {{9, 1.0f}, {3, -1.0f}};
   EXPECT_FALSE(llama_forward::draws_on_device({unsorted}));
+  penalized.counts = {{9, 2}, {3, 1}};
+  EXPECT_FALSE(llama_forward::draws_on_device({penalized}));
 }
 
 }  // namespace

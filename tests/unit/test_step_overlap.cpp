@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
+#include "runtime/engine/sampler.hpp"
 #include "runtime/engine/step_overlap.hpp"
 
 namespace troupe {
@@ -91,18 +93,64 @@ TEST(StepOverlap, ALogitRowItCannotSampleIsRefusedNotGuessed) {
   EXPECT_EQ(drawn[1], -1);
 }
 
-TEST(StepOverlap, PenaltiesAndMissingRowsAreErrors) {
+// Penalties: the instance sends the counts of the window but its last
+// token (make_presample_row), the draw counts the row's input token
+// itself, and the token is the one the sampler picks from the whole
+// history: greedy and sampled, short and long windows, with a logit_bias.
+TEST(StepOverlap, PenalizedDrawsCountTheirInputTokenAsTheSamplerDoes) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int32_t> tok(0, 11);  // few tokens: many repeats
+  forward_result r = random_logits(1, 4);
+  // The penalized tokens lead, so the penalties decide the draws.
+  for (int32_t t = 0; t < 12; ++t) r.logits[t] += 6.0f;
+  int changed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    sampling_params p;
+    p.repetition_penalty = trial % 3 ? 1.4f : 1.0f;
+    p.frequency_penalty = trial % 4 ? 0.6f : 0.0f;
+    p.presence_penalty = trial % 5 ? 0.5f : -0.3f;
+    p.penalty_last_n = trial % 7 == 0 ? -1 : trial % 7 == 1 ? 0 : 1 + trial % 9;
+    p.temperature = trial % 2 ? 0.0f : 0.9f;
+    p.seed = static_cast<uint64_t>(trial);
+    if (trial % 6 == 0) p.logit_bias = {{2, 1.5f}, {7, -2.0f}};
+    std::vector<int32_t> history(static_cast<size_t>(1 + trial % 23));
+    for (auto& t : history) t = tok(rng);
+    const auto position = static_cast<int64_t>(history.size());
+    // The last token is the row's input: not known to the instance.
+    const auto row = make_presample_row(
+        0, p, position, std::span<const int32_t>(history.data(), history.size() - 1));
+    EXPECT_EQ(row.count_input, p.penalty_last_n != 0);
+    forward_batch b;
+    b.tokens = {history.back()};
+    b.logit_rows = {0};
+    b.presample.push_back(row);
+    sampler s(p);
+    const int32_t want = s.sample(r.logits, history).token;
+    EXPECT_EQ(presample(b, r).at(0), want) << "trial " << trial;
+    sampling_params plain = p;
+    plain.repetition_penalty = 1.0f;
+    plain.frequency_penalty = plain.presence_penalty = 0.0f;
+    changed += sampler(plain).sample(r.logits, history).token != want;
+  }
+  EXPECT_GT(changed, 20);  // the penalties matter in these draws
+}
+
+TEST(StepOverlap, MissingRowsAndUnknownInputsAreErrors) {
   forward_result r = random_logits(1, 4);
   forward_batch b;
   sampling_params pen;
   pen.repetition_penalty = 1.2f;
-  EXPECT_FALSE(presamplable(pen));
-  b.presample.push_back({0, pen, 3});
+  // The input token of a penalized draw must be known by the time it draws.
+  b.presample.push_back(make_presample_row(0, pen, 3, std::vector<int32_t>{1, 2}));
+  b.logit_rows = {0};
+  b.tokens = {device_draw_token(0)};
   EXPECT_THROW(presample(b, r), std::invalid_argument);
+  b.tokens = {5};
+  EXPECT_EQ(presample(b, r).size(), 1u);
+  // A window longer than the tokens known.
+  EXPECT_THROW(make_presample_row(0, pen, 9, std::vector<int32_t>{1, 2}), std::invalid_argument);
   b.presample = {{1, {}, 3}};
   EXPECT_THROW(presample(b, r), std::invalid_argument);
-  sampler s(pen);
-  EXPECT_THROW(s.sample_at(std::span<const float>(r.logits), 3), std::logic_error);
 }
 
 TEST(StepOverlap, PlaceholdersTakeTheDrawsOfTheStepRunJustBefore) {
