@@ -789,7 +789,7 @@ void consider_moving_layers(self_ptr self) {
   // under way finishes first.
   if (st.moving || (st.heads_donor >= 0 && st.heads_by_hand)) return;
   if (st.heads_donor >= 0)
-    in.away = head_group_away{st.heads_donor, st.heads_helper};
+    in.away = head_group_away{st.heads_donor, st.heads_helper, st.heads_away};
   else if (st.skip_windows > 0) {
     --st.skip_windows;
     return;

@@ -73,7 +73,7 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
   if ((c.migration || c.head_migration) && p.layers.size() >= 2) {
     rebalance_inputs in;
     for (size_t s = 0; s < p.layers.size(); ++s) in.stages.push_back({p.layers[s], p.busy_s[s]});
-    if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper};
+    if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper, p.heads_away};
     in.layers = c.migration;
     in.heads = c.head_migration;
     in.n_kv = c.n_kv;

@@ -50,4 +50,25 @@ std::optional<head_move_plan> plan_head_move(const head_move_inputs& in,
   return best;
 }
 
+bool head_group_pays_home(const head_move_inputs& in, int32_t donor, int32_t helper, int32_t heads,
+                          const layer_migration_options& o) {
+  const auto& s = in.stages;
+  const auto n = static_cast<int32_t>(s.size());
+  if (donor < 0 || donor >= n || helper < 0 || helper >= n || donor == helper || heads <= 0 ||
+      heads >= in.n_kv)
+    return false;
+  const double d = s[static_cast<size_t>(donor)].busy_s, h = s[static_cast<size_t>(helper)].busy_s;
+  double others = 0;
+  for (int32_t i = 0; i < n; ++i)
+    if (i != donor && i != helper) others = std::max(others, s[static_cast<size_t>(i)].busy_s);
+  const double waits =
+      in.trip_s * s[static_cast<size_t>(donor)].layers * static_cast<double>(in.steps);
+  const double work = std::max(0.0, d - waits);
+  const double own = in.attention_share * work;  // its n_kv - heads heads' attention
+  const double group = std::min(h, own * heads / (in.n_kv - heads));
+  const double now = std::max({others, d, h});
+  const double home = std::max({others, work + group, h - group});
+  return now > 0 && (now - home) / now >= o.min_gain;
+}
+
 }  // namespace troupe

@@ -44,6 +44,17 @@ struct head_move_plan {
 std::optional<head_move_plan> plan_head_move(const head_move_inputs& in,
                                              const layer_migration_options& o);
 
+// Whether the group of `heads` KV heads that stage `donor` has away on
+// stage `helper` should come home: with it home, the busier of the two
+// would be less busy by min_gain at least.  The window's donor time holds
+// its round trips (trip_s per layer and pass) and its own heads' attention
+// (attention_share of the rest, for n_kv - heads heads), from which the
+// group's is estimated; at home the trips go and the group's attention
+// comes back, and the helper sheds the same work (its speed unknown: as
+// the donor's).
+bool head_group_pays_home(const head_move_inputs& in, int32_t donor, int32_t helper, int32_t heads,
+                          const layer_migration_options& o);
+
 // Attention's share of a layer's multiply-accumulates for a row at mean
 // context `context`: 2 x n_head x head_dim x context against the layer's
 // weights (QKV, output, gated FFN).

@@ -5,10 +5,18 @@ namespace troupe {
 rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_options& o) {
   rebalance_move m;
   if (!(o.threshold > 0) || in.stages.size() < 2) return m;
+  head_move_inputs h;
+  h.stages = in.stages;
+  h.n_kv = in.n_kv;
+  h.attention_share = in.attention_share;
+  h.trip_s = in.trip_s;
+  h.steps = in.steps;
   if (in.away) {
-    const auto d = static_cast<size_t>(in.away->donor), h = static_cast<size_t>(in.away->helper);
-    if (d < in.stages.size() && h < in.stages.size() &&
-        in.stages[h].busy_s > in.stages[d].busy_s * (1 + o.threshold))
+    const auto& a = *in.away;
+    const auto d = static_cast<size_t>(a.donor), p = static_cast<size_t>(a.helper);
+    if (d < in.stages.size() && p < in.stages.size() &&
+        (in.stages[p].busy_s > in.stages[d].busy_s * (1 + o.threshold) ||
+         head_group_pays_home(h, a.donor, a.helper, a.heads, o)))
       m.heads_home = true;
     return m;
   }
@@ -16,15 +24,7 @@ rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_
     m.layers = plan_layer_move(in.stages, o);
     if (m.layers) return m;
   }
-  if (in.heads) {
-    head_move_inputs h;
-    h.stages = in.stages;
-    h.n_kv = in.n_kv;
-    h.attention_share = in.attention_share;
-    h.trip_s = in.trip_s;
-    h.steps = in.steps;
-    m.heads = plan_head_move(h, o);
-  }
+  if (in.heads) m.heads = plan_head_move(h, o);
   return m;
 }
 

@@ -5,9 +5,11 @@
 // take at the end of every window, so the simulator's moves are the live
 // ones.  In order:
 //   1. a group of KV heads away comes home once its helper is the busier of
-//      the two by more than the threshold (the load shifted, or the round
-//      trips cost more than predicted); while it is away nothing else moves
-//      (a layer move would rebuild a stage the group routes from or to);
+//      the two by more than the threshold (the load shifted), or once home
+//      pays (head_group_pays_home: the donor's round trips cost more than
+//      the group's attention it sheds, as in windows of short contexts);
+//      while it is away nothing else moves (a layer move would rebuild a
+//      stage the group routes from or to);
 //   2. a layer move (plan_layer_move), where one pays;
 //   3. else a group of the busiest stage's KV heads (plan_head_move), where
 //      attention is a large share of its time (long contexts).
@@ -24,6 +26,7 @@ namespace troupe {
 struct head_group_away {
   int32_t donor = -1;
   int32_t helper = -1;
+  int32_t heads = 0;
 };
 
 struct rebalance_inputs {

@@ -45,19 +45,34 @@ TEST(StageRebalance, ALayerMoveComesFirstAndAHeadMoveWhereLayersAreOff) {
   EXPECT_FALSE(plan_rebalance(in, o).any());
 }
 
-TEST(StageRebalance, AGroupAwayComesHomeOnlyWhenItsHelperIsTheBusier) {
+TEST(StageRebalance, AGroupAwayComesHomeWhenItsHelperIsBusierOrHomePays) {
   layer_migration_options o;
   auto in = two_stages(1, 3);  // stage 1 far busier: a layer move would pay
-  in.away = head_group_away{1, 0};
+  in.away = head_group_away{1, 0, 1};
   EXPECT_FALSE(plan_rebalance(in, o).any());  // nothing moves while a group is away
   in = two_stages(1.5, 1);                    // the helper is now the busier
-  in.away = head_group_away{1, 0};
+  in.away = head_group_away{1, 0, 1};
   const auto m = plan_rebalance(in, o);
   EXPECT_TRUE(m.heads_home);
   EXPECT_FALSE(m.layers);
   EXPECT_FALSE(m.heads);
-  in = two_stages(1.05, 1);  // within the threshold: it stays
-  in.away = head_group_away{1, 0};
+  in = two_stages(1.05, 1);  // within the threshold, and no trips to save: it stays
+  in.away = head_group_away{1, 0, 1};
+  in.trip_s = 0;
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+  // The donor busier, but mostly with round trips (short contexts: little
+  // attention to shed): home pays.
+  in = two_stages(1, 1.2);
+  in.away = head_group_away{1, 0, 1};
+  in.attention_share = 0.05;
+  in.trip_s = 0.0002;
+  in.steps = 2000;  // 15 layers x 2000 passes x 0.2 ms: 6 s of waits
+  in.stages[1].busy_s = 7;
+  EXPECT_TRUE(plan_rebalance(in, o).heads_home);
+  // Long contexts: the trips are small beside the attention it sheds.
+  in.steps = 20;
+  in.attention_share = 0.6;
+  in.stages[1].busy_s = 1.2;
   EXPECT_FALSE(plan_rebalance(in, o).any());
 }
 

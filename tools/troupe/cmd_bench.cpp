@@ -4,7 +4,9 @@
 // with two steps on their way as the instance sends them (step overlap),
 // so a pipelining device (engine_options::pipeline) runs them back to back.
 // (llama-bench's tg feeds random tokens and samples nothing.)  With
-// --temperature, tg's draws are seeded samples (top-k, top-p, min-p).
+// --temperature, tg's draws are seeded samples (top-k, top-p, min-p); with
+// penalties, each step carries its window's counts as the instance sends
+// them (the tokens drawn so far, but the last, still on the device).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <random>
 
 #include "actors/device.hpp"
+#include "runtime/engine/step_overlap.hpp"
 #include "tools/troupe/common.hpp"
 
 namespace troupe::cli {
@@ -67,17 +70,20 @@ int run_bench(const bench_flags& f) {
   auto run_tg = [&](int n) {
     linear_pages pages(info.n_pages, info.page_size);
     sequence_slot seq;
-    feed_tokens(fwd, pages, seq, {pick(rng)}, 1, false);
+    const int32_t first = pick(rng), second = pick(rng);
+    feed_tokens(fwd, pages, seq, {first}, 1, false);
+    // The tokens known to the host: the first two, then the draws answered.
+    std::vector<int32_t> history = {first, second};
     // Step k's token: step k-1's draw (a placeholder), except the first's.
     auto decode_step = [&](uint64_t k) {
       pages.reserve(seq, seq.length + 1);
       forward_batch b;
       b.step = k;
-      b.tokens = {k == 1 ? pick(rng) : 0};
+      b.tokens = {k == 1 ? second : 0};
       b.positions = {seq.length};
       b.seqs.push_back({0, 1, seq.pages});
       b.logit_rows = {0};
-      b.presample.push_back({0, f.sampling, seq.length + 1});
+      b.presample.push_back(make_presample_row(0, f.sampling, seq.length + 1, history));
       if (k > 1) {
         b.after = k - 1;
         b.placeholders.push_back({0, 0});
@@ -90,8 +96,11 @@ int run_bench(const bench_flags& f) {
         on_way;
     auto answer = [&] {
       std::string err;
-      on_way.front().receive([](forward_result&) {},
-                             [&](caf::error& e) { err = self->system().render(e); });
+      on_way.front().receive(
+          [&](forward_result& r) {
+            if (!r.drawn.empty()) history.push_back(r.drawn[0]);
+          },
+          [&](caf::error& e) { err = self->system().render(e); });
       on_way.pop_front();
       if (!err.empty()) throw std::runtime_error(err);
     };
@@ -171,6 +180,18 @@ void add_bench(CLI::App& app) {
       ->default_val(0.0f)
       ->check(CLI::Range(0.0f, 1.0f));
   cmd->add_option("--seed", f->sampling.seed, "tg: the draws' seed")->default_val(42);
+  cmd->add_option("--repetition-penalty", f->sampling.repetition_penalty,
+                  "tg: repetition penalty (1: off)")
+      ->default_val(1.0f);
+  cmd->add_option("--presence-penalty", f->sampling.presence_penalty,
+                  "tg: presence penalty (0: off)")
+      ->default_val(0.0f);
+  cmd->add_option("--frequency-penalty", f->sampling.frequency_penalty,
+                  "tg: frequency penalty (0: off)")
+      ->default_val(0.0f);
+  cmd->add_option("--penalty-last-n", f->sampling.penalty_last_n,
+                  "tg: the penalties' window in tokens (-1: the whole sequence)")
+      ->default_val(64);
   cmd->callback([f] {
     if (auto err = validate(f->sampling); !err.empty()) throw CLI::ValidationError(err);
     run_bench(*f);
