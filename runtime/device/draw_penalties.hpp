@@ -1,5 +1,5 @@
 #pragma once
-// Penalized draws on the device (kernels/penalty.cl): a draw whose
+// Penalized draws on the device (kernels/penalty.cl, penalize_rows): a draw whose
 // sampling has repetition, frequency or presence penalties gets a row of
 // its own beside the step's logits, a copy of its logit row with its
 // logit_bias and penalties applied as the host sampler applies them (bias

@@ -146,7 +146,6 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_attn_ = ctx_.make_kernel("attention");
   k_argmax_ = ctx_.make_kernel("argmax_rows");
   k_sample_ = ctx_.make_kernel("sample_rows");
-  k_copy_rows_ = ctx_.make_kernel("copy_rows");
   k_penalize_ = ctx_.make_kernel("penalize_rows");
   if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");

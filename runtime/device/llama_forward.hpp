@@ -318,7 +318,7 @@ class llama_forward {
   int hidden_capacity_ = 0;
   // Device draws (kernels/draw.cl): the logit row of each, and the tokens
   // drawn (read by the next step's embedding); room for draw_capacity_.
-  cl::kernel k_argmax_, k_sample_, k_copy_rows_, k_penalize_;
+  cl::kernel k_argmax_, k_sample_, k_penalize_;
   cl::buffer draw_rows_, drawn_;
   cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
   // Sampled draws (temperature > 0): which draws, their parameters, their

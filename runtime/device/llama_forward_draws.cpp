@@ -15,6 +15,8 @@ namespace {
 
 // sample_rows' work-group (DRAW_G in draw.cl).
 constexpr size_t k_draw_group = 8;
+// Logits one penalize_rows item copies (PEN_CHUNK in penalty.cl).
+constexpr size_t k_penalty_chunk = 64;
 // The most sampled draws one sample_rows launch makes.
 constexpr size_t k_sample_groups = 32;
 
@@ -127,12 +129,13 @@ void llama_forward::enqueue_penalties(const forward_batch& b, flight& f) {
     ctx_.write(pen_has_, in.has_bias.data(), e);
     ctx_.write(pen_bias_, in.bias.data(), e);
   }
-  k_copy_rows_.args(logits_, hp.n_vocab, pen_src_, pen_dst_);
-  ctx_.launch(k_copy_rows_, {static_cast<size_t>(hp.n_vocab), n});
   // drawn_ still holds the step before's draws: this step's are made after.
-  k_penalize_.args(logits_, hp.n_vocab, pen_dst_, pen_input_, pen_par_, pen_off_, pen_tok_,
-                   pen_cnt_, pen_has_, pen_bias_, drawn_);
-  ctx_.launch(k_penalize_, {n}, {1});
+  k_penalize_.args(logits_, hp.n_vocab, pen_src_, pen_dst_, pen_input_, pen_par_, pen_off_,
+                   pen_tok_, pen_cnt_, pen_has_, pen_bias_, drawn_);
+  // Work-groups of 64 items (left to the driver, they may be of one item:
+  // a launch of hundreds of groups).
+  const size_t items = (static_cast<size_t>(hp.n_vocab) + k_penalty_chunk - 1) / k_penalty_chunk;
+  ctx_.launch(k_penalize_, {(items + 63) / 64 * 64, n}, {64, 1});
 }
 
 void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {

@@ -278,12 +278,9 @@ TEST_F(KernelSample, PenalizedDrawsEqualTheHostSamplers) {
                pb = upload(c, in.par), ob = upload(c, in.off), tb = upload(c, in.tok),
                cb = upload(c, in.cnt), hb = upload(c, in.has_bias), bb = upload(c, in.bias),
                prevb = upload(c, prev);
-    auto copy = c.make_kernel("copy_rows");
-    copy.args(lb, n_vocab, sb, db);
-    c.launch(copy, {static_cast<size_t>(n_vocab), in.draws()});
     auto pen = c.make_kernel("penalize_rows");
-    pen.args(lb, n_vocab, db, ib, pb, ob, tb, cb, hb, bb, prevb);
-    c.launch(pen, {in.draws()}, {1});
+    pen.args(lb, n_vocab, sb, db, ib, pb, ob, tb, cb, hb, bb, prevb);
+    c.launch(pen, {(static_cast<size_t>(n_vocab) + 63) / 64, in.draws()});
     const auto penalized = download<float>(c, lb, all.size());
     const auto got = device_draws(penalized, n_vocab, rows, params, positions);
     for (size_t k = 0; k < draws.size(); ++k) {
