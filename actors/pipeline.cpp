@@ -121,7 +121,8 @@ struct pipeline_state {
   bool heads_by_hand = false;  // moved by hand: the pipeline's rule leaves it
   // The window's rows and their contexts (for attention's share of a step).
   int64_t window_rows = 0;
-  int64_t window_passes = 0;  // micro-batches through the stages (each pays a head trip)
+  int64_t window_passes = 0;         // micro-batches through the stages (each pays a head trip)
+  int windows_since_move = 1 << 30;  // windows ended since a move (of layers or heads) ended
   double window_context = 0;
   std::deque<pipeline_op> queue;
   int steps_in_flight = 0;
@@ -594,6 +595,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
     st.stage_opts[b] = ob;
     set_stage_layout(st);
     ++st.info.layer_moves;
+    st.windows_since_move = 0;
     st.move_failures = 0;
     const double s = ms_between(began, std::chrono::steady_clock::now()) / 1000.0;
     // What a layer's move costs here (the pause), for the next decision.
@@ -708,6 +710,7 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
     const int32_t away = st.heads_away;
     st.heads_donor = st.heads_helper = -1;
     st.heads_away = 0;
+    st.windows_since_move = 0;
     return fmt::format(
         "{} KV head(s) of stage {} attend at home again (from stage {}): steps "
         "paused {:.0f} ms",
@@ -726,6 +729,7 @@ std::string move_heads(self_ptr self, int32_t from, int32_t to, int32_t heads) {
   st.heads_donor = from;
   st.heads_helper = to;
   st.heads_away = heads;
+  st.windows_since_move = 0;
   const double ms = ms_between(began, std::chrono::steady_clock::now());
   // What moving every head of a layer costs here (the pause), for the next
   // decision: this group's pause over its share.
@@ -779,6 +783,8 @@ void consider_moving_layers(self_ptr self) {
   for (size_t i = 0; i < st.stages.size(); ++i)
     in.stages.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
   in.steps = st.window_passes;
+  in.windows_since_move = st.windows_since_move;
+  st.windows_since_move = std::min(st.windows_since_move + 1, 1 << 30);
   const double context = st.window_rows > 0 ? st.window_context / st.window_rows : 0;
   std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
   st.window_steps = 0;

@@ -74,6 +74,7 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
     rebalance_inputs in;
     for (size_t s = 0; s < p.layers.size(); ++s) in.stages.push_back({p.layers[s], p.busy_s[s]});
     if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper, p.heads_away};
+    in.windows_since_move = p.windows_since_move;
     in.layers = c.migration;
     in.heads = c.head_migration;
     in.n_kv = c.n_kv;
@@ -104,6 +105,7 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
                    m.heads->heads / c.n_kv;
     }
     p.pause_ms += r.pause_ms;
+    p.windows_since_move = m.any() ? 0 : std::min(p.windows_since_move + 1, 1 << 30);
   }
   std::fill(p.busy_s.begin(), p.busy_s.end(), 0.0);
   p.passes = p.rows = 0;

@@ -51,6 +51,7 @@ struct sim_pipeline {
   double pause_ms = 0;          // a move's pause, charged to the next step
   // A group of KV heads away: its donor stage, its helper, its size (0: none).
   int32_t heads_donor = -1, heads_helper = -1, heads_away = 0;
+  int windows_since_move = 1 << 30;
   // The window's micro-batch passes, rows and their summed contexts.
   int64_t passes = 0, rows = 0;
   double context = 0;

@@ -38,6 +38,11 @@ struct layer_migration_options {
   // weights); a group of g of n_kv heads pays g / n_kv of it.  troupe
   // measured 5 ms a layer for 1 of SmolLM2's 3 heads over 216 pages.
   double head_move_cost_s = 0.015;
+  // Windows after a move (of layers or heads, either way) before the next:
+  // the busy times a move is planned on are one window's, and the window
+  // after a move shows its estimate's error, which without a pause the
+  // rule chases back and forth (plan_rebalance).
+  int cooldown_windows = 5;
   double min_gain = 0.02;  // the slowest stage's predicted gain, as a share
 };
 

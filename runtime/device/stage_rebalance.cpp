@@ -4,7 +4,8 @@ namespace troupe {
 
 rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_options& o) {
   rebalance_move m;
-  if (!(o.threshold > 0) || in.stages.size() < 2) return m;
+  if (!(o.threshold > 0) || in.stages.size() < 2 || in.windows_since_move < o.cooldown_windows)
+    return m;
   head_move_inputs h;
   h.stages = in.stages;
   h.n_kv = in.n_kv;

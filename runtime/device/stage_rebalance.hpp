@@ -13,7 +13,8 @@
 //   2. a layer move (plan_layer_move), where one pays;
 //   3. else a group of the busiest stage's KV heads (plan_head_move), where
 //      attention is a large share of its time (long contexts).
-// A threshold of 0 turns it all off (--pipeline-rebalance 0).
+// Nothing moves within cooldown_windows of the last move.  A threshold of
+// 0 turns it all off (--pipeline-rebalance 0).
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -32,6 +33,7 @@ struct head_group_away {
 struct rebalance_inputs {
   std::vector<stage_load> stages;
   std::optional<head_group_away> away;  // a group away now
+  int windows_since_move = 1 << 30;     // windows ended since the last move ended
   bool layers = true;                   // layer moves considered
   bool heads = true;                    // head moves considered
   // For plan_head_move (its stages are `stages`).

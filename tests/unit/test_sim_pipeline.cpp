@@ -85,7 +85,8 @@ TEST(SimPipeline, HeadMigrationSendsAttentionToTheIdleStageAndBringsItHome) {
   c.classifier_layers = 8;
   c.head_migration = true;
   c.migration_opts.head_move_cost_s = 0.01;
-  c.trip_ms = 0.05;  // a fast link (troupe's PoCL round trip is 0.6 ms)
+  c.trip_ms = 0.05;                       // a fast link (troupe's PoCL round trip is 0.6 ms)
+  c.migration_opts.cooldown_windows = 0;  // the home window follows at once
   auto p = make_sim_pipeline(c);
   const int64_t rows = 16;
   const double context = rows * 2000.0;  // a mean context of 2000

@@ -43,6 +43,12 @@ TEST(StageRebalance, ALayerMoveComesFirstAndAHeadMoveWhereLayersAreOff) {
   in = two_stages(1, 2);
   o.threshold = 0;
   EXPECT_FALSE(plan_rebalance(in, o).any());
+  // Within the cooldown of the last move, nothing moves.
+  o.threshold = 0.1;
+  in.windows_since_move = o.cooldown_windows - 1;
+  EXPECT_FALSE(plan_rebalance(in, o).any());
+  in.windows_since_move = o.cooldown_windows;
+  EXPECT_TRUE(plan_rebalance(in, o).layers);
 }
 
 TEST(StageRebalance, AGroupAwayComesHomeWhenItsHelperIsBusierOrHomePays) {

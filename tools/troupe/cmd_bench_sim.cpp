@@ -210,6 +210,7 @@ nlohmann::json sim_config_json(const sim_flags& f, const sim_config& c, size_t p
                      {"layer_migration", c.pipeline.migration},
                      {"head_migration", c.pipeline.head_migration},
                      {"head_trip_ms", c.pipeline.trip_ms},
+                     {"move_cooldown_windows", c.pipeline.migration_opts.cooldown_windows},
                      {"head_move_ms_per_layer", f.head_move_ms_per_layer},
                      {"rebalance", c.pipeline.migration_opts.threshold},
                      {"move_ms_per_layer", f.move_ms_per_layer},
@@ -426,6 +427,10 @@ void add_bench_sim(CLI::App& bench) {
                   "its share; troupe measured 5 ms a layer for 1 of SmolLM2's 3 heads)")
       ->check(CLI::Range(0.0, 1e6))
       ->check(finite_number(true))
+      ->capture_default_str();
+  cmd->add_option("--move-cooldown-windows", f->pipeline.migration_opts.cooldown_windows,
+                  "windows after a move of layers or heads before the next")
+      ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
   cmd->add_option("--head-trip-ms", f->pipeline.trip_ms,
                   "a stage's wait per layer and micro-batch with a group of its KV heads away "
