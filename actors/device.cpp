@@ -77,10 +77,8 @@ void answer_oldest(llama_forward& engine, step_chain& chain) {
   try {
     forward_result r = engine.collect();
     const auto now = std::chrono::steady_clock::now();
-    if (!p.device_draws) {
-      r.drawn = presample(p.drawn_from, r);
-      if (last) chain.drawn = r.drawn;
-    }
+    if (!p.device_draws) r.drawn = presample(p.drawn_from, r);
+    if (last) chain.drawn = r.drawn;
     // The device started this step when it was submitted or when the one
     // before ended, whichever came later.
     const auto began = chain.ended ? std::max(p.submitted, *chain.ended) : p.submitted;
@@ -105,15 +103,20 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
                                                            forward_batch& b) {
   auto rp = self->make_response_promise<forward_result>();
   try {
-    if (!b.placeholders.empty() && chain.drawn_on_device) {
+    const bool pipelined = engine.options().queue_steps;
+    const bool device_draws =
+        pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
+    // Penalized rows drawn on the host count their input tokens: those must
+    // be known, not named draws of the step before.
+    const bool host_counts_inputs =
+        !device_draws && std::any_of(b.presample.begin(), b.presample.end(),
+                                     [](const presample_row& q) { return q.count_input; });
+    if (!b.placeholders.empty() && chain.drawn_on_device && !host_counts_inputs) {
       name_device_draws(b, chain.step, chain.n_drawn);
     } else {
       if (!b.placeholders.empty()) answer_all(engine, chain);
       fill_placeholders(b, chain.step, chain.drawn);
     }
-    const bool pipelined = engine.options().queue_steps;
-    const bool device_draws =
-        pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
     const uint64_t seq = chain.submitted + 1;
     auto notify = [n = chain.notifier, seq](bool) { n->ended(seq); };
     if (pipelined) chain.notifier->arm(caf::actor_cast<caf::actor>(self));

@@ -464,6 +464,15 @@ void set_stage_layout(pipeline_state& st) {
   }
 }
 
+// A new window of busy times, steps, passes and contexts.
+void start_window(pipeline_state& st) {
+  std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
+  st.window_steps = 0;
+  st.window_rows = 0;
+  st.window_passes = 0;
+  st.window_context = 0;
+}
+
 void move_failed(pipeline_state& st) {
   st.move_failures = std::min(st.move_failures + 1, 10);
   st.skip_windows = 1 << st.move_failures;
@@ -626,8 +635,7 @@ void move_layers(self_ptr self, layer_move m, device_actor na, device_actor nb) 
     answer_move(st, std::string(e.what()) + "; the stages stay as they were", false);
   }
   st.moving = false;
-  std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
-  st.window_steps = 0;
+  start_window(st);
   start_queued_move(self);
 }
 
@@ -774,23 +782,19 @@ void queue_head_move(self_ptr self, int32_t from, int32_t to, int32_t heads,
   });
 }
 
-// At the end of a window: the stages' busy times to plan_rebalance
+// At the end of a window: the stages' busy times to plan_stage_rebalance
 // (runtime/device/stage_rebalance.hpp, the simulator's rule too); a move it
 // finds goes in line after the steps already sent.
 void consider_moving_layers(self_ptr self) {
   auto& st = self->state;
-  rebalance_inputs in;
+  stage_rebalance_inputs in;
   for (size_t i = 0; i < st.stages.size(); ++i)
     in.stages.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
   in.steps = st.window_passes;
   in.windows_since_move = st.windows_since_move;
   st.windows_since_move = std::min(st.windows_since_move + 1, 1 << 30);
   const double context = st.window_rows > 0 ? st.window_context / st.window_rows : 0;
-  std::fill(st.busy_s.begin(), st.busy_s.end(), 0.0);
-  st.window_steps = 0;
-  st.window_rows = 0;
-  st.window_passes = 0;
-  st.window_context = 0;
+  start_window(st);
   // A group moved by hand stays until brought home by hand; a layer move
   // under way finishes first.
   if (st.moving || (st.heads_donor >= 0 && st.heads_by_hand)) return;
@@ -804,7 +808,7 @@ void consider_moving_layers(self_ptr self) {
   in.n_kv = hp.n_head_kv;
   in.attention_share =
       attention_share(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, context);
-  const auto m = plan_rebalance(in, st.migration);
+  const auto m = plan_stage_rebalance(in, st.migration);
   if (m.heads_home)
     queue_head_move(self, st.heads_donor, st.heads_helper, 0, std::nullopt);
   else if (m.layers)

@@ -7,7 +7,7 @@ Each instance's layers split over --stages devices of its own (SmolLM2's
 cost model, 30 layers, the classifier about 8 layers' worth on the last
 stage); a --loaded-share of the devices runs --load-skew times slower
 (co-tenants), and which ones changes every --load-shift-s.  With
-migration, every window the pipeline's own rule (plan_rebalance, the
+migration, every window the pipeline's own rule (plan_stage_rebalance, the
 function the live pipeline calls) moves layers off the busiest stage
 (--modes layers), a group of its KV heads to the least busy (heads), or
 either (both), each move pausing the instance (--move-ms-per-layer for a

@@ -99,8 +99,8 @@ __kernel void argmax_rows(__global const float* logits, int n_vocab, __global co
 
 // ---- Sampled draws: temperature, top-k, top-p, min-p, seeded ----
 //
-// sample_rows draws the token the host sampler draws (sampler.cpp, for
-// parameters without penalties) from the same logits, bit for bit: the
+// sample_rows draws the token the host sampler draws (sampler.cpp; a
+// penalized draw's row is penalize_rows', penalty.cl) from the same logits, bit for bit: the
 // arithmetic is runtime/engine/draw_arith.hpp's, mirrored here function
 // by function.  Semantics, with w_i = exp((l_i - max) / T) and integer
 // weights W_i = floor(w_i * 2^31) (tokens of weight 0 are never drawn):

@@ -5,8 +5,8 @@
 
 // runtime/engine/draw_arith.hpp's penalize, operation for operation.
 float draw_penalize(float v, int count, float rep, float inv_rep, float freq, float pres) {
-  if (rep != 1.0f) v = v > 0 ? v * inv_rep : v * rep;
-  return v - fma((float)count, freq, pres);
+  const float m = rep == 1.0f ? 1.0f : (v > 0 ? inv_rep : rep);
+  return fma(v, m, -fma((float)count, freq, pres));
 }
 
 // Logits each item copies and penalizes.

@@ -71,7 +71,7 @@ double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t 
 sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s) {
   sim_rebalance r;
   if ((c.migration || c.head_migration) && p.layers.size() >= 2) {
-    rebalance_inputs in;
+    stage_rebalance_inputs in;
     for (size_t s = 0; s < p.layers.size(); ++s) in.stages.push_back({p.layers[s], p.busy_s[s]});
     if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper, p.heads_away};
     in.windows_since_move = p.windows_since_move;
@@ -84,7 +84,7 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
     in.steps = p.passes;
     auto o = c.migration_opts;
     o.window_s = window_s;
-    const auto m = plan_rebalance(in, o);
+    const auto m = plan_stage_rebalance(in, o);
     if (m.heads_home) {
       // Coming home copies nothing (the donor's cache kept every head).
       r.heads_home = true;

@@ -78,7 +78,7 @@ double device_slowdown(const sim_pipeline_config& c, uint64_t device, double t);
 double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t first_device,
                         double whole_ms, double t, int64_t rows = 0, double context = 0);
 
-// The end of a window: with migration, the move plan_rebalance finds on
+// The end of a window: with migration, the move plan_stage_rebalance finds on
 // the window's busy times, applied (its pause charged to the next step);
 // the window starts again.
 sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s);

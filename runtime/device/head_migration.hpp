@@ -29,7 +29,7 @@ struct head_move_inputs {
   std::vector<stage_load> stages;
   int32_t n_kv = 0;            // KV heads per layer
   double attention_share = 0;  // of a stage's busy time, its attention's
-  double trip_s = 0.0006;      // the donor's wait per layer and step with a group away
+  double trip_s = 0.0006;      // the donor's wait per layer and pass with a group away
   int64_t steps = 0;           // passes over the stages in the window (micro-batches)
 };
 

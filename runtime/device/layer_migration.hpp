@@ -41,7 +41,7 @@ struct layer_migration_options {
   // Windows after a move (of layers or heads, either way) before the next:
   // the busy times a move is planned on are one window's, and the window
   // after a move shows its estimate's error, which without a pause the
-  // rule chases back and forth (plan_rebalance).
+  // rule chases back and forth (plan_stage_rebalance).
   int cooldown_windows = 5;
   double min_gain = 0.02;  // the slowest stage's predicted gain, as a share
 };

@@ -123,7 +123,7 @@ class llama_forward {
   // behind those already submitted and returns; collect() waits for the
   // oldest submitted step and returns its result; on_done(ok) runs on a
   // driver thread once the step has ended.  With device_draws, the step's
-  // presample rows (none with penalties: see draws_on_device) are drawn on
+  // presample rows (see draws_on_device) are drawn on
   // the device right after its logits (result.drawn), and the next step may
   // name them as tokens (forward_batch.hpp's device_draw_token), so it can
   // be submitted before this one ends.  Throws std::invalid_argument for a

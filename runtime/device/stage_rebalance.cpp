@@ -2,10 +2,11 @@
 
 namespace troupe {
 
-rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_options& o) {
-  rebalance_move m;
-  if (!(o.threshold > 0) || in.stages.size() < 2 || in.windows_since_move < o.cooldown_windows)
-    return m;
+stage_rebalance_move plan_stage_rebalance(const stage_rebalance_inputs& in,
+                                          const layer_migration_options& o) {
+  stage_rebalance_move m;
+  if (!(o.threshold > 0) || in.stages.size() < 2) return m;
+  const bool cooling = in.windows_since_move < o.cooldown_windows;
   head_move_inputs h;
   h.stages = in.stages;
   h.n_kv = in.n_kv;
@@ -15,12 +16,15 @@ rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_
   if (in.away) {
     const auto& a = *in.away;
     const auto d = static_cast<size_t>(a.donor), p = static_cast<size_t>(a.helper);
+    // A helper overloaded now (the load shifted) is relieved at once; a
+    // home that pays by the estimate waits out the cooldown as moves do.
     if (d < in.stages.size() && p < in.stages.size() &&
         (in.stages[p].busy_s > in.stages[d].busy_s * (1 + o.threshold) ||
-         head_group_pays_home(h, a.donor, a.helper, a.heads, o)))
+         (!cooling && head_group_pays_home(h, a.donor, a.helper, a.heads, o))))
       m.heads_home = true;
     return m;
   }
+  if (cooling) return m;
   if (in.layers) {
     m.layers = plan_layer_move(in.stages, o);
     if (m.layers) return m;

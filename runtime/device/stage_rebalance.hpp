@@ -13,8 +13,9 @@
 //   2. a layer move (plan_layer_move), where one pays;
 //   3. else a group of the busiest stage's KV heads (plan_head_move), where
 //      attention is a large share of its time (long contexts).
-// Nothing moves within cooldown_windows of the last move.  A threshold of
-// 0 turns it all off (--pipeline-rebalance 0).
+// Nothing moves within cooldown_windows of the last move, but a group
+// whose helper is overloaded comes home.  A threshold of 0 turns it all
+// off (--pipeline-rebalance 0).
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -30,7 +31,7 @@ struct head_group_away {
   int32_t heads = 0;
 };
 
-struct rebalance_inputs {
+struct stage_rebalance_inputs {
   std::vector<stage_load> stages;
   std::optional<head_group_away> away;  // a group away now
   int windows_since_move = 1 << 30;     // windows ended since the last move ended
@@ -43,13 +44,14 @@ struct rebalance_inputs {
   int64_t steps = 0;  // passes over the stages in the window (micro-batches)
 };
 
-struct rebalance_move {
+struct stage_rebalance_move {
   std::optional<layer_move> layers;
   std::optional<head_move_plan> heads;
   bool heads_home = false;  // the group away comes home
   bool any() const { return layers || heads || heads_home; }
 };
 
-rebalance_move plan_rebalance(const rebalance_inputs& in, const layer_migration_options& o);
+stage_rebalance_move plan_stage_rebalance(const stage_rebalance_inputs& in,
+                                          const layer_migration_options& o);
 
 }  // namespace troupe

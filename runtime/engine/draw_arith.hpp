@@ -52,10 +52,12 @@ inline uint32_t order_key(float v) {
 // count x frequency + presence subtracted), for a token seen `count` > 0
 // times in the window.  A positive logit is multiplied by inv_rep, the
 // float nearest 1 / repetition_penalty, rather than divided: OpenCL lets
-// a division round differently from the host's.
+// a division round differently from the host's.  The product and the
+// difference are one fma (rounded once), so no compiler can fuse them on
+// one side only (-cl-mad-enable, or GCC's contraction on the host).
 inline float penalize(float v, int32_t count, float rep, float inv_rep, float freq, float pres) {
-  if (rep != 1.0f) v = v > 0 ? v * inv_rep : v * rep;
-  return v - std::fma(static_cast<float>(count), freq, pres);
+  const float m = rep == 1.0f ? 1.0f : (v > 0 ? inv_rep : rep);
+  return std::fma(v, m, -std::fma(static_cast<float>(count), freq, pres));
 }
 
 // top_p as a fraction of 2^24.

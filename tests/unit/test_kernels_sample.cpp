@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <span>
@@ -282,6 +283,25 @@ TEST_F(KernelSample, PenalizedDrawsEqualTheHostSamplers) {
     pen.args(lb, n_vocab, sb, db, ib, pb, ob, tb, cb, hb, bb, prevb);
     c.launch(pen, {(static_cast<size_t>(n_vocab) + 63) / 64, in.draws()});
     const auto penalized = download<float>(c, lb, all.size());
+    // Each penalized row, bit for bit, as the host computes it: bias,
+    // then draw::penalize with the input token counted.
+    for (size_t j = 0; j < in.draws(); ++j) {
+      const auto& d = draws[j];
+      std::vector<float> want(logits.begin() + static_cast<ptrdiff_t>(d.logit_index) * n_vocab,
+                              logits.begin() + static_cast<ptrdiff_t>(d.logit_index + 1) * n_vocab);
+      for (const auto& tb : d.sampling.logit_bias)
+        if (tb.token < n_vocab) want[static_cast<size_t>(tb.token)] += tb.bias;
+      const auto& s = d.sampling;
+      for (const auto& tc : count_one_more(d.counts, histories[j].back()))
+        want[static_cast<size_t>(tc.token)] =
+            draw::penalize(want[static_cast<size_t>(tc.token)], tc.count, s.repetition_penalty,
+                           1.0f / s.repetition_penalty, s.frequency_penalty, s.presence_penalty);
+      const float* got_row = penalized.data() + static_cast<size_t>(R + j) * n_vocab;
+      int differ = 0;
+      for (int i = 0; i < n_vocab; ++i)
+        differ += std::memcmp(&want[static_cast<size_t>(i)], got_row + i, sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << "penalized row " << j;
+    }
     const auto got = device_draws(penalized, n_vocab, rows, params, positions);
     for (size_t k = 0; k < draws.size(); ++k) {
       const auto& d = draws[k];
