@@ -670,10 +670,14 @@ void engine::step() {
         b.positions.push_back(pos);
       }
       int32_t drawn = -1;
-      if (drawable(s, c)) {
+      // A penalized row's window must be known but for its last token
+      // (never otherwise with one step ahead; were it not, the sequence
+      // waits for its result instead).
+      const int32_t at = c.start + c.n_tokens;
+      if (drawable(s, c) && static_cast<int64_t>(s.tokens.size()) >= int64_t(at) - 1) {
         drawn = static_cast<int32_t>(b.presample.size());
         b.presample.push_back(make_presample_row(static_cast<int32_t>(b.logit_rows.size()),
-                                                 s.req.sampling, c.start + c.n_tokens, s.tokens));
+                                                 s.req.sampling, at, s.tokens));
       } else if (c.sample) {
         fl.chainable = false;
       }
