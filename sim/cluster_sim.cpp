@@ -863,7 +863,7 @@ class simulation {
     pd_window w = mon_.take_window();
     if (cfg_.autoscale) scale();
     for (auto& p : pipes_) {
-      const auto r = pipeline_window(p, cfg_.pipeline, cfg_.window_s);
+      const auto r = pipeline_window(p, cfg_.pipeline, cfg_.window_s, now_);
       res_.stats.layer_moves += r.layers_moved > 0;
       res_.stats.layers_moved += uint64_t(r.layers_moved);
       res_.stats.head_moves += r.heads_moved > 0;

@@ -63,12 +63,15 @@ double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t 
   p.rows += rows;
   p.context += context;
   const double m = static_cast<double>(n);
-  const double step = sum / m + (m - 1) * slowest / m + p.pause_ms;
-  p.pause_ms = 0;
+  // The rest of a move's pause, if this step starts within it.
+  const double wait_ms = std::max(0.0, p.pause_until_s - t) * 1000;
+  p.pause_until_s = 0;
+  const double step = sum / m + (m - 1) * slowest / m + wait_ms;
   return step;
 }
 
-sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s) {
+sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s,
+                              double now) {
   sim_rebalance r;
   if ((c.migration || c.head_migration) && p.layers.size() >= 2) {
     stage_rebalance_inputs in;
@@ -104,7 +107,7 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
       r.pause_ms = 1000 * o.head_move_cost_s * p.layers[static_cast<size_t>(m.heads->from)] *
                    m.heads->heads / c.n_kv;
     }
-    p.pause_ms += r.pause_ms;
+    if (r.pause_ms > 0) p.pause_until_s = std::max(p.pause_until_s, now) + r.pause_ms / 1000;
     p.windows_since_move = m.any() ? 0 : std::min(p.windows_since_move + 1, 1 << 30);
   }
   std::fill(p.busy_s.begin(), p.busy_s.end(), 0.0);

@@ -48,7 +48,9 @@ struct sim_pipeline_config {
 struct sim_pipeline {
   std::vector<int32_t> layers;  // per stage
   std::vector<double> busy_s;   // per stage, over the window
-  double pause_ms = 0;          // a move's pause, charged to the next step
+  // A move's pause ends at this time (s): a step that starts before then
+  // waits for it (an instance idle meanwhile loses nothing).
+  double pause_until_s = 0;
   // A group of KV heads away: its donor stage, its helper, its size (0: none).
   int32_t heads_donor = -1, heads_helper = -1, heads_away = 0;
   int windows_since_move = 1 << 30;
@@ -74,13 +76,16 @@ double device_slowdown(const sim_pipeline_config& c, uint64_t device, double t);
 
 // One step of an instance whose devices are first_device.. first_device +
 // stages - 1 (`rows` rows attending over `context` positions in all): its
-// time in ms, the stages' busy times added, a pending move's pause charged.
+// time in ms, the stages' busy times added, the rest of a move's pause
+// charged where the step starts within it.
 double pipeline_step_ms(sim_pipeline& p, const sim_pipeline_config& c, uint64_t first_device,
                         double whole_ms, double t, int64_t rows = 0, double context = 0);
 
-// The end of a window: with migration, the move plan_stage_rebalance finds on
-// the window's busy times, applied (its pause charged to the next step);
-// the window starts again.
-sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s);
+// The end of a window at time `now` (s): with migration, the move
+// plan_stage_rebalance finds on the window's busy times, applied (its pause
+// from now on: a step that starts within it waits for the rest); the
+// window starts again.
+sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, double window_s,
+                              double now = 0);
 
 }  // namespace troupe

@@ -68,6 +68,20 @@ TEST(SimPipeline, MigrationMovesLayersOffTheSlowStageAndPaysAPause) {
   EXPECT_NEAR(pipeline_step_ms(p, c, 0, 100, 0) - pipeline_step_ms(p, c, 0, 100, 0),
               250.0 * m.layers_moved, 1e-6);
   EXPECT_LT(pipeline_step_ms(p, c, 0, 100, 0), before);
+  // A step that starts after the pause ended (the instance idle) waits
+  // for nothing; one that starts halfway waits for the rest.
+  for (int i = 0; i < 100; ++i) pipeline_step_ms(p, c, 0, 100, 0);
+  const double settled = pipeline_step_ms(p, c, 0, 100, 0);
+  p.busy_s = {0.1 * p.layers[0], 0.3 * p.layers[1]};  // moves layers again, past the cooldown
+  p.windows_since_move = 100;
+  const auto again = pipeline_window(p, c, 1, 20.0);
+  ASSERT_GT(again.layers_moved, 0);
+  const double pause_s = again.pause_ms / 1000;
+  const double later = pipeline_step_ms(p, c, 0, 100, 20.0 + pause_s + 1);
+  p.pause_until_s = 20.0 + pause_s;
+  const double halfway = pipeline_step_ms(p, c, 0, 100, 20.0 + pause_s / 2);
+  EXPECT_NEAR(halfway - later, 1000 * pause_s / 2, 1e-6);
+  EXPECT_GT(settled, 0);
   // Off: nothing moves.
   c.migration = false;
   auto q = make_sim_pipeline(c);
