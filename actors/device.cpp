@@ -108,10 +108,9 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
         pipelined && !b.presample.empty() && llama_forward::draws_on_device(b.presample);
     // Penalized rows drawn on the host count their input tokens: those must
     // be known, not named draws of the step before.
-    const bool host_counts_inputs =
-        !device_draws && std::any_of(b.presample.begin(), b.presample.end(),
-                                     [](const presample_row& q) { return q.count_input; });
-    if (!b.placeholders.empty() && chain.drawn_on_device && !host_counts_inputs) {
+    const bool counts_inputs = std::any_of(b.presample.begin(), b.presample.end(),
+                                           [](const presample_row& q) { return q.count_input; });
+    if (!b.placeholders.empty() && chain.drawn_on_device && (device_draws || !counts_inputs)) {
       name_device_draws(b, chain.step, chain.n_drawn);
     } else {
       if (!b.placeholders.empty()) answer_all(engine, chain);
@@ -124,8 +123,7 @@ caf::typed_response_promise<forward_result> submit_forward(device_actor::pointer
     pending_step p{seq, rp, {}, device_draws, std::chrono::steady_clock::now()};
     if (!device_draws && !b.presample.empty()) {
       p.drawn_from.presample = b.presample;
-      if (std::any_of(b.presample.begin(), b.presample.end(),
-                      [](const presample_row& q) { return q.count_input; })) {
+      if (counts_inputs) {
         p.drawn_from.tokens = b.tokens;
         p.drawn_from.logit_rows = b.logit_rows;
       }

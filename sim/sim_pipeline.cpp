@@ -103,9 +103,9 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
       p.heads_helper = m.heads->to;
       p.heads_away = m.heads->heads;
       r.heads_moved = m.heads->heads;
-      // As plan_head_move prices it: the group's share of moving every head.
-      r.pause_ms = 1000 * o.head_move_cost_s * p.layers[static_cast<size_t>(m.heads->from)] *
-                   m.heads->heads / c.n_kv;
+      // As plan_head_move prices it.
+      r.pause_ms = 1000 * head_move_pause_s(o, p.layers[static_cast<size_t>(m.heads->from)],
+                                            m.heads->heads, c.n_kv);
     }
     if (r.pause_ms > 0) p.pause_until_s = std::max(p.pause_until_s, now) + r.pause_ms / 1000;
     p.windows_since_move = m.any() ? 0 : std::min(p.windows_since_move + 1, 1 << 30);

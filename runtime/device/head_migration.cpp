@@ -45,8 +45,8 @@ std::optional<head_move_plan> plan_head_move(const head_move_inputs& in,
       best = head_move_plan{static_cast<int32_t>(donor), static_cast<int32_t>(helper), g, gain};
   }
   if (!best || best->gain < o.min_gain) return std::nullopt;
-  const double pause = o.head_move_cost_s * d.layers * best->heads / in.n_kv;
-  if (best->gain * o.horizon_s < pause) return std::nullopt;
+  if (best->gain * o.horizon_s < head_move_pause_s(o, d.layers, best->heads, in.n_kv))
+    return std::nullopt;
   return best;
 }
 

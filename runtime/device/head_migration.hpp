@@ -44,6 +44,13 @@ struct head_move_plan {
 std::optional<head_move_plan> plan_head_move(const head_move_inputs& in,
                                              const layer_migration_options& o);
 
+// The pause for moving `heads` of n_kv KV heads' pages of `layers` layers:
+// the group's share of head_move_cost_s a layer.
+inline double head_move_pause_s(const layer_migration_options& o, int32_t layers, int32_t heads,
+                                int32_t n_kv) {
+  return n_kv > 0 ? o.head_move_cost_s * layers * heads / n_kv : 0.0;
+}
+
 // Whether the group of `heads` KV heads that stage `donor` has away on
 // stage `helper` should come home: with it home, the busier of the two
 // would be less busy by min_gain at least.  The window's donor time holds

@@ -20,6 +20,14 @@ constexpr size_t k_penalty_chunk = 64;
 // The most sampled draws one sample_rows launch makes.
 constexpr size_t k_sample_groups = 32;
 
+// Whether v (token_bias or token_count) is sorted by token without repeats.
+template <class V>
+bool sorted_by_token(const V& v) {
+  return std::adjacent_find(v.begin(), v.end(), [](const auto& a, const auto& b) {
+           return a.token >= b.token;
+         }) == v.end();
+}
+
 // Grows b to hold `bytes`, doubling.
 void fit(cl::context& ctx, cl::buffer& b, size_t bytes) {
   if (b.bytes() < bytes) b = ctx.alloc(std::max<size_t>(bytes, 8) * 2);
@@ -32,17 +40,8 @@ bool llama_forward::draws_on_device(const std::vector<presample_row>& rows) {
     // logit_bias included: draw.cl adds it as the sampler does, for a
     // list sorted by token without repeats (check_generate sorts it; the
     // wire's map has no repeats); another list is drawn on the host.
-    const auto& lb = p.sampling.logit_bias;
-    const bool sorted = std::adjacent_find(lb.begin(), lb.end(), [](const auto& a, const auto& b) {
-                          return a.token >= b.token;
-                        }) == lb.end();
     // Penalty counts too (make_presample_row sorts them).
-    const auto& tc = p.counts;
-    const bool counts_sorted =
-        std::adjacent_find(tc.begin(), tc.end(), [](const auto& a, const auto& b) {
-          return a.token >= b.token;
-        }) == tc.end();
-    return sorted && counts_sorted;
+    return sorted_by_token(p.sampling.logit_bias) && sorted_by_token(p.counts);
   });
 }
 

@@ -20,10 +20,9 @@ presample_row make_presample_row(int32_t logit_index, const sampling_params& p, 
   if (known_end > static_cast<int64_t>(history.size()))
     throw std::invalid_argument("presample: " + std::to_string(history.size()) +
                                 " tokens known for a draw at " + std::to_string(position));
-  sampling_params all = p;
-  all.penalty_last_n = -1;
-  row.counts = sampler::penalty_counts(all, history.subspan(static_cast<size_t>(position - window),
-                                                            static_cast<size_t>(window - 1)));
+  // window - 1 <= penalty_last_n tokens: penalty_counts takes them all.
+  row.counts = sampler::penalty_counts(
+      p, history.subspan(static_cast<size_t>(position - window), static_cast<size_t>(window - 1)));
   row.count_input = true;
   return row;
 }
