@@ -789,8 +789,9 @@ void consider_moving_layers(self_ptr self) {
   auto& st = self->state;
   stage_rebalance_inputs in;
   for (size_t i = 0; i < st.stages.size(); ++i)
-    in.stages.push_back({st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
-  in.steps = st.window_passes;
+    in.load.stages.push_back(
+        {st.stage_opts[i].layer_end - st.stage_opts[i].layer_first, st.busy_s[i]});
+  in.load.steps = st.window_passes;
   in.windows_since_move = st.windows_since_move;
   st.windows_since_move = std::min(st.windows_since_move + 1, 1 << 30);
   const double context = st.window_rows > 0 ? st.window_context / st.window_rows : 0;
@@ -805,8 +806,8 @@ void consider_moving_layers(self_ptr self) {
     return;
   }
   const auto& hp = st.model->hparams();
-  in.n_kv = hp.n_head_kv;
-  in.attention_share =
+  in.load.n_kv = hp.n_head_kv;
+  in.load.attention_share =
       attention_share(hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff, context);
   const auto m = plan_stage_rebalance(in, st.migration);
   if (m.heads_home)

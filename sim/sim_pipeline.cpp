@@ -75,16 +75,18 @@ sim_rebalance pipeline_window(sim_pipeline& p, const sim_pipeline_config& c, dou
   sim_rebalance r;
   if ((c.migration || c.head_migration) && p.layers.size() >= 2) {
     stage_rebalance_inputs in;
-    for (size_t s = 0; s < p.layers.size(); ++s) in.stages.push_back({p.layers[s], p.busy_s[s]});
+    for (size_t s = 0; s < p.layers.size(); ++s)
+      in.load.stages.push_back({p.layers[s], p.busy_s[s]});
     if (p.heads_away > 0) in.away = head_group_away{p.heads_donor, p.heads_helper, p.heads_away};
     in.windows_since_move = p.windows_since_move;
     in.layers = c.migration;
     in.heads = c.head_migration;
-    in.n_kv = c.n_kv;
-    in.attention_share = attention_share(c.n_embd, c.n_head, c.n_kv, c.head_dim, c.n_ff,
-                                         p.rows > 0 ? p.context / static_cast<double>(p.rows) : 0);
-    in.trip_s = c.trip_ms / 1000;
-    in.steps = p.passes;
+    in.load.n_kv = c.n_kv;
+    in.load.attention_share =
+        attention_share(c.n_embd, c.n_head, c.n_kv, c.head_dim, c.n_ff,
+                        p.rows > 0 ? p.context / static_cast<double>(p.rows) : 0);
+    in.load.trip_s = c.trip_ms / 1000;
+    in.load.steps = p.passes;
     auto o = c.migration_opts;
     o.window_s = window_s;
     const auto m = plan_stage_rebalance(in, o);

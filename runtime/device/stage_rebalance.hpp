@@ -32,16 +32,13 @@ struct head_group_away {
 };
 
 struct stage_rebalance_inputs {
-  std::vector<stage_load> stages;
+  // The stages' window (busy times, passes, attention's share), as
+  // plan_layer_move (its stages) and plan_head_move read it.
+  head_move_inputs load;
   std::optional<head_group_away> away;  // a group away now
   int windows_since_move = 1 << 30;     // windows ended since the last move ended
   bool layers = true;                   // layer moves considered
   bool heads = true;                    // head moves considered
-  // For plan_head_move (its stages are `stages`).
-  int32_t n_kv = 0;
-  double attention_share = 0;
-  double trip_s = 0.0006;
-  int64_t steps = 0;  // passes over the stages in the window (micro-batches)
 };
 
 struct stage_rebalance_move {

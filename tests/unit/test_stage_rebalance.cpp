@@ -10,11 +10,11 @@ namespace {
 
 stage_rebalance_inputs two_stages(double busy0, double busy1) {
   stage_rebalance_inputs in;
-  in.stages = {{15, busy0}, {15, busy1}};
-  in.n_kv = 3;
-  in.attention_share = 0.4;
-  in.steps = 100;
-  in.trip_s = 0.0001;
+  in.load.stages = {{15, busy0}, {15, busy1}};
+  in.load.n_kv = 3;
+  in.load.attention_share = 0.4;
+  in.load.steps = 100;
+  in.load.trip_s = 0.0001;
   return in;
 }
 
@@ -64,21 +64,21 @@ TEST(StageRebalance, AGroupAwayComesHomeWhenItsHelperIsBusierOrHomePays) {
   EXPECT_FALSE(m.heads);
   in = two_stages(1.05, 1);  // within the threshold, and no trips to save: it stays
   in.away = head_group_away{1, 0, 1};
-  in.trip_s = 0;
+  in.load.trip_s = 0;
   EXPECT_FALSE(plan_stage_rebalance(in, o).any());
   // The donor busier, but mostly with round trips (short contexts: little
   // attention to shed): home pays.
   in = two_stages(1, 1.2);
   in.away = head_group_away{1, 0, 1};
-  in.attention_share = 0.05;
-  in.trip_s = 0.0002;
-  in.steps = 2000;  // 15 layers x 2000 passes x 0.2 ms: 6 s of waits
-  in.stages[1].busy_s = 7;
+  in.load.attention_share = 0.05;
+  in.load.trip_s = 0.0002;
+  in.load.steps = 2000;  // 15 layers x 2000 passes x 0.2 ms: 6 s of waits
+  in.load.stages[1].busy_s = 7;
   EXPECT_TRUE(plan_stage_rebalance(in, o).heads_home);
   // Long contexts: the trips are small beside the attention it sheds.
-  in.steps = 20;
-  in.attention_share = 0.6;
-  in.stages[1].busy_s = 1.2;
+  in.load.steps = 20;
+  in.load.attention_share = 0.6;
+  in.load.stages[1].busy_s = 1.2;
   EXPECT_FALSE(plan_stage_rebalance(in, o).any());
 }
 
