@@ -17,6 +17,10 @@ threads each (llama-server -t; PoCL's POCL_MAX_PTHREAD_COUNT for troupe).
 `troupe bench serve` draws lengths uniform in [L(1-r), L(1+r)]; [64, 512]
 and [32, 256] are L = 288 and L = 144 with the same r = 7/9.
 
+--workload shared-prefix sends instead prompts that share one of a few long
+prefixes (bench serve's shared-prefix dataset), where prefix reuse decides:
+troupe's prefix cache against llama-server's prompt cache with --kv-unified.
+
 Both servers get the same concurrency: llama-server -np SLOTS with a context
 of SLOTS x CTX_PER_SLOT tokens, troupe --max-seqs SLOTS with a KV arena of
 the same size.  This script never builds llama.cpp (docs/peer_llamacpp.md).
@@ -166,9 +170,17 @@ def bench_cmd(args, system, endpoint, extra, json_out):
         cmd += ["--backend", "openai", "--base-url", endpoint]
     else:
         cmd += ["--backend", "troupe", "--server", endpoint]
-    cmd += ["--dataset-name", "random",
-            "--random-input-len", str(args.in_len), "--random-output-len", str(args.out_len),
-            "--random-range-ratio", repr(args.ratio), "--ignore-eos", "--burstiness", "1",
+    if args.workload == "random":
+        cmd += ["--dataset-name", "random",
+                "--random-input-len", str(args.in_len), "--random-output-len", str(args.out_len),
+                "--random-range-ratio", repr(args.ratio)]
+    else:
+        cmd += ["--dataset-name", "shared-prefix",
+                "--prefix-repetition-num-prefixes", str(args.prefix_groups),
+                "--prefix-repetition-prefix-len", str(args.prefix_len),
+                "--prefix-repetition-suffix-len", str(args.suffix_len),
+                "--prefix-repetition-output-len", str(args.prefix_output_len)]
+    cmd += ["--ignore-eos", "--burstiness", "1",
             "--seed", str(args.seed), "--request-timeout", str(args.request_timeout),
             "--goodput", *args.goodput, "--no-progress"]
     return cmd + extra + ["--json-out", json_out]
@@ -201,7 +213,9 @@ def run_system(args, system, results_dir, dry):
         cmd = [args.llama_server, "-m", args.model, "-t", str(args.threads), "-c", str(n_ctx),
                "-np", str(args.slots), "--host", "127.0.0.1", "--port", str(port)]
         if not args.llama_no_fa:
-            cmd.append("-fa")
+            cmd += ["-fa", "on"]
+        if not args.llama_no_kvu:
+            cmd.append("--kv-unified")
         cmd += args.llama_arg
         env = {}
         ready = lambda: http_ok(endpoint + "/health")
@@ -227,11 +241,14 @@ def run_system(args, system, results_dir, dry):
         warm[warm.index("--seed") + 1] = str(args.seed + 1000)
         rec["warmup_cmd"] = quote(warm)
         run_bench(warm, os.path.join(results_dir, f"{tag}_warmup.txt"), dry)
-        for rate in args.rates:
+        for i, rate in enumerate(args.rates):
             cmd_b = bench_cmd(args, system, endpoint,
                               ["--num-requests", str(args.num_requests), "--request-rate",
                                repr(rate)],
                               os.path.join(results_dir, f"{tag}_rate_{rate}.json"))
+            # Each rate's own prompts (seed + i): a prompt cache must not
+            # answer one rate's prefills with an earlier rate's.
+            cmd_b[cmd_b.index("--seed") + 1] = str(args.seed + i)
             rec["bench_cmds"].append(quote(cmd_b))
             rec["rates"][rate] = run_bench(cmd_b, os.path.join(results_dir, f"{tag}_rate_{rate}.txt"),
                                            dry)
@@ -244,6 +261,9 @@ def run_system(args, system, results_dir, dry):
                                "--sweep-steps", str(args.sweep_steps),
                                "--sweep-precision", repr(args.sweep_precision)],
                               os.path.join(results_dir, f"{tag}_sweep.json"))
+            # Probe k draws its prompts with seed + k - 1 (bench serve's
+            # default); the sweep starts past the fixed rates' seeds.
+            cmd_s[cmd_s.index("--seed") + 1] = str(args.seed + 100)
             rec["sweep_cmd"] = quote(cmd_s)
             rec["sweep"] = run_bench(cmd_s, os.path.join(results_dir, f"{tag}_sweep.txt"), dry)
     finally:
@@ -295,7 +315,8 @@ def write_report(args, recs, info, path):
     llama, troupe = by.get("llama-server"), by.get("troupe")
     L = []
     w = L.append
-    w("# Serving: troupe vs llama-server (SmolLM2-135M-Instruct)\n")
+    w("# Serving: troupe vs llama-server (SmolLM2-135M-Instruct"
+      + (", shared-prefix workload" if args.workload == "shared-prefix" else "") + ")\n")
     w("Written by `bench/serve_vs_llamaserver.py`; regenerate with the command at the end. "
       "Both systems were loaded by the same tool (`troupe bench serve`; the OpenAI backend for "
       "llama-server's `/v1/completions`) with the same seeded workload, one system after the "
@@ -310,11 +331,24 @@ def write_report(args, recs, info, path):
     w("")
     w("## Workload\n")
     w(f"- model: `{os.path.basename(args.model)}` (the same file for both)")
-    w(f"- {args.num_requests} requests per rate; prompts of random token ids, lengths uniform in "
-      f"[{args.input_range[0]}, {args.input_range[1]}]; outputs uniform in "
-      f"[{args.output_range[0]}, {args.output_range[1]}] tokens with ignore-EOS; Poisson "
-      f"arrivals; seed {args.seed} (the same prompts, lengths and arrival gaps for both systems "
-      "and, scaled by 1/rate, for every rate)")
+    if args.workload == "random":
+        w(f"- {args.num_requests} requests per rate; prompts of random token ids, lengths uniform "
+          f"in [{args.input_range[0]}, {args.input_range[1]}]; outputs uniform in "
+          f"[{args.output_range[0]}, {args.output_range[1]}] tokens with ignore-EOS; Poisson "
+          f"arrivals; seeds {args.seed}, {args.seed}+1, ... for the fixed rates in order and "
+          f"{args.seed}+100, +101, ... for the sweep's probes (the same prompts, lengths and "
+          "arrival gaps for both systems; new prompts for every rate and probe, so neither "
+          "system's prompt cache answers a run with an earlier run's prefills)")
+    else:
+        w(f"- {args.num_requests} requests per rate; shared prefixes: {args.prefix_groups} groups, "
+          f"each prompt a group's {args.prefix_len} random tokens then {args.suffix_len} of its "
+          f"own; {args.prefix_output_len} output tokens with ignore-EOS; Poisson arrivals; seeds "
+          f"{args.seed}, {args.seed}+1, ... for the fixed rates and {args.seed}+100, ... for the "
+          "sweep's probes (the same prompts and arrival gaps for both systems; new prefixes "
+          "for every rate and probe, so reuse happens within a run). Prefix reuse on in both: "
+          "troupe's prefix cache (on by "
+          "default), llama-server's prompt cache (on by default) with `--kv-unified` (one KV "
+          "buffer for all slots, so a prefix computed in one slot serves the others)")
     w(f"- {args.threads} threads each; concurrency: llama-server `-np {args.slots}` with a "
       f"context of {args.slots}x{args.ctx_per_slot} tokens; troupe `--max-seqs {args.slots}` with "
       "a KV arena of the same token capacity; other settings default")
@@ -325,7 +359,7 @@ def write_report(args, recs, info, path):
          "on both (bench/engine_vs_llamacpp.py, SmolLM2 tg128), so a TPOT of 200 ms (5 tokens/s) leaves room "
          "for batching and for decode steps stalled by other requests' prefills, and is still "
          "far below what a reader needs to keep up"
-         if args.goodput == DEFAULT_GOODPUT else ""))
+         if args.goodput == DEFAULT_GOODPUT and args.workload == "random" else ""))
     w(f"- goodput fraction = requests sent that completed within every SLO / requests sent "
       "(failures count against it)\n")
     w("## Commands\n")
@@ -420,6 +454,14 @@ def main():
     ap.add_argument("--num-requests", type=int, default=16, help="requests per rate")
     ap.add_argument("--input-range", type=int, nargs=2, default=[64, 512], metavar=("LO", "HI"))
     ap.add_argument("--output-range", type=int, nargs=2, default=[32, 256], metavar=("LO", "HI"))
+    ap.add_argument("--workload", choices=["random", "shared-prefix"], default="random",
+                    help="random: random prompts of --input-range tokens; shared-prefix: "
+                         "--prefix-groups prefixes of --prefix-len tokens, each prompt one of them "
+                         "then --suffix-len tokens of its own")
+    ap.add_argument("--prefix-groups", type=int, default=4)
+    ap.add_argument("--prefix-len", type=int, default=512)
+    ap.add_argument("--suffix-len", type=int, default=64)
+    ap.add_argument("--prefix-output-len", type=int, default=128)
     ap.add_argument("--goodput", nargs="+", default=DEFAULT_GOODPUT,
                     help="SLOs in ms (troupe bench serve --goodput)")
     ap.add_argument("--seed", type=int, default=0)
@@ -438,6 +480,9 @@ def main():
     ap.add_argument("--llama-no-fa", action="store_true",
                     help="run llama-server without -fa (flash attention, on by default: its faster "
                          "setting here, 0.62 vs 0.55 req/s in a closed loop of 4)")
+    ap.add_argument("--llama-no-kvu", action="store_true",
+                    help="run llama-server without --kv-unified (on by default: one KV buffer for "
+                         "all slots, so its prompt cache serves a prefix across slots)")
     ap.add_argument("--troupe-arg", action="append", default=[],
                     help="extra troupe serve argument (repeatable)")
     ap.add_argument("--start-timeout", type=float, default=180, help="seconds a server gets to start")
@@ -463,7 +508,9 @@ def main():
         die(f"input and output ranges need the same relative width (troupe bench serve has one "
             f"--random-range-ratio): {r_in!r} vs {r_out!r}")
     args.ratio = r_in
-    if max(args.input_range) + max(args.output_range) > args.ctx_per_slot:
+    longest = (max(args.input_range) + max(args.output_range) if args.workload == "random"
+               else args.prefix_len + args.suffix_len + args.prefix_output_len)
+    if longest > args.ctx_per_slot:
         die("--ctx-per-slot is smaller than the longest prompt plus output")
     if not args.results_dir:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

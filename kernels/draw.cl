@@ -1,6 +1,6 @@
 // Draws on the device (step overlap, runtime/engine/step_overlap.hpp):
-// argmax_rows makes every draw greedily, then sample_rows (below) makes
-// the sampled ones again.  Greedy: the
+// argmax_rows makes the greedy draws (which[] lists them), sample_rows
+// (below) the sampled ones.  Greedy: the
 // token of draw k is the first maximum of logit row rows[k], -1 where the
 // row holds a NaN: what the host sampler's greedy path picks, or refuses.
 // The next step's embedding reads drawn[] (token_at), so it can be
@@ -30,8 +30,9 @@ int biased(__global const int* toks, int n, int t) {
 
 __kernel void argmax_rows(__global const float* logits, int n_vocab, __global const int* rows,
                           __global int* drawn, __global const int* bias_off,
-                          __global const int* bias_tok, __global const float* bias_val) {
-  const int k = get_global_id(0);
+                          __global const int* bias_tok, __global const float* bias_val,
+                          __global const int* which) {
+  const int k = which[get_global_id(0)];  // the greedy draws (sample_rows makes the others)
   __global const float* l = logits + (size_t)rows[k] * n_vocab;
   const int n16 = n_vocab / 16 * 16;
   int best_i = 0;
@@ -173,6 +174,13 @@ int draw_kept(uint key, int i, uint W, float w, int use_k, uint key_k, int idx_k
   return W > 0 && (!use_k || key > key_k || (key == key_k && i <= idx_k)) && w >= min_p;
 }
 
+// Whether the 8 tokens from i (a multiple of 8 with i + 8 <= the chunk's
+// end) all weigh nothing (w = 0: the weights pass stores 0 for most of a
+// large vocabulary), so a walk over kept tokens may skip them whole.
+int draw_weightless8(__global const float* w, int i) {
+  return all(vload8(0, w + i) == (float8)(0.0f));
+}
+
 ulong draw_group_sum(ulong x, __local ulong* red) {
   red[get_local_id(0)] = x;
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -256,12 +264,16 @@ uint draw_select_key(__global const float* l, __global const float* w, int i0, i
   ulong a = 0;
   if (!pass0_done) {
     for (int d = 0; d < 256; ++d) hist[d * DRAW_G + lid] = 0;
-    for (int i = i0; i < i1; ++i) {
-      const uint key = draw_key(l[i]);
-      const float wi = w[i];
-      const uint W = draw_weight(wi);
-      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p))
-        hist[draw_gap_bin(l[i], mx, inv_t) * DRAW_G + lid] += by_weight ? (ulong)W : 1ul;
+    for (int b = i0; b < i1; b += 8) {
+      const int e = min(b + 8, i1);
+      if (e - b == 8 && draw_weightless8(w, b)) continue;
+      for (int i = b; i < e; ++i) {
+        const uint key = draw_key(l[i]);
+        const float wi = w[i];
+        const uint W = draw_weight(wi);
+        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p))
+          hist[draw_gap_bin(l[i], mx, inv_t) * DRAW_G + lid] += by_weight ? (ulong)W : 1ul;
+      }
     }
   }
   const int bin = draw_pick_bin(hist, tot, target, &a);
@@ -421,7 +433,16 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
     int i = i0;
     for (; i + 8 <= i1; i += 8) {
       const float8 v = vload8(0, l + i);
-      const float8 wi = draw_exp_neg8((v - mx) * inv_t);
+      const float8 x = (v - mx) * inv_t;
+      // Eight tokens more than 22 scaled logits under the maximum weigh
+      // W = 0 (e^-22 < 2^-31): they count nowhere, so neither their exp
+      // nor their (zero) histogram adds are worth making.  Most of a large
+      // vocabulary's blocks are such.
+      if (all(isless(x, (float8)(-22.0f)))) {
+        vstore8((float8)(0.0f), 0, w + i);
+        continue;
+      }
+      const float8 wi = draw_exp_neg8(x);
       vstore8(wi, 0, w + i);
       const uint8 W = convert_uint8_rtz(wi * 2147483648.0f);
       const long8 live = convert_long8(W > (uint8)(0u));
@@ -477,12 +498,16 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
   if (p24 < (1u << 24)) {
     // Without a top-k cut, the weights pass summed them already.
     ulong mass_k = 0, mass_km = 0;
-    for (int i = i0; i < (use_k ? i1 : i0); ++i) {
-      const uint key = draw_key(l[i]);
-      const float wi = w[i];
-      const uint W = draw_weight(wi);
-      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, 0.0f)) mass_k += W;
-      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p)) mass_km += W;
+    for (int b = i0; b < (use_k ? i1 : i0); b += 8) {
+      const int e = min(b + 8, i1);
+      if (e - b == 8 && draw_weightless8(w, b)) continue;
+      for (int i = b; i < e; ++i) {
+        const uint key = draw_key(l[i]);
+        const float wi = w[i];
+        const uint W = draw_weight(wi);
+        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, 0.0f)) mass_k += W;
+        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p)) mass_km += W;
+      }
     }
     if (!use_k) {
       mass_k = n_live_w;
@@ -517,13 +542,17 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
   ulong mine = use_p ? mine_p : plain;
   if (use_k && !use_p) {
     mine = 0;
-    for (int i = i0; i < i1; ++i) {
-      const uint key = draw_key(l[i]);
-      const float wi = w[i];
-      const uint W = draw_weight(wi);
-      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
-          (!use_p || key > key_p || (key == key_p && i <= idx_p)))
-        mine += W;
+    for (int b = i0; b < i1; b += 8) {
+      const int e = min(b + 8, i1);
+      if (e - b == 8 && draw_weightless8(w, b)) continue;
+      for (int i = b; i < e; ++i) {
+        const uint key = draw_key(l[i]);
+        const float wi = w[i];
+        const uint W = draw_weight(wi);
+        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
+            (!use_p || key > key_p || (key == key_p && i <= idx_p)))
+          mine += W;
+      }
     }
   }
   const ulong total = draw_group_sum(mine, red);
@@ -532,14 +561,18 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
   ulong acc = before;
   int at = -1;
   const int end = before <= r && r < before + mine ? i1 : i0;  // only that item walks
-  for (int i = i0; i < end; ++i) {
-    const uint key = draw_key(l[i]);
-    const float wi = w[i];
-    const uint W = draw_weight(wi);
-    if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
-        (!use_p || key > key_p || (key == key_p && i <= idx_p))) {
-      if (at < 0 && acc <= r && r < acc + W) at = i;
-      acc += W;
+  for (int b = i0; b < end; b += 8) {
+    const int e = min(b + 8, end);
+    if (e - b == 8 && draw_weightless8(w, b)) continue;
+    for (int i = b; i < e; ++i) {
+      const uint key = draw_key(l[i]);
+      const float wi = w[i];
+      const uint W = draw_weight(wi);
+      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
+          (!use_p || key > key_p || (key == key_p && i <= idx_p))) {
+        if (at < 0 && acc <= r && r < acc + W) at = i;
+        acc += W;
+      }
     }
   }
   at = draw_group_pick(at, votes);

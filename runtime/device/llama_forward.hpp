@@ -321,6 +321,7 @@ class llama_forward {
   cl::kernel k_argmax_, k_sample_, k_penalize_;
   cl::buffer draw_rows_, drawn_;
   cl::buffer bias_off_, bias_tok_, bias_val_;  // the draws' logit_bias
+  cl::buffer greedy_which_;                    // the draws argmax_rows makes
   // Sampled draws (temperature > 0): which draws, their parameters, their
   // random bits, and sample_rows' scratch (three vocabulary rows for each
   // draw of one launch).
@@ -334,7 +335,7 @@ class llama_forward {
   // Grows the draw buffers to hold n draws, keeping the last step's.
   bool ensure_draws(int n);
   // Enqueues the device draws of b's presample rows (after its logits):
-  // every row by argmax, then the sampled rows again by sample_rows
+  // the greedy rows by argmax_rows, the sampled rows by sample_rows
   // (llama_forward_draws.cpp).
   struct flight;
   void enqueue_draws(const forward_batch& b, flight& f);
@@ -349,6 +350,7 @@ class llama_forward {
     std::vector<int32_t> tokens, positions, row_seq, pt, pt_off, logit_rows, draw_rows, hidden_rows;
     std::vector<int32_t> bias_off, bias_tok;  // the draws' logit_bias (draw.cl)
     std::vector<float> bias_val;
+    std::vector<int32_t> greedy_which;  // greedy draws: which
     std::vector<int32_t> sample_which;  // sampled draws: which, and their parameters
     std::vector<float> sample_fpar;
     std::vector<uint32_t> sample_ipar;

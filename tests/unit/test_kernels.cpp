@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -472,7 +473,10 @@ TEST_F(KernelEmbed, ArgmaxRowsDrawsAsTheHostSampler) {
     const std::vector<int32_t> no_bias(rows.size() + 1, 0), none = {0};
     const std::vector<float> none_f = {0.0f};
     const auto ob = upload(c, no_bias), tb = upload(c, none), vb = upload(c, none_f);
-    k.args(lb, n_vocab, rb, db, ob, tb, vb);
+    std::vector<int32_t> every(rows.size());
+    std::iota(every.begin(), every.end(), 0);
+    const auto wb = upload(c, every);
+    k.args(lb, n_vocab, rb, db, ob, tb, vb, wb);
     c.launch(k, {rows.size()}, {1});
     const auto got = download<int32_t>(c, db, rows.size());
     sampler greedy(sampling_params{});
@@ -529,7 +533,10 @@ TEST_F(KernelEmbed, ArgmaxRowsAddsLogitBiasAsTheHostSampler) {
                tb = upload(c, toks), vb = upload(c, vals);
     const auto db = c.alloc(rows.size() * 4);
     auto k = c.make_kernel("argmax_rows");
-    k.args(lb, n_vocab, rb, db, ob, tb, vb);
+    std::vector<int32_t> every(rows.size());
+    std::iota(every.begin(), every.end(), 0);
+    const auto wb = upload(c, every);
+    k.args(lb, n_vocab, rb, db, ob, tb, vb, wb);
     c.launch(k, {rows.size()}, {1});
     const auto got = download<int32_t>(c, db, rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {

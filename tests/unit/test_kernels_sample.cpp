@@ -52,7 +52,7 @@ class KernelSample : public ::testing::Test {
                                     const std::vector<uint64_t>& positions,
                                     size_t per_launch = SIZE_MAX) {
     auto& c = ctx();
-    std::vector<int32_t> off = {0}, toks, which;
+    std::vector<int32_t> off = {0}, toks, which, greedy;
     std::vector<float> vals, fpar;
     std::vector<uint32_t> ipar;
     std::vector<uint64_t> bits;
@@ -63,7 +63,10 @@ class KernelSample : public ::testing::Test {
         vals.push_back(tb.bias);
       }
       off.push_back(static_cast<int32_t>(toks.size()));
-      if (p.temperature == 0.0f || !std::isfinite(1.0f / p.temperature)) continue;
+      if (p.temperature == 0.0f || !std::isfinite(1.0f / p.temperature)) {
+        greedy.push_back(static_cast<int32_t>(k));
+        continue;
+      }
       which.push_back(static_cast<int32_t>(k));
       fpar.push_back(1.0f / p.temperature);
       fpar.push_back(p.min_p);
@@ -78,9 +81,12 @@ class KernelSample : public ::testing::Test {
     const auto lb = upload(c, logits), rb = upload(c, rows), ob = upload(c, off),
                tb = upload(c, toks), vb = upload(c, vals);
     const auto db = c.alloc(rows.size() * 4);
-    auto argmax = c.make_kernel("argmax_rows");
-    argmax.args(lb, n_vocab, rb, db, ob, tb, vb);
-    c.launch(argmax, {rows.size()}, {1});
+    if (!greedy.empty()) {
+      const auto gb = upload(c, greedy);
+      auto argmax = c.make_kernel("argmax_rows");
+      argmax.args(lb, n_vocab, rb, db, ob, tb, vb, gb);
+      c.launch(argmax, {greedy.size()}, {1});
+    }
     if (!which.empty()) {
       const auto wb = upload(c, which), fb = upload(c, fpar), ib = upload(c, ipar),
                  bb = upload(c, bits);
@@ -163,6 +169,36 @@ TEST_F(KernelSample, SampledDrawsEqualTheHostSamplers) {
     }
     expect_same(logits, n_vocab, rows, params, positions);
   }
+}
+
+// A large vocabulary as a language model's logits look (Gemma 3's 262,144
+// tokens: most far under the maximum, a few hundred near it, scattered):
+// sample_rows skips whole blocks of tokens that weigh nothing, beside
+// blocks where only one lane weighs anything; every truncation and
+// temperature draws the host's token.
+TEST_F(KernelSample, LargeVocabulariesWithFewLiveTokensAreTheHosts) {
+  std::mt19937 rng(41);
+  const int n_vocab = 262144;
+  const int R = 2;
+  auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -30.0f, -10.0f, rng);
+  std::uniform_int_distribution<int> tok(0, n_vocab - 1);
+  std::uniform_real_distribution<float> near(-4.0f, 8.0f);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < (r == 0 ? 300 : 5); ++j)
+      logits[static_cast<size_t>(r) * n_vocab + static_cast<size_t>(tok(rng))] = near(rng);
+  logits[static_cast<size_t>(n_vocab) - 1] = 8.5f;  // the last token, alone in its block
+  std::vector<int32_t> rows;
+  std::vector<sampling_params> params;
+  std::vector<uint64_t> positions;
+  const float temps[] = {0.3f, 0.8f, 1.0f, 2.5f};
+  for (int trial = 0; trial < 24; ++trial) {
+    rows.push_back(trial % R);
+    params.push_back(sampled(temps[trial % 4], trial % 3 == 1 ? 40 : 0,
+                             trial % 5 < 2 ? 0.95f : 1.0f, trial % 7 == 3 ? 0.05f : 0.0f,
+                             500 + trial));
+    positions.push_back(static_cast<uint64_t>(trial));
+  }
+  expect_same(logits, n_vocab, rows, params, positions, 8);
 }
 
 // The same seed walks a sequence of positions (what a request draws token

@@ -152,6 +152,7 @@ struct serve_flags : load_flags {
   double temperature = 0;
   double request_timeout = 120;
   bool no_progress = false;
+  bool sweep_same_prompts = false;
 };
 
 // The first few failures, with their messages.
@@ -283,6 +284,14 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     const size_t k = metrics.size() + 1;
     std::fprintf(stderr, "sweep probe %zu/%zu: %s req/s\n", k, spec.max_probes,
                  rate_text(rate).c_str());
+    // Probe k's prompts from seed + k - 1: a server's prompt cache (or
+    // troupe's KV store) must not answer a probe with an earlier probe's
+    // prefills, which would make the later, faster probes look cheaper.
+    if (k > 1 && !f.sweep_same_prompts) {
+      auto fk = f;
+      fk.seed = f.seed + (k - 1);
+      s.reqs = make_dataset(fk);
+    }
     auto [result, m] = s.run(f, rate);
     bench::sweep_probe p;
     p.rate = rate;
@@ -298,6 +307,7 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     if (!f.json_out.empty()) {
       auto j = bench::to_json(m);
       j["request_rate"] = rate;
+      j["dataset_seed"] = f.sweep_same_prompts ? f.seed : f.seed + (k - 1);
       j["goodput_fraction"] = p.goodput_fraction;
       j["pass"] = p.pass;
       j["requests"] = records_json(result.records, s.reqs);
@@ -365,6 +375,9 @@ void add_bench_serve(CLI::App& bench) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_flag("--no-progress,--disable-tqdm", f->no_progress, "no live progress line");
+  cmd->add_flag("--sweep-same-prompts", f->sweep_same_prompts,
+                "sweep: send every probe the same prompts (default: probe k's are drawn with "
+                "seed + k - 1, so no prompt cache answers a probe with an earlier one's work)");
   cmd->callback([f] { run_serve_bench(*f); });
 }
 
