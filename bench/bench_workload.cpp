@@ -64,14 +64,19 @@ std::vector<bench_request> random_dataset(size_t n, const random_spec& spec, uin
   in_hi = std::max(in_hi, in_lo);
   std::uniform_int_distribution<int> in_len(in_lo, in_hi), out_len(out_lo, out_hi);
   std::uniform_int_distribution<uint64_t> offset(0, spec.tokens.vocab_size - 1);
-  const auto prefix = random_tokens(rng, spec.tokens, spec.prefix_len);
+  // Token ids from their own generator under a salt; `rng` still draws
+  // them too, so the lengths stay those of salt 0.
+  std::mt19937_64 salted(seed ^ (spec.content_salt * 0x9E3779B97F4A7C15ull));
+  auto prefix = random_tokens(rng, spec.tokens, spec.prefix_len);
+  if (spec.content_salt != 0) prefix = random_tokens(salted, spec.tokens, spec.prefix_len);
   std::vector<bench_request> out(n);
   for (size_t i = 0; i < n; ++i) {
     auto& r = out[i];
     r.index = i;
     const int len = in_len(rng);
     r.output_len = out_len(rng);
-    const uint64_t off = offset(rng);
+    uint64_t off = offset(rng);
+    if (spec.content_salt != 0) off = offset(salted);
     r.prompt_tokens = prefix;
     for (int j = 0; j < len; ++j) r.prompt_tokens.push_back(token_at(spec.tokens, off + i + j));
     r.prompt_len = static_cast<int>(r.prompt_tokens.size());

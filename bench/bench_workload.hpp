@@ -44,6 +44,10 @@ struct random_spec {
   double range_ratio = 0.0;  // [0, 1)
   int prefix_len = 0;
   token_space tokens;
+  // Nonzero: other token ids than salt 0's, with the same prompt and
+  // output lengths (the seed's), so runs at several rates can send new
+  // prompts (no prompt cache answers them) of the same sizes.
+  uint64_t content_salt = 0;
 };
 
 struct shared_prefix_spec {

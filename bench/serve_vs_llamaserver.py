@@ -246,9 +246,10 @@ def run_system(args, system, results_dir, dry):
                               ["--num-requests", str(args.num_requests), "--request-rate",
                                repr(rate)],
                               os.path.join(results_dir, f"{tag}_rate_{rate}.json"))
-            # Each rate's own prompts (seed + i): a prompt cache must not
-            # answer one rate's prefills with an earlier rate's.
-            cmd_b[cmd_b.index("--seed") + 1] = str(args.seed + i)
+            # Each rate's own prompts (salt i: the same sizes, other token
+            # ids): a prompt cache must not answer one rate's prefills
+            # with an earlier rate's.
+            cmd_b += ["--prompt-salt", str(i)]
             rec["bench_cmds"].append(quote(cmd_b))
             rec["rates"][rate] = run_bench(cmd_b, os.path.join(results_dir, f"{tag}_rate_{rate}.txt"),
                                            dry)
@@ -261,9 +262,9 @@ def run_system(args, system, results_dir, dry):
                                "--sweep-steps", str(args.sweep_steps),
                                "--sweep-precision", repr(args.sweep_precision)],
                               os.path.join(results_dir, f"{tag}_sweep.json"))
-            # Probe k draws its prompts with seed + k - 1 (bench serve's
-            # default); the sweep starts past the fixed rates' seeds.
-            cmd_s[cmd_s.index("--seed") + 1] = str(args.seed + 100)
+            # Probe k's prompts are salt 100 + k - 1's (bench serve's
+            # default), past the fixed rates' salts.
+            cmd_s += ["--prompt-salt", "100"]
             rec["sweep_cmd"] = quote(cmd_s)
             rec["sweep"] = run_bench(cmd_s, os.path.join(results_dir, f"{tag}_sweep.txt"), dry)
     finally:
@@ -335,27 +336,31 @@ def write_report(args, recs, info, path):
         w(f"- {args.num_requests} requests per rate; prompts of random token ids, lengths uniform "
           f"in [{args.input_range[0]}, {args.input_range[1]}]; outputs uniform in "
           f"[{args.output_range[0]}, {args.output_range[1]}] tokens with ignore-EOS; Poisson "
-          f"arrivals; seeds {args.seed}, {args.seed}+1, ... for the fixed rates in order and "
-          f"{args.seed}+100, +101, ... for the sweep's probes (the same prompts, lengths and "
-          "arrival gaps for both systems; new prompts for every rate and probe, so neither "
-          "system's prompt cache answers a run with an earlier run's prefills)")
+          f"arrivals; seed {args.seed}: the same lengths and arrival gaps (scaled by 1/rate) for "
+          "both systems, every rate and every probe; the token ids of prompt salts 0, 1, ... for "
+          "the fixed rates in order and 100, 101, ... for the sweep's probes (`--prompt-salt`), "
+          "so neither system's prompt cache answers a run with an earlier run's prefills)")
     else:
         w(f"- {args.num_requests} requests per rate; shared prefixes: {args.prefix_groups} groups, "
           f"each prompt a group's {args.prefix_len} random tokens then {args.suffix_len} of its "
-          f"own; {args.prefix_output_len} output tokens with ignore-EOS; Poisson arrivals; seeds "
-          f"{args.seed}, {args.seed}+1, ... for the fixed rates and {args.seed}+100, ... for the "
-          "sweep's probes (the same prompts and arrival gaps for both systems; new prefixes "
-          "for every rate and probe, so reuse happens within a run). Prefix reuse on in both: "
+          f"own; {args.prefix_output_len} output tokens with ignore-EOS; Poisson arrivals; seed "
+          f"{args.seed} (the same arrival gaps, scaled by 1/rate, everywhere) with prompt salts "
+          "0, 1, ... for the fixed rates and 100, 101, ... for the sweep's probes (the same prompts "
+          "for both systems; new prefixes for every rate and probe, so reuse happens within a "
+          "run). Prefix reuse on in both: "
           "troupe's prefix cache (on by "
           "default), llama-server's prompt cache (on by default) with `--kv-unified` (one KV "
           "buffer for all slots, so a prefix computed in one slot serves the others)")
     w(f"- {args.threads} threads each; concurrency: llama-server `-np {args.slots}` with a "
-      f"context of {args.slots}x{args.ctx_per_slot} tokens; troupe `--max-seqs {args.slots}` with "
-      "a KV arena of the same token capacity; other settings default")
+      f"context of {args.slots * args.ctx_per_slot} tokens"
+      + (" (one unified KV buffer: any slot may use all of it)" if not args.llama_no_kvu else
+         f" ({args.ctx_per_slot} per slot)")
+      + f"; troupe `--max-seqs {args.slots}` with a KV arena of the same token capacity; other "
+      "settings default")
     w(f"- SLOs for goodput: `{' '.join(args.goodput)}` (ms)"
       + (". Why these: on an idle server here both systems prefill the longest prompt "
-         "(512 tokens) in 2-2.5 s, so a TTFT of 5 s leaves 2x headroom and a miss means "
-         "queueing or interference, not base speed; single-stream decode takes about 8-10 ms/token "
+         "(512 tokens) in 2-3 s, so a TTFT of 5 s leaves about 2x headroom and a miss means "
+         "queueing or interference, not base speed; single-stream decode takes about 7-14 ms/token "
          "on both (bench/engine_vs_llamacpp.py, SmolLM2 tg128), so a TPOT of 200 ms (5 tokens/s) leaves room "
          "for batching and for decode steps stalled by other requests' prefills, and is still "
          "far below what a reader needs to keep up"
@@ -478,8 +483,10 @@ def main():
     ap.add_argument("--llama-arg", action="append", default=[],
                     help="extra llama-server argument (repeatable; use --llama-arg=-X for dashes)")
     ap.add_argument("--llama-no-fa", action="store_true",
-                    help="run llama-server without -fa (flash attention, on by default: its faster "
-                         "setting here, 0.62 vs 0.55 req/s in a closed loop of 4)")
+                    help="run llama-server without `-fa on` (flash attention, on by default: its "
+                         "faster setting here, 0.62 vs 0.55 req/s in a closed loop of 4; llama.cpp "
+                         "builds from before mid-2025 take a bare -fa: pass --llama-no-fa "
+                         "--llama-arg=-fa for those)")
     ap.add_argument("--llama-no-kvu", action="store_true",
                     help="run llama-server without --kv-unified (on by default: one KV buffer for "
                          "all slots, so its prompt cache serves a prefix across slots)")
@@ -488,9 +495,15 @@ def main():
     ap.add_argument("--start-timeout", type=float, default=180, help="seconds a server gets to start")
     ap.add_argument("--results-dir", default=None,
                     help="JSON results and server logs (default: build/serve_vs_llamaserver-STAMP)")
-    ap.add_argument("--report", default=os.path.join(REPO, "docs", "bench_serve_vs_llamaserver.md"))
+    ap.add_argument("--report", default=None,
+                    help="markdown report (default: docs/bench_serve_vs_llamaserver.md, or "
+                         "..._shared_prefix.md for --workload shared-prefix)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args()
+    if not args.report:
+        name = ("bench_serve_vs_llamaserver.md" if args.workload == "random"
+                else "bench_serve_vs_llamaserver_shared_prefix.md")
+        args.report = os.path.join(REPO, "docs", name)
 
     if not args.llama_server and "llama-server" in args.systems:
         die("set LLAMA_SERVER (or --llama-server) to an existing llama-server binary; "

@@ -107,6 +107,31 @@ TEST(BenchWorkload, RandomIsSeededAndExactWithoutRange) {
   EXPECT_THROW(random_dataset(1, bad_tokens, 0), std::invalid_argument);
 }
 
+// A content salt keeps salt 0's lengths (prompt, prefix and output) and
+// changes the token ids: a sweep's probes send new prompts of one size.
+TEST(BenchWorkload, RandomContentSaltKeepsTheSizes) {
+  random_spec spec;
+  spec.input_len = 100;
+  spec.output_len = 50;
+  spec.range_ratio = 0.5;
+  spec.prefix_len = 4;
+  const auto plain = random_dataset(20, spec, 7);
+  spec.content_salt = 3;
+  const auto salted = random_dataset(20, spec, 7), again = random_dataset(20, spec, 7);
+  spec.content_salt = 4;
+  const auto other = random_dataset(20, spec, 7);
+  size_t differ = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(salted[i].prompt_len, plain[i].prompt_len);
+    EXPECT_EQ(salted[i].output_len, plain[i].output_len);
+    EXPECT_EQ(other[i].prompt_len, plain[i].prompt_len);
+    EXPECT_EQ(salted[i].prompt_tokens, again[i].prompt_tokens);
+    differ += salted[i].prompt_tokens != plain[i].prompt_tokens;
+    differ += other[i].prompt_tokens != salted[i].prompt_tokens;
+  }
+  EXPECT_EQ(differ, 2 * plain.size());
+}
+
 TEST(BenchWorkload, SharedPrefixGroups) {
   shared_prefix_spec spec;
   spec.num_groups = 3;

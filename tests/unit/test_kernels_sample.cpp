@@ -178,7 +178,7 @@ TEST_F(KernelSample, SampledDrawsEqualTheHostSamplers) {
 // temperature draws the host's token.
 TEST_F(KernelSample, LargeVocabulariesWithFewLiveTokensAreTheHosts) {
   std::mt19937 rng(41);
-  const int n_vocab = 262144;
+  const int n_vocab = 262149;  // the last item's chunk ends in a tail of 5
   const int R = 2;
   auto logits = random_floats(static_cast<size_t>(R) * n_vocab, -30.0f, -10.0f, rng);
   std::uniform_int_distribution<int> tok(0, n_vocab - 1);
@@ -186,7 +186,7 @@ TEST_F(KernelSample, LargeVocabulariesWithFewLiveTokensAreTheHosts) {
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < (r == 0 ? 300 : 5); ++j)
       logits[static_cast<size_t>(r) * n_vocab + static_cast<size_t>(tok(rng))] = near(rng);
-  logits[static_cast<size_t>(n_vocab) - 1] = 8.5f;  // the last token, alone in its block
+  logits[static_cast<size_t>(n_vocab) - 1] = 8.5f;  // the last token, in the tail
   std::vector<int32_t> rows;
   std::vector<sampling_params> params;
   std::vector<uint64_t> positions;
@@ -196,6 +196,8 @@ TEST_F(KernelSample, LargeVocabulariesWithFewLiveTokensAreTheHosts) {
     params.push_back(sampled(temps[trial % 4], trial % 3 == 1 ? 40 : 0,
                              trial % 5 < 2 ? 0.95f : 1.0f, trial % 7 == 3 ? 0.05f : 0.0f,
                              500 + trial));
+    // logit_bias: a far token raised to the top, the tail's lowered out.
+    if (trial % 6 == 5) params.back().logit_bias = {{17, 30.0f}, {n_vocab - 1, -100.0f}};
     positions.push_back(static_cast<uint64_t>(trial));
   }
   expect_same(logits, n_vocab, rows, params, positions, 8);

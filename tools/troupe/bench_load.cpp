@@ -118,6 +118,11 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
       ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--goodput", f.goodput, "SLOs in ms: ttft:MS tpot:MS e2el:MS");
   cmd.add_option("--seed", f.seed, "seed of the dataset and the arrivals");
+  cmd.add_option(
+         "--prompt-salt", f.prompt_salt,
+         "other prompts of the same sizes and arrivals: random's token ids, and the "
+         "shared-prefix, multi-turn and azure datasets' seed plus this (no effect on jsonl)")
+      ->capture_default_str();
   cmd.add_option("--json-out", f.json_out, "write the metrics and per-request records as JSON");
   auto* sweep =
       cmd.add_flag("--sweep", f.sweep,
@@ -145,23 +150,26 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
 
 std::vector<bench::bench_request> make_dataset(const load_flags& f) {
   std::vector<bench::bench_request> reqs;
+  // Datasets whose sizes do not come from the seed take a salted seed.
+  const uint64_t salted = f.seed + f.prompt_salt;
   if (f.dataset == "random") {
     auto spec = f.random;
     spec.tokens = {f.first_token_id, f.vocab_size};
+    spec.content_salt = f.prompt_salt;
     reqs = bench::random_dataset(f.num_requests, spec, f.seed);
   } else if (f.dataset == "shared-prefix") {
     auto spec = f.prefix;
     spec.tokens = {f.first_token_id, f.vocab_size};
-    reqs = bench::shared_prefix_dataset(f.num_requests, spec, f.seed);
+    reqs = bench::shared_prefix_dataset(f.num_requests, spec, salted);
   } else if (f.dataset == "multi-turn") {
     auto spec = f.multi_turn;
     spec.tokens = {f.first_token_id, f.vocab_size};
-    reqs = bench::multi_turn_dataset(f.num_requests, spec, f.seed);
+    reqs = bench::multi_turn_dataset(f.num_requests, spec, salted);
   } else if (f.dataset == "azure") {
     if (f.dataset_path.empty())
       throw CLI::ValidationError("--dataset-path", "azure needs the trace's CSV file");
     reqs = bench::load_azure_trace(f.dataset_path, f.num_requests, {f.first_token_id, f.vocab_size},
-                                   f.seed)
+                                   salted)
                .requests;
   } else {
     if (f.dataset_path.empty()) throw CLI::ValidationError("--dataset-path", "jsonl needs a file");

@@ -31,6 +31,7 @@ struct load_flags {
   double offline_fraction = 0;
   std::vector<std::string> goodput;
   uint64_t seed = 0;
+  uint64_t prompt_salt = 0;  // nonzero: other prompts of the same sizes (make_dataset)
   std::string json_out;
   bool sweep = false;
   bench::sweep_spec sweep_spec;

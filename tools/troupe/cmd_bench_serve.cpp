@@ -277,6 +277,8 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
                rate_text(spec.start).c_str(),
                spec.max > 0 ? (rate_text(spec.max) + " req/s").c_str() : "none", spec.max_probes,
                spec.precision);
+  // A jsonl file's prompts are the file's: every probe sends them.
+  const bool new_prompts = !f.sweep_same_prompts && f.dataset != "jsonl";
   std::vector<bench::metrics> metrics;
   auto probes_json = nlohmann::json::array();
   size_t completed = 0;
@@ -284,12 +286,13 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     const size_t k = metrics.size() + 1;
     std::fprintf(stderr, "sweep probe %zu/%zu: %s req/s\n", k, spec.max_probes,
                  rate_text(rate).c_str());
-    // Probe k's prompts from seed + k - 1: a server's prompt cache (or
-    // troupe's KV store) must not answer a probe with an earlier probe's
-    // prefills, which would make the later, faster probes look cheaper.
-    if (k > 1 && !f.sweep_same_prompts) {
+    // Probe k's prompts under salt + k - 1 (the same sizes, other token
+    // ids): a server's prompt cache (or troupe's KV store) must not answer
+    // a probe with an earlier probe's prefills, which would make the
+    // later, faster probes look cheaper.
+    if (k > 1 && new_prompts) {
       auto fk = f;
-      fk.seed = f.seed + (k - 1);
+      fk.prompt_salt = f.prompt_salt + (k - 1);
       s.reqs = make_dataset(fk);
     }
     auto [result, m] = s.run(f, rate);
@@ -307,7 +310,7 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     if (!f.json_out.empty()) {
       auto j = bench::to_json(m);
       j["request_rate"] = rate;
-      j["dataset_seed"] = f.sweep_same_prompts ? f.seed : f.seed + (k - 1);
+      j["prompt_salt"] = new_prompts ? f.prompt_salt + (k - 1) : f.prompt_salt;
       j["goodput_fraction"] = p.goodput_fraction;
       j["pass"] = p.pass;
       j["requests"] = records_json(result.records, s.reqs);
@@ -376,8 +379,9 @@ void add_bench_serve(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--no-progress,--disable-tqdm", f->no_progress, "no live progress line");
   cmd->add_flag("--sweep-same-prompts", f->sweep_same_prompts,
-                "sweep: send every probe the same prompts (default: probe k's are drawn with "
-                "seed + k - 1, so no prompt cache answers a probe with an earlier one's work)");
+                "sweep: send every probe the same prompts (default: probe k's are other prompts "
+                "of the same sizes, --prompt-salt + k - 1, so no prompt cache answers a probe "
+                "with an earlier one's work; a jsonl dataset's are always the file's)");
   cmd->callback([f] { run_serve_bench(*f); });
 }
 
