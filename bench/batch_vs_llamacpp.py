@@ -50,7 +50,9 @@ def batched_bench(bin_dir, model, threads, npl, pp, tg, fa):
            "-tb", str(threads), "-c", str(n_ctx), "-b", "2048", "-ub", "512",
            "-npp", str(pp), "-ntg", str(tg), "-npl", str(npl), "--output-format", "jsonl"]
     if fa:
-        cmd.append("-fa")  # flash attention: llama.cpp's fast path for many sequences
+        # Flash attention: llama.cpp's fast path for many sequences.  Since
+        # mid-2025 -fa takes a value (on|off|auto); older builds took none.
+        cmd += ["-fa", "on"]
     r = run(cmd)
     rows = [json.loads(line) for line in (r.stdout + "\n" + r.stderr).splitlines()
             if line.startswith("{") and '"speed"' in line]
