@@ -174,6 +174,20 @@ int draw_kept(uint key, int i, uint W, float w, int use_k, uint key_k, int idx_k
   return W > 0 && (!use_k || key > key_k || (key == key_k && i <= idx_k)) && w >= min_p;
 }
 
+// Token i's weight in the draw: W where every cut keeps it (top-k's and
+// min-p, and top-p's where use_p: tokens after (key_p, idx_p) in order are
+// out), else 0.
+uint draw_final_weight(__global const float* l, __global const float* w, int i, int use_k,
+                       uint key_k, int idx_k, float min_p, int use_p, uint key_p, int idx_p) {
+  const uint key = draw_key(l[i]);
+  const float wi = w[i];
+  const uint W = draw_weight(wi);
+  return draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
+                 (!use_p || key > key_p || (key == key_p && i <= idx_p))
+             ? W
+             : 0u;
+}
+
 // Whether the 8 tokens from i (a multiple of 8 with i + 8 <= the chunk's
 // end) all weigh nothing (w = 0: the weights pass stores 0 for most of a
 // large vocabulary), so a walk over kept tokens may skip them whole.
@@ -268,11 +282,8 @@ uint draw_select_key(__global const float* l, __global const float* w, int i0, i
       const int e = min(b + 8, i1);
       if (e - b == 8 && draw_weightless8(w, b)) continue;
       for (int i = b; i < e; ++i) {
-        const uint key = draw_key(l[i]);
-        const float wi = w[i];
-        const uint W = draw_weight(wi);
-        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p))
-          hist[draw_gap_bin(l[i], mx, inv_t) * DRAW_G + lid] += by_weight ? (ulong)W : 1ul;
+        const uint W = draw_final_weight(l, w, i, use_k, key_k, idx_k, min_p, 0, 0u, 0);
+        if (W > 0) hist[draw_gap_bin(l[i], mx, inv_t) * DRAW_G + lid] += by_weight ? (ulong)W : 1ul;
       }
     }
   }
@@ -502,11 +513,8 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
       const int e = min(b + 8, i1);
       if (e - b == 8 && draw_weightless8(w, b)) continue;
       for (int i = b; i < e; ++i) {
-        const uint key = draw_key(l[i]);
-        const float wi = w[i];
-        const uint W = draw_weight(wi);
-        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, 0.0f)) mass_k += W;
-        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p)) mass_km += W;
+        mass_k += draw_final_weight(l, w, i, use_k, key_k, idx_k, 0.0f, 0, 0u, 0);
+        mass_km += draw_final_weight(l, w, i, use_k, key_k, idx_k, min_p, 0, 0u, 0);
       }
     }
     if (!use_k) {
@@ -545,14 +553,8 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
     for (int b = i0; b < i1; b += 8) {
       const int e = min(b + 8, i1);
       if (e - b == 8 && draw_weightless8(w, b)) continue;
-      for (int i = b; i < e; ++i) {
-        const uint key = draw_key(l[i]);
-        const float wi = w[i];
-        const uint W = draw_weight(wi);
-        if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
-            (!use_p || key > key_p || (key == key_p && i <= idx_p)))
-          mine += W;
-      }
+      for (int i = b; i < e; ++i)
+        mine += draw_final_weight(l, w, i, use_k, key_k, idx_k, min_p, use_p, key_p, idx_p);
     }
   }
   const ulong total = draw_group_sum(mine, red);
@@ -565,14 +567,9 @@ __kernel __attribute__((reqd_work_group_size(DRAW_G, 1, 1))) void sample_rows(
     const int e = min(b + 8, end);
     if (e - b == 8 && draw_weightless8(w, b)) continue;
     for (int i = b; i < e; ++i) {
-      const uint key = draw_key(l[i]);
-      const float wi = w[i];
-      const uint W = draw_weight(wi);
-      if (draw_kept(key, i, W, wi, use_k, key_k, idx_k, min_p) &&
-          (!use_p || key > key_p || (key == key_p && i <= idx_p))) {
-        if (at < 0 && acc <= r && r < acc + W) at = i;
-        acc += W;
-      }
+      const uint W = draw_final_weight(l, w, i, use_k, key_k, idx_k, min_p, use_p, key_p, idx_p);
+      if (at < 0 && acc <= r && r < acc + W) at = i;  // W = 0: never (r < acc + 0 fails)
+      acc += W;
     }
   }
   at = draw_group_pick(at, votes);
