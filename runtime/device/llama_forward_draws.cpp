@@ -163,27 +163,27 @@ void llama_forward::enqueue_draws(const forward_batch& b, flight& f) {
     ctx_.write(bias_tok_, f.bias_tok.data(), f.bias_tok.size() * 4);
     ctx_.write(bias_val_, f.bias_val.data(), f.bias_val.size() * 4);
   }
-  // The greedy draws (a sampled one's argmax would only be overwritten:
-  // for Gemma's vocabulary a fifth of a millisecond each).
-  for (int k = 0; k < n_draws; ++k)
-    if (!sampled_on_device(b.presample[k])) f.greedy_which.push_back(k);
-  if (!f.greedy_which.empty()) {
-    ctx_.write(greedy_which_, f.greedy_which.data(), f.greedy_which.size() * 4);
-    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_,
-                   greedy_which_);
-    ctx_.launch(k_argmax_, {f.greedy_which.size()}, {1});
-  }
-
-  // The sampled draws.
+  // Each draw made by one kernel: argmax_rows the greedy ones, sample_rows
+  // the sampled ones (an argmax of a sampled draw would only be
+  // overwritten: for Gemma's vocabulary a fifth of a millisecond each).
   for (int k = 0; k < n_draws; ++k) {
     const auto& p = b.presample[k];
-    if (!sampled_on_device(p)) continue;
+    if (!sampled_on_device(p)) {
+      f.greedy_which.push_back(k);
+      continue;
+    }
     f.sample_which.push_back(k);
     f.sample_fpar.push_back(1.0f / p.sampling.temperature);
     f.sample_fpar.push_back(p.sampling.min_p);
     f.sample_ipar.push_back(static_cast<uint32_t>(p.sampling.top_k));
     f.sample_ipar.push_back(draw::top_p_fixed(p.sampling.top_p));
     f.sample_bits.push_back(draw::seeded_bits(p.sampling.seed, static_cast<uint64_t>(p.position)));
+  }
+  if (!f.greedy_which.empty()) {
+    ctx_.write(greedy_which_, f.greedy_which.data(), f.greedy_which.size() * 4);
+    k_argmax_.args(logits_, hp.n_vocab, draw_rows_, drawn_, bias_off_, bias_tok_, bias_val_,
+                   greedy_which_);
+    ctx_.launch(k_argmax_, {f.greedy_which.size()}, {1});
   }
   const size_t n_sampled = f.sample_which.size();
   if (n_sampled == 0) return;

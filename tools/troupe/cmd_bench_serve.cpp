@@ -290,9 +290,10 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     // ids): a server's prompt cache (or troupe's KV store) must not answer
     // a probe with an earlier probe's prefills, which would make the
     // later, faster probes look cheaper.
-    if (k > 1 && new_prompts) {
+    const uint64_t salt = new_prompts ? f.prompt_salt + (k - 1) : f.prompt_salt;
+    if (salt != f.prompt_salt) {
       auto fk = f;
-      fk.prompt_salt = f.prompt_salt + (k - 1);
+      fk.prompt_salt = salt;
       s.reqs = make_dataset(fk);
     }
     auto [result, m] = s.run(f, rate);
@@ -310,7 +311,7 @@ void run_sweep(const serve_flags& f, bench_setup& s) {
     if (!f.json_out.empty()) {
       auto j = bench::to_json(m);
       j["request_rate"] = rate;
-      j["prompt_salt"] = new_prompts ? f.prompt_salt + (k - 1) : f.prompt_salt;
+      j["prompt_salt"] = salt;
       j["goodput_fraction"] = p.goodput_fraction;
       j["pass"] = p.pass;
       j["requests"] = records_json(result.records, s.reqs);
