@@ -122,6 +122,7 @@ void add_load_options(CLI::App& cmd, load_flags& f) {
          "--prompt-salt", f.prompt_salt,
          "other prompts of the same sizes and arrivals: random's token ids, and the "
          "shared-prefix, multi-turn and azure datasets' seed plus this (no effect on jsonl)")
+      ->check(CLI::Range(0.0, 1e15))  // checked as text: a negative would wrap
       ->capture_default_str();
   cmd.add_option("--json-out", f.json_out, "write the metrics and per-request records as JSON");
   auto* sweep =
