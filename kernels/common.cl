@@ -28,6 +28,36 @@ inline float hsum16(float16 v) {
   return c.x + c.y;
 }
 
+// hsum16 of a tile's TT accumulators at once, each sum's additions paired
+// exactly as hsum16 pairs them (so bit for bit its results): lanes i and
+// i + 8, then i and i + 4, i and i + 2, 0 and 1, with the accumulators'
+// halves packed side by side, so that 8 sums take about half the
+// instructions of 8 hsum16 (measured on stories15M's 288-wide rows, where
+// the sums are a third of a tile's work).
+INLINE void hsum16_tile(const float16* a, float* s, const int TT) {
+  if (TT == 8 || TT == 4) {
+    float8 w[8];
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) w[j] = a[j].lo + a[j].hi;
+    float8 p[4];
+    _Pragma("unroll") for (int k = 0; k < TT / 2; ++k) p[k] =
+        (float8)(w[2 * k].lo, w[2 * k + 1].lo) + (float8)(w[2 * k].hi, w[2 * k + 1].hi);
+    float8 q[2];
+    _Pragma("unroll") for (int m = 0; m < TT / 4; ++m) q[m] =
+        (float8)(p[2 * m].s01, p[2 * m].s45, p[2 * m + 1].s01, p[2 * m + 1].s45) +
+        (float8)(p[2 * m].s23, p[2 * m].s67, p[2 * m + 1].s23, p[2 * m + 1].s67);
+    if (TT == 8) {
+      const float8 r = (float8)(q[0].even, q[1].even) + (float8)(q[0].odd, q[1].odd);
+      s[0] = r.s0, s[1] = r.s1, s[2] = r.s2, s[3] = r.s3;
+      s[4] = r.s4, s[5] = r.s5, s[6] = r.s6, s[7] = r.s7;
+    } else {
+      const float4 r = q[0].even + q[0].odd;
+      s[0] = r.s0, s[1] = r.s1, s[2] = r.s2, s[3] = r.s3;
+    }
+  } else {
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) s[j] = hsum16(a[j]);
+  }
+}
+
 // Float -> half bits, rounded to nearest even as vstore_half rounds:
 // PoCL's vstore_half is a software routine with branches.  With F16C
 // (every AVX2 and AVX-512 host; inline assembly for the reason dpbusd

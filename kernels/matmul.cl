@@ -136,18 +136,18 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 // The lone last block (odd block counts) into the low half, its offset
 // term(s) into lane 0 (1).
-#define Q_TAIL(LOADU, TT, r, b, A)                                                         \
-  {                                                                                        \
-    int8 wu;                                                                               \
-    LOADU##_t1 dw, mo;                                                                     \
-    int exact;                                                                             \
-    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                                \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                       \
-      const size_t xb = (size_t)tj[j] * nb + (b);                                          \
-      const float8 lanes = LOADU##_lanes(dw, xd[xb]);                                      \
-      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), lanes, A[j].lo);      \
-      if (LOADU##_has_offset) LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);              \
-    }                                                                                      \
+#define Q_TAIL(LOADU, TT, r, b, A)                                                    \
+  {                                                                                   \
+    int8 wu;                                                                          \
+    LOADU##_t1 dw, mo;                                                                \
+    int exact;                                                                        \
+    LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                           \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                  \
+      const size_t xb = (size_t)tj[j] * nb + (b);                                     \
+      const float8 lanes = LOADU##_lanes(dw, xd[xb]);                                 \
+      A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), lanes, A[j].lo); \
+      if (LOADU##_has_offset) LOADU##_tail_offset(mo, exact, xsum[xb], A[j]);         \
+    }                                                                                 \
   }
 
 #define Q_DOT(LOADU, TT, r, acc)                                                    \
@@ -204,11 +204,11 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 #else
 #define Q_SPLIT_ROWS 0
 #endif
-#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2)   \
-  if (Q_SPLIT_ROWS && TT >= 4) {                \
-    Q_DOT(LOADU, TT, r1, acc1)                  \
-    Q_DOT(LOADU, TT, r2, acc2)                  \
-  } else                                        \
+#define Q_DOT2(LOADU, TT, r1, acc1, r2, acc2) \
+  if (Q_SPLIT_ROWS && TT >= 4) {              \
+    Q_DOT(LOADU, TT, r1, acc1)                \
+    Q_DOT(LOADU, TT, r2, acc2)                \
+  } else                                      \
     Q_DOT2_SHARED(LOADU, TT, r1, acc1, r2, acc2)
 
 #define Q_SUM(acc, j) hsum16(acc[j])
@@ -225,22 +225,41 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
       int rows_per_item
 #define MATMUL_NAMES(X) wq, wd, wm, X##_XNAMES, y, K, N, T, ldy, accumulate, rows_per_item
 
-#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                   \
-  INLINE void NAME##_at(int gx, int gy, MATMUL_ARGS(X)) {                  \
-    const int t0 = gy * TT;                                                \
-    if (t0 >= T) return;                                                   \
-    X##_SETUP(TT) const int n0 = gx * rows_per_item;                       \
-    for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                \
-      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc)                          \
-          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) { \
-        const size_t i = (size_t)(t0 + j) * ldy + n;                       \
-        const float r = X##_SUM(acc, j);                                   \
-        y[i] = accumulate ? y[i] + r : r;                                  \
-      }                                                                    \
-    }                                                                      \
-  }                                                                        \
-  __kernel void NAME(MATMUL_ARGS(X)) {                                     \
-    NAME##_at(get_global_id(0), get_global_id(1), MATMUL_NAMES(X));        \
+// Row n's sums for the tile into y (added to y's values with accumulate).
+#define MATMUL_STORE(X, TT, acc, n)                                  \
+  {                                                                  \
+    float sums[TT];                                                  \
+    hsum16_tile(acc, sums, TT);                                      \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) { \
+      const size_t i = (size_t)(t0 + j) * ldy + (n);                 \
+      y[i] = accumulate ? y[i] + sums[j] : sums[j];                  \
+    }                                                                \
+  }
+
+// Tiles of several tokens take their rows two at a time (X##_DOT2), so
+// that each activation block loaded (and, for q8_0, its correction term;
+// for the scales, its broadcast) serves both rows; a row's sums are in the
+// same order either way, so the results are those of one row at a time
+// (which one-token tiles keep: decode reads every weight once, and the
+// QKV kernel measured one-token rows faster apart).
+#define TROUPE_MATMUL(NAME, LOAD, TT, X)                                             \
+  INLINE void NAME##_at(int gx, int gy, MATMUL_ARGS(X)) {                            \
+    const int t0 = gy * TT;                                                          \
+    if (t0 >= T) return;                                                             \
+    X##_SETUP(TT) const int n0 = gx * rows_per_item;                                 \
+    const int n_end = min(n0 + rows_per_item, N);                                    \
+    int n = n0;                                                                      \
+    if (TT > 1)                                                                      \
+      for (; n + 1 < n_end; n += 2) {                                                \
+        X##_ZERO(TT, acc) X##_ZERO(TT, acc2) X##_DOT2(LOAD, TT, n, acc, n + 1, acc2) \
+            MATMUL_STORE(X, TT, acc, n) MATMUL_STORE(X, TT, acc2, n + 1)             \
+      }                                                                              \
+    for (; n < n_end; ++n) {                                                         \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc) MATMUL_STORE(X, TT, acc, n)        \
+    }                                                                                \
+  }                                                                                  \
+  __kernel void NAME(MATMUL_ARGS(X)) {                                               \
+    NAME##_at(get_global_id(0), get_global_id(1), MATMUL_NAMES(X));                  \
   }
 
 // quant_out's bits: h also written quantized; GELU (Gemma) instead of SiLU,
@@ -256,10 +275,12 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 #define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                      \
   const int n0 = gx * rows_per_item;                                                               \
   for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
-    X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u)               \
-        _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] = \
-            (quant_out & GLU_GELU ? gelu_from_table(gelu_tab, X##_SUM(g, j)) : silu(X##_SUM(g, j))) * \
-            X##_SUM(u, j);                                                                         \
+    X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u);              \
+    float gs[TT], us[TT];                                                                          \
+    hsum16_tile(g, gs, TT);                                                                        \
+    hsum16_tile(u, us, TT);                                                                        \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] =     \
+        (quant_out & GLU_GELU ? gelu_from_table(gelu_tab, gs[j]) : silu(gs[j])) * us[j];           \
   }                                                                                                \
   if (quant_out & GLU_QUANT_OUT)                                                                   \
     _Pragma("unroll") for (int j = 0; j < TT;                                                      \
@@ -338,9 +359,12 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
         X##_DOT(LOAD, TT, head* hd + d0, a0) X##_DOT(LOAD, TT, head* hd + d1, a1)         \
       }                                                                                   \
       else {X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)}                   \
+      float s0[TT], s1[TT];                                                               \
+      hsum16_tile(a0, s0, TT);                                                            \
+      hsum16_tile(a1, s1, TT);                                                            \
       _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                    \
         const int t = t0 + j;                                                             \
-        float v0 = X##_SUM(a0, j), v1 = X##_SUM(a1, j);                                   \
+        float v0 = s0[j], v1 = s1[j];                                                     \
         if (has_bias) {                                                                   \
           v0 += bias[head * hd + d0];                                                     \
           v1 += bias[head * hd + d1];                                                     \
