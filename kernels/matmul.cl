@@ -236,12 +236,20 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     }                                                                \
   }
 
-// Tiles of several tokens take their rows two at a time (X##_DOT2), so
-// that each activation block loaded (and, for q8_0, its correction term;
-// for the scales, its broadcast) serves both rows; a row's sums are in the
-// same order either way, so the results are those of one row at a time
-// (which one-token tiles keep: decode reads every weight once, and the
-// QKV kernel measured one-token rows faster apart).
+// Rows go two at a time (X##_DOT2), so that each activation block loaded
+// (and, for q8_0, its correction term; for the scales, its broadcast)
+// serves both rows, and one-token tiles run two independent sums; a row's
+// sums are in the same order either way, so the results are those of one
+// row at a time.  Measured (alternated A/B, AVX-512 host): prefill +4-19%,
+// one-token decode +3-4% (SmolLM2, stories15M), Gemma 3's -3% within the
+// noise.  With AVX2 the rows go one at a time as before (its 16 vector
+// registers would not hold two rows' float accumulators; Q_DOT2 splits
+// them there anyway); unmeasured.
+#ifdef TROUPE_AVX2
+#define MATMUL_ROW_PAIRS 0
+#else
+#define MATMUL_ROW_PAIRS 1
+#endif
 #define TROUPE_MATMUL(NAME, LOAD, TT, X)                                             \
   INLINE void NAME##_at(int gx, int gy, MATMUL_ARGS(X)) {                            \
     const int t0 = gy * TT;                                                          \
@@ -249,7 +257,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     X##_SETUP(TT) const int n0 = gx * rows_per_item;                                 \
     const int n_end = min(n0 + rows_per_item, N);                                    \
     int n = n0;                                                                      \
-    if (TT > 1)                                                                      \
+    if (MATMUL_ROW_PAIRS)                                                            \
       for (; n + 1 < n_end; n += 2) {                                                \
         X##_ZERO(TT, acc) X##_ZERO(TT, acc2) X##_DOT2(LOAD, TT, n, acc, n + 1, acc2) \
             MATMUL_STORE(X, TT, acc, n) MATMUL_STORE(X, TT, acc2, n + 1)             \
