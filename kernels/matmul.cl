@@ -39,7 +39,8 @@
   }
 
 // Two rows at once (r1 into acc1, r2 into acc2): each activation vector is
-// loaded once for both (the gate and up rows of the FFN, a rotation pair).
+// loaded once for both (the gate and up rows of the FFN, a rotation pair,
+// adjacent rows of the plain matmul).
 #define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)         \
   for (int b = 0; b < nb; ++b) {                     \
     float16 lo1, hi1, lo2, hi2;                      \
@@ -237,14 +238,16 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   }
 
 // Rows go two at a time (X##_DOT2), so that each activation block loaded
-// (and, for q8_0, its correction term; for the scales, its broadcast)
-// serves both rows, and one-token tiles run two independent sums; a row's
+// (and, for q8_0 with VNNI, its correction term; for the scales, its
+// broadcast) serves both rows, and one-token tiles run two independent sums; a row's
 // sums are in the same order either way, so the results are those of one
 // row at a time.  Measured (alternated A/B, AVX-512 host): prefill +4-19%,
 // one-token decode +3-4% (SmolLM2, stories15M), Gemma 3's -3% within the
 // noise.  With AVX2 the rows go one at a time as before (its 16 vector
-// registers would not hold two rows' float accumulators; Q_DOT2 splits
-// them there anyway); unmeasured.
+// registers would not hold two rows' float accumulators of a multi-token
+// tile, and Q_DOT2 splits those there anyway); unmeasured.  (The QKV
+// kernel's one-token rows still go apart, as measured before this; worth
+// re-measuring.)
 #ifdef TROUPE_AVX2
 #define MATMUL_ROW_PAIRS 0
 #else
