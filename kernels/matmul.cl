@@ -245,9 +245,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // one-token decode +3-4% (SmolLM2, stories15M), Gemma 3's -3% within the
 // noise.  With AVX2 the rows go one at a time as before (its 16 vector
 // registers would not hold two rows' float accumulators of a multi-token
-// tile, and Q_DOT2 splits those there anyway); unmeasured.  (The QKV
-// kernel's one-token rows still go apart, as measured before this; worth
-// re-measuring.)
+// tile, and Q_DOT2 splits those there anyway); unmeasured.
 #ifdef TROUPE_AVX2
 #define MATMUL_ROW_PAIRS 0
 #else
@@ -327,9 +325,11 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // rope_dims/2) in NeoX; dimensions past rope_dims are paired but not
 // rotated, and v heads are never rotated.  Where has_bias, bias[w]
 // (Qwen2's [bq | bk | bv]) is added to stacked row w before the rotation,
-// as llama.cpp adds it.  One token takes the pair's rows apart (measured
-// faster; each row's sums are the same either way, so tiles still agree
-// bit for bit).
+// as llama.cpp adds it.  The pair's two rows are summed together
+// (X##_DOT2) for every tile, one token included: an earlier measurement
+// had one token's rows apart faster; on the AVX-512 host of Session 33,
+// together measured +2-4% in decode (SmolLM2, stories15M; alternated A/B).
+// Each row's sums are the same either way, bit for bit.
 #define QKV_ARGS(X)                                                                      \
   W_ARGS, X##_XARGS, __global float *qkv, int K, int T, __global const int *pos,         \
       __global const int *row_seq, __global const int *pt, __global const int *pt_off,   \
@@ -366,10 +366,8 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
         d1 = d0 + 1;                                                                      \
       }                                                                                   \
       const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims); \
-      X##_ZERO(TT, a0) X##_ZERO(TT, a1) if (TT == 1) {                                    \
-        X##_DOT(LOAD, TT, head* hd + d0, a0) X##_DOT(LOAD, TT, head* hd + d1, a1)         \
-      }                                                                                   \
-      else {X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)}                   \
+      X##_ZERO(TT, a0) X##_ZERO(TT, a1)                                                   \
+          X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)                      \
       float s0[TT], s1[TT];                                                               \
       hsum16_tile(a0, s0, TT);                                                            \
       hsum16_tile(a1, s1, TT);                                                            \
