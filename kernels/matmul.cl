@@ -74,8 +74,6 @@
   float16 acc[TT];      \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) acc[j] = (float16)0.0f;
 
-#define F_SUM(acc, j) hsum16(acc[j])
-
 // Q: per block, the weights' 32 values as bytes (LOADU, see common.cl)
 // dotted with the activations' signed bytes in integers, scaled by both
 // blocks' scales (per block, or per 16 values for ku8); the weights'
@@ -212,8 +210,6 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   } else                                      \
     Q_DOT2_SHARED(LOADU, TT, r1, acc1, r2, acc2)
 
-#define Q_SUM(acc, j) hsum16(acc[j])
-
 // Each kernel's body is a function of its work-item's grid position (gx,
 // gy) as well, NAME_at, so that a fused layer (layer.cl) runs the same
 // code for the items it takes.
@@ -227,7 +223,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 #define MATMUL_NAMES(X) wq, wd, wm, X##_XNAMES, y, K, N, T, ldy, accumulate, rows_per_item
 
 // Row n's sums for the tile into y (added to y's values with accumulate).
-#define MATMUL_STORE(X, TT, acc, n)                                  \
+#define MATMUL_STORE(TT, acc, n)                                     \
   {                                                                  \
     float sums[TT];                                                  \
     hsum16_tile(acc, sums, TT);                                      \
@@ -239,11 +235,11 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 // Rows go two at a time (X##_DOT2), so that each activation block loaded
 // (and, for q8_0 with VNNI, its correction term; for the scales, its
-// broadcast) serves both rows, and one-token tiles run two independent sums; a row's
-// sums are in the same order either way, so the results are those of one
-// row at a time.  Measured (alternated A/B, AVX-512 host): prefill +4-19%,
-// one-token decode +3-4% (SmolLM2, stories15M), Gemma 3's -3% within the
-// noise.  With AVX2 the rows go one at a time as before (its 16 vector
+// broadcast) serves both rows, and one-token tiles run two independent
+// sums; a row's sums are in the same order either way, so the results are
+// those of one row at a time.  Measured (alternated A/B, AVX-512 host):
+// prefill +4-19%, one-token decode +3-4% (SmolLM2, stories15M), Gemma 3's
+// -3% within the noise.  With AVX2 the rows go one at a time as before (its 16 vector
 // registers would not hold two rows' float accumulators of a multi-token
 // tile, and Q_DOT2 splits those there anyway); unmeasured.
 #ifdef TROUPE_AVX2
@@ -261,10 +257,10 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     if (MATMUL_ROW_PAIRS)                                                            \
       for (; n + 1 < n_end; n += 2) {                                                \
         X##_ZERO(TT, acc) X##_ZERO(TT, acc2) X##_DOT2(LOAD, TT, n, acc, n + 1, acc2) \
-            MATMUL_STORE(X, TT, acc, n) MATMUL_STORE(X, TT, acc2, n + 1)             \
+            MATMUL_STORE(TT, acc, n) MATMUL_STORE(TT, acc2, n + 1)                   \
       }                                                                              \
     for (; n < n_end; ++n) {                                                         \
-      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc) MATMUL_STORE(X, TT, acc, n)        \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, n, acc) MATMUL_STORE(TT, acc, n)           \
     }                                                                                \
   }                                                                                  \
   __kernel void NAME(MATMUL_ARGS(X)) {                                               \
@@ -340,72 +336,70 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   wq, wd, wm, X##_XNAMES, qkv, K, T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, \
       rope_dims, rope, neox, page_size, layer, n_pages, rows_per_item, bias, has_bias
 
-// (clang-format would join the else and the pragma below into one line.)
-// clang-format off
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                              \
-  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                    \
-    const int t0 = gy * TT;                                                               \
-    if (t0 >= T) return;                                                                  \
-    X##_SETUP(TT) const int half_hd = hd / 2;                                             \
-    const int half_rope = rope_dims / 2;                                                  \
-    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                    \
-    const int stride = (n_head + 2 * n_kv) * hd;                                          \
-    const int w0 = gx * rows_per_item;                                                    \
-    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                         \
-      const int head = w / half_hd;                                                       \
-      const int i = w % half_hd;                                                          \
-      int d0, d1;                                                                         \
-      if (neox && i < half_rope) {                                                        \
-        d0 = i;                                                                           \
-        d1 = i + half_rope;                                                               \
-      } else if (neox) {                                                                  \
-        d0 = rope_dims + 2 * (i - half_rope);                                             \
-        d1 = d0 + 1;                                                                      \
-      } else {                                                                            \
-        d0 = 2 * i;                                                                       \
-        d1 = d0 + 1;                                                                      \
-      }                                                                                   \
-      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims); \
-      X##_ZERO(TT, a0) X##_ZERO(TT, a1)                                                   \
-          X##_DOT2(LOAD, TT, head * hd + d0, a0, head * hd + d1, a1)                      \
-      float s0[TT], s1[TT];                                                               \
-      hsum16_tile(a0, s0, TT);                                                            \
-      hsum16_tile(a1, s1, TT);                                                            \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                    \
-        const int t = t0 + j;                                                             \
-        float v0 = s0[j], v1 = s1[j];                                                     \
-        if (has_bias) {                                                                   \
-          v0 += bias[head * hd + d0];                                                     \
-          v1 += bias[head * hd + d1];                                                     \
-        }                                                                                 \
-        if (rotate) {                                                                     \
-          const float2 cs = rope[(size_t)t * half_rope + i];                              \
-          const float c = cs.x, s = cs.y;                                                 \
-          const float r0 = v0 * c - v1 * s;                                               \
-          v1 = v0 * s + v1 * c;                                                           \
-          v0 = r0;                                                                        \
-        }                                                                                 \
-        if (head < n_head) {                                                              \
-          qkv[(size_t)t * stride + head * hd + d0] = v0;                                  \
-          qkv[(size_t)t * stride + head * hd + d1] = v1;                                  \
-        } else {                                                                          \
-          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;      \
-          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                   \
-          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);        \
-          const int slot = pos[t] % page_size;                                            \
-          if (head < n_head + n_kv) { /* K: transposed within the page */                 \
-            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                          \
-            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                          \
-          } else {                                                                        \
-            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                 \
-            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                 \
-          }                                                                               \
-        }                                                                                 \
-      }                                                                                   \
-    }                                                                                     \
-  }                                                                                       \
-  __kernel void NAME(QKV_ARGS(X)) { NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(X)); }
-// clang-format on
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                       \
+  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                             \
+    const int t0 = gy * TT;                                                                        \
+    if (t0 >= T) return;                                                                           \
+    X##_SETUP(TT) const int half_hd = hd / 2;                                                      \
+    const int half_rope = rope_dims / 2;                                                           \
+    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                             \
+    const int stride = (n_head + 2 * n_kv) * hd;                                                   \
+    const int w0 = gx * rows_per_item;                                                             \
+    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                                  \
+      const int head = w / half_hd;                                                                \
+      const int i = w % half_hd;                                                                   \
+      int d0, d1;                                                                                  \
+      if (neox && i < half_rope) {                                                                 \
+        d0 = i;                                                                                    \
+        d1 = i + half_rope;                                                                        \
+      } else if (neox) {                                                                           \
+        d0 = rope_dims + 2 * (i - half_rope);                                                      \
+        d1 = d0 + 1;                                                                               \
+      } else {                                                                                     \
+        d0 = 2 * i;                                                                                \
+        d1 = d0 + 1;                                                                               \
+      }                                                                                            \
+      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);          \
+      X##_ZERO(TT, a0) X##_ZERO(TT, a1) X##_DOT2(LOAD, TT, head* hd + d0, a0, head * hd + d1, a1); \
+      float s0[TT], s1[TT];                                                                        \
+      hsum16_tile(a0, s0, TT);                                                                     \
+      hsum16_tile(a1, s1, TT);                                                                     \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                             \
+        const int t = t0 + j;                                                                      \
+        float v0 = s0[j], v1 = s1[j];                                                              \
+        if (has_bias) {                                                                            \
+          v0 += bias[head * hd + d0];                                                              \
+          v1 += bias[head * hd + d1];                                                              \
+        }                                                                                          \
+        if (rotate) {                                                                              \
+          const float2 cs = rope[(size_t)t * half_rope + i];                                       \
+          const float c = cs.x, s = cs.y;                                                          \
+          const float r0 = v0 * c - v1 * s;                                                        \
+          v1 = v0 * s + v1 * c;                                                                    \
+          v0 = r0;                                                                                 \
+        }                                                                                          \
+        if (head < n_head) {                                                                       \
+          qkv[(size_t)t * stride + head * hd + d0] = v0;                                           \
+          qkv[(size_t)t * stride + head * hd + d1] = v1;                                           \
+        } else {                                                                                   \
+          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;               \
+          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                            \
+          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);                 \
+          const int slot = pos[t] % page_size;                                                     \
+          if (head < n_head + n_kv) { /* K: transposed within the page */                          \
+            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                                   \
+            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                                   \
+          } else {                                                                                 \
+            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                          \
+            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                          \
+          }                                                                                        \
+        }                                                                                          \
+      }                                                                                            \
+    }                                                                                              \
+  }                                                                                                \
+  __kernel void NAME(QKV_ARGS(X)) {                                                                \
+    NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(X));                                   \
+  }
 
 // Grouped expert products (mixture of experts, moe.cl): a work-item
 // computes rows of one slot's expert for a tile of that slot's assignments
@@ -439,9 +433,11 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     ID_SETUP(TT)                                                                                   \
     X##_SETUP_AT(TT, ID_ROW) const int n0 = get_global_id(0) * rows_per_item;                      \
     for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                        \
-      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, slot* N + n, acc)                                        \
-          _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                         \
-              y[(size_t)arow[j] * N + n] = X##_SUM(acc, j);                                        \
+      X##_ZERO(TT, acc) X##_DOT(LOAD, TT, slot* N + n, acc);                                       \
+      float sums[TT];                                                                              \
+      hsum16_tile(acc, sums, TT);                                                                  \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (i0 + j < cnt)                             \
+          y[(size_t)arow[j] * N + n] = sums[j];                                                    \
     }                                                                                              \
   }
 
