@@ -10,6 +10,7 @@
 #include <zmq_addon.hpp>
 
 #include "actors/admin_groups.hpp"
+#include "actors/error_text.hpp"
 #include "net/admin_request.hpp"
 #include "net/secret.hpp"
 
@@ -155,6 +156,7 @@ json to_json(const request_trace& t) {
           {"preemptions", t.preemptions},
           {"priority", t.priority},
           {"class", to_string(t.cls)},
+          {"encode_ms", t.encode_ms},
           {"queue_ms", t.queue_ms},
           {"ttft_ms", t.ttft_ms},
           {"tpot_ms", t.tpot_ms},
@@ -210,14 +212,6 @@ void reply(self_ptr self, const std::string& peer, const json& j) {
   } catch (const zmq::error_t&) {
     // The peer is gone; nothing to tell.
   }
-}
-
-// An error's own words when it carries them (make_error(code, "why")),
-// else CAF's rendering.
-std::string error_text(caf::actor_system& sys, const caf::error& e) {
-  const auto& ctx = e.context();
-  if (ctx.size() == 1 && ctx.match_element<std::string>(0)) return ctx.get_as<std::string>(0);
-  return sys.render(e);
 }
 
 // Asks the admin actor within `timeout` and replies with what it says.

@@ -280,6 +280,7 @@ device_actor::behavior_type device_behavior(device_actor::pointer self,
         info.page_size = engine->page_size();
         info.weight_bytes = engine->weight_bytes();
         info.memory_bytes = engine->device_memory_bytes();
+        info.n_embd = engine->hparams().n_embd;
         info.kv_bytes_per_page = engine->kv_bytes_per_page();
         const auto& hp = engine->hparams();
         info.n_layers = hp.n_layer;

@@ -10,16 +10,75 @@
 
 namespace troupe {
 
+namespace {
+
+// `text` as tokens with each image marker replaced by `rows` placeholder
+// tokens (their rows come from the encoder), the spans in `spans`.  The
+// text between markers is tokenized piece by piece, as llama.cpp's mtmd
+// does, the BOS (where the model wants one) before the first only.
+// "" or why the markers do not fit the images.
+std::string encode_with_images(const tokenizer& tok, std::string_view text, bool add_bos,
+                               bool special, int n_images, int32_t rows,
+                               std::vector<int32_t>& prompt, std::vector<prompt_embeds>& spans) {
+  std::vector<std::string_view> pieces;
+  for (size_t at = 0;;) {
+    const size_t m = text.find(k_media_marker, at);
+    pieces.push_back(text.substr(at, m == std::string_view::npos ? m : m - at));
+    if (m == std::string_view::npos) break;
+    at = m + k_media_marker.size();
+  }
+  const int markers = static_cast<int>(pieces.size()) - 1;
+  if (markers != n_images)
+    return std::to_string(n_images) + " images but " + std::to_string(markers) + " '" +
+           std::string(k_media_marker) + "' markers in the prompt (one marks each image's place)";
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (i > 0) {
+      spans.push_back({static_cast<int32_t>(prompt.size()), rows, {}});
+      // Any token of the vocabulary: the rows' input is the image's.
+      prompt.insert(prompt.end(), static_cast<size_t>(rows), 0);
+    }
+    const auto t = tok.encode(std::string(pieces[i]), add_bos && i == 0, special);
+    prompt.insert(prompt.end(), t.begin(), t.end());
+  }
+  return {};
+}
+
+}  // namespace
+
 std::optional<generate_rejection> check_generate(const wire::Generate& g,
                                                  const generate_limits& ctx, generate_plan& plan) {
   auto invalid = [](std::string m) {
     return generate_rejection{wire::INVALID_ARGUMENT, std::move(m)};
   };
+  const int n_images = g.images_size();
+  if (n_images > 0) {
+    if (ctx.image_rows <= 0)
+      return invalid("this server takes no images: it runs without a vision encoder (--mmproj)");
+    if (n_images > k_max_images)
+      return invalid(std::to_string(n_images) + " images: at most " + std::to_string(k_max_images) +
+                     " per request");
+    if (g.prompt_case() == wire::Generate::kTokens)
+      return invalid("images go with a text or chat prompt (marked by '" +
+                     std::string(k_media_marker) + "'), not with token ids");
+    if (g.embedding()) return invalid("embedding requests take no images");
+  }
   std::vector<int32_t> prompt;
+  // Text (raw or rendered chat) to tokens, images in their places.
+  auto encode = [&](const std::string& text, bool add_bos,
+                    bool special) -> std::optional<generate_rejection> {
+    if (n_images == 0) {
+      prompt = ctx.tok->encode(text, add_bos, special);
+      return std::nullopt;
+    }
+    auto why = encode_with_images(*ctx.tok, text, add_bos, special, n_images, ctx.image_rows,
+                                  prompt, plan.images);
+    if (!why.empty()) return invalid(why);
+    return std::nullopt;
+  };
   switch (g.prompt_case()) {
     case wire::Generate::kText:
       if (g.text().empty()) return invalid("empty prompt: text is \"\"");
-      prompt = ctx.tok->encode(g.text(), ctx.add_bos, false);
+      if (auto bad = encode(g.text(), ctx.add_bos, false)) return bad;
       break;
     case wire::Generate::kTokens:
       prompt.assign(g.tokens().ids().begin(), g.tokens().ids().end());
@@ -39,7 +98,7 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
       } catch (const std::exception& e) {
         return invalid(std::string("chat prompt: ") + e.what());
       }
-      prompt = ctx.tok->encode(chat.text, ctx.add_bos && !chat.carries_bos, true);
+      if (auto bad = encode(chat.text, ctx.add_bos && !chat.carries_bos, true)) return bad;
       break;
     }
     case wire::Generate::PROMPT_NOT_SET:

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "messages/client.pb.h"
+#include "runtime/common/media_marker.hpp"
 #include "runtime/engine/ngram_draft.hpp"  // k_max_draft_tokens
+#include "runtime/engine/prompt_embeds.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/scheduler.hpp"
 #include "runtime/text/tokenizer.hpp"
@@ -29,7 +31,13 @@ struct generate_limits {
   // Latency targets by class, in ms (0: none); a request may give its own.
   double online_ttft_ms = 0, online_tpot_ms = 0;
   double offline_ttft_ms = 0, offline_tpot_ms = 0;
+  // Images: the prompt rows each stands for (the vision encoder's); 0:
+  // the service has no encoder, and images are refused.
+  int32_t image_rows = 0;
 };
+
+// Images one request may carry.
+constexpr int k_max_images = 16;
 
 // The sequence a Generate asks for.  The fields are filled in the order the
 // checks run; after a rejection those already reached keep their values.
@@ -47,6 +55,9 @@ struct generate_plan {
   bool stream = true;
   std::vector<std::string> stops;
   bool embed = false;  // Generate.embedding: the pooled prompt, no tokens
+  // Where Generate.images go in `prompt` (each span's data is the
+  // encoder's, still to come), in order.
+  std::vector<prompt_embeds> images;
 };
 
 // A request the client got wrong: the code and what to tell it.

@@ -309,6 +309,10 @@ void run_stage(self_ptr self, std::shared_ptr<step_run> run, size_t g, size_t s,
   b.seqs = group.seqs;
   b.step = group.step;
   b.stage_input = std::move(input);
+  if (s == 0) {
+    b.embed_rows = group.embed_rows;
+    b.embed_input = group.embed_input;
+  }
   if (last) {
     b.logit_rows = group.logit_rows;
     b.hidden_rows = group.hidden_rows;

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/admin.hpp"
+#include "actors/error_text.hpp"
 #include "actors/generate_check.hpp"
 #include "actors/relay.hpp"
 #include "runtime/common/elapsed.hpp"
@@ -170,6 +171,7 @@ std::optional<rejection> build_sequence(request_state& st) {
   limits.online_tpot_ms = ctx.online_tpot_ms;
   limits.offline_ttft_ms = ctx.offline_ttft_ms;
   limits.offline_tpot_ms = ctx.offline_tpot_ms;
+  limits.image_rows = ctx.encoder ? ctx.image_rows : 0;
   generate_plan plan;
   auto bad = check_generate(st.gen, limits, plan);
   // What the checks reached is kept even when they refuse (the trace shows it).
@@ -183,6 +185,7 @@ std::optional<rejection> build_sequence(request_state& st) {
   st.seq.ttft_target_ms = plan.ttft_target_ms;
   st.seq.draft_tokens = plan.draft_tokens;
   st.seq.embed = plan.embed;
+  st.seq.embeds = std::move(plan.images);
   st.trace.slo_ttft_ms = plan.slo_ttft_ms;
   st.trace.slo_tpot_ms = plan.slo_tpot_ms;
   if (bad) return rejection{bad->code, std::move(bad->message)};
@@ -704,6 +707,46 @@ void relocate(self_ptr self) {
           [](caf::error&) {});
 }
 
+// Images first (EPD's E stage): each goes to the encoder, and its rows
+// take their span of the prompt; once all have answered, the sequence is
+// placed (its P and D stages).  An image the encoder refuses ends the
+// request with the encoder's reason.
+void encode_then_place(self_ptr self) {
+  auto& st = self->state;
+  if (st.seq.embeds.empty()) {
+    place_and_enqueue(self);
+    return;
+  }
+  auto left = std::make_shared<size_t>(st.seq.embeds.size());
+  const auto started = clock_type::now();
+  for (size_t i = 0; i < st.seq.embeds.size(); ++i) {
+    self->request(st.ctx->encoder, std::chrono::seconds(120), encode_atom::value, st.gen.images(i))
+        .then(
+            [self, i, left, started](prompt_embeds& e) {
+              auto& st = self->state;
+              if (st.done()) return;
+              auto& span = st.seq.embeds[i];
+              if (e.rows != span.rows) {
+                reject(self, wire::INTERNAL,
+                       "image " + std::to_string(i) + ": the encoder made " +
+                           std::to_string(e.rows) + " rows where " + std::to_string(span.rows) +
+                           " were expected");
+                return;
+              }
+              span.data = std::move(e.data);
+              if (--*left > 0) return;
+              st.trace.encode_ms = ms_between(started, clock_type::now());
+              place_and_enqueue(self);
+            },
+            [self, i](caf::error& err) {
+              if (self->state.done()) return;
+              const bool theirs = err == caf::sec::invalid_argument;
+              reject(self, theirs ? wire::INVALID_ARGUMENT : wire::INTERNAL,
+                     "image " + std::to_string(i) + ": " + error_text(self->system(), err));
+            });
+  }
+}
+
 request_actor::behavior_type request_behavior(self_ptr self,
                                               std::shared_ptr<const serve_context> ctx,
                                               gateway_actor gateway, std::string client,
@@ -768,7 +811,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
   });
   if (st.gen.deadline_ms() > 0)
     self->delayed_send(self, std::chrono::milliseconds(st.gen.deadline_ms()), deadline_atom::value);
-  place_and_enqueue(self);
+  encode_then_place(self);
   return {
       // Tokens from the instance: frames for the client, or its finish.
       [self](tokens_atom, const token_batch& b) { on_tokens(self, b); },

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "messages/client.pb.h"
+#include "messages/encoder.hpp"
 #include "messages/gateway.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
@@ -44,6 +45,10 @@ struct serve_context {
   // Recovery from KV copies: off, online or always; every this many pages.
   std::string kv_copy = "off";
   int32_t kv_copy_pages = 4;
+  // Images: the vision encoder (EPD's E stage; null: images are refused)
+  // and the prompt rows each image stands for.
+  encoder_actor encoder;
+  int32_t image_rows = 0;
 };
 
 // A ServerMessage as one wire frame (protocol_version set).

@@ -17,7 +17,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${TROUPE_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 TARGETS=(regex json_schema openai_request admin_request client_message gguf llama2c kv_blob
-         chat_template)
+         chat_template image)
 
 usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 [ $# -eq 2 ] || usage

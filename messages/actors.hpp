@@ -4,6 +4,7 @@
 #include "messages/admin.hpp"
 #include "messages/device.hpp"
 #include "messages/dp_group.hpp"
+#include "messages/encoder.hpp"
 #include "messages/expert_controller.hpp"
 #include "messages/instance.hpp"
 #include "messages/kv_pool.hpp"
@@ -43,8 +44,11 @@ void for_each_message_type(F&& f) {
   f.template operator()<std::vector<tier_stats>>("troupe.tier_stats_list");
   f.template operator()<kv_store_stats>("troupe.kv_store_stats");
   f.template operator()<std::vector<uint8_t>>("troupe.bytes");
+  f.template operator()<prompt_embeds>("troupe.prompt_embeds");
+  f.template operator()<std::vector<prompt_embeds>>("troupe.prompt_embeds_list");
   f.template operator()<sequence_request>("troupe.sequence_request");
   f.template operator()<kv_receiver_actor>("troupe.kv_receiver_actor");
+  f.template operator()<encoder_actor>("troupe.encoder_actor");
   f.template operator()<token_batch>("troupe.token_batch");
   f.template operator()<step_timing>("troupe.step_timing");
   f.template operator()<std::vector<step_timing>>("troupe.step_timings");

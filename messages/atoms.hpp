@@ -129,6 +129,9 @@ using connect_now_atom = caf::atom_constant<caf::atom("connectnow")>;
 // The node actor's own messages (actors/node).
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 
+// The encoder protocol (messages/encoder.hpp).
+using encode_atom = caf::atom_constant<caf::atom("encode")>;
+
 // The node actor's own messages (actors/node).
 using reap_atom = caf::atom_constant<caf::atom("reap")>;
 using node_load_atom = caf::atom_constant<caf::atom("nodeload")>;

@@ -46,7 +46,8 @@ typename Inspector::result_type inspect(Inspector& f, placeholder_row& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, forward_batch& x) {
   return f(caf::meta::type_name("forward_batch"), x.tokens, x.positions, x.seqs, x.logit_rows,
-           x.step, x.presample, x.after, x.placeholders, x.hidden_rows, x.stage_input);
+           x.step, x.presample, x.after, x.placeholders, x.hidden_rows, x.stage_input, x.embed_rows,
+           x.embed_input);
 }
 
 template <class Inspector>
@@ -60,7 +61,7 @@ typename Inspector::result_type inspect(Inspector& f, device_info& x) {
   return f(caf::meta::type_name("device_info"), x.device_name, x.model_path, x.model_fingerprint,
            x.n_vocab, x.n_ctx, x.n_pages, x.page_size, x.weight_bytes, x.kv_bytes_per_page,
            x.n_layers, x.n_kv_heads, x.head_dim, x.kv_dtype, x.stage_first_layers, x.layer_moves,
-           x.memory_bytes);
+           x.memory_bytes, x.n_embd);
 }
 
 // Mixture of experts: one layer's placement, for each expert device the

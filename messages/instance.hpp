@@ -57,10 +57,16 @@ typename Inspector::result_type inspect(Inspector& f, token_batch& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, prompt_embeds& x) {
+  return f(caf::meta::type_name("prompt_embeds"), x.first, x.rows, x.data);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
            x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
-           x.ttft_target_ms, x.draft_tokens, x.embed, x.kv_copy_pages, x.kv_sources, x.kv_copy_to);
+           x.ttft_target_ms, x.draft_tokens, x.embed, x.kv_copy_pages, x.kv_sources, x.kv_copy_to,
+           x.embeds);
 }
 
 template <class Inspector>

@@ -1,10 +1,11 @@
 #include "net/etcd_client.hpp"
 
 #include <httplib.h>
-#include <openssl/evp.h>
 
 #include <charconv>
 #include <nlohmann/json.hpp>
+
+#include "runtime/common/base64.hpp"
 
 namespace troupe {
 
@@ -12,28 +13,10 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string to_base64(const std::string& s) {
-  std::string out(4 * ((s.size() + 2) / 3) + 1, '\0');
-  const int n =
-      EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
-}
-
-std::string from_base64(const std::string& s) {
-  if (s.empty()) return {};
-  std::string out(3 * (s.size() / 4) + 3, '\0');
-  const int n =
-      EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                      reinterpret_cast<const unsigned char*>(s.data()), static_cast<int>(s.size()));
-  if (n < 0) throw etcd_error("etcd: a reply holds bad base64");
-  // EVP_DecodeBlock counts the padding's zero bytes too.
-  size_t len = static_cast<size_t>(n);
-  if (s.size() >= 1 && s[s.size() - 1] == '=') --len;
-  if (s.size() >= 2 && s[s.size() - 2] == '=') --len;
-  out.resize(len);
-  return out;
+std::string from_base64_or_throw(const std::string& s) {
+  auto bytes = from_base64(s);
+  if (!bytes) throw etcd_error("etcd: a reply holds bad base64");
+  return std::move(*bytes);
 }
 
 // etcd's gateway writes 64-bit numbers as strings.
@@ -153,8 +136,8 @@ std::vector<etcd_kv> etcd_client::range_prefix(const std::string& prefix) {
   for (const auto& kv : *it) {
     if (!kv.is_object()) continue;
     etcd_kv x;
-    x.key = from_base64(kv.value("key", ""));
-    x.value = from_base64(kv.value("value", ""));
+    x.key = from_base64_or_throw(kv.value("key", ""));
+    x.value = from_base64_or_throw(kv.value("value", ""));
     x.lease = number_of(kv, "lease");
     out.push_back(std::move(x));
   }

@@ -24,6 +24,7 @@ APT_PACKAGES=(
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
   libspdlog-dev libmsgpack-cxx-dev libcli11-dev libtomlplusplus-dev
   nlohmann-json3-dev libcpp-httplib-dev libedit-dev libevent-dev libgtest-dev libbenchmark-dev
+  libstb-dev
   clang-format clang libclang-rt-14-dev
   etcd-server
 )
@@ -176,6 +177,10 @@ step_fixtures() {
   "$PY_VENV/bin/python" "$ROOT/tools/make_moe_fixtures.py" --tokenizer "$MODEL_DIR/$STORIES_TOK" \
     --bpe-vocab "$MODEL_DIR/$SMOLLM_FILE" --out "$MODEL_DIR/moe" \
     --golden "$ROOT/tests/data/moe_golden.json"
+  # The vision encoder fixture (a LLaVA-1.5 mmproj with seeded random
+  # weights; llama.cpp's answers on it are in tests/data/vision_golden.json).
+  "$PY_VENV/bin/python" "$ROOT/tools/make_vision_fixture.py" \
+    --out "$MODEL_DIR/vision/llava-fixture-mmproj.gguf" --golden "$ROOT/tests/data/vision_golden.json"
 }
 
 step_test() {

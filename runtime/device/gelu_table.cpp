@@ -19,4 +19,14 @@ std::vector<uint16_t> gelu_half_table() {
   return table;
 }
 
+std::vector<uint16_t> gelu_quick_half_table() {
+  constexpr float coef = -1.702f;  // ggml's GELU_QUICK_COEF
+  std::vector<uint16_t> table(1u << 16);
+  for (uint32_t i = 0; i < table.size(); ++i) {
+    const float x = half_to_float(static_cast<uint16_t>(i));
+    table[i] = float_to_half(x * (1.0f / (1.0f + std::exp(coef * x))));
+  }
+  return table;
+}
+
 }  // namespace troupe

@@ -14,4 +14,9 @@ namespace troupe {
 // (a scalar tanh per value was 15% of Gemma 3's prefill).
 std::vector<uint16_t> gelu_half_table();
 
+// The "quick" GELU, x / (1 + exp(-1.702 x)), tabulated the same way
+// (ggml_table_gelu_quick_f16, GGML_GELU_QUICK_FP16), with no saturation:
+// CLIP's encoder MLP (kernels/vision.cl).
+std::vector<uint16_t> gelu_quick_half_table();
+
 }  // namespace troupe

@@ -95,11 +95,15 @@ std::vector<float> rope_table(const std::vector<int32_t>& positions, int rope_di
   return out;
 }
 
+std::string kernel_build_options(const cl::context& ctx, int token_tile, bool kv_f16) {
+  return std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") + std::to_string(token_tile) +
+         (kv_f16 ? " -DTROUPE_KV_F16" : "") + (ctx.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") +
+         (ctx.x86_vnni() ? " -DTROUPE_VNNI" : "") + (ctx.x86_avx512() ? " -DTROUPE_AVX512" : "") +
+         (ctx.x86_avx2() ? " -DTROUPE_AVX2" : "");
+}
+
 std::string llama_forward::build_options() const {
-  return std::string("-cl-std=CL1.2 -cl-mad-enable -DTROUPE_TILE=") +
-         std::to_string(opts_.token_tile) + (opts_.kv_f16 ? " -DTROUPE_KV_F16" : "") +
-         (ctx_.cpu() ? " -DTROUPE_FUSED_LAYERS" : "") + (ctx_.x86_vnni() ? " -DTROUPE_VNNI" : "") +
-         (ctx_.x86_avx512() ? " -DTROUPE_AVX512" : "") + (ctx_.x86_avx2() ? " -DTROUPE_AVX2" : "");
+  return kernel_build_options(ctx_, opts_.token_tile, opts_.kv_f16);
 }
 
 llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engine_options& opts)
@@ -503,6 +507,15 @@ void llama_forward::validate(const forward_batch& b, bool device_draws) const {
   for (int r : b.hidden_rows)
     if (r < 0 || static_cast<size_t>(r) >= rows)
       throw std::invalid_argument("hidden row " + std::to_string(r) + " out of range");
+  if (b.embed_input.size() != b.embed_rows.size() * static_cast<size_t>(hparams().n_embd))
+    throw std::invalid_argument(std::to_string(b.embed_input.size()) + " embedding values for " +
+                                std::to_string(b.embed_rows.size()) + " rows of " +
+                                std::to_string(hparams().n_embd));
+  if (!b.embed_rows.empty() && !first_stage())
+    throw std::invalid_argument("embedding rows go to the first pipeline stage");
+  for (int r : b.embed_rows)
+    if (r < 0 || static_cast<size_t>(r) >= rows)
+      throw std::invalid_argument("embedding row " + std::to_string(r) + " out of range");
   // Checked here, before the step is enqueued, whoever draws: a row
   // outside the logits would fail the step only once it has run.
   for (const auto& p : b.presample)
@@ -621,6 +634,8 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
     f->stage_input = b.stage_input;
     ctx_.write(x_, f->stage_input.data(), f->stage_input.size() * sizeof(float));
   }
+  f->embed_rows = b.embed_rows;
+  f->embed_input = b.embed_input;
   ctx_.write(pos_, f->positions.data(), T * 4);
   ctx_.write(row_seq_, f->row_seq.data(), T * 4);
   ctx_.write(pt_, f->pt.data(), f->pt.size() * 4);
@@ -641,7 +656,7 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   } unset_building{building_};
   // Recordings name the buffers they were made with.
   if (grew) graphs_.clear();
-  if (graph_mode(T)) {
+  if (graph_mode(T) && b.embed_rows.empty()) {
     const auto key = std::make_tuple(T, R, att_rows);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {
@@ -697,6 +712,18 @@ void llama_forward::submit(const forward_batch& b, bool device_draws,
   flights_.push_back(std::move(f));
 }
 
+void llama_forward::write_embed_rows(const flight& f) {
+  const size_t D = static_cast<size_t>(hparams().n_embd), n = f.embed_rows.size();
+  // Runs of consecutive rows (an image's) go in one write each.
+  for (size_t i = 0; i < n;) {
+    size_t j = i + 1;
+    while (j < n && f.embed_rows[j] == f.embed_rows[j - 1] + 1) ++j;
+    ctx_.write(x_, f.embed_input.data() + i * D, (j - i) * D * sizeof(float),
+               static_cast<size_t>(f.embed_rows[i]) * D * sizeof(float));
+    i = j;
+  }
+}
+
 forward_result llama_forward::collect() {
   if (flights_.empty()) throw std::logic_error("collect: no step in flight");
   auto f = std::move(flights_.front());
@@ -713,7 +740,9 @@ bool llama_forward::graph_mode(int rows) const {
 }
 
 void llama_forward::enqueue_step(int T, int R, int att_rows) {
-  if (fused_step())
+  // Embedding rows replace token embeddings between the embedding and the
+  // first layer, which the whole-step launch has no gap for.
+  if (fused_step() && building_->embed_rows.empty())
     whole_step(T, R, att_rows);
   else
     step_apart(T, R, att_rows);
@@ -744,6 +773,8 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
       k_scale_.args(x_, hp.embd_scale, T * D);
       ctx_.launch(k_scale_, {uT * static_cast<size_t>(D)});
     }
+    // After the scale: llama.cpp scales token embeddings only (Gemma 3).
+    write_embed_rows(*building_);
   }
 
   // l indexes this forward's layers (and its KV arena's); the model's

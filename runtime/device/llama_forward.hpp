@@ -99,6 +99,11 @@ struct engine_options {
 // on the device `where` (a slice of it when where.cores > 0).
 engine_options engine_options_from(const engine_settings& s, cl::device_choice where);
 
+// The options every kernels/*.cl program on `ctx` is built with (a
+// matmul token tile, half KV, the host's instruction sets).  Contexts that
+// build with the same options share PoCL's compiled kernels on disk.
+std::string kernel_build_options(const cl::context& ctx, int token_tile, bool kv_f16);
+
 // (cos, sin) of every row's RoPE angle for each rotation pair,
 // [rows][rope_dims / 2][2]: computed once per step, read by every layer.
 // freq_scale and freq_factors (rope_dims / 2 of them, or none) as in
@@ -357,12 +362,16 @@ class llama_forward {
     std::vector<uint64_t> sample_bits;
     penalty_inputs penalties;
     std::vector<float> rope, rope_swa;
-    std::vector<float> stage_input;  // a later pipeline stage's input rows
+    std::vector<float> stage_input;   // a later pipeline stage's input rows
+    std::vector<int32_t> embed_rows;  // rows whose input is an embedding (images)
+    std::vector<float> embed_input;
     forward_result result;
     cl::event done;
   };
   std::deque<std::unique_ptr<flight>> flights_;
   const flight* building_ = nullptr;  // the step being enqueued (its host tables)
+  // Writes the step's embedding rows (images) over the token embeddings in x_.
+  void write_embed_rows(const flight& f);
   // KV heads attending elsewhere (attend_heads_elsewhere), and the rows'
   // K and V gathered for them.
   int away_lo_ = 0, away_hi_ = 0;

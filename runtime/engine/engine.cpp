@@ -363,7 +363,7 @@ void engine::admit(uint64_t key) {
   s.pages = 0;
   s.pooled.clear();
   // An embedding pools every row's hidden state: cached rows have none.
-  if (opts_.prefix_caching && !s.req.embed) {
+  if (caches_prefix(s) && !s.req.embed) {
     auto m = pool_->match_prefix(key, s.tokens);
     s.computed = m.cached_tokens;
     s.pages = static_cast<int32_t>(m.pages.size());
@@ -659,6 +659,10 @@ void engine::step() {
         if (j > 0 && !c.draft.empty()) {
           b.tokens.push_back(c.draft[j - 1]);
         } else if (pos < static_cast<int32_t>(s.tokens.size())) {
+          if (const float* e = embedding_at(s.req.embeds, pos, info_.n_embd)) {
+            b.embed_rows.push_back(static_cast<int32_t>(b.tokens.size()));
+            b.embed_input.insert(b.embed_input.end(), e, e + info_.n_embd);
+          }
           b.tokens.push_back(s.tokens[pos]);
         } else {
           // The token the step on the device samples: the device fills it in.
@@ -860,7 +864,7 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
   // The pool indexes only the positions its table covers (computed, once
   // rejected drafts are given back), not the token sampled after them.
   auto commit_pages = [&] {
-    if (opts_.prefix_caching && s.computed / info_.page_size > s.committed_pages) {
+    if (caches_prefix(s) && s.computed / info_.page_size > s.committed_pages) {
       pool_->commit_full_pages(s.key, s.tokens);
       s.committed_pages = s.computed / info_.page_size;
       copy_out(s);
@@ -940,7 +944,7 @@ void engine::pool_rows(const step_chunk& c, const forward_result& r, size_t firs
   s.computed += c.n_tokens;
   counters_.prefill_tokens += c.n_tokens;
   s.run();
-  if (opts_.prefix_caching && s.computed / info_.page_size > s.committed_pages) {
+  if (caches_prefix(s) && s.computed / info_.page_size > s.committed_pages) {
     pool_->commit_full_pages(s.key, s.tokens);  // other prompts may reuse its KV
     s.committed_pages = s.computed / info_.page_size;
   }
@@ -973,6 +977,9 @@ std::string engine::check_request(const sequence_spec& r) const {
     for (int32_t t : *part)
       if (t < 0 || t >= info_.n_vocab)
         return "prompt token " + std::to_string(t) + " is outside the vocabulary";
+  if (auto why = check_embeds(r.embeds, static_cast<int32_t>(r.prompt.size()), info_.n_embd);
+      !why.empty())
+    return why;
   if (r.max_tokens <= 0) return "max_tokens must be positive";
   if (static_cast<int32_t>(r.generated.size()) >= r.max_tokens)
     return "the " + std::to_string(r.generated.size()) +

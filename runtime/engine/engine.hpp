@@ -345,6 +345,11 @@ class engine {
                int32_t drawn);
   std::string check_request(const sequence_spec& r) const;
   std::string constrain(const sequence_spec& r, std::shared_ptr<token_constraint>& c, int& state);
+  // Whether s reuses and offers prefix-cache pages: not with image rows,
+  // whose placeholder tokens do not say which image they stand for.
+  bool caches_prefix(const live_seq& s) const {
+    return opts_.prefix_caching && s.req.embeds.empty();
+  }
   live_seq& add_sequence(sequence_spec r);
   kv_geometry arena_geometry() const;
   void spill_evicted();

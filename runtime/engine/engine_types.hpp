@@ -9,6 +9,7 @@
 
 #include "runtime/engine/kv_blob.hpp"
 #include "runtime/engine/page_pool.hpp"
+#include "runtime/engine/prompt_embeds.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/engine/scheduler.hpp"
 
@@ -34,6 +35,7 @@ struct device_info {
   std::vector<int32_t> stage_first_layers;
   uint64_t layer_moves = 0;
   uint64_t memory_bytes = 0;  // the device's memory (OpenCL global memory)
+  int32_t n_embd = 0;         // the width of a row's input (sequence_spec::embeds)
 };
 
 enum class finish_reason : uint8_t {
@@ -126,6 +128,10 @@ struct sequence_spec {
   // newly full pages, the sequence's pages are copied to a KV store on
   // another node (the instance knows which); 0: no copies.
   int32_t kv_copy_pages = 0;
+  // Rows of the prompt computed from embeddings (images), sorted and
+  // apart.  Such a prompt neither reuses nor offers prefix-cache pages:
+  // its placeholder tokens do not say which image they stand for.
+  std::vector<prompt_embeds> embeds;
 };
 
 enum class preempt_mode : uint8_t { recompute, swap };

@@ -61,6 +61,11 @@ struct forward_batch {
   // Pipeline stages after the first: every row's hidden state as the stage
   // before left it (rows x n_embd), in place of the embedding of tokens.
   std::vector<float> stage_input;
+  // Rows whose input is an embedding instead of their token's (images:
+  // sequence_spec::embeds), in this order; embed_input holds them, rows x
+  // n_embd.  Their tokens are placeholders.
+  std::vector<int32_t> embed_rows;
+  std::vector<float> embed_input;
 };
 
 struct forward_result {

@@ -105,6 +105,18 @@ micro_split split_micro_batches(const forward_batch& b, int n,
     g.hidden_rows.push_back(new_row[r]);
     out.hidden.push_back(at);
   }
+  // Embedding rows (images) go with their rows; each group's first stage takes them.
+  if (b.embed_rows.empty() ? !b.embed_input.empty()
+                           : b.embed_input.size() % b.embed_rows.size() != 0)
+    throw std::invalid_argument("micro-batches: embedding input is not rows x width");
+  const size_t embed_width = b.embed_rows.empty() ? 0 : b.embed_input.size() / b.embed_rows.size();
+  for (size_t i = 0; i < b.embed_rows.size(); ++i) {
+    const micro_index at = place(b.embed_rows[i], "embedding");
+    auto& g = out.groups[at.group];
+    g.embed_rows.push_back(at.index);
+    g.embed_input.insert(g.embed_input.end(), b.embed_input.begin() + i * embed_width,
+                         b.embed_input.begin() + (i + 1) * embed_width);
+  }
   for (const auto& p : b.presample) {
     if (p.logit_index < 0 || static_cast<size_t>(p.logit_index) >= out.logits.size())
       throw std::invalid_argument("micro-batches: presample of logit row " +

@@ -187,6 +187,16 @@ std::shared_ptr<gguf_file> gguf_file::open(const std::string& path) {
   return f;
 }
 
+std::shared_ptr<gguf_file> gguf_file::open_raw(const std::string& path) {
+  std::shared_ptr<gguf_file> f(new gguf_file());
+  f->path_ = path;
+  f->format_ = "gguf";
+  f->map_ = std::make_shared<const mapped_file>(path);
+  f->parse();
+  f->fingerprint_ = sample_fingerprint(f->map_->data(), f->map_->size(), f->data_offset_);
+  return f;
+}
+
 const gguf_value* gguf_file::find_kv(const std::string& key) const {
   auto it = kv_.find(key);
   return it == kv_.end() ? nullptr : &it->second;

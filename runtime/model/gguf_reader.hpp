@@ -53,21 +53,16 @@ struct gguf_value {
 class gguf_file : public model_file {
  public:
   static std::shared_ptr<gguf_file> open(const std::string& path);
+  // Its metadata and tensors only, checked as open() checks them, for
+  // files that are not language models (a vision encoder's mmproj file):
+  // no hyperparameters, vocabulary or layer tensors are required.
+  static std::shared_ptr<gguf_file> open_raw(const std::string& path);
 
   uint32_t version() const { return version_; }
   size_t alignment() const { return alignment_; }
   size_t data_offset() const { return data_offset_; }  // start of the tensor data section
   const std::map<std::string, gguf_value>& metadata() const { return kv_; }
   const gguf_value* find_kv(const std::string& key) const;
-
- private:
-  gguf_file() = default;
-  void parse();
-  void build_hparams();
-  void read_gemma3(model_hparams& h);  // gemma3.* keys, from build_hparams
-  void build_vocab();
-  void check_llama_tensors();
-  void read_rope_freqs();
 
   // Typed metadata accessors: throw naming the key when missing/mistyped.
   int64_t get_int(const std::string& key) const;
@@ -78,6 +73,15 @@ class gguf_file : public model_file {
   bool get_bool(const std::string& key, bool fallback) const;
   const gguf_value& get_array(const std::string& key, gguf_value_type elem) const;
   [[noreturn]] void fail(const std::string& problem) const;
+
+ private:
+  gguf_file() = default;
+  void parse();
+  void build_hparams();
+  void read_gemma3(model_hparams& h);  // gemma3.* keys, from build_hparams
+  void build_vocab();
+  void check_llama_tensors();
+  void read_rope_freqs();
 
   uint32_t version_ = 0;
   size_t alignment_ = 32;

@@ -73,6 +73,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -88,6 +89,7 @@
 #include "../integration/node_process.hpp"
 #include "../integration/process.hpp"
 #include "../integration/server_process.hpp"
+#include "runtime/common/base64.hpp"
 #include "runtime/model/model_registry.hpp"
 #include "tools/client/client.hpp"
 
@@ -120,6 +122,9 @@ const std::vector<std::string> kPrompts = {
     "and told them stories about storms, whales and a lighthouse far away in the north",
 };
 
+// The vision encoder fixture (tools/make_vision_fixture.py) some rounds serve.
+std::string vision_fixture();
+
 struct options {
   uint64_t seed = 1;
   double duration_s = 60;
@@ -129,6 +134,9 @@ struct options {
   // Some rounds serve Gemma 3 270M (K-quant weights, sliding-window
   // layers), where `bash tools/setup.sh gemma3` fetched it.
   bool gemma = true;
+  // Some rounds serve SmolLM2 with the vision encoder fixture (issue 36
+  // item 3), where `bash tools/setup.sh fixtures` wrote it.
+  bool vision = true;
 };
 
 struct tally {
@@ -139,15 +147,20 @@ struct tally {
            role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0,
            sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0,
            dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
-           expert_swaps = 0, overlap_off_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
-           unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
-           layer_moves = 0, layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0,
-           stage_node_kills = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
-           starve_http = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
-           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           second_services = 0, cluster_views = 0, violations = 0;
+           vision_rounds = 0, images_checked = 0, expert_swaps = 0, overlap_off_rounds = 0,
+           unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
+           pipeline_parallel_rounds = 0, remote_stage_rounds = 0, layer_moves = 0,
+           layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0, stage_node_kills = 0,
+           overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
+           tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0,
+           copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0,
+           registry_rounds = 0, registry_joins = 0, registry_removes = 0, second_services = 0,
+           cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
+  // Image requests: the first answer to each (image, prompt), which every
+  // later one must equal, whatever the round does (preemption by
+  // recompute needs the image's rows again, migration moves their KV).
+  std::map<std::string, std::string> image_answers;
 };
 
 // biased: logit_bias forcing one token (+100, greedy or sampled: every
@@ -185,7 +198,7 @@ struct client_socket {
 
 // A model the rounds serve, with its offline greedy answers to kPrompts.
 struct model_reference {
-  enum class kind { dense, moe, gemma };
+  enum class kind { dense, moe, gemma, vision };
   kind what = kind::dense;
   std::string model;
   std::vector<std::vector<int32_t>> tokens;
@@ -219,10 +232,11 @@ class round_driver {
     // its experts on two sub-devices and the expert controller moving them
     // at a low threshold, so swaps land under the round's load.
     ref_ = &references_[0];
-    std::vector<const model_reference*> moe, gemma;
+    std::vector<const model_reference*> moe, gemma, vision;
     for (const auto& r : references_) {
       if (r.what == model_reference::kind::moe) moe.push_back(&r);
       if (r.what == model_reference::kind::gemma) gemma.push_back(&r);
+      if (r.what == model_reference::kind::vision) vision.push_back(&r);
     }
     if (!moe.empty() && chance(0.3)) {
       ref_ = moe[pick(moe.size())];
@@ -231,6 +245,11 @@ class round_driver {
       // Issue 33: a real model with K-quants and sliding-window layers.
       ref_ = gemma.front();
       ++t_.gemma_rounds;
+    } else if (!vision.empty() && chance(0.15)) {
+      // Issue 36 item 3: SmolLM2 with the vision encoder; some HTTP calls
+      // send images.
+      ref_ = vision.front();
+      ++t_.vision_rounds;
     }
     const std::string args = pick_server_args();
     std::printf("round %llu: troupe serve -m %s %s\n", static_cast<unsigned long long>(t_.rounds),
@@ -266,8 +285,11 @@ class round_driver {
 
   std::string pick_server_args() {
     // Gemma 3's KV takes 18 KiB a token (stories15m's 2.25): arenas 8x.
+    // SmolLM2's: 30 KiB.
     const int kv_mb =
-        one_of<int>({2, 3, 4, 8}) * (ref_->what == model_reference::kind::gemma ? 8 : 1);
+        one_of<int>({2, 3, 4, 8}) * (ref_->what == model_reference::kind::gemma    ? 8
+                                     : ref_->what == model_reference::kind::vision ? 12
+                                                                                   : 1);
     const int max_seqs = one_of<int>({2, 4, 8, 16});
     // Some node rounds give the first node no KV store: its prompts' pages
     // copied to the second node's store come back to it as pulls.
@@ -309,6 +331,7 @@ class round_driver {
     }
     http_port_ = testing::free_port();
     std::string model;  // the model itself goes to server_process
+    if (ref_->what == model_reference::kind::vision) model += " --mmproj " + vision_fixture();
     if (ref_->what == model_reference::kind::moe)
       model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
                std::to_string(one_of<int>({20, 100}));
@@ -745,6 +768,46 @@ class round_driver {
     }
   }
 
+  // An image through the OpenAI API (issue 36 item 3): one of the fixture's
+  // two images with one of two prompts, greedy; the answer must equal the
+  // first one this run got for that pair, and the two images must not
+  // answer alike.
+  void image_call(httplib::Client& http) {
+    static const char* images[] = {"vision_pattern.png", "vision_pattern_t.png"};
+    static const char* prompts[] = {"What is in the image?", "Describe the colours."};
+    const std::string image = images[pick(2)], prompt = prompts[pick(2)];
+    std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/tests/data/" + image, std::ios::binary);
+    const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    json body = {{"model", ref_->model},
+                 {"temperature", 0},
+                 {"max_tokens", 12},
+                 {"messages",
+                  {{{"role", "user"},
+                    {"content",
+                     {{{"type", "image_url"},
+                       {"image_url", {{"url", "data:image/png;base64," + to_base64(bytes)}}}},
+                      {{"type", "text"}, {"text", prompt}}}}}}}};
+    ++t_.http_requests;
+    auto r = http.Post("/v1/chat/completions", body.dump(), "application/json");
+    if (!r) return violation("HTTP image: no answer");
+    if (r->status == 429 || r->status == 503) return;
+    auto j = json::parse(r->body, nullptr, false);
+    if (r->status != 200 || j.is_discarded())
+      return violation("HTTP image: status " + std::to_string(r->status) + ": " +
+                       r->body.substr(0, 300));
+    const std::string answer = j["choices"][0]["message"].value("content", std::string());
+    auto [it, first] = t_.image_answers.emplace(image + "|" + prompt, answer);
+    if (!first && it->second != answer)
+      return violation("HTTP image " + image + ", \"" + prompt + "\": '" + answer +
+                       "' where the first answer was '" + it->second + "'");
+    const std::string twin =
+        (image == images[0] ? images[1] : images[0]) + std::string("|") + prompt;
+    if (auto o = t_.image_answers.find(twin); o != t_.image_answers.end() && o->second == answer)
+      return violation("HTTP image: both images answered '" + answer + "'");
+    ++t_.images_checked;
+    ++t_.http_checked;
+  }
+
   // The OpenAI HTTP API: a greedy completion that must equal offline
   // greedy, a stream the client leaves after its first event (the server
   // cancels it), a Responses call (a Response or its events; 400 for a
@@ -757,6 +820,7 @@ class round_driver {
     // fresh-clone CI run (two busy cores, a 64-deep queue, a tool call of
     // 150 prompt tokens that takes 9 s alone) passed 60 s.
     http.set_read_timeout(ref_->what == model_reference::kind::gemma ? 180 : 60, 0);
+    if (ref_->what == model_reference::kind::vision && chance(0.5)) return image_call(http);
     const size_t which = pick(8);
     const size_t prompt = pick(kPrompts.size());
     json body = {{"model", ref_->model},
@@ -1259,6 +1323,10 @@ class round_driver {
   std::vector<std::string> violations_;
 };
 
+std::string vision_fixture() {
+  return model_dir() + "/vision/llava-fixture-mmproj.gguf";
+}
+
 bool gemma_fetched() {
   try {
     resolve_model("gemma3-270m");  // throws where its file is absent
@@ -1300,6 +1368,8 @@ int run(const options& o) {
       references.push_back(offline_reference(m, model_reference::kind::moe));
   if (o.gemma && gemma_fetched())
     references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
+  if (o.vision && std::filesystem::exists(vision_fixture()))
+    references.push_back(offline_reference("smollm2-135m-instruct", model_reference::kind::vision));
   const auto start = clock_type::now();
   const auto end = start + std::chrono::milliseconds(int64_t(o.duration_s * 1000));
   std::vector<std::string> all;
@@ -1340,6 +1410,8 @@ int run(const options& o) {
             {"dp_lockstep_rounds", t.dp_lockstep_rounds},
             {"moe_rounds", t.moe_rounds},
             {"gemma_rounds", t.gemma_rounds},
+            {"vision_rounds", t.vision_rounds},
+            {"images_checked", t.images_checked},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
             {"tier_rounds", t.tier_rounds},
@@ -1412,16 +1484,20 @@ int main(int argc, char** argv) {
       o.moe = false;
     else if (a == "--no-gemma")
       o.gemma = false;
+    else if (a == "--no-vision")
+      o.vision = false;
     else {
-      std::fprintf(stderr,
-                   "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
-                   "                      [--no-moe] [--no-gemma]\n"
-                   "Drives live troupe serve processes (stories15m, and moe-8x2-skew,\n"
-                   "qwen2moe-4x2-shared, qwen3moe-4x2 or kq-moe in some rounds unless --no-moe,\n"
-                   "gemma3-270m in some\n"
-                   "where it was fetched unless --no-gemma) with a seeded random\n"
-                   "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
-                   "when clean.\n");
+      std::fprintf(
+          stderr,
+          "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
+          "                      [--no-moe] [--no-gemma] [--no-vision]\n"
+          "Drives live troupe serve processes (stories15m, and moe-8x2-skew,\n"
+          "qwen2moe-4x2-shared, qwen3moe-4x2 or kq-moe in some rounds unless --no-moe,\n"
+          "gemma3-270m in some\n"
+          "where it was fetched unless --no-gemma, smollm2-135m-instruct with the\n"
+          "vision fixture and image requests in some unless --no-vision) with a seeded random\n"
+          "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
+          "when clean.\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }

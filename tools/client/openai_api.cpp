@@ -8,7 +8,9 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/common/base64.hpp"
 #include "runtime/common/json_depth.hpp"
+#include "runtime/common/media_marker.hpp"
 #include "tools/client/openai_tools.hpp"
 
 namespace troupe::openai {
@@ -74,17 +76,58 @@ bool string_is(const in_json& o, const char* key, const char* want) {
 constexpr int k_max_body_depth = 100;
 
 // A chat message's content: a string, or text parts.
-std::optional<std::string> content_text(const in_json& c) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) return std::nullopt;
-  std::string out;
+// An image part's bytes: from a data URL ("data:image/png;base64,...");
+// the server fetches nothing, so other URLs are refused by name.
+std::optional<api_error> image_part(const in_json& part, std::string& bytes) {
+  const in_json* url = nullptr;
+  if (auto it = part.find("image_url"); it != part.end()) {
+    if (it->is_string())
+      url = &*it;
+    else if (it->is_object() && it->contains("url") && (*it)["url"].is_string())
+      url = &(*it)["url"];
+  }
+  if (!url) return invalid_request("messages", "an image_url part needs 'image_url': {'url': ...}");
+  const std::string& u = url->get_ref<const std::string&>();
+  const auto comma = u.find(',');
+  if (u.rfind("data:", 0) != 0 || comma == std::string::npos ||
+      u.substr(0, comma).find(";base64") == std::string::npos)
+    return invalid_request(
+        "messages",
+        "image_url: only base64 data URLs (data:image/png;base64,...) are taken; "
+        "this server fetches no URLs");
+  auto decoded = from_base64(std::string_view(u).substr(comma + 1));
+  if (!decoded) return invalid_request("messages", "image_url: the data URL is not valid base64");
+  bytes = std::move(*decoded);
+  return std::nullopt;
+}
+
+// A message's content as text; image parts become the media marker there
+// and their bytes go to `images`, in order.
+std::optional<api_error> content_text(const in_json& c, std::string& out,
+                                      std::vector<std::string>& images) {
+  if (c.is_string()) {
+    out = c.get<std::string>();
+    return std::nullopt;
+  }
+  const auto bad = [] {
+    return invalid_request("messages",
+                           "a message's 'content' must be a string or text and image_url parts");
+  };
+  if (!c.is_array()) return bad();
   for (const auto& part : c) {
-    if (!part.is_object() || !string_is(part, "type", "text") || !part.contains("text") ||
-        !part["text"].is_string())
-      return std::nullopt;
+    if (!part.is_object()) return bad();
+    if (string_is(part, "type", "image_url")) {
+      std::string bytes;
+      if (auto e = image_part(part, bytes)) return e;
+      images.push_back(std::move(bytes));
+      out += k_media_marker;
+      continue;
+    }
+    if (!string_is(part, "type", "text") || !part.contains("text") || !part["text"].is_string())
+      return bad();
     out += part["text"].get<std::string>();
   }
-  return out;
+  return std::nullopt;
 }
 
 json bytes_of(const std::string& s) {
@@ -184,6 +227,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     if (auto e = parse_tools(body, out.tools)) return e;
     out.tools.format = tools;
     std::vector<std::pair<std::string, std::string>> msgs;  // role, content
+    std::vector<std::string> images;                        // in the order they are marked
     for (const auto& m : *it) {
       if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
         return invalid_request("messages", "each message needs a 'role' string");
@@ -198,10 +242,11 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
       if (role != "system" && role != "user" && role != "assistant")
         return invalid_request("messages",
                                "unsupported role '" + role + "' (system, user, assistant, tool)");
-      auto content = content_text(m.contains("content") ? m["content"] : in_json(nullptr));
-      if (!content)
-        return invalid_request("messages", "a message's 'content' must be a string or text parts");
-      msgs.emplace_back(role, *content);
+      std::string content;
+      if (auto e = content_text(m.contains("content") ? m["content"] : in_json(nullptr), content,
+                                images))
+        return e;
+      msgs.emplace_back(role, std::move(content));
     }
     if (out.tools.active()) {
       if (auto e = place_tools(out.tools, msgs)) return e;
@@ -212,6 +257,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
       cm->set_role(role);
       cm->set_content(content);
     }
+    for (auto& bytes : images) g.add_images(std::move(bytes));
     prompts.push_back(std::move(g));
   } else {
     auto it = body.find("prompt");

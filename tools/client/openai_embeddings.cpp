@@ -1,8 +1,8 @@
 #include "tools/client/openai_embeddings.hpp"
 
-#include <openssl/evp.h>
-
 #include <cstring>
+
+#include "runtime/common/base64.hpp"
 
 namespace troupe::openai {
 
@@ -23,14 +23,8 @@ std::optional<api_error> token_prompt(const ojson& ids, const std::string& where
 
 std::string base64_of(const std::vector<float>& v) {
   // Little-endian float32, as OpenAI's base64 embeddings (this machine's order).
-  std::string bytes(v.size() * sizeof(float), '\0');
-  if (!v.empty()) std::memcpy(bytes.data(), v.data(), bytes.size());
-  std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
-  const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                                reinterpret_cast<const unsigned char*>(bytes.data()),
-                                static_cast<int>(bytes.size()));
-  out.resize(static_cast<size_t>(n));
-  return out;
+  return to_base64(
+      std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
 }
 
 }  // namespace

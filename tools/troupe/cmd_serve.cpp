@@ -25,6 +25,7 @@
 #include "actors/autoscaler.hpp"
 #include "actors/device.hpp"
 #include "actors/dp_group.hpp"
+#include "actors/encoder.hpp"
 #include "actors/expert_controller.hpp"
 #include "actors/gateway.hpp"
 #include "actors/instance.hpp"
@@ -141,6 +142,16 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // Opened once: the local instances share it.
   auto model = open_model(e);
   std::shared_ptr<const tokenizer> tok = tokenizer::create(model->vocab());
+  // The vision encoder (EPD's E stage), checked before anything starts:
+  // its rows must be the model's width.
+  std::shared_ptr<const clip_model> vision;
+  if (!e.mmproj.empty()) {
+    vision = load_clip_model(e.mmproj);
+    if (vision->hp.n_out != model->hparams().n_embd)
+      throw std::runtime_error(e.mmproj + ": the vision encoder writes rows of " +
+                               std::to_string(vision->hp.n_out) + " values; " + e.model +
+                               " takes rows of " + std::to_string(model->hparams().n_embd));
+  }
 
   // Where the instances run: --nodes (one each), [[cluster.node]] tables,
   // and --local-instances in this process.
@@ -394,6 +405,18 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ctx->kv_copy_pages = s.kv_copy_pages;
   ctx->offline_ttft_ms = s.offline_ttft_ms;
   ctx->offline_tpot_ms = s.offline_tpot_ms;
+  if (vision) {
+    try {
+      ctx->encoder = spawn_encoder(*env.sys, vision, {e.platform, e.device, 0});
+    } catch (...) {
+      for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+      throw;
+    }
+    ctx->image_rows = vision->hp.n_patches();
+    owned.push_back(caf::actor_cast<caf::actor>(ctx->encoder));
+    std::fprintf(stderr, "troupe serve: images through %s (%d rows each, %dx%d pixels)\n",
+                 e.mmproj.c_str(), ctx->image_rows, vision->hp.image_size, vision->hp.image_size);
+  }
   auto metrics = std::make_shared<metrics_registry>();
   declare_request_metrics(*metrics);
   ctx->metrics = metrics;

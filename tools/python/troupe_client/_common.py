@@ -137,6 +137,7 @@ def build_generate(
     deadline_ms: int = 0,
     logprobs: int = 0,
     embedding: bool = False,
+    images: Iterable[bytes] = (),
 ) -> bytes:
     """The Generate frame; arguments are checked here, and a bad one raises
     ValueError or TypeError naming it (nothing is sent)."""
@@ -210,6 +211,12 @@ def build_generate(
     # The prompt's pooled, normalised hidden states instead of a
     # generation (Result.embedding); generation options are refused with it.
     g.embedding = bool(embedding)
+    # Images (PNG or JPEG bytes), one for each "<__media__>" in the prompt,
+    # in order: for a server with a vision encoder (--mmproj).
+    for i, image in enumerate(images):
+        if not isinstance(image, (bytes, bytearray)):
+            raise TypeError(f"images[{i}] must be bytes, got {type(image).__name__}")
+        g.images.append(bytes(image))
     return msg.SerializeToString()
 
 

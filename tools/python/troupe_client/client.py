@@ -112,7 +112,8 @@ class Client:
         penalty_last_n, seed, logit_bias ({token id: bias in [-100, 100]}),
         stop, stop_token_ids, ignore_eos, offline, priority, deadline_ms,
         logprobs, embedding (True: the prompt's embedding in Result.embedding,
-        nothing generated)."""
+        nothing generated), images (PNG or JPEG bytes, one for each
+        "<__media__>" in the prompt)."""
         self._check_open()
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)

@@ -1,0 +1,267 @@
+// Image input (issue 36 item 3) against llama.cpp: tests/data/vision_golden.json
+// holds llama-server's greedy answers (and its encoder's rows) for two
+// images and two prompts on SmolLM2-135M with a LLaVA-1.5 mmproj fixture of
+// seeded random weights (tools/make_vision_fixture.py,
+// tools/record_vision_golden.py).
+// - The engine alone, fed llama.cpp's own image rows: its tokens against
+//   llama.cpp's.
+// - A real `troupe serve --mmproj`: the same requests through the OpenAI
+//   API (image_url data URLs) and the ZeroMQ protocol (Generate.images),
+//   encoded by the server's encoder actor (E), prefilled and decoded by
+//   its instance (P, D) -- and, with --pd, by a prefill and a decode instance.
+// Tokens must match up to llama.cpp's first near-tie: troupe's language
+// model is not bit-identical to the October 2026 llama.cpp
+// (docs/correctness.md), and its encoder's rows differ from llama.cpp's in
+// the last bits (tests/unit/test_vision.cpp).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "messages/client.pb.h"
+#include "runtime/common/base64.hpp"
+#include "runtime/model/model_registry.hpp"
+#include "tests/integration/engine_fixture.hpp"
+#include "tests/integration/net.hpp"
+#include "tests/integration/server_process.hpp"
+#include "tools/client/client.hpp"
+
+namespace troupe {
+namespace {
+
+using json = nlohmann::json;
+using testing::free_port;
+using testing::http_body;
+using testing::http_post;
+using testing::http_status;
+using testing::read_file;
+using testing::server_process;
+
+// Where llama.cpp's two best candidates are closer than this (in
+// log-probability), troupe may take the other.  The fixture's random image
+// rows put SmolLM2 where the last bits move its choices: measured, the
+// first prompt on the pattern parts after 4 tokens (gap 0.1375) with
+// troupe's own encoder rows and after 2 (gap 0.2174) with llama.cpp's
+// rows (which differ from troupe's by under 1e-3); the other three cases
+// match to their end.
+constexpr double k_near_tie = 0.25;
+constexpr size_t k_cases = 4;
+
+json golden() {
+  return json::parse(read_file(std::string(TROUPE_SOURCE_DIR) + "/tests/data/vision_golden.json"));
+}
+
+std::string fixture_path() {
+  return model_dir() + "/vision/llava-fixture-mmproj.gguf";
+}
+
+std::string image_bytes(const std::string& name) {
+  return read_file(std::string(TROUPE_SOURCE_DIR) + "/tests/data/" + name);
+}
+
+// Tokens `got` against the case's: equal up to llama.cpp's first near-tie
+// (all of them where there is none).
+void matches_case(const json& c, const std::vector<int32_t>& got, const std::string& how) {
+  const auto want = c["completion_token_ids"].get<std::vector<int32_t>>();
+  size_t same = 0;
+  while (same < want.size() && same < got.size() && got[same] == want[same]) ++same;
+  // A served answer leaves out the end-of-turn token llama.cpp's list ends with.
+  if (same == got.size() && same + 1 == want.size() && c["finish_reason"] == "stop")
+    same = want.size();
+  const std::string what =
+      how + ", " + c["image"].get<std::string>() + ", \"" + c["prompt"].get<std::string>() + "\"";
+  if (same == want.size()) {
+    std::printf("[vision] %s: all %zu tokens\n", what.c_str(), want.size());
+    return;
+  }
+  // A shorter answer that ended where llama.cpp's did is whole too.
+  ASSERT_LT(same, want.size()) << what;
+  const double margin =
+      c["top2_margin"][same].is_null() ? 1e9 : c["top2_margin"][same].get<double>();
+  EXPECT_LT(margin, k_near_tie) << what << ": token " << same << " is "
+                                << (same < got.size() ? got[same] : -1) << ", llama.cpp's is "
+                                << want[same] << " (its top-2 gap " << margin << ", no near-tie)";
+  std::printf("[vision] %s: %zu of %zu tokens, then a llama.cpp near-tie (gap %.4f)\n",
+              what.c_str(), same, want.size(), margin);
+}
+
+#define NEED_FILES()                                                                  \
+  if (!std::filesystem::exists(fixture_path()))                                       \
+    GTEST_SKIP() << fixture_path() << " missing; run `bash tools/setup.sh fixtures`"; \
+  if (!std::filesystem::exists(model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"))     \
+  GTEST_SKIP() << "SmolLM2 missing; run `bash tools/setup.sh models`"
+
+// The engine with llama.cpp's image rows, its prompt in llama.cpp's three
+// batches (text, image, text).
+TEST(Vision, EngineTakesLlamaCppsImageRowsToItsTokens) {
+  NEED_FILES();
+  const auto g = golden();
+  testing::engine_fixture e("smollm2-135m-instruct");
+  auto fwd = e.forward();
+  for (const auto& c : g["cases"]) {
+    const auto rows = from_base64(
+        g["images"][c["image"].get<std::string>()]["embd_f32le_b64"].get<std::string>());
+    ASSERT_TRUE(rows.has_value());
+    std::vector<float> embd(rows->size() / sizeof(float));
+    std::memcpy(embd.data(), rows->data(), embd.size() * sizeof(float));
+    const auto prefix = c["prefix_token_ids"].get<std::vector<int32_t>>();
+    const auto suffix = c["suffix_token_ids"].get<std::vector<int32_t>>();
+    const int n_img = c["image_positions"].get<int>();
+    ASSERT_EQ(embd.size(), size_t(n_img) * e.info.n_embd);
+    linear_pages pages(e.info.n_pages, e.info.page_size);
+    sequence_slot seq;
+    feed_tokens(fwd, pages, seq, prefix, 512, false);
+    {
+      pages.reserve(seq, seq.length + n_img);
+      forward_batch b;
+      for (int i = 0; i < n_img; ++i) {
+        b.tokens.push_back(0);
+        b.positions.push_back(seq.length + i);
+        b.embed_rows.push_back(i);
+      }
+      b.embed_input = embd;
+      b.seqs.push_back({0, n_img, seq.pages});
+      fwd(b);
+      seq.length += n_img;
+    }
+    auto logits = feed_tokens(fwd, pages, seq, suffix, 512, false);
+    std::vector<int32_t> got;
+    const size_t n = c["completion_token_ids"].size();
+    for (size_t i = 0; i < n; ++i) {
+      const auto best =
+          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      got.push_back(best);
+      if (i + 1 < n) logits = feed_tokens(fwd, pages, seq, {best}, 1, false);
+    }
+    matches_case(c, got, "engine, llama.cpp's rows");
+  }
+}
+
+void serve_and_compare(const std::string& extra, const std::string& how) {
+  const auto g = golden();
+  ASSERT_EQ(g["cases"].size(), k_cases);
+  const int http = free_port();
+  server_process server(
+      "--mmproj " + fixture_path() + " --http-port " + std::to_string(http) + " " + extra,
+      "troupe serve: listening on ", "smollm2-135m-instruct");
+  EXPECT_NE(server.stderr_text().find("troupe serve: images through"), std::string::npos);
+  // The ZeroMQ protocol: a chat Generate with the marker and the image's
+  // bytes; its token ids against llama.cpp's.
+  client::connection conn(server.endpoint());
+  std::vector<wire::Generate> reqs;
+  for (const auto& c : g["cases"]) {
+    wire::Generate q;
+    q.set_request_id(reqs.size() + 1);
+    auto* m = q.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("<__media__>" + c["prompt"].get<std::string>());
+    q.add_images(image_bytes(c["image"]));
+    q.set_max_tokens(static_cast<int>(c["completion_token_ids"].size()));
+    reqs.push_back(q);
+  }
+  const auto results = client::run(conn, reqs, std::chrono::seconds(120));
+  ASSERT_EQ(results.size(), k_cases);
+  for (size_t i = 0; i < k_cases; ++i) {
+    ASSERT_FALSE(results[i].error.has_value()) << results[i].error->message();
+    matches_case(g["cases"][i], results[i].token_ids, how);
+  }
+  // The OpenAI API: an image_url part, then the text (llama-server's
+  // request); the same greedy answer as through the ZeroMQ protocol.
+  for (size_t i = 0; i < k_cases; ++i) {
+    const auto& c = g["cases"][i];
+    const json body{
+        {"model", "smollm2-135m-instruct"},
+        {"temperature", 0},
+        {"max_tokens", c["completion_token_ids"].size()},
+        {"messages",
+         {{{"role", "user"},
+           {"content",
+            {{{"type", "image_url"},
+              {"image_url",
+               {{"url", "data:image/png;base64," + to_base64(image_bytes(c["image"]))}}}},
+             {{"type", "text"}, {"text", c["prompt"]}}}}}}}};
+    const auto raw = http_post(http, "/v1/chat/completions", body.dump());
+    ASSERT_EQ(http_status(raw), 200) << raw.substr(0, 400);
+    const auto r = json::parse(http_body(raw));
+    EXPECT_EQ(r["usage"]["prompt_tokens"], c["prompt_tokens"]);
+    EXPECT_EQ(r["choices"][0]["message"]["content"].get<std::string>(), results[i].text)
+        << "the OpenAI API and the ZeroMQ protocol answered the same request differently";
+  }
+}
+
+TEST(Vision, ServedImagesMatchLlamaCppThroughBothProtocols) {
+  NEED_FILES();
+  serve_and_compare("", "serve");
+}
+
+// Encode on the encoder actor (E), prefill on one instance (P), decode on
+// another (D): the KV of the image rows moves with the rest.
+TEST(Vision, ImagesThroughEncodePrefillAndDecodeInstances) {
+  NEED_FILES();
+  serve_and_compare("--local-instances 2 --instance-cores 1 --pd --roles prefill,decode", "E-P-D");
+}
+
+// What a client gets wrong is refused with a reason, and the server lives.
+TEST(Vision, BadImagesAreRefusedWithAReason) {
+  NEED_FILES();
+  const int http = free_port();
+  server_process server("--mmproj " + fixture_path() + " --http-port " + std::to_string(http),
+                        "troupe serve: listening on ", "smollm2-135m-instruct");
+  auto ask = [&](const json& content) {
+    const json body{{"model", "smollm2-135m-instruct"},
+                    {"max_tokens", 4},
+                    {"messages", {{{"role", "user"}, {"content", content}}}}};
+    return http_post(http, "/v1/chat/completions", body.dump());
+  };
+  auto image = [](const std::string& url) {
+    return json{{"type", "image_url"}, {"image_url", {{"url", url}}}};
+  };
+  const std::pair<json, std::string> bad[] = {
+      {json::array({image("https://example.com/cat.png")}), "fetches no URLs"},
+      {json::array({image("data:image/png;base64,@@@@")}), "not valid base64"},
+      {json::array({image("data:image/png;base64," + to_base64("not a png"))}),
+       "neither PNG nor JPEG"},
+      {json::array({image("data:image/png;base64," +
+                          to_base64(std::string("\x89PNG\r\n\x1a\n", 8) + "junk"))}),
+       "image 0"},
+      {json::array({json{{"type", "image_url"}}}), "image_url"},
+  };
+  for (const auto& [content, why] : bad) {
+    const auto raw = ask(content);
+    EXPECT_EQ(http_status(raw), 400) << raw.substr(0, 300);
+    EXPECT_NE(raw.find(why), std::string::npos) << why << ": " << raw.substr(0, 300);
+  }
+  // Markers and images must agree (the ZeroMQ protocol).
+  client::connection conn(server.endpoint());
+  wire::Generate q;
+  q.set_request_id(7);
+  q.set_text("two <__media__> <__media__>");
+  q.add_images(image_bytes("vision_pattern.png"));
+  const auto r = client::run(conn, {q}, std::chrono::seconds(60));
+  ASSERT_TRUE(r[0].error.has_value());
+  EXPECT_NE(r[0].error->message().find("markers"), std::string::npos) << r[0].error->message();
+  // Still serving: a good image after the bad ones.
+  const auto ok = ask(
+      json::array({image("data:image/png;base64," + to_base64(image_bytes("vision_pattern.png"))),
+                   json{{"type", "text"}, {"text", "Hi"}}}));
+  EXPECT_EQ(http_status(ok), 200) << ok.substr(0, 300);
+}
+
+// A server without --mmproj says so.
+TEST(Vision, AServerWithoutAnEncoderRefusesImages) {
+  if (!std::filesystem::exists(model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    GTEST_SKIP() << "SmolLM2 missing";
+  server_process server("", "troupe serve: listening on ", "smollm2-135m-instruct");
+  client::connection conn(server.endpoint());
+  wire::Generate q;
+  q.set_request_id(1);
+  q.set_text("<__media__> what is it?");
+  q.add_images(image_bytes("vision_pattern.png"));
+  const auto r = client::run(conn, {q}, std::chrono::seconds(60));
+  ASSERT_TRUE(r[0].error.has_value());
+  EXPECT_NE(r[0].error->message().find("--mmproj"), std::string::npos) << r[0].error->message();
+}
+
+}  // namespace
+}  // namespace troupe
