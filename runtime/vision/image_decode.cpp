@@ -18,6 +18,49 @@ bool is_jpeg(std::string_view b) {
   return b.size() >= 3 && std::memcmp(b.data(), "\xff\xd8\xff", 3) == 0;
 }
 
+// Debian's stb_image (2.27) trusts a JPEG Huffman table's symbol counts:
+// a table of more than 256 symbols writes past its arrays (upstream fixed
+// it in 2.28; the image fuzz target found it).  Every DHT segment is
+// checked here first, those between scans too (progressive JPEGs define
+// tables there).  False for a table that is too large, overruns its
+// segment or is cut off; other truncation is left to stb to report.
+bool jpeg_tables_fit(std::string_view b) {
+  auto byte = [&](size_t i) { return static_cast<uint8_t>(b[i]); };
+  size_t at = 2;  // after SOI
+  while (at + 4 <= b.size()) {
+    if (byte(at) != 0xFF) {  // entropy-coded data: on to the next marker
+      ++at;
+      continue;
+    }
+    const uint8_t m = byte(at + 1);
+    if (m == 0xFF) {  // fill
+      ++at;
+      continue;
+    }
+    if (m == 0x00 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) {  // stuffed zero, TEM, RSTn
+      at += 2;
+      continue;
+    }
+    if (m == 0xD9) return true;  // EOI
+    const size_t len = size_t{byte(at + 2)} << 8 | byte(at + 3);
+    // A cut table: stb would read its counts on past the end of the file.
+    if (m == 0xC4 && at + 2 + len > b.size()) return false;
+    if (len < 2 || at + 2 + len > b.size()) return true;
+    if (m == 0xC4) {
+      const size_t end = at + 2 + len;
+      for (size_t p = at + 4; p < end;) {
+        if (p + 17 > end) return false;
+        size_t n = 0;
+        for (size_t i = 1; i <= 16; ++i) n += byte(p + i);
+        if (n > 256 || p + 17 + n > end) return false;
+        p += 17 + n;
+      }
+    }
+    at += 2 + len;
+  }
+  return true;
+}
+
 // stb's reason, where it gave one (for a header it tried every format's).
 std::string failure() {
   const char* why = stbi_failure_reason();
@@ -32,6 +75,8 @@ rgb_image decode_image(std::string_view bytes) {
     throw image_error("the image is " + std::to_string(bytes.size()) + " bytes; at most " +
                       std::to_string(k_max_image_bytes) + " are taken");
   if (!is_png(bytes) && !is_jpeg(bytes)) throw image_error("the image is neither PNG nor JPEG");
+  if (is_jpeg(bytes) && !jpeg_tables_fit(bytes))
+    throw image_error("the image is damaged (a JPEG Huffman table is too large)");
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int len = static_cast<int>(bytes.size());
   int w = 0, h = 0, channels = 0;

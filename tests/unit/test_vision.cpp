@@ -90,6 +90,23 @@ TEST(ImageDecode, RefusesWhatIsNotAnImageWithAReason) {
     EXPECT_FALSE(std::string(e.what()).empty());
   }
   EXPECT_THROW(decode_image(std::string(k_max_image_bytes + 1, 'x')), image_error);
+  // The image fuzz target's first finding: a JPEG Huffman table of more
+  // than 256 symbols, which Debian's stb_image 2.27 writes past its arrays.
+  const auto huffman = from_base64(
+      "/9j/////////////////////////////////////////////////////////////////////////xPQQAHBgAAD//"
+      "6g=");
+  ASSERT_TRUE(huffman.has_value());
+  EXPECT_THROW(decode_image(*huffman), image_error);
+  // A bomb: a few KB claiming 8192 x 8192 pixels, refused from its header.
+  png = read_file(data_path("vision_pattern.png"));
+  png[16] = 0, png[17] = 0, png[18] = 0x20, png[19] = 0;  // width 8192
+  png[20] = 0, png[21] = 0, png[22] = 0x20, png[23] = 0;  // height 8192
+  try {
+    decode_image(png);
+    FAIL() << "an 8192 x 8192 image was decoded";
+  } catch (const image_error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ImagePreprocess, BicubicResizeKeepsAFlatImageFlatAndFitsTheSquare) {
