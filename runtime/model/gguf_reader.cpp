@@ -175,15 +175,10 @@ bool gguf_value::is_integer() const {
 }
 
 std::shared_ptr<gguf_file> gguf_file::open(const std::string& path) {
-  std::shared_ptr<gguf_file> f(new gguf_file());
-  f->path_ = path;
-  f->format_ = "gguf";
-  f->map_ = std::make_shared<const mapped_file>(path);
-  f->parse();
+  auto f = open_raw(path);
   f->build_hparams();
   f->build_vocab();
   f->check_llama_tensors();
-  f->fingerprint_ = sample_fingerprint(f->map_->data(), f->map_->size(), f->data_offset_);
   return f;
 }
 
