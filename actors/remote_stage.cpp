@@ -6,6 +6,7 @@
 #include <chrono>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "runtime/config/settings.hpp"
 
@@ -29,16 +30,33 @@ device_actor spawn_remote_stage(caf::actor_system& sys, const std::string& addre
   caf::scoped_actor self{sys};
   std::string error;
   node_actor node;
-  self->request(sys.openssl_manager().actor_handle(), std::chrono::seconds(10),
-                caf::connect_atom::value, host, port)
-      .receive(
-          [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
-            if (ptr)
-              node = caf::actor_cast<node_actor>(ptr);
-            else
-              error = "it publishes no node actor at that port";
-          },
-          [&](caf::error& e) { error = "cannot connect: " + sys.render(e); });
+  // A connect can fail for a moment on a busy host: BASP drops a peer that
+  // has been silent for cluster.connection_timeout_ms, and a node still
+  // loading its model may be silent that long during the handshake.  Try
+  // again until 10 s have passed; a refusal (no node actor) is final.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (int attempt = 1;; ++attempt) {
+    error.clear();
+    bool final_answer = true;
+    self->request(sys.openssl_manager().actor_handle(), std::chrono::seconds(10),
+                  caf::connect_atom::value, host, port)
+        .receive(
+            [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+              if (ptr)
+                node = caf::actor_cast<node_actor>(ptr);
+              else
+                error = "it publishes no node actor at that port";
+            },
+            [&](caf::error& e) {
+              error =
+                  "cannot connect: " + sys.render(e) + " (attempt " + std::to_string(attempt) + ")";
+              final_answer = false;
+            });
+    if (final_answer ||
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(500) >= deadline)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   if (!error.empty()) throw std::runtime_error(what + ": " + error);
   device_actor stage;
   // Loading a stage reads its layers from the node's disk: minutes at most.
