@@ -152,6 +152,7 @@ void add_bench_sim(CLI::App& bench);        // cmd_bench_sim.cpp
 void add_bench_calibrate(CLI::App& bench);  // cmd_bench_calibrate.cpp
 void add_bench_experts(CLI::App& bench);    // cmd_bench_experts.cpp
 void add_bench_static(CLI::App& bench);     // cmd_bench_static.cpp
+void add_bench_epd(CLI::App& bench);        // cmd_bench_epd.cpp
 void add_bench_placement(CLI::App& bench);  // cmd_bench_placement.cpp
 void add_bench_bandwidth(CLI::App& bench);  // cmd_bench_bandwidth.cpp
 
@@ -201,6 +202,7 @@ void add_bench(CLI::App& app) {
   add_bench_serve(*bench);
   add_bench_sim(*bench);
   add_bench_static(*bench);
+  add_bench_epd(*bench);
   add_bench_placement(*bench);
   add_bench_calibrate(*bench);
   add_bench_bandwidth(*bench);
