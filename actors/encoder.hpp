@@ -7,12 +7,20 @@
 
 #include "messages/encoder.hpp"
 #include "runtime/device/cl_runtime.hpp"
+#include "runtime/service/metrics.hpp"
 #include "runtime/vision/clip_model.hpp"
+#include "runtime/vision/encode_ledger.hpp"
 
 namespace troupe {
 
-// Throws cl_error where the device cannot take the encoder.
+// Throws cl_error where the device cannot take the encoder.  The ledger
+// bounds, withdraws and caches its work (shared with the request actors);
+// `metrics` (may be null) gets its figures after every image.
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<const clip_model> model,
-                            cl::device_choice where);
+                            cl::device_choice where, std::shared_ptr<encode_ledger> ledger,
+                            std::shared_ptr<metrics_registry> metrics);
+
+// The ledger's figures as troupe_encoder_* series.
+void record_encoder(metrics_registry& m, const encode_ledger::stats& s);
 
 }  // namespace troupe

@@ -155,6 +155,8 @@ using self_ptr = request_actor::stateful_pointer<request_state>;
 void quit(self_ptr self) {
   auto& st = self->state;
   if (st.instance) self->demonitor(st.instance.address());
+  // Images still waiting for the encoder are skipped.
+  if (!st.seq.embeds.empty() && st.ctx->encode_books) st.ctx->encode_books->withdraw(st.seq.id);
   self->quit();
 }
 
@@ -717,10 +719,19 @@ void encode_then_place(self_ptr self) {
     place_and_enqueue(self);
     return;
   }
+  const auto n = static_cast<int32_t>(st.seq.embeds.size());
+  if (st.ctx->encode_books && !st.ctx->encode_books->admit(st.seq.id, n)) {
+    reject(self, wire::OVERLOADED,
+           "the vision encoder's queue is full (" +
+               std::to_string(st.ctx->encode_books->max_waiting()) +
+               " images, engine.encoder_queue): try later");
+    return;
+  }
   auto left = std::make_shared<size_t>(st.seq.embeds.size());
   const auto started = clock_type::now();
   for (size_t i = 0; i < st.seq.embeds.size(); ++i) {
-    self->request(st.ctx->encoder, std::chrono::seconds(120), encode_atom::value, st.gen.images(i))
+    self->request(st.ctx->encoder, std::chrono::seconds(120), encode_atom::value, st.seq.id,
+                  st.gen.images(i))
         .then(
             [self, i, left, started](prompt_embeds& e) {
               auto& st = self->state;

@@ -17,6 +17,7 @@
 #include "messages/router.hpp"
 #include "runtime/service/metrics.hpp"
 #include "runtime/text/tokenizer.hpp"
+#include "runtime/vision/encode_ledger.hpp"
 
 namespace troupe {
 
@@ -49,6 +50,8 @@ struct serve_context {
   // and the prompt rows each image stands for.
   encoder_actor encoder;
   int32_t image_rows = 0;
+  // The encoder's books: its queue bound, withdrawals, cache.
+  std::shared_ptr<encode_ledger> encode_books;
 };
 
 // A ServerMessage as one wire frame (protocol_version set).

@@ -10,9 +10,12 @@
 
 namespace troupe {
 
-// Encodes one image (PNG or JPEG bytes); an error names what is wrong
-// with it (caf::sec::invalid_argument: the client's fault).
+// Encodes one image (PNG or JPEG bytes) of the request whose sequence id
+// is given (the encode ledger's owner, runtime/vision/encode_ledger); an
+// error names what is wrong with it (caf::sec::invalid_argument: the
+// client's fault; caf::sec::request_timeout: the request ended and its
+// image was skipped).
 using encoder_actor =
-    caf::typed_actor<caf::replies_to<encode_atom, std::string>::with<prompt_embeds>>;
+    caf::typed_actor<caf::replies_to<encode_atom, uint64_t, std::string>::with<prompt_embeds>>;
 
 }  // namespace troupe

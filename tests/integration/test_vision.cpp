@@ -248,6 +248,51 @@ TEST(Vision, BadImagesAreRefusedWithAReason) {
   EXPECT_EQ(http_status(ok), 200) << ok.substr(0, 300);
 }
 
+// The encoder's books (runtime/vision/encode_ledger): the n choices of one
+// OpenAI request encode its image once (the other from the cache of recent
+// encodes), and a request whose images would pass --encoder-queue is
+// refused as overloaded, at once; /metrics counts both.
+TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
+  NEED_FILES();
+  const int http = free_port();
+  server_process server("--mmproj " + fixture_path() + " --http-port " + std::to_string(http) +
+                            " --encoder-queue 2 --metrics-port " + std::to_string(free_port()),
+                        "troupe serve: listening on ", "smollm2-135m-instruct");
+  ASSERT_NE(server.metrics_port(), 0);
+  const json body{
+      {"model", "smollm2-135m-instruct"},
+      {"n", 2},
+      {"temperature", 0},
+      {"max_tokens", 4},
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "image_url"},
+            {"image_url",
+             {{"url", "data:image/png;base64," + to_base64(image_bytes("vision_pattern.png"))}}}},
+           {{"type", "text"}, {"text", "What is it?"}}}}}}}};
+  const auto raw = http_post(http, "/v1/chat/completions", body.dump());
+  ASSERT_EQ(http_status(raw), 200) << raw.substr(0, 400);
+  const auto r = json::parse(http_body(raw));
+  ASSERT_EQ(r["choices"].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], r["choices"][1]["message"]["content"]);
+  // Three images where two may wait.
+  client::connection conn(server.endpoint());
+  wire::Generate q;
+  q.set_request_id(9);
+  q.set_text("<__media__> <__media__> <__media__> three");
+  for (int i = 0; i < 3; ++i) q.add_images(image_bytes("vision_pattern.png"));
+  const auto over = client::run(conn, {q}, std::chrono::seconds(60));
+  ASSERT_TRUE(over[0].error.has_value());
+  EXPECT_EQ(over[0].error->code(), wire::OVERLOADED);
+  EXPECT_NE(over[0].error->message().find("engine.encoder_queue"), std::string::npos)
+      << over[0].error->message();
+  const auto metrics = http_body(testing::http_get(server.metrics_port(), "/metrics"));
+  EXPECT_NE(metrics.find("troupe_encoder_images_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("troupe_encoder_cache_hits_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("troupe_encoder_waiting 0\n"), std::string::npos) << metrics;
+}
+
 // A server without --mmproj says so.
 TEST(Vision, AServerWithoutAnEncoderRefusesImages) {
   if (!std::filesystem::exists(model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf"))

@@ -405,9 +405,13 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ctx->kv_copy_pages = s.kv_copy_pages;
   ctx->offline_ttft_ms = s.offline_ttft_ms;
   ctx->offline_tpot_ms = s.offline_tpot_ms;
+  auto metrics = std::make_shared<metrics_registry>();
   if (vision) {
     try {
-      ctx->encoder = spawn_encoder(*env.sys, vision, {e.platform, e.device, 0});
+      ctx->encode_books = std::make_shared<encode_ledger>(
+          e.encoder_queue, static_cast<uint64_t>(e.encoder_cache_mb) << 20);
+      ctx->encoder =
+          spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books, metrics);
     } catch (...) {
       for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
       throw;
@@ -417,7 +421,6 @@ int run_serve(settings_flags& flags, const std::string& config) {
     std::fprintf(stderr, "troupe serve: images through %s (%d rows each, %dx%d pixels)\n",
                  e.mmproj.c_str(), ctx->image_rows, vision->hp.image_size, vision->hp.image_size);
   }
-  auto metrics = std::make_shared<metrics_registry>();
   declare_request_metrics(*metrics);
   ctx->metrics = metrics;
   gateway_options go;
