@@ -197,7 +197,8 @@ void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
     const auto id = peek_generate_id(frame.data(), frame.size());
     return send_error(self, client, wire::FRAME_TOO_LARGE,
                       "frame too large: " + std::to_string(frame.size()) + " bytes, the limit is " +
-                          std::to_string(st.opts.max_frame_bytes),
+                          std::to_string(st.opts.max_frame_bytes) +
+                          " (the server's --max-frame-bytes; images count toward it)",
                       id.value_or(0), id.has_value() && !st.inflight.count({client, *id}));
   }
   wire::ClientMessage msg;
@@ -430,7 +431,8 @@ gateway_handle spawn_gateway(caf::actor_system& sys, std::shared_ptr<const serve
   s.set(zmq::sockopt::linger, 1000);  // flush the last frames at shutdown
   // Oversized frames are refused with an Error by us; the socket only drops
   // peers that send absurd ones (ZeroMQ disconnects them, no reply).
-  const int64_t hard_limit = std::max<int64_t>(int64_t{64} << 20, 16 * opts.max_frame_bytes);
+  // (Twice the limit, so a frame just over it still gets its Error.)
+  const int64_t hard_limit = std::max<int64_t>(int64_t{64} << 20, 2 * opts.max_frame_bytes);
   s.set(zmq::sockopt::maxmsgsize, hard_limit);
   gateway_handle h;
   for (const auto& ep : opts.endpoints) {

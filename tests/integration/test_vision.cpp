@@ -248,6 +248,27 @@ TEST(Vision, BadImagesAreRefusedWithAReason) {
   EXPECT_EQ(http_status(ok), 200) << ok.substr(0, 300);
 }
 
+// A PNG grown to about `size` bytes by a private ancillary chunk after its
+// header (decoders skip it): the same image, photo-sized.
+std::string padded_png(const std::string& png, size_t size) {
+  auto crc32 = [](const std::string& bytes) {
+    uint32_t c = 0xffffffffu;
+    for (unsigned char b : bytes) {
+      c ^= b;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+    }
+    return c ^ 0xffffffffu;
+  };
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  const size_t after_ihdr = 8 + 8 + 13 + 4;  // signature, IHDR's length, type, data, CRC
+  const std::string body = "prVt" + std::string(size, 'x');
+  const std::string chunk = be32(static_cast<uint32_t>(size)) + body + be32(crc32(body));
+  return png.substr(0, after_ihdr) + chunk + png.substr(after_ihdr);
+}
+
 // The encoder's books (runtime/vision/encode_ledger): the n choices of one
 // OpenAI request encode its image once (the other from the cache of recent
 // encodes), and a request whose images would pass --encoder-queue is
@@ -287,8 +308,21 @@ TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
   EXPECT_EQ(over[0].error->code(), wire::OVERLOADED);
   EXPECT_NE(over[0].error->message().find("engine.encoder_queue"), std::string::npos)
       << over[0].error->message();
+  // A photo-sized image (2 MiB, over the text-only frame limit of 1 MiB):
+  // a server with --mmproj takes frames to match.
+  const auto big = padded_png(image_bytes("vision_pattern.png"), 2 << 20);
+  const json big_body{{"model", "smollm2-135m-instruct"},
+                      {"max_tokens", 2},
+                      {"messages",
+                       {{{"role", "user"},
+                         {"content",
+                          {{{"type", "image_url"},
+                            {"image_url", {{"url", "data:image/png;base64," + to_base64(big)}}}},
+                           {{"type", "text"}, {"text", "What is it?"}}}}}}}};
+  const auto big_raw = http_post(http, "/v1/chat/completions", big_body.dump());
+  EXPECT_EQ(http_status(big_raw), 200) << big_raw.substr(0, 400);
   const auto metrics = http_body(testing::http_get(server.metrics_port(), "/metrics"));
-  EXPECT_NE(metrics.find("troupe_encoder_images_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("troupe_encoder_images_total 2\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("troupe_encoder_cache_hits_total 1\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("troupe_encoder_waiting 0\n"), std::string::npos) << metrics;
 }

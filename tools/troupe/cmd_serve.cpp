@@ -426,6 +426,10 @@ int run_serve(settings_flags& flags, const std::string& config) {
   gateway_options go;
   go.endpoints = s.listen;
   go.max_frame_bytes = static_cast<size_t>(s.max_frame_bytes);
+  // Images are megabytes: a server that takes them takes frames to match,
+  // unless the operator chose a limit (one other than the default).
+  constexpr int32_t k_default_frame = 1 << 20, k_image_frame = 32 << 20;
+  if (vision && s.max_frame_bytes == k_default_frame) go.max_frame_bytes = k_image_frame;
   go.max_inflight = s.max_inflight;
   go.poll_ms = s.poll_ms;
   go.trace_history = static_cast<size_t>(s.trace_history);
