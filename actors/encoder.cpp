@@ -11,6 +11,8 @@ namespace troupe {
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<const clip_model> model,
                             cl::device_choice where, std::shared_ptr<encode_ledger> ledger,
                             std::shared_ptr<metrics_registry> metrics) {
+  // Without books of its own: no bound, no cache.
+  if (!ledger) ledger = std::make_shared<encode_ledger>(1 << 30, 0);
   // Built here, so a device that cannot take it fails the start, not a request.
   auto enc = std::make_shared<vision_forward>(std::move(model), where);
   return sys.spawn<caf::detached>(

@@ -14,8 +14,9 @@
 namespace troupe {
 
 // Throws cl_error where the device cannot take the encoder.  The ledger
-// bounds, withdraws and caches its work (shared with the request actors);
-// `metrics` (may be null) gets its figures after every image.
+// bounds, withdraws and caches its work (shared with the request actors;
+// null: unbounded, no cache); `metrics` (may be null) gets its figures
+// after every image (the request actors add theirs at admission).
 encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<const clip_model> model,
                             cl::device_choice where, std::shared_ptr<encode_ledger> ledger,
                             std::shared_ptr<metrics_registry> metrics);

@@ -3,6 +3,7 @@
 #include <caf/io/middleman_actor.hpp>
 #include <caf/openssl/manager.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <stdexcept>
@@ -30,16 +31,20 @@ device_actor spawn_remote_stage(caf::actor_system& sys, const std::string& addre
   caf::scoped_actor self{sys};
   std::string error;
   node_actor node;
-  // A connect can fail for a moment on a busy host: BASP drops a peer that
-  // has been silent for cluster.connection_timeout_ms, and a node still
-  // loading its model may be silent that long during the handshake.  Try
-  // again until 10 s have passed; a refusal (no node actor) is final.
+  // A connect can time out for a moment on a busy host: BASP drops a peer
+  // that has been silent for cluster.connection_timeout_ms, and a node
+  // still loading its model may be silent that long during the handshake.
+  // Such timeouts are tried again until 10 s have passed in all; any other
+  // answer (a refusal, a failed handshake, no such host) is final.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int attempt = 1;; ++attempt) {
     error.clear();
-    bool final_answer = true;
-    self->request(sys.openssl_manager().actor_handle(), std::chrono::seconds(10),
-                  caf::connect_atom::value, host, port)
+    bool timed_out = false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    self->request(sys.openssl_manager().actor_handle(),
+                  std::max(left, std::chrono::milliseconds(500)), caf::connect_atom::value, host,
+                  port)
         .receive(
             [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
               if (ptr)
@@ -50,12 +55,11 @@ device_actor spawn_remote_stage(caf::actor_system& sys, const std::string& addre
             [&](caf::error& e) {
               error =
                   "cannot connect: " + sys.render(e) + " (attempt " + std::to_string(attempt) + ")";
-              final_answer = false;
+              timed_out = e == caf::sec::connection_timeout || e == caf::sec::request_timeout;
             });
-    if (final_answer ||
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(500) >= deadline)
+    if (!timed_out || std::chrono::steady_clock::now() + std::chrono::milliseconds(500) >= deadline)
       break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
   if (!error.empty()) throw std::runtime_error(what + ": " + error);
   device_actor stage;

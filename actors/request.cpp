@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/admin.hpp"
+#include "actors/encoder.hpp"
 #include "actors/error_text.hpp"
 #include "actors/generate_check.hpp"
 #include "actors/relay.hpp"
@@ -720,7 +721,17 @@ void encode_then_place(self_ptr self) {
     return;
   }
   const auto n = static_cast<int32_t>(st.seq.embeds.size());
-  if (st.ctx->encode_books && !st.ctx->encode_books->admit(st.seq.id, n)) {
+  if (st.ctx->encode_books && n > st.ctx->encode_books->max_waiting()) {
+    reject(self, wire::INVALID_ARGUMENT,
+           "the request has " + std::to_string(n) + " images and the vision encoder takes " +
+               std::to_string(st.ctx->encode_books->max_waiting()) +
+               " at most at once (engine.encoder_queue)");
+    return;
+  }
+  const bool admitted = !st.ctx->encode_books || st.ctx->encode_books->admit(st.seq.id, n);
+  if (st.ctx->encode_books && st.ctx->metrics)
+    record_encoder(*st.ctx->metrics, st.ctx->encode_books->snapshot());
+  if (!admitted) {
     reject(self, wire::OVERLOADED,
            "the vision encoder's queue is full (" +
                std::to_string(st.ctx->encode_books->max_waiting()) +

@@ -100,6 +100,8 @@ class epd_run {
     const auto pools = epd_pools(result_.profile.strategy);
     if (pools.size() != result_.profile.pools.size())
       throw std::invalid_argument("the profile's pools do not match its strategy");
+    for (int32_t n : result_.profile.pools)
+      if (n < 1) throw std::invalid_argument("every pool of the profile needs an instance");
     for (size_t p = 0; p < pools.size(); ++p)
       for (int32_t k = 0; k < result_.profile.pools[p]; ++k) {
         instance in;
@@ -157,7 +159,10 @@ class epd_run {
 
   void enqueue_prefill(int32_t p, int32_t r, double now) {
     inst_[p].waiting.push_back(r);
-    try_start(p, now);
+    // The instance finishing an iteration plans its next once, after all
+    // that iteration's results are in (so one encoder batch's requests
+    // start their prefills together).
+    if (p != finishing_) try_start(p, now);
   }
 
   void place_decode(int32_t r, int32_t from, double now) {
@@ -234,6 +239,7 @@ class epd_run {
   void finish_iteration(int32_t i, double now) {
     auto& in = inst_[i];
     in.busy = false;
+    finishing_ = i;
     // Taken out first: placing a finished encode here starts the next
     // iteration, which refills them.
     const auto decodes = std::move(in.it_decodes);
@@ -262,6 +268,7 @@ class epd_run {
     }
     for (int32_t r : encodes)
       if (--state_[r].images_left == 0) place_prefill(r, i, now);
+    finishing_ = -1;
     try_start(i, now);
   }
 
@@ -271,6 +278,14 @@ class epd_run {
     uint64_t good = 0;
     for (size_t r = 0; r < reqs_.size(); ++r) {
       const auto& s = state_[r];
+      // A request the run never finished (a profile that cannot serve it)
+      // misses both SLOs.
+      if (s.first_token < 0 || s.done < 0) {
+        ttft.push_back(1e300);
+        tpot.push_back(1e300);
+        continue;
+      }
+      ++out.completed;
       const double t1 = s.first_token - reqs_[r].arrival_s;
       const double tp =
           reqs_[r].output_tokens > 1 ? (s.done - s.first_token) / (reqs_[r].output_tokens - 1) : 0;
@@ -302,7 +317,8 @@ class epd_run {
   std::vector<instance> inst_;
   std::priority_queue<event, std::vector<event>, std::greater<>> events_;
   uint64_t seq_ = 0;
-  size_t cursor_ = 0;  // the router's last pick
+  size_t cursor_ = 0;       // the router's last pick
+  int32_t finishing_ = -1;  // the instance whose iteration is being finished
   uint64_t encoded_images_ = 0;
   epd_sim_result result_;
 };

@@ -15,7 +15,8 @@
 //
 // Without stage-level scheduling an instance's iteration takes whole
 // requests: every pending encode, every waiting prompt in one piece and
-// every running decode, the two streams one after the other.
+// every running decode (`troupe bench epd` runs that ablation with one
+// stream, as the report's does).
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -54,7 +55,8 @@ struct epd_sim_config {
 struct epd_sim_result {
   epd_profile profile;
   uint64_t requests = 0;
-  double attainment = 0;  // share meeting both SLOs
+  uint64_t completed = 0;  // requests the run finished (the rest miss both SLOs)
+  double attainment = 0;   // share meeting both SLOs
   double ttft_p50_s = 0, ttft_p99_s = 0, tpot_p50_s = 0, tpot_p99_s = 0;
   uint64_t iterations = 0, encode_batches = 0;
   double mean_encode_batch = 0;

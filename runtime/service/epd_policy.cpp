@@ -145,29 +145,30 @@ weighed weigh(epd_strategy s, const epd_costs& c, const epd_workload& w, double 
   // Instance time per request in each pool at its capacity: its encoder
   // batches (the pool's running decodes riding along where it decodes),
   // its prefill chunks (likewise), then the decode-only iterations its
-  // output needs.  How many decodes run at once follows from the rate
-  // (Little's law: rate x output tokens x iteration time), found by fixed
-  // point.  A request's TPOT is the mean iteration of the pool it decodes
-  // in: one image may take longer than the SLO beside decodes, but not on
-  // average.
+  // output needs.  At capacity every iteration carries a full decode batch,
+  // unless the pool's encoder batches and prefill chunks alone are more
+  // iterations than its requests have output tokens to fill: then each
+  // carries output / (encodes + chunks).  A request's TPOT is the mean
+  // iteration of the pool it decodes in: one image may take longer than
+  // the SLO beside decodes, but not on average.
   for (const auto& pool : pools) {
     const double encodes = pool.encode ? w.images / b : 0.0;
     const double chunks = pool.prefill ? w.prompt_tokens / p : 0.0;
-    double running = pool.decode ? 1.0 : 0.0, ms = 0, iterations = 0;
-    for (int k = 0; k < 30; ++k) {
-      const int32_t dd = static_cast<int32_t>(std::lround(running));
-      ms = encodes * iteration(dd, dd, b) + chunks * iteration(p + dd, dd, 0);
-      iterations = encodes + chunks;
-      if (!pool.decode) break;
+    double running = 0;
+    if (pool.decode) {
+      running = static_cast<double>(d);
+      if (encodes + chunks > 0) running = std::min(running, w.output_tokens / (encodes + chunks));
+      running = std::max(running, 1.0);
+    }
+    const auto dd = static_cast<int32_t>(std::lround(running));
+    double ms = encodes * iteration(dd, dd, b) + chunks * iteration(p + dd, dd, 0);
+    double iterations = encodes + chunks;
+    if (pool.decode) {
       const double rest = std::max(0.0, w.output_tokens / running - encodes - chunks);
       ms += rest * iteration(dd, dd, 0);
       iterations += rest;
-      const double next = std::clamp(1000.0 / ms * w.output_tokens * (ms / iterations) / 1000.0,
-                                     1.0, static_cast<double>(d));
-      if (std::abs(next - running) < 0.5) break;
-      running = (running + next) / 2;
+      out.over_tpot |= iterations > 0 && ms / iterations > tpot;
     }
-    if (pool.decode) out.over_tpot |= iterations > 0 && ms / iterations > tpot;
     out.work_ms.push_back(ms);
   }
   return out;

@@ -271,8 +271,9 @@ std::string padded_png(const std::string& png, size_t size) {
 
 // The encoder's books (runtime/vision/encode_ledger): the n choices of one
 // OpenAI request encode its image once (the other from the cache of recent
-// encodes), and a request whose images would pass --encoder-queue is
-// refused as overloaded, at once; /metrics counts both.
+// encodes), and a request with more images than --encoder-queue holds is
+// refused by name, at once (one that only finds it full is refused as
+// overloaded: tests/unit/test_encode_ledger.cpp); /metrics counts them.
 TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
   NEED_FILES();
   const int http = free_port();
@@ -305,7 +306,8 @@ TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
   for (int i = 0; i < 3; ++i) q.add_images(image_bytes("vision_pattern.png"));
   const auto over = client::run(conn, {q}, std::chrono::seconds(60));
   ASSERT_TRUE(over[0].error.has_value());
-  EXPECT_EQ(over[0].error->code(), wire::OVERLOADED);
+  // More than the queue ever holds: the request's own fault, not "later".
+  EXPECT_EQ(over[0].error->code(), wire::INVALID_ARGUMENT);
   EXPECT_NE(over[0].error->message().find("engine.encoder_queue"), std::string::npos)
       << over[0].error->message();
   // A photo-sized image (2 MiB, over the text-only frame limit of 1 MiB):

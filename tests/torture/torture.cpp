@@ -331,7 +331,12 @@ class round_driver {
     }
     http_port_ = testing::free_port();
     std::string model;  // the model itself goes to server_process
-    if (ref_->what == model_reference::kind::vision) model += " --mmproj " + vision_fixture();
+    // The encoder's books vary: no cache (every answer must still equal
+    // the cached rounds'), a queue of 2 (some image calls refused 429).
+    if (ref_->what == model_reference::kind::vision)
+      model += " --mmproj " + vision_fixture() + " --encoder-cache-mb " +
+               std::to_string(one_of<int>({0, 64})) + " --encoder-queue " +
+               std::to_string(one_of<int>({2, 64}));
     if (ref_->what == model_reference::kind::moe)
       model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
                std::to_string(one_of<int>({20, 100}));
@@ -778,9 +783,13 @@ class round_driver {
     const std::string image = images[pick(2)], prompt = prompts[pick(2)];
     std::ifstream in(std::string(TROUPE_SOURCE_DIR) + "/tests/data/" + image, std::ios::binary);
     const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    // n = 2 sends the image twice to the encoder (the second from its
+    // cache when it has one): both choices must give the answer.
+    const int n = chance(0.3) ? 2 : 1;
     json body = {{"model", ref_->model},
                  {"temperature", 0},
                  {"max_tokens", 12},
+                 {"n", n},
                  {"messages",
                   {{{"role", "user"},
                     {"content",
@@ -795,7 +804,12 @@ class round_driver {
     if (r->status != 200 || j.is_discarded())
       return violation("HTTP image: status " + std::to_string(r->status) + ": " +
                        r->body.substr(0, 300));
+    if (!j.contains("choices") || j["choices"].size() != static_cast<size_t>(n))
+      return violation("HTTP image: " + std::to_string(n) + " choices asked, got " +
+                       r->body.substr(0, 300));
     const std::string answer = j["choices"][0]["message"].value("content", std::string());
+    if (n == 2 && j["choices"][1]["message"].value("content", std::string()) != answer)
+      return violation("HTTP image: the two choices of a greedy n = 2 differ");
     auto [it, first] = t_.image_answers.emplace(image + "|" + prompt, answer);
     if (!first && it->second != answer)
       return violation("HTTP image " + image + ", \"" + prompt + "\": '" + answer +

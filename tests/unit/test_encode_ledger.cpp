@@ -20,7 +20,7 @@ TEST(EncodeLedger, ImagesPastTheBoundAreRefusedAndTakingFreesRoom) {
   EXPECT_EQ(books.snapshot().refused, 1u);
   EXPECT_TRUE(books.take(1));
   EXPECT_TRUE(books.admit(3, 1));   // room again
-  EXPECT_FALSE(books.admit(4, 5));  // more than the bound at once: never
+  EXPECT_FALSE(books.admit(4, 5));  // more than the bound at once (the request refuses it first)
   EXPECT_TRUE(books.admit(5, 0));
 }
 

@@ -125,10 +125,16 @@ TEST(EpdPolicy, TheProfilerPicksTheStrategyThatSustainsTheMost) {
             << " chosen over " << to_string(s);
       }
     }
-  // An expensive encoder gets a pool of its own or shares the decode
-  // pool's iterations, never the prefill chunks' time.
+  // Encodes of 400 ms beside decodes keep their mean iteration over a 50 ms
+  // TPOT SLO: the strategies that put them there are named so and not
+  // chosen.
   const auto heavy = profile_epd(synthetic(400), w, 50, 8, true);
-  EXPECT_NE(heavy.strategy, epd_strategy::ep_d) << heavy.log[0];
+  EXPECT_NE(heavy.strategy, epd_strategy::ed_p);
+  EXPECT_NE(heavy.strategy, epd_strategy::colocated);
+  ASSERT_EQ(heavy.log.size(), 4u);
+  EXPECT_NE(heavy.log[1].find("exceeds the TPOT SLO"), std::string::npos) << heavy.log[1];
+  EXPECT_NE(heavy.log[3].find("exceeds the TPOT SLO"), std::string::npos) << heavy.log[3];
+  EXPECT_EQ(heavy.log[0].find("exceeds"), std::string::npos) << heavy.log[0];
 }
 
 // The profiler by trial climbs to the split and limits its trial measures
@@ -177,11 +183,26 @@ TEST(EpdSim, AtLowLoadEveryRequestMeetsItsSlosAndRunsRepeatExactly) {
     const auto a = simulate_epd(cfg, reqs);
     const auto b = simulate_epd(cfg, reqs);
     EXPECT_EQ(a.requests, 200u);
+    EXPECT_EQ(a.completed, 200u) << to_string(s);
     EXPECT_DOUBLE_EQ(a.attainment, 1.0) << to_string(s);
     EXPECT_EQ(a.iterations, b.iterations);
     EXPECT_DOUBLE_EQ(a.simulated_s, b.simulated_s);
     EXPECT_GT(a.encode_batches, 0u);
   }
+  // A profile that never begins a prefill finishes nothing: every request
+  // misses (none counts as met).
+  epd_profile stuck;
+  stuck.strategy = epd_strategy::colocated;
+  stuck.pools = {4};
+  stuck.limits.max_prefill_tokens = 0;
+  cfg.profile = stuck;
+  const auto none = simulate_epd(cfg, reqs);
+  EXPECT_EQ(none.completed, 0u);
+  EXPECT_DOUBLE_EQ(none.attainment, 0.0);
+  stuck.pools = {0};
+  cfg.profile = stuck;
+  EXPECT_THROW(simulate_epd(cfg, reqs), std::invalid_argument);
+  cfg.profile.reset();
   cfg.image_tokens = 0;
   EXPECT_THROW(simulate_epd(cfg, reqs), std::invalid_argument);
 }

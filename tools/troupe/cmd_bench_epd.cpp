@@ -98,7 +98,8 @@ void run_epd(const epd_flags& f) {
     epd_sim_result at;
     std::fprintf(stderr, "bench epd: %s: goodput ...\n", v.name.c_str());
     const double g = epd_goodput(c, f.requests, f.seed, f.target, &at);
-    if (first == 0) first = g;
+    // The first row is the reference (none when it served nothing).
+    if (&v == &vs.front()) first = g;
     const double ratio = g > 0 ? first / g : 0;
     if (f.json) {
       out.push_back({{"configuration", v.name},

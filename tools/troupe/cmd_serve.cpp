@@ -426,10 +426,12 @@ int run_serve(settings_flags& flags, const std::string& config) {
   gateway_options go;
   go.endpoints = s.listen;
   go.max_frame_bytes = static_cast<size_t>(s.max_frame_bytes);
-  // Images are megabytes: a server that takes them takes frames to match,
-  // unless the operator chose a limit (one other than the default).
-  constexpr int32_t k_default_frame = 1 << 20, k_image_frame = 32 << 20;
-  if (vision && s.max_frame_bytes == k_default_frame) go.max_frame_bytes = k_image_frame;
+  // Images are megabytes: a server that takes them takes frames (and HTTP
+  // bodies, their base64 a third larger) to match, where the operator left
+  // the limits at their defaults.
+  const service_settings defaults{};
+  constexpr size_t k_image_frame = size_t{32} << 20, k_image_body = size_t{48} << 20;
+  if (vision && s.max_frame_bytes == defaults.max_frame_bytes) go.max_frame_bytes = k_image_frame;
   go.max_inflight = s.max_inflight;
   go.poll_ms = s.poll_ms;
   go.trace_history = static_cast<size_t>(s.trace_history);
@@ -514,6 +516,8 @@ int run_serve(settings_flags& flags, const std::string& config) {
       ho.host = s.http_host;
       ho.port = s.http_port;
       ho.max_body_bytes = static_cast<size_t>(s.http_max_body_bytes);
+      if (vision && s.http_max_body_bytes == defaults.http_max_body_bytes)
+        ho.max_body_bytes = k_image_body;
       ho.model = e.model;
       ho.endpoint = gw.endpoints.at(0);
       ho.token_text = [tok](int32_t id) { return tok->decode({id}); };
