@@ -57,6 +57,10 @@ encoder_actor spawn_encoder(caf::actor_system& sys, std::shared_ptr<const clip_m
 void record_encoder(metrics_registry& m, const encode_ledger::stats& s) {
   m.gauge_set("troupe_encoder_waiting", "vision encoder: images admitted and not yet taken", {},
               s.waiting);
+  m.gauge_set("troupe_encoder_distinct_waiting",
+              "vision encoder: different images among those waiting (engine.encoder_queue bounds "
+              "it)",
+              {}, s.distinct);
   m.counter_set("troupe_encoder_images_total", "vision encoder: images encoded", {},
                 static_cast<double>(s.encoded));
   m.counter_set("troupe_encoder_cache_hits_total",

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -16,6 +17,7 @@
 #include "runtime/engine/sampler.hpp"
 #include "runtime/text/incremental_decoder.hpp"
 #include "runtime/text/stop_matcher.hpp"
+#include "runtime/text/unicode.hpp"
 
 namespace troupe {
 
@@ -29,7 +31,9 @@ std::string error_frame(wire::ErrorCode code, const std::string& message, uint64
   wire::ServerMessage m;
   auto* e = m.mutable_error();
   e->set_code(code);
-  e->set_message(message);
+  // Messages quote what clients sent (a damaged image's chunk name): the
+  // frame must stay parseable for a strict protobuf client.
+  e->set_message(unicode::scrub_utf8(message));
   e->set_request_id(request_id);
   e->set_has_request_id(has_request_id);
   return encode_frame(m);
@@ -720,15 +724,19 @@ void encode_then_place(self_ptr self) {
     place_and_enqueue(self);
     return;
   }
-  const auto n = static_cast<int32_t>(st.seq.embeds.size());
-  if (st.ctx->encode_books && n > st.ctx->encode_books->max_waiting()) {
+  std::vector<size_t> keys;
+  for (size_t i = 0; i < st.seq.embeds.size(); ++i)
+    keys.push_back(encode_ledger::key(st.gen.images(static_cast<int>(i))));
+  const auto distinct = static_cast<int32_t>(std::set<size_t>(keys.begin(), keys.end()).size());
+  if (st.ctx->encode_books && distinct > st.ctx->encode_books->max_waiting()) {
     reject(self, wire::INVALID_ARGUMENT,
-           "the request has " + std::to_string(n) + " images and the vision encoder takes " +
+           "the request has " + std::to_string(distinct) +
+               " different images and the vision encoder takes " +
                std::to_string(st.ctx->encode_books->max_waiting()) +
                " at most at once (engine.encoder_queue)");
     return;
   }
-  const bool admitted = !st.ctx->encode_books || st.ctx->encode_books->admit(st.seq.id, n);
+  const bool admitted = !st.ctx->encode_books || st.ctx->encode_books->admit(st.seq.id, keys);
   if (st.ctx->encode_books && st.ctx->metrics)
     record_encoder(*st.ctx->metrics, st.ctx->encode_books->snapshot());
   if (!admitted) {

@@ -125,4 +125,17 @@ bool is_valid_utf8(std::string_view text) {
   return true;
 }
 
+std::string scrub_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    const uint32_t cp = decode_next(text, pos);
+    if (is_invalid(cp))
+      out += replacement_character;
+    else
+      append_utf8(out, cp);
+  }
+  return out;
+}
+
 }  // namespace troupe::unicode

@@ -38,6 +38,12 @@ int valid_sequence_length(std::string_view text, size_t pos);
 
 inline constexpr std::string_view replacement_character = "\xEF\xBF\xBD";  // U+FFFD
 
+// The text with every byte that is not part of a valid UTF-8 sequence
+// replaced by U+FFFD: for protobuf string fields (which a strict parser
+// refuses otherwise) filled with text from outside, such as a decoder's
+// reason that quotes the bytes of a damaged file.
+std::string scrub_utf8(std::string_view text);
+
 // True when text is well-formed UTF-8.
 bool is_valid_utf8(std::string_view text);
 

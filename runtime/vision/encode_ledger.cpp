@@ -7,17 +7,34 @@ namespace troupe {
 encode_ledger::encode_ledger(int32_t max_waiting, uint64_t cache_bytes)
     : max_waiting_(max_waiting), cache_budget_(cache_bytes) {}
 
-bool encode_ledger::admit(uint64_t owner, int32_t images) {
+size_t encode_ledger::key(std::string_view bytes) {
+  return std::hash<std::string_view>{}(bytes);
+}
+
+bool encode_ledger::admit(uint64_t owner, const std::vector<size_t>& images) {
   std::lock_guard lock(m_);
-  if (images <= 0) return true;
-  if (stats_.waiting + images > max_waiting_) {
+  if (images.empty()) return true;
+  // The distinct images this request adds: not waiting, not cached, and
+  // not counted already among its own.
+  std::unordered_map<size_t, int> seen;
+  int32_t added = 0;
+  for (size_t k : images) {
+    if (waiting_keys_.count(k) || seen.count(k) || by_hash_.count(k)) continue;
+    seen.emplace(k, 1);
+    ++added;
+  }
+  if (static_cast<int32_t>(waiting_keys_.size()) + added > max_waiting_) {
     ++stats_.refused;
     return false;
   }
   auto& o = owners_[owner];
-  o.waiting += images;
+  for (size_t k : images) {
+    o.waiting.push_back(k);
+    ++waiting_keys_[k];
+  }
   o.withdrawn = false;
-  stats_.waiting += images;
+  stats_.waiting += static_cast<int32_t>(images.size());
+  stats_.distinct = static_cast<int32_t>(waiting_keys_.size());
   return true;
 }
 
@@ -31,16 +48,24 @@ bool encode_ledger::take(uint64_t owner) {
   auto it = owners_.find(owner);
   // Not admitted (a caller that skipped admit): encode it, uncounted.
   if (it == owners_.end()) return true;
-  const bool wanted = !it->second.withdrawn;
-  --stats_.waiting;
+  auto& o = it->second;
+  const bool wanted = !o.withdrawn;
+  if (!o.waiting.empty()) {
+    const size_t k = o.waiting.front();
+    o.waiting.pop_front();
+    if (auto w = waiting_keys_.find(k); w != waiting_keys_.end() && --w->second <= 0)
+      waiting_keys_.erase(w);
+    --stats_.waiting;
+  }
+  stats_.distinct = static_cast<int32_t>(waiting_keys_.size());
   if (!wanted) ++stats_.skipped;
-  if (--it->second.waiting <= 0) owners_.erase(it);
+  if (o.waiting.empty()) owners_.erase(it);
   return wanted;
 }
 
 std::optional<std::vector<float>> encode_ledger::cached(const std::string& bytes) {
   std::lock_guard lock(m_);
-  auto [first, last] = by_hash_.equal_range(std::hash<std::string>{}(bytes));
+  auto [first, last] = by_hash_.equal_range(key(bytes));
   for (auto it = first; it != last; ++it) {
     if (it->second->bytes != bytes) continue;
     lru_.splice(lru_.begin(), lru_, it->second);  // most recent first; iterators stay valid
@@ -55,7 +80,7 @@ void encode_ledger::remember(const std::string& bytes, const std::vector<float>&
   ++stats_.encoded;
   const uint64_t size = bytes.size() + rows.size() * sizeof(float);
   if (size > cache_budget_) return;
-  const size_t h = std::hash<std::string>{}(bytes);
+  const size_t h = key(bytes);
   auto [first, last] = by_hash_.equal_range(h);
   for (auto it = first; it != last; ++it)
     if (it->second->bytes == bytes) return;  // encoded twice at once: one copy kept
@@ -64,7 +89,7 @@ void encode_ledger::remember(const std::string& bytes, const std::vector<float>&
   stats_.cache_bytes += size;
   while (stats_.cache_bytes > cache_budget_ && !lru_.empty()) {
     auto victim = std::prev(lru_.end());
-    auto [vf, vl] = by_hash_.equal_range(std::hash<std::string>{}(victim->bytes));
+    auto [vf, vl] = by_hash_.equal_range(key(victim->bytes));
     for (auto it = vf; it != vl; ++it)
       if (it->second == victim) {
         by_hash_.erase(it);

@@ -4,9 +4,9 @@
 // takes them and keeps recent results.  Thread-safe: the encoder is a
 // detached actor on its own thread.
 //
-// - A bound on images waiting: a request whose images would pass it is
-//   refused at once ("overloaded", try later) instead of queueing without
-//   end behind a flood.
+// - A bound on distinct images waiting: a request whose images would pass
+//   it is refused at once ("overloaded", try later) instead of queueing
+//   without end behind a flood.
 // - Withdrawals: a request that ends (cancelled, timed out, refused)
 //   while its images wait has them skipped, not encoded for nobody.
 // - A cache of recent encodes by image bytes (least recently used out,
@@ -15,10 +15,12 @@
 //   each turn of a chat; each is encoded once.  A hit compares the whole
 //   bytes, not only a hash.
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -28,9 +30,14 @@ class encode_ledger {
  public:
   encode_ledger(int32_t max_waiting, uint64_t cache_bytes);
 
-  // Admits `images` more images of request `owner`; false (and counted as
-  // refused) when the images waiting would pass the bound.
-  bool admit(uint64_t owner, int32_t images);
+  // An image's key: a hash of its bytes.
+  static size_t key(std::string_view bytes);
+  // Admits the images (their keys) of request `owner`, in the order it
+  // sends them; false (and counted as refused) when the distinct images
+  // waiting would pass the bound.  An image waiting already, or in the
+  // cache, costs the encoder next to nothing and does not count: the n
+  // choices of one request send the same images n times at once.
+  bool admit(uint64_t owner, const std::vector<size_t>& images);
   // Request `owner` ended: its images not yet taken are skipped.
   void withdraw(uint64_t owner);
   // The encoder takes one image of `owner`: false when it was withdrawn
@@ -42,7 +49,8 @@ class encode_ledger {
   void remember(const std::string& bytes, const std::vector<float>& rows);
 
   struct stats {
-    int32_t waiting = 0;
+    int32_t waiting = 0;   // images admitted and not yet taken
+    int32_t distinct = 0;  // of those, different images (what the bound counts)
     uint64_t encoded = 0;  // remembered (encoded) images
     uint64_t cache_hits = 0, skipped = 0, refused = 0;
     uint64_t cache_bytes = 0;
@@ -52,7 +60,7 @@ class encode_ledger {
 
  private:
   struct owner_books {
-    int32_t waiting = 0;
+    std::deque<size_t> waiting;  // keys of its images not yet taken, in order
     bool withdrawn = false;
   };
   struct entry {
@@ -65,6 +73,7 @@ class encode_ledger {
   const uint64_t cache_budget_;
   mutable std::mutex m_;
   std::unordered_map<uint64_t, owner_books> owners_;
+  std::unordered_map<size_t, int32_t> waiting_keys_;  // distinct images waiting, and how often
   stats stats_;
   std::list<entry> lru_;  // most recent first
   std::unordered_multimap<size_t, std::list<entry>::iterator> by_hash_;

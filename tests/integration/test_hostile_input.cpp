@@ -199,6 +199,21 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
 }
 
+// A call whose Generate is over --max-frame-bytes (a body the HTTP limit
+// takes) is answered 413 by the front, naming the flag, and never sent:
+// far over the limit, ZeroMQ would drop the front's one connection to the
+// gateway, and every stream on it (a hostile probe saw a stream stop dead).
+TEST(HostileInput, ACallOverTheFrameLimitIsRefusedByTheFrontAndStreamsGoOn) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http) +
+                        " --max-frame-bytes 4096 --http-max-body-bytes 1000000");
+  auto big = complete(http, {{"prompt", std::string(200000, 'a')}, {"max_tokens", 2}});
+  EXPECT_EQ(big.status, 413) << big.body.dump().substr(0, 300);
+  EXPECT_NE(error_message(big).find("--max-frame-bytes"), std::string::npos) << error_message(big);
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+}
+
 // Case 5 (with issue 34's event-driven front): 16 connections sending
 // their headers a byte a second held every worker of the old front, and
 // 200 streams made /health wait 20 s.  Now 64 half-sent requests and 200

@@ -202,6 +202,14 @@ TEST(Vision, ImagesThroughEncodePrefillAndDecodeInstances) {
   serve_and_compare("--local-instances 2 --instance-cores 1 --pd --roles prefill,decode", "E-P-D");
 }
 
+// The fixture's PNG with its IDAT chunk's name made IDA\xab.
+std::string damaged_chunk_name() {
+  std::string png = image_bytes("vision_pattern.png");
+  const auto at = png.find("IDAT");
+  if (at != std::string::npos) png[at + 3] = static_cast<char>(0xab);
+  return png;
+}
+
 // What a client gets wrong is refused with a reason, and the server lives.
 TEST(Vision, BadImagesAreRefusedWithAReason) {
   NEED_FILES();
@@ -226,6 +234,10 @@ TEST(Vision, BadImagesAreRefusedWithAReason) {
                           to_base64(std::string("\x89PNG\r\n\x1a\n", 8) + "junk"))}),
        "image 0"},
       {json::array({json{{"type", "image_url"}}}), "image_url"},
+      // A damaged chunk name: the decoder's reason quotes its bytes, not
+      // UTF-8; the answer must still be a prompt 400 (it was a 504 after
+      // 60 s: the Error frame did not parse).
+      {json::array({image("data:image/png;base64," + to_base64(damaged_chunk_name()))}), "image 0"},
   };
   for (const auto& [content, why] : bad) {
     const auto raw = ask(content);
@@ -298,12 +310,21 @@ TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
   const auto r = json::parse(http_body(raw));
   ASSERT_EQ(r["choices"].size(), 2u);
   EXPECT_EQ(r["choices"][0]["message"]["content"], r["choices"][1]["message"]["content"]);
-  // Three images where two may wait.
+  // Three different images where two may wait: refused.  The same image
+  // three times counts once (and is encoded once).
   client::connection conn(server.endpoint());
   wire::Generate q;
   q.set_request_id(9);
   q.set_text("<__media__> <__media__> <__media__> three");
+  q.set_max_tokens(2);
   for (int i = 0; i < 3; ++i) q.add_images(image_bytes("vision_pattern.png"));
+  const auto same = client::run(conn, {q}, std::chrono::seconds(60));
+  ASSERT_FALSE(same[0].error.has_value()) << same[0].error->message();
+  q.set_request_id(10);
+  q.clear_images();
+  q.add_images(image_bytes("vision_pattern.png"));
+  q.add_images(image_bytes("vision_pattern_t.png"));
+  q.add_images(padded_png(image_bytes("vision_pattern.png"), 100));
   const auto over = client::run(conn, {q}, std::chrono::seconds(60));
   ASSERT_TRUE(over[0].error.has_value());
   // More than the queue ever holds: the request's own fault, not "later".
@@ -325,7 +346,7 @@ TEST(Vision, TheEncoderEncodesAnImageOnceAndBoundsItsQueue) {
   EXPECT_EQ(http_status(big_raw), 200) << big_raw.substr(0, 400);
   const auto metrics = http_body(testing::http_get(server.metrics_port(), "/metrics"));
   EXPECT_NE(metrics.find("troupe_encoder_images_total 2\n"), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("troupe_encoder_cache_hits_total 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("troupe_encoder_cache_hits_total 4\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("troupe_encoder_waiting 0\n"), std::string::npos) << metrics;
 }
 

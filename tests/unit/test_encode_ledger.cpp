@@ -11,23 +11,43 @@
 
 using namespace troupe;
 
-TEST(EncodeLedger, ImagesPastTheBoundAreRefusedAndTakingFreesRoom) {
-  encode_ledger books(4, 0);
-  EXPECT_TRUE(books.admit(1, 3));
-  EXPECT_FALSE(books.admit(2, 2));  // 3 + 2 > 4
-  EXPECT_TRUE(books.admit(2, 1));
-  EXPECT_EQ(books.snapshot().waiting, 4);
+namespace {
+// n distinct image keys starting at `first`.
+std::vector<size_t> keys(size_t first, size_t n) {
+  std::vector<size_t> k;
+  for (size_t i = 0; i < n; ++i) k.push_back(first + i);
+  return k;
+}
+}  // namespace
+
+TEST(EncodeLedger, DistinctImagesPastTheBoundAreRefusedAndTakingFreesRoom) {
+  encode_ledger books(4, 1 << 20);
+  EXPECT_TRUE(books.admit(1, keys(100, 3)));
+  EXPECT_FALSE(books.admit(2, keys(200, 2)));  // 3 + 2 > 4
+  EXPECT_TRUE(books.admit(2, keys(200, 1)));
+  EXPECT_EQ(books.snapshot().distinct, 4);
   EXPECT_EQ(books.snapshot().refused, 1u);
+  // The same images again (the n choices of one request): free.
+  EXPECT_TRUE(books.admit(3, keys(100, 3)));
+  EXPECT_TRUE(books.admit(4, {200, 200, 200}));
+  EXPECT_EQ(books.snapshot().waiting, 10);
+  EXPECT_EQ(books.snapshot().distinct, 4);
   EXPECT_TRUE(books.take(1));
-  EXPECT_TRUE(books.admit(3, 1));   // room again
-  EXPECT_FALSE(books.admit(4, 5));  // more than the bound at once (the request refuses it first)
-  EXPECT_TRUE(books.admit(5, 0));
+  EXPECT_EQ(books.snapshot().distinct, 4);  // image 100 still waits for request 3
+  EXPECT_TRUE(books.take(3));
+  EXPECT_EQ(books.snapshot().distinct, 3);
+  EXPECT_TRUE(books.admit(5, keys(300, 1)));  // room again
+  EXPECT_TRUE(books.admit(6, {}));
+  // A cached image does not count either.
+  books.remember("cached image", std::vector<float>(4, 1.f));
+  EXPECT_TRUE(books.admit(7, {encode_ledger::key("cached image")}));
+  EXPECT_FALSE(books.admit(8, keys(400, 1)));
 }
 
 TEST(EncodeLedger, AWithdrawnRequestsWaitingImagesAreSkipped) {
   encode_ledger books(16, 0);
-  ASSERT_TRUE(books.admit(7, 3));
-  ASSERT_TRUE(books.admit(8, 1));
+  ASSERT_TRUE(books.admit(7, keys(1, 3)));
+  ASSERT_TRUE(books.admit(8, keys(10, 1)));
   EXPECT_TRUE(books.take(7));  // taken before the request ended: encoded
   books.withdraw(7);
   books.withdraw(99);  // never admitted: nothing
@@ -37,8 +57,9 @@ TEST(EncodeLedger, AWithdrawnRequestsWaitingImagesAreSkipped) {
   const auto s = books.snapshot();
   EXPECT_EQ(s.skipped, 2u);
   EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.distinct, 0);
   // The id may come again (a new request): its images are wanted.
-  ASSERT_TRUE(books.admit(7, 1));
+  ASSERT_TRUE(books.admit(7, keys(1, 1)));
   EXPECT_TRUE(books.take(7));
 }
 
@@ -79,7 +100,7 @@ TEST(EncodeLedger, RequestsAndTheEncoderMayUseItFromSeveralThreads) {
     ts.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {
         const uint64_t owner = t * 10000 + i;
-        ASSERT_TRUE(books.admit(owner, 2));
+        ASSERT_TRUE(books.admit(owner, {owner * 2, owner * 2 + 1}));
         if (i % 3 == 0) books.withdraw(owner);
         books.take(owner);
         books.take(owner);
@@ -90,6 +111,7 @@ TEST(EncodeLedger, RequestsAndTheEncoderMayUseItFromSeveralThreads) {
   for (auto& t : ts) t.join();
   const auto s = books.snapshot();
   EXPECT_EQ(s.waiting, 0);
+  EXPECT_EQ(s.distinct, 0);
   EXPECT_EQ(s.skipped, 4u * 2 * 667);
   EXPECT_LE(s.cache_bytes, 7u * (16 + 16));
 }

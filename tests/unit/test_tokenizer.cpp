@@ -369,5 +369,17 @@ TEST(TokenizerUnicode, Utf8Validation) {
   EXPECT_EQ(unicode::valid_sequence_length("\x80", 0), -1);
 }
 
+// Text from outside (a decoder's reason quoting a damaged file's bytes)
+// made fit for a protobuf string: every bad byte one U+FFFD.
+TEST(TokenizerUnicode, ScrubbedTextIsValidUtf8) {
+  EXPECT_EQ(unicode::scrub_utf8("héllo 你好 🙂"), "héllo 你好 🙂");
+  EXPECT_EQ(unicode::scrub_utf8("IDA\xab PNG chunk"), "IDA\xEF\xBF\xBD PNG chunk");
+  EXPECT_EQ(unicode::scrub_utf8("\xE4\xBD"), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(unicode::scrub_utf8(""), "");
+  std::string bytes;
+  for (int b = 0; b < 256; ++b) bytes += static_cast<char>(b);
+  EXPECT_TRUE(unicode::is_valid_utf8(unicode::scrub_utf8(bytes)));
+}
+
 }  // namespace
 }  // namespace troupe

@@ -426,11 +426,12 @@ int run_serve(settings_flags& flags, const std::string& config) {
   gateway_options go;
   go.endpoints = s.listen;
   go.max_frame_bytes = static_cast<size_t>(s.max_frame_bytes);
-  // Images are megabytes: a server that takes them takes frames (and HTTP
-  // bodies, their base64 a third larger) to match, where the operator left
-  // the limits at their defaults.
+  // Images are megabytes: a server that takes them takes frames to match,
+  // where the operator left the limit at its default.  (Not HTTP bodies:
+  // the front holds each half-sent body whole, so their limit times the
+  // connections is its memory; 8 MiB carries a 6 MB image.)
   const service_settings defaults{};
-  constexpr size_t k_image_frame = size_t{32} << 20, k_image_body = size_t{48} << 20;
+  constexpr size_t k_image_frame = size_t{32} << 20;
   if (vision && s.max_frame_bytes == defaults.max_frame_bytes) go.max_frame_bytes = k_image_frame;
   go.max_inflight = s.max_inflight;
   go.poll_ms = s.poll_ms;
@@ -516,8 +517,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
       ho.host = s.http_host;
       ho.port = s.http_port;
       ho.max_body_bytes = static_cast<size_t>(s.http_max_body_bytes);
-      if (vision && s.http_max_body_bytes == defaults.http_max_body_bytes)
-        ho.max_body_bytes = k_image_body;
+      ho.max_frame_bytes = go.max_frame_bytes;
       ho.model = e.model;
       ho.endpoint = gw.endpoints.at(0);
       ho.token_text = [tok](int32_t id) { return tok->decode({id}); };

@@ -193,6 +193,19 @@ struct http_front::impl {
     wire::ClientMessage m;
     *m.mutable_generate() = k.c.generates[i];
     m.mutable_generate()->set_request_id(k.ids[i]);
+    // A frame over the gateway's limit is refused here: far over it,
+    // ZeroMQ would drop this front's one connection, and every call's
+    // stream with it.
+    if (opts.max_frame_bytes > 0 && m.ByteSizeLong() > opts.max_frame_bytes) {
+      k.choices[i].error = openai::api_error{413,
+                                             "the request is " + std::to_string(m.ByteSizeLong()) +
+                                                 " bytes as a frame and the server takes " +
+                                                 std::to_string(opts.max_frame_bytes) +
+                                                 " (--max-frame-bytes; images count toward it)",
+                                             "invalid_request_error", "", ""};
+      by_id.erase(k.ids[i]);
+      return;
+    }
     if (!send(std::move(m))) {
       k.choices[i].error =
           openai::api_error{503, "the server's endpoint took no request", "server_error", "", ""};

@@ -31,6 +31,9 @@ struct http_front_options {
   // actors), so called off the event loop, every second, and served cached.
   std::function<std::string()> metrics;
   size_t max_body_bytes = 8 << 20;
+  // The gateway's frame limit (0: none checked): a call whose Generate is
+  // larger is answered 413 here, never sent.
+  size_t max_frame_bytes = 0;
   // /tokenize: text -> ids (add_special: BOS where the model adds one).
   std::function<std::vector<int32_t>(const std::string&, bool add_special)> tokenize;
   int32_t vocab_size = 0;                 // /detokenize refuses ids outside it
