@@ -77,16 +77,31 @@ rgb_image decode_image(std::string_view bytes) {
   if (!is_png(bytes) && !is_jpeg(bytes)) throw image_error("the image is neither PNG nor JPEG");
   if (is_jpeg(bytes) && !jpeg_tables_fit(bytes))
     throw image_error("the image is damaged (a JPEG Huffman table is too large)");
+  auto check_size = [](int64_t w, int64_t h) {
+    if (w <= 0 || h <= 0 || w > k_max_image_side || h > k_max_image_side ||
+        w * h > k_max_image_pixels)
+      throw image_error("the image is " + std::to_string(w) + "x" + std::to_string(h) +
+                        " pixels; each side must be 1 to " + std::to_string(k_max_image_side) +
+                        " and the whole at most " + std::to_string(k_max_image_pixels));
+  };
+  // A PNG's size is read from its header first: stb refuses one too large
+  // for its own arithmetic (about 2^30 bytes of pixels) with a reason that
+  // names no size.
+  if (is_png(bytes) && bytes.size() >= 24 && bytes.substr(12, 4) == "IHDR") {
+    auto be32 = [&](size_t i) {
+      return (int64_t{static_cast<uint8_t>(bytes[i])} << 24) |
+             (int64_t{static_cast<uint8_t>(bytes[i + 1])} << 16) |
+             (int64_t{static_cast<uint8_t>(bytes[i + 2])} << 8) |
+             int64_t{static_cast<uint8_t>(bytes[i + 3])};
+    };
+    check_size(be32(16), be32(20));
+  }
   const auto* data = reinterpret_cast<const stbi_uc*>(bytes.data());
   const int len = static_cast<int>(bytes.size());
   int w = 0, h = 0, channels = 0;
   if (!stbi_info_from_memory(data, len, &w, &h, &channels))
     throw image_error(std::string("the image is damaged or truncated (") + failure() + ")");
-  if (w <= 0 || h <= 0 || w > k_max_image_side || h > k_max_image_side ||
-      int64_t{w} * h > k_max_image_pixels)
-    throw image_error("the image is " + std::to_string(w) + "x" + std::to_string(h) +
-                      " pixels; each side must be 1 to " + std::to_string(k_max_image_side) +
-                      " and the whole at most " + std::to_string(k_max_image_pixels));
+  check_size(w, h);
   std::unique_ptr<stbi_uc, void (*)(void*)> px(
       stbi_load_from_memory(data, len, &w, &h, &channels, 3), stbi_image_free);
   if (!px) throw image_error(std::string("the image is damaged or truncated (") + failure() + ")");

@@ -71,6 +71,32 @@ TEST(OpenAiApi, PromptsOfEveryShape) {
   EXPECT_EQ(c.generates[0].chat().messages(1).content(), "hi there");
 }
 
+// Image parts: a data URL's bytes go to Generate.images and a marker to
+// the text; base64 wrapped in lines is taken, a type other than an image's
+// is refused by name.
+TEST(OpenAiApi, ImageDataUrlsAreUnwrappedAndTyped) {
+  auto chat = [](const std::string& url) {
+    return json{{"messages",
+                 {{{"role", "user"},
+                   {"content",
+                    {{{"type", "image_url"}, {"image_url", {{"url", url}}}},
+                     {{"type", "text"}, {"text", "what?"}}}}}}}};
+  };
+  call c;
+  // "PNG bytes" in base64, wrapped as encodebytes writes it.
+  ASSERT_FALSE(parse(chat("data:image/png;base64,UE5H\nIGJ5\r\ndGVz"), true, "m", c));
+  ASSERT_EQ(c.generates.at(0).images_size(), 1);
+  EXPECT_EQ(c.generates[0].images(0), "PNG bytes");
+  ASSERT_FALSE(parse(chat("data:;base64,UE5HIGJ5dGVz"), true, "m", c));  // no type: sniffed
+  ASSERT_FALSE(parse(chat("data:IMAGE/JPEG;base64,UE5HIGJ5dGVz"), true, "m", c));
+  auto e = parse(chat("data:text/plain;base64,UE5HIGJ5dGVz"), true, "m", c);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("'text/plain', not an image's"), std::string::npos) << e->message;
+  e = parse(chat("data:image/png;base64,UE5H@IGJ5"), true, "m", c);
+  ASSERT_TRUE(e);
+  EXPECT_NE(e->message.find("not valid base64"), std::string::npos) << e->message;
+}
+
 TEST(OpenAiApi, BadValuesNameTheirParameter) {
   call c;
   auto param = [&](const json& body, bool chat = false) {

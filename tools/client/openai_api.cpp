@@ -1,5 +1,6 @@
 #include "tools/client/openai_api.hpp"
 
+#include <cctype>
 #include <charconv>
 #include <climits>
 #include <cmath>
@@ -95,7 +96,23 @@ std::optional<api_error> image_part(const in_json& part, std::string& bytes) {
         "messages",
         "image_url: only base64 data URLs (data:image/png;base64,...) are taken; "
         "this server fetches no URLs");
-  auto decoded = from_base64(std::string_view(u).substr(comma + 1));
+  // Its media type, where it names one, must be an image's.
+  std::string type(std::string_view(u).substr(5, comma - 5));
+  type = type.substr(0, type.find(';'));
+  for (char& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (!type.empty() && type.rfind("image/", 0) != 0)
+    return invalid_request("messages",
+                           "image_url: the data URL's type is '" + type + "', not an image's");
+  // Base64 wrapped in lines (as MIME and Python's encodebytes write it)
+  // or spaced: the white space is not part of it.
+  std::string_view payload = std::string_view(u).substr(comma + 1);
+  std::string unwrapped;
+  if (payload.find_first_of(" \t\r\n") != std::string_view::npos) {
+    for (char c : payload)
+      if (c != ' ' && c != '\t' && c != '\r' && c != '\n') unwrapped += c;
+    payload = unwrapped;
+  }
+  auto decoded = from_base64(payload);
   if (!decoded) return invalid_request("messages", "image_url: the data URL is not valid base64");
   bytes = std::move(*decoded);
   return std::nullopt;

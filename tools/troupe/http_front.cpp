@@ -197,7 +197,8 @@ struct http_front::impl {
     // ZeroMQ would drop this front's one connection, and every call's
     // stream with it.
     if (opts.max_frame_bytes > 0 && m.ByteSizeLong() > opts.max_frame_bytes) {
-      k.choices[i].error = openai::api_error{413,
+      // 400, as the gateway's FRAME_TOO_LARGE would have come back.
+      k.choices[i].error = openai::api_error{400,
                                              "the request is " + std::to_string(m.ByteSizeLong()) +
                                                  " bytes as a frame and the server takes " +
                                                  std::to_string(opts.max_frame_bytes) +

@@ -32,7 +32,7 @@ struct http_front_options {
   std::function<std::string()> metrics;
   size_t max_body_bytes = 8 << 20;
   // The gateway's frame limit (0: none checked): a call whose Generate is
-  // larger is answered 413 here, never sent.
+  // larger is answered 400 here (as FRAME_TOO_LARGE is), never sent.
   size_t max_frame_bytes = 0;
   // /tokenize: text -> ids (add_special: BOS where the model adds one).
   std::function<std::vector<int32_t>(const std::string&, bool add_special)> tokenize;
