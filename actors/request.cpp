@@ -743,7 +743,7 @@ void encode_then_place(self_ptr self) {
     reject(self, wire::OVERLOADED,
            "the vision encoder's queue is full (" +
                std::to_string(st.ctx->encode_books->max_waiting()) +
-               " images, engine.encoder_queue): try later");
+               " different images, engine.encoder_queue): try later");
     return;
   }
   auto left = std::make_shared<size_t>(st.seq.embeds.size());

@@ -1,8 +1,6 @@
 #include "sim/epd_sim.hpp"
 
 #include <algorithm>
-#include <climits>
-#include <cmath>
 #include <deque>
 #include <queue>
 #include <random>
@@ -179,10 +177,8 @@ class epd_run {
   void try_start(int32_t i, double now) {
     auto& in = inst_[i];
     if (in.busy) return;
-    in.it_encodes.clear();
-    in.it_prefill.clear();
-    in.it_decodes.clear();
-    epd_limits lim = result_.profile.limits;
+    // (The iteration's lists are empty here: finish_iteration took them.)
+    const epd_limits& lim = result_.profile.limits;
     epd_iteration plan;
     epd_queue q;
     q.decodes = static_cast<int32_t>(in.decoding.size());

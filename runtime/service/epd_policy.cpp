@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <stdexcept>
 
 namespace troupe {
@@ -23,8 +24,7 @@ std::string_view to_string(epd_strategy s) {
 }
 
 std::optional<epd_strategy> parse_epd_strategy(std::string_view name) {
-  for (auto s :
-       {epd_strategy::ep_d, epd_strategy::ed_p, epd_strategy::e_p_d, epd_strategy::colocated}) {
+  for (auto s : k_epd_strategies) {
     const auto want = to_string(s);
     if (name.size() != want.size()) continue;
     bool same = true;
@@ -47,6 +47,15 @@ std::vector<epd_stages> epd_pools(epd_strategy s) {
       return {{true, true, true}};
   }
   return {};
+}
+
+std::string pools_text(const std::vector<int32_t>& pools) {
+  std::string out;
+  for (size_t i = 0; i < pools.size(); ++i) {
+    if (i) out += '/';
+    out += std::to_string(pools[i]);
+  }
+  return out;
 }
 
 int32_t epd_iteration::prefill_rows() const {
@@ -202,8 +211,7 @@ double best_split(const std::vector<double>& work_ms, int32_t n, std::vector<int
 
 epd_profile profile_epd(const epd_costs& c, const epd_workload& w, double tpot_slo_ms,
                         int32_t instances, bool dual_stream, std::optional<epd_strategy> only) {
-  std::vector<epd_strategy> candidates = {epd_strategy::ep_d, epd_strategy::ed_p,
-                                          epd_strategy::e_p_d, epd_strategy::colocated};
+  std::vector<epd_strategy> candidates(std::begin(k_epd_strategies), std::end(k_epd_strategies));
   if (only) candidates = {*only};
   epd_profile best;
   bool have = false, best_over = true;
@@ -219,16 +227,11 @@ epd_profile profile_epd(const epd_costs& c, const epd_workload& w, double tpot_s
     std::vector<int32_t> split;
     const double rate = best_split(wd.work_ms, instances, split);
     char line[256];
-    std::string pools;
-    for (size_t i = 0; i < split.size(); ++i) {
-      if (i) pools += '/';
-      pools += std::to_string(split[i]);
-    }
-    std::snprintf(line, sizeof line,
-                  "%-5s pools %s, encoder batch %d, prefill %d, decode %d: %.2f req/s%s",
-                  std::string(to_string(s)).c_str(), pools.c_str(), wd.limits.max_encode_batch,
-                  wd.limits.max_prefill_tokens, wd.limits.max_decode_tokens, rate,
-                  wd.over_tpot ? " (its decodes' mean iteration exceeds the TPOT SLO)" : "");
+    std::snprintf(
+        line, sizeof line, "%-5s pools %s, encoder batch %d, prefill %d, decode %d: %.2f req/s%s",
+        std::string(to_string(s)).c_str(), pools_text(split).c_str(), wd.limits.max_encode_batch,
+        wd.limits.max_prefill_tokens, wd.limits.max_decode_tokens, rate,
+        wd.over_tpot ? " (its decodes' mean iteration exceeds the TPOT SLO)" : "");
     best.log.emplace_back(line);
     // A strategy whose decodes cannot keep the TPOT SLO comes after every
     // one that can.
@@ -252,8 +255,7 @@ epd_profile profile_epd(const epd_costs& c, const epd_workload& w, double tpot_s
 epd_profile profile_epd_by_trial(const epd_costs& c, const epd_workload& w, double tpot_slo_ms,
                                  int32_t instances, bool dual_stream, const epd_trial& trial,
                                  std::optional<epd_strategy> only) {
-  std::vector<epd_strategy> candidates = {epd_strategy::ep_d, epd_strategy::ed_p,
-                                          epd_strategy::e_p_d, epd_strategy::colocated};
+  std::vector<epd_strategy> candidates(std::begin(k_epd_strategies), std::end(k_epd_strategies));
   if (only) candidates = {*only};
   epd_profile best;
   bool have = false;
@@ -303,15 +305,10 @@ epd_profile profile_epd_by_trial(const epd_costs& c, const epd_workload& w, doub
       measured = best_rate;
     }
     est.limits = lim;
-    std::string split;
-    for (size_t i = 0; i < pools.size(); ++i) {
-      if (i) split += '/';
-      split += std::to_string(pools[i]);
-    }
     char line[160];
-    std::snprintf(line, sizeof line,
-                  "; by trial, pools %s, encoder batch %d, prefill %d: %.2f req/s", split.c_str(),
-                  lim.max_encode_batch, lim.max_prefill_tokens, measured);
+    std::snprintf(
+        line, sizeof line, "; by trial, pools %s, encoder batch %d, prefill %d: %.2f req/s",
+        pools_text(pools).c_str(), lim.max_encode_batch, lim.max_prefill_tokens, measured);
     best.log.push_back(est.log.at(0) + line);
     if (!have || measured > best.rate) {
       auto log = std::move(best.log);

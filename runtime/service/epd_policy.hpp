@@ -30,6 +30,9 @@
 namespace troupe {
 
 enum class epd_strategy { ep_d, ed_p, e_p_d, colocated };
+// Every strategy, in the order the profilers weigh them.
+inline constexpr epd_strategy k_epd_strategies[] = {epd_strategy::ep_d, epd_strategy::ed_p,
+                                                    epd_strategy::e_p_d, epd_strategy::colocated};
 std::string_view to_string(epd_strategy s);
 std::optional<epd_strategy> parse_epd_strategy(std::string_view name);
 
@@ -40,6 +43,8 @@ struct epd_stages {
 // A strategy's pools, in the order of epd_profile::pools: EP-D and ED-P
 // have two (the P side first), E-P-D three (E, P, D), EPD one.
 std::vector<epd_stages> epd_pools(epd_strategy s);
+// A split of instances over pools as "7/1".
+std::string pools_text(const std::vector<int32_t>& pools);
 
 // What an instance's iteration may take (the profiler's answer).
 struct epd_limits {

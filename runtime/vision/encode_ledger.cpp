@@ -1,6 +1,7 @@
 #include "runtime/vision/encode_ledger.hpp"
 
 #include <functional>
+#include <unordered_set>
 
 namespace troupe {
 
@@ -16,11 +17,11 @@ bool encode_ledger::admit(uint64_t owner, const std::vector<size_t>& images) {
   if (images.empty()) return true;
   // The distinct images this request adds: not waiting, not cached, and
   // not counted already among its own.
-  std::unordered_map<size_t, int> seen;
+  std::unordered_set<size_t> seen;
   int32_t added = 0;
   for (size_t k : images) {
     if (waiting_keys_.count(k) || seen.count(k) || by_hash_.count(k)) continue;
-    seen.emplace(k, 1);
+    seen.insert(k);
     ++added;
   }
   if (static_cast<int32_t>(waiting_keys_.size()) + added > max_waiting_) {

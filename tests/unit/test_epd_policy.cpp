@@ -11,15 +11,12 @@
 using namespace troupe;
 
 TEST(EpdPolicy, StrategiesParseAndNameTheirPools) {
-  for (auto s :
-       {epd_strategy::ep_d, epd_strategy::ed_p, epd_strategy::e_p_d, epd_strategy::colocated})
-    EXPECT_EQ(parse_epd_strategy(to_string(s)), s);
+  for (auto s : k_epd_strategies) EXPECT_EQ(parse_epd_strategy(to_string(s)), s);
   EXPECT_EQ(parse_epd_strategy("e-p-d"), epd_strategy::e_p_d);
   EXPECT_FALSE(parse_epd_strategy("P-E-D").has_value());
   EXPECT_FALSE(parse_epd_strategy("").has_value());
   // Every stage runs somewhere, exactly once.
-  for (auto s :
-       {epd_strategy::ep_d, epd_strategy::ed_p, epd_strategy::e_p_d, epd_strategy::colocated}) {
+  for (auto s : k_epd_strategies) {
     int e = 0, p = 0, d = 0;
     for (const auto& pool : epd_pools(s)) e += pool.encode, p += pool.prefill, d += pool.decode;
     EXPECT_EQ(e, 1) << to_string(s);
@@ -117,8 +114,7 @@ TEST(EpdPolicy, TheProfilerPicksTheStrategyThatSustainsTheMost) {
       const auto c = synthetic(encode, overlap);
       const auto best = profile_epd(c, w, 50, 8, true);
       EXPECT_EQ(best.log.size(), 4u);
-      for (auto s :
-           {epd_strategy::ep_d, epd_strategy::ed_p, epd_strategy::e_p_d, epd_strategy::colocated}) {
+      for (auto s : k_epd_strategies) {
         const auto one = profile_epd(c, w, 50, 8, true, s);
         EXPECT_GE(best.rate, one.rate - 1e-9)
             << "encode " << encode << " overlap " << overlap << ": " << to_string(best.strategy)
@@ -177,8 +173,7 @@ TEST(EpdSim, AtLowLoadEveryRequestMeetsItsSlosAndRunsRepeatExactly) {
   cfg.instances = 4;
   cfg.image_tokens = 64;
   const auto reqs = textcaps_like_workload(200, 0.5, 7);
-  for (auto s :
-       {epd_strategy::ep_d, epd_strategy::ed_p, epd_strategy::e_p_d, epd_strategy::colocated}) {
+  for (auto s : k_epd_strategies) {
     cfg.strategy = s;
     const auto a = simulate_epd(cfg, reqs);
     const auto b = simulate_epd(cfg, reqs);

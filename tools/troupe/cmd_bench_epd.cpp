@@ -52,16 +52,6 @@ std::vector<variant> variants(const epd_flags& f) {
           {"without stage-level scheduling as well", epd_strategy::colocated, false, false}};
 }
 
-std::string pools_text(const epd_profile& p) {
-  std::string s(to_string(p.strategy));
-  s += " ";
-  for (size_t i = 0; i < p.pools.size(); ++i) {
-    if (i) s += '/';
-    s += std::to_string(p.pools[i]);
-  }
-  return s;
-}
-
 void run_epd(const epd_flags& f) {
   epd_sim_config base;
   base.cost = cost_model::load(f.cost_model);
@@ -116,9 +106,10 @@ void run_epd(const epd_flags& f) {
                      {"tpot_p99_ms", at.tpot_p99_s * 1000},
                      {"mean_encode_batch", at.mean_encode_batch}});
     } else {
-      std::printf("%-44s %-12s %9.2f %6.2fx %10.2f %10.1f %7.2f\n", v.name.c_str(),
-                  pools_text(at.profile).c_str(), g, ratio, at.ttft_p99_s, at.tpot_p99_s * 1000,
-                  at.mean_encode_batch);
+      const std::string pools =
+          std::string(to_string(at.profile.strategy)) + " " + pools_text(at.profile.pools);
+      std::printf("%-44s %-12s %9.2f %6.2fx %10.2f %10.1f %7.2f\n", v.name.c_str(), pools.c_str(),
+                  g, ratio, at.ttft_p99_s, at.tpot_p99_s * 1000, at.mean_encode_batch);
     }
   }
   if (f.json)
