@@ -185,6 +185,13 @@ TEST(Cli, BadArgumentsAreRefused) {
   EXPECT_NE(r.err.find("temperature"), std::string::npos) << r.err;
   r = run_process(troupe_bin() + " generate -m stories15m");
   EXPECT_NE(r.exit_code, 0);
+  // A budget for requests being read that no largest body fits in.
+  r = run_process(troupe_bin() +
+                  " serve -m stories15m --listen 'tcp://127.0.0.1:*' --http-port 1 "
+                  "--http-max-body-bytes 4096 --http-max-unfinished-bytes 2048");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("service.http_max_unfinished_bytes (2048) is below"), std::string::npos)
+      << r.err;
   r = run_process(troupe_bin() + " --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("generate"), std::string::npos);

@@ -199,6 +199,64 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
 }
 
+// Found by issue 36's hostile probe: 700 connections each sending 7.9 MB
+// of an 8 MB body and then stalling held 6 GB (the body limit held per
+// connection only).  Now the bytes of requests still being read are held
+// to --http-max-unfinished-bytes (the connection whose read passes it gets
+// a 503 and is ended) and connections to --http-max-connections (more wait
+// in the kernel's backlog, and are taken as others end).
+TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http) +
+                        " --http-max-connections 16 --http-max-unfinished-bytes 24000000");
+  const long before = server.rss_kib();
+  constexpr int k_senders = 8;
+  constexpr size_t k_part = 6000000;  // of a body of 8000000: 8 x 6 MB is twice the budget
+  std::vector<int> fds;
+  for (int i = 0; i < k_senders; ++i) {
+    const int fd = connect_local(http);
+    ASSERT_GE(fd, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    send_all(fd,
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+             "application/json\r\nContent-Length: 8000000\r\n\r\n" +
+                 std::string(k_part, 'a'));
+    fds.push_back(fd);
+  }
+  // Served meanwhile.
+  EXPECT_EQ(http_status(http_get(http, "/health", 10s)), 200);
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+  int refused = 0;
+  for (int fd : fds) {
+    timeval tv{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[512];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n > 0 && http_status(std::string(buf, size_t(n))) == 503) ++refused;
+  }
+  // 48 MB sent against 24 MB: at least 4 are ended (3: one's 503 may be
+  // overtaken by the reset of its close).
+  EXPECT_GE(refused, 3);
+  const long held = server.rss_kib() - before;
+  EXPECT_LT(held, 64 * 1024) << "RSS grew by " << held << " KiB";
+  const auto metrics = http_body(http_get(http, "/metrics", 10s));
+  EXPECT_GE(sample(metrics, "troupe_http_refused_total"), 4) << metrics.substr(0, 2000);
+  EXPECT_LE(sample(metrics, "troupe_http_unfinished_bytes"), 24000000);
+  for (int fd : fds) ::close(fd);
+
+  // 16 idle connections fill the front: the next waits, and is taken as
+  // soon as some end.
+  std::vector<int> idle;
+  for (int i = 0; i < 16; ++i) idle.push_back(connect_local(http));
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(http_get(http, "/health", 1500ms), "") << "served past the connection limit";
+  for (size_t i = 0; i < 4; ++i) ::close(idle[i]);
+  EXPECT_EQ(http_status(http_get(http, "/health", 10s)), 200);
+  for (size_t i = 4; i < idle.size(); ++i) ::close(idle[i]);
+}
+
 // A call whose Generate is over --max-frame-bytes (a body the HTTP limit
 // takes) is answered 400 by the front, naming the flag, and never sent:
 // far over the limit, ZeroMQ would drop the front's one connection to the

@@ -26,7 +26,8 @@
 // matching nothing, token ids beyond int32 (HTTP and the wire), admin
 // frames with fields of the wrong types (each answered within 2 s),
 // chunked HTTP bodies past the body limit (cut off), and half-sent HTTP
-// requests with bursts of unread streams (/health still under 2 s).  Some
+// requests with bursts of unread streams (/health still under 2 s; in
+// some rounds half-sent bodies past a 16 MiB budget, one ended with 503).  Some
 // rounds run the KV store's tiers (issue 39): a host tier of a few MiB,
 // and where one process hosts the instances a disk tier of one to four,
 // so evicted prefixes churn through them and come back; across nodes,
@@ -152,10 +153,10 @@ struct tally {
            pipeline_parallel_rounds = 0, remote_stage_rounds = 0, layer_moves = 0,
            layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0, stage_node_kills = 0,
            overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
-           tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0,
-           copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0,
-           registry_rounds = 0, registry_joins = 0, registry_removes = 0, second_services = 0,
-           cluster_views = 0, violations = 0;
+           half_bodies_refused = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
+           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
+           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
+           second_services = 0, cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
   // Image requests: the first answer to each (image, prompt), which every
   // later one must equal, whatever the round does (preemption by
@@ -340,6 +341,10 @@ class round_driver {
     if (ref_->what == model_reference::kind::moe)
       model += " --expert-devices 2 --expert-threshold 1.05 --expert-interval-ms " +
                std::to_string(one_of<int>({20, 100}));
+    // Some rounds' front holds 16 MiB of requests being read, not 512: the
+    // half-sent bodies starve_http_front leaves pass it.
+    http_budget_ = one_of<size_t>({16u << 20, 512u << 20});
+    model += " --http-max-unfinished-bytes " + std::to_string(http_budget_);
     return where + model + " --http-port " + std::to_string(http_port_) + " --router " +
            one_of<std::string>({"round-robin", "least-load", "load-aware"}) + " --kv-mb " +
            std::to_string(kv_mb) + " --prefix-caching " + (chance(0.7) ? "true" : "false") +
@@ -1058,6 +1063,31 @@ class round_driver {
       testing::send_all(fd, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nCont");
       slow_clients_.push_back(fd);
     }
+    // Half-sent bodies (6 of 8 MB each, held until the round ends): 3 pass
+    // a budget of 16 MiB, and the front must end the one that does (503).
+    if (http_budget_ < (32u << 20)) {
+      int refused = 0;
+      for (int i = 0; i < 3; ++i) {
+        const int fd = testing::connect_local(http_port_);
+        if (fd < 0) return violation("HTTP: cannot connect a half-sent body");
+        timeval tv{5, 0};
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        testing::send_all(fd,
+                          "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: "
+                          "8000000\r\n\r\n" +
+                              std::string(6000000, ' '));
+        slow_clients_.push_back(fd);
+      }
+      for (size_t k = slow_clients_.size() - 3; k < slow_clients_.size(); ++k) {
+        timeval tv{2, 0};
+        ::setsockopt(slow_clients_[k], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        char buf[64];
+        const ssize_t n = ::recv(slow_clients_[k], buf, sizeof buf, 0);
+        refused += n > 0 && testing::http_status(std::string(buf, size_t(n))) == 503;
+      }
+      t_.half_bodies_refused += size_t(refused);
+      if (refused == 0) violation("HTTP: 18 MB of half-sent bodies held past a 16 MiB budget");
+    }
     std::vector<int> streams;
     const std::string body = json{
         {"model", ref_->model},
@@ -1310,7 +1340,8 @@ class round_driver {
   int admin_port_ = 0;
   std::vector<wire::Generate> sampled_sent_;          // this round's sampled requests
   std::map<int, std::vector<int32_t>> sampled_done_;  // the tokens of the first of each to end
-  std::vector<int> slow_clients_;  // half-sent requests and unread streams, closed at settle
+  std::vector<int> slow_clients_;    // half-sent requests and unread streams, closed at settle
+  size_t http_budget_ = 512u << 20;  // this round's --http-max-unfinished-bytes
   zmq::context_t zmq_ctx_;
   bool lockstep_ = false;  // this round's dp group steps in lockstep
   std::string disk_dir_;   // this round's KV disk tier folder (removed at settle)
@@ -1411,6 +1442,7 @@ int run(const options& o) {
             {"hostile_admin", t.hostile_admin},
             {"hostile_http", t.hostile_http},
             {"starve_http", t.starve_http},
+            {"half_bodies_refused", t.half_bodies_refused},
             {"pings", t.pings},
             {"preempted_recompute", t.preempted_recompute},
             {"preempted_swap", t.preempted_swap},

@@ -95,6 +95,14 @@ TEST(OpenAiApi, ImageDataUrlsAreUnwrappedAndTyped) {
   e = parse(chat("data:image/png;base64,UE5H@IGJ5"), true, "m", c);
   ASSERT_TRUE(e);
   EXPECT_NE(e->message.find("not valid base64"), std::string::npos) << e->message;
+  // As OpenAI: images in user messages only.
+  for (const char* role : {"system", "developer", "assistant"}) {
+    auto body = chat("data:image/png;base64,UE5HIGJ5dGVz");
+    body["messages"][0]["role"] = role;
+    e = parse(body, true, "m", c);
+    ASSERT_TRUE(e) << role;
+    EXPECT_NE(e->message.find("'user' messages only"), std::string::npos) << e->message;
+  }
 }
 
 TEST(OpenAiApi, BadValuesNameTheirParameter) {

@@ -260,9 +260,14 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
         return invalid_request("messages",
                                "unsupported role '" + role + "' (system, user, assistant, tool)");
       std::string content;
+      const size_t images_before = images.size();
       if (auto e = content_text(m.contains("content") ? m["content"] : in_json(nullptr), content,
                                 images))
         return e;
+      // As OpenAI: a system's or an assistant's words are text.
+      if (images.size() != images_before && role != "user")
+        return invalid_request(
+            "messages", "image_url parts go in 'user' messages only, not in '" + role + "' ones");
       msgs.emplace_back(role, std::move(content));
     }
     if (out.tools.active()) {

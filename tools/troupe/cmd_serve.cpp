@@ -517,6 +517,13 @@ int run_serve(settings_flags& flags, const std::string& config) {
       ho.host = s.http_host;
       ho.port = s.http_port;
       ho.max_body_bytes = static_cast<size_t>(s.http_max_body_bytes);
+      if (s.http_max_unfinished_bytes < s.http_max_body_bytes)
+        throw std::runtime_error(
+            "service.http_max_unfinished_bytes (" + std::to_string(s.http_max_unfinished_bytes) +
+            ") is below service.http_max_body_bytes (" + std::to_string(s.http_max_body_bytes) +
+            "): a body of the largest size could never be read");
+      ho.limits.max_connections = static_cast<size_t>(s.http_max_connections);
+      ho.limits.max_unfinished_bytes = static_cast<size_t>(s.http_max_unfinished_bytes);
       ho.max_frame_bytes = go.max_frame_bytes;
       ho.model = e.model;
       ho.endpoint = gw.endpoints.at(0);

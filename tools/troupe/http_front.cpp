@@ -24,6 +24,7 @@
 #include "net/secret.hpp"
 #include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_responses.hpp"
+#include "tools/troupe/http_connection_guard.hpp"
 
 namespace troupe::cli {
 
@@ -138,6 +139,7 @@ struct http_front::impl {
   event* zmq_event = nullptr;
   event* tick_event = nullptr;
   event* probe_event = nullptr;
+  std::unique_ptr<http_connection_guard> guard;  // connections and unfinished requests bounded
   std::thread loop, health_poll, metrics_poll;
   std::atomic<bool> stopping{false};
   std::atomic<bool> serving{true};
@@ -736,7 +738,8 @@ struct http_front::impl {
       if (metrics_text.empty())
         return reply_error(
             req, {503, "the metrics are being gathered; retry shortly", "server_error", "", ""});
-      return reply(req, 200, metrics_text, "text/plain; version=0.0.4; charset=utf-8");
+      return reply(req, 200, metrics_text + front_metrics(),
+                   "text/plain; version=0.0.4; charset=utf-8");
     }
 
     const bool get = method == EVHTTP_REQ_GET;
@@ -793,8 +796,24 @@ struct http_front::impl {
     reply(req, 200, text_of(json{{"content", opts.detokenize(ids)}}));
   }
 
+  // The front's own gauges, after the service's.
+  std::string front_metrics() const {
+    auto gauge = [](const char* name, const char* type, const char* help, size_t v) {
+      return std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+             name + " " + std::to_string(v) + "\n";
+    };
+    return gauge("troupe_http_connections", "gauge", "HTTP connections open",
+                 guard->connections()) +
+           gauge("troupe_http_unfinished_bytes", "gauge", "bytes of HTTP requests still being read",
+                 guard->unfinished_bytes()) +
+           gauge("troupe_http_refused_total", "counter",
+                 "HTTP connections ended with 503 for service.http_max_unfinished_bytes",
+                 guard->refused());
+  }
+
   static void on_request(evhttp_request* req, void* arg) {
     auto* self = static_cast<impl*>(arg);
+    self->guard->request_read(req);
     try {
       self->route(req);
     } catch (const std::exception& e) {
@@ -818,14 +837,17 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   evhttp_set_allowed_methods(p->http,
                              EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_OPTIONS);  // (HEAD: 501)
   evhttp_set_gencb(p->http, impl::on_request, p);
+  p->guard = std::make_unique<http_connection_guard>(p->base, p->http, p->opts.limits);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
       p->http, p->opts.host.c_str(), static_cast<ev_uint16_t>(p->opts.port));
   if (!bound) {
+    p->guard.reset();
     evhttp_free(p->http);
     event_base_free(p->base);
     throw std::runtime_error("service.http_port: cannot listen on " + p->opts.host + ":" +
                              std::to_string(p->opts.port) + " (in use?)");
   }
+  p->guard->watch(evhttp_bound_socket_get_listener(bound));
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   getsockname(evhttp_bound_socket_get_fd(bound), reinterpret_cast<sockaddr*>(&ss), &len);
@@ -901,6 +923,7 @@ http_front::~http_front() {
   if (p->tick_event) event_free(p->tick_event);
   if (p->probe_event) event_free(p->probe_event);
   evhttp_free(p->http);
+  p->guard.reset();  // after evhttp's frees: it holds the last reference to each buffer
   event_base_free(p->base);
 }
 

@@ -15,6 +15,7 @@
 
 #include "tools/client/openai_api.hpp"
 #include "tools/client/openai_endpoints.hpp"
+#include "tools/troupe/http_connection_guard.hpp"
 
 namespace troupe::cli {
 
@@ -31,6 +32,7 @@ struct http_front_options {
   // actors), so called off the event loop, every second, and served cached.
   std::function<std::string()> metrics;
   size_t max_body_bytes = 8 << 20;
+  http_connection_limits limits;  // connections open, bytes of requests being read
   // The gateway's frame limit (0: none checked): a call whose Generate is
   // larger is answered 400 here (as FRAME_TOO_LARGE is), never sent.
   size_t max_frame_bytes = 0;

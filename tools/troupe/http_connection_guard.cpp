@@ -1,0 +1,177 @@
+#include "tools/troupe/http_connection_guard.hpp"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+
+namespace troupe::cli {
+
+namespace {
+
+// How often connections evhttp has ended are let go (and accepting resumes).
+constexpr timeval k_sweep_period{0, 100000};
+
+// The answer to a connection ended for the budget (OpenAI's error body).
+const std::string& refusal() {
+  static const std::string body =
+      R"({"error":{"message":"the server holds too many unfinished requests; send again",)"
+      R"("type":"server_error","param":null,"code":"server_busy"}})";
+  static const std::string text =
+      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
+      "1\r\nConnection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  return text;
+}
+
+}  // namespace
+
+struct http_connection_guard::impl {
+  struct conn {
+    impl* guard = nullptr;
+    bufferevent* bev = nullptr;
+    evbuffer_cb_entry* watch = nullptr;
+    size_t unfinished = 0;  // bytes read since the connection's last whole request
+    bool refused = false;
+  };
+
+  event_base* base = nullptr;
+  http_connection_limits limits;
+  evconnlistener* listener = nullptr;
+  bool paused = false;
+  event* sweep_event = nullptr;
+  size_t unfinished = 0;
+  size_t refused = 0;
+  // Each connection's buffer, held by one reference of the guard's own: the
+  // buffer outlives evhttp's free of it, which clears its callbacks; that
+  // is how the guard learns a connection has ended (libevent 2.1 tells no
+  // one else).
+  std::unordered_map<bufferevent*, std::unique_ptr<conn>> conns;
+
+  static bufferevent* make(event_base* base, void* arg) {
+    auto* self = static_cast<impl*>(arg);
+    self->sweep();
+    // As evhttp makes it without a maker (it sets the socket afterwards).
+    bufferevent* bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    if (!bev) return nullptr;
+    bufferevent_incref(bev);
+    auto c = std::make_unique<conn>();
+    c->guard = self;
+    c->bev = bev;
+    c->watch = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c.get());
+    self->conns.emplace(bev, std::move(c));
+    if (self->conns.size() >= self->limits.max_connections && self->listener && !self->paused) {
+      evconnlistener_disable(self->listener);
+      self->paused = true;
+    }
+    return bev;
+  }
+
+  static void on_input(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+    auto* c = static_cast<conn*>(arg);
+    if (info->n_added == 0 || c->refused) return;
+    impl& g = *c->guard;
+    c->unfinished += info->n_added;
+    g.unfinished += info->n_added;
+    if (g.unfinished > g.limits.max_unfinished_bytes) g.refuse(*c);
+  }
+
+  // Ends the connection whose read went past the budget: a 503 where
+  // nothing else is being written on it, then an error event for evhttp,
+  // deferred (this runs inside the connection's read), on which it frees
+  // the connection as if the client had failed.  (A shutdown of the socket
+  // is not enough: Linux goes on delivering data queued before it, and
+  // nothing wakes the loop for it.)
+  void refuse(conn& c) {
+    c.refused = true;
+    ++refused;
+    unfinished -= c.unfinished;
+    c.unfinished = 0;
+    const evutil_socket_t fd = bufferevent_getfd(c.bev);
+    if (fd >= 0 && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0)
+      (void)::send(fd, refusal().data(), refusal().size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    bufferevent_disable(c.bev, EV_READ);
+    bufferevent_trigger_event(c.bev, BEV_EVENT_READING | BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
+  }
+
+  // Lets go of the connections evhttp has freed (their callbacks cleared:
+  // evhttp's error callback is set for as long as it holds one).
+  void sweep() {
+    for (auto it = conns.begin(); it != conns.end();) {
+      bufferevent_data_cb r = nullptr, w = nullptr;
+      bufferevent_event_cb e = nullptr;
+      void* arg = nullptr;
+      bufferevent_getcb(it->first, &r, &w, &e, &arg);
+      if (e) {
+        ++it;
+        continue;
+      }
+      release(*it->second);
+      it = conns.erase(it);
+    }
+    if (paused && conns.size() < limits.max_connections) {
+      evconnlistener_enable(listener);
+      paused = false;
+    }
+  }
+
+  void release(conn& c) {
+    unfinished -= c.unfinished;
+    evbuffer_remove_cb_entry(bufferevent_get_input(c.bev), c.watch);
+    bufferevent_decref(c.bev);
+  }
+};
+
+http_connection_guard::http_connection_guard(event_base* base, evhttp* http,
+                                             http_connection_limits limits)
+    : impl_(std::make_unique<impl>()) {
+  impl_->base = base;
+  impl_->limits = limits;
+  evhttp_set_bevcb(http, impl::make, impl_.get());
+  impl_->sweep_event = event_new(
+      base, -1, EV_PERSIST,
+      [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->sweep(); }, impl_.get());
+  event_add(impl_->sweep_event, &k_sweep_period);
+}
+
+http_connection_guard::~http_connection_guard() {
+  if (impl_->sweep_event) event_free(impl_->sweep_event);
+  for (auto& [bev, c] : impl_->conns) impl_->release(*c);
+}
+
+void http_connection_guard::watch(evconnlistener* listener) {
+  impl_->listener = listener;
+}
+
+void http_connection_guard::request_read(evhttp_request* req) {
+  evhttp_connection* con = evhttp_request_get_connection(req);
+  bufferevent* bev = con ? evhttp_connection_get_bufferevent(con) : nullptr;
+  auto it = bev ? impl_->conns.find(bev) : impl_->conns.end();
+  if (it == impl_->conns.end()) return;
+  auto& c = *it->second;
+  // What is left in its buffer is the next request's start (pipelining).
+  const size_t next = evbuffer_get_length(bufferevent_get_input(bev));
+  impl_->unfinished -= c.unfinished;
+  c.unfinished = c.refused ? 0 : std::min(next, c.unfinished);
+  impl_->unfinished += c.unfinished;
+}
+
+size_t http_connection_guard::connections() const {
+  return impl_->conns.size();
+}
+
+size_t http_connection_guard::unfinished_bytes() const {
+  return impl_->unfinished;
+}
+
+size_t http_connection_guard::refused() const {
+  return impl_->refused;
+}
+
+}  // namespace troupe::cli

@@ -1,0 +1,56 @@
+#pragma once
+// What the HTTP front's connections may hold, bounded (issue 36's hostile
+// probe: 700 connections each sending 7.9 MB of a body and then stalling
+// held 6 GB, as the body limit holds per connection only).
+//
+// libevent 2.1 has no connection limit and no view of requests still being
+// read, so the guard makes each connection's buffer itself (evhttp's
+// bufferevent callback) and watches it:
+//  - connections: at max_connections, accepting pauses (new ones wait in
+//    the kernel's backlog) until one ends;
+//  - unfinished requests: the bytes read on each connection since its last
+//    whole request are summed; a read that takes the sum past
+//    max_unfinished_bytes ends that connection with a 503, so the front's
+//    memory for requests being read stays near the budget whatever the
+//    clients do.
+// Everything runs on the front's event loop thread.
+#include <cstddef>
+#include <memory>
+
+struct bufferevent;
+struct event_base;
+struct evconnlistener;
+struct evhttp;
+struct evhttp_request;
+
+namespace troupe::cli {
+
+struct http_connection_limits {
+  size_t max_connections = 1024;
+  size_t max_unfinished_bytes = 512u << 20;
+};
+
+class http_connection_guard {
+ public:
+  // Installs itself as http's bufferevent maker; call before the front
+  // binds, then watch() with the listener it bound.
+  http_connection_guard(event_base* base, evhttp* http, http_connection_limits limits);
+  ~http_connection_guard();
+  http_connection_guard(const http_connection_guard&) = delete;
+  http_connection_guard& operator=(const http_connection_guard&) = delete;
+
+  void watch(evconnlistener* listener);
+  // A whole request was read on req's connection (the front's handler
+  // runs): what that connection read so far is no longer unfinished.
+  void request_read(evhttp_request* req);
+
+  size_t connections() const;
+  size_t unfinished_bytes() const;
+  size_t refused() const;  // connections ended for the budget
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace troupe::cli
