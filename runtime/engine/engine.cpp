@@ -68,6 +68,7 @@ void engine::copy_out(live_seq& s) {
   // copied already (the same tokens, the same hashes): not sent again.
   if (full - s.copied_pages < every) return;
   const int32_t ps = info_.page_size;
+  const auto& keyed = cache_tokens(s);
   engine_cmd::spill cp;
   cp.copy_of = s.key;
   for (int32_t i = s.copied_pages; i < full; ++i) {
@@ -76,7 +77,7 @@ void engine::copy_out(live_seq& s) {
     m.hash = chain[size_t(i)];
     m.parent = i == 0 ? 0 : chain[size_t(i) - 1];
     m.depth = i;
-    m.tokens.assign(s.tokens.begin() + size_t(i) * ps, s.tokens.begin() + size_t(i + 1) * ps);
+    m.tokens.assign(keyed.begin() + size_t(i) * ps, keyed.begin() + size_t(i + 1) * ps);
     cp.pages.push_back(m.page);
     cp.meta.push_back(std::move(m));
   }
@@ -100,7 +101,8 @@ void engine::load_from_tier(live_seq& s) {
   auto tier = std::exchange(s.tier, {});
   if (tier.empty() || !opts_.prefix_caching) return;
   const int32_t ps = info_.page_size;
-  const auto hashes = pool_->prompt_hashes(s.tokens);
+  const auto& keyed = cache_tokens(s);
+  const auto hashes = pool_->prompt_hashes(keyed);
   const int32_t have = s.pages;  // the cached run match_prefix mapped
   std::vector<const kv_page*> take;
   for (const auto& p : tier) {
@@ -110,7 +112,7 @@ void engine::load_from_tier(live_seq& s) {
     const bool fits =
         p.space == kv_space_ && p.hash == hashes[i] && p.parent == (i == 0 ? 0 : hashes[i - 1]) &&
         int32_t(p.tokens.size()) == ps &&
-        std::equal(p.tokens.begin(), p.tokens.end(), s.tokens.begin() + size_t(i) * ps) &&
+        std::equal(p.tokens.begin(), p.tokens.end(), keyed.begin() + size_t(i) * ps) &&
         p.bytes.size() == info_.kv_bytes_per_page;
     if (!fits) break;
     take.push_back(&p);
@@ -364,7 +366,7 @@ void engine::admit(uint64_t key) {
   s.pooled.clear();
   // An embedding pools every row's hidden state: cached rows have none.
   if (caches_prefix(s) && !s.req.embed) {
-    auto m = pool_->match_prefix(key, s.tokens);
+    auto m = pool_->match_prefix(key, cache_tokens(s));
     s.computed = m.cached_tokens;
     s.pages = static_cast<int32_t>(m.pages.size());
     load_from_tier(s);
@@ -865,7 +867,7 @@ void engine::advance(const step_chunk& c, bool decode, const forward_result& r, 
   // rejected drafts are given back), not the token sampled after them.
   auto commit_pages = [&] {
     if (caches_prefix(s) && s.computed / info_.page_size > s.committed_pages) {
-      pool_->commit_full_pages(s.key, s.tokens);
+      pool_->commit_full_pages(s.key, cache_tokens(s));
       s.committed_pages = s.computed / info_.page_size;
       copy_out(s);
     }
@@ -945,7 +947,7 @@ void engine::pool_rows(const step_chunk& c, const forward_result& r, size_t firs
   counters_.prefill_tokens += c.n_tokens;
   s.run();
   if (caches_prefix(s) && s.computed / info_.page_size > s.committed_pages) {
-    pool_->commit_full_pages(s.key, s.tokens);  // other prompts may reuse its KV
+    pool_->commit_full_pages(s.key, cache_tokens(s));  // other prompts may reuse its KV
     s.committed_pages = s.computed / info_.page_size;
   }
   if (!c.sample) return;  // more of the prompt to come
@@ -1009,6 +1011,15 @@ std::string engine::constrain(const sequence_spec& r, std::shared_ptr<token_cons
   state = c->replay(r.generated);
   if (state < 0) return "the tokens generated so far do not match the output constraint";
   return {};
+}
+
+const std::vector<int32_t>& engine::cache_tokens(live_seq& s) const {
+  if (s.req.embeds.empty()) return s.tokens;
+  if (s.keyed.empty()) s.keyed = keyed_tokens(s.tokens, s.req.embeds);
+  // Generated tokens (past every span) are keyed as themselves.
+  if (s.keyed.size() > s.tokens.size()) s.keyed.resize(s.tokens.size());
+  s.keyed.insert(s.keyed.end(), s.tokens.begin() + std::ptrdiff_t(s.keyed.size()), s.tokens.end());
+  return s.keyed;
 }
 
 engine::live_seq& engine::add_sequence(sequence_spec r) {

@@ -248,6 +248,9 @@ class engine {
     uint64_t key = 0;
     uint64_t order = 0;           // arrival, for the scheduler
     std::vector<int32_t> tokens;  // prompt, then generated
+    // With image rows: `tokens` as the prefix cache keys them (keyed_tokens),
+    // built at the first use and extended as tokens are generated.
+    std::vector<int32_t> keyed;
     int32_t n_prompt = 0;
     int32_t computed = 0;         // tokens whose KV is stored (arena, or host tier when swapped)
     int32_t pages = 0;            // its page table's size
@@ -345,11 +348,12 @@ class engine {
                int32_t drawn);
   std::string check_request(const sequence_spec& r) const;
   std::string constrain(const sequence_spec& r, std::shared_ptr<token_constraint>& c, int& state);
-  // Whether s reuses and offers prefix-cache pages: not with image rows,
-  // whose placeholder tokens do not say which image they stand for.
-  bool caches_prefix(const live_seq& s) const {
-    return opts_.prefix_caching && s.req.embeds.empty();
-  }
+  // Whether s reuses and offers prefix-cache pages (image rows too: their
+  // pages are keyed by the image, cache_tokens).
+  bool caches_prefix(const live_seq&) const { return opts_.prefix_caching; }
+  // The tokens s's pages are keyed by in the prefix index and the KV store:
+  // its tokens, with image placeholders standing for their image.
+  const std::vector<int32_t>& cache_tokens(live_seq& s) const;
   live_seq& add_sequence(sequence_spec r);
   kv_geometry arena_geometry() const;
   void spill_evicted();

@@ -34,4 +34,26 @@ const float* embedding_at(const std::vector<prompt_embeds>& spans, int32_t pos, 
   return nullptr;
 }
 
+std::vector<int32_t> keyed_tokens(std::vector<int32_t> tokens,
+                                  const std::vector<prompt_embeds>& spans) {
+  for (const auto& e : spans) {
+    // FNV-1a over the rows' bytes: the image as the model sees it.
+    uint64_t h = 0xcbf29ce484222325ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(e.data.data());
+    for (size_t i = 0; i < e.data.size() * sizeof(float); ++i)
+      h = (h ^ bytes[i]) * 0x100000001b3ull;
+    for (int32_t j = 0; j < e.rows; ++j) {
+      const size_t at = static_cast<size_t>(e.first + j);
+      if (at >= tokens.size()) break;
+      // splitmix64 of (hash, row): 31 bits, as an id below zero.
+      uint64_t z = h + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(j + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      tokens[at] = -1 - static_cast<int32_t>(z >> 33);
+    }
+  }
+  return tokens;
+}
+
 }  // namespace troupe

@@ -25,4 +25,13 @@ std::string check_embeds(const std::vector<prompt_embeds>& spans, int32_t n_prom
 // embedding is the input.
 const float* embedding_at(const std::vector<prompt_embeds>& spans, int32_t pos, int32_t n_embd);
 
+// The tokens the prefix cache keys a prompt by: `tokens` with each span's
+// placeholder positions given ids drawn from a hash of the span's rows and
+// the position in it (negative: no vocabulary id is), so a page of image
+// rows is shared only by prompts holding the same image at the same place
+// (vLLM keys its blocks by an image's hash the same way).  Positions past
+// the spans keep their tokens.
+std::vector<int32_t> keyed_tokens(std::vector<int32_t> tokens,
+                                  const std::vector<prompt_embeds>& spans);
+
 }  // namespace troupe

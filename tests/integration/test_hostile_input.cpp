@@ -257,6 +257,92 @@ TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   for (size_t i = 4; i < idle.size(); ++i) ::close(idle[i]);
 }
 
+// Found by a hostile probe of the guard above: a request arriving a byte
+// now and then held its connection for ever (the idle timeout never
+// fired); requests evhttp answers itself (501 to CONNECT) left their bytes
+// counted as unfinished, so one connection could fill the budget with
+// bytes no one held; and each stream a client left mid-answer leaked its
+// request (about 1 MB with 30 KB of short headers).
+TEST(HostileInput, SlowCallsEndAndAbandonedStreamsLeaveNothingHeld) {
+  const int http = free_port();
+  server_process server("--http-port " + std::to_string(http) + " --http-read-timeout-s 2");
+  auto metric = [&](const std::string& name) {
+    return sample(http_body(http_get(http, "/metrics", 10s)), name);
+  };
+  // Headers a byte a second: a 408 within the deadline (and a bit).
+  {
+    const int fd = connect_local(http);
+    ASSERT_GE(fd, 0);
+    timeval tv{0, 200000};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    std::string got;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (got.empty() && std::chrono::steady_clock::now() - t0 < 10s) {
+      send_all(fd, "a");
+      char buf[512];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n > 0) got.assign(buf, size_t(n));
+      if (n == 0) break;
+      std::this_thread::sleep_for(800ms);
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(http_status(got), 408) << got;
+    EXPECT_LT(s, 6.0);
+    ::close(fd);
+  }
+  // 20 CONNECTs on one connection, each answered 501 by libevent: nothing
+  // stays counted while the connection stays open.
+  {
+    const int fd = connect_local(http);
+    ASSERT_GE(fd, 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (int i = 0; i < 20; ++i) {
+      send_all(fd, "CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                       std::string(2000, 'x').insert(0, "X-Pad: ") + "\r\n\r\n");
+      char buf[4096];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      ASSERT_GT(n, 0);
+      EXPECT_EQ(http_status(std::string(buf, size_t(n))), 501);
+    }
+    EXPECT_EQ(metric("troupe_http_unfinished_bytes"), 0);
+    ::close(fd);
+  }
+  // Streams left after their first bytes, each with 30 KB of short
+  // headers: the server's memory stays where it was.
+  const std::string body = json{
+      {"model", "stories15m"},
+      {"prompt", "Once upon a time"},
+      {"max_tokens", 200},
+      {"stream", true}}.dump();
+  std::string headers;
+  for (int i = 0; i < 6000; ++i) headers += "a:b\r\n";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers +
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  auto leave_streams = [&](int count) {
+    for (int i = 0; i < count; ++i) {
+      const int fd = connect_local(http);
+      ASSERT_GE(fd, 0);
+      timeval tv{10, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      send_all(fd, request);
+      char buf[300];
+      ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
+      ::close(fd);
+    }
+  };
+  leave_streams(30);  // the heap grows to what a stream takes
+  const long before = server.rss_kib();
+  leave_streams(150);
+  std::this_thread::sleep_for(1s);
+  const long grew = server.rss_kib() - before;
+  EXPECT_LT(grew, 40 * 1024) << "150 abandoned streams grew the server by " << grew << " KiB";
+  EXPECT_EQ(metric("troupe_http_unfinished_bytes"), 0);
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+}
+
 // A call whose Generate is over --max-frame-bytes (a body the HTTP limit
 // takes) is answered 400 by the front, naming the flag, and never sent:
 // far over the limit, ZeroMQ would drop the front's one connection to the

@@ -202,6 +202,51 @@ TEST(Vision, ImagesThroughEncodePrefillAndDecodeInstances) {
   serve_and_compare("--local-instances 2 --instance-cores 1 --pd --roles prefill,decode", "E-P-D");
 }
 
+// Prefix caching of image prompts: the pages of an image's rows are keyed
+// by the image (runtime/engine/prompt_embeds keyed_tokens), so the same
+// image and text again reuse them (and answer the same), and another
+// image after the same text reuses the text's pages only (and answers as
+// llama.cpp does for it, not as for the cached image).
+TEST(Vision, ImagePromptsReuseTheCachedPagesOfTheSameImageOnly) {
+  NEED_FILES();
+  const auto g = golden();
+  server_process server("--mmproj " + fixture_path() + " --prefix-caching true",
+                        "troupe serve: listening on ", "smollm2-135m-instruct");
+  client::connection conn(server.endpoint());
+  auto ask = [&](size_t i, uint64_t id) {
+    const auto& c = g["cases"][i];
+    wire::Generate q;
+    q.set_request_id(id);
+    auto* m = q.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("<__media__>" + c["prompt"].get<std::string>());
+    q.add_images(image_bytes(c["image"]));
+    q.set_max_tokens(static_cast<int>(c["completion_token_ids"].size()));
+    auto r = client::run(conn, {q}, std::chrono::seconds(120));
+    EXPECT_EQ(r.size(), 1u);
+    if (r.empty()) return client::result{};
+    EXPECT_FALSE(r[0].error.has_value()) << r[0].error->message();
+    return r[0];
+  };
+  const auto& c0 = g["cases"][0];
+  const auto& c2 = g["cases"][2];
+  ASSERT_EQ(c0["prompt"], c2["prompt"]);
+  ASSERT_NE(c0["image"], c2["image"]);
+  const auto text_before = static_cast<uint32_t>(c0["prefix_token_ids"].size());
+  const auto image_rows = c0["image_positions"].get<uint32_t>();
+
+  const auto first = ask(0, 1);
+  matches_case(c0, first.token_ids, "image prompt, uncached");
+  const auto again = ask(0, 2);
+  EXPECT_GE(again.finished.cached_tokens(), text_before + image_rows)
+      << "the same image and text again: its image's pages from the cache";
+  EXPECT_EQ(again.token_ids, first.token_ids);
+  const auto other = ask(2, 3);
+  EXPECT_LE(other.finished.cached_tokens(), text_before)
+      << "another image after the same text: only the text's pages are the same";
+  matches_case(c2, other.token_ids, "another image after a cached one");
+}
+
 // The fixture's PNG with its IDAT chunk's name made IDA\xab.
 std::string damaged_chunk_name() {
   std::string png = image_bytes("vision_pattern.png");

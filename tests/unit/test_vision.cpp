@@ -15,6 +15,7 @@
 
 #include "runtime/common/base64.hpp"
 #include "runtime/device/vision_forward.hpp"
+#include "runtime/engine/prompt_embeds.hpp"
 #include "runtime/model/model_file.hpp"
 #include "runtime/model/model_registry.hpp"
 #include "runtime/vision/clip_model.hpp"
@@ -178,6 +179,35 @@ TEST(VisionEncoder, KernelsMatchTheReferenceAndLlamaCpp) {
     RecordProperty(std::string("llama_cpp_max_abs_diff_") + image, std::to_string(llama));
   }
   EXPECT_THROW(enc.encode(std::vector<float>(10)), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Image placeholders keyed by their image (prefix caching of image
+// prompts): the same rows at the same place give the same ids, other rows
+// or another place other ones; the text around keeps its tokens.
+TEST(PromptEmbeds, ImagePlaceholdersAreKeyedByTheirImage) {
+  const std::vector<int32_t> prompt{1, 5, 0, 0, 0, 0, 7, 8};
+  auto span = [](int32_t first, float v) {
+    return prompt_embeds{first, 4, std::vector<float>(4 * 3, v)};
+  };
+  const auto a = keyed_tokens(prompt, {span(2, 0.5f)});
+  EXPECT_EQ(a, keyed_tokens(prompt, {span(2, 0.5f)}));
+  EXPECT_EQ(std::vector<int32_t>(a.begin(), a.begin() + 2), (std::vector<int32_t>{1, 5}));
+  EXPECT_EQ(std::vector<int32_t>(a.begin() + 6, a.end()), (std::vector<int32_t>{7, 8}));
+  for (size_t i = 2; i < 6; ++i) EXPECT_LT(a[i], 0) << i;
+  EXPECT_NE(a[2], a[3]) << "each row of an image has an id of its own";
+  const auto b = keyed_tokens(prompt, {span(2, 0.25f)});
+  for (size_t i = 2; i < 6; ++i) EXPECT_NE(a[i], b[i]) << "another image, position " << i;
+  // The same image one position later: its rows keep their ids.
+  const auto c = keyed_tokens({1, 5, 9, 0, 0, 0, 0, 8}, {span(3, 0.5f)});
+  EXPECT_EQ(std::vector<int32_t>(c.begin() + 3, c.begin() + 7),
+            std::vector<int32_t>(a.begin() + 2, a.begin() + 6));
+  EXPECT_EQ(keyed_tokens(prompt, {}), prompt);
 }
 
 }  // namespace

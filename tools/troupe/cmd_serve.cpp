@@ -524,6 +524,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
             "): a body of the largest size could never be read");
       ho.limits.max_connections = static_cast<size_t>(s.http_max_connections);
       ho.limits.max_unfinished_bytes = static_cast<size_t>(s.http_max_unfinished_bytes);
+      ho.limits.read_deadline = std::chrono::seconds(s.http_read_timeout_s);
       ho.max_frame_bytes = go.max_frame_bytes;
       ho.model = e.model;
       ho.endpoint = gw.endpoints.at(0);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <unordered_map>
 
@@ -15,29 +16,34 @@ namespace troupe::cli {
 
 namespace {
 
-// How often connections evhttp has ended are let go (and accepting resumes).
-constexpr timeval k_sweep_period{0, 100000};
+// How often connections evhttp has ended are let go (and accepting
+// resumes, so at the cap a slot is taken again within this), and reads
+// past their deadline ended.
+constexpr timeval k_sweep_period{0, 20000};
 
-// The answer to a connection ended for the budget (OpenAI's error body).
-const std::string& refusal() {
-  static const std::string body =
-      R"({"error":{"message":"the server holds too many unfinished requests; send again",)"
-      R"("type":"server_error","param":null,"code":"server_busy"}})";
-  static const std::string text =
-      "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: "
-      "1\r\nConnection: close\r\nContent-Length: " +
-      std::to_string(body.size()) + "\r\n\r\n" + body;
-  return text;
+// An answer written on the socket itself (evhttp may be reading a request
+// on the connection, not writing one): OpenAI's error body.
+std::string raw_answer(int status, const char* reason, const std::string& message,
+                       const char* code) {
+  const std::string body = R"({"error":{"message":")" + message +
+                           R"(","type":"server_error","param":null,"code":")" + code + R"("}})";
+  return "HTTP/1.1 " + std::to_string(status) + " " + reason +
+         "\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\n"
+         "Content-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
 }  // namespace
 
 struct http_connection_guard::impl {
+  using clock = std::chrono::steady_clock;
   struct conn {
     impl* guard = nullptr;
     bufferevent* bev = nullptr;
-    evbuffer_cb_entry* watch = nullptr;
-    size_t unfinished = 0;  // bytes read since the connection's last whole request
+    evbuffer_cb_entry* watch_in = nullptr;
+    evbuffer_cb_entry* watch_out = nullptr;
+    size_t unfinished = 0;            // bytes read since the connection's last whole request
+    clock::time_point reading_since;  // when its unfinished request's first byte came
     bool refused = false;
   };
 
@@ -64,7 +70,8 @@ struct http_connection_guard::impl {
     auto c = std::make_unique<conn>();
     c->guard = self;
     c->bev = bev;
-    c->watch = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c.get());
+    c->watch_in = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c.get());
+    c->watch_out = evbuffer_add_cb(bufferevent_get_output(bev), on_output, c.get());
     self->conns.emplace(bev, std::move(c));
     if (self->conns.size() >= self->limits.max_connections && self->listener && !self->paused) {
       evconnlistener_disable(self->listener);
@@ -77,42 +84,73 @@ struct http_connection_guard::impl {
     auto* c = static_cast<conn*>(arg);
     if (info->n_added == 0 || c->refused) return;
     impl& g = *c->guard;
+    if (c->unfinished == 0) c->reading_since = clock::now();
     c->unfinished += info->n_added;
     g.unfinished += info->n_added;
-    if (g.unfinished > g.limits.max_unfinished_bytes) g.refuse(*c);
+    if (g.unfinished > g.limits.max_unfinished_bytes)
+      g.refuse(*c, raw_answer(503, "Service Unavailable",
+                              "the server holds too many unfinished requests; send again",
+                              "server_busy"));
   }
 
-  // Ends the connection whose read went past the budget: a 503 where
-  // nothing else is being written on it, then an error event for evhttp,
-  // deferred (this runs inside the connection's read), on which it frees
-  // the connection as if the client had failed.  (A shutdown of the socket
-  // is not enough: Linux goes on delivering data queued before it, and
-  // nothing wakes the loop for it.)
-  void refuse(conn& c) {
+  // An answer is being written: the request it answers is no longer being
+  // read, whoever answers it (the front, or evhttp itself: a 501 to
+  // CONNECT, a 400 to a bad line); what the connection's buffer still
+  // holds is the next request's start.
+  static void on_output(evbuffer*, const evbuffer_cb_info* info, void* arg) {
+    auto* c = static_cast<conn*>(arg);
+    if (info->n_added == 0) return;
+    c->guard->settle(*c);
+  }
+
+  void settle(conn& c) {
+    const size_t next = evbuffer_get_length(bufferevent_get_input(c.bev));
+    const size_t left = c.refused ? 0 : std::min(next, c.unfinished);
+    unfinished -= c.unfinished - left;
+    c.unfinished = left;
+    if (left > 0) c.reading_since = clock::now();
+  }
+
+  // Ends a connection (its read went past the budget, or its request took
+  // too long to arrive): `answer` where nothing else is being written on
+  // it, then an error event for evhttp, deferred (this may run inside the
+  // connection's read), on which it frees the connection as if the client
+  // had failed.  (A shutdown of the socket is not enough: Linux goes on
+  // delivering data queued before it, and nothing wakes the loop for it.)
+  void refuse(conn& c, const std::string& answer) {
     c.refused = true;
     ++refused;
     unfinished -= c.unfinished;
     c.unfinished = 0;
     const evutil_socket_t fd = bufferevent_getfd(c.bev);
     if (fd >= 0 && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0)
-      (void)::send(fd, refusal().data(), refusal().size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     bufferevent_disable(c.bev, EV_READ);
     bufferevent_trigger_event(c.bev, BEV_EVENT_READING | BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
   }
 
   // Lets go of the connections evhttp has freed (their callbacks cleared:
-  // evhttp's error callback is set for as long as it holds one).
+  // evhttp's error callback is set for as long as it holds one), and ends
+  // those whose request has been arriving for longer than the deadline (a
+  // byte now and then keeps evhttp's idle timeout from ever firing).
   void sweep() {
+    const auto now = clock::now();
     for (auto it = conns.begin(); it != conns.end();) {
       bufferevent_data_cb r = nullptr, w = nullptr;
       bufferevent_event_cb e = nullptr;
       void* arg = nullptr;
       bufferevent_getcb(it->first, &r, &w, &e, &arg);
+      conn& c = *it->second;
       if (e) {
+        if (!c.refused && c.unfinished > 0 && now - c.reading_since > limits.read_deadline)
+          refuse(c, raw_answer(408, "Request Timeout",
+                               "the request did not arrive whole in " +
+                                   std::to_string(limits.read_deadline.count()) + " s",
+                               "request_timeout"));
         ++it;
         continue;
       }
-      release(*it->second);
+      release(c);
       it = conns.erase(it);
     }
     if (paused && conns.size() < limits.max_connections) {
@@ -123,7 +161,8 @@ struct http_connection_guard::impl {
 
   void release(conn& c) {
     unfinished -= c.unfinished;
-    evbuffer_remove_cb_entry(bufferevent_get_input(c.bev), c.watch);
+    evbuffer_remove_cb_entry(bufferevent_get_input(c.bev), c.watch_in);
+    evbuffer_remove_cb_entry(bufferevent_get_output(c.bev), c.watch_out);
     bufferevent_decref(c.bev);
   }
 };
@@ -153,13 +192,7 @@ void http_connection_guard::request_read(evhttp_request* req) {
   evhttp_connection* con = evhttp_request_get_connection(req);
   bufferevent* bev = con ? evhttp_connection_get_bufferevent(con) : nullptr;
   auto it = bev ? impl_->conns.find(bev) : impl_->conns.end();
-  if (it == impl_->conns.end()) return;
-  auto& c = *it->second;
-  // What is left in its buffer is the next request's start (pipelining).
-  const size_t next = evbuffer_get_length(bufferevent_get_input(bev));
-  impl_->unfinished -= c.unfinished;
-  c.unfinished = c.refused ? 0 : std::min(next, c.unfinished);
-  impl_->unfinished += c.unfinished;
+  if (it != impl_->conns.end()) impl_->settle(*it->second);
 }
 
 size_t http_connection_guard::connections() const {

@@ -12,8 +12,11 @@
 //    whole request are summed; a read that takes the sum past
 //    max_unfinished_bytes ends that connection with a 503, so the front's
 //    memory for requests being read stays near the budget whatever the
-//    clients do.
+//    clients do;
+//  - slow requests: one that has not arrived whole within read_deadline
+//    of its first byte ends its connection with a 408.
 // Everything runs on the front's event loop thread.
+#include <chrono>
 #include <cstddef>
 #include <memory>
 
@@ -28,6 +31,10 @@ namespace troupe::cli {
 struct http_connection_limits {
   size_t max_connections = 1024;
   size_t max_unfinished_bytes = 512u << 20;
+  // A request (headers and body) must arrive whole within this from its
+  // first byte, or the connection is ended with a 408 (slow clients that
+  // send a byte now and then would otherwise hold a connection for ever).
+  std::chrono::seconds read_deadline{60};
 };
 
 class http_connection_guard {
