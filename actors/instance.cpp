@@ -15,6 +15,7 @@
 #include "runtime/common/elapsed.hpp"
 #include "runtime/engine/engine.hpp"
 #include "runtime/engine/kv_blob.hpp"
+#include "runtime/engine/prompt_embeds.hpp"
 #include "runtime/kvstore/blob_stage.hpp"
 
 // The instance actor is message glue around runtime/engine/engine: each handler
@@ -460,7 +461,8 @@ std::vector<uint64_t> missing_prefix(self_ptr self, const sequence_request& r, b
   std::vector<int32_t> tokens = r.prompt;
   tokens.insert(tokens.end(), r.generated.begin(), r.generated.end());
   int32_t cached = 0;
-  auto hashes = st.eng->prefix_hashes(tokens, cached);
+  // Keyed as the engine keys them (image rows by their image).
+  auto hashes = st.eng->prefix_hashes(keyed_tokens(std::move(tokens), r.embeds), cached);
   hashes.erase(hashes.begin(), hashes.begin() + std::min<size_t>(cached, hashes.size()));
   // No more than the arena could take now (an admission takes no more).
   hashes.resize(std::min<size_t>(hashes.size(), size_t(st.eng->pool().available())));

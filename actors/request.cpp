@@ -14,6 +14,7 @@
 #include "actors/relay.hpp"
 #include "runtime/common/elapsed.hpp"
 #include "runtime/engine/page_pool.hpp"
+#include "runtime/engine/prompt_embeds.hpp"
 #include "runtime/engine/sampler.hpp"
 #include "runtime/text/incremental_decoder.hpp"
 #include "runtime/text/stop_matcher.hpp"
@@ -497,10 +498,12 @@ void place_and_enqueue(self_ptr self) {
     return reject(self, wire::UNAVAILABLE, "no instance is serving: the request cannot go on");
   enter(st.phase, request_phase::placing);
   const uint64_t attempt = ++st.attempt;
-  // The chained hashes of the full pages, as the instances index them, so
-  // the prefix policy can find who caches the longest part of it.
+  // The chained hashes of the full pages, as the instances index them
+  // (image rows keyed by their image), so the prefix policy can find who
+  // caches the longest part of it.
   std::vector<int32_t> tokens = st.seq.prompt;
   tokens.insert(tokens.end(), st.generated.begin(), st.generated.end());
+  tokens = keyed_tokens(std::move(tokens), st.seq.embeds);
   std::vector<uint64_t> hashes;
   const size_t ps = static_cast<size_t>(st.ctx->page_size);
   for (uint64_t prev = 0; ps > 0 && (hashes.size() + 1) * ps < tokens.size();) {

@@ -197,6 +197,18 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
   EXPECT_LT(after - before, 96 * 1024) << "RSS grew from " << before << " to " << after << " KiB";
   auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
+  // Two Content-Lengths: refused, and what followed the first one's body
+  // (a request a proxy reading the second would not have seen) never runs.
+  const std::string smuggled = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  const auto raw = testing::http_exchange(
+      http,
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n"
+      "Content-Length: " +
+          std::to_string(2 + smuggled.size()) + "\r\n\r\n{}" + smuggled,
+      10s);
+  EXPECT_EQ(http_status(raw), 400) << raw;
+  EXPECT_NE(raw.find("more than one Content-Length"), std::string::npos) << raw;
+  EXPECT_EQ(raw.find("\"object\":\"list\""), std::string::npos) << "the smuggled request ran";
 }
 
 // Found by issue 36's hostile probe: 700 connections each sending 7.9 MB
@@ -246,15 +258,27 @@ TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   EXPECT_LE(sample(metrics, "troupe_http_unfinished_bytes"), 24000000);
   for (int fd : fds) ::close(fd);
 
-  // 16 idle connections fill the front: the next waits, and is taken as
-  // soon as some end.
+  // 16 connections each reading a request fill the front: the next
+  // waits, and is taken as soon as some end.
+  std::vector<int> busy;
+  for (int i = 0; i < 16; ++i) {
+    busy.push_back(connect_local(http));
+    send_all(busy.back(),
+             "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{");
+  }
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(http_get(http, "/health", 1500ms), "") << "served past the connection limit";
+  for (size_t i = 0; i < 4; ++i) ::close(busy[i]);
+  EXPECT_EQ(http_status(http_get(http, "/health", 10s)), 200);
+  for (size_t i = 4; i < busy.size(); ++i) ::close(busy[i]);
+  // 16 idle ones (no byte sent, as a keep-alive connection between
+  // requests): the longest idle makes room for the next at once.
   std::vector<int> idle;
   for (int i = 0; i < 16; ++i) idle.push_back(connect_local(http));
-  std::this_thread::sleep_for(500ms);
-  EXPECT_EQ(http_get(http, "/health", 1500ms), "") << "served past the connection limit";
-  for (size_t i = 0; i < 4; ++i) ::close(idle[i]);
-  EXPECT_EQ(http_status(http_get(http, "/health", 10s)), 200);
-  for (size_t i = 4; i < idle.size(); ++i) ::close(idle[i]);
+  std::this_thread::sleep_for(1500ms);
+  EXPECT_EQ(http_status(http_get(http, "/health", 3s)), 200) << "idle connections held the cap";
+  EXPECT_GE(sample(http_body(http_get(http, "/metrics", 10s)), "troupe_http_idle_closed_total"), 1);
+  for (int fd : idle) ::close(fd);
 }
 
 // Found by a hostile probe of the guard above: a request arriving a byte

@@ -188,8 +188,9 @@ namespace troupe {
 namespace {
 
 // Image placeholders keyed by their image (prefix caching of image
-// prompts): the same rows at the same place give the same ids, other rows
-// or another place other ones; the text around keeps its tokens.
+// prompts): the same rows give the same ids (wherever they are: the page
+// hashes chain the text before them), other rows other ones; the text
+// around keeps its tokens.
 TEST(PromptEmbeds, ImagePlaceholdersAreKeyedByTheirImage) {
   const std::vector<int32_t> prompt{1, 5, 0, 0, 0, 0, 7, 8};
   auto span = [](int32_t first, float v) {

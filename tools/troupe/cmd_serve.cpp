@@ -517,11 +517,12 @@ int run_serve(settings_flags& flags, const std::string& config) {
       ho.host = s.http_host;
       ho.port = s.http_port;
       ho.max_body_bytes = static_cast<size_t>(s.http_max_body_bytes);
-      if (s.http_max_unfinished_bytes < s.http_max_body_bytes)
+      // Room for one largest body and its headers (32 KiB) and framing.
+      if (int64_t(s.http_max_unfinished_bytes) < int64_t(s.http_max_body_bytes) + (64 << 10))
         throw std::runtime_error(
             "service.http_max_unfinished_bytes (" + std::to_string(s.http_max_unfinished_bytes) +
             ") is below service.http_max_body_bytes (" + std::to_string(s.http_max_body_bytes) +
-            "): a body of the largest size could never be read");
+            ") + 64 KiB: a body of the largest size could never be read");
       ho.limits.max_connections = static_cast<size_t>(s.http_max_connections);
       ho.limits.max_unfinished_bytes = static_cast<size_t>(s.http_max_unfinished_bytes);
       ho.limits.read_deadline = std::chrono::seconds(s.http_read_timeout_s);

@@ -44,7 +44,12 @@ struct http_connection_guard::impl {
     evbuffer_cb_entry* watch_out = nullptr;
     size_t unfinished = 0;            // bytes read since the connection's last whole request
     clock::time_point reading_since;  // when its unfinished request's first byte came
+    // A request of it is being answered: no deadline runs (a pipelined
+    // next request waits in its buffer) and nothing is written on the
+    // socket but by evhttp.
+    bool answering = false;
     bool refused = false;
+    clock::time_point idle_since;  // since it was made or last answered, with nothing read
   };
 
   event_base* base = nullptr;
@@ -54,6 +59,7 @@ struct http_connection_guard::impl {
   event* sweep_event = nullptr;
   size_t unfinished = 0;
   size_t refused = 0;
+  size_t idle_closed = 0;
   // Each connection's buffer, held by one reference of the guard's own: the
   // buffer outlives evhttp's free of it, which clears its callbacks; that
   // is how the guard learns a connection has ended (libevent 2.1 tells no
@@ -72,8 +78,14 @@ struct http_connection_guard::impl {
     c->bev = bev;
     c->watch_in = evbuffer_add_cb(bufferevent_get_input(bev), on_input, c.get());
     c->watch_out = evbuffer_add_cb(bufferevent_get_output(bev), on_output, c.get());
+    c->idle_since = clock::now();
     self->conns.emplace(bev, std::move(c));
-    if (self->conns.size() >= self->limits.max_connections && self->listener && !self->paused) {
+    // At the cap, a connection idle for a second or more (a keep-alive
+    // one between requests, or one that never sent a byte) makes room, as
+    // a web server closes idle keep-alive connections when it runs out;
+    // only when none is idle does accepting pause.
+    if (self->conns.size() >= self->limits.max_connections && !self->close_longest_idle() &&
+        self->listener && !self->paused) {
       evconnlistener_disable(self->listener);
       self->paused = true;
     }
@@ -82,15 +94,54 @@ struct http_connection_guard::impl {
 
   static void on_input(evbuffer*, const evbuffer_cb_info* info, void* arg) {
     auto* c = static_cast<conn*>(arg);
-    if (info->n_added == 0 || c->refused) return;
+    if (info->n_added == 0 || c->refused || !held_by_evhttp(c->bev)) return;
     impl& g = *c->guard;
     if (c->unfinished == 0) c->reading_since = clock::now();
     c->unfinished += info->n_added;
     g.unfinished += info->n_added;
-    if (g.unfinished > g.limits.max_unfinished_bytes)
-      g.refuse(*c, raw_answer(503, "Service Unavailable",
-                              "the server holds too many unfinished requests; send again",
-                              "server_busy"));
+    // Past the budget: the connections holding the most go first (a small
+    // request is not refused while stalled bodies hold the budget).
+    while (g.unfinished > g.limits.max_unfinished_bytes) {
+      conn* most = c;
+      for (auto& [bev, other] : g.conns)
+        if (!other->refused && other->unfinished > most->unfinished) most = other.get();
+      g.refuse(*most, raw_answer(503, "Service Unavailable",
+                                 "the server holds too many unfinished requests; send again",
+                                 "server_busy"));
+      if (most == c) break;
+    }
+  }
+
+  bool close_longest_idle() {
+    conn* oldest = nullptr;
+    for (auto& [bev, c] : conns)
+      if (!c->refused && !c->answering && c->unfinished == 0 && held_by_evhttp(bev) &&
+          (!oldest || c->idle_since < oldest->idle_since))
+        oldest = c.get();
+    if (!oldest || clock::now() - oldest->idle_since < std::chrono::seconds(1)) return false;
+    ++idle_closed;
+    end(*oldest);
+    return true;
+  }
+
+  // Whether evhttp still holds the connection (it clears the callbacks
+  // when it frees one; its error callback is set for as long as it holds it).
+  static bool held_by_evhttp(bufferevent* bev) {
+    bufferevent_data_cb r = nullptr, w = nullptr;
+    bufferevent_event_cb e = nullptr;
+    void* arg = nullptr;
+    bufferevent_getcb(bev, &r, &w, &e, &arg);
+    return e != nullptr;
+  }
+
+  // evhttp has written the whole answer of a request (a callback of the
+  // request, set when the front's handler starts).
+  static void on_answered(evhttp_request*, void* arg) {
+    auto* c = static_cast<conn*>(arg);
+    c->answering = false;
+    // A pipelined request waited behind the answer: its time starts now.
+    if (c->unfinished > 0) c->reading_since = clock::now();
+    c->idle_since = clock::now();
   }
 
   // An answer is being written: the request it answers is no longer being
@@ -123,8 +174,14 @@ struct http_connection_guard::impl {
     unfinished -= c.unfinished;
     c.unfinished = 0;
     const evutil_socket_t fd = bufferevent_getfd(c.bev);
-    if (fd >= 0 && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0)
+    if (fd >= 0 && !c.answering && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0)
       (void)::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    end(c);
+  }
+
+  // Has evhttp free the connection, as if its client had failed.
+  void end(conn& c) {
+    c.refused = true;
     bufferevent_disable(c.bev, EV_READ);
     bufferevent_trigger_event(c.bev, BEV_EVENT_READING | BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
   }
@@ -136,13 +193,10 @@ struct http_connection_guard::impl {
   void sweep() {
     const auto now = clock::now();
     for (auto it = conns.begin(); it != conns.end();) {
-      bufferevent_data_cb r = nullptr, w = nullptr;
-      bufferevent_event_cb e = nullptr;
-      void* arg = nullptr;
-      bufferevent_getcb(it->first, &r, &w, &e, &arg);
       conn& c = *it->second;
-      if (e) {
-        if (!c.refused && c.unfinished > 0 && now - c.reading_since > limits.read_deadline)
+      if (held_by_evhttp(it->first)) {
+        if (!c.refused && !c.answering && c.unfinished > 0 &&
+            now - c.reading_since > limits.read_deadline)
           refuse(c, raw_answer(408, "Request Timeout",
                                "the request did not arrive whole in " +
                                    std::to_string(limits.read_deadline.count()) + " s",
@@ -153,6 +207,9 @@ struct http_connection_guard::impl {
       release(c);
       it = conns.erase(it);
     }
+    // Paused at the cap: an idle connection makes room (the next sweep
+    // resumes accepting once evhttp has let it go).
+    if (paused) close_longest_idle();
     if (paused && conns.size() < limits.max_connections) {
       evconnlistener_enable(listener);
       paused = false;
@@ -192,7 +249,11 @@ void http_connection_guard::request_read(evhttp_request* req) {
   evhttp_connection* con = evhttp_request_get_connection(req);
   bufferevent* bev = con ? evhttp_connection_get_bufferevent(con) : nullptr;
   auto it = bev ? impl_->conns.find(bev) : impl_->conns.end();
-  if (it != impl_->conns.end()) impl_->settle(*it->second);
+  if (it == impl_->conns.end()) return;
+  auto& c = *it->second;
+  impl_->settle(c);
+  c.answering = true;
+  evhttp_request_set_on_complete_cb(req, impl::on_answered, &c);
 }
 
 size_t http_connection_guard::connections() const {
@@ -205,6 +266,10 @@ size_t http_connection_guard::unfinished_bytes() const {
 
 size_t http_connection_guard::refused() const {
   return impl_->refused;
+}
+
+size_t http_connection_guard::idle_closed() const {
+  return impl_->idle_closed;
 }
 
 }  // namespace troupe::cli

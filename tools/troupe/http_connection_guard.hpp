@@ -6,13 +6,14 @@
 // libevent 2.1 has no connection limit and no view of requests still being
 // read, so the guard makes each connection's buffer itself (evhttp's
 // bufferevent callback) and watches it:
-//  - connections: at max_connections, accepting pauses (new ones wait in
-//    the kernel's backlog) until one ends;
+//  - connections: at max_connections, the connection idle longest (for a
+//    second or more) is closed to make room, else accepting pauses (new
+//    ones wait in the kernel's backlog) until one ends;
 //  - unfinished requests: the bytes read on each connection since its last
-//    whole request are summed; a read that takes the sum past
-//    max_unfinished_bytes ends that connection with a 503, so the front's
-//    memory for requests being read stays near the budget whatever the
-//    clients do;
+//    whole request are summed; past max_unfinished_bytes, the connections
+//    holding the most are ended with a 503 (stalled bodies go before a
+//    small request), so the front's memory for requests being read stays
+//    near the budget whatever the clients do;
 //  - slow requests: one that has not arrived whole within read_deadline
 //    of its first byte ends its connection with a 408.
 // Everything runs on the front's event loop thread.
@@ -53,7 +54,8 @@ class http_connection_guard {
 
   size_t connections() const;
   size_t unfinished_bytes() const;
-  size_t refused() const;  // connections ended for the budget
+  size_t refused() const;      // connections ended with a 503 (budget) or 408 (too slow)
+  size_t idle_closed() const;  // idle connections closed to make room at the cap
 
  private:
   struct impl;

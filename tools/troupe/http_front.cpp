@@ -66,6 +66,14 @@ bool key_accepted(const std::vector<std::string>& keys, const std::string& autho
   return ok;
 }
 
+size_t header_count(evhttp_request* req, const char* name) {
+  size_t n = 0;
+  const evkeyvalq* all = evhttp_request_get_input_headers(req);
+  for (const evkeyval* kv = all->tqh_first; kv; kv = kv->next.tqe_next)
+    n += evutil_ascii_strcasecmp(kv->key, name) == 0 ? 1 : 0;
+  return n;
+}
+
 std::string header(evhttp_request* req, const char* name) {
   const char* v = evhttp_find_header(evhttp_request_get_input_headers(req), name);
   return v ? v : "";
@@ -713,6 +721,14 @@ struct http_front::impl {
       return reply_error(
           req, {400, "the request's URI does not parse", "invalid_request_error", "", ""});
     auto* out = evhttp_request_get_output_headers(req);
+    // Two Content-Lengths (libevent reads the first): what follows the body
+    // it read could be a request smuggled past a proxy that read the other
+    // one (RFC 9112 6.3).  Refused, and the connection closed with it.
+    if (header_count(req, "Content-Length") > 1) {
+      evhttp_add_header(out, "Connection", "close");
+      return reply_error(req, {400, "the request has more than one Content-Length",
+                               "invalid_request_error", "", ""});
+    }
 
     // CORS for listed origins, on every answer.
     const std::string origin = header(req, "Origin");
@@ -774,6 +790,8 @@ struct http_front::impl {
     const size_t len = evbuffer_get_length(in);
     std::string text(len, '\0');
     evbuffer_copyout(in, text.data(), len);
+    // Not kept twice for the whole call (its buffer lives with the request).
+    evbuffer_drain(in, len);
     auto body = in_json::parse(text, nullptr, false);
     if (body.is_discarded())
       return reply_error(req,
@@ -815,7 +833,10 @@ struct http_front::impl {
                "troupe_http_refused_total", "counter",
                "HTTP connections the front ended: past service.http_max_unfinished_bytes (503) or "
                "service.http_read_timeout_s (408)",
-               guard->refused());
+               guard->refused()) +
+           gauge("troupe_http_idle_closed_total", "counter",
+                 "idle HTTP connections closed to make room at service.http_max_connections",
+                 guard->idle_closed());
   }
 
   static void on_request(evhttp_request* req, void* arg) {
