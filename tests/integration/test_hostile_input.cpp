@@ -214,9 +214,10 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
 // Found by issue 36's hostile probe: 700 connections each sending 7.9 MB
 // of an 8 MB body and then stalling held 6 GB (the body limit held per
 // connection only).  Now the bytes of requests still being read are held
-// to --http-max-unfinished-bytes (the connection whose read passes it gets
-// a 503 and is ended) and connections to --http-max-connections (more wait
-// in the kernel's backlog, and are taken as others end).
+// to --http-max-unfinished-bytes (past it, the connections holding the
+// most get a 503 and are ended) and connections to --http-max-connections
+// (the longest idle is closed to make room; with none idle, more wait in
+// the kernel's backlog and are taken as others end).
 TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   const int http = free_port();
   server_process server("--http-port " + std::to_string(http) +

@@ -181,12 +181,6 @@ TEST(VisionEncoder, KernelsMatchTheReferenceAndLlamaCpp) {
   EXPECT_THROW(enc.encode(std::vector<float>(10)), std::invalid_argument);
 }
 
-}  // namespace
-}  // namespace troupe
-
-namespace troupe {
-namespace {
-
 // Image placeholders keyed by their image (prefix caching of image
 // prompts): the same rows give the same ids (wherever they are: the page
 // hashes chain the text before them), other rows other ones; the text

@@ -113,8 +113,14 @@ int run_serve(settings_flags& flags, const std::string& config) {
   const engine_settings& e = all.engine;
   const service_settings& s = all.service;
   const cluster_settings& cl = all.cluster;
-  // The one check across keys, at the edge (the engine repeats it only for
-  // live changes).
+  // The checks across keys, at the edge, before anything starts (the
+  // engine repeats the limits' check only for live changes).
+  // The HTTP budget has room for one largest body, its headers (32 KiB) and framing.
+  if (int64_t(s.http_max_unfinished_bytes) < int64_t(s.http_max_body_bytes) + (64 << 10))
+    throw std::invalid_argument(
+        "service.http_max_unfinished_bytes (" + std::to_string(s.http_max_unfinished_bytes) +
+        ") is below service.http_max_body_bytes (" + std::to_string(s.http_max_body_bytes) +
+        ") + 64 KiB: a body of the largest size could never be read");
   auto check_limits = [](const engine_settings& x, const std::string& where) {
     if (auto why = validate(limits_of(x)); !why.empty())
       throw std::invalid_argument(where + "max_batch_tokens/max_seqs/chunk_size: " + why);
@@ -517,12 +523,6 @@ int run_serve(settings_flags& flags, const std::string& config) {
       ho.host = s.http_host;
       ho.port = s.http_port;
       ho.max_body_bytes = static_cast<size_t>(s.http_max_body_bytes);
-      // Room for one largest body and its headers (32 KiB) and framing.
-      if (int64_t(s.http_max_unfinished_bytes) < int64_t(s.http_max_body_bytes) + (64 << 10))
-        throw std::runtime_error(
-            "service.http_max_unfinished_bytes (" + std::to_string(s.http_max_unfinished_bytes) +
-            ") is below service.http_max_body_bytes (" + std::to_string(s.http_max_body_bytes) +
-            ") + 64 KiB: a body of the largest size could never be read");
       ho.limits.max_connections = static_cast<size_t>(s.http_max_connections);
       ho.limits.max_unfinished_bytes = static_cast<size_t>(s.http_max_unfinished_bytes);
       ho.limits.read_deadline = std::chrono::seconds(s.http_read_timeout_s);

@@ -48,11 +48,10 @@ struct http_connection_guard::impl {
     // next request waits in its buffer) and nothing is written on the
     // socket but by evhttp.
     bool answering = false;
-    bool refused = false;
+    bool ended = false;            // refused, timed out or closed idle: evhttp is freeing it
     clock::time_point idle_since;  // since it was made or last answered, with nothing read
   };
 
-  event_base* base = nullptr;
   http_connection_limits limits;
   evconnlistener* listener = nullptr;
   bool paused = false;
@@ -94,7 +93,7 @@ struct http_connection_guard::impl {
 
   static void on_input(evbuffer*, const evbuffer_cb_info* info, void* arg) {
     auto* c = static_cast<conn*>(arg);
-    if (info->n_added == 0 || c->refused || !held_by_evhttp(c->bev)) return;
+    if (info->n_added == 0 || c->ended || !held_by_evhttp(c->bev)) return;
     impl& g = *c->guard;
     if (c->unfinished == 0) c->reading_since = clock::now();
     c->unfinished += info->n_added;
@@ -104,7 +103,7 @@ struct http_connection_guard::impl {
     while (g.unfinished > g.limits.max_unfinished_bytes) {
       conn* most = c;
       for (auto& [bev, other] : g.conns)
-        if (!other->refused && other->unfinished > most->unfinished) most = other.get();
+        if (!other->ended && other->unfinished > most->unfinished) most = other.get();
       g.refuse(*most, raw_answer(503, "Service Unavailable",
                                  "the server holds too many unfinished requests; send again",
                                  "server_busy"));
@@ -115,7 +114,7 @@ struct http_connection_guard::impl {
   bool close_longest_idle() {
     conn* oldest = nullptr;
     for (auto& [bev, c] : conns)
-      if (!c->refused && !c->answering && c->unfinished == 0 && held_by_evhttp(bev) &&
+      if (!c->ended && !c->answering && c->unfinished == 0 && held_by_evhttp(bev) &&
           (!oldest || c->idle_since < oldest->idle_since))
         oldest = c.get();
     if (!oldest || clock::now() - oldest->idle_since < std::chrono::seconds(1)) return false;
@@ -156,7 +155,7 @@ struct http_connection_guard::impl {
 
   void settle(conn& c) {
     const size_t next = evbuffer_get_length(bufferevent_get_input(c.bev));
-    const size_t left = c.refused ? 0 : std::min(next, c.unfinished);
+    const size_t left = c.ended ? 0 : std::min(next, c.unfinished);
     unfinished -= c.unfinished - left;
     c.unfinished = left;
     if (left > 0) c.reading_since = clock::now();
@@ -169,7 +168,6 @@ struct http_connection_guard::impl {
   // had failed.  (A shutdown of the socket is not enough: Linux goes on
   // delivering data queued before it, and nothing wakes the loop for it.)
   void refuse(conn& c, const std::string& answer) {
-    c.refused = true;
     ++refused;
     unfinished -= c.unfinished;
     c.unfinished = 0;
@@ -181,7 +179,7 @@ struct http_connection_guard::impl {
 
   // Has evhttp free the connection, as if its client had failed.
   void end(conn& c) {
-    c.refused = true;
+    c.ended = true;
     bufferevent_disable(c.bev, EV_READ);
     bufferevent_trigger_event(c.bev, BEV_EVENT_READING | BEV_EVENT_ERROR, BEV_TRIG_DEFER_CALLBACKS);
   }
@@ -195,7 +193,7 @@ struct http_connection_guard::impl {
     for (auto it = conns.begin(); it != conns.end();) {
       conn& c = *it->second;
       if (held_by_evhttp(it->first)) {
-        if (!c.refused && !c.answering && c.unfinished > 0 &&
+        if (!c.ended && !c.answering && c.unfinished > 0 &&
             now - c.reading_since > limits.read_deadline)
           refuse(c, raw_answer(408, "Request Timeout",
                                "the request did not arrive whole in " +
@@ -227,7 +225,6 @@ struct http_connection_guard::impl {
 http_connection_guard::http_connection_guard(event_base* base, evhttp* http,
                                              http_connection_limits limits)
     : impl_(std::make_unique<impl>()) {
-  impl_->base = base;
   impl_->limits = limits;
   evhttp_set_bevcb(http, impl::make, impl_.get());
   impl_->sweep_event = event_new(

@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "net/secret.hpp"
+#include "runtime/service/metrics.hpp"
 #include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_responses.hpp"
 #include "tools/troupe/http_connection_guard.hpp"
@@ -821,22 +822,19 @@ struct http_front::impl {
 
   // The front's own gauges, after the service's.
   std::string front_metrics() const {
-    auto gauge = [](const char* name, const char* type, const char* help, size_t v) {
-      return std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
-             name + " " + std::to_string(v) + "\n";
-    };
-    return gauge("troupe_http_connections", "gauge", "HTTP connections open",
-                 guard->connections()) +
-           gauge("troupe_http_unfinished_bytes", "gauge", "bytes of HTTP requests still being read",
-                 guard->unfinished_bytes()) +
-           gauge(
-               "troupe_http_refused_total", "counter",
-               "HTTP connections the front ended: past service.http_max_unfinished_bytes (503) or "
-               "service.http_read_timeout_s (408)",
-               guard->refused()) +
-           gauge("troupe_http_idle_closed_total", "counter",
-                 "idle HTTP connections closed to make room at service.http_max_connections",
-                 guard->idle_closed());
+    metrics_registry m;
+    m.gauge_set("troupe_http_connections", "HTTP connections open", {},
+                double(guard->connections()));
+    m.gauge_set("troupe_http_unfinished_bytes", "bytes of HTTP requests still being read", {},
+                double(guard->unfinished_bytes()));
+    m.counter_set("troupe_http_refused_total",
+                  "HTTP connections the front ended: past service.http_max_unfinished_bytes "
+                  "(503) or service.http_read_timeout_s (408)",
+                  {}, double(guard->refused()));
+    m.counter_set("troupe_http_idle_closed_total",
+                  "idle HTTP connections closed to make room at service.http_max_connections", {},
+                  double(guard->idle_closed()));
+    return m.render();
   }
 
   static void on_request(evhttp_request* req, void* arg) {
