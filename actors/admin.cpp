@@ -364,6 +364,14 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
     m.counter_set("troupe_spec_accepted_tokens_total",
                   "Speculative decoding: draft tokens accepted (each saves a step)", l,
                   static_cast<double>(s.accepted_tokens));
+    m.counter_set("troupe_length_predicted_total",
+                  "Finished sequences whose output length was predicted (SLO ordering)", l,
+                  static_cast<double>(s.length_predicted));
+    m.counter_set("troupe_length_predicted_right_total",
+                  "Of those, predicted in the right length bucket", l,
+                  static_cast<double>(s.length_right));
+    m.counter_set("troupe_static_batches_total", "Static batches formed (--batching static)", l,
+                  static_cast<double>(s.static_batches));
     m.counter_set("troupe_sequences_exported_total", "Sequences sent away as KV blobs", l,
                   static_cast<double>(s.exported));
     m.counter_set("troupe_sequences_imported_total", "Sequences taken in from KV blobs", l,

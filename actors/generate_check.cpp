@@ -202,6 +202,10 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
   plan.slo_tpot_ms =
       g.slo_tpot_ms() > 0 ? g.slo_tpot_ms() : (online ? ctx.online_tpot_ms : ctx.offline_tpot_ms);
   plan.ttft_target_ms = plan.slo_ttft_ms;
+  if (g.prompt_class().size() > k_max_prompt_class)
+    return invalid("prompt_class: at most " + std::to_string(k_max_prompt_class) + " bytes, got " +
+                   std::to_string(g.prompt_class().size()));
+  plan.prompt_class = g.prompt_class();
   if (g.has_draft_tokens()) {
     if (g.draft_tokens() < 0 || g.draft_tokens() > k_max_draft_tokens)
       return invalid("draft_tokens must be 0.." + std::to_string(k_max_draft_tokens) + ", got " +

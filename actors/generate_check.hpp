@@ -36,6 +36,9 @@ struct generate_limits {
   int32_t image_rows = 0;
 };
 
+// Bytes of a request's prompt_class at most.
+constexpr size_t k_max_prompt_class = 128;
+
 // Images one request may carry.
 constexpr int k_max_images = 16;
 
@@ -52,6 +55,7 @@ struct generate_plan {
   double ttft_target_ms = 0;
   int32_t draft_tokens = -1;  // -1: the instance's default
   double slo_ttft_ms = 0, slo_tpot_ms = 0;
+  std::string prompt_class;  // the output-length predictor's class (empty: by prompt)
   bool stream = true;
   std::vector<std::string> stops;
   bool embed = false;  // Generate.embedding: the pooled prompt, no tokens

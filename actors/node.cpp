@@ -32,6 +32,15 @@ scheduler_limits limits_of(const engine_settings& es) {
   return lim;
 }
 
+admission_policy admission_policy_of(const engine_settings& es) {
+  admission_policy p;
+  p.mode = parse_batching_mode(es.batching).value_or(batching_mode::continuous);
+  if (es.batch_order != "deadline") p.order = parse_batch_order(es.batch_order);
+  p.odbs.max_batch = es.batch_max;
+  p.odbs.threshold = es.odbs_threshold;
+  return p;
+}
+
 kv_store_options kv_store_options_of(const engine_settings& es) {
   kv_store_options o;
   o.host_bytes = uint64_t(es.kv_host_mb) << 20;
@@ -61,6 +70,7 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
     io.token_bytes = std::move(bytes);
   }
   io.prefix_caching = es.prefix_caching;
+  io.admission = admission_policy_of(es);
   io.role = spec.role;
   io.tpot_target_ms = spec.tpot_target_ms;
   io.draft_tokens = es.draft_tokens;

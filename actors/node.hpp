@@ -42,6 +42,10 @@ engine_handles spawn_engine(caf::actor_system& sys, int32_t slot, const instance
 // none).
 kv_store_options kv_store_options_of(const engine_settings& es);
 
+// The admission policy an engine with these settings runs under (the
+// batching mode, the order, SLO-ODBS's parameters).
+admission_policy admission_policy_of(const engine_settings& es);
+
 // The scheduler limits an engine with these settings runs under (checked
 // by troupe serve at start, taken by spawn_engine).
 scheduler_limits limits_of(const engine_settings& es);

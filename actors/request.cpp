@@ -191,6 +191,8 @@ std::optional<rejection> build_sequence(request_state& st) {
   st.seq.cls = plan.cls;
   st.seq.constraint = std::move(plan.constraint);
   st.seq.ttft_target_ms = plan.ttft_target_ms;
+  st.seq.tpot_target_ms = plan.slo_tpot_ms;
+  st.seq.prompt_class = std::move(plan.prompt_class);
   st.seq.draft_tokens = plan.draft_tokens;
   st.seq.embed = plan.embed;
   st.seq.embeds = std::move(plan.images);

@@ -65,8 +65,8 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, sequence_request& x) {
   return f(caf::meta::type_name("sequence_request"), x.id, x.prompt, x.generated, x.sampling,
            x.max_tokens, x.stop_tokens, x.ignore_eos, x.cls, x.sink, x.constraint, x.prefill_only,
-           x.ttft_target_ms, x.draft_tokens, x.embed, x.kv_copy_pages, x.kv_sources, x.kv_copy_to,
-           x.embeds);
+           x.ttft_target_ms, x.tpot_target_ms, x.prompt_class, x.draft_tokens, x.embed,
+           x.kv_copy_pages, x.kv_sources, x.kv_copy_to, x.embeds);
 }
 
 template <class Inspector>
@@ -77,7 +77,8 @@ typename Inspector::result_type inspect(Inspector& f, instance_stats& x) {
            x.imported, x.swap_bytes, x.step_ms, x.kv, x.kv_check, x.prefix_hashes, x.recent_steps,
            x.role, x.decoding, x.running_tokens, x.queued_prefills, x.draft_tokens,
            x.accepted_tokens, x.overlapped_steps, x.device_idle_ms, x.spilled_pages, x.loaded_pages,
-           x.tier_load_ms, x.copied_pages, x.pulled_pages, x.pull_links, x.store);
+           x.tier_load_ms, x.copied_pages, x.pulled_pages, x.pull_links, x.store,
+           x.length_predicted, x.length_right, x.static_batches);
 }
 
 // One sequence as its instance holds it (the dp_group's view for moves).

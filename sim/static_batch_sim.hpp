@@ -1,7 +1,7 @@
 #pragma once
 // Static batching on one instance (issue 36 item 2's `--batching static`
 // mode): requests arrive, and whenever the instance is free it plans the
-// queue into batches with a batch_order (runtime/service/slo_batching) and
+// queue into batches with a batch_order (runtime/engine/slo_batching) and
 // runs the first (planning over a window of the 32 batches' worth of
 // requests that come first by the order's key).  A static batch pads its prompts to the longest and
 // runs until its longest output is done; every member returns when the batch does.  Step costs come
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/service/slo_batching.hpp"
+#include "runtime/engine/slo_batching.hpp"
 #include "sim/cost_model.hpp"
 
 namespace troupe {

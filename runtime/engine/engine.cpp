@@ -13,6 +13,21 @@
 
 namespace troupe {
 
+namespace {
+
+// The output-length predictor's class of a request: the client's name for
+// it, else its first prompt tokens (a template's or an application's
+// preamble tends to start the same way).
+std::string length_class_of(const sequence_spec& r) {
+  if (!r.prompt_class.empty()) return "c:" + r.prompt_class;
+  std::string k = "t:";
+  for (size_t i = 0; i < std::min<size_t>(4, r.prompt.size()); ++i)
+    k += std::to_string(r.prompt[i]) + ",";
+  return k;
+}
+
+}  // namespace
+
 engine::live_seq::live_seq(sequence_spec r, uint64_t k, uint64_t o)
     : req(std::move(r)), key(k), order(o), smp(req.sampling) {
   tokens = req.prompt;
@@ -197,6 +212,17 @@ void engine::finish(uint64_t key, token_batch last) {
     ++counters_.aborted;
   else
     ++counters_.finished;
+  // A whole output teaches the length predictor (not one cut short by a
+  // cancel, an error, the context or a move elsewhere).
+  const bool whole = last.finish == finish_reason::eos ||
+                     last.finish == finish_reason::stop_token ||
+                     last.finish == finish_reason::max_tokens;
+  if (whole && s.predicted_bucket >= 0) {
+    const int64_t n = s.generated();
+    counters_.length_right += length_bucket(n) == s.predicted_bucket ? 1 : 0;
+    ++counters_.length_predicted;
+    lengths_.observe(s.length_class, s.predicted_bucket, n);
+  }
   out(engine_cmd::emit{key, std::move(last)});
   pool_->free_sequence(key);
 }
@@ -377,6 +403,49 @@ void engine::admit(uint64_t key) {
   s.first_admission = false;
   s.committed_pages = s.pages;
   s.run();
+}
+
+void engine::order_admissions(std::vector<sched_seq>& waiting) {
+  const admission_policy& policy = opts_.admission;
+  if (policy.mode == batching_mode::continuous && !policy.order) return;
+  std::sort(waiting.begin(), waiting.end(),
+            [](const sched_seq& a, const sched_seq& b) { return a.order < b.order; });
+  const double now_ms = ms_since(born_);
+  std::vector<admission_candidate> cands;
+  for (const auto& w : waiting) {
+    const live_seq& s = seqs_.at(w.id);
+    admission_candidate c;
+    c.key = w.id;
+    c.started = !s.first_admission || s.has_blob();
+    // Its output still to come: the predicted bucket's tokens, within what
+    // max_tokens leaves.
+    const int32_t left = std::max(0, s.req.max_tokens - s.generated());
+    c.predicted_tokens =
+        s.predicted_bucket < 0 ? left : std::min(left, bucket_tokens(s.predicted_bucket));
+    // Its completion deadline: the first token's target, then one TPOT
+    // target per token; with no targets, an hour (after every deadline).
+    const double due_ms =
+        s.req.ttft_target_ms > 0 || s.req.tpot_target_ms > 0
+            ? s.arrived_ms + s.req.ttft_target_ms + s.req.tpot_target_ms * c.predicted_tokens
+            : now_ms + 3.6e6;
+    c.slo_s = (due_ms - now_ms) / 1000.0;
+    cands.push_back(c);
+  }
+  auto order = admission_order(cands, policy, admission_,
+                               [this](uint64_t key) { return seqs_.count(key) > 0; });
+  counters_.static_batches = admission_.formed;
+  std::unordered_map<uint64_t, const sched_seq*> by_key;
+  for (const auto& w : waiting) by_key.emplace(w.id, &w);
+  std::vector<sched_seq> ordered;
+  for (size_t i = 0; i < order.size(); ++i) {
+    sched_seq d = *by_key.at(order[i]);
+    // The policy's order replaces the deadline and arrival ranks (the
+    // scheduler still takes online before offline).
+    d.deadline = 0;
+    d.order = i;
+    ordered.push_back(std::move(d));
+  }
+  waiting = std::move(ordered);
 }
 
 sched_seq engine::describe(const live_seq& s) const {
@@ -592,6 +661,7 @@ void engine::step() {
         waiting.push_back(describe(s));
       }
     }
+    order_admissions(waiting);
     auto plan = plan_step(running, waiting, opts_.limits, pool_->available());
     for (uint64_t v : plan.preempted) {
       preempted_now.insert(v);
@@ -1042,8 +1112,13 @@ std::string engine::enqueue(sequence_spec r, uint64_t& key, int32_t& ahead,
   ahead = 0;
   for (const auto& [k, s] : seqs_) ahead += s.holds_pages() ? 0 : 1;
   auto& added = add_sequence(std::move(r));
+  added.arrived_ms = ms_since(born_);
   if (added.req.ttft_target_ms > 0 && added.req.cls == seq_class::online)
-    added.deadline = ms_since(born_) + added.req.ttft_target_ms;
+    added.deadline = added.arrived_ms + added.req.ttft_target_ms;
+  if (!added.req.embed) {
+    added.length_class = length_class_of(added.req);
+    added.predicted_bucket = lengths_.predict(added.length_class);
+  }
   added.constraint = std::move(c);
   added.constraint_state = state;
   added.tier = std::move(tier);

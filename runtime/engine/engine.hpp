@@ -271,7 +271,12 @@ class engine {
     // it (the engine shares one per pattern among its sequences).
     std::shared_ptr<token_constraint> constraint;
     int constraint_state = -1;
-    double deadline = 0;  // ms since the engine started: its first token is due (0: none)
+    double deadline = 0;    // ms since the engine started: its first token is due (0: none)
+    double arrived_ms = 0;  // ms since the engine started, when it was enqueued
+    // The output-length predictor's class and its prediction at arrival
+    // (a length bucket; -1: none made, as for embeddings).
+    std::string length_class;
+    int predicted_bucket = -1;
     // Speculative decoding's draft cap, adapted to how well drafts do for
     // this sequence: doubled (up to what the request asks) when a whole
     // draft is accepted, halved when none of it is; at 0 the sequence rests
@@ -329,6 +334,9 @@ class engine {
   finish_reason stop_reason(const live_seq& s, int32_t token) const;
   void preempt(uint64_t key);
   void admit(uint64_t key);
+  // The waiting sequences the admission policy lets the scheduler admit,
+  // in its order (runtime/engine/admission); as given when it has none.
+  void order_admissions(std::vector<sched_seq>& waiting);
   sched_seq describe(const live_seq& s) const;
   void make_room(const std::vector<step_chunk>& chunks, int32_t short_by,
                  std::unordered_set<uint64_t>& preempted_now);
@@ -386,6 +394,11 @@ class engine {
   bool dummy_had_work_ = false;                        // it had work when its round began
   std::chrono::steady_clock::time_point dummy_start_;
   instance_stats counters_;
+  // SLO ordering and static batches (runtime/engine/admission): the
+  // output-length predictor, trained on this engine's finished sequences,
+  // and the static batch running.
+  output_length_predictor lengths_;
+  admission_state admission_;
   std::deque<step_timing> recent_steps_;  // the last opts_.kept_steps
   std::unordered_map<std::string, std::shared_ptr<token_constraint>> constraints_;  // by pattern
   std::chrono::steady_clock::time_point born_ = std::chrono::steady_clock::now();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/engine/admission.hpp"
 #include "runtime/engine/kv_blob.hpp"
 #include "runtime/engine/page_pool.hpp"
 #include "runtime/engine/prompt_embeds.hpp"
@@ -117,6 +118,12 @@ struct sequence_spec {
   // Earliest deadline first among online sequences: the first token is due
   // this long after the instance takes the sequence (0: no target).
   double ttft_target_ms = 0;
+  // Its TPOT target (0: none): with the TTFT target, the completion
+  // deadline that SLO ordering (runtime/engine/admission) plans by.
+  double tpot_target_ms = 0;
+  // The output-length predictor's class for it (the client's name for an
+  // application or template; empty: its first prompt tokens).
+  std::string prompt_class;
   // Speculative decoding (n-gram drafts verified in one step): the most
   // draft tokens per step; -1: the instance's default, 0: off.
   int32_t draft_tokens = -1;
@@ -183,6 +190,12 @@ struct instance_stats {
   // Speculative decoding: draft tokens verified, and those accepted.
   uint64_t draft_tokens = 0;
   uint64_t accepted_tokens = 0;
+  // The output-length predictor (runtime/engine/slo_batching): finished
+  // sequences scored, and those whose length bucket it predicted right;
+  // static batches formed (runtime/engine/admission).
+  uint64_t length_predicted = 0;
+  uint64_t length_right = 0;
+  uint64_t static_batches = 0;
   // KV store: evicted prefix pages offered to the process's kv_pool, and
   // pages loaded back from it (counted again as prefix hits when mapped).
   uint64_t spilled_pages = 0;
@@ -221,6 +234,9 @@ struct instance_options {
   bool step_overlap = true;
   // A kv_pool takes the indexed pages this engine evicts (engine_cmd::spill).
   bool kv_tiers = false;
+  // Which waiting sequences may be admitted, in what order: continuous or
+  // static batches, by deadline, arrival, length, SLO or SLO-ODBS.
+  admission_policy admission;
 };
 
 }  // namespace troupe

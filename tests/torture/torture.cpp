@@ -149,6 +149,7 @@ struct tally {
            sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0,
            dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
            vision_rounds = 0, images_checked = 0, expert_swaps = 0, overlap_off_rounds = 0,
+           batch_order_rounds = 0, static_batch_rounds = 0,
            unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
            pipeline_parallel_rounds = 0, remote_stage_rounds = 0, layer_moves = 0,
            layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0, stage_node_kills = 0,
@@ -413,6 +414,19 @@ class round_driver {
     // Issue 14: speculative decoding server-wide in some rounds (requests
     // may ask otherwise); greedy outputs must not change.
     if (chance(0.4)) a += " --draft-tokens " + std::to_string(one_of<int>({2, 4, 8}));
+    // Issue 36: some rounds admit by arrival, predicted length, completion
+    // deadline or SLO-ODBS, some in static batches (no new request until
+    // the batch is done): every request must still end, greedy outputs
+    // unchanged.
+    if (chance(0.3)) {
+      ++t_.batch_order_rounds;
+      a += " --batch-order " + one_of<std::string>({"fifo", "length", "slo", "slo-odbs"}) +
+           " --batch-max " + std::to_string(one_of<int>({1, 4, 8}));
+      if (chance(0.5)) {
+        a += " --batching static";
+        ++t_.static_batch_rounds;
+      }
+    }
     // Step overlap is on by default; some rounds run without it.
     if (chance(0.25)) {
       a += " --step-overlap false";
@@ -559,6 +573,13 @@ class round_driver {
     g.set_stream(!chance(0.2));
     if (chance(0.3)) g.set_request_class(wire::OFFLINE);
     if (chance(0.3)) g.set_draft_tokens(static_cast<int>(pick(9)));
+    // Latency targets and a length class (the admission orders plan by
+    // them); they change when a request runs, never what it outputs.
+    if (chance(0.3)) {
+      g.set_slo_ttft_ms(static_cast<uint32_t>(100 + pick(5000)));
+      g.set_slo_tpot_ms(static_cast<uint32_t>(pick(100)));
+      g.set_prompt_class(one_of<std::string>({"a", "b", std::string(128, 'c')}));
+    }
     s.reqs[id] = track(kind::greedy, prompt);
     return g;
   }
@@ -1460,6 +1481,8 @@ int run(const options& o) {
             {"images_checked", t.images_checked},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},
+            {"batch_order_rounds", t.batch_order_rounds},
+            {"static_batch_rounds", t.static_batch_rounds},
             {"tier_rounds", t.tier_rounds},
             {"disk_tier_rounds", t.disk_tier_rounds},
             {"tier_loaded_pages", t.tier_loaded_pages},

@@ -72,6 +72,9 @@ struct seq_out {
   int preempted = 0;
   int32_t accepted = 0;
   std::vector<float> embedding;
+  // When its first batch and its last came out, counted in the device's
+  // emits over all sequences (-1: not yet).
+  int first_at = -1, end_at = -1;
 };
 
 // Carries out an engine's commands as a device would, in order, and
@@ -84,6 +87,7 @@ struct fake_device {
   std::deque<std::function<void()>> answers;
   std::vector<int32_t> last_drawn;  // the previous step's draws (placeholders)
   int most_in_flight = 0;
+  int emits = 0;  // emit commands carried out
   int asked_rounds = 0;
   std::vector<engine_cmd::round_done> rounds;
   bool fail_next_forward = false;
@@ -236,6 +240,9 @@ struct fake_device {
               answers.push_back([this, pages] { eng.on_loaded(pages); });
             } else if constexpr (std::is_same_v<T, engine_cmd::emit>) {
               auto& o = by_key[c.key];
+              if (o.first_at < 0) o.first_at = emits;
+              if (c.batch.finish != finish_reason::none) o.end_at = emits;
+              ++emits;
               o.tokens.insert(o.tokens.end(), c.batch.tokens.begin(), c.batch.tokens.end());
               o.cached += c.batch.cached_tokens;
               o.accepted += c.batch.accepted;
@@ -946,6 +953,83 @@ TEST(Engine, ASequenceAbortedWhileItsPagesAreReadLeavesNoExport) {
   da.settle();
   EXPECT_EQ(da.by_key[x.key].finish, finish_reason::aborted);
   expect_released(a);
+}
+
+}  // namespace
+}  // namespace troupe
+
+namespace troupe {
+namespace {
+
+// Static batches (runtime/engine/admission, --batching static): no new
+// sequence starts until every member of the batch running has finished;
+// outputs are what each gets alone.
+TEST(Engine, StaticBatchesStartNoNewSequenceUntilTheBatchHasFinished) {
+  auto o = options(16, 8);
+  o.admission.mode = batching_mode::static_batches;
+  o.admission.order = batch_order::fifo;
+  o.admission.odbs.max_batch = 2;
+  engine e(fake_info(64), o);
+  fake_device dev(e);
+  const int32_t lens[] = {3, 12, 5, 7, 2};
+  std::vector<uint64_t> keys;
+  std::map<uint64_t, std::vector<int32_t>> want;
+  for (int i = 0; i < 5; ++i) {
+    auto p = prompt_of(i + 1, 6);
+    keys.push_back(enqueue(e, spec(100 + i, p, lens[i])));
+    want[keys.back()] = reference(p, lens[i]);
+  }
+  dev.settle();
+  for (const auto& [key, w] : want) EXPECT_EQ(dev.by_key[key].tokens, w) << "key " << key;
+  // The first step took the one sequence there was; the other four came
+  // while it ran and form two batches of two, in arrival order.
+  auto& out = dev.by_key;
+  for (int i : {1, 2}) EXPECT_GT(out[keys[i]].first_at, out[keys[0]].end_at) << i;
+  for (int i : {3, 4})
+    for (int j : {1, 2}) EXPECT_GT(out[keys[i]].first_at, out[keys[j]].end_at) << i << j;
+  // Within a batch, both ran together.
+  EXPECT_LT(out[keys[2]].first_at, out[keys[1]].end_at);
+  EXPECT_EQ(e.stats().static_batches, 3u);
+  expect_released(e);
+}
+
+// The length predictor learns each class from finished sequences, and the
+// length order admits the class predicted shorter first.
+TEST(Engine, TheLengthOrderAdmitsTheClassPredictedShorterFirst) {
+  auto o = options(16, 8);
+  o.limits.max_seqs = 1;
+  o.admission.order = batch_order::length;
+  engine e(fake_info(64), o);
+  fake_device dev(e);
+  auto of_class = [](uint64_t id, const char* cls, int32_t n) {
+    auto r = spec(id, prompt_of(int32_t(id), 5), n);
+    r.prompt_class = cls;
+    return r;
+  };
+  for (int i = 0; i < 3; ++i) {
+    enqueue(e, of_class(10 + i, "long", 20));
+    enqueue(e, of_class(20 + i, "short", 2));
+    dev.settle();
+  }
+  auto s = e.stats();
+  EXPECT_EQ(s.length_predicted, 6u);
+  // The first of each class was predicted by the fallback (bucket 4,
+  // [32, 64)); once seen, a class's bucket ([16, 32), [0, 8)) is right.
+  EXPECT_EQ(s.length_right, 4u);
+  // All four may generate 20 tokens: only the prediction tells them apart.
+  const uint64_t l1 = enqueue(e, of_class(30, "long", 20));  // starts at once
+  const uint64_t l2 = enqueue(e, of_class(31, "long", 20));
+  const uint64_t s1 = enqueue(e, of_class(32, "short", 20));
+  const uint64_t s2 = enqueue(e, of_class(33, "short", 20));
+  dev.settle();
+  auto& out = dev.by_key;
+  EXPECT_LT(out[l1].first_at, out[s1].first_at);
+  EXPECT_LT(out[s1].end_at, out[l2].first_at);
+  EXPECT_LT(out[s2].end_at, out[l2].first_at);
+  // The long ones were predicted right, the "short" ones wrong this time.
+  EXPECT_EQ(e.stats().length_predicted, 10u);
+  EXPECT_EQ(e.stats().length_right, 6u);
+  expect_released(e);
 }
 
 }  // namespace

@@ -112,6 +112,15 @@ TEST(GenerateCheck, BadRequestsNameWhatIsWrong) {
   c = run(g);
   ASSERT_FALSE(c.bad) << c.bad->message;
   EXPECT_EQ(c.plan.draft_tokens, 4);
+  // The length predictor's class: at most 128 bytes; the TPOT target kept.
+  g.set_prompt_class(std::string(129, 'x'));
+  EXPECT_EQ(message(g), "prompt_class: at most 128 bytes, got 129");
+  g.set_prompt_class(std::string(128, 'x'));
+  g.set_slo_tpot_ms(25);
+  c = run(g);
+  ASSERT_FALSE(c.bad) << c.bad->message;
+  EXPECT_EQ(c.plan.prompt_class, std::string(128, 'x'));
+  EXPECT_EQ(c.plan.slo_tpot_ms, 25);
 }
 
 // An embedding (Generate.embedding): nothing is generated, so what shapes

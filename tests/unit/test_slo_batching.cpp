@@ -1,11 +1,11 @@
-// SLO-ODBS (runtime/service/slo_batching, issue 36 item 2): the bucketed
+// SLO-ODBS (runtime/engine/slo_batching, issue 36 item 2): the bucketed
 // output-length predictor, the four batch orders on synthetic queues, and
 // the static-batch simulator (sim/static_batch_sim) on the repository's
 // stories15M cost model, where grouping by length must cut padding and
 // deadline misses against FIFO.
 #include <gtest/gtest.h>
 
-#include "runtime/service/slo_batching.hpp"
+#include "runtime/engine/slo_batching.hpp"
 #include "sim/static_batch_sim.hpp"
 
 namespace troupe {

@@ -29,6 +29,15 @@ def test_logit_bias_is_a_map_of_token_ids_to_bounded_biases():
             c.build_generate(1, "x", logit_bias=bad)
 
 
+def test_latency_targets_and_the_prompt_class_reach_the_frame():
+    g = generate_of(c.build_generate(1, "x", slo_ttft_ms=800, slo_tpot_ms=25, prompt_class="chat"))
+    assert (g.slo_ttft_ms, g.slo_tpot_ms, g.prompt_class) == (800, 25, "chat")
+    with pytest.raises(ValueError, match="slo_ttft_ms"):
+        c.build_generate(1, "x", slo_ttft_ms=-1)
+    with pytest.raises(TypeError, match="prompt_class"):
+        c.build_generate(1, "x", prompt_class=3)
+
+
 def test_bytes_are_not_a_prompt():
     with pytest.raises(TypeError, match="prompt: bytes"):
         c.build_generate(1, b"Once upon a time")

@@ -138,6 +138,9 @@ def build_generate(
     logprobs: int = 0,
     embedding: bool = False,
     images: Iterable[bytes] = (),
+    slo_ttft_ms: int = 0,
+    slo_tpot_ms: int = 0,
+    prompt_class: str = "",
 ) -> bytes:
     """The Generate frame; arguments are checked here, and a bad one raises
     ValueError or TypeError naming it (nothing is sent)."""
@@ -213,6 +216,14 @@ def build_generate(
     g.embedding = bool(embedding)
     # Images (PNG or JPEG bytes), one for each "<__media__>" in the prompt,
     # in order: for a server with a vision encoder (--mmproj).
+    # Latency targets (0: the server's for the request's class) and the
+    # output-length predictor's class, for servers that order admissions
+    # by SLO (troupe serve --batch-order).
+    _set_field(g, "slo_ttft_ms", slo_ttft_ms, "slo_ttft_ms")
+    _set_field(g, "slo_tpot_ms", slo_tpot_ms, "slo_tpot_ms")
+    if not isinstance(prompt_class, str):
+        raise TypeError(f"prompt_class must be str, got {type(prompt_class).__name__}")
+    g.prompt_class = prompt_class
     for i, image in enumerate(images):
         if not isinstance(image, (bytes, bytearray)):
             raise TypeError(f"images[{i}] must be bytes, got {type(image).__name__}")

@@ -113,7 +113,9 @@ class Client:
         stop, stop_token_ids, ignore_eos, offline, priority, deadline_ms,
         logprobs, embedding (True: the prompt's embedding in Result.embedding,
         nothing generated), images (PNG or JPEG bytes, one for each
-        "<__media__>" in the prompt)."""
+        "<__media__>" in the prompt), slo_ttft_ms and slo_tpot_ms (this
+        request's latency targets), prompt_class (its class for the
+        server's output-length predictor, at most 128 bytes)."""
         self._check_open()
         rid = self._new_id(request_id)
         frame = c.build_generate(rid, prompt, stream=stream, **options)

@@ -1,4 +1,4 @@
-#include "runtime/service/slo_batching.hpp"
+#include "runtime/engine/slo_batching.hpp"
 
 #include <algorithm>
 #include <cmath>
