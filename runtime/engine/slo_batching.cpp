@@ -39,7 +39,12 @@ void output_length_predictor::observe(const std::string& cls, int predicted_buck
   const int b = length_bucket(actual_tokens);
   ++observed_;
   if (b == predicted_bucket) ++correct_;
-  ++by_class_[cls][b];
+  // Classes come from clients: past the cap a new class teaches only the
+  // global counts (memory stays bounded whatever names arrive).
+  auto it = by_class_.find(cls);
+  if (it == by_class_.end() && by_class_.size() < kMaxLengthClasses)
+    it = by_class_.emplace(cls, counts{}).first;
+  if (it != by_class_.end()) ++it->second[b];
   ++all_[b];
 }
 

@@ -44,6 +44,9 @@
 namespace troupe {
 
 constexpr int kLengthBuckets = 10;  // [0,8) .. [1024,2048), [2048, inf)
+// Classes a predictor keeps apart at most; later new ones share the
+// global counts (the names come from clients: their number is theirs).
+constexpr size_t kMaxLengthClasses = 4096;
 int length_bucket(int64_t tokens);
 // The tokens a bucket stands for when planning: its upper bound (4096 for
 // the last), so a prediction errs on the long side within its bucket.
@@ -60,6 +63,7 @@ class output_length_predictor {
   // Share of observed requests whose predicted bucket was right.
   double bucket_accuracy() const { return observed_ ? double(correct_) / observed_ : 0.0; }
   uint64_t observed() const { return observed_; }
+  size_t classes() const { return by_class_.size(); }
 
  private:
   using counts = std::array<uint64_t, kLengthBuckets>;

@@ -27,6 +27,21 @@ TEST(SloBatching, LengthBucketsAreThePredictorsClasses) {
   EXPECT_EQ(bucket_tokens(9), 4096);
 }
 
+TEST(SloBatching, ThePredictorKeepsAtMostItsCapOfClasses) {
+  output_length_predictor p;
+  for (size_t i = 0; i < kMaxLengthClasses + 10; ++i) {
+    // Appended, not "c" + ...: GCC 12 warns falsely (-Wrestrict) on that.
+    std::string name = "c";
+    name += std::to_string(i);
+    p.observe(name, 0, 100);
+  }
+  EXPECT_EQ(p.classes(), kMaxLengthClasses);
+  // A class past the cap is predicted by the global counts.
+  p.observe("late", 0, 3);
+  EXPECT_EQ(p.predict("late"), length_bucket(100));
+  EXPECT_EQ(p.predict("c0"), length_bucket(100));
+}
+
 TEST(SloBatching, PredictorLearnsEachClassAndScoresItself) {
   output_length_predictor p;
   EXPECT_EQ(p.predict("chat", 3), 3);  // nothing seen: the fallback
