@@ -40,22 +40,16 @@ std::vector<uint64_t> admission_order(const std::vector<admission_candidate>& wa
       beyond.push_back(c.key);
   }
   if (fresh.empty()) return out;
-  const batch_order order = p.order.value_or(batch_order::fifo);
-  if (gated && !state.batch.empty()) {
-    // The batch's members not yet admitted, in the batch's own order.
-    for (const auto& b : plan_batches(fresh, order, p.odbs))
-      out.insert(out.end(), b.begin(), b.end());
-    return out;
-  }
-  auto batches = plan_batches(fresh, order, p.odbs);
-  if (gated) {
+  auto batches = plan_batches(fresh, p.order.value_or(batch_order::fifo), p.odbs);
+  // Static, with no batch running: the plan's first batch becomes it.
+  // (With one running, `fresh` holds its members not yet admitted.)
+  if (gated && state.batch.empty()) {
+    batches.resize(1);
     state.batch.insert(batches.front().begin(), batches.front().end());
     ++state.formed;
-    out.insert(out.end(), batches.front().begin(), batches.front().end());
-    return out;
   }
   for (const auto& b : batches) out.insert(out.end(), b.begin(), b.end());
-  out.insert(out.end(), beyond.begin(), beyond.end());
+  out.insert(out.end(), beyond.begin(), beyond.end());  // empty when gated
   return out;
 }
 

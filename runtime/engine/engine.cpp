@@ -217,12 +217,8 @@ void engine::finish(uint64_t key, token_batch last) {
   const bool whole = last.finish == finish_reason::eos ||
                      last.finish == finish_reason::stop_token ||
                      last.finish == finish_reason::max_tokens;
-  if (whole && s.predicted_bucket >= 0) {
-    const int64_t n = s.generated();
-    counters_.length_right += length_bucket(n) == s.predicted_bucket ? 1 : 0;
-    ++counters_.length_predicted;
-    lengths_.observe(s.length_class, s.predicted_bucket, n);
-  }
+  if (whole && s.predicted_bucket >= 0)
+    lengths_.observe(s.length_class, s.predicted_bucket, s.generated());
   out(engine_cmd::emit{key, std::move(last)});
   pool_->free_sequence(key);
 }
@@ -407,7 +403,7 @@ void engine::admit(uint64_t key) {
 
 void engine::order_admissions(std::vector<sched_seq>& waiting) {
   const admission_policy& policy = opts_.admission;
-  if (policy.mode == batching_mode::continuous && !policy.order) return;
+  if (waiting.empty() || (policy.mode == batching_mode::continuous && !policy.order)) return;
   std::sort(waiting.begin(), waiting.end(),
             [](const sched_seq& a, const sched_seq& b) { return a.order < b.order; });
   const double now_ms = ms_since(born_);
@@ -433,7 +429,6 @@ void engine::order_admissions(std::vector<sched_seq>& waiting) {
   }
   auto order = admission_order(cands, policy, admission_,
                                [this](uint64_t key) { return seqs_.count(key) > 0; });
-  counters_.static_batches = admission_.formed;
   std::unordered_map<uint64_t, const sched_seq*> by_key;
   for (const auto& w : waiting) by_key.emplace(w.id, &w);
   std::vector<sched_seq> ordered;
@@ -1312,6 +1307,9 @@ void engine::on_round(uint64_t round) {
 instance_stats engine::stats() const {
   instance_stats s = counters_;
   s.role = opts_.role;
+  s.length_predicted = lengths_.observed();
+  s.length_right = lengths_.right();
+  s.static_batches = admission_.formed;
   for (const auto& [key, q] : seqs_) {
     ++(q.holds_pages() ? s.running : s.waiting);
     const int64_t left = int64_t(q.tokens.size()) - q.computed;

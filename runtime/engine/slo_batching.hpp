@@ -63,6 +63,7 @@ class output_length_predictor {
   // Share of observed requests whose predicted bucket was right.
   double bucket_accuracy() const { return observed_ ? double(correct_) / observed_ : 0.0; }
   uint64_t observed() const { return observed_; }
+  uint64_t right() const { return correct_; }  // observed ones predicted in the right bucket
   size_t classes() const { return by_class_.size(); }
 
  private:
