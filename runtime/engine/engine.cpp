@@ -1214,6 +1214,7 @@ bool engine::end_export(uint64_t key) {
   auto it = seqs_.find(key);
   if (it == seqs_.end() || it->second.state != seq_state::exporting) return false;
   take_out(key);
+  step();  // the last member of a static batch may have left: the next may start
   return true;
 }
 
@@ -1221,6 +1222,10 @@ bool engine::abort(uint64_t id) {
   auto it = keys_.find(id);
   if (it == keys_.end()) return false;
   abort_key(it->second);
+  // Its pages are free, and it may have been the last member of a static
+  // batch: sequences waiting for either may start now (with a step in
+  // flight, step() returns at once and that step's end plans the next).
+  step();
   return true;
 }
 

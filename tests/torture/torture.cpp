@@ -146,18 +146,18 @@ struct tally {
            pings = 0, preempted_recompute = 0, preempted_swap = 0, migrations = 0,
            migrations_refused = 0, kills = 0, node_rounds = 0, node_kills = 0, pd_rounds = 0,
            role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0,
-           sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, spawns = 0,
-           dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
+           sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, http_scheduled = 0,
+           spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
            vision_rounds = 0, images_checked = 0, expert_swaps = 0, overlap_off_rounds = 0,
-           batch_order_rounds = 0, static_batch_rounds = 0,
-           unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
-           pipeline_parallel_rounds = 0, remote_stage_rounds = 0, layer_moves = 0,
-           layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0, stage_node_kills = 0,
-           overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
-           half_bodies_refused = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
-           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           second_services = 0, cluster_views = 0, violations = 0;
+           batch_order_rounds = 0, static_batch_rounds = 0, unfused_rounds = 0,
+           layer_launch_rounds = 0, unpipelined_rounds = 0, pipeline_parallel_rounds = 0,
+           remote_stage_rounds = 0, layer_moves = 0, layer_moves_refused = 0, head_moves = 0,
+           head_moves_refused = 0, stage_node_kills = 0, overlapped_steps = 0, hostile_admin = 0,
+           hostile_http = 0, starve_http = 0, half_bodies_refused = 0, tier_rounds = 0,
+           disk_tier_rounds = 0, tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0,
+           pull_rounds = 0, tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0,
+           registry_joins = 0, registry_removes = 0, second_services = 0, cluster_views = 0,
+           violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
   // Image requests: the first answer to each (image, prompt), which every
   // later one must equal, whatever the round does (preemption by
@@ -870,6 +870,17 @@ class round_driver {
                  {"ignore_eos", true}};
     ++t_.http_requests;
     if (which == 0) {
+      // The scheduling extras change when it runs, never what it says.
+      if (chance(0.5)) {
+        if (chance(0.5))
+          body["service_tier"] = "flex";
+        else
+          body["request_class"] = chance(0.5) ? "offline" : "online";
+        body["slo_ttft_ms"] = 100 + pick(2000);
+        body["slo_tpot_ms"] = pick(50);
+        body["prompt_class"] = "http-" + std::to_string(prompt % 3);
+        ++t_.http_scheduled;
+      }
       auto r = http.Post("/v1/completions", body.dump(), "application/json");
       if (!r) return violation("HTTP completion: no answer");
       if (r->status != 200) {
@@ -998,7 +1009,7 @@ class round_driver {
     } else {
       // A bad value, or (issue 31) one that once crashed the server or was
       // wrapped into a valid one: each must get 400.
-      const size_t bad = pick(5);
+      const size_t bad = pick(6);
       std::string param = "temperature";
       if (bad == 0) {
         body["temperature"] = 7;
@@ -1012,6 +1023,9 @@ class round_driver {
       } else if (bad == 3) {
         param = "";
         body["guided_regex"] = R"([^\x00-\xff])";
+      } else if (bad == 5) {
+        param = "service_tier";
+        body["service_tier"] = chance(0.5) ? json("cheap") : json(3);
       } else {
         param = "prompt";
         body["prompt"] = {1, chance(0.5) ? (int64_t(1) << 32) + 5 : -(int64_t(1) << 31) - 1};
@@ -1517,6 +1531,7 @@ int run(const options& o) {
             {"spawns", t.spawns},
             {"http_checked", t.http_checked},
             {"http_disconnects", t.http_disconnects},
+            {"http_scheduled", t.http_scheduled},
             {"terminals", t.terminals},
             {"violations", all}};
   std::printf("%s\n", j.dump(2).c_str());

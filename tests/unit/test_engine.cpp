@@ -993,6 +993,44 @@ TEST(Engine, StaticBatchesStartNoNewSequenceUntilTheBatchHasFinished) {
   expect_released(e);
 }
 
+// A static batch whose last member leaves with no step to follow (its KV
+// exported from a prefill instance, or cancelled while parked) lets the
+// next batch start at once: nothing else would wake the engine.
+TEST(Engine, TheNextStaticBatchStartsWhenTheLastMemberLeavesBetweenSteps) {
+  auto o = options(32, 8);
+  o.admission.mode = batching_mode::static_batches;
+  o.admission.order = batch_order::fifo;
+  o.admission.odbs.max_batch = 1;
+  engine e(fake_info(64), o);
+  fake_device dev(e);
+  auto parked = [](uint64_t id) {
+    auto r = spec(id, prompt_of(int32_t(id), 6), 20);
+    r.prefill_only = true;  // first token out, then its KV waits for export
+    return r;
+  };
+  enqueue(e, parked(1));
+  const auto p2 = prompt_of(2, 5);
+  const uint64_t k2 = enqueue(e, spec(2, p2, 3));
+  dev.settle();
+  ASSERT_TRUE(dev.by_key[k2].tokens.empty()) << "it is not in the running batch";
+  engine::export_start x;
+  ASSERT_EQ(e.begin_export(1, x), "");
+  dev.carry_out();
+  ASSERT_TRUE(e.end_export(x.key));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k2].tokens, reference(p2, 3)) << "it started once the member left";
+
+  enqueue(e, parked(3));
+  const auto p4 = prompt_of(4, 5);
+  const uint64_t k4 = enqueue(e, spec(4, p4, 3));
+  dev.settle();
+  ASSERT_TRUE(dev.by_key[k4].tokens.empty());
+  EXPECT_TRUE(e.abort(3));
+  dev.settle();
+  EXPECT_EQ(dev.by_key[k4].tokens, reference(p4, 3)) << "it started once the member was cancelled";
+  expect_released(e);
+}
+
 // The length predictor learns each class from finished sequences, and the
 // length order admits the class predicted shorter first.
 TEST(Engine, TheLengthOrderAdmitsTheClassPredictedShorterFirst) {

@@ -49,6 +49,48 @@ TEST(OpenAiApi, CompletionParametersBecomeGenerateFields) {
   EXPECT_TRUE(c.logprobs);
 }
 
+// The scheduling fields (ZeroMQ's request_class, SLO targets and prompt
+// class) come as extra body fields; OpenAI's service_tier "flex" is the
+// offline class.
+TEST(OpenAiApi, SchedulingFieldsBecomeGenerateFields) {
+  call c;
+  ASSERT_FALSE(parse(json{{"prompt", "x"},
+                          {"request_class", "offline"},
+                          {"slo_ttft_ms", 500},
+                          {"slo_tpot_ms", 40},
+                          {"prompt_class", "summaries"}},
+                     false, "m", c));
+  const auto& g = c.generates.at(0);
+  EXPECT_EQ(g.request_class(), wire::OFFLINE);
+  EXPECT_EQ(g.slo_ttft_ms(), 500u);
+  EXPECT_EQ(g.slo_tpot_ms(), 40u);
+  EXPECT_EQ(g.prompt_class(), "summaries");
+  ASSERT_FALSE(parse(json{{"prompt", "x"}, {"service_tier", "flex"}}, false, "m", c));
+  EXPECT_EQ(c.generates.at(0).request_class(), wire::OFFLINE);
+  ASSERT_FALSE(parse(json{{"prompt", "x"}, {"service_tier", "auto"}}, false, "m", c));
+  EXPECT_EQ(c.generates.at(0).request_class(), wire::ONLINE);
+  ASSERT_FALSE(parse(json{{"prompt", "x"}}, false, "m", c));
+  EXPECT_EQ(c.generates.at(0).request_class(), wire::ONLINE);
+  EXPECT_EQ(c.generates.at(0).slo_ttft_ms(), 0u) << "absent: the class's target";
+
+  auto param = [&](const json& body) {
+    auto e = parse(body, false, "m", c);
+    return e ? std::to_string(e->status) + " " + e->param : std::string("accepted");
+  };
+  EXPECT_EQ(param({{"prompt", "x"}, {"request_class", "batch"}}), "400 request_class");
+  EXPECT_EQ(param({{"prompt", "x"}, {"request_class", 1}}), "400 request_class");
+  EXPECT_EQ(param({{"prompt", "x"}, {"service_tier", "cheap"}}), "400 service_tier");
+  EXPECT_EQ(param({{"prompt", "x"}, {"service_tier", "flex"}, {"request_class", "online"}}),
+            "400 service_tier");
+  EXPECT_EQ(param({{"prompt", "x"}, {"service_tier", "flex"}, {"request_class", "offline"}}),
+            "accepted");
+  EXPECT_EQ(param({{"prompt", "x"}, {"slo_ttft_ms", -1}}), "400 slo_ttft_ms");
+  EXPECT_EQ(param({{"prompt", "x"}, {"slo_tpot_ms", 1e12}}), "400 slo_tpot_ms");
+  EXPECT_EQ(param({{"prompt", "x"}, {"slo_tpot_ms", "fast"}}), "400 slo_tpot_ms");
+  EXPECT_EQ(param({{"prompt", "x"}, {"prompt_class", std::string(129, 'a')}}), "400 prompt_class");
+  EXPECT_EQ(param({{"prompt", "x"}, {"prompt_class", {"a"}}}), "400 prompt_class");
+}
+
 TEST(OpenAiApi, PromptsOfEveryShape) {
   call c;
   ASSERT_FALSE(parse(json{{"prompt", {1, 2, 3}}}, false, "m", c));

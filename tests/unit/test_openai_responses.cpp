@@ -35,6 +35,11 @@ TEST(OpenAiResponses, TextInputBecomesTheSameChatCall) {
   EXPECT_EQ(chat["max_tokens"], 12);
   EXPECT_EQ(chat["stream"], true);
   EXPECT_FALSE(chat.contains("store"));
+  // The scheduling fields pass to the chat call, which checks them.
+  ASSERT_EQ(translate({{"input", "Hi"}, {"service_tier", "flex"}, {"prompt_class", "c"}}, &chat),
+            "ok");
+  EXPECT_EQ(chat["service_tier"], "flex");
+  EXPECT_EQ(chat["prompt_class"], "c");
   // Messages with text parts, an earlier assistant turn.
   ASSERT_EQ(
       translate(

@@ -185,6 +185,59 @@ json chat_logprobs(const std::vector<wire::TokenLogprob>& lps, const token_text_
   return {{"content", content}};
 }
 
+// Latency targets beyond an hour are no target; the prompt class's length
+// is the server's own limit (actors/generate_check's k_max_prompt_class),
+// checked here too so the 400 names the field.
+constexpr int64_t k_max_slo_ms = 3'600'000;
+constexpr size_t k_max_prompt_class_bytes = 128;
+
+// How the request is scheduled: its class (troupe's `request_class`
+// online|offline, or OpenAI's `service_tier`, whose "flex" (cheaper,
+// slower) is troupe's offline class), its latency targets (`slo_ttft_ms`,
+// `slo_tpot_ms`; absent or 0: its class's from the server's config) and
+// the class its output length is predicted by (`prompt_class`,
+// docs/bench_service.md).  These were ZeroMQ-only; an OpenAI client sends
+// them as extra body fields.
+std::optional<api_error> scheduling(const in_json& body, wire::Generate& g) {
+  std::optional<bool> offline;
+  if (auto it = body.find("request_class"); it != body.end() && !it->is_null()) {
+    if (!string_is(body, "request_class", "online") && !string_is(body, "request_class", "offline"))
+      return invalid_request(
+          "request_class", "'request_class' must be \"online\" or \"offline\", got " + it->dump());
+    offline = string_is(body, "request_class", "offline");
+  }
+  if (auto it = body.find("service_tier"); it != body.end() && !it->is_null()) {
+    bool known = false;
+    for (const char* tier : {"auto", "default", "flex", "scale", "priority"})
+      known = known || string_is(body, "service_tier", tier);
+    if (!known)
+      return invalid_request(
+          "service_tier",
+          "'service_tier' must be auto, default, flex, scale or priority, got " + it->dump());
+    const bool flex = string_is(body, "service_tier", "flex");
+    if (offline && *offline != flex)
+      return invalid_request("service_tier",
+                             "'service_tier' and 'request_class' disagree (flex is the offline "
+                             "class; give one of them)");
+    offline = flex;
+  }
+  if (offline) g.set_request_class(*offline ? wire::OFFLINE : wire::ONLINE);
+  std::optional<int64_t> ms;
+  if (auto e = integer(body, "slo_ttft_ms", 0, k_max_slo_ms, ms)) return e;
+  if (ms) g.set_slo_ttft_ms(static_cast<uint32_t>(*ms));
+  ms.reset();
+  if (auto e = integer(body, "slo_tpot_ms", 0, k_max_slo_ms, ms)) return e;
+  if (ms) g.set_slo_tpot_ms(static_cast<uint32_t>(*ms));
+  if (auto it = body.find("prompt_class"); it != body.end() && !it->is_null()) {
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > k_max_prompt_class_bytes)
+      return invalid_request("prompt_class", "'prompt_class' must be a string of at most " +
+                                                 std::to_string(k_max_prompt_class_bytes) +
+                                                 " bytes");
+    g.set_prompt_class(it->get<std::string>());
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 api_error invalid_request(const std::string& param, const std::string& message) {
@@ -340,6 +393,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
   // troupe's extension: speculative decoding's draft length for this request.
   if (auto e = integer(body, "draft_tokens", 0, 16, i)) return e;
   if (i) base.set_draft_tokens(static_cast<int32_t>(*i));
+  if (auto e = scheduling(body, base)) return e;
   if (auto e = number(body, "temperature", 0, 2, x)) return e;
   if (x) s->set_temperature(static_cast<float>(*x));
   x.reset();

@@ -87,7 +87,8 @@ std::optional<api_error> responses_as_chat(const ojson& body, ojson& chat) {
   }
   chat["messages"] = std::move(messages);
   if (auto it = body.find("max_output_tokens"); it != body.end()) chat["max_tokens"] = *it;
-  for (const char* field : {"temperature", "top_p", "stream", "user", "seed"})
+  for (const char* field : {"temperature", "top_p", "stream", "user", "seed", "service_tier",
+                            "request_class", "slo_ttft_ms", "slo_tpot_ms", "prompt_class"})
     if (auto it = body.find(field); it != body.end()) chat[field] = *it;
   if (auto it = body.find("text"); it != body.end() && !it->is_null()) {
     if (!it->is_object()) return invalid_request("text", "'text' must be an object");

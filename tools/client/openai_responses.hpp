@@ -10,7 +10,9 @@
 // input_text / output_text parts; roles user, assistant, system,
 // developer), `instructions`, `max_output_tokens`, `temperature`, `top_p`,
 // `stream`, `text.format` (text, json_object, json_schema), `metadata`,
-// `user`, `store` and `truncation: disabled` (accepted; nothing is stored).
+// `user`, `store` and `truncation: disabled` (accepted; nothing is stored),
+// and the chat API's scheduling fields (`service_tier`, `request_class`,
+// `slo_ttft_ms`, `slo_tpot_ms`, `prompt_class`).
 // Refused with a 400 naming the field: `previous_response_id` (troupe keeps
 // no responses), `tools`, `tool_choice` other than none/auto,
 // non-text input parts, `background`, `include`, `reasoning`.
