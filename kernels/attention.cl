@@ -58,6 +58,12 @@ inline float hmax16(float16 v) {
 // scores and the softmax's exponentials run as vector instructions.
 #define ATT_KEYS 16
 
+// Blocks of scores the two-pass attention keeps from its first pass for
+// its second (512 keys: 8 KB of private memory for ATT_ROWS rows); keys
+// past them are scored again.  The kept scores are the values the second
+// pass would compute, so the result is the same bit for bit.
+#define ATT_KEPT_BLOCKS 32
+
 // Dimension d of the 16 keys of a block, key k at kc + kb[k] + d *
 // page_size (kb[k]: its (page, kv head) block's offset plus its slot; -1
 // for a key past the last, read as 0).
@@ -207,12 +213,16 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
   // With a half KV cache, follow llama.cpp's (non flash-attention) numerics:
   // q is rounded to half before q.k, the scale applied after, and the
   // normalized probabilities are rounded to half before p.v.  This needs
-  // the softmax denominator first, hence two passes.  one_pass (flash
-  // attention, as llama.cpp's -fa) takes one pass with an online softmax.
+  // the softmax denominator first, hence two passes; the second takes the
+  // scores the first kept (ATT_KEPT_BLOCKS).  one_pass (flash attention,
+  // as llama.cpp's -fa) takes one pass with an online softmax.
   if (two_pass) {
+    float16 kept[ATT_ROWS][ATT_KEPT_BLOCKS];
     for (int j0 = j_begin; j0 <= max_last; j0 += ATT_KEYS) {
       block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
                    page_size, hd, scale);
+      const int b = (j0 - j_begin) / ATT_KEYS;
+      if (b < ATT_KEPT_BLOCKS) FOR_ROWS(r) kept[r][b] = sc[r];
       FOR_ROWS(r) {
         if (j0 > last[r] || j0 + ATT_KEYS <= first[r]) continue;
         const float m_new = fmax(m[r], hmax16(sc[r]));
@@ -222,8 +232,13 @@ INLINE void attend_rows(__global const float* qkv, __global const kv_t* kc, __gl
     }
     FOR_ROWS(r) l[r] = 1.0f / l[r];
     for (int j0 = j_begin; j0 <= max_last; j0 += ATT_KEYS) {
-      block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
-                   page_size, hd, scale);
+      const int b = (j0 - j_begin) / ATT_KEYS;
+      if (b < ATT_KEPT_BLOCKS) {
+        FOR_ROWS(r) sc[r] = kept[r][b];
+      } else {
+        block_scores(sc, qs, kc, table, first, last, nr, j0, max_last, layer, n_pages, n_kv, g,
+                     page_size, hd, scale);
+      }
       FOR_ROWS(r) vstore16(round_to_half16(exp(sc[r] - m[r]) * l[r]), 0, p[r]);
       block_values(acc, p, vc, table, nr, j0, max_last, layer, n_pages, n_kv, g, page_size, hd);
     }
