@@ -38,6 +38,7 @@ admission_policy admission_policy_of(const engine_settings& es) {
   if (es.batch_order != "deadline") p.order = parse_batch_order(es.batch_order);
   p.odbs.max_batch = es.batch_max;
   p.odbs.threshold = es.odbs_threshold;
+  p.odbs.fill = es.odbs_fill;
   return p;
 }
 

@@ -5,7 +5,11 @@ workload sent to each over the ZeroMQ protocol, and a markdown table of
 deadline misses, latency and throughput.
 
     build/py-venv/bin/python bench/slo_odbs_real.py [--rates 10] [--requests 200]
-        [--batching static continuous] [--orders fifo length slo slo-odbs] [--rounds 3]
+        [--batching static continuous] [--orders fifo length slo slo-odbs slo-odbs-fill]
+        [--rounds 3]
+
+slo-odbs-fill is slo-odbs with --odbs-fill: each group topped up to
+--batch-max with later requests predicted no longer than its longest.
 
 The workload is the simulator's (`troupe bench static-batch`) cut to
 stories15M's 256-token context: four prompt classes, each named in the
@@ -110,10 +114,12 @@ async def send_all(endpoint, reqs, timeout_s):
 def run_config(args, batching, order, rate):
     port, http_port = free_port(), free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
+    # slo-odbs-fill: slo-odbs with its groups filled (--odbs-fill).
+    fill = order == "slo-odbs-fill"
     cmd = [args.troupe, "serve", "-m", args.model, "--listen", endpoint, "--http-port",
-           str(http_port), "--batching", batching, "--batch-order", order, "--batch-max",
-           str(args.batch_max), "--max-seqs", str(args.max_seqs), "--odbs-threshold",
-           str(args.odbs_threshold)]
+           str(http_port), "--batching", batching, "--batch-order", "slo-odbs" if fill else order,
+           "--batch-max", str(args.batch_max), "--max-seqs", str(args.max_seqs), "--odbs-threshold",
+           str(args.odbs_threshold), "--odbs-fill", "true" if fill else "false"]
     log = open(os.path.join(args.log_dir, f"serve_{batching}_{order}_{rate}.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -166,7 +172,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--warmup-rate", type=float, default=4.0)
     ap.add_argument("--batching", nargs="+", default=["static"], choices=["static", "continuous"])
-    ap.add_argument("--orders", nargs="+", default=["fifo", "length", "slo", "slo-odbs"])
+    ap.add_argument("--orders", nargs="+", default=["fifo", "length", "slo", "slo-odbs", "slo-odbs-fill"],
+                    choices=["deadline", "fifo", "length", "slo", "slo-odbs", "slo-odbs-fill"])
     ap.add_argument("--batch-max", type=int, default=8)
     ap.add_argument("--max-seqs", type=int, default=8)
     ap.add_argument("--odbs-threshold", type=float, default=1.0, help="slo-odbs: the grouping threshold")

@@ -1230,7 +1230,9 @@ bool engine::abort(uint64_t id) {
 }
 
 // Safe while steps run: the pages freed here go only to steps sent after
-// them, and the device runs steps in order.
+// them, and the device runs steps in order.  Unlike abort(), it does not
+// step: its caller (a lost sink's requests, several at once) steps once
+// after them all.
 void engine::abort_key(uint64_t key) {
   auto it = seqs_.find(key);
   if (it == seqs_.end()) return;

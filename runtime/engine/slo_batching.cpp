@@ -122,6 +122,7 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
   // the order they opened (by their most urgent member).
   struct open_batch {
     std::vector<uint64_t> ids;
+    std::vector<int32_t> lengths;  // the members' predicted lengths
     // Largest SLO and predicted length so far (slack may be negative).
     double l_cm = -std::numeric_limits<double>::infinity();
     double o_cm = -std::numeric_limits<double>::infinity();
@@ -141,11 +142,37 @@ std::vector<std::vector<uint64_t>> plan_batches(const std::vector<batch_candidat
     }
     if (!into) into = &open.emplace_back();
     into->ids.push_back(c->id);
+    into->lengths.push_back(c->predicted_tokens);
     into->l_cm = std::max(into->l_cm, c->slo_s);
     into->o_cm = std::max(into->o_cm, double(c->predicted_tokens));
   }
+  if (p.fill) {
+    // Later groups' members, each group's in SLO order, move up into the
+    // first group with room whose longest member is at least as long.
+    for (size_t i = 0; i < open.size(); ++i) {
+      auto& to = open[i];
+      for (size_t j = i + 1; j < open.size() && to.ids.size() < size_t(max_batch); ++j) {
+        auto& from = open[j];
+        for (size_t k = 0; k < from.ids.size() && to.ids.size() < size_t(max_batch);) {
+          if (from.lengths[k] > to.o_cm) {
+            ++k;
+            continue;
+          }
+          to.ids.push_back(from.ids[k]);
+          to.lengths.push_back(from.lengths[k]);
+          from.ids.erase(from.ids.begin() + long(k));
+          from.lengths.erase(from.lengths.begin() + long(k));
+        }
+        // Its longest may have moved: what it may take later is bounded
+        // by the members it kept.
+        from.o_cm = -std::numeric_limits<double>::infinity();
+        for (int32_t n : from.lengths) from.o_cm = std::max(from.o_cm, double(n));
+      }
+    }
+  }
   std::vector<std::vector<uint64_t>> out;
-  for (auto& b : open) out.push_back(std::move(b.ids));
+  for (auto& b : open)
+    if (!b.ids.empty()) out.push_back(std::move(b.ids));
   return out;
 }
 

@@ -89,6 +89,12 @@ struct odbs_params {
   double l1 = 0, l2 = 0;   // unit scales (0: 1 / the median |SLO|, 1 / the median length)
   double threshold = 1.0;  // a request joins while the cost is at most this
   int32_t max_batch = 8;   // never more in one batch
+  // After grouping, fill each group up to max_batch with later requests
+  // (in SLO order) predicted no longer than its longest member.  Without
+  // padding (troupe's batches: a finished row frees at once) they do not
+  // lengthen the group, and its empty rows would otherwise idle; the
+  // thesis's algorithm (off) leaves groups as formed.
+  bool fill = false;
 };
 
 // `queue` in arrival order -> batches of ids, the first to run first.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -221,7 +222,11 @@ TEST(HostileInput, ChunkedBodiesAreHeldToTheBodyLimit) {
 TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   const int http = free_port();
   server_process server("--http-port " + std::to_string(http) +
-                        " --http-max-connections 16 --http-max-unfinished-bytes 24000000");
+                            " --http-max-connections 16 --http-max-unfinished-bytes 24000000"
+                            " --metrics-port " +
+                            std::to_string(free_port()),
+                        "troupe serve: metrics on ");
+  ASSERT_GT(server.metrics_port(), 0) << server.startup_text();
   const long before = server.rss_kib();
   constexpr int k_senders = 8;
   constexpr size_t k_part = 6000000;  // of a body of 8000000: 8 x 6 MB is twice the budget
@@ -249,14 +254,20 @@ TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n > 0 && http_status(std::string(buf, size_t(n))) == 503) ++refused;
   }
-  // 48 MB sent against 24 MB: at least 4 are ended (3: one's 503 may be
-  // overtaken by the reset of its close).
-  EXPECT_GE(refused, 3);
+  // 48 MB sent against 24 MB: at least 4 are ended, each with its 503 (the
+  // front reads and drops what a refused client still sends, so no reset
+  // overtakes the answer).
+  EXPECT_GE(refused, 4);
   const long held = server.rss_kib() - before;
   EXPECT_LT(held, 64 * 1024) << "RSS grew by " << held << " KiB";
   const auto metrics = http_body(http_get(http, "/metrics", 10s));
   EXPECT_GE(sample(metrics, "troupe_http_refused_total"), 4) << metrics.substr(0, 2000);
   EXPECT_LE(sample(metrics, "troupe_http_unfinished_bytes"), 24000000);
+  // The operators' endpoint (--metrics-port) has the front's gauges too
+  // (recorded each second and at each HTTP scrape, as above).
+  const auto operators = http_get(server.metrics_port(), "/metrics");
+  EXPECT_GE(sample(operators, "troupe_http_refused_total"), 4) << operators.substr(0, 2000);
+  EXPECT_NE(operators.find("# TYPE troupe_http_connections gauge"), std::string::npos);
   for (int fd : fds) ::close(fd);
 
   // 16 connections each reading a request fill the front: the next
@@ -280,6 +291,60 @@ TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   EXPECT_EQ(http_status(http_get(http, "/health", 3s)), 200) << "idle connections held the cap";
   EXPECT_GE(sample(http_body(http_get(http, "/metrics", 10s)), "troupe_http_idle_closed_total"), 1);
   for (int fd : idle) ::close(fd);
+}
+
+// Found by issue 36's hostile probe: most clients the budget refused saw
+// a reset, not the 503, when they were still sending (the front closed
+// with their unread bytes).  The front now shuts its side after the
+// answer and drops what such a client still sends, then closes.
+TEST(HostileInput, ARefusedClientStillSendingReadsItsStatusNotAReset) {
+  const int http = free_port();
+  // Bodies up to 64 MB, a budget of 66 MB: a refused body's rest is more
+  // than the sockets' buffers take, so its client is still sending.
+  server_process server("--http-port " + std::to_string(http) +
+                        " --http-max-body-bytes 64000000 --http-max-unfinished-bytes 66000000");
+  auto head = [](size_t length) {
+    return "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+           "application/json\r\nContent-Length: " +
+           std::to_string(length) + "\r\n\r\n";
+  };
+  // 30 MB of one body held; then a whole 64 MB body, sent without a
+  // pause, crosses the budget at 36 MB, holding the most: it is refused
+  // with some 28 MB still to come.  (Near 33 MB each, a read's overshoot
+  // decided which one was refused.)
+  const int holder = connect_local(http);
+  ASSERT_GE(holder, 0);
+  {
+    timeval tv{10, 0};
+    ::setsockopt(holder, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  auto send_whole = [](int fd, const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) break;
+      sent += size_t(n);
+    }
+    return sent;
+  };
+  const std::string held = head(64000000) + std::string(30000000, 'a');
+  ASSERT_EQ(send_whole(holder, held), held.size());
+  std::this_thread::sleep_for(500ms);
+  const int fd = connect_local(http);
+  ASSERT_GE(fd, 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string all = head(64000000) + std::string(64000000, 'b');
+  EXPECT_EQ(send_whole(fd, all), all.size()) << "a send failed: " << std::strerror(errno);
+  char buf[512];
+  const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+  EXPECT_EQ(n > 0 ? http_status(std::string(buf, size_t(n))) : -1, 503)
+      << (n < 0 ? std::strerror(errno) : "closed before any answer");
+  ::close(fd);
+  ::close(holder);
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
 }
 
 // Found by a hostile probe of the guard above: a request arriving a byte

@@ -422,6 +422,7 @@ class round_driver {
       ++t_.batch_order_rounds;
       a += " --batch-order " + one_of<std::string>({"fifo", "length", "slo", "slo-odbs"}) +
            " --batch-max " + std::to_string(one_of<int>({1, 4, 8}));
+      if (chance(0.5)) a += " --odbs-fill true";  // groups topped up (slo-odbs)
       if (chance(0.5)) {
         a += " --batching static";
         ++t_.static_batch_rounds;

@@ -880,16 +880,21 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
 // against the exact reference only.
 // window > 0: a sliding window (Gemma 3's local layers), row t seeing
 // positions pos - window + 1 .. pos only.
+// past: added to every sequence's start (positions past the 512 keys whose
+// scores the two-pass attention keeps for its second pass).
 void check_attention(cl::context& c, bool kv_f16, int hd, int rows_per_item, bool one_pass = false,
-                     int page_size = 4, int window = 0) {
+                     int page_size = 4, int window = 0, int past = 0) {
   SCOPED_TRACE("hd " + std::to_string(hd) + (kv_f16 ? " KV F16" : " KV F32") + ", " +
                std::to_string(rows_per_item) + " rows per item" + (one_pass ? ", one pass" : "") +
-               ", pages of " + std::to_string(page_size) + ", window " + std::to_string(window));
+               ", pages of " + std::to_string(page_size) + ", window " + std::to_string(window) +
+               ", past " + std::to_string(past));
   std::mt19937 rng(kv_f16 ? 300 + hd : 200 + hd);
   auto k = c.make_kernel("attention");
-  const int n_kv = 2, n_head = 3 * n_kv, n_layer = 2, layer = 1, n_pages = 40;
-  const auto b =
-      ref::make_batch({0, 13, 5, 0, 22, 37, 9}, {1, 1, 5, 7, 1, 1, 3}, page_size, n_pages, rng);
+  const int n_kv = 2, n_head = 3 * n_kv, n_layer = 2, layer = 1;
+  const int n_pages = 40 + 7 * ((past + page_size - 1) / page_size);
+  std::vector<int> starts = {0, 13, 5, 0, 22, 37, 9};
+  for (int& s : starts) s += past;
+  const auto b = ref::make_batch(starts, {1, 1, 5, 7, 1, 1, 3}, page_size, n_pages, rng);
   const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
   const int T = b.rows(), width = (n_head + 2 * n_kv) * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -989,6 +994,17 @@ TEST_F(KernelAttention, SlidingWindowSeesOnlyTheLastPositions) {
         check_attention(ctx(true), true, hd, rows, false, 4, window);
         check_attention(ctx(true), true, hd, rows, true, 16, window);
       }
+}
+
+// Rows at positions 520-565: the two-pass attention's second pass takes
+// the first 512 keys' scores from its first pass and scores the rest
+// again; both must agree with the reference.
+TEST_F(KernelAttention, TwoPassRescoresTheKeysPastTheKeptScores) {
+  for (const int hd : {48, 64})
+    for (const int rows : {1, 4}) {
+      check_attention(ctx(true), true, hd, rows, false, 16, 0, 520);
+      check_attention(ctx(true), true, hd, rows, false, 4, 0, 520);
+    }
 }
 
 TEST_F(KernelAttention, PagedGqaDecodeAndPrefillF16OnePass) {

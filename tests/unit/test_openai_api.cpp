@@ -84,6 +84,14 @@ TEST(OpenAiApi, SchedulingFieldsBecomeGenerateFields) {
             "400 service_tier");
   EXPECT_EQ(param({{"prompt", "x"}, {"service_tier", "flex"}, {"request_class", "offline"}}),
             "accepted");
+  EXPECT_EQ(param({{"prompt", "x"}, {"service_tier", "priority"}, {"request_class", "offline"}}),
+            "400 service_tier");
+  // auto and default state no preference: the class stands.
+  ASSERT_FALSE(
+      parse(json{{"prompt", "x"}, {"service_tier", "default"}, {"request_class", "offline"}}, false,
+            "m", c));
+  EXPECT_EQ(c.generates.at(0).request_class(), wire::OFFLINE);
+  EXPECT_EQ(param({{"prompt", "x"}, {"slo_ttft_ms", 3600001}}), "400 slo_ttft_ms");
   EXPECT_EQ(param({{"prompt", "x"}, {"slo_ttft_ms", -1}}), "400 slo_ttft_ms");
   EXPECT_EQ(param({{"prompt", "x"}, {"slo_tpot_ms", 1e12}}), "400 slo_tpot_ms");
   EXPECT_EQ(param({{"prompt", "x"}, {"slo_tpot_ms", "fast"}}), "400 slo_tpot_ms");

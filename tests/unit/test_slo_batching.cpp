@@ -108,6 +108,22 @@ TEST(SloBatching, SloOdbsGroupsAlikeDeadlinesAndLengths) {
   EXPECT_FALSE(parse_batch_order("sjf"));
 }
 
+// fill: a group takes later requests predicted no longer than its longest
+// until it holds max_batch; a longer one never joins a shorter group, and
+// groups left empty are dropped.
+TEST(SloBatching, FillTopsGroupsUpWithRequestsNoLongerThanTheirLongest) {
+  const auto q = queue_of({{10, 16}, {10, 1024}, {10, 16}, {10, 1024}, {60, 16}, {60, 16}});
+  odbs_params p;
+  p.max_batch = 8;
+  p.threshold = 0.5;
+  p.fill = true;
+  EXPECT_EQ(plan_batches(q, batch_order::slo_odbs, p), (batches{{0, 2, 4, 5}, {1, 3}}));
+  p.max_batch = 3;
+  EXPECT_EQ(plan_batches(q, batch_order::slo_odbs, p), (batches{{0, 2, 4}, {1, 3, 5}}));
+  // Only slo-odbs forms groups short of max_batch: the others are unchanged.
+  EXPECT_EQ(plan_batches(q, batch_order::fifo, p), (batches{{0, 1, 2}, {3, 4, 5}}));
+}
+
 TEST(SloBatching, StaticBatchesGroupedByLengthPadLessAndMissFewerDeadlines) {
   const cost_model cost =
       cost_model::load(std::string(TROUPE_SOURCE_DIR) + "/bench/cost_models/stories15m.json");

@@ -70,12 +70,6 @@ bool string_is(const in_json& o, const char* key, const char* want) {
   return it != o.end() && it->is_string() && it->get_ref<const std::string&>() == want;
 }
 
-// How deeply a request body may nest.  nlohmann's dump and copy recurse once
-// per level, so a body nested 100000 deep (200 KB) would overflow the stack
-// where a value is quoted in an error or a schema is copied; a real body
-// nests a few levels, a response_format schema at most 64 (json_schema_regex).
-constexpr int k_max_body_depth = 100;
-
 // A chat message's content: a string, or text parts.
 // An image part's bytes: from a data URL ("data:image/png;base64,...");
 // the server fetches nothing, so other URLs are refused by name.
@@ -214,12 +208,16 @@ std::optional<api_error> scheduling(const in_json& body, wire::Generate& g) {
       return invalid_request(
           "service_tier",
           "'service_tier' must be auto, default, flex, scale or priority, got " + it->dump());
-    const bool flex = string_is(body, "service_tier", "flex");
-    if (offline && *offline != flex)
-      return invalid_request("service_tier",
-                             "'service_tier' and 'request_class' disagree (flex is the offline "
-                             "class; give one of them)");
-    offline = flex;
+    // auto and default state no preference; flex asks for the offline
+    // class, scale and priority for the online one.
+    if (!string_is(body, "service_tier", "auto") && !string_is(body, "service_tier", "default")) {
+      const bool flex = string_is(body, "service_tier", "flex");
+      if (offline && *offline != flex)
+        return invalid_request("service_tier",
+                               "'service_tier' and 'request_class' disagree (flex is the offline "
+                               "class, scale and priority the online one; give one of them)");
+      offline = flex;
+    }
   }
   if (offline) g.set_request_class(*offline ? wire::OFFLINE : wire::ONLINE);
   std::optional<int64_t> ms;

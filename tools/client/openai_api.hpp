@@ -14,6 +14,12 @@
 
 namespace troupe::openai {
 
+// How deeply a request body may nest.  nlohmann's dump and copy recurse once
+// per level, so a body nested 100000 deep (200 KB) would overflow the stack
+// where a value is quoted in an error or a schema is copied; a real body
+// nests a few levels, a response_format schema at most 64 (json_schema_regex).
+constexpr int k_max_body_depth = 100;
+
 // OpenAI's error object with its HTTP status.
 struct api_error {
   int status = 400;

@@ -22,6 +22,7 @@ struct static_flags {
   double threshold = 1.0;
   double w1 = 1, w2 = 1;
   bool oracle = false;
+  bool fill = false;
   uint64_t seed = 36;
   bool json = false;
 };
@@ -49,6 +50,7 @@ void run_static(const static_flags& f) {
     c.odbs.threshold = f.threshold;
     c.odbs.w1 = f.w1;
     c.odbs.w2 = f.w2;
+    c.odbs.fill = f.fill;
     const auto r = run_static_batches(reqs, c, cost);
     if (f.json) {
       out.push_back({{"order", to_string(o)},
@@ -113,6 +115,9 @@ void add_bench_static(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--oracle", f->oracle,
                 "plan with the exact output lengths (default: predicted online)");
+  cmd->add_flag("--fill", f->fill,
+                "slo-odbs: fill each group up to --max-batch with later requests predicted no "
+                "longer than its longest (troupe serve's --odbs-fill; here they pad to it)");
   cmd->add_option("--seed", f->seed, "seed of the workload")->capture_default_str();
   cmd->add_flag("--json", f->json, "print JSON");
   cmd->callback([f] {

@@ -46,6 +46,10 @@ int run_node(const node_flags& f) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // A write to a socket its peer has reset fails with EPIPE, handled where
+  // it happens, instead of ending the process (libevent writes with
+  // writev, which has no MSG_NOSIGNAL).
+  ::signal(SIGPIPE, SIG_IGN);
 
   if (!f.cluster.registry.empty() && !f.advertise.empty()) {
     if (auto why = check_dial_address(f.advertise); !why.empty())

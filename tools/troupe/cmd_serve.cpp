@@ -144,6 +144,10 @@ int run_serve(settings_flags& flags, const std::string& config) {
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  // A write to a socket its peer has reset fails with EPIPE, handled where
+  // it happens, instead of ending the process (libevent writes with
+  // writev, which has no MSG_NOSIGNAL).
+  ::signal(SIGPIPE, SIG_IGN);
 
   // Opened once: the local instances share it.
   auto model = open_model(e);
@@ -554,6 +558,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
         poll_metrics(*sys, admin, *metrics);
         return metrics->render();
       };
+      ho.registry = metrics;
       ho.draining = [draining] { return draining->load(); };
       ho.serving = [sys = env.sys.get(), router] { return any_instance_serving(*sys, router); };
       http = std::make_unique<http_front>(std::move(ho));

@@ -5,9 +5,12 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/listener.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <string>
 #include <unordered_map>
@@ -33,6 +36,18 @@ std::string raw_answer(int status, const char* reason, const std::string& messag
          std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// A refused connection's lingering close (as web servers do): after its
+// 503 or 408 the socket's sending side is shut (the client reads the
+// answer, then end of file) and what the client still sends is read and
+// dropped for up to k_linger, or until it closes.  Closing at once, with
+// its unread bytes, would send a reset that overtakes the answer: the
+// client would see a broken connection, not a status.  Bounded: at most
+// k_max_lingering sockets, k_linger_bytes dropped each (a client that
+// sends faster is cut off with a reset as before).
+constexpr std::chrono::seconds k_linger{2};
+constexpr size_t k_linger_bytes = size_t(64) << 20;
+constexpr size_t k_max_lingering = 256;
+
 }  // namespace
 
 struct http_connection_guard::impl {
@@ -52,6 +67,17 @@ struct http_connection_guard::impl {
     clock::time_point idle_since;  // since it was made or last answered, with nothing read
   };
 
+  // A socket of a refused connection, read and dropped until it closes
+  // (its own descriptor: evhttp closes the connection's).
+  struct lingering {
+    impl* guard = nullptr;
+    evutil_socket_t fd = -1;
+    event* ev = nullptr;
+    clock::time_point until;
+    size_t dropped = 0;
+  };
+
+  event_base* base = nullptr;
   http_connection_limits limits;
   evconnlistener* listener = nullptr;
   bool paused = false;
@@ -64,6 +90,7 @@ struct http_connection_guard::impl {
   // is how the guard learns a connection has ended (libevent 2.1 tells no
   // one else).
   std::unordered_map<bufferevent*, std::unique_ptr<conn>> conns;
+  std::unordered_map<evutil_socket_t, std::unique_ptr<lingering>> lingerers;
 
   static bufferevent* make(event_base* base, void* arg) {
     auto* self = static_cast<impl*>(arg);
@@ -172,9 +199,66 @@ struct http_connection_guard::impl {
     unfinished -= c.unfinished;
     c.unfinished = 0;
     const evutil_socket_t fd = bufferevent_getfd(c.bev);
-    if (fd >= 0 && !c.answering && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0)
+    if (fd >= 0 && !c.answering && evbuffer_get_length(bufferevent_get_output(c.bev)) == 0) {
       (void)::send(fd, answer.data(), answer.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      linger(fd);
+    }
     end(c);
+  }
+
+  // See k_linger.  The socket stays open on a descriptor of its own when
+  // evhttp closes the connection's.
+  void linger(evutil_socket_t fd) {
+    if (lingerers.size() >= k_max_lingering) return;
+    const evutil_socket_t own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (own < 0) return;
+    ::shutdown(own, SHUT_WR);  // after the answer: the client reads it, then end of file
+    auto l = std::make_unique<lingering>();
+    l->guard = this;
+    l->fd = own;
+    l->until = clock::now() + k_linger;
+    l->ev = event_new(base, own, EV_READ | EV_PERSIST, on_linger, l.get());
+    const timeval wait{long(k_linger.count()), 0};
+    if (!l->ev || event_add(l->ev, &wait) != 0) {
+      if (l->ev) event_free(l->ev);
+      ::close(own);
+      return;
+    }
+    lingerers.emplace(own, std::move(l));
+  }
+
+  static void on_linger(evutil_socket_t fd, short what, void* arg) {
+    auto* l = static_cast<lingering*>(arg);
+    bool done = (what & EV_TIMEOUT) != 0 || clock::now() >= l->until;
+    char drop[16384];
+    while (!done) {
+      const ssize_t n = ::recv(fd, drop, sizeof drop, MSG_DONTWAIT);
+      if (n > 0) {
+        l->dropped += size_t(n);
+        done = l->dropped > k_linger_bytes;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        break;
+      } else {
+        done = true;  // the client closed, or the socket failed
+      }
+    }
+    if (done) return l->guard->stop_lingering(fd);
+    // A persistent event's timeout restarts at each callback: it is set
+    // again to what is left of the linger, so a client that sends now and
+    // then is still cut off at `until`.
+    const auto left = std::max<std::chrono::microseconds>(
+        std::chrono::microseconds(1),
+        std::chrono::duration_cast<std::chrono::microseconds>(l->until - clock::now()));
+    const timeval wait{long(left.count() / 1000000), long(left.count() % 1000000)};
+    event_add(l->ev, &wait);
+  }
+
+  void stop_lingering(evutil_socket_t fd) {
+    auto it = lingerers.find(fd);
+    if (it == lingerers.end()) return;
+    event_free(it->second->ev);
+    ::close(fd);
+    lingerers.erase(it);
   }
 
   // Has evhttp free the connection, as if its client had failed.
@@ -225,6 +309,7 @@ struct http_connection_guard::impl {
 http_connection_guard::http_connection_guard(event_base* base, evhttp* http,
                                              http_connection_limits limits)
     : impl_(std::make_unique<impl>()) {
+  impl_->base = base;
   impl_->limits = limits;
   evhttp_set_bevcb(http, impl::make, impl_.get());
   impl_->sweep_event = event_new(
@@ -236,6 +321,10 @@ http_connection_guard::http_connection_guard(event_base* base, evhttp* http,
 http_connection_guard::~http_connection_guard() {
   if (impl_->sweep_event) event_free(impl_->sweep_event);
   for (auto& [bev, c] : impl_->conns) impl_->release(*c);
+  for (auto& [fd, l] : impl_->lingerers) {
+    event_free(l->ev);
+    ::close(fd);
+  }
 }
 
 void http_connection_guard::watch(evconnlistener* listener) {

@@ -16,6 +16,10 @@
 //    near the budget whatever the clients do;
 //  - slow requests: one that has not arrived whole within read_deadline
 //    of its first byte ends its connection with a 408.
+// A connection ended with a 503 or 408 closes lingering: its sending side
+// is shut after the answer, and what the client still sends is read and
+// dropped for up to 2 s (64 MiB, 256 such sockets at most), so the client
+// reads the status instead of a reset.
 // Everything runs on the front's event loop thread.
 #include <chrono>
 #include <cstddef>

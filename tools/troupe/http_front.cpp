@@ -760,8 +760,16 @@ struct http_front::impl {
       if (metrics_text.empty())
         return reply_error(
             req, {503, "the metrics are being gathered; retry shortly", "server_error", "", ""});
-      return reply(req, 200, metrics_text + front_metrics(),
-                   "text/plain; version=0.0.4; charset=utf-8");
+      std::string text;
+      if (opts.registry) {
+        record_front(*opts.registry);
+        text = opts.registry->render();
+      } else {
+        metrics_registry own;
+        record_front(own);
+        text = metrics_text + own.render();
+      }
+      return reply(req, 200, text, "text/plain; version=0.0.4; charset=utf-8");
     }
 
     const bool get = method == EVHTTP_REQ_GET;
@@ -820,9 +828,8 @@ struct http_front::impl {
     reply(req, 200, text_of(json{{"content", opts.detokenize(ids)}}));
   }
 
-  // The front's own gauges, after the service's.
-  std::string front_metrics() const {
-    metrics_registry m;
+  // The front's own gauges (on the loop's thread: the guard is the loop's).
+  void record_front(metrics_registry& m) const {
     m.gauge_set("troupe_http_connections", "HTTP connections open", {},
                 double(guard->connections()));
     m.gauge_set("troupe_http_unfinished_bytes", "bytes of HTTP requests still being read", {},
@@ -834,7 +841,6 @@ struct http_front::impl {
     m.counter_set("troupe_http_idle_closed_total",
                   "idle HTTP connections closed to make room at service.http_max_connections", {},
                   double(guard->idle_closed()));
-    return m.render();
   }
 
   static void on_request(evhttp_request* req, void* arg) {
@@ -902,7 +908,12 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   static const timeval probe_period{1, 0};
   p->probe_event = event_new(
       p->base, -1, EV_PERSIST,
-      [](evutil_socket_t, short, void* arg) { static_cast<impl*>(arg)->drop_abandoned(); }, p);
+      [](evutil_socket_t, short, void* arg) {
+        auto* self = static_cast<impl*>(arg);
+        self->drop_abandoned();
+        if (self->opts.registry) self->record_front(*self->opts.registry);
+      },
+      p);
   event_add(p->probe_event, &probe_period);
   // ZeroMQ's fd signals edges: a periodic drain catches a message that
   // came between a drain and the next edge.

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/service/metrics.hpp"
 #include "tools/client/openai_api.hpp"
 #include "tools/client/openai_endpoints.hpp"
 #include "tools/troupe/http_connection_guard.hpp"
@@ -31,6 +32,11 @@ struct http_front_options {
   // GET /metrics: the Prometheus text; blocking (asks the service's
   // actors), so called off the event loop, every second, and served cached.
   std::function<std::string()> metrics;
+  // Where the front records its own gauges (connections, unfinished bytes,
+  // refusals), every second and at each GET /metrics: the service's
+  // registry, so that --metrics-port's endpoint shows them too.  None: they
+  // are appended to the HTTP port's /metrics only.
+  std::shared_ptr<metrics_registry> registry;
   size_t max_body_bytes = 8 << 20;
   http_connection_limits limits;  // connections open, bytes of requests being read
   // The gateway's frame limit (0: none checked): a call whose Generate is
