@@ -68,10 +68,10 @@ struct http_connection_guard::impl {
   };
 
   // A socket of a refused connection, read and dropped until it closes
-  // (its own descriptor: evhttp closes the connection's).
+  // (its own descriptor, the key in `lingerers`: evhttp closes the
+  // connection's).
   struct lingering {
     impl* guard = nullptr;
-    evutil_socket_t fd = -1;
     event* ev = nullptr;
     clock::time_point until;
     size_t dropped = 0;
@@ -215,7 +215,6 @@ struct http_connection_guard::impl {
     ::shutdown(own, SHUT_WR);  // after the answer: the client reads it, then end of file
     auto l = std::make_unique<lingering>();
     l->guard = this;
-    l->fd = own;
     l->until = clock::now() + k_linger;
     l->ev = event_new(base, own, EV_READ | EV_PERSIST, on_linger, l.get());
     const timeval wait{long(k_linger.count()), 0};
