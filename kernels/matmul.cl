@@ -28,32 +28,32 @@
 // (preemption) gets the same values, bit for bit.
 
 // acc[j] += row r of W . x[t0 + j] for j < TT (float16 partial sums).
-#define F_DOT(LOAD, TT, r, acc)                             \
-  for (int b = 0; b < nb; ++b) {                            \
-    float16 lo, hi;                                         \
-    LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);              \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {        \
-      acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]); \
-      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]); \
-    }                                                       \
+#define F_DOT(LOAD, TT, r, acc)                                            \
+  for (int b = 0; b < nb; ++b) {                                           \
+    float16 lo, hi;                                                        \
+    LOAD(wq, wd, wm, K, nb, (r), b, &lo, &hi);                             \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (TILE_LIVE(TT, j)) { \
+      acc[j] = fma(lo, vload16(0, xs[j] + b * QK), acc[j]);                \
+      acc[j] = fma(hi, vload16(1, xs[j] + b * QK), acc[j]);                \
+    }                                                                      \
   }
 
 // Two rows at once (r1 into acc1, r2 into acc2): each activation vector is
 // loaded once for both (the gate and up rows of the FFN, a rotation pair,
 // adjacent rows of the plain matmul).
-#define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)         \
-  for (int b = 0; b < nb; ++b) {                     \
-    float16 lo1, hi1, lo2, hi2;                      \
-    LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);    \
-    LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);    \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
-      const float16 xl = vload16(0, xs[j] + b * QK); \
-      const float16 xh = vload16(1, xs[j] + b * QK); \
-      acc1[j] = fma(lo1, xl, acc1[j]);               \
-      acc2[j] = fma(lo2, xl, acc2[j]);               \
-      acc1[j] = fma(hi1, xh, acc1[j]);               \
-      acc2[j] = fma(hi2, xh, acc2[j]);               \
-    }                                                \
+#define F_DOT2(LOAD, TT, r1, acc1, r2, acc2)                               \
+  for (int b = 0; b < nb; ++b) {                                           \
+    float16 lo1, hi1, lo2, hi2;                                            \
+    LOAD(wq, wd, wm, K, nb, (r1), b, &lo1, &hi1);                          \
+    LOAD(wq, wd, wm, K, nb, (r2), b, &lo2, &hi2);                          \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (TILE_LIVE(TT, j)) { \
+      const float16 xl = vload16(0, xs[j] + b * QK);                       \
+      const float16 xh = vload16(1, xs[j] + b * QK);                       \
+      acc1[j] = fma(lo1, xl, acc1[j]);                                     \
+      acc2[j] = fma(lo2, xl, acc2[j]);                                     \
+      acc1[j] = fma(hi1, xh, acc1[j]);                                     \
+      acc2[j] = fma(hi2, xh, acc2[j]);                                     \
+    }                                                                      \
   }
 
 #define F_XARGS __global const float* x
@@ -61,14 +61,25 @@
 // Row pointers of the token tile: x's row ROW(j) for tile entry j.  Dense
 // kernels take consecutive rows, clamped (DENSE_ROW: the tail tile repeats
 // the last token, whose results are not stored); the grouped expert
-// kernels take the rows their slot's assignments name (ID_ROW).
-#define F_SETUP_AT(TT, ROW)     \
-  const int nb = K / QK;        \
-  __global const float* xs[TT]; \
+// kernels take the rows their slot's assignments name (ID_ROW).  LIVE:
+// how many entries of the tile are real; the products skip the rest
+// (TILE_LIVE), so a tail tile costs its own tokens, not a whole tile's (a
+// decode step of 5 rows in tiles of 4 cost as much as one of 8 before).
+// One branch per entry and block, the same for the whole work-item; a
+// tile of one has none, and neither have the prefill tiles (TROUPE_TILE,
+// 8 on AVX-512; on AVX2, where it is 4, the small decode tiles are those
+// too): with the branches their accumulators no longer stayed in
+// registers and an 8-row step took 1.8 times as long.
+#define F_SETUP_AT(TT, ROW, LIVE) \
+  const int nb = K / QK;          \
+  const int tile_live = LIVE(TT); \
+  __global const float* xs[TT];   \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) xs[j] = x + (size_t)(ROW(j)) * K;
 
+#define TILE_LIVE(TT, j) ((TT) == 1 || (TT) == TROUPE_TILE || (j) < tile_live)
 #define DENSE_ROW(j) min(t0 + (j), T - 1)
-#define F_SETUP(TT) F_SETUP_AT(TT, DENSE_ROW)
+#define DENSE_LIVE(TT) min((TT), T - t0)
+#define F_SETUP(TT) F_SETUP_AT(TT, DENSE_ROW, DENSE_LIVE)
 
 #define F_ZERO(TT, acc) \
   float16 acc[TT];      \
@@ -85,12 +96,13 @@
 // +3-13%, one-token decode +4%).
 #define Q_XARGS __global const int *xq, __global const float *xd, __global const float2 *xsum
 
-#define Q_SETUP_AT(TT, ROW) \
-  const int nb = K / QK;    \
-  int tj[TT];               \
+#define Q_SETUP_AT(TT, ROW, LIVE) \
+  const int nb = K / QK;          \
+  const int tile_live = LIVE(TT); \
+  int tj[TT];                     \
   _Pragma("unroll") for (int j = 0; j < TT; ++j) tj[j] = ROW(j);
 
-#define Q_SETUP(TT) Q_SETUP_AT(TT, DENSE_ROW)
+#define Q_SETUP(TT) Q_SETUP_AT(TT, DENSE_ROW, DENSE_LIVE)
 
 // Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
 // blocks, 8-15 the odd ones), a lone last block into the low half.  The
@@ -141,7 +153,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     LOADU##_t1 dw, mo;                                                                \
     int exact;                                                                        \
     LOADU(wq, wd, wm, nb, (r), (b), &wu, &dw, &mo, &exact);                           \
-    _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                  \
+    _Pragma("unroll") for (int j = 0; j < TT; ++j) if (TILE_LIVE(TT, j)) {            \
       const size_t xb = (size_t)tj[j] * nb + (b);                                     \
       const float8 lanes = LOADU##_lanes(dw, xd[xb]);                                 \
       A[j].lo = fma(convert_float8(LOADU##_dot(wu, vload8(xb, xq))), lanes, A[j].lo); \
@@ -158,7 +170,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
       int exact;                                                                    \
       LOADU##_pair(wq, wd, wm, nb, (r), b, &wu, &dw, &mo, &exact);                  \
       const float16 m16 = LOADU##_offset2(mo, exact);                               \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                              \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (TILE_LIVE(TT, j)) {        \
         const size_t xb = (size_t)tj[j] * nb + b;                                   \
         Q_PAIR_ACC(LOADU, wu, vload16(0, xq + xb * 8), dw, vload2(0, xd + xb), m16, \
                    xsum4(xsum, xb), acc[j])                                         \
@@ -178,7 +190,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
       LOADU##_pair(wq, wd, wm, nb, (r1), b, &wu1, &dw1, &mo1, &exact);                  \
       LOADU##_pair(wq, wd, wm, nb, (r2), b, &wu2, &dw2, &mo2, &exact);                  \
       const float16 m1 = LOADU##_offset2(mo1, exact), m2 = LOADU##_offset2(mo2, exact); \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                  \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (TILE_LIVE(TT, j)) {            \
         const size_t xb = (size_t)tj[j] * nb + b;                                       \
         const int16 xv = vload16(0, xq + xb * 8);                                       \
         const float2 dx = vload2(0, xd + xb);                                           \
@@ -422,6 +434,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 
 #define ID_ROW(j) (arow[j] / x_div)
 #define ID_VALID(j) (i0 + (j) < cnt)
+#define ID_LIVE(TT) min((TT), cnt - i0)
 #define ID_OUT(j) arow[j]
 
 #define ID_ARGS \
@@ -431,7 +444,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   __kernel void NAME(__global const uchar* wq, __global const float* wd, __global const float* wm, \
                      X##_XARGS, __global float* y, int K, int N, int rows_per_item, ID_ARGS) {     \
     ID_SETUP(TT)                                                                                   \
-    X##_SETUP_AT(TT, ID_ROW) const int n0 = get_global_id(0) * rows_per_item;                      \
+    X##_SETUP_AT(TT, ID_ROW, ID_LIVE) const int n0 = get_global_id(0) * rows_per_item;             \
     for (int n = n0; n < min(n0 + rows_per_item, N); ++n) {                                        \
       X##_ZERO(TT, acc) X##_DOT(LOAD, TT, slot* N + n, acc);                                       \
       float sums[TT];                                                                              \
@@ -448,7 +461,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
                      __global const ushort* gelu_tab, ID_ARGS) {                                   \
     const int gx = get_global_id(0);                                                               \
     ID_SETUP(TT)                                                                                   \
-    X##_SETUP_AT(TT, ID_ROW) GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)                 \
+    X##_SETUP_AT(TT, ID_ROW, ID_LIVE) GLU_ROWS(LOAD, TT, X, slot * 2 * F, ID_VALID, ID_OUT)        \
   }
 
 // Three token tiles per family: 1 (one decode row), 4 (small decode

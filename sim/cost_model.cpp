@@ -1,5 +1,6 @@
 #include "sim/cost_model.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <fstream>
@@ -8,6 +9,7 @@
 namespace troupe {
 
 double cost_model::step_ms(int32_t rows, int32_t decode_rows, int64_t context) const {
+  if (c_one > 0 && rows == 1 && decode_rows == 1) return c_one + c_context * double(context);
   return c0 + c_prefill * (rows - decode_rows) + c_decode * decode_rows +
          c_context * double(context);
 }
@@ -25,21 +27,36 @@ double cost_model::transfer_ms(int64_t bytes) const {
 
 namespace {
 
-constexpr int kFeatures = 4;
+constexpr int kFeatures = 5;  // c0, c_prefill, c_decode, c_context, c_one
+
+bool lone_decode_row(const step_sample& s) {
+  return s.rows == 1 && s.decode_rows == 1;
+}
 
 std::array<double, kFeatures> features(const step_sample& s) {
-  return {1.0, double(s.rows - s.decode_rows), double(s.decode_rows), double(s.context)};
+  const bool one = lone_decode_row(s);
+  return {one ? 0.0 : 1.0, double(s.rows - s.decode_rows), one ? 0.0 : double(s.decode_rows),
+          double(s.context), one ? 1.0 : 0.0};
+}
+
+double predict(const std::array<double, kFeatures>& x, const step_sample& s) {
+  const auto f = features(s);
+  double p = 0;
+  for (int i = 0; i < kFeatures; ++i) p += x[i] * f[i];
+  return p;
 }
 
 // Weighted least squares over the features in `use` (normal equations, Gaussian
-// elimination with partial pivoting); unused coefficients are 0.
+// elimination with partial pivoting); unused coefficients are 0.  Weighted
+// by 1 / max(ms, floor)^2: relative errors count, so the many short decode
+// steps are fitted as well as the few long prefills; the floor bounds the
+// weight of a very short sample.
 std::array<double, kFeatures> solve(const std::vector<step_sample>& xs,
-                                    const std::array<bool, kFeatures>& use) {
+                                    const std::array<bool, kFeatures>& use, double floor_ms) {
   double a[kFeatures][kFeatures + 1] = {};
   for (const auto& s : xs) {
-    // Weighted by 1 / ms^2: relative errors count, so the many short
-    // decode steps are fitted as well as the few long prefills.
-    const double w = 1.0 / std::max(0.01, s.ms * s.ms);
+    const double m = std::max(floor_ms, s.ms);
+    const double w = 1.0 / (m * m);
     auto f = features(s);
     for (int i = 0; i < kFeatures; ++i) {
       for (int j = 0; j < kFeatures; ++j) a[i][j] += w * f[i] * f[j];
@@ -80,25 +97,48 @@ std::array<double, kFeatures> solve(const std::vector<step_sample>& xs,
   return x;
 }
 
-}  // namespace
-
-cost_model cost_model::fit(const std::vector<step_sample>& xs) {
-  if (xs.size() < kFeatures) throw std::invalid_argument("cost model: too few step samples");
-  std::array<bool, kFeatures> use{true, true, true, true};
+// Non-negative least squares by dropping: the most negative coefficient's
+// feature goes and the rest are refitted, until none is negative.
+std::array<double, kFeatures> fit_non_negative(const std::vector<step_sample>& xs,
+                                               double floor_ms) {
+  // Without lone decode rows among the samples, the linear model prices them.
+  const bool ones = std::any_of(xs.begin(), xs.end(), lone_decode_row);
+  std::array<bool, kFeatures> use{true, true, true, true, ones};
   std::array<double, kFeatures> x{};
   for (int round = 0; round < kFeatures; ++round) {
-    x = solve(xs, use);
+    x = solve(xs, use, floor_ms);
     int worst = -1;
     for (int i = 0; i < kFeatures; ++i)
       if (use[i] && x[i] < 0 && (worst < 0 || x[i] < x[worst])) worst = i;
     if (worst < 0) break;
     use[worst] = false;
   }
+  return x;
+}
+
+}  // namespace
+
+cost_model cost_model::fit(const std::vector<step_sample>& all) {
+  if (all.size() < kFeatures) throw std::invalid_argument("cost model: too few step samples");
+  // First pass, nearly unweighted (every sample floored at the median), so
+  // that a result read right behind another (a few hundredths of a ms)
+  // cannot pull the fit to itself; those far below it are left out.
+  std::vector<double> times;
+  for (const auto& s : all) times.push_back(s.ms);
+  std::nth_element(times.begin(), times.begin() + long(times.size() / 2), times.end());
+  const auto rough = fit_non_negative(all, times[times.size() / 2]);
+  std::vector<step_sample> xs;
+  for (const auto& s : all)
+    if (s.ms >= 0.3 * predict(rough, s)) xs.push_back(s);
+  if (xs.size() < kFeatures) xs = all;
+  const auto x = fit_non_negative(xs, 0.1);
   cost_model m;
   m.c0 = x[0];
   m.c_prefill = x[1];
   m.c_decode = x[2];
   m.c_context = x[3];
+  m.c_one = x[4];
+  m.dropped = all.size() - xs.size();
   double mean = 0;
   for (const auto& s : xs) mean += s.ms;
   mean /= double(xs.size());
@@ -120,6 +160,8 @@ void cost_model::take_step_costs(const cost_model& fitted) {
   c_prefill = fitted.c_prefill;
   c_decode = fitted.c_decode;
   c_context = fitted.c_context;
+  c_one = fitted.c_one;
+  dropped = fitted.dropped;
   fit_mape = fitted.fit_mape;
   fit_r2 = fitted.fit_r2;
   samples = fitted.samples;
@@ -130,7 +172,11 @@ nlohmann::json cost_model::to_json() const {
       {"model", model},
       {"machine", machine},
       {"step_ms",
-       {{"c0", c0}, {"c_prefill", c_prefill}, {"c_decode", c_decode}, {"c_context", c_context}}},
+       {{"c0", c0},
+        {"c_prefill", c_prefill},
+        {"c_decode", c_decode},
+        {"c_context", c_context},
+        {"c_one", c_one}}},
       {"transfer", {{"fixed_ms", transfer_fixed_ms}, {"mb_per_s", transfer_mb_per_s}}},
       {"tiers",
        {{"fixed_ms", tier_fixed_ms},
@@ -139,7 +185,7 @@ nlohmann::json cost_model::to_json() const {
       {"kv_bytes_per_token", kv_bytes_per_token},
       {"kv_pages", kv_pages},
       {"page_size", page_size},
-      {"fit", {{"mape", fit_mape}, {"r2", fit_r2}, {"samples", samples}}}};
+      {"fit", {{"mape", fit_mape}, {"r2", fit_r2}, {"samples", samples}, {"dropped", dropped}}}};
 }
 
 cost_model cost_model::from_json(const nlohmann::json& j) {
@@ -157,6 +203,7 @@ cost_model cost_model::from_json(const nlohmann::json& j) {
   m.c_prefill = num(j["step_ms"], "c_prefill");
   m.c_decode = num(j["step_ms"], "c_decode");
   m.c_context = num(j["step_ms"], "c_context");
+  m.c_one = j["step_ms"].value("c_one", 0.0);  // older files: the linear model's
   m.transfer_fixed_ms = num(j["transfer"], "fixed_ms");
   m.transfer_mb_per_s = num(j["transfer"], "mb_per_s");
   m.kv_bytes_per_token = int64_t(num(j, "kv_bytes_per_token"));
@@ -171,7 +218,9 @@ cost_model cost_model::from_json(const nlohmann::json& j) {
     m.fit_mape = j["fit"].value("mape", 0.0);
     m.fit_r2 = j["fit"].value("r2", 0.0);
     m.samples = j["fit"].value("samples", size_t{0});
+    m.dropped = j["fit"].value("dropped", size_t{0});
   }
+  if (!(m.c_one >= 0)) throw std::runtime_error("cost model: c_one must be >= 0");
   if (m.transfer_mb_per_s <= 0 || m.kv_pages <= 0 || m.page_size <= 0 ||
       !(m.host_load_mb_per_s > 0) || !(m.disk_load_mb_per_s > 0) || !(m.tier_fixed_ms >= 0))
     throw std::runtime_error(

@@ -5,9 +5,18 @@
 //   t = c0 + c_prefill * prefill rows + c_decode * decode rows
 //       + c_context * attention work
 // in ms, where attention work is the sum over rows of the positions each
-// row attends to (runtime: step_timing::context).  The fit is least
-// squares of the relative error with every coefficient kept non-negative (a feature whose
-// coefficient comes out negative is dropped and the rest refitted).
+// row attends to (runtime: step_timing::context); a step of one decode row
+// alone costs c_one + c_context * attention work instead, where c_one was
+// fitted (> 0): the engine runs it on its own kernels (a token tile of
+// one, kernels/matmul.cl), and on a service whose instances share cores a
+// lone sequence is also the time the others are least busy.  The fit is
+// least squares of the relative error with every coefficient kept
+// non-negative (a feature whose coefficient comes out negative is dropped
+// and the rest refitted), after a first, nearly unweighted pass that
+// finds the results the engine read right behind the one before (under
+// step overlap the device computed them while the host handled that one,
+// so their times are a few hundredths of a ms, not a step's): those below
+// 0.3 of the first pass's prediction are left out.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +36,7 @@ struct cost_model {
   std::string model;  // what it was measured on
   std::string machine;
   double c0 = 1, c_prefill = 0.1, c_decode = 0.1, c_context = 0;
+  double c_one = 0;  // a step of one decode row alone (0: the linear model's)
   // KV handoff: ms = transfer_fixed_ms + bytes / (transfer_mb_per_s * 1e3).
   double transfer_fixed_ms = 1;
   double transfer_mb_per_s = 100;
@@ -44,6 +54,7 @@ struct cost_model {
   // Fit quality on the samples: mean absolute percentage error, R^2, count.
   double fit_mape = 0, fit_r2 = 0;
   size_t samples = 0;
+  size_t dropped = 0;  // results read right behind the one before, left out
 
   double step_ms(int32_t rows, int32_t decode_rows, int64_t context) const;
   double transfer_ms(int64_t bytes) const;

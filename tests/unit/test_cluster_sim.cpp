@@ -368,5 +368,41 @@ TEST(CostModel, FitRecoversKnownCoefficients) {
   EXPECT_THROW(cost_model::from_json(nlohmann::json::object()), std::runtime_error);
 }
 
+// A lone decode row has its own cost (the engine's one-token kernels), and
+// results read right behind the one before (a few hundredths of a ms under
+// step overlap) are left out rather than fitted: weighted by their
+// relative error they used to drag c0 to zero.
+TEST(CostModel, FitPricesALoneDecodeRowAndLeavesOutResultsReadBehindAnother) {
+  auto linear = [](int p, int d, int64_t ctx) {
+    return 2.0 + 0.2 * p + 1.0 * d + 1e-4 * double(ctx);
+  };
+  std::vector<step_sample> xs;
+  for (int p = 0; p <= 256; p += 32)
+    for (int d = 0; d <= 32; d += 4) {
+      if (p + d == 0) continue;
+      const int64_t ctx = int64_t(p) * p / 2 + int64_t(d) * 300;
+      xs.push_back({p + d, d, ctx, linear(p, d, ctx)});
+    }
+  for (int64_t ctx = 50; ctx <= 250; ctx += 50)
+    for (int rep = 0; rep < 20; ++rep) xs.push_back({1, 1, ctx, 3.5 + 1e-4 * double(ctx)});
+  for (int rep = 0; rep < 30; ++rep) xs.push_back({2 + rep % 3, 2 + rep % 3, 600, 0.05});
+  auto m = cost_model::fit(xs);
+  EXPECT_EQ(m.dropped, 30u);
+  EXPECT_NEAR(m.c0, 2.0, 1e-6);
+  EXPECT_NEAR(m.c_prefill, 0.2, 1e-6);
+  EXPECT_NEAR(m.c_decode, 1.0, 1e-6);
+  EXPECT_NEAR(m.c_one, 3.5, 1e-6);
+  EXPECT_NEAR(m.step_ms(1, 1, 100), 3.51, 1e-6);
+  EXPECT_NEAR(m.step_ms(2, 2, 100), 4.01, 1e-6);
+  EXPECT_NEAR(m.step_ms(1, 0, 1), linear(1, 0, 1), 1e-6);  // one prefill row: the linear model
+  // A file from before the term prices a lone row by the linear model.
+  m.kv_pages = 10;
+  auto j = m.to_json();
+  j["step_ms"].erase("c_one");
+  EXPECT_NEAR(cost_model::from_json(j).step_ms(1, 1, 100), 2.0 + 1.0 + 0.01, 1e-6);
+  j["step_ms"]["c_one"] = -1;
+  EXPECT_THROW(cost_model::from_json(j), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace troupe

@@ -191,10 +191,11 @@ int run_calibrate(const calibrate_flags& f) {
   write_json(f.out, j);
   std::printf(
       "cost model of %s: step ms = %.3f + %.5f x prefill rows + %.4f x decode rows + %.3g x "
-      "attention work (R^2 %.3f, MAPE %.1f%%, %zu steps); KV handoff %.2f ms + %.1f MB/s; "
-      "written to %s\n",
-      m.model.c_str(), m.c0, m.c_prefill, m.c_decode, m.c_context, m.fit_r2, m.fit_mape * 100,
-      m.samples, m.transfer_fixed_ms, m.transfer_mb_per_s, f.out.c_str());
+      "attention work, one decode row alone %.3f (R^2 %.3f, MAPE %.1f%%, %zu steps, %zu read "
+      "behind another left out); KV handoff %.2f ms + %.1f MB/s; written to %s\n",
+      m.model.c_str(), m.c0, m.c_prefill, m.c_decode, m.c_context, m.c_one, m.fit_r2,
+      m.fit_mape * 100, m.samples, m.dropped, m.transfer_fixed_ms, m.transfer_mb_per_s,
+      f.out.c_str());
   for (auto* x : {&a, &b}) {
     anon_send_exit(x->inst, caf::exit_reason::user_shutdown);
     anon_send_exit(x->dev, caf::exit_reason::user_shutdown);
@@ -222,10 +223,11 @@ int run_calibrate_from_server(const calibrate_flags& f) {
   m.machine += " (steps of a live service at " + f.target.server + ")";
   write_json(f.out, m.to_json());
   std::printf(
-      "cost model refitted from %zu steps of %s: step ms = %.3f + %.5f x prefill rows + %.4f x "
-      "decode rows + %.3g x attention work (R^2 %.3f, MAPE %.1f%%); written to %s\n",
-      m.samples, f.target.server.c_str(), m.c0, m.c_prefill, m.c_decode, m.c_context, m.fit_r2,
-      m.fit_mape * 100, f.out.c_str());
+      "cost model refitted from %zu steps of %s (%zu read behind another left out): step ms = "
+      "%.3f + %.5f x prefill rows + %.4f x decode rows + %.3g x attention work, one decode row "
+      "alone %.3f (R^2 %.3f, MAPE %.1f%%); written to %s\n",
+      m.samples, f.target.server.c_str(), m.dropped, m.c0, m.c_prefill, m.c_decode, m.c_context,
+      m.c_one, m.fit_r2, m.fit_mape * 100, f.out.c_str());
   return 0;
 }
 
