@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--cost-model", default="/tmp/pd_real_2nodes.json",
                     help="the refitted cost model (written unless --no-calibrate)")
     ap.add_argument("--no-calibrate", action="store_true",
-                    help="use --cost-model as it is (the simulated side only: --sim-only)")
+                    help="use --cost-model as it is (no calibration load first)")
     ap.add_argument("--sim-only", action="store_true", help="skip the real runs")
     ap.add_argument("--json-out")
     a = ap.parse_args()
