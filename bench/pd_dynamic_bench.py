@@ -114,7 +114,7 @@ def main():
     # 3 x the p95 prompt's prefill, 3 x a batch-1 step.
     cm = json.load(open(COST))["step_ms"]
     a.ttft = 3 * (cm["c0"] + cm["c_prefill"] * 140 + cm["c_context"] * 140 * 140 / 2)
-    a.tpot = 3 * (cm["c0"] + cm["c_decode"])
+    a.tpot = 3 * (cm.get("c_one") or cm["c0"] + cm["c_decode"])  # a lone decode row
     out = []
     for n in [int(x) for x in a.instances.split(",")]:
         for w in a.workloads.split(","):

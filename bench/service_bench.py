@@ -173,7 +173,7 @@ def part_sim(a, out):
     cm = json.load(open(a.cost_model))["step_ms"]
     p95 = 140  # random prompts of 96 +- 50%
     ttft = 3 * (cm["c0"] + cm["c_prefill"] * p95 + cm["c_context"] * p95 * p95 / 2)
-    tpot = 3 * (cm["c0"] + cm["c_decode"])
+    tpot = 3 * (cm.get("c_one") or cm["c0"] + cm["c_decode"])  # a lone decode row
     res = {"slo": {"ttft_ms": ttft, "tpot_ms": tpot}, "runs": []}
     for n in (16, 32):
         for trace, burst in (("bursty", 0.1), ("steady", 1.0)):

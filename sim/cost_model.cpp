@@ -33,16 +33,22 @@ bool lone_decode_row(const step_sample& s) {
   return s.rows == 1 && s.decode_rows == 1;
 }
 
-std::array<double, kFeatures> features(const step_sample& s) {
-  const bool one = lone_decode_row(s);
+// apart: a lone decode row is priced by c_one, not by the linear model.
+std::array<double, kFeatures> features(const step_sample& s, bool apart) {
+  const bool one = apart && lone_decode_row(s);
   return {one ? 0.0 : 1.0, double(s.rows - s.decode_rows), one ? 0.0 : double(s.decode_rows),
           double(s.context), one ? 1.0 : 0.0};
 }
 
-double predict(const std::array<double, kFeatures>& x, const step_sample& s) {
-  const auto f = features(s);
+struct fitted {
+  std::array<double, kFeatures> x{};
+  bool apart = false;  // c_one kept
+};
+
+double predict(const fitted& f, const step_sample& s) {
+  const auto v = features(s, f.apart);
   double p = 0;
-  for (int i = 0; i < kFeatures; ++i) p += x[i] * f[i];
+  for (int i = 0; i < kFeatures; ++i) p += f.x[i] * v[i];
   return p;
 }
 
@@ -57,7 +63,7 @@ std::array<double, kFeatures> solve(const std::vector<step_sample>& xs,
   for (const auto& s : xs) {
     const double m = std::max(floor_ms, s.ms);
     const double w = 1.0 / (m * m);
-    auto f = features(s);
+    auto f = features(s, use[4]);
     for (int i = 0; i < kFeatures; ++i) {
       for (int j = 0; j < kFeatures; ++j) a[i][j] += w * f[i] * f[j];
       a[i][kFeatures] += w * f[i] * s.ms;
@@ -99,21 +105,28 @@ std::array<double, kFeatures> solve(const std::vector<step_sample>& xs,
 
 // Non-negative least squares by dropping: the most negative coefficient's
 // feature goes and the rest are refitted, until none is negative.
-std::array<double, kFeatures> fit_non_negative(const std::vector<step_sample>& xs,
-                                               double floor_ms) {
-  // Without lone decode rows among the samples, the linear model prices them.
+fitted fit_non_negative(const std::vector<step_sample>& xs, double floor_ms) {
+  // A lone decode row is priced apart only where there are lone rows and
+  // decode steps of more rows as well (these teach c_decode); else the
+  // linear model prices it.
   const bool ones = std::any_of(xs.begin(), xs.end(), lone_decode_row);
-  std::array<bool, kFeatures> use{true, true, true, true, ones};
-  std::array<double, kFeatures> x{};
-  for (int round = 0; round < kFeatures; ++round) {
-    x = solve(xs, use, floor_ms);
+  const bool batches = std::any_of(xs.begin(), xs.end(), [](const step_sample& s) {
+    return s.decode_rows > 0 && !lone_decode_row(s);
+  });
+  std::array<bool, kFeatures> use{true, true, true, true, ones && batches};
+  fitted f;
+  // kFeatures + 1 rounds: a refit after the last feature dropped.
+  for (int round = 0; round <= kFeatures; ++round) {
+    f.x = solve(xs, use, floor_ms);
     int worst = -1;
     for (int i = 0; i < kFeatures; ++i)
-      if (use[i] && x[i] < 0 && (worst < 0 || x[i] < x[worst])) worst = i;
+      if (use[i] && f.x[i] < 0 && (worst < 0 || f.x[i] < f.x[worst])) worst = i;
     if (worst < 0) break;
     use[worst] = false;
   }
-  return x;
+  for (auto& v : f.x) v = std::max(0.0, v);
+  f.apart = use[4];
+  return f;
 }
 
 }  // namespace
@@ -126,18 +139,19 @@ cost_model cost_model::fit(const std::vector<step_sample>& all) {
   std::vector<double> times;
   for (const auto& s : all) times.push_back(s.ms);
   std::nth_element(times.begin(), times.begin() + long(times.size() / 2), times.end());
-  const auto rough = fit_non_negative(all, times[times.size() / 2]);
+  const auto rough = fit_non_negative(all, std::max(0.1, times[times.size() / 2]));
   std::vector<step_sample> xs;
   for (const auto& s : all)
     if (s.ms >= 0.3 * predict(rough, s)) xs.push_back(s);
   if (xs.size() < kFeatures) xs = all;
-  const auto x = fit_non_negative(xs, 0.1);
+  const auto f = fit_non_negative(xs, 0.1);
+  const auto& x = f.x;
   cost_model m;
   m.c0 = x[0];
   m.c_prefill = x[1];
   m.c_decode = x[2];
   m.c_context = x[3];
-  m.c_one = x[4];
+  m.c_one = f.apart ? x[4] : 0.0;
   m.dropped = all.size() - xs.size();
   double mean = 0;
   for (const auto& s : xs) mean += s.ms;
@@ -203,7 +217,8 @@ cost_model cost_model::from_json(const nlohmann::json& j) {
   m.c_prefill = num(j["step_ms"], "c_prefill");
   m.c_decode = num(j["step_ms"], "c_decode");
   m.c_context = num(j["step_ms"], "c_context");
-  m.c_one = j["step_ms"].value("c_one", 0.0);  // older files: the linear model's
+  // Older files have no c_one: the linear model prices a lone row.
+  m.c_one = j["step_ms"].contains("c_one") ? num(j["step_ms"], "c_one") : 0.0;
   m.transfer_fixed_ms = num(j["transfer"], "fixed_ms");
   m.transfer_mb_per_s = num(j["transfer"], "mb_per_s");
   m.kv_bytes_per_token = int64_t(num(j, "kv_bytes_per_token"));

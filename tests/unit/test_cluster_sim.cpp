@@ -395,13 +395,31 @@ TEST(CostModel, FitPricesALoneDecodeRowAndLeavesOutResultsReadBehindAnother) {
   EXPECT_NEAR(m.step_ms(1, 1, 100), 3.51, 1e-6);
   EXPECT_NEAR(m.step_ms(2, 2, 100), 4.01, 1e-6);
   EXPECT_NEAR(m.step_ms(1, 0, 1), linear(1, 0, 1), 1e-6);  // one prefill row: the linear model
-  // A file from before the term prices a lone row by the linear model.
   m.kv_pages = 10;
+  EXPECT_DOUBLE_EQ(cost_model::from_json(m.to_json()).c_one, m.c_one);
+  // A file from before the term prices a lone row by the linear model.
   auto j = m.to_json();
   j["step_ms"].erase("c_one");
   EXPECT_NEAR(cost_model::from_json(j).step_ms(1, 1, 100), 2.0 + 1.0 + 0.01, 1e-6);
   j["step_ms"]["c_one"] = -1;
   EXPECT_THROW(cost_model::from_json(j), std::runtime_error);
+  j["step_ms"]["c_one"] = "fast";
+  EXPECT_THROW(cost_model::from_json(j), std::runtime_error);
+}
+
+// With no decode step of more than one row, nothing but the lone rows can
+// teach c_decode: they are priced by the linear model then, not apart
+// (else every decode batch would cost c0 alone).
+TEST(CostModel, WithoutDecodeBatchesALoneRowTeachesTheLinearModel) {
+  std::vector<step_sample> xs;
+  for (int p = 16; p <= 256; p += 16) xs.push_back({p, 0, int64_t(p) * p / 2, 2.0 + 0.2 * p});
+  for (int rep = 0; rep < 20; ++rep) xs.push_back({1, 1, 0, 3.0});
+  auto m = cost_model::fit(xs);
+  EXPECT_EQ(m.c_one, 0.0);
+  EXPECT_NEAR(m.c0, 2.0, 1e-6);
+  EXPECT_NEAR(m.c_decode, 1.0, 1e-6);
+  EXPECT_NEAR(m.step_ms(4, 4, 0), 6.0, 1e-6);
+  EXPECT_EQ(m.dropped, 0u);
 }
 
 }  // namespace
