@@ -27,6 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from service_bench import random_slos  # noqa: E402
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 COST = os.path.join(REPO, "bench", "cost_models", "stories15m.json")
 
@@ -110,11 +113,8 @@ def main():
                     "take longer than the 1.5 s TTFT target with this cost model)")
     ap.add_argument("--json-out")
     a = ap.parse_args()
-    # The random workloads' SLOs, as service_bench.py's part sim sets them:
-    # 3 x the p95 prompt's prefill, 3 x a batch-1 step.
-    cm = json.load(open(COST))["step_ms"]
-    a.ttft = 3 * (cm["c0"] + cm["c_prefill"] * 140 + cm["c_context"] * 140 * 140 / 2)
-    a.tpot = 3 * (cm.get("c_one") or cm["c0"] + cm["c_decode"])  # a lone decode row
+    # The random workloads' SLOs, as service_bench.py's part sim sets them.
+    a.ttft, a.tpot = random_slos(json.load(open(COST))["step_ms"])
     out = []
     for n in [int(x) for x in a.instances.split(",")]:
         for w in a.workloads.split(","):

@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from service_bench import Service, load_flags, run  # noqa: E402
+from service_bench import Service, calibrate_live, run  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -66,19 +66,11 @@ def slo_flags(a):
 
 
 def calibrate(a):
-    """The step costs as this deployment sees them: a calibration load on
-    two nodes (random sizes, three rates, so that decode batches of one to
-    a few dozen rows are all seen), refitted into the base cost model."""
-    svc = Service(a.troupe, "stories15m", nodes=2, args=["--step-history", "100000"])
-    try:
-        for rate, seed in ((4, 99), (10, 98), (20, 97)):
-            with tempfile.NamedTemporaryFile(suffix=".json") as f:
-                svc.bench(load_flags(rate, 150, seed=seed), f.name)
-        r = run([a.troupe, "bench", "sim-calibrate", "-m", "stories15m", "--server",
-                 svc.endpoint, "--base", a.base_cost_model, "-o", a.cost_model], timeout=300)
-        print(r.stdout.strip(), flush=True)
-    finally:
-        svc.close()
+    """The step costs as this deployment sees them, refitted into the base
+    cost model; random loads at three rates, so that decode batches of one
+    to a few dozen rows are all seen."""
+    print(calibrate_live(a.troupe, "stories15m", a.base_cost_model, a.cost_model,
+                         loads=((4, 99), (10, 98), (20, 97))), flush=True)
 
 
 def real(a, config, trace, rows):

@@ -134,23 +134,39 @@ def sim(a, flags, extra=(), cost_model=None):
         return json.load(open(f.name))
 
 
-def part_real(a, out):
-    # The step costs as this deployment sees them (two nodes, the service and
-    # the client sharing two cores): a separate calibration load (seed 99,
-    # mixed rates) on the same setup, its steps refitted into the cost model.
-    live = a.cost_model.replace(".json", "_2nodes.json")
-    svc = Service(a.troupe, a.model, nodes=2, args=["--step-history", "100000"])
+def calibrate_live(troupe, model, base, out, loads=((4, 99), (10, 98))):
+    """The step costs as a two-node deployment sees them (the nodes, the
+    service and the client sharing the cores): calibration loads of random
+    requests at each (rate, seed), the service's steps refitted into the
+    cost model `base`, written to `out`; returns sim-calibrate's line."""
+    svc = Service(troupe, model, nodes=2, args=["--step-history", "100000"])
     try:
-        for rate, seed in ((4, 99), (10, 98)):
+        for rate, seed in loads:
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 svc.bench(load_flags(rate, 150, seed=seed), f.name)
-        r = run([a.troupe, "bench", "sim-calibrate", "-m", a.model, "--server", svc.endpoint,
-                 "--base",
-                 a.cost_model, "-o", live], timeout=300)
-        out["calibrate_live"] = r.stdout.strip()
-        print(r.stdout.strip())
+        r = run([troupe, "bench", "sim-calibrate", "-m", model, "--server", svc.endpoint,
+                 "--base", base, "-o", out], timeout=300)
+        return r.stdout.strip()
     finally:
         svc.close()
+
+
+def random_slos(cm):
+    """SLOs of the random workloads [ours]: TTFT = 3 x the prefill time of
+    the p95 prompt (140 tokens: 96 +- 50%), TPOT = 3 x a lone decode step
+    (REFERENCES.md section 1, reduced scale).  cm: a cost model's step_ms."""
+    p95 = 140
+    ttft = 3 * (cm["c0"] + cm["c_prefill"] * p95 + cm["c_context"] * p95 * p95 / 2)
+    tpot = 3 * (cm.get("c_one") or cm["c0"] + cm["c_decode"])
+    return ttft, tpot
+
+
+def part_real(a, out):
+    # The step costs as this deployment sees them: a separate calibration
+    # load (seeds 99 and 98, two rates) on the same setup.
+    live = a.cost_model.replace(".json", "_2nodes.json")
+    out["calibrate_live"] = calibrate_live(a.troupe, a.model, a.cost_model, live)
+    print(out["calibrate_live"])
     rows = []
     for rate in (3, 6, 9):
         flags = load_flags(rate, 240, seed=11)
@@ -168,12 +184,7 @@ def part_real(a, out):
 
 
 def part_sim(a, out):
-    # SLOs [ours]: TTFT = 3 x the prefill time of the p95 prompt, TPOT = 3 x a
-    # batch-1 step (REFERENCES.md section 1, reduced scale).
-    cm = json.load(open(a.cost_model))["step_ms"]
-    p95 = 140  # random prompts of 96 +- 50%
-    ttft = 3 * (cm["c0"] + cm["c_prefill"] * p95 + cm["c_context"] * p95 * p95 / 2)
-    tpot = 3 * (cm.get("c_one") or cm["c0"] + cm["c_decode"])  # a lone decode row
+    ttft, tpot = random_slos(json.load(open(a.cost_model))["step_ms"])
     res = {"slo": {"ttft_ms": ttft, "tpot_ms": tpot}, "runs": []}
     for n in (16, 32):
         for trace, burst in (("bursty", 0.1), ("steady", 1.0)):
