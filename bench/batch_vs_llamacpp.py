@@ -12,7 +12,11 @@ table of medians over rounds with troupe / llama.cpp ratios.
   STORIES_GGUF=/path/to/stories15M-f32.gguf \\
       python3 bench/batch_vs_llamacpp.py [--rounds 2] [--parallel 64] \\
           [--prompt-len 128] [--gen-len 128] [--threads 2] [--troupe build/troupe] \\
-          [--models smollm2,stories15m] [--troupe-arg=--max-batch-tokens=512 ...]
+          [--models smollm2,stories15m] [--troupe-arg=--max-batch-tokens=512 ...] \\
+          [--baseline OTHER/troupe]
+
+--baseline: another troupe binary (an earlier commit's build) run in the
+same rounds; the table adds its figures and troupe / before.
 
 Figures compared:
   total t/s  (prompt + generated tokens) / wall time: llama.cpp's S,
@@ -90,6 +94,7 @@ def main():
     ap.add_argument("--troupe", default=os.path.join(os.path.dirname(__file__), "..", "build", "troupe"))
     ap.add_argument("--troupe-arg", action="append", default=[],
                     help="extra argument for troupe bench batch (repeatable)")
+    ap.add_argument("--baseline", help="an earlier troupe binary, measured in the same rounds")
     args = ap.parse_args()
     bin_dir = os.environ.get("LLAMA_CPP_BIN")
     if not bin_dir or not os.path.isfile(os.path.join(bin_dir, "llama-batched-bench")):
@@ -112,15 +117,21 @@ def main():
     npl, pp, tg = args.parallel, args.prompt_len, args.gen_len
     print(f"{npl} sequences, prompt {pp}, generate {tg}, {args.threads} threads, "
           f"median of {args.rounds} rounds\n")
-    print("| model | figure | llama.cpp | troupe | troupe / llama.cpp |")
-    print("|---|---|---|---|---|")
+    if args.baseline:
+        print("| model | figure | llama.cpp | troupe | troupe / llama.cpp | before | troupe / before |")
+        print("|---|---|---|---|---|---|---|")
+    else:
+        print("| model | figure | llama.cpp | troupe | troupe / llama.cpp |")
+        print("|---|---|---|---|---|")
     for label, troupe_name, gguf in models:
-        peer, ours = [], []
+        peer, ours, before = [], [], []
         # One untimed troupe run first: PoCL compiles each kernel variant on
         # its first launch (then caches it on disk), which llama.cpp, built
         # ahead of time, never pays inside a round.
         print(f"[{label}] warm-up: troupe bench batch, not recorded", file=sys.stderr)
         troupe_batch(args.troupe, troupe_name, args.threads, npl, pp, tg, args.troupe_arg)
+        if args.baseline:
+            troupe_batch(args.baseline, troupe_name, args.threads, npl, pp, tg, args.troupe_arg)
         for rnd in range(args.rounds):
             print(f"[{label}] round {rnd + 1}/{args.rounds}: llama-batched-bench", file=sys.stderr)
             peer.append(batched_bench(bin_dir, gguf, args.threads, npl, pp, tg, args.llama_fa))
@@ -129,6 +140,12 @@ def main():
             ours.append(troupe_batch(args.troupe, troupe_name, args.threads, npl, pp, tg,
                                      args.troupe_arg))
             print(f"  troupe {json.dumps(ours[-1])}", file=sys.stderr)
+            if args.baseline:
+                print(f"[{label}] round {rnd + 1}/{args.rounds}: baseline troupe bench batch",
+                      file=sys.stderr)
+                before.append(troupe_batch(args.baseline, troupe_name, args.threads, npl, pp, tg,
+                                           args.troupe_arg))
+                print(f"  before {json.dumps(before[-1])}", file=sys.stderr)
 
         def med(rows, key):
             return statistics.median(r[key] for r in rows)
@@ -138,9 +155,13 @@ def main():
                                                ("wall s", "wall", "s", False),
                                                ("step ms", "step_ms", "ms", False)]:
             p, o = med(peer, key), med(ours, key)
-            print(f"| {label} | {name} | {p:.2f} | {o:.2f} | {o / p:.2f} |")
+            row = f"| {label} | {name} | {p:.2f} | {o:.2f} | {o / p:.2f} |"
+            if before:
+                b = med(before, key)
+                row += f" {b:.2f} | {o / b:.2f} |"
+            print(row)
         print(f"| {label} | troupe steps / preemptions | | {med(ours, 'steps'):.0f} / "
-              f"{med(ours, 'preemptions'):.0f} | |")
+              f"{med(ours, 'preemptions'):.0f} | |" + (" | |" if before else ""))
         sys.stdout.flush()
 
 

@@ -291,13 +291,34 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // multiples of 32), read back.
 #define GLU_ROWS(LOAD, TT, X, W0, VALID, OUT)                                                      \
   const int n0 = gx * rows_per_item;                                                               \
-  for (int n = n0; n < min(n0 + rows_per_item, F); ++n) {                                          \
+  const int n_end = min(n0 + rows_per_item, F);                                                    \
+  int n = n0;                                                                                      \
+  /* One token: eight rows' SiLU at a time, in a vector (silu_mul_tile; the */                     \
+  /* same bits as one at a time). */                                                               \
+  if (TT == 1 && !(quant_out & GLU_GELU))                                                          \
+    for (; n + 8 <= n_end; n += 8) {                                                               \
+      float g8[8], u8[8];                                                                          \
+      for (int k = 0; k < 8; ++k) {                                                                \
+        X##_ZERO(1, g) X##_ZERO(1, u) X##_DOT2(LOAD, 1, (W0) + n + k, g, (W0) + F + n + k, u);     \
+        hsum16_tile(g, g8 + k, 1);                                                                 \
+        hsum16_tile(u, u8 + k, 1);                                                                 \
+      }                                                                                            \
+      silu_mul_tile(g8, u8, 8);                                                                    \
+      if (VALID(0)) vstore8(vload8(0, g8), 0, h + (size_t)(OUT(0)) * F + n);                       \
+    }                                                                                              \
+  for (; n < n_end; ++n) {                                                                         \
     X##_ZERO(TT, g) X##_ZERO(TT, u) X##_DOT2(LOAD, TT, (W0) + n, g, (W0) + F + n, u);              \
     float gs[TT], us[TT];                                                                          \
     hsum16_tile(g, gs, TT);                                                                        \
     hsum16_tile(u, us, TT);                                                                        \
+    if (quant_out & GLU_GELU) {                                                                    \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) gs[j] =                                       \
+          gelu_from_table(gelu_tab, gs[j]) * us[j];                                                \
+    } else {                                                                                       \
+      silu_mul_tile(gs, us, TT);                                                                   \
+    }                                                                                              \
     _Pragma("unroll") for (int j = 0; j < TT; ++j) if (VALID(j)) h[(size_t)(OUT(j)) * F + n] =     \
-        (quant_out & GLU_GELU ? gelu_from_table(gelu_tab, gs[j]) : silu(gs[j])) * us[j];           \
+        gs[j];                                                                                     \
   }                                                                                                \
   if (quant_out & GLU_QUANT_OUT)                                                                   \
     _Pragma("unroll") for (int j = 0; j < TT;                                                      \
@@ -357,7 +378,21 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
     const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                             \
     const int stride = (n_head + 2 * n_kv) * hd;                                                   \
     const int w0 = gx * rows_per_item;                                                             \
-    for (int w = w0; w < min(w0 + rows_per_item, n_pairs); ++w) {                                  \
+    const int w_end = min(w0 + rows_per_item, n_pairs);                                            \
+    /* Each token's KV slot, found once for the work-item's pairs (a page */                       \
+    /* lookup and a division each): where kv head 0's K and V go in its */                         \
+    /* page; kv head g is g page_size hd further. */                                               \
+    size_t kv_k[TT], kv_v[TT];                                                                     \
+    if (w_end > w0 && (w_end - 1) / half_hd >= n_head)                                             \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
+        const int t = min(t0 + j, T - 1);                                                          \
+        const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                              \
+        const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, 0);                   \
+        const int slot = pos[t] % page_size;                                                       \
+        kv_k[j] = o + slot;                                                                        \
+        kv_v[j] = o + (size_t)slot * hd;                                                           \
+      }                                                                                            \
+    for (int w = w0; w < w_end; ++w) {                                                             \
       const int head = w / half_hd;                                                                \
       const int i = w % half_hd;                                                                   \
       int d0, d1;                                                                                  \
@@ -395,15 +430,13 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
           qkv[(size_t)t * stride + head * hd + d1] = v1;                                           \
         } else {                                                                                   \
           const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;               \
-          const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                            \
-          const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, g);                 \
-          const int slot = pos[t] % page_size;                                                     \
+          const size_t gk = (size_t)g * page_size * hd;                                            \
           if (head < n_head + n_kv) { /* K: transposed within the page */                          \
-            KV_STORE(v0, o + (size_t)d0 * page_size + slot, kc);                                   \
-            KV_STORE(v1, o + (size_t)d1 * page_size + slot, kc);                                   \
+            KV_STORE(v0, kv_k[j] + gk + (size_t)d0 * page_size, kc);                               \
+            KV_STORE(v1, kv_k[j] + gk + (size_t)d1 * page_size, kc);                               \
           } else {                                                                                 \
-            KV_STORE(v0, o + (size_t)slot * hd + d0, vc);                                          \
-            KV_STORE(v1, o + (size_t)slot * hd + d1, vc);                                          \
+            KV_STORE(v0, kv_v[j] + gk + d0, vc);                                                   \
+            KV_STORE(v1, kv_v[j] + gk + d1, vc);                                                   \
           }                                                                                        \
         }                                                                                          \
       }                                                                                            \

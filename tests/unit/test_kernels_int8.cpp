@@ -15,6 +15,7 @@
 
 #include "runtime/device/cl_runtime.hpp"
 #include "runtime/device/device_weights.hpp"
+#include "runtime/device/llama_forward.hpp"
 #include "runtime/model/tensor_type.hpp"
 #include "tests/unit/kernel_reference.hpp"
 #include "tests/unit/kernel_test_io.hpp"
@@ -452,6 +453,67 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
                       ref::glu_tol(gd.dot, ref::dot_tol(gd.mag), ud.dot, ref::dot_tol(ud.mag)))
               << "h[" << t << "][" << n << "]";
         }
+    }
+  }
+}
+
+// A token's gated-FFN output does not depend on the tile it is computed in
+// (one row, 4, or the engine's 8-token tile, where SiLU runs in float8
+// vectors; in 4 in float4, alone in scalars): the same bits, built as the
+// engine builds the kernels.  A preempted sequence recomputed as a prefill
+// chunk relies on it, and PoCL's own vector and scalar exp round
+// differently (the reason for exp_poly in common.cl).
+TEST(KernelGluTiles, EveryTileGivesTheSameBits) {
+  static shared_context shared;
+  auto& s = kernel_test::make_once(shared, [](cl::context& c) -> std::optional<std::string> {
+    return kernel_build_options(c, 8, true);
+  });
+  if (!s.ctx) GTEST_SKIP() << s.no_device;
+  auto& c = *s.ctx;
+  std::mt19937 rng(2027);
+  const int K = 256, F = 48, T = 13;
+  for (const tensor_type type : {tensor_type::f32, tensor_type::q4_1, tensor_type::q8_0}) {
+    SCOPED_TRACE("type " + suffix(type));
+    const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
+    const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
+    const auto dm = upload_matrix(c, {&v});
+    // Gates of both signs and a wide range, so SiLU's exp is taken far
+    // from 0 too.
+    auto x = random_floats(static_cast<size_t>(T) * K, -4.0f, 4.0f, rng);
+    const bool q = type != tensor_type::f32;
+    const auto xb = upload(c, x);
+    quantized_input in;
+    if (q) in = quantize_on_device(c, x, T, K);
+    // One row per work-item: every SiLU alone; 16: the one-token kernel
+    // takes eight rows' SiLU at a time.
+    struct launch {
+      const char* tile;
+      int tt, rows_per_item;
+    };
+    const launch launches[] = {{"_t1", 1, 1},  {"_t1", 1, 16},   {"_t4", 4, 1},
+                               {"_t4", 4, 16}, {"_tiled", 8, 1}, {"_tiled", 8, 16}};
+    std::vector<float> first;
+    for (const launch& l : launches) {
+      SCOPED_TRACE(std::string(l.tile) + " rows_per_item " + std::to_string(l.rows_per_item));
+      const std::string name =
+          std::string(q ? "matmul_glu_xq_" : "matmul_glu_") + suffix(dm.type) + l.tile;
+      auto k = c.make_kernel(name);
+      const auto hb = c.alloc(static_cast<size_t>(T) * F * 4);
+      if (q)
+        k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, l.rows_per_item, hb, hb, hb, 0, hb);
+      else
+        k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, l.rows_per_item, hb, hb, hb, 0, hb);
+      c.launch(k, {static_cast<size_t>(F / l.rows_per_item),
+                   static_cast<size_t>((T + l.tt - 1) / l.tt)});
+      const auto h = download<float>(c, hb, static_cast<size_t>(T) * F);
+      if (first.empty()) {
+        first = h;
+        continue;
+      }
+      int differ = 0;
+      for (size_t i = 0; i < h.size(); ++i)
+        differ += std::memcmp(&first[i], &h[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0) << "against _t1, one row per work-item";
     }
   }
 }
