@@ -16,7 +16,9 @@ table of medians over rounds with troupe / llama.cpp ratios.
           [--baseline OTHER/troupe]
 
 --baseline: another troupe binary (an earlier commit's build) run in the
-same rounds; the table adds its figures and troupe / before.
+same rounds, the two taking turns going first; the table adds its figures
+and troupe / before (every round's figures are on stderr, as JSON).  The
+--troupe-arg flags go to both.
 
 Figures compared:
   total t/s  (prompt + generated tokens) / wall time: llama.cpp's S,
@@ -136,16 +138,19 @@ def main():
             print(f"[{label}] round {rnd + 1}/{args.rounds}: llama-batched-bench", file=sys.stderr)
             peer.append(batched_bench(bin_dir, gguf, args.threads, npl, pp, tg, args.llama_fa))
             print(f"  llama.cpp {json.dumps(peer[-1])}", file=sys.stderr)
-            print(f"[{label}] round {rnd + 1}/{args.rounds}: troupe bench batch", file=sys.stderr)
-            ours.append(troupe_batch(args.troupe, troupe_name, args.threads, npl, pp, tg,
-                                     args.troupe_arg))
-            print(f"  troupe {json.dumps(ours[-1])}", file=sys.stderr)
+            # The two troupe binaries take turns going first, so that an
+            # order effect (a warm cache, a load that builds up) is shared.
+            runs = [("troupe", args.troupe, ours)]
             if args.baseline:
-                print(f"[{label}] round {rnd + 1}/{args.rounds}: baseline troupe bench batch",
+                runs.append(("before", args.baseline, before))
+                if rnd % 2:
+                    runs.reverse()
+            for name, binary, into in runs:
+                print(f"[{label}] round {rnd + 1}/{args.rounds}: {name}: troupe bench batch",
                       file=sys.stderr)
-                before.append(troupe_batch(args.baseline, troupe_name, args.threads, npl, pp, tg,
-                                           args.troupe_arg))
-                print(f"  before {json.dumps(before[-1])}", file=sys.stderr)
+                into.append(troupe_batch(binary, troupe_name, args.threads, npl, pp, tg,
+                                         args.troupe_arg))
+                print(f"  {name} {json.dumps(into[-1])}", file=sys.stderr)
 
         def med(rows, key):
             return statistics.median(r[key] for r in rows)

@@ -83,8 +83,9 @@ inline ushort float_to_half_bits(float f) {
 // ln 2 / 2 (ln 2 in two parts, Cody and Waite, so r is exact to a few
 // ulps), e^r by its Taylor series to r^7 (truncation 5e-9, under half an
 // ulp), times 2^n built in the exponent bits.  x is clamped to [-87, 88],
-// where 2^n stays a normal float: SiLU's use needs no more (e^88 already
-// makes 1 + e^-x swallow any gate's value; e^-87 is 1 to a float).
+// where 2^n stays a normal float.  For SiLU that changes nothing a model
+// meets: past 87, 1 + e^-x is 1 to a float; below -88 a gate x gets x
+// e^-88 (about 6e-39 x) instead of x e^x, both 0 for any sane x.
 #define TROUPE_EXP_POLY(FT, IT)                                    \
   INLINE FT exp_poly_##FT(FT x) {                                  \
     x = clamp(x, -87.0f, 88.0f);                                   \
