@@ -5,10 +5,12 @@
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
 //   q8_0: quants char[rows][blocks][32], d float[rows][blocks]
+//   q5_1: quants uchar[rows][blocks][32] (the five bits of each value, one
+//     a byte: a block's high bits unpacked at upload), d and m as q4_1
 //   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
 //     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
 //     16-31), m float2[rows][blocks] (their offsets m)
-// The quants are the file's bytes (ku8: its quants, one a byte); the half
+// The quants are the file's bytes (ku8, q5_1: its quants, one a byte); the half
 // scales are widened to float at upload (exactly), because converting a half costs a dozen instructions
 // per block on a device without cl_khr_fp16.
 // A block holds 32 values; for 4-bit types the low nibbles of the 16 bytes
@@ -196,6 +198,15 @@ inline void load_q4_1(__global const uchar* wq, __global const float* wd, __glob
   float m = wm[blk];
   *lo = fma(convert_float16(q & (uchar16)0xF), (float16)d, (float16)m);
   *hi = fma(convert_float16(q >> (uchar16)4), (float16)d, (float16)m);
+}
+
+// Q5_1 is Q4_1 with a fifth bit: value = d u + m, one rounding (fma).
+inline void load_q5_1(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                      int K, int nb, int r, int b, float16* lo, float16* hi) {
+  const size_t blk = (size_t)r * nb + b;
+  const float d = wd[blk], m = wm[blk];
+  *lo = fma(convert_float16(vload16(2 * blk, wq)), (float16)d, (float16)m);
+  *hi = fma(convert_float16(vload16(2 * blk + 1, wq)), (float16)d, (float16)m);
 }
 
 inline void load_q8_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
@@ -394,7 +405,10 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q4_1_dot2 dot_nibbles2
 #define loadu_q8_0_dot dot_signed
 #define loadu_q8_0_dot2 dot_signed2
-// ku8's u are at most 63: a vpmaddubsw pair sum at most 2 * 63 * 127.
+// q5_1's u are at most 31, ku8's at most 63: a vpmaddubsw pair sum at
+// most 2 * 63 * 127.
+#define loadu_q5_1_dot dot_nibbles
+#define loadu_q5_1_dot2 dot_nibbles2
 #define loadu_ku8_dot dot_nibbles
 #define loadu_ku8_dot2 dot_nibbles2
 
@@ -439,6 +453,13 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q8_0_offset2 BLOCK_OFFSET2
 #define loadu_q8_0_tail_offset BLOCK_TAIL_OFFSET
 #define loadu_q8_0_has_offset 0
+#define loadu_q5_1_t1 float
+#define loadu_q5_1_t2 float2
+#define loadu_q5_1_lanes BLOCK_LANES
+#define loadu_q5_1_lanes2 BLOCK_LANES2
+#define loadu_q5_1_offset2 BLOCK_OFFSET2
+#define loadu_q5_1_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q5_1_has_offset 1
 #define loadu_ku8_t1 float2
 #define loadu_ku8_t2 float4
 #define loadu_ku8_lanes HALF_LANES
@@ -483,6 +504,18 @@ inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
   *dw = wd[blk];
   *mo = 0.0f;
   *exact = 1;
+}
+
+// Q5_1 against Q8_1 activations: llama.cpp's formula is Q4_1's (its min
+// against the half-rounded sum, xsum.x), with five-bit u.
+inline void loadu_q5_1(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                       float* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload8(0, (__global const int*)(wq + blk * QK));
+  *dw = wd[blk];
+  *mo = wm[blk];
+  *exact = 0;
 }
 
 inline void loadu_ku8(__global const uchar* wq, __global const float* wd, __global const float* wm,
@@ -531,6 +564,16 @@ inline void loadu_q8_0_pair(__global const uchar* wq, __global const float* wd,
   *dw = vload2(0, wd + blk);
   *mo = (float2)0.0f;
   *exact = 1;
+}
+
+inline void loadu_q5_1_pair(__global const uchar* wq, __global const float* wd,
+                            __global const float* wm, int nb, int r, int b, int16* u, float2* dw,
+                            float2* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload16(0, (__global const int*)(wq + blk * QK));
+  *dw = vload2(0, wd + blk);
+  *mo = vload2(0, wm + blk);
+  *exact = 0;
 }
 
 inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,

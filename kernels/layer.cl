@@ -246,7 +246,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
 // embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
-// as the host's type_slot).
+// 6 q5_1, as the host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
                         __global const float* em, __global const int* tokens,
                         __global const int* drawn, __global float* x, int D) {
@@ -268,6 +268,9 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
       break;
     case 5:
       load_ku8(eq, ed, em, D, nb, tok, b, &lo, &hi);
+      break;
+    case 6:
+      load_q5_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     default:
       load_q8_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
@@ -332,9 +335,13 @@ TROUPE_LAYER_TILES(f16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_1, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )
+TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_SAME, )
 // Q8_0 (and Q5_0, held as Q8_0) layers with a K-quant down: the layers of
 // llama-quantize's K-quant files of SmolLM2 and its like.
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
+// Q5_1 layers with a K-quant down: llama-quantize's Q5_K_M of such a model
+// (Q5_K falls back to Q5_1 where rows are no whole super-blocks).
+TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_Q8K, _kd)
 TROUPE_GEMMA_LAYER(t1, 1)
 TROUPE_GEMMA_LAYER(t4, 4)
 TROUPE_GEMMA_LAYER(tiled, TROUPE_TILE)

@@ -88,10 +88,10 @@
 // Q: per block, the weights' 32 values as bytes (LOADU, see common.cl)
 // dotted with the activations' signed bytes in integers, scaled by both
 // blocks' scales (per block, or per 16 values for ku8); the weights'
-// offset term (q4_1's min, q4_0's bias, ku8's offsets; q8_0 has none)
-// times the activation block's scaled sum is added apart; it uses the
-// activation block's exact scaled sum (q4_0; ku8's per 16) or its
-// half-rounded one (q4_1), as llama.cpp.  Blocks are taken two at a time
+// offset term (q4_1's and q5_1's min, q4_0's bias, ku8's offsets; q8_0
+// has none) times the activation block's scaled sum is added apart; it
+// uses the activation block's exact scaled sum (q4_0; ku8's per 16) or its
+// half-rounded one (q4_1, q5_1), as llama.cpp.  Blocks are taken two at a time
 // in 512-bit registers (measured on SmolLM2: prefill +10%, batched decode
 // +3-13%, one-token decode +4%).
 #define Q_XARGS __global const int *xq, __global const float *xd, __global const float2 *xsum
@@ -526,7 +526,9 @@ TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
 TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
 TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
 TROUPE_MATMUL_FAMILY(ku8, load_ku8, F, )
+TROUPE_MATMUL_FAMILY(q5_1, load_q5_1, F, )
 TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(ku8, loadu_ku8, Q, xq_)
+TROUPE_MATMUL_FAMILY(q5_1, loadu_q5_1, Q, xq_)

@@ -13,7 +13,7 @@ namespace {
 // Bytes of the scale (and min) header at the start of a block of each type.
 struct block_layout {
   size_t header;  // 2 (d) or 4 (d, m)
-  size_t quants;  // bytes of quants per block
+  size_t quants;  // bytes of quants per block on the device (the file's but for Q5_1)
   bool has_min;
 };
 
@@ -25,6 +25,8 @@ block_layout layout_of(tensor_type t) {
       return {4, 16, true};
     case tensor_type::q8_0:
       return {2, 32, false};
+    case tensor_type::q5_1:  // quants unpacked to a byte each (split_q5_1)
+      return {4, 32, true};
     default:
       return {0, 0, false};
   }
@@ -39,8 +41,9 @@ bool quantized(tensor_type t) {
 // other K-quants (a scale per 16 values, or a fifth or sixth bit) as KU8,
 // a byte per value with a scale and an offset per 16 (12 bits a value,
 // against Q6_K's 6.6 in the file: packed forms are still to come).  Q5_1
-// and BF16 fit no block kernel yet, so they are held as F32: their values
-// are exact in float.
+// stays Q5_1, its quants a byte each (10 bits a value against the file's
+// 6).  BF16 fits no block kernel yet, so it is held as F32: its values are
+// exact in float.
 tensor_type on_device(tensor_type t) {
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
   switch (t) {
@@ -51,7 +54,6 @@ tensor_type on_device(tensor_type t) {
     case tensor_type::q5_k:
     case tensor_type::q6_k:
       return tensor_type::ku8;
-    case tensor_type::q5_1:
     case tensor_type::bf16:
       return tensor_type::f32;
     default:
@@ -166,6 +168,12 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
         split_q4_k_to_q4_1(p->data, static_cast<int64_t>(i), &d[blk], &m[blk], qs);
         std::memcpy(&q[blk * lay.quants], qs, sizeof(qs));
       }
+      continue;
+    }
+    if (p->type == tensor_type::q5_1) {
+      const size_t nb = p->bytes / traits_of(p->type).block_bytes;
+      for (size_t i = 0; i < nb; ++i, ++blk)
+        split_q5_1(p->data, static_cast<int64_t>(i), d[blk], m[blk], &q[blk * lay.quants]);
       continue;
     }
     const size_t nb = p->bytes / block_bytes;

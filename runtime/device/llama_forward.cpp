@@ -27,6 +27,8 @@ int type_slot(tensor_type t) {
       return 4;
     case tensor_type::ku8:
       return 5;
+    case tensor_type::q5_1:
+      return 6;
     case tensor_type::q5_0:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
     case tensor_type::iq4_nl:
     case tensor_type::q4_k:
@@ -34,14 +36,13 @@ int type_slot(tensor_type t) {
     case tensor_type::q2_k:
     case tensor_type::q3_k:
     case tensor_type::q5_k:
-    case tensor_type::q5_1:
     case tensor_type::bf16:
       break;
   }
   throw std::logic_error("unsupported tensor type");
 }
 
-const char* type_suffix[6] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8"};
+const char* type_suffix[] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8", "q5_1"};
 const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
@@ -217,7 +218,8 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
 
 bool llama_forward::k_down(const device_layer& L) const {
   const auto& hp = hparams();
-  return L.qkv.type == tensor_type::q8_0 && L.down.q8_k_acts && int8_for(L.down) &&
+  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1) &&
+         L.down.q8_k_acts && int8_for(L.down) &&
          (L.down.type == tensor_type::ku8 || L.down.type == tensor_type::q4_1) &&
          hp.n_ff % 256 == 0;
 }
@@ -272,7 +274,7 @@ cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, 
     return k;
   }
   const bool kd = k_down(L);
-  auto& k = (whole_step ? k_step_ : k_layer_)[kd ? 6 : type_slot(L.qkv.type)][slot];
+  auto& k = (whole_step ? k_step_ : k_layer_)[type_slot(L.qkv.type)][kd ? 1 : 0][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(whole_step ? "step_" : "layer_") +
                          (int8_for(L.qkv) ? "xq_" : "") + type_suffix[type_slot(L.qkv.type)] +
@@ -345,7 +347,8 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 
 bool llama_forward::int8_for(const device_matrix& w) const {
   return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8);
+                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 ||
+                            w.type == tensor_type::q5_1);
 }
 
 int llama_forward::input_format(const device_matrix& w) {

@@ -283,10 +283,10 @@ class llama_forward {
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
   // Fused layers (engine_options::fuse_layers): whether layer L runs as one
   // launch (a dense layer whose four products share a weight type that
-  // kernels/layer.cl has, or Q8_0 ones with a K-quant down: k_down), and
+  // kernels/layer.cl has, or Q8_0 or Q5_1 ones with a K-quant down: k_down), and
   // that launch.
   bool fused(const device_layer& L) const;
-  // Whether L is Q8_0 with a K-quant down taking Q8_K activations
+  // Whether L is Q8_0 or Q5_1 with a K-quant down taking Q8_K activations
   // (layer.cl's _kd kernels).
   bool k_down(const device_layer& L) const;
   // Whether L is a Gemma 3 layer layer.cl's layer_gemma_* kernels run:
@@ -387,11 +387,13 @@ class llama_forward {
   // Gemma 3's extra operations (null for other models): the embedding
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
-  cl::kernel k_mm_[2][5][6][3];  // [float x, quantized x][family][type][t1, t4, tiled]
-  cl::kernel k_layer_[7][3];     // fused layers: [type, 6: Q8_0 with a K-quant down][tile]
+  static constexpr int k_device_types = 7;     // type_slot in the .cpp
+  cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
+  // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].
+  cl::kernel k_layer_[k_device_types][2][3];
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
   cl::kernel k_layer_gemma_[3];  // fused Gemma 3 layers: [t1, t4, tiled]
-  cl::kernel k_step_[7][3];      // whole steps: [as k_layer_][t1, t4, tiled]
+  cl::kernel k_step_[k_device_types][2][3];  // whole steps: [as k_layer_]
   cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 
   // Mixture of experts (hparams().n_expert > 0): the router's logits, each

@@ -342,24 +342,29 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
       return;
     case tensor_type::q5_1:
       for (int64_t b = 0; b < n / 32; ++b) {
-        block_q5_1 blk;
-        std::memcpy(&blk, bytes + b * sizeof(blk), sizeof(blk));
-        const float d = half_to_float(blk.d), m = half_to_float(blk.m);
-        uint32_t qh;
-        std::memcpy(&qh, blk.qh, 4);
-        float* y = dst + b * 32;
-        for (int j = 0; j < 16; ++j) {
-          const int lo = (blk.qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1u) << 4);
-          const int hi = (blk.qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-          y[j] = static_cast<float>(lo) * d + m;
-          y[j + 16] = static_cast<float>(hi) * d + m;
-        }
+        float d, m;
+        uint8_t u[32];
+        split_q5_1(bytes, b, d, m, u);
+        for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(u[j]) * d + m;
       }
       return;
     case tensor_type::ku8:
       break;  // a device layout, never a file's
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");
+}
+
+void split_q5_1(const void* row, int64_t b, float& d, float& m, uint8_t u[32]) {
+  block_q5_1 blk;
+  std::memcpy(&blk, static_cast<const uint8_t*>(row) + b * sizeof(blk), sizeof(blk));
+  d = half_to_float(blk.d);
+  m = half_to_float(blk.m);
+  uint32_t qh;
+  std::memcpy(&qh, blk.qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    u[j] = static_cast<uint8_t>((blk.qs[j] & 0x0F) | (((qh >> j) & 1u) << 4));
+    u[j + 16] = static_cast<uint8_t>((blk.qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+  }
 }
 
 void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]) {

@@ -69,6 +69,12 @@ void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d,
 // values 0..15, high 16..31).
 void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]);
 
+// Block `b` of a Q5_1 row as its scale d, min m and 32 five-bit quants u
+// (the high bits joined to the nibbles), value j = d * u[j] + m.  The
+// device holds Q5_1 so (a byte per value): llama.cpp's Q5_1 x Q8_1 dot
+// product is Q4_1's with these u.
+void split_q5_1(const void* row, int64_t b, float& d, float& m, uint8_t u[32]);
+
 // Q2_K, Q3_K, Q4_K, Q5_K or Q6_K: 256-value super-blocks, products
 // against Q8_K activations in llama.cpp.
 bool is_k_quant(tensor_type t);

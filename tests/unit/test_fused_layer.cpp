@@ -216,7 +216,8 @@ class FusedLayerTiny : public ::testing::Test {
 // and FFN width are whole blocks (the quantized types' condition).
 TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
   for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                        tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl}) {
+                        tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl,
+                        tensor_type::q5_1}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
     const auto opts = whole_blocks(t, 96);
     // One attention mode here (each KV type is a program build of its
@@ -227,13 +228,13 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
 }
 
 // llama-quantize's K-quant files of a model whose rows are no whole
-// super-blocks (SmolLM2's 576): Q5_0 or Q8_0 everywhere but ffn_down,
-// which is Q6_K (held as KU8) or Q4_K (held as Q4_1), both with Q8_K
-// inputs; layer.cl's _kd kernels quantize h per 256 values in a phase of
-// their own.  Layers of both downs in one model: the whole step reads
-// each layer's format from the arena's table.
+// super-blocks (SmolLM2's 576): Q5_0 or Q8_0 (Q4_K_M, Q6_K) or Q5_1
+// (Q5_K_M) everywhere but ffn_down, which is Q6_K (held as KU8) or Q4_K
+// (held as Q4_1), both with Q8_K inputs; layer.cl's _kd kernels quantize h
+// per 256 values in a phase of their own.  Layers of both downs in one
+// model: the whole step reads each layer's format from the arena's table.
 TEST_F(FusedLayerTiny, KQuantDownBesideQ8_0MatchesSeparateLaunches) {
-  for (tensor_type t : {tensor_type::q8_0, tensor_type::q5_0}) {
+  for (tensor_type t : {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q5_1}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
     auto opts = whole_blocks(t, 512);  // two Q8_K blocks a row of h
     opts.n_layer = 3;

@@ -29,7 +29,8 @@ namespace {
 namespace ref = kernel_ref;
 
 // Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, the other
-// K-quants as KU8, Q5_1 and BF16 as F32 (device_weights): the kernel named by the
+// K-quants as KU8, Q5_1 as its quants a byte each, BF16 as F32
+// (device_weights): the kernel named by the
 // uploaded matrix's type, against their own dequantization.  K-types only
 // where rows are whole super-blocks of 256.
 constexpr tensor_type k_types[] = {

@@ -27,9 +27,11 @@ namespace ref = kernel_ref;
 
 // Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the
 // reference below reads their own blocks, so the widening is checked too.
-// Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it.
-constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1,   tensor_type::q8_0,
-                                         tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q4_k};
+// Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it;
+// Q5_1 as Q4_1 with five-bit quants a byte each.
+constexpr tensor_type k_quant_types[] = {tensor_type::q4_0,   tensor_type::q4_1, tensor_type::q8_0,
+                                         tensor_type::q5_0,   tensor_type::q5_1,
+                                         tensor_type::iq4_nl, tensor_type::q4_k};
 
 using kernel_test::shared_context;
 
@@ -174,6 +176,15 @@ ublock unpack(tensor_type t, const std::vector<uint8_t>& bytes, int K, int r, in
     }
     u.d = d[b % 8];
     u.ms = m[b % 8];
+    return u;
+  }
+  if (t == tensor_type::q5_1) {  // llama.cpp: Q4_1's formula, u up to 31
+    float d, m;
+    uint8_t q[32];
+    split_q5_1(&bytes[row_bytes(t, K) * r], b, d, m, q);
+    for (int i = 0; i < 32; ++i) u.u[i] = q[i];
+    u.d = d;
+    u.ms = m;
     return u;
   }
   u.d = half_at(0);

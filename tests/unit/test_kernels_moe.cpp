@@ -175,11 +175,12 @@ TEST_F(KernelMoe, CombineAddsWeightedExpertOutputsToTheResidual) {
     }
 }
 
-constexpr tensor_type k_types[] = {tensor_type::f32, tensor_type::f16, tensor_type::q4_0,
-                                   tensor_type::q4_1, tensor_type::q8_0};
+constexpr tensor_type k_types[] = {tensor_type::f32,  tensor_type::f16,  tensor_type::q4_0,
+                                   tensor_type::q4_1, tensor_type::q8_0, tensor_type::q5_1};
 
 bool is_quantized(tensor_type t) {
-  return t == tensor_type::q4_0 || t == tensor_type::q4_1 || t == tensor_type::q8_0;
+  return t == tensor_type::q4_0 || t == tensor_type::q4_1 || t == tensor_type::q8_0 ||
+         t == tensor_type::q5_1;
 }
 
 tensor_view rows_of(tensor_type t, int K, const std::vector<uint8_t>& bytes, int first, int n) {
