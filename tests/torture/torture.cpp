@@ -148,6 +148,7 @@ struct tally {
            role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0,
            sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, http_scheduled = 0,
            spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
+           quant_fixture_rounds = 0,
            vision_rounds = 0, images_checked = 0, expert_swaps = 0, overlap_off_rounds = 0,
            batch_order_rounds = 0, static_batch_rounds = 0, unfused_rounds = 0,
            layer_launch_rounds = 0, unpipelined_rounds = 0, pipeline_parallel_rounds = 0,
@@ -200,7 +201,9 @@ struct client_socket {
 
 // A model the rounds serve, with its offline greedy answers to kPrompts.
 struct model_reference {
-  enum class kind { dense, moe, gemma, vision };
+  // quants: a dense random-weight fixture of the weight types no real
+  // model here has (kq-dense2: Q5_1 attention, BF16 embeddings, Q2_K).
+  enum class kind { dense, moe, gemma, vision, quants };
   kind what = kind::dense;
   std::string model;
   std::vector<std::vector<int32_t>> tokens;
@@ -234,9 +237,10 @@ class round_driver {
     // its experts on two sub-devices and the expert controller moving them
     // at a low threshold, so swaps land under the round's load.
     ref_ = &references_[0];
-    std::vector<const model_reference*> moe, gemma, vision;
+    std::vector<const model_reference*> moe, gemma, vision, quants;
     for (const auto& r : references_) {
       if (r.what == model_reference::kind::moe) moe.push_back(&r);
+      if (r.what == model_reference::kind::quants) quants.push_back(&r);
       if (r.what == model_reference::kind::gemma) gemma.push_back(&r);
       if (r.what == model_reference::kind::vision) vision.push_back(&r);
     }
@@ -252,6 +256,10 @@ class round_driver {
       // send images.
       ref_ = vision.front();
       ++t_.vision_rounds;
+    } else if (!quants.empty() && chance(0.15)) {
+      // Issue 33: Q5_1 (integer products, fused layers), BF16, Q2_K.
+      ref_ = quants[pick(quants.size())];
+      ++t_.quant_fixture_rounds;
     }
     const std::string args = pick_server_args();
     std::printf("round %llu: troupe serve -m %s %s\n", static_cast<unsigned long long>(t_.rounds),
@@ -308,7 +316,10 @@ class round_driver {
     // (engine.pipeline_nodes in its [[cluster.node]] table): hidden states
     // and KV parts cross nodes, and that node may be killed.
     std::string pipeline;
-    if (ref_->what != model_reference::kind::moe && chance(0.25)) {
+    // (Not the fixtures: MoE ones run their experts apart, the quants one
+    // has two layers.)
+    if (ref_->what != model_reference::kind::moe && ref_->what != model_reference::kind::quants &&
+        chance(0.25)) {
       stages_ = one_of<int>({2, 3});
       pipeline = " --pipeline-parallel " + std::to_string(stages_);
       ++t_.pipeline_parallel_rounds;
@@ -1465,6 +1476,7 @@ int run(const options& o) {
   if (o.moe)
     for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared", "qwen3moe-4x2", "kq-moe"})
       references.push_back(offline_reference(m, model_reference::kind::moe));
+  if (o.moe) references.push_back(offline_reference("kq-dense2", model_reference::kind::quants));
   if (o.gemma && gemma_fetched())
     references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
   if (o.vision && std::filesystem::exists(vision_fixture()))
@@ -1510,6 +1522,7 @@ int run(const options& o) {
             {"dp_lockstep_rounds", t.dp_lockstep_rounds},
             {"moe_rounds", t.moe_rounds},
             {"gemma_rounds", t.gemma_rounds},
+            {"quant_fixture_rounds", t.quant_fixture_rounds},
             {"vision_rounds", t.vision_rounds},
             {"images_checked", t.images_checked},
             {"expert_swaps", t.expert_swaps},
@@ -1595,9 +1608,9 @@ int main(int argc, char** argv) {
           "usage: troupe_torture [--seed N] [--duration S] [--round S] [--json-out FILE]\n"
           "                      [--no-moe] [--no-gemma] [--no-vision]\n"
           "Drives live troupe serve processes (stories15m, and moe-8x2-skew,\n"
-          "qwen2moe-4x2-shared, qwen3moe-4x2 or kq-moe in some rounds unless --no-moe,\n"
-          "gemma3-270m in some\n"
-          "where it was fetched unless --no-gemma, smollm2-135m-instruct with the\n"
+          "qwen2moe-4x2-shared, qwen3moe-4x2, kq-moe or kq-dense2 in some rounds unless\n"
+          "--no-moe, gemma3-270m in some where it was fetched unless --no-gemma,\n"
+          "smollm2-135m-instruct with the\n"
           "vision fixture and image requests in some unless --no-vision) with a seeded random\n"
           "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
           "when clean.\n");
