@@ -2,6 +2,7 @@
 // Quantized weights live on the device in their file's type or one holding
 // exactly its values (runtime/device/device_weights), split into
 // structure-of-arrays form at upload so blocks load with aligned vector reads:
+//   f32, f16, bf16: the file's values, row after row
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
 //   q8_0: quants char[rows][blocks][32], d float[rows][blocks]
@@ -181,6 +182,14 @@ inline void load_f16(__global const uchar* wq, __global const float* wd, __globa
   *hi = half_bits_to_float16(vload16(1, w));
 }
 
+// A bfloat16 is a float's top half.
+inline void load_bf16(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                      int K, int nb, int r, int b, float16* lo, float16* hi) {
+  __global const ushort* w = (__global const ushort*)wq + (size_t)r * K + b * QK;
+  *lo = as_float16(convert_uint16(vload16(0, w)) << 16);
+  *hi = as_float16(convert_uint16(vload16(1, w)) << 16);
+}
+
 inline void load_q4_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
   size_t blk = (size_t)r * nb + b;
@@ -281,7 +290,8 @@ inline float16 round_to_half16(float16 v) {
 //   block dot = dw * dx * sum(u * q) + mo * (exact ? xsum.y : xsum.x)
 // (xsum.x: the activation block's scaled sum as llama.cpp's q8_1 holds it,
 // rounded to half; xsum.y: the scale times the quants' sum, exact): q4_1
-// (u = the nibbles, mo = its min with xsum.x, as llama.cpp), q4_0 (u = the
+// (u = the nibbles, mo = its min with xsum.x, as llama.cpp; q5_1 the same
+// with its five-bit u), q4_0 (u = the
 // nibbles, mo = -8 dw, with xsum.y: exact, as llama.cpp's integer sums
 // are), ku8 (below); q8_0's u are its signed quants, with no offset term:
 // dw * dx * sum(w * q), llama.cpp's formula.
@@ -303,7 +313,7 @@ inline int8 dpbusd(int8 u, int8 s) {
 // has no vpdpbusd: vpmaddubsw multiplies unsigned by signed bytes and sums
 // pairs into 16 bits, saturating past 32767, and vpmaddwd sums the 16-bit
 // pairs into lanes of four bytes.  Every type's u keeps a pair below the
-// saturation (the 4-bit types' nibbles, ku8's 6 bits, q8_0's magnitudes),
+// saturation (the 4-bit types' nibbles, q5_1's 5 bits, ku8's 6 bits, q8_0's magnitudes),
 // so the two give vpdpbusd's lanes exactly (dot_nibbles, dot_signed
 // below).  The generic code below widens every byte to 32 bits and
 // multiplies there (on a Zen 3 host, SmolLM2 Q4_1 prefill 53 t/s against

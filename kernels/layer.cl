@@ -246,7 +246,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
 // embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
-// 6 q5_1, as the host's type_slot).
+// 6 q5_1, 7 bf16, as the host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
                         __global const float* em, __global const int* tokens,
                         __global const int* drawn, __global float* x, int D) {
@@ -271,6 +271,9 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
       break;
     case 6:
       load_q5_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
+      break;
+    case 7:
+      load_bf16(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     default:
       load_q8_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
@@ -332,6 +335,7 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
 
 TROUPE_LAYER_TILES(f32, F, FFN_SAME, )
 TROUPE_LAYER_TILES(f16, F, FFN_SAME, )
+TROUPE_LAYER_TILES(bf16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_1, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )

@@ -42,8 +42,7 @@ bool quantized(tensor_type t) {
 // a byte per value with a scale and an offset per 16 (12 bits a value,
 // against Q6_K's 6.6 in the file: packed forms are still to come).  Q5_1
 // stays Q5_1, its quants a byte each (10 bits a value against the file's
-// 6).  BF16 fits no block kernel yet, so it is held as F32: its values are
-// exact in float.
+// 6); BF16 stays BF16, its float products reading each value's float.
 tensor_type on_device(tensor_type t) {
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
   switch (t) {
@@ -54,8 +53,6 @@ tensor_type on_device(tensor_type t) {
     case tensor_type::q5_k:
     case tensor_type::q6_k:
       return tensor_type::ku8;
-    case tensor_type::bf16:
-      return tensor_type::f32;
     default:
       return t;
   }

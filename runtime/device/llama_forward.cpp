@@ -29,6 +29,8 @@ int type_slot(tensor_type t) {
       return 5;
     case tensor_type::q5_1:
       return 6;
+    case tensor_type::bf16:
+      return 7;
     case tensor_type::q5_0:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
     case tensor_type::iq4_nl:
     case tensor_type::q4_k:
@@ -36,13 +38,12 @@ int type_slot(tensor_type t) {
     case tensor_type::q2_k:
     case tensor_type::q3_k:
     case tensor_type::q5_k:
-    case tensor_type::bf16:
       break;
   }
   throw std::logic_error("unsupported tensor type");
 }
 
-const char* type_suffix[] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8", "q5_1"};
+const char* type_suffix[] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8", "q5_1", "bf16"};
 const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
@@ -218,8 +219,8 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
 
 bool llama_forward::k_down(const device_layer& L) const {
   const auto& hp = hparams();
-  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1) &&
-         L.down.q8_k_acts && int8_for(L.down) &&
+  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1) && L.down.q8_k_acts &&
+         int8_for(L.down) &&
          (L.down.type == tensor_type::ku8 || L.down.type == tensor_type::q4_1) &&
          hp.n_ff % 256 == 0;
 }
@@ -246,7 +247,7 @@ bool llama_forward::fused(const device_layer& L) const {
   if (h.qk_norm || h.sandwich_norms || h.gelu_ffn) return gemma_fused(L);
   if (h.sliding_window > 0) return false;
   // Nor Q8_K activations (K-quant weights), but for a K-quant down beside
-  // Q8_0 products.
+  // Q8_0 or Q5_1 products.
   const bool kd = k_down(L);
   for (const device_matrix* m : {&L.qkv, &L.wo, &L.gate_up, &L.down})
     if (m->q8_k_acts && !(kd && m == &L.down)) return false;
@@ -256,7 +257,7 @@ bool llama_forward::fused(const device_layer& L) const {
   // layer.cl has float activations for float weights, quantized ones
   // (with attention and the FFN writing theirs quantized: whole blocks)
   // for quantized weights.
-  if (t == tensor_type::f32 || t == tensor_type::f16) return true;
+  if (t == tensor_type::f32 || t == tensor_type::f16 || t == tensor_type::bf16) return true;
   const auto& hp = hparams();
   return int8_for(L.qkv) && hp.head_dim % 32 == 0 && hp.n_ff % 32 == 0;
 }
@@ -346,9 +347,9 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 }
 
 bool llama_forward::int8_for(const device_matrix& w) const {
-  return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 ||
-                            w.type == tensor_type::q5_1);
+  return opts_.int8_dot &&
+         (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
+          w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 || w.type == tensor_type::q5_1);
 }
 
 int llama_forward::input_format(const device_matrix& w) {

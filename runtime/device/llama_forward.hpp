@@ -387,7 +387,7 @@ class llama_forward {
   // Gemma 3's extra operations (null for other models): the embedding
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
-  static constexpr int k_device_types = 7;     // type_slot in the .cpp
+  static constexpr int k_device_types = 8;    // type_slot in the .cpp
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].
   cl::kernel k_layer_[k_device_types][2][3];

@@ -215,9 +215,9 @@ class FusedLayerTiny : public ::testing::Test {
 // Every weight type layer.cl has, on a tiny random model whose head size
 // and FFN width are whole blocks (the quantized types' condition).
 TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
-  for (tensor_type t : {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1,
-                        tensor_type::q8_0, tensor_type::q5_0, tensor_type::iq4_nl,
-                        tensor_type::q5_1}) {
+  for (tensor_type t :
+       {tensor_type::f32, tensor_type::f16, tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
+        tensor_type::q5_0, tensor_type::iq4_nl, tensor_type::q5_1, tensor_type::bf16}) {
     SCOPED_TRACE(std::string(traits_of(t).name));
     const auto opts = whole_blocks(t, 96);
     // One attention mode here (each KV type is a program build of its

@@ -29,7 +29,7 @@ namespace {
 namespace ref = kernel_ref;
 
 // Q5_0 and IQ4_NL run as Q8_0 on the device, Q4_K as Q4_1, the other
-// K-quants as KU8, Q5_1 as its quants a byte each, BF16 as F32
+// K-quants as KU8, Q5_1 as its quants a byte each, BF16 as itself
 // (device_weights): the kernel named by the
 // uploaded matrix's type, against their own dequantization.  K-types only
 // where rows are whole super-blocks of 256.
@@ -412,6 +412,29 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   const auto f = upload_matrix(c, {&va, &vq});  // a K-quant beside Q8_0: float inputs
   EXPECT_EQ(f.type, tensor_type::f32);
   EXPECT_FALSE(f.q8_k_acts);
+}
+
+// Q5_1 and BF16 are held as themselves; Q5_1 beside Q8_0 (a Q5_K_M
+// file's QKV where its attn_v falls back to Q8_0) as F32, exact values.
+TEST_F(KernelMatmul, Q5_1AndBf16AreHeldAsThemselvesButBesideOtherTypes) {
+  auto& c = ctx();
+  std::mt19937 rng(97);
+  const int K = 64;
+  const auto a = ref::random_matrix(tensor_type::q5_1, K, 3, rng);
+  const auto b = ref::random_matrix(tensor_type::q8_0, K, 2, rng);
+  const auto h = ref::random_matrix(tensor_type::bf16, K, 2, rng);
+  const tensor_view va = view_of(tensor_type::q5_1, K, 3, a.data());
+  const tensor_view vb = view_of(tensor_type::q8_0, K, 2, b.data());
+  const tensor_view vh = view_of(tensor_type::bf16, K, 2, h.data());
+  EXPECT_EQ(upload_matrix(c, {&va}).type, tensor_type::q5_1);
+  EXPECT_EQ(upload_matrix(c, {&vh}).type, tensor_type::bf16);
+  const auto f = upload_matrix(c, {&va, &vb});
+  EXPECT_EQ(f.type, tensor_type::f32);
+  EXPECT_FALSE(f.q8_k_acts);
+  auto want = ref::dequantize(tensor_type::q5_1, a, K, 3);
+  const auto wb = ref::dequantize(tensor_type::q8_0, b, K, 2);
+  want.insert(want.end(), wb.begin(), wb.end());
+  EXPECT_EQ(download<float>(c, f.q, want.size()), want);
 }
 
 TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {

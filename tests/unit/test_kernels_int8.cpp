@@ -29,9 +29,9 @@ namespace ref = kernel_ref;
 // reference below reads their own blocks, so the widening is checked too.
 // Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it;
 // Q5_1 as Q4_1 with five-bit quants a byte each.
-constexpr tensor_type k_quant_types[] = {tensor_type::q4_0,   tensor_type::q4_1, tensor_type::q8_0,
-                                         tensor_type::q5_0,   tensor_type::q5_1,
-                                         tensor_type::iq4_nl, tensor_type::q4_k};
+constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
+                                         tensor_type::q5_0, tensor_type::q5_1, tensor_type::iq4_nl,
+                                         tensor_type::q4_k};
 
 using kernel_test::shared_context;
 
