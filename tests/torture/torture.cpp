@@ -1473,10 +1473,11 @@ int run(const options& o) {
   std::mt19937_64 rng(o.seed);
   tally t;
   std::vector<model_reference> references = {offline_reference("stories15m")};
-  if (o.moe)
+  if (o.moe) {  // the fixtures `setup.sh fixtures` writes
     for (const char* m : {"moe-8x2-skew", "qwen2moe-4x2-shared", "qwen3moe-4x2", "kq-moe"})
       references.push_back(offline_reference(m, model_reference::kind::moe));
-  if (o.moe) references.push_back(offline_reference("kq-dense2", model_reference::kind::quants));
+    references.push_back(offline_reference("kq-dense2", model_reference::kind::quants));
+  }
   if (o.gemma && gemma_fetched())
     references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
   if (o.vision && std::filesystem::exists(vision_fixture()))
