@@ -6,8 +6,12 @@
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
 //   q8_0: quants char[rows][blocks][32], d float[rows][blocks]
-//   q5_1: quants uchar[rows][blocks][32] (the five bits of each value, one
-//     a byte: a block's high bits unpacked at upload), d and m as q4_1
+//   q5_1: quants char[rows][blocks][32] (the five bits of each value, one
+//     a byte: a block's high bits unpacked at upload), d and m as q4_1; a
+//     matrix's Q8_0 rows beside Q5_1 ones (a Q5_K_M file's attn_v beside
+//     its attn_q and attn_k) are held in it too, their signed quants with
+//     m = 0: value d q + 0, and d dx sum(q qx) + 0 s in the Q products,
+//     Q8_0's own values and sums
 //   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
 //     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
 //     16-31), m float2[rows][blocks] (their offsets m)
@@ -210,12 +214,15 @@ inline void load_q4_1(__global const uchar* wq, __global const float* wd, __glob
 }
 
 // Q5_1 is Q4_1 with a fifth bit: value = d u + m, one rounding (fma).
+// The bytes are read signed: five-bit u are the same, and Q8_0 rows held
+// in a Q5_1 matrix (m = 0) give d q exactly.
 inline void load_q5_1(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
   const size_t blk = (size_t)r * nb + b;
   const float d = wd[blk], m = wm[blk];
-  *lo = fma(convert_float16(vload16(2 * blk, wq)), (float16)d, (float16)m);
-  *hi = fma(convert_float16(vload16(2 * blk + 1, wq)), (float16)d, (float16)m);
+  __global const char* q = (__global const char*)wq;
+  *lo = fma(convert_float16(vload16(2 * blk, q)), (float16)d, (float16)m);
+  *hi = fma(convert_float16(vload16(2 * blk + 1, q)), (float16)d, (float16)m);
 }
 
 inline void load_q8_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
@@ -595,6 +602,33 @@ inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,
   *mo = vload4(0, wm + 2 * blk);
   *exact = 1;
 }
+
+// A Q5_1 QKV's V rows (matmul.cl's QKV kernels): the bytes signed
+// (dot_signed), so that Q8_0 V rows held in a Q5_1 QKV (m = 0; a Q5_K_M
+// file's attn_v beside Q5_1 attn_q and attn_k) give Q8_0's sums, and Q5_1
+// ones theirs.  Only there: two vpdpbusd a block against one (measured on
+// SmolLM2 Q5_1 with every Q5_1 product signed: pp512 0.88x, tg128 0.92x).
+// (Functions, not macros naming loadu_q5_1: a macro argument is expanded
+// before it is substituted, so matmul.cl would be handed loadu_q5_1.)
+inline void loadu_q5_1_v(__global const uchar* wq, __global const float* wd,
+                         __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                         float* mo, int* exact) {
+  loadu_q5_1(wq, wd, wm, nb, r, b, u, dw, mo, exact);
+}
+inline void loadu_q5_1_v_pair(__global const uchar* wq, __global const float* wd,
+                              __global const float* wm, int nb, int r, int b, int16* u,
+                              float2* dw, float2* mo, int* exact) {
+  loadu_q5_1_pair(wq, wd, wm, nb, r, b, u, dw, mo, exact);
+}
+#define loadu_q5_1_v_dot dot_signed
+#define loadu_q5_1_v_dot2 dot_signed2
+#define loadu_q5_1_v_t1 float
+#define loadu_q5_1_v_t2 float2
+#define loadu_q5_1_v_lanes BLOCK_LANES
+#define loadu_q5_1_v_lanes2 BLOCK_LANES2
+#define loadu_q5_1_v_offset2 BLOCK_OFFSET2
+#define loadu_q5_1_v_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q5_1_v_has_offset 1
 
 // One block of 32 values: scale amax / 127, quants rounded to nearest.
 inline void quantize_block(float16 lo, float16 hi, __global char* q, __global float* d,

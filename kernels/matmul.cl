@@ -369,7 +369,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   wq, wd, wm, X##_XNAMES, qkv, K, T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, \
       rope_dims, rope, neox, page_size, layer, n_pages, rows_per_item, bias, has_bias
 
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X)                                                       \
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X, VLOAD, VSPLIT)                                        \
   INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                             \
     const int t0 = gy * TT;                                                                        \
     if (t0 >= T) return;                                                                           \
@@ -407,7 +407,12 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
         d1 = d0 + 1;                                                                               \
       }                                                                                            \
       const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);          \
-      X##_ZERO(TT, a0) X##_ZERO(TT, a1) X##_DOT2(LOAD, TT, head* hd + d0, a0, head * hd + d1, a1); \
+      X##_ZERO(TT, a0) X##_ZERO(TT, a1);                                                           \
+      if (VSPLIT && head >= n_head + n_kv) {                                                       \
+        X##_DOT2(VLOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                                 \
+      } else {                                                                                     \
+        X##_DOT2(LOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                                  \
+      }                                                                                            \
       float s0[TT], s1[TT];                                                                        \
       hsum16_tile(a0, s0, TT);                                                                     \
       hsum16_tile(a1, s1, TT);                                                                     \
@@ -498,22 +503,25 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   }
 
 // Three token tiles per family: 1 (one decode row), 4 (small decode
-// batches) and TROUPE_TILE (prefill chunks and large batches).
-#define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN)                          \
-  TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                      \
-  TROUPE_MATMUL(matmul_##XN##T##_t4, LOAD, 4, X)                      \
-  TROUPE_MATMUL(matmul_##XN##T##_tiled, LOAD, TROUPE_TILE, X)         \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t1, LOAD, 1, X)              \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t4, LOAD, 4, X)              \
-  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X) \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X)              \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X)              \
-  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X) \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t1, LOAD, 1, X)                \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t4, LOAD, 4, X)                \
-  TROUPE_MATMUL_ID(matmul_id_##XN##T##_tiled, LOAD, TROUPE_TILE, X)   \
-  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t1, LOAD, 1, X)        \
-  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t4, LOAD, 4, X)        \
+// batches) and TROUPE_TILE (prefill chunks and large batches).  The QKV
+// kernels read V rows with VLOAD where VSPLIT (a Q5_1 QKV's, common.cl's
+// loadu_q5_1_v), with LOAD elsewhere.
+#define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN) TROUPE_MATMUL_FAMILY_SPLIT(T, LOAD, X, XN, LOAD, 0)
+#define TROUPE_MATMUL_FAMILY_SPLIT(T, LOAD, X, XN, VLOAD, VSPLIT)                    \
+  TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                                     \
+  TROUPE_MATMUL(matmul_##XN##T##_t4, LOAD, 4, X)                                     \
+  TROUPE_MATMUL(matmul_##XN##T##_tiled, LOAD, TROUPE_TILE, X)                        \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t1, LOAD, 1, X)                             \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_t4, LOAD, 4, X)                             \
+  TROUPE_MATMUL_GLU(matmul_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)                \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t1, LOAD, 1, X, VLOAD, VSPLIT)              \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_t4, LOAD, 4, X, VLOAD, VSPLIT)              \
+  TROUPE_MATMUL_QKV(matmul_qkv_##XN##T##_tiled, LOAD, TROUPE_TILE, X, VLOAD, VSPLIT) \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t1, LOAD, 1, X)                               \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_t4, LOAD, 4, X)                               \
+  TROUPE_MATMUL_ID(matmul_id_##XN##T##_tiled, LOAD, TROUPE_TILE, X)                  \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t1, LOAD, 1, X)                       \
+  TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_t4, LOAD, 4, X)                       \
   TROUPE_MATMUL_ID_GLU(matmul_id_glu_##XN##T##_tiled, LOAD, TROUPE_TILE, X)
 
 #ifndef TROUPE_TILE
@@ -532,4 +540,4 @@ TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(ku8, loadu_ku8, Q, xq_)
-TROUPE_MATMUL_FAMILY(q5_1, loadu_q5_1, Q, xq_)
+TROUPE_MATMUL_FAMILY_SPLIT(q5_1, loadu_q5_1, Q, xq_, loadu_q5_1_v, 1)

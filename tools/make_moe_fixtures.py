@@ -103,10 +103,14 @@ FIXTURES = {
         n_embd=256, n_ff=512, n_layer=2, n_head=4, n_head_kv=2, n_expert=0, n_used=0,
         n_vocab=2048, seed=41, skew=0.0,
         types=dict(embd=Q.Q2_K, attn=Q.Q3_K, gate_up=Q.Q5_K, down=Q.Q6_K, output=Q.Q4_K)),
+    # Layer 0's attn_v is Q8_0 beside Q5_1 attn_q and attn_k, as
+    # llama-quantize's Q5_K_M gives a model whose rows are no whole
+    # super-blocks (attn_v per layer: types["attn_v"][l]).
     "kq-dense2": dict(
         n_embd=256, n_ff=512, n_layer=2, n_head=4, n_head_kv=2, n_expert=0, n_used=0,
         n_vocab=2048, seed=42, skew=0.0,
-        types=dict(embd=Q.BF16, attn=Q.Q5_1, gate_up=Q.Q2_K, down=Q.Q8_0, output=Q.Q8_0)),
+        types=dict(embd=Q.BF16, attn=Q.Q5_1, attn_v=[Q.Q8_0, Q.Q5_1], gate_up=Q.Q2_K,
+                   down=Q.Q8_0, output=Q.Q8_0)),
     "kq-moe": dict(
         n_embd=256, n_ff=256, n_layer=2, n_head=4, n_head_kv=2, n_expert=4, n_used=2,
         n_vocab=2048, seed=43, skew=0.0,
@@ -348,7 +352,8 @@ def build(name, spec, tokenizer, bpe_vocab, out_dir):
         tensor(b + "attn_norm.weight", (D,), 0.1, Q.F32, offset=1.0)
         tensor(b + "attn_q.weight", (H * hd, D), s_d, types["attn"])
         tensor(b + "attn_k.weight", (HKV * hd, D), s_d, types["attn"])
-        tensor(b + "attn_v.weight", (HKV * hd, D), s_d, types["attn"])
+        tensor(b + "attn_v.weight", (HKV * hd, D), s_d,
+               types.get("attn_v", [types["attn"]])[l % len(types.get("attn_v", [0]))])
         tensor(b + "attn_output.weight", (D, H * hd), s_q, types["attn"])
         if arch in ("qwen3", "qwen3moe"):
             tensor(b + "attn_q_norm.weight", (hd,), 0.1, Q.F32, offset=1.0)

@@ -98,9 +98,10 @@ device_matrix upload_ku8(cl::context& ctx, const std::vector<const tensor_view*>
   return out;
 }
 
-}  // namespace
-
-device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
+// upload_matrix, where q5_1_v: Q5_1 parts followed by Q8_0 ones (upload_qkv
+// says when) as Q5_1.
+device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+                             bool q5_1_v) {
   device_matrix out;
   const tensor_view& first = *parts.front();
   out.type = on_device(first.type);
@@ -116,11 +117,12 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
   }
   // Parts of different types (llama.cpp's Q4_K_M gives some layers a Q6_K
   // attn_v beside Q4_K attn_q and attn_k): K-quants together as KU8, which
-  // holds any of them; otherwise F32, exact values, with Q8_K inputs where
-  // every part is a K-quant, float ones otherwise.
+  // holds any of them; Q5_1 then Q8_0 where q5_1_v (upload_qkv) as Q5_1;
+  // otherwise F32, exact values, with Q8_K inputs where every part is a
+  // K-quant, float ones otherwise.
   if (mixed) {
     out.q8_k_acts = std::all_of(parts.begin(), parts.end(), k_quant);
-    out.type = out.q8_k_acts ? tensor_type::ku8 : tensor_type::f32;
+    out.type = out.q8_k_acts ? tensor_type::ku8 : q5_1_v ? tensor_type::q5_1 : tensor_type::f32;
   }
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
@@ -142,7 +144,6 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
     return out;
   }
   const auto lay = layout_of(out.type);
-  const size_t block_bytes = lay.header + lay.quants;
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
   std::vector<uint8_t> q(n_blocks * lay.quants);
   std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
@@ -173,20 +174,39 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
         split_q5_1(p->data, static_cast<int64_t>(i), d[blk], m[blk], &q[blk * lay.quants]);
       continue;
     }
-    const size_t nb = p->bytes / block_bytes;
+    // The part's own layout: a Q8_0 part of a Q5_1 matrix keeps m = 0.
+    const auto own = layout_of(p->type);
+    const size_t own_bytes = own.header + own.quants;
+    const size_t nb = p->bytes / own_bytes;
     for (size_t i = 0; i < nb; ++i, ++blk) {
-      const uint8_t* src = p->data + i * block_bytes;
+      const uint8_t* src = p->data + i * own_bytes;
       uint16_t h[2];
-      std::memcpy(h, src, lay.header);
+      std::memcpy(h, src, own.header);
       d[blk] = half_to_float(h[0]);
-      if (lay.has_min) m[blk] = half_to_float(h[1]);
-      std::memcpy(&q[blk * lay.quants], src + lay.header, lay.quants);
+      if (own.has_min) m[blk] = half_to_float(h[1]);
+      std::memcpy(&q[blk * lay.quants], src + own.header, own.quants);
     }
   }
   out.q = ctx.alloc(q.size(), q.data());
   out.d = ctx.alloc(d.size() * sizeof(float), d.data());
   out.m = ctx.alloc(m.size() * sizeof(float), m.data());
   return out;
+}
+
+}  // namespace
+
+device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
+  return upload_stacked(ctx, parts, false);
+}
+
+device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
+                         const tensor_view& v, bool qkv_kernels) {
+  auto is = [](const tensor_view& t, tensor_type want) {
+    return on_device(t.type) == want && !k_quant(&t);
+  };
+  const bool q5_1_v = qkv_kernels && is(q, tensor_type::q5_1) && is(k, tensor_type::q5_1) &&
+                      is(v, tensor_type::q8_0);
+  return upload_stacked(ctx, {&q, &k, &v}, q5_1_v);
 }
 
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
@@ -287,7 +307,9 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
       layer.post_attn_norm = upload_vector(ctx, *t("post_attention_norm.weight"));
       layer.post_ffn_norm = upload_vector(ctx, *t("post_ffw_norm.weight"));
     }
-    layer.qkv = upload_matrix(ctx, {t("attn_q.weight"), t("attn_k.weight"), t("attn_v.weight")});
+    // QK-norm models project QKV as a plain matmul (llama_forward).
+    layer.qkv =
+        upload_qkv(ctx, *t("attn_q.weight"), *t("attn_k.weight"), *t("attn_v.weight"), !hp.qk_norm);
     if (model.find_tensor(p + "attn_q.bias")) {
       const auto b = floats_of({t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")});
       layer.qkv_bias = ctx.alloc(b.size() * sizeof(float), b.data());

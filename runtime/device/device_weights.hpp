@@ -28,8 +28,21 @@ struct device_matrix {
 };
 
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
-// All parts must share type and row length; throws model_error otherwise.
+// All parts must share row length (throws model_error otherwise).  Parts of
+// different types: K-quants together as KU8 (any of them exactly), others
+// as F32 (exact values).
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts);
+
+// A layer's [q; k; v], as upload_matrix stacks them, with one more mix held
+// in a quantized type: Q5_1 q and k beside a Q8_0 v (also Q5_0 or IQ4_NL,
+// held as Q8_0; a Q5_K_M file's layers whose attn_v fell back from Q6_K to
+// Q8_0 where its rows are no whole super-blocks) as Q5_1, the v rows Q8_0's
+// signed quants with no offset, which the QKV kernels read with signed
+// products (kernels/common.cl, loadu_q5_1_v): each part's own sums.  Only
+// where qkv_kernels (the projection runs in matmul_qkv_*, not as a plain
+// matmul: llama_forward's QK-norm path); otherwise as upload_matrix.
+device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
+                         const tensor_view& v, bool qkv_kernels);
 
 // Uploads a 1-D tensor (norm weights) as F32.
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t);

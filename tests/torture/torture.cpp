@@ -201,7 +201,8 @@ struct client_socket {
 // A model the rounds serve, with its offline greedy answers to kPrompts.
 struct model_reference {
   // quants: a dense random-weight fixture of the weight types no real
-  // model here has (kq-dense2: Q5_1 attention, BF16 embeddings, Q2_K).
+  // model here has (kq-dense2: Q5_1 attention with a Q8_0 attn_v in
+  // layer 0, BF16 embeddings, Q2_K).
   enum class kind { dense, moe, gemma, vision, quants };
   kind what = kind::dense;
   std::string model;

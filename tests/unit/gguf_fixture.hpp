@@ -253,6 +253,9 @@ struct tiny_llama_options {
   // ffn_down's type in layer l: down_types[l % size] (empty: matrix_type),
   // as llama-quantize's K-quant files give ffn_down alone a K-quant.
   std::vector<tensor_type> down_types;
+  // attn_v's type in layer l, likewise (llama-quantize's Q5_K_M of such a
+  // model gives some layers a Q8_0 attn_v beside Q5_1 attn_q and attn_k).
+  std::vector<tensor_type> v_types;
   tensor_type embd_type = tensor_type::q8_0;  // token_embd (and output)
   bool tied = true;
   bool qkv_bias = false;  // attn_{q,k,v}.bias as Qwen2 has them
@@ -305,7 +308,8 @@ inline gguf_writer make_tiny_llama(const tiny_llama_options& o = {}) {
     add(b + "attn_norm.weight", tensor_type::f32, {o.n_embd});
     add(b + "attn_q.weight", o.matrix_type, {o.n_embd, q_dim});
     add(b + "attn_k.weight", o.matrix_type, {o.n_embd, kv_dim});
-    add(b + "attn_v.weight", o.matrix_type, {o.n_embd, kv_dim});
+    add(b + "attn_v.weight", o.v_types.empty() ? o.matrix_type : o.v_types[l % o.v_types.size()],
+        {o.n_embd, kv_dim});
     if (o.qkv_bias) {
       add(b + "attn_q.bias", tensor_type::f32, {q_dim});
       add(b + "attn_k.bias", tensor_type::f32, {kv_dim});

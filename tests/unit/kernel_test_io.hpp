@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "runtime/device/cl_runtime.hpp"
+#include "runtime/model/model_file.hpp"
 #include "runtime/model/tensor_type.hpp"
 
 namespace troupe::kernel_test {
@@ -68,6 +69,11 @@ inline std::string suffix(tensor_type t) {
   std::string s(traits_of(t).name);
   for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
+}
+
+// An N-row matrix of K-value rows of type t in the file's bytes `data`.
+inline tensor_view view_of(tensor_type t, int K, int N, const uint8_t* data) {
+  return tensor_view{"w", t, {K, N}, data, row_bytes(t, K) * static_cast<size_t>(N)};
 }
 
 }  // namespace troupe::kernel_test

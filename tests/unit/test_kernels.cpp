@@ -77,10 +77,7 @@ using kernel_test::download;
 using kernel_test::random_floats;
 using kernel_test::suffix;
 using kernel_test::upload;
-
-tensor_view view_of(tensor_type t, int K, int N, const uint8_t* data) {
-  return tensor_view{"w", t, {K, N}, data, row_bytes(t, K) * static_cast<size_t>(N)};
-}
+using kernel_test::view_of;
 
 // Launch shapes of the matmul kernels: tokens per work-item (the _t1, _t4
 // and _tiled kernels, the last built here with TROUPE_TILE 4) and output
@@ -414,8 +411,9 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   EXPECT_FALSE(f.q8_k_acts);
 }
 
-// Q5_1 and BF16 are held as themselves; Q5_1 beside Q8_0 (a Q5_K_M
-// file's QKV where its attn_v falls back to Q8_0) as F32, exact values.
+// Q5_1 and BF16 are held as themselves; a QKV of Q5_1 q and k beside a
+// Q8_0 v (a Q5_K_M file's where its attn_v falls back to Q8_0) as Q5_1, its
+// v rows Q8_0's signed quants with no offset: exact values.
 TEST_F(KernelMatmul, Q5_1AndBf16AreHeldAsThemselvesButBesideOtherTypes) {
   auto& c = ctx();
   std::mt19937 rng(97);
@@ -428,13 +426,26 @@ TEST_F(KernelMatmul, Q5_1AndBf16AreHeldAsThemselvesButBesideOtherTypes) {
   const tensor_view vh = view_of(tensor_type::bf16, K, 2, h.data());
   EXPECT_EQ(upload_matrix(c, {&va}).type, tensor_type::q5_1);
   EXPECT_EQ(upload_matrix(c, {&vh}).type, tensor_type::bf16);
-  const auto f = upload_matrix(c, {&va, &vb});
-  EXPECT_EQ(f.type, tensor_type::f32);
+  const tensor_view vk = view_of(tensor_type::q5_1, K, 3, a.data());
+  const auto f = upload_qkv(c, va, vk, vb, true);
+  EXPECT_EQ(f.type, tensor_type::q5_1);
   EXPECT_FALSE(f.q8_k_acts);
-  auto want = ref::dequantize(tensor_type::q5_1, a, K, 3);
+  const auto wa = ref::dequantize(tensor_type::q5_1, a, K, 3);
+  auto want = wa;
+  want.insert(want.end(), wa.begin(), wa.end());  // q and k: the same rows
   const auto wb = ref::dequantize(tensor_type::q8_0, b, K, 2);
   want.insert(want.end(), wb.begin(), wb.end());
-  EXPECT_EQ(download<float>(c, f.q, want.size()), want);
+  const auto q = download<int8_t>(c, f.q, want.size());
+  const auto d = download<float>(c, f.d, want.size() / 32);
+  const auto m = download<float>(c, f.m, want.size() / 32);
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    bad += std::fma(d[i / 32], static_cast<float>(q[i]), m[i / 32]) != want[i];
+  EXPECT_EQ(bad, 0) << "of " << want.size() << " values";
+  // Elsewhere (a plain matmul's matrix, a QK-norm model's QKV) as F32.
+  EXPECT_EQ(upload_matrix(c, {&va, &vb}).type, tensor_type::f32);
+  EXPECT_EQ(upload_qkv(c, va, vk, vb, false).type, tensor_type::f32);
+  EXPECT_EQ(upload_qkv(c, va, vb, vb, true).type, tensor_type::f32);  // a Q8_0 k
 }
 
 TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
