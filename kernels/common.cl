@@ -116,10 +116,6 @@ TROUPE_EXP_POLY(float, int)
 TROUPE_EXP_POLY(float4, int4)
 TROUPE_EXP_POLY(float8, int8)
 
-inline float silu(float x) {
-  return silu_float(x);
-}
-
 // g[j] = silu(g[j]) * u[j] for a tile's TT sums, eight or four at a time
 // in vectors: one vector exp instead of TT scalar ones, which were a
 // quarter of the gated FFN's time in a 32-row decode step (SmolLM2, whose

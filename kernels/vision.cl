@@ -49,7 +49,7 @@ __kernel void vis_activate(__global float* x, __global const ushort* tab, int ki
     x[i] = v / (1.0f + exp(-1.702f * v));
 #endif
   } else {
-    x[i] = silu(v);
+    x[i] = silu_float(v);
   }
 }
 

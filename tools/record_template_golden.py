@@ -38,6 +38,7 @@ TEMPLATES = [
     "google-gemma-2-2b-it",
     "moonshotai-Kimi-K2",
     "CohereForAI-c4ai-command-r-plus-tool_use",
+    "tencent-Hy3",  # str.format
 ]
 
 CONVERSATIONS = [

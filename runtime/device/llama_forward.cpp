@@ -13,6 +13,8 @@ namespace troupe {
 
 namespace {
 
+// A weight type's slot in llama_forward's kernel caches and its
+// k_type_suffix (and the embedding's et in kernels/layer.cl).
 int type_slot(tensor_type t) {
   switch (t) {
     case tensor_type::f32:
@@ -43,7 +45,6 @@ int type_slot(tensor_type t) {
   throw std::logic_error("unsupported tensor type");
 }
 
-const char* type_suffix[] = {"f32", "f16", "q4_0", "q4_1", "q8_0", "ku8", "q5_1", "bf16"};
 const char* slot_suffix[3] = {"_t1", "_t4", "_tiled"};
 
 }  // namespace
@@ -145,7 +146,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   v_cache_ = ctx_.alloc(cache_bytes);
 
   k_embed_ =
-      ctx_.make_kernel(std::string("embed_") + type_suffix[type_slot(weights_.embedding.type)]);
+      ctx_.make_kernel(std::string("embed_") + k_type_suffix[type_slot(weights_.embedding.type)]);
   k_rmsnorm_ = ctx_.make_kernel("rmsnorm");
   k_rmsnorm_q8_ = ctx_.make_kernel("rmsnorm_q8");
   k_quant_ = ctx_.make_kernel("quantize_q8");
@@ -213,7 +214,7 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
   auto& k = k_mm_[xq ? 1 : 0][static_cast<int>(f)][type_slot(t)][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(family_prefix[static_cast<int>(f)]) + (xq ? "xq_" : "") +
-                         type_suffix[type_slot(t)] + slot_suffix[slot]);
+                         k_type_suffix[type_slot(t)] + slot_suffix[slot]);
   return k;
 }
 
@@ -278,7 +279,7 @@ cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, 
   auto& k = (whole_step ? k_step_ : k_layer_)[type_slot(L.qkv.type)][kd ? 1 : 0][slot];
   if (!k.get())
     k = ctx_.make_kernel(std::string(whole_step ? "step_" : "layer_") +
-                         (int8_for(L.qkv) ? "xq_" : "") + type_suffix[type_slot(L.qkv.type)] +
+                         (int8_for(L.qkv) ? "xq_" : "") + k_type_suffix[type_slot(L.qkv.type)] +
                          (kd ? "_kd" : "") + slot_suffix[slot]);
   return k;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -387,7 +388,11 @@ class llama_forward {
   // Gemma 3's extra operations (null for other models): the embedding
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
-  static constexpr int k_device_types = 8;    // type_slot in the .cpp
+  // The device's weight types, as the kernels name them, in the .cpp's
+  // type_slot order; the kernel caches below have a slot for each.
+  static constexpr const char* k_type_suffix[] = {"f32",  "f16", "q4_0", "q4_1",
+                                                  "q8_0", "ku8", "q5_1", "bf16"};
+  static constexpr int k_device_types = static_cast<int>(std::size(k_type_suffix));
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].
   cl::kernel k_layer_[k_device_types][2][3];

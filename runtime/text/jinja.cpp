@@ -262,6 +262,17 @@ class expr_parser {
   expr_parser(const std::string& s, int line) : toks_(tokenize(s, line)), line_(line) {}
 
   eptr parse() { return ternary(); }
+  // A filter block's filters ({% filter f(args) | g %}) over `base`.
+  eptr filter_chain(eptr base) {
+    do {
+      auto e = make(expr::e_filter);
+      e->name = take_name();
+      e->kids = {base};
+      if (accept_op("(")) args(*e);
+      base = e;
+    } while (accept_op("|"));
+    return base;
+  }
   bool done() const { return toks_[pos_].kind == token::t_end; }
   const token& peek(size_t ahead = 0) const {
     return toks_[std::min(pos_ + ahead, toks_.size() - 1)];
@@ -541,6 +552,10 @@ class expr_parser {
   int depth_ = 0;
 };
 
+// The variable a filter block's body text is bound to for its filters: a
+// name no template can write (a blank in it).
+constexpr const char* k_filter_body = "filter body";
+
 }  // namespace
 
 // ------------------------------------------------------------ statements
@@ -554,6 +569,7 @@ struct node {
     n_for,
     n_set,
     n_set_block,
+    n_filter_block,
     n_macro,
     n_break,
     n_continue
@@ -708,6 +724,17 @@ class stmt_parser {
       }
       p.expect_end();
       n->body = block({"endmacro"}, hit);
+      return n;
+    }
+    if (kw == "filter") {  // {% filter f %}...{% endfilter %}: f of the body's text
+      auto body = std::make_shared<expr>();
+      body->kind = expr::e_name;
+      body->line = line;
+      body->name = k_filter_body;
+      n->kind = node::n_filter_block;
+      n->e = p.filter_chain(body);
+      p.expect_end();
+      n->body = block({"endfilter"}, hit);
       return n;
     }
     if (kw == "generation") {  // Hugging Face's assistant-mask marker
@@ -926,6 +953,14 @@ class renderer {
         std::string captured;
         run(*n.body, captured);
         assign(n, captured);
+        return;
+      }
+      case node::n_filter_block: {
+        std::string captured;
+        run(*n.body, captured);
+        const scope sc(*this);
+        scopes_.back()[k_filter_body] = captured;
+        out += to_text(eval(*n.e));
         return;
       }
       case node::n_macro:
@@ -1309,6 +1344,54 @@ class renderer {
     return out;
   }
 
+  // Python's str.format with plain fields: {} (the next positional
+  // argument), {0}, {name}, and {{ }} for braces; a format spec or a
+  // conversion (a ':' or '!' in a field) is refused, not approximated.
+  std::string format(const std::string& s, const arguments& a, int line) {
+    std::string out;
+    size_t next = 0;
+    bool numbered = false, automatic = false;
+    for (size_t i = 0; i < s.size(); ++i) {
+      const char c = s[i];
+      if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
+        out += c;
+        ++i;
+        continue;
+      }
+      if (c == '}') fail(line, "format: single '}' in the format string");
+      if (c != '{') {
+        out += c;
+        continue;
+      }
+      const size_t close = s.find('}', i);
+      if (close == std::string::npos) fail(line, "format: unclosed '{' in the format string");
+      const std::string field = s.substr(i + 1, close - i - 1);
+      i = close;
+      if (field.find_first_of(":!{[.") != std::string::npos)
+        fail(line, "format: field '{" + field + "}' (only {}, {N} and {name} are supported)");
+      value v;
+      if (field.empty()) {
+        automatic = true;
+        v = next < a.pos.size() ? a.pos[next++] : undefined();
+      } else if (std::all_of(field.begin(), field.end(),
+                             [](char d) { return d >= '0' && d <= '9'; })) {
+        numbered = true;
+        const size_t k = field.size() > 9 ? a.pos.size() : std::stoul(field);
+        v = k < a.pos.size() ? a.pos[k] : undefined();
+      } else {
+        const auto it = a.kw.find(field);
+        if (it == a.kw.end()) fail(line, "format: no argument named '" + field + "'");
+        v = it->second;
+      }
+      if (automatic && numbered)
+        fail(line, "format: automatic and numbered fields mixed ('{}' and '{N}')");
+      if (is_undefined(v)) fail(line, "format: too few arguments for '{" + field + "}'");
+      out += to_text(v);
+      if (out.size() > k_max_output) fail(line, "the rendering passed 16 MiB");
+    }
+    return out;
+  }
+
   value method(value obj, const std::string& name, const arguments& a, const expr& callee,
                int line) {
     if (obj.is_string()) {
@@ -1366,6 +1449,7 @@ class renderer {
         return out;
       }
       if (name == "title" || name == "capitalize") return string_filter(name, s);
+      if (name == "format") return format(s, a, line);
     }
     if (obj.is_object()) {
       if (name == "get") {

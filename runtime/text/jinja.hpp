@@ -7,7 +7,8 @@
 //   - text, {{ expr }}, {% stmt %}, {# comment #}, whitespace control (-);
 //   - if / elif / else, for (tuple targets, loop.index/index0/first/last/
 //     length/revindex, an inline `if` filter, for-else, break, continue),
-//     set (names, namespace attributes, set blocks), macros, generation;
+//     set (names, namespace attributes, set blocks), filter blocks, macros,
+//     generation;
 //   - literals (strings, numbers, true/false/none, lists, dicts), names,
 //     attributes, subscripts and slices, calls, the operators of Jinja
 //     (+ - * / // % **, ~, comparisons, in / not in, and / or / not,
@@ -20,8 +21,8 @@
 //     odd, even, equalto/eq/==, ne, in;
 //   - functions raise_exception, namespace, range, dict, strftime_now, and
 //     string / dict / list methods (strip, lstrip, rstrip, split,
-//     startswith, endswith, upper, lower, replace, title, find, get, items,
-//     keys, values, append).
+//     startswith, endswith, upper, lower, replace, title, find, format
+//     with plain fields, get, items, keys, values, append).
 // Anything else fails with a std::runtime_error naming the line: a
 // template is run exactly or refused, never approximated.
 #include <memory>
