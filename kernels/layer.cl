@@ -82,6 +82,31 @@ INLINE void wait_items(volatile __global int* done, int n) {
     if (WAIT) wait_items(ctr + 2 * (P) + 1, n_items);                      \
   }
 
+// A phase's token tiles: tg of them, the first tf of TT rows, and where TT
+// is the prefill tile (TROUPE_TILE, 8 on AVX-512) a tail of at most 4
+// rows in a tile of 4 (the _t4 bodies, which skip their dead entries; the
+// prefill tile's have no such branches, see matmul.cl).  A decode step of
+// 9 rows then computes 12 tokens' products, not 16 (measured before: 9
+// rows took 1.6 times an 8-row step).  A row's results are the same in any
+// tile (matmul.cl), so the launches apart, which tile by the host's choice,
+// give the same values.
+#define TILE_COUNTS(TT)                                                                  \
+  const int tf =                                                                         \
+      (TT) == TROUPE_TILE && (TT) > 4 && T % (TT) <= 4 ? T / (TT) : (T + (TT)-1) / (TT); \
+  const int tg = tf + (tf * (TT) < T);
+
+// Tile k (below tg) of a phase's item: function F's body for tile size
+// TS, grid position (gx, k); the tail tile of 4 at its own grid row.
+#define TILE_AT_t1(F, gx, k, ...) F##_t1_at(gx, k, __VA_ARGS__)
+#define TILE_AT_t4(F, gx, k, ...) F##_t4_at(gx, k, __VA_ARGS__)
+#define TILE_AT_tiled(F, gx, k, ...)                                  \
+  do {                                                                \
+    if ((k) < tf)                                                     \
+      F##_tiled_at(gx, k, __VA_ARGS__);                               \
+    else                                                              \
+      F##_t4_at(gx, (TROUPE_TILE / 4) * tf + (k)-tf, __VA_ARGS__);    \
+  } while (0)
+
 // Counters per layer (two per phase, one for the groups through, one
 // spare; a Gemma layer's twelve phases take the most), in a whole step's
 // counter buffer: layer l's at ctr0 + LAYER_CTRS * l, the step's own
@@ -125,10 +150,10 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // (FFN_SAME: h written quantized per 32 where X is Q) ...
 #define FFN_SAME(WT, TS, X, LAST_WAIT)                                                          \
   PHASE(5, n_glu* tg, 1,                                                                        \
-        matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
+        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
                                     T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT, 0))           \
   PHASE(6, n_d* tg, LAST_WAIT,                                                                  \
-        matmul_##WT##_##TS##_at(i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
+        TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
                                 rpi))
 
 // A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
@@ -136,10 +161,10 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // added to it).
 #define KQ_PRODUCT(TS, fmt, w, K, y, acc)                                                        \
   if ((fmt) == 2)                                                                                \
-    matmul_xq_ku8_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc,    \
+    TILE_AT_##TS(matmul_xq_ku8, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc,    \
                             rpi);                                                                \
   else                                                                                           \
-    matmul_xq_q4_1_##TS##_at(i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, rpi)
+    TILE_AT_##TS(matmul_xq_q4_1, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, rpi)
 
 // ... and where down is a K-quant beside per-32 layers (llama-quantize's
 // Q4_K_M and Q6_K of a model whose other rows are no whole super-blocks:
@@ -149,7 +174,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // with sums per 16), as the launches apart run them.
 #define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                             \
   PHASE(5, n_glu* tg, 1,                                                                          \
-        matmul_glu_##WT##_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
+        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
                                     T, rpi_glu, qb_q, qb_d, qb_s, 0, 0))                         \
   PHASE(7, T*(F / 256), 1,                                                                        \
         quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
@@ -162,13 +187,13 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // step's next layer reads its rows).
 #define LAYER_BODY(WT, TS, TT, X, LAST_WAIT, FFN)                                                  \
   {                                                                                                \
-    const int tg = (T + TT - 1) / TT;                                                              \
+    TILE_COUNTS(TT)                                                                                \
     const int n_qkv = ((n_head + 2 * n_kv) * hd / 2 + rpi - 1) / rpi;                              \
     const int n_d = (D + rpi - 1) / rpi;                                                           \
     const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                 \
     PHASE(0, T, 1, X##_NORM_ROW(i, attn_norm))                                                     \
     PHASE(1, n_qkv* tg, 1,                                                                         \
-          matmul_qkv_##WT##_##TS##_at(i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, X##_IN_A, qkv, D, \
+          TILE_AT_##TS(matmul_qkv_##WT, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, X##_IN_A, qkv, D, \
                                       T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd,       \
                                       rope_dims, rope, neox, page_size, layer, n_pages, rpi, bias, \
                                       has_bias))                                                   \
@@ -177,7 +202,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
                        n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q, qb_d, qb_s,  \
                        X##_QUANT_OUT, one_pass, 0))                                                \
     PHASE(3, n_d* tg, 1,                                                                           \
-          matmul_##WT##_##TS##_at(i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x, n_head * hd,  \
+          TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x, n_head * hd,  \
                                   D, T, D, 1, rpi))                                                \
     PHASE(4, T, 1, X##_NORM_ROW(i, ffn_norm))                                                      \
     FFN(WT, TS, X, LAST_WAIT)                                                                      \
@@ -212,14 +237,14 @@ INLINE void wait_items(volatile __global int* done, int n) {
       __global const float* post_attn_norm, __global const float* post_ffn_norm, int wo_fmt,      \
       int window, __global const ushort* gelu_tab) {                                              \
     const int groups = get_num_groups(0);                                                         \
-    const int tg = (T + TT - 1) / TT;                                                             \
+    TILE_COUNTS(TT)                                                                               \
     const int A = n_head * hd, W = (n_head + 2 * n_kv) * hd;                                      \
     const int n_qkv = (W + rpi - 1) / rpi;                                                        \
     const int n_d = (D + rpi - 1) / rpi;                                                          \
     const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                \
     PHASE(0, T, 1, Q_NORM_ROW(i, attn_norm))                                                      \
     PHASE(1, n_qkv* tg, 1,                                                                        \
-          matmul_xq_q8_0_##TS##_at(i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, Q_IN_A, qkv, D, W,  \
+          TILE_AT_##TS(matmul_xq_q8_0, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, Q_IN_A, qkv, D, W,  \
                                    T, W, 0, rpi))                                                 \
     PHASE(2, (n_head + 2 * n_kv) * T, 1,                                                          \
           qk_norm_rope_at(i % (n_head + 2 * n_kv), i / (n_head + 2 * n_kv), qkv, q_norm, k_norm,  \
@@ -235,7 +260,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
     PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                             \
     PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                       \
     PHASE(8, n_glu* tg, 1,                                                                        \
-          matmul_glu_xq_q8_0_##TS##_at(i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D, F,   \
+          TILE_AT_##TS(matmul_glu_xq_q8_0, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D, F,   \
                                        T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))         \
     PHASE(9, T*(F / 256), 1,                                                                      \
           quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))   \
