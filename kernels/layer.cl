@@ -99,12 +99,12 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // TS, grid position (gx, k); the tail tile of 4 at its own grid row.
 #define TILE_AT_t1(F, gx, k, ...) F##_t1_at(gx, k, __VA_ARGS__)
 #define TILE_AT_t4(F, gx, k, ...) F##_t4_at(gx, k, __VA_ARGS__)
-#define TILE_AT_tiled(F, gx, k, ...)                                  \
-  do {                                                                \
-    if ((k) < tf)                                                     \
-      F##_tiled_at(gx, k, __VA_ARGS__);                               \
-    else                                                              \
-      F##_t4_at(gx, (TROUPE_TILE / 4) * tf + (k)-tf, __VA_ARGS__);    \
+#define TILE_AT_tiled(F, gx, k, ...)                               \
+  do {                                                             \
+    if ((k) < tf)                                                  \
+      F##_tiled_at(gx, k, __VA_ARGS__);                            \
+    else                                                           \
+      F##_t4_at(gx, (TROUPE_TILE / 4) * tf + (k)-tf, __VA_ARGS__); \
   } while (0)
 
 // Counters per layer (two per phase, one for the groups through, one
@@ -148,23 +148,24 @@ INLINE void wait_items(volatile __global int* done, int n) {
 
 // The FFN's two phases where down takes gate/up's activation format
 // (FFN_SAME: h written quantized per 32 where X is Q) ...
-#define FFN_SAME(WT, TS, X, LAST_WAIT)                                                          \
-  PHASE(5, n_glu* tg, 1,                                                                        \
-        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
-                                    T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT, 0))           \
-  PHASE(6, n_d* tg, LAST_WAIT,                                                                  \
+#define FFN_SAME(WT, TS, X, LAST_WAIT)                                                            \
+  PHASE(5, n_glu* tg, 1,                                                                          \
+        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,  \
+                     T, rpi_glu, qb_q, qb_d, qb_s, X##_QUANT_OUT, 0))                             \
+  PHASE(6, n_d* tg, LAST_WAIT,                                                                    \
         TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
-                                rpi))
+                     rpi))
 
 // A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
 // the matrix w over Q8_K activations in qb, rows of K values, into y (acc:
 // added to it).
-#define KQ_PRODUCT(TS, fmt, w, K, y, acc)                                                        \
-  if ((fmt) == 2)                                                                                \
-    TILE_AT_##TS(matmul_xq_ku8, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc,    \
-                            rpi);                                                                \
-  else                                                                                           \
-    TILE_AT_##TS(matmul_xq_q4_1, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, rpi)
+#define KQ_PRODUCT(TS, fmt, w, K, y, acc)                                                          \
+  if ((fmt) == 2)                                                                                  \
+    TILE_AT_##TS(matmul_xq_ku8, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, \
+                 rpi);                                                                             \
+  else                                                                                             \
+    TILE_AT_##TS(matmul_xq_q4_1, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D,     \
+                 acc, rpi)
 
 // ... and where down is a K-quant beside per-32 layers (llama-quantize's
 // Q4_K_M and Q6_K of a model whose other rows are no whole super-blocks:
@@ -172,11 +173,11 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // in a phase of its own (per 256 values: quantize.cl), then multiplied by
 // down's kernel: Q4_K held as q4_1 (dn_fmt 1) or the KU8 types (dn_fmt 2,
 // with sums per 16), as the launches apart run them.
-#define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                             \
-  PHASE(5, n_glu* tg, 1,                                                                          \
-        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F,   \
-                                    T, rpi_glu, qb_q, qb_d, qb_s, 0, 0))                         \
-  PHASE(7, T*(F / 256), 1,                                                                        \
+#define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                            \
+  PHASE(5, n_glu* tg, 1,                                                                         \
+        TILE_AT_##TS(matmul_glu_##WT, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, X##_IN_A, h, D, F, \
+                     T, rpi_glu, qb_q, qb_d, qb_s, 0, 0))                                        \
+  PHASE(7, T*(F / 256), 1,                                                                       \
         quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
   PHASE(6, n_d* tg, LAST_WAIT, KQ_PRODUCT(TS, dn_fmt, dn, F, x, 1))
 
@@ -193,17 +194,16 @@ INLINE void wait_items(volatile __global int* done, int n) {
     const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                 \
     PHASE(0, T, 1, X##_NORM_ROW(i, attn_norm))                                                     \
     PHASE(1, n_qkv* tg, 1,                                                                         \
-          TILE_AT_##TS(matmul_qkv_##WT, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, X##_IN_A, qkv, D, \
-                                      T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd,       \
-                                      rope_dims, rope, neox, page_size, layer, n_pages, rpi, bias, \
-                                      has_bias))                                                   \
+          TILE_AT_##TS(matmul_qkv_##WT, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, X##_IN_A, qkv,  \
+                       D, T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, rope_dims, rope,  \
+                       neox, page_size, layer, n_pages, rpi, bias, has_bias))                      \
     PHASE(2, n_head*((T + att_rows - 1) / att_rows), 1,                                            \
           attention_at(i % n_head, i / n_head, qkv, kc, vc, att, pos, row_seq, pt, pt_off, n_head, \
                        n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q, qb_d, qb_s,  \
                        X##_QUANT_OUT, one_pass, 0))                                                \
     PHASE(3, n_d* tg, 1,                                                                           \
-          TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x, n_head * hd,  \
-                                  D, T, D, 1, rpi))                                                \
+          TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, wo_q, wo_d, wo_m, X##_IN_ATT, x,             \
+                       n_head * hd, D, T, D, 1, rpi))                                              \
     PHASE(4, T, 1, X##_NORM_ROW(i, ffn_norm))                                                      \
     FFN(WT, TS, X, LAST_WAIT)                                                                      \
   }
@@ -231,42 +231,42 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // GELU (from the table), Q8_K quantization of h, down into xn, x +=
 // norm(xn).  rope: the layer's table (the host picks the local layers').
 #define GEMMA_PHASES 12
-#define TROUPE_GEMMA_LAYER(TS, TT)                                                                \
-  __kernel void layer_gemma_xq_q8_0_##TS(                                                         \
-      LAYER_ARGS, __global const float* q_norm, __global const float* k_norm,                     \
-      __global const float* post_attn_norm, __global const float* post_ffn_norm, int wo_fmt,      \
-      int window, __global const ushort* gelu_tab) {                                              \
-    const int groups = get_num_groups(0);                                                         \
-    TILE_COUNTS(TT)                                                                               \
-    const int A = n_head * hd, W = (n_head + 2 * n_kv) * hd;                                      \
-    const int n_qkv = (W + rpi - 1) / rpi;                                                        \
-    const int n_d = (D + rpi - 1) / rpi;                                                          \
-    const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                \
-    PHASE(0, T, 1, Q_NORM_ROW(i, attn_norm))                                                      \
-    PHASE(1, n_qkv* tg, 1,                                                                        \
-          TILE_AT_##TS(matmul_xq_q8_0, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, Q_IN_A, qkv, D, W,  \
-                                   T, W, 0, rpi))                                                 \
-    PHASE(2, (n_head + 2 * n_kv) * T, 1,                                                          \
-          qk_norm_rope_at(i % (n_head + 2 * n_kv), i / (n_head + 2 * n_kv), qkv, q_norm, k_norm,  \
-                          pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, rope_dims, rope,    \
-                          neox, page_size, layer, n_pages, eps))                                  \
-    PHASE(3, n_head*((T + att_rows - 1) / att_rows), 1,                                           \
-          attention_at(i % n_head, i / n_head, qkv, kc, vc, att, pos, row_seq, pt, pt_off,        \
-                       n_head, n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q,     \
-                       qb_d, qb_s, 0, one_pass, window))                                          \
-    PHASE(4, T*(A / 256), 1,                                                                      \
-          quantize_q8_k_at(i % (A / 256), i / (A / 256), att, A, qb_q, qb_d, qb_s, wo_fmt == 2)) \
-    PHASE(5, n_d* tg, 1, KQ_PRODUCT(TS, wo_fmt, wo, A, xn, 0))                                    \
-    PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                             \
-    PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                       \
-    PHASE(8, n_glu* tg, 1,                                                                        \
-          TILE_AT_##TS(matmul_glu_xq_q8_0, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D, F,   \
-                                       T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))         \
-    PHASE(9, T*(F / 256), 1,                                                                      \
-          quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))   \
-    PHASE(10, n_d* tg, 1, KQ_PRODUCT(TS, dn_fmt, dn, F, xn, 0))                                   \
-    PHASE(11, T, 0, rmsnorm_add_row(i, x, xn, post_ffn_norm, D, eps))                             \
-    RESET_COUNTERS(ctr, 2 * GEMMA_PHASES + 1)                                                     \
+#define TROUPE_GEMMA_LAYER(TS, TT)                                                                 \
+  __kernel void layer_gemma_xq_q8_0_##TS(                                                          \
+      LAYER_ARGS, __global const float* q_norm, __global const float* k_norm,                      \
+      __global const float* post_attn_norm, __global const float* post_ffn_norm, int wo_fmt,       \
+      int window, __global const ushort* gelu_tab) {                                               \
+    const int groups = get_num_groups(0);                                                          \
+    TILE_COUNTS(TT)                                                                                \
+    const int A = n_head * hd, W = (n_head + 2 * n_kv) * hd;                                       \
+    const int n_qkv = (W + rpi - 1) / rpi;                                                         \
+    const int n_d = (D + rpi - 1) / rpi;                                                           \
+    const int n_glu = (F + rpi_glu - 1) / rpi_glu;                                                 \
+    PHASE(0, T, 1, Q_NORM_ROW(i, attn_norm))                                                       \
+    PHASE(1, n_qkv* tg, 1,                                                                         \
+          TILE_AT_##TS(matmul_xq_q8_0, i % n_qkv, i / n_qkv, qkv_q, qkv_d, qkv_m, Q_IN_A, qkv, D,  \
+                       W, T, W, 0, rpi))                                                           \
+    PHASE(2, (n_head + 2 * n_kv) * T, 1,                                                           \
+          qk_norm_rope_at(i % (n_head + 2 * n_kv), i / (n_head + 2 * n_kv), qkv, q_norm, k_norm,   \
+                          pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, rope_dims, rope,     \
+                          neox, page_size, layer, n_pages, eps))                                   \
+    PHASE(3, n_head*((T + att_rows - 1) / att_rows), 1,                                            \
+          attention_at(i % n_head, i / n_head, qkv, kc, vc, att, pos, row_seq, pt, pt_off, n_head, \
+                       n_kv, hd, page_size, layer, n_pages, scale, T, att_rows, qb_q, qb_d, qb_s,  \
+                       0, one_pass, window))                                                       \
+    PHASE(4, T*(A / 256), 1,                                                                       \
+          quantize_q8_k_at(i % (A / 256), i / (A / 256), att, A, qb_q, qb_d, qb_s, wo_fmt == 2))   \
+    PHASE(5, n_d* tg, 1, KQ_PRODUCT(TS, wo_fmt, wo, A, xn, 0))                                     \
+    PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                              \
+    PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                        \
+    PHASE(8, n_glu* tg, 1,                                                                         \
+          TILE_AT_##TS(matmul_glu_xq_q8_0, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D,   \
+                       F, T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))                       \
+    PHASE(9, T*(F / 256), 1,                                                                       \
+          quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
+    PHASE(10, n_d* tg, 1, KQ_PRODUCT(TS, dn_fmt, dn, F, xn, 0))                                    \
+    PHASE(11, T, 0, rmsnorm_add_row(i, x, xn, post_ffn_norm, D, eps))                              \
+    RESET_COUNTERS(ctr, 2 * GEMMA_PHASES + 1)                                                      \
   }
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
