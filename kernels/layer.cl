@@ -89,10 +89,13 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // 9 rows then computes 12 tokens' products, not 16 (measured before: 9
 // rows took 1.6 times an 8-row step).  A row's results are the same in any
 // tile (matmul.cl), so the launches apart, which tile by the host's choice,
-// give the same values.
+// give the same values.  Only for a tile that is a multiple of 4 (the
+// tail's tile of 4 starts at row TT tf; engine.token_tile may be any
+// size).
 #define TILE_COUNTS(TT)                                                                  \
   const int tf =                                                                         \
-      (TT) == TROUPE_TILE && (TT) > 4 && T % (TT) <= 4 ? T / (TT) : (T + (TT)-1) / (TT); \
+      (TT) == TROUPE_TILE && (TT) > 4 && (TT) % 4 == 0 && T % (TT) <= 4 ? T / (TT)      \
+                                                                        : (T + (TT)-1) / (TT); \
   const int tg = tf + (tf * (TT) < T);
 
 // Tile k (below tg) of a phase's item: function F's body for tile size

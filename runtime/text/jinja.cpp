@@ -955,9 +955,12 @@ class renderer {
         assign(n, captured);
         return;
       }
-      case node::n_filter_block: {
+      case node::n_filter_block: {  // the body in a scope of its own, as Jinja2's
         std::string captured;
-        run(*n.body, captured);
+        {
+          const scope body(*this);
+          run(*n.body, captured);
+        }
         const scope sc(*this);
         scopes_.back()[k_filter_body] = captured;
         out += to_text(eval(*n.e));
@@ -1370,14 +1373,17 @@ class renderer {
       if (field.find_first_of(":!{[.") != std::string::npos)
         fail(line, "format: field '{" + field + "}' (only {}, {N} and {name} are supported)");
       value v;
+      auto positional = [&](size_t k) {
+        if (k >= a.pos.size()) fail(line, "format: too few arguments for '{" + field + "}'");
+        return a.pos[k];
+      };
       if (field.empty()) {
         automatic = true;
-        v = next < a.pos.size() ? a.pos[next++] : undefined();
+        v = positional(next++);
       } else if (std::all_of(field.begin(), field.end(),
                              [](char d) { return d >= '0' && d <= '9'; })) {
         numbered = true;
-        const size_t k = field.size() > 9 ? a.pos.size() : std::stoul(field);
-        v = k < a.pos.size() ? a.pos[k] : undefined();
+        v = positional(field.size() > 9 ? a.pos.size() : std::stoul(field));
       } else {
         const auto it = a.kw.find(field);
         if (it == a.kw.end()) fail(line, "format: no argument named '" + field + "'");
@@ -1385,8 +1391,7 @@ class renderer {
       }
       if (automatic && numbered)
         fail(line, "format: automatic and numbered fields mixed ('{}' and '{N}')");
-      if (is_undefined(v)) fail(line, "format: too few arguments for '{" + field + "}'");
-      out += to_text(v);
+      out += to_text(v);  // an undefined argument: "", as Jinja2's Undefined
       if (out.size() > k_max_output) fail(line, "the rendering passed 16 MiB");
     }
     return out;

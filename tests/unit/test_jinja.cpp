@@ -115,6 +115,10 @@ TEST(Jinja, FilterBlocksAndStrFormat) {
                    "[{{ s }}]"),
             "[Ab]");
   EXPECT_EQ(render("{% filter indent(2) %}x\ny{% endfilter %}"), "x\n  y");
+  // The body has a scope of its own (Jinja2's): its sets stay inside.
+  EXPECT_EQ(render("{% set y = 1 %}{% filter trim %}{% set y = 2 %}{{ y }}{% endfilter %}{{ y }}"),
+            "21");
+  EXPECT_EQ(render("{{ '{}|'.format(nosuch) }}"), "|");  // Undefined formats as ""
   EXPECT_EQ(render("{{ '<{}|{}>'.format('a', 2) }} {{ '{1}{0}{0}'.format('x', 'y') }} "
                    "{{ '{{{n}}}'.format(n='k') }} {{ '{}'.format([1]) }}"),
             "<a|2> yxx {k} [1]");

@@ -392,61 +392,76 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
 TEST_P(KernelInt8, QkvWithQ8_0VBesideQ5_1QKGivesEachPartsOwnSums) {
   auto& c = ctx();
   std::mt19937 rng(2031);
-  const int K = 256, hd = 32, n_kv = 1, n_head = 2, T = 5, page_size = 8;
+  const int hd = 32, n_kv = 1, n_head = 2, T = 5, page_size = 8;
   const int width = (n_head + 2 * n_kv) * hd;
   const ref::kv_geometry geo{1, 1, n_kv, page_size, hd};
-  const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
-  const auto in = quantize_on_device(c, x, T, K);
   const std::vector<int32_t> pos = {0, 1, 2, 3, 4}, row_seq(T, 0), pt = {0}, pt_off = {0, 1};
   const auto posb = upload(c, pos), rsb = upload(c, row_seq), ptb = upload(c, pt),
              offb = upload(c, pt_off);
   const auto unused = upload(c, std::vector<float>(2 * width, 0.0f));
-  // Each part alone through the plain matmul of its own device type.
-  auto alone = [&](const tensor_view& v) {
-    const auto dm = upload_matrix(c, {&v});
-    const int rows = static_cast<int>(dm.rows);
-    auto k = c.make_kernel("matmul_xq_" + suffix(dm.type) + "_t1");
-    const auto yb = c.alloc(static_cast<size_t>(T) * rows * sizeof(float));
-    k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, yb, K, rows, T, rows, 0, 1);
-    launch_matmul(c, k, rows, {1, 1}, T);
-    return download<float>(c, yb, static_cast<size_t>(T) * rows);
-  };
-  for (const tensor_type vt : {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q5_1}) {
-    SCOPED_TRACE("v type " + suffix(vt));
-    const auto qb = ref::random_matrix(tensor_type::q5_1, K, n_head * hd, rng);
-    const auto kb = ref::random_matrix(tensor_type::q5_1, K, n_kv * hd, rng);
-    const auto vb = ref::random_matrix(vt, K, n_kv * hd, rng);
-    const tensor_view wq = view_of(tensor_type::q5_1, K, n_head * hd, qb.data());
-    const tensor_view wk = view_of(tensor_type::q5_1, K, n_kv * hd, kb.data());
-    const tensor_view wv = view_of(vt, K, n_kv * hd, vb.data());
-    const auto dm = upload_qkv(c, wq, wk, wv, true);
-    ASSERT_EQ(dm.type, tensor_type::q5_1);
-    EXPECT_EQ(upload_qkv(c, wq, wk, wv, false).type,
-              vt == tensor_type::q5_1 ? tensor_type::q5_1 : tensor_type::f32);
-    const auto want_q = alone(wq), want_k = alone(wk), want_v = alone(wv);
-    for (const launch_shape ls : k_launches) {
-      SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
-                   std::to_string(ls.rows_per_item));
-      auto k = c.make_kernel("matmul_qkv_xq_q5_1" + kernel_suffix(ls));
-      const auto qkvb = c.alloc(static_cast<size_t>(T) * width * sizeof(float));
-      const auto kcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
-      const auto vcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
-      k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head,
-             n_kv, hd, 0, unused, 0, page_size, 0, 1, ls.rows_per_item, unused, 0);
-      launch_matmul(c, k, width / 2, ls, T);
-      const auto qkv = download<float>(c, qkvb, static_cast<size_t>(T) * width);
-      const auto kc = download<float>(c, kcb, geo.elems());
-      const auto vc = download<float>(c, vcb, geo.elems());
-      int bad = 0;
-      for (int t = 0; t < T; ++t)
-        for (int d = 0; d < hd; ++d) {
-          for (int h = 0; h < n_head; ++h)
-            bad += qkv[static_cast<size_t>(t) * width + h * hd + d] !=
-                   want_q[static_cast<size_t>(t) * n_head * hd + h * hd + d];
-          bad += kc[geo.k_offset(0, 0, 0, t, d)] != want_k[static_cast<size_t>(t) * hd + d];
-          bad += vc[geo.v_offset(0, 0, 0, t, d)] != want_v[static_cast<size_t>(t) * hd + d];
+  // K = 96: an odd number of blocks (each row's last block alone).
+  for (const int K : {96, 256}) {
+    const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+    const auto xb = upload(c, x);
+    const auto in = quantize_on_device(c, x, T, K);
+    // Quantized inputs (integer products) or float ones (engine.int8_dot
+    // off: each value d q + m, read signed).
+    for (const bool xq : {true, false}) {
+      const std::string pre = xq ? "xq_" : "";
+      // Each part alone through the plain matmul of its own device type.
+      auto alone = [&](const tensor_view& v) {
+        const auto dm = upload_matrix(c, {&v});
+        const int rows = static_cast<int>(dm.rows);
+        auto k = c.make_kernel("matmul_" + pre + suffix(dm.type) + "_t1");
+        const auto yb = c.alloc(static_cast<size_t>(T) * rows * sizeof(float));
+        if (xq)
+          k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, yb, K, rows, T, rows, 0, 1);
+        else
+          k.args(dm.q, dm.d, dm.m, xb, yb, K, rows, T, rows, 0, 1);
+        launch_matmul(c, k, rows, {1, 1}, T);
+        return download<float>(c, yb, static_cast<size_t>(T) * rows);
+      };
+      for (const tensor_type vt : {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q5_1}) {
+        SCOPED_TRACE("K " + std::to_string(K) + (xq ? " integer" : " float") + " v type " +
+                     suffix(vt));
+        const auto qb = ref::random_matrix(tensor_type::q5_1, K, n_head * hd, rng);
+        const auto kb = ref::random_matrix(tensor_type::q5_1, K, n_kv * hd, rng);
+        const auto vb = ref::random_matrix(vt, K, n_kv * hd, rng);
+        const tensor_view wq = view_of(tensor_type::q5_1, K, n_head * hd, qb.data());
+        const tensor_view wk = view_of(tensor_type::q5_1, K, n_kv * hd, kb.data());
+        const tensor_view wv = view_of(vt, K, n_kv * hd, vb.data());
+        const auto dm = upload_qkv(c, wq, wk, wv, true);
+        ASSERT_EQ(dm.type, tensor_type::q5_1);
+        EXPECT_EQ(upload_qkv(c, wq, wk, wv, false).type,
+                  vt == tensor_type::q5_1 ? tensor_type::q5_1 : tensor_type::f32);
+        const auto want_q = alone(wq), want_k = alone(wk), want_v = alone(wv);
+        for (const launch_shape ls : k_launches) {
+          SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
+                       std::to_string(ls.rows_per_item));
+          auto k = c.make_kernel("matmul_qkv_" + pre + "q5_1" + kernel_suffix(ls));
+          const auto qkvb = c.alloc(static_cast<size_t>(T) * width * sizeof(float));
+          const auto kcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
+          const auto vcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
+          const cl_uint next = xq ? k.args_from(0, dm.q, dm.d, dm.m, in.q, in.d, in.s)
+                                  : k.args_from(0, dm.q, dm.d, dm.m, xb);
+          k.args_from(next, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd, 0,
+                      unused, 0, page_size, 0, 1, ls.rows_per_item, unused, 0);
+          launch_matmul(c, k, width / 2, ls, T);
+          const auto qkv = download<float>(c, qkvb, static_cast<size_t>(T) * width);
+          const auto kc = download<float>(c, kcb, geo.elems());
+          const auto vc = download<float>(c, vcb, geo.elems());
+          int bad = 0;
+          for (int t = 0; t < T; ++t)
+            for (int d = 0; d < hd; ++d) {
+              for (int h = 0; h < n_head; ++h)
+                bad += qkv[static_cast<size_t>(t) * width + h * hd + d] !=
+                       want_q[static_cast<size_t>(t) * n_head * hd + h * hd + d];
+              bad += kc[geo.k_offset(0, 0, 0, t, d)] != want_k[static_cast<size_t>(t) * hd + d];
+              bad += vc[geo.v_offset(0, 0, 0, t, d)] != want_v[static_cast<size_t>(t) * hd + d];
+            }
+          EXPECT_EQ(bad, 0) << "of " << T * width << " values";
         }
-      EXPECT_EQ(bad, 0) << "of " << T * width << " values";
+      }
     }
   }
 }
