@@ -264,13 +264,8 @@ class expr_parser {
   eptr parse() { return ternary(); }
   // A filter block's filters ({% filter f(args) | g %}) over `base`.
   eptr filter_chain(eptr base) {
-    do {
-      auto e = make(expr::e_filter);
-      e->name = take_name();
-      e->kids = {base};
-      if (accept_op("(")) args(*e);
-      base = e;
-    } while (accept_op("|"));
+    do base = filter_of(base);
+    while (accept_op("|"));
     return base;
   }
   bool done() const { return toks_[pos_].kind == token::t_end; }
@@ -472,15 +467,20 @@ class expr_parser {
         args(*e);
         a = e;
       } else if (accept_op("|")) {
-        auto e = make(expr::e_filter);
-        e->name = take_name();
-        e->kids = {a};
-        if (accept_op("(")) args(*e);
-        a = e;
+        a = filter_of(a);
       } else {
         return a;
       }
     }
+  }
+  // The filter named next (with its arguments) over `base`; the parser
+  // stands after a '|'.
+  eptr filter_of(eptr base) {
+    auto e = make(expr::e_filter);
+    e->name = take_name();
+    e->kids = {base};
+    if (accept_op("(")) args(*e);
+    return e;
   }
   eptr primary() {
     const token t = peek();

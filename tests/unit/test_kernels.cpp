@@ -379,6 +379,21 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   }
 }
 
+// How many of a quantized device matrix's values, a byte u (read as Q)
+// with a scale and an offset per `per` values, one rounding (fma) as the
+// kernels take them, differ from `want`.
+template <class Q>
+int held_value_mismatches(cl::context& c, const device_matrix& dm, const std::vector<float>& want,
+                          size_t per) {
+  const auto u = download<Q>(c, dm.q, want.size());
+  const auto s = download<float>(c, dm.d, want.size() / per);
+  const auto m = download<float>(c, dm.m, want.size() / per);
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    bad += std::fma(s[i / per], static_cast<float>(u[i]), m[i / per]) != want[i];
+  return bad;
+}
+
 // Q4_K and Q6_K parts of one matrix (llama.cpp's Q4_K_M gives some layers
 // a Q6_K attn_v beside Q4_K attn_q and attn_k): held together as KU8,
 // their exact values, taking Q8_K activations; beside a type that is no
@@ -397,13 +412,7 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   auto want = ref::dequantize(tensor_type::q4_k, a, K, 3);
   const auto wb = ref::dequantize(tensor_type::q6_k, b, K, 2);
   want.insert(want.end(), wb.begin(), wb.end());
-  const auto u = download<uint8_t>(c, dm.q, want.size());
-  const auto s = download<float>(c, dm.d, want.size() / 16);
-  const auto m = download<float>(c, dm.m, want.size() / 16);
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    bad += std::fma(s[i / 16], static_cast<float>(u[i]), m[i / 16]) != want[i];
-  EXPECT_EQ(bad, 0) << "of " << want.size() << " values";
+  EXPECT_EQ(held_value_mismatches<uint8_t>(c, dm, want, 16), 0) << "of " << want.size();
   const auto q8 = ref::random_matrix(tensor_type::q8_0, K, 2, rng);
   const tensor_view vq = view_of(tensor_type::q8_0, K, 2, q8.data());
   const auto f = upload_matrix(c, {&va, &vq});  // a K-quant beside Q8_0: float inputs
@@ -435,13 +444,7 @@ TEST_F(KernelMatmul, Q5_1AndBf16AreHeldAsThemselvesButBesideOtherTypes) {
   want.insert(want.end(), wa.begin(), wa.end());  // q and k: the same rows
   const auto wb = ref::dequantize(tensor_type::q8_0, b, K, 2);
   want.insert(want.end(), wb.begin(), wb.end());
-  const auto q = download<int8_t>(c, f.q, want.size());
-  const auto d = download<float>(c, f.d, want.size() / 32);
-  const auto m = download<float>(c, f.m, want.size() / 32);
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    bad += std::fma(d[i / 32], static_cast<float>(q[i]), m[i / 32]) != want[i];
-  EXPECT_EQ(bad, 0) << "of " << want.size() << " values";
+  EXPECT_EQ(held_value_mismatches<int8_t>(c, f, want, 32), 0) << "of " << want.size();
   // Elsewhere (a plain matmul's matrix, a QK-norm model's QKV) as F32.
   EXPECT_EQ(upload_matrix(c, {&va, &vb}).type, tensor_type::f32);
   EXPECT_EQ(upload_qkv(c, va, vk, vb, false).type, tensor_type::f32);
