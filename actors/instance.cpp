@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -688,6 +689,26 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
           if (s == self->state.sinks.end() || s->second.node() != client) continue;
           ++asked;
           self->send(s->second, relocate_atom::value, it->id);
+        }
+        return asked;
+      },
+      // D->P preemption by migration: at most n of the client's decoding
+      // sequences are asked to move (the request side asks the router
+      // where they decode), those with the most tokens left first: each
+      // move frees the most decode work.  Replies with how many were asked.
+      [self](evacuate_atom, const caf::node_id& client, int32_t n) -> int32_t {
+        auto seqs = self->state.eng->sequences();
+        std::stable_sort(
+            seqs.begin(), seqs.end(),
+            [](const engine_seq_view& a, const engine_seq_view& b) { return a.left > b.left; });
+        int32_t asked = 0;
+        for (const auto& q : seqs) {
+          if (asked >= n) break;
+          if (!q.decoding) continue;
+          auto s = self->state.sinks.find(q.key);
+          if (s == self->state.sinks.end() || s->second.node() != client) continue;
+          ++asked;
+          self->send(s->second, relocate_atom::value, q.id);
         }
         return asked;
       },

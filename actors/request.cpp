@@ -703,20 +703,26 @@ caf::result<uint64_t> migrate(self_ptr self, uint64_t target) {
 // The instance drains: move the sequence wherever the router would place
 // it now (a draining instance is not a candidate).  If nothing else
 // serves, or it is not running yet, it stays; the instance asks again.
+// With disaggregation a decoding sequence goes where the router places
+// decode work (D->P preemption by migration, or a drain): prefill
+// placement would send it to a prefill instance.
 void relocate(self_ptr self) {
   auto& st = self->state;
   if (st.phase != request_phase::running) return;
   const uint64_t from = st.instance_id;
-  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
-                static_cast<int32_t>(st.seq.prompt.size() + st.generated.size()),
-                std::vector<uint64_t>{})
-      .then(
-          [self, from](placement_reply& p) {
-            auto& st = self->state;
-            if (st.done() || st.instance_id != from || p.instance == from) return;
-            start_migration(self, p.instance, [](caf::expected<uint64_t>) {});
-          },
-          [](caf::error&) {});
+  const auto context = static_cast<int32_t>(st.seq.prompt.size() + st.generated.size());
+  auto go = [self, from](placement_reply& p) {
+    auto& st = self->state;
+    if (st.done() || st.instance_id != from || p.instance == from) return;
+    start_migration(self, p.instance, [](caf::expected<uint64_t>) {});
+  };
+  if (st.ctx->pd && !st.generated.empty())
+    self->request(st.ctx->router, std::chrono::seconds(10), place_decode_atom::value, from, context)
+        .then(go, [](caf::error&) {});
+  else
+    self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, context,
+                  std::vector<uint64_t>{})
+        .then(go, [](caf::error&) {});
 }
 
 // Images first (EPD's E stage): each goes to the encoder, and its rows

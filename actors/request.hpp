@@ -28,6 +28,9 @@ struct serve_context {
   std::string model_name;
   std::string chat_template;  // Jinja source from the model; empty: no chat
   bool add_bos = false;
+  // Prefill/decode disaggregation: a decoding sequence asked to move goes
+  // where the router places decode work, not prefill work.
+  bool pd = false;
   int32_t max_len = 0;               // prompt + generated tokens per sequence
   int32_t page_size = 16;            // the instances' KV page size
   uint64_t prefix_salt = 0;          // fingerprint_salt of the model (page hashes)

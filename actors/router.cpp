@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -276,6 +277,36 @@ void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& 
     caf::anon_send(st.opts.monitor, steps_atom::value, id, std::move(fresh));
 }
 
+// D->P preemption by migration (pd_config::preempt_migrate): instance
+// `id` left decode; as many of its decoding sequences as plan_evacuation
+// finds room for under the caps are asked to move.  The router's snapshot
+// has their count and total context, not each one's: the plan takes the
+// mean for each.  Each request then asks where it decodes (place_decode,
+// the same rule) and migrates there.
+void evacuate(self_ptr self, uint64_t id) {
+  auto& st = self->state;
+  auto* i = find(st, id);
+  if (!i) return;
+  const pd_load from = load_of(st, *i);
+  if (from.decoding <= 0) return;
+  const std::vector<int32_t> contexts(size_t(from.decoding),
+                                      static_cast<int32_t>(from.running_tokens / from.decoding));
+  const auto to = plan_evacuation(id, contexts, pd_loads(st), st.opts.pd_cfg,
+                                  {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
+  const auto n =
+      static_cast<int32_t>(std::count_if(to.begin(), to.end(), [](uint64_t d) { return d != 0; }));
+  if (n == 0) return;
+  self->request(i->actor, std::chrono::seconds(5), evacuate_atom::value, self->node(), n)
+      .then(
+          [id, n](int32_t asked) {
+            spdlog::info(
+                "router: instance {} left decode: {} of its decoding sequences asked "
+                "to migrate (room for {})",
+                id, asked, n);
+          },
+          [](caf::error&) {});
+}
+
 // Tells instance `id` its new role and moves it to the X->Y pool once it
 // agreed; `done` gets what changed or why not.
 void apply_role(self_ptr self, uint64_t id, instance_role role, std::string why,
@@ -297,6 +328,9 @@ void apply_role(self_ptr self, uint64_t id, instance_role role, std::string why,
             const double ms = ms_since(started);
             spdlog::info("router: instance {} role {} -> {} ({}), pool {} -> {}, {:.2f} ms", id,
                          old, to_string(role), why, to_string(from), i->pool, ms);
+            if (self->state.opts.pd && self->state.opts.pd_cfg.preempt_migrate &&
+                pool_of_instance(*i) == pd_pool::decode_to_prefill)
+              evacuate(self, id);
             done("instance " + std::to_string(id) + ": " + old + " -> " + to_string(role) +
                  ", pool " + to_string(from) + " -> " + i->pool);
           },

@@ -41,6 +41,12 @@ CONFIGS = {
     "pd-dynamic-mixed": ["--pd", "--pd-placement", "slo", "--role-switching"],
     "pd-report": ["--pd", "--pd-placement", "slo", "--role-switching", "--flip-via-mixed",
                   "false", "--flip-max", "1"],
+    # Without D->P preemption by migration: a flip off decode leaves the
+    # instance's streams to finish there (as before issue 36's migration).
+    "pd-dynamic-drain": ["--pd", "--pd-placement", "slo", "--role-switching",
+                         "--flip-migrate", "false"],
+    "pd-report-drain": ["--pd", "--pd-placement", "slo", "--role-switching", "--flip-via-mixed",
+                        "false", "--flip-max", "1", "--flip-migrate", "false"],
 }
 
 
@@ -129,7 +135,8 @@ def main():
                     rate, j = sweep_highest(a, n, 0.1 if w == "bursty" else 1.0, extra)
                 s = (j or {}).get("sim", {})
                 row = {"instances": n, "workload": w, "config": c, "highest_rate": rate,
-                       "flips": s.get("flips", 0), "ttft_mape": s.get("ttft_prediction_mape"),
+                       "flips": s.get("flips", 0), "evacuated": s.get("evacuated", 0),
+                       "ttft_mape": s.get("ttft_prediction_mape"),
                        "ttft_p99_ms": (j or {}).get("ttft_ms", {}).get("p99")}
                 print(f"  -> {rate:.2f} req/s, {row['flips']} flips", flush=True)
                 out.append(row)

@@ -12,6 +12,7 @@ namespace troupe {
 using tokens_atom = caf::atom_constant<caf::atom("tokens")>;
 using preempted_atom = caf::atom_constant<caf::atom("preempted")>;
 using relocate_atom = caf::atom_constant<caf::atom("relocate")>;
+using evacuate_atom = caf::atom_constant<caf::atom("evacuate")>;
 using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
 using abort_atom = caf::atom_constant<caf::atom("abort")>;
 using export_atom = caf::atom_constant<caf::atom("export")>;

@@ -155,6 +155,7 @@ using kv_receiver_actor =
 using instance_actor = caf::typed_actor<
     caf::replies_to<relocate_atom, caf::node_id>::with<int32_t>,
     caf::replies_to<relocate_atom, caf::node_id, int32_t>::with<int32_t>,
+    caf::replies_to<evacuate_atom, caf::node_id, int32_t>::with<int32_t>,
     caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,

@@ -827,6 +827,14 @@ class simulation {
       s.running = true;  // decodes where it is, pages and all
       return;
     }
+    send_kv(src, s, dst);
+  }
+
+  // The sequence's KV to instance `dst` through the source's transfer
+  // queue; it is parked until it lands.
+  void send_kv(sim_instance& src, sim_seq& s, uint64_t dst) {
+    s.running = false;
+    s.parked = true;
     const int64_t bytes = int64_t(s.total - 1) * cfg_.cost.kv_bytes_per_token;
     const double start = std::max(now_, src.transfer_free_at);
     const double ms = cfg_.cost.transfer_ms(bytes);
@@ -836,6 +844,34 @@ class simulation {
     res_.stats.transfer_ms_total += (src.transfer_free_at - now_) * 1000;
     push(src.transfer_free_at, ev::transfer_done, index_of(src.id), s.id,
          uint64_t(index_of(dst)) << 40);
+  }
+
+  // D->P preemption by migration (pd_config::preempt_migrate): the
+  // decoding sequences of an instance that left decode move where
+  // plan_evacuation says, those with the most tokens still to generate
+  // first (each move frees the most decode work).  A sequence in the step
+  // on the device loses that step's token and computes it again there.
+  void evacuate(sim_instance& in) {
+    std::vector<sim_seq*> decoding;
+    for (auto& [id, s] : in.seqs)
+      if (s.running && !s.prefill_only && s.total - s.computed == 1) decoding.push_back(&s);
+    if (decoding.empty()) return;
+    auto left = [&](const sim_seq* s) {
+      const size_t ri = size_t(s->id - 1);
+      return reqs_[ri].output - track_[ri].tokens;
+    };
+    std::sort(decoding.begin(), decoding.end(), [&](const sim_seq* a, const sim_seq* b) {
+      return left(a) != left(b) ? left(a) > left(b) : a->id < b->id;
+    });
+    std::vector<int32_t> contexts;
+    for (const auto* s : decoding) contexts.push_back(s->total);
+    const auto to = plan_evacuation(in.id, contexts, router_loads(), cfg_.pd_cfg, cfg_.targets);
+    for (size_t k = 0; k < decoding.size(); ++k) {
+      if (to[k] == 0) continue;
+      counted_decode(to[k], decoding[k]->total);
+      send_kv(in, *decoding[k], to[k]);
+      ++res_.stats.evacuated;
+    }
   }
 
   void transfer_done(uint32_t src_i, uint32_t dst_i, uint64_t id) {
@@ -874,13 +910,20 @@ class simulation {
     for (const auto& f : decide_flips(router_loads(), w, cfg_.targets, cfg_.pd_cfg, now_, flips_)) {
       auto& in = insts_[index_of(f.instance)];
       in.pool = flip_pool(in.pool, f.to);
+      const uint64_t moved_before = res_.stats.evacuated;
+      if (in.pool == pd_pool::decode_to_prefill && cfg_.pd_cfg.preempt_migrate) evacuate(in);
       in.pool = settle(in.pool, load_of(in));
       ++res_.stats.flips;
       if (res_.stats.flip_log.size() < 200) {
-        char buf[256];
-        std::snprintf(buf, sizeof buf, "t=%.1fs instance %llu -> %s (pool %s): %s", now_,
+        char buf[320];
+        std::snprintf(buf, sizeof buf, "t=%.1fs instance %llu -> %s (pool %s): %s%s", now_,
                       static_cast<unsigned long long>(f.instance), to_string(f.to),
-                      to_string(in.pool), f.why.c_str());
+                      to_string(in.pool), f.why.c_str(),
+                      res_.stats.evacuated > moved_before
+                          ? ("; " + std::to_string(res_.stats.evacuated - moved_before) +
+                             " decoding sequences migrate")
+                                .c_str()
+                          : "");
         res_.stats.flip_log.push_back(buf);
       }
       try_step(in);

@@ -98,6 +98,7 @@ struct sim_stats {
   uint64_t events = 0;
   uint64_t flips = 0;
   uint64_t transfers = 0;
+  uint64_t evacuated = 0;  // decoding sequences moved off instances leaving decode
   uint64_t preemptions = 0;
   uint64_t router_snapshots = 0;  // with router_staleness_s: the snapshots it took
   double transfer_bytes = 0;

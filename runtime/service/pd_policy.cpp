@@ -162,19 +162,20 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
   return best_overall;
 }
 
-decode_choice place_decode(uint64_t prefill_instance, int32_t context_tokens,
-                           const std::vector<pd_load>& loads, const pd_config& c,
-                           const pd_targets& t) {
-  for (const auto& l : loads)
-    if (l.id == prefill_instance && l.serving && takes_decode(l.pool))
-      return {l.id, false, "the prefill instance decodes (no transfer)"};
+namespace {
+
+// The decode-taking instances other than `except`: the one with the
+// fewest running tokens of those under the KV and step-time caps (null:
+// none), and of all (`any`).
+const pd_load* fewest_running_under_caps(const std::vector<pd_load>& loads, uint64_t except,
+                                         int32_t context_tokens, const pd_config& c,
+                                         const pd_targets& t, const pd_load** any) {
   const double step_cap = c.decode_step_cap_ms > 0 ? c.decode_step_cap_ms : t.tpot_ms;
   const pd_load* under = nullptr;
-  const pd_load* any = nullptr;
   for (const auto& l : loads) {
-    if (!l.serving || !takes_decode(l.pool)) continue;
+    if (!l.serving || !takes_decode(l.pool) || l.id == except) continue;
     auto fewer = [&](const pd_load* b) { return !b || l.running_tokens < b->running_tokens; };
-    if (fewer(any)) any = &l;
+    if (any && fewer(*any)) *any = &l;
     const int64_t capacity = int64_t(l.total_pages) * l.page_size;
     const int64_t need = (context_tokens + l.page_size - 1) / std::max(1, l.page_size);
     const bool kv_ok =
@@ -182,9 +183,41 @@ decode_choice place_decode(uint64_t prefill_instance, int32_t context_tokens,
     const bool step_ok = step_cap <= 0 || l.token_interval_ms <= step_cap;
     if (kv_ok && step_ok && fewer(under)) under = &l;
   }
+  return under;
+}
+
+}  // namespace
+
+decode_choice place_decode(uint64_t prefill_instance, int32_t context_tokens,
+                           const std::vector<pd_load>& loads, const pd_config& c,
+                           const pd_targets& t) {
+  for (const auto& l : loads)
+    if (l.id == prefill_instance && l.serving && takes_decode(l.pool))
+      return {l.id, false, "the prefill instance decodes (no transfer)"};
+  const pd_load* any = nullptr;
+  // (The prefill instance does not take decode work here: excluding it changes nothing.)
+  const pd_load* under = fewest_running_under_caps(loads, 0, context_tokens, c, t, &any);
   if (under) return {under->id, true, "D pool, fewest running tokens under the caps"};
   if (any) return {any->id, true, "D pool, fewest running tokens (every one over a cap)"};
   return {prefill_instance, false, "no decode instance: the prefill instance decodes"};
+}
+
+std::vector<uint64_t> plan_evacuation(uint64_t from, const std::vector<int32_t>& contexts,
+                                      std::vector<pd_load> loads, const pd_config& c,
+                                      const pd_targets& t) {
+  std::vector<uint64_t> to;
+  to.reserve(contexts.size());
+  for (int32_t context : contexts) {
+    const pd_load* d = fewest_running_under_caps(loads, from, context, c, t, nullptr);
+    to.push_back(d ? d->id : 0);
+    if (!d) continue;
+    // The loads as the router counts a placement (its `place_decode_atom`).
+    auto& l = loads[size_t(d - loads.data())];
+    ++l.decoding;
+    l.running_tokens += context;
+    l.used_pages += (context + l.page_size - 1) / std::max(1, l.page_size);
+  }
+  return to;
 }
 
 namespace {

@@ -96,6 +96,13 @@ struct pd_config {
   double mixed_slack =
       0.8;            // via M: mixed instances' TPOT under this share of the target: mix more
   bool unmix = true;  // via M: mixed instances whose requests miss TPOT turn P
+  // D->P preemption by migration (the "rather than draining"): a
+  // flip that takes an instance off decode (D -> P, M -> P) moves its
+  // decoding sequences, KV and all, to decode-taking instances under the
+  // placement caps at once, so it prefills at full speed from the next
+  // step; a sequence that no instance takes under the caps finishes
+  // where it is.
+  bool preempt_migrate = true;
 };
 
 // The TTFT predictor (runtime/service/ttft_predictor.hpp).
@@ -130,6 +137,18 @@ struct decode_choice {
 decode_choice place_decode(uint64_t prefill_instance, int32_t context_tokens,
                            const std::vector<pd_load>& loads, const pd_config& c,
                            const pd_targets& t);
+
+// D->P preemption by migration: where each decoding sequence of instance
+// `from` goes, given their context tokens in the order they should move
+// (the caller puts first those whose move frees the most decode work).
+// Each goes where place_decode would send it under its caps (fewest
+// running tokens, `from` excluded), the loads counting the sequences
+// placed before it; 0 where no instance takes it under the caps (it
+// stays).  Only under the caps: moving a stream onto an instance already
+// over the TPOT or KV cap trades one miss for several.
+std::vector<uint64_t> plan_evacuation(uint64_t from, const std::vector<int32_t>& contexts,
+                                      std::vector<pd_load> loads, const pd_config& c,
+                                      const pd_targets& t);
 
 // One monitor window's signals beside the loads.
 struct pd_window {

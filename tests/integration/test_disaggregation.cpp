@@ -6,8 +6,10 @@
 // transfer.  Roles flip by admin message under load with no request lost.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "process.hpp"
 #include "requests.hpp"
@@ -102,6 +104,64 @@ TEST(Disaggregation, RoleFlipsUnderLoadLoseNothing) {
   }
   auto bad = server.admin_command("role 1 sideways");
   EXPECT_NE(bad.exit_code, 0);
+}
+
+// D->P preemption by migration (issue 36): instance 2 (D) is decoding
+// when it is flipped to prefill; its streams move, KV and all, to instance
+// 3 (D) at once, so it is a plain P instance while they still stream,
+// rather than a D->P one until they finish.  The clients see offline
+// greedy's tokens.  SmolLM2, so that the streams outlast the flip by
+// seconds (stories15M's end within the admin command's start-up).
+TEST(Disaggregation, AFlipToPrefillMigratesTheDecodingStreams) {
+  const std::string model = "smollm2-135m-instruct";
+  server_process server("--local-instances 3 --pd --roles prefill,decode,decode",
+                        "troupe serve: listening on ", model);
+  const int n = 4, len = 400;
+  const auto want = offline_tokens(model, kPrompt, len);
+  client::connection c(server.endpoint());
+  std::vector<client::result> rs(n);
+  auto find = [&](uint64_t id) { return id >= 1 && id <= uint64_t(n) ? &rs[id - 1] : nullptr; };
+  for (uint64_t id = 1; id <= uint64_t(n); ++id) c.generate(greedy(id, len));
+  // Every stream has tokens from its decode instance (the first comes from
+  // the prefill instance; one still arriving at the flip is not decoding
+  // yet, and finishes where it lands).
+  auto streaming = [&] {
+    for (const auto& r : rs)
+      if (r.token_ids.size() < 3) return false;
+    return true;
+  };
+  ASSERT_TRUE(receive_until(c, find, streaming, 60s));
+  auto r = server.admin_command("role 2 prefill");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("D -> D->P"), std::string::npos) << r.out;
+  // Settled to P while the streams go on, on instance 3: one snapshot of
+  // the instances shows both.
+  nlohmann::json inst;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < until) {
+    inst = server.admin("instances");
+    if (inst[1]["pool"] == "P") break;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(inst[1]["pool"], "P") << inst.dump();
+  EXPECT_GT(inst[2]["decoding"].get<int>(), 0)
+      << "the streams ended before instance 2 settled: nothing was migrated";
+  ASSERT_TRUE(receive_until(
+      c, find,
+      [&] {
+        return std::all_of(rs.begin(), rs.end(), [](const client::result& x) { return x.done(); });
+      },
+      90s));
+  int migrated = 0;
+  for (uint64_t id = 1; id <= uint64_t(n); ++id) {
+    const auto& x = rs[id - 1];
+    ASSERT_FALSE(x.error) << x.error->message();
+    EXPECT_EQ(x.token_ids, want) << "request " << id;
+    const auto t = server.admin("trace " + std::to_string(id));
+    migrated += t["migrations"].get<int>();
+  }
+  EXPECT_GE(migrated, 1);
+  for (const auto& i : server.wait_engine_idle(15s)) EXPECT_EQ(i["used_pages"], 0) << i.dump();
 }
 
 }  // namespace

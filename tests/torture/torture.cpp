@@ -386,6 +386,9 @@ class round_driver {
       if (switching)
         a += " --role-switching --window-ms 200 --flip-cooldown-s 0.5 --flip-via-mixed " +
              one_of<std::string>({"true", "false"});
+      // Issue 36: a flip off decode migrates the instance's streams (D->P
+      // preemption by migration), or leaves them to finish there.
+      a += " --flip-migrate " + one_of<std::string>({"true", "false"});
     } else if (instances_ > 1 && chance(0.4)) {
       // Issue 15: a data-parallel group places every request and moves
       // sequences between the two replicas (local, or on the two nodes); in
@@ -734,7 +737,8 @@ class round_driver {
       starve_http_front();
     } else if (roll == 94 && instances_ > 1 && chance(0.4)) {
       // A role flip by message (troupe shell role); with --pd the router
-      // moves the instance between pools as its old work drains.
+      // moves the instance between pools as its old work drains, or at
+      // once where its streams migrate (--flip-migrate).
       const std::string cmd = "role " + std::to_string(1 + pick(2)) + " " +
                               one_of<std::string>({"prefill", "decode", "mixed"});
       // A killed or lost instance refuses; that is fine.

@@ -131,6 +131,66 @@ TEST(ClusterSim, DynamicRoleSwitchingFlipsUnderPrefillPressure) {
   for (const auto& rec : r.records) EXPECT_TRUE(rec.success);
 }
 
+// D->P preemption by migration (issue 36): long decodes on two D
+// instances, then a prompt burst the P instance cannot meet the TTFT
+// target for.  The report's straight flip turns a D instance to prefill;
+// with migration its decoding sequences move to the other D at once
+// (their KV through the transfer queue) and it prefills at full speed;
+// without, it prefills beside them until they finish.  Every request
+// gets all its tokens either way.
+TEST(ClusterSim, AFlipOffDecodeMigratesItsDecodingSequences) {
+  auto run = [](bool migrate) {
+    auto c = flat(3);
+    c.cost.c_prefill = 0.5;  // a 400-token prompt: 210 ms
+    c.cost.c_decode = 2;     // decode rows slow the steps they share
+    c.cost.kv_pages = 1024;
+    c.pd = true;
+    c.pd_placement = "slo";
+    c.role_switching = true;
+    c.roles = {instance_role::prefill, instance_role::decode, instance_role::decode};
+    c.targets = {300, 0};
+    c.window_s = 0.5;
+    c.pd_cfg.violation_windows = 1;
+    c.pd_cfg.cooldown_s = 100;  // one flip each, no flapping back
+    c.pd_cfg.via_mixed = false;
+    c.pd_cfg.max_flips = 1;
+    c.pd_cfg.preempt_migrate = migrate;
+    std::vector<sim_request> reqs;
+    for (int i = 0; i < 12; ++i) reqs.push_back(req(i * 0.01, 32, 600));
+    for (int i = 0; i < 60; ++i) reqs.push_back(req(1.0 + i * 0.05, 400, 4));
+    return simulate(c, reqs);
+  };
+  const auto with = run(true), without = run(false);
+  for (const auto* r : {&with, &without}) {
+    ASSERT_GE(r->stats.flips, 1u);
+    EXPECT_NE(r->stats.flip_log[0].find("-> prefill (pool D->P)"), std::string::npos)
+        << r->stats.flip_log[0];
+    for (const auto& rec : r->records) {
+      EXPECT_TRUE(rec.success);
+      EXPECT_EQ(rec.output_tokens, rec.output_tokens > 4 ? 600 : 4);
+    }
+  }
+  EXPECT_EQ(without.stats.evacuated, 0u);
+  // The flipped instance held about half of the 12 long decodes.
+  EXPECT_GE(with.stats.evacuated, 4u);
+  EXPECT_LE(with.stats.evacuated, 8u);
+  EXPECT_NE(with.stats.flip_log[0].find("decoding sequences migrate"), std::string::npos)
+      << with.stats.flip_log[0];
+  EXPECT_EQ(with.stats.transfers, without.stats.transfers + with.stats.evacuated);
+  // The burst's first tokens come sooner with the flipped instance free.
+  auto mean_burst_ttft = [](const sim_result& r) {
+    double sum = 0;
+    int n = 0;
+    for (const auto& rec : r.records)
+      if (rec.output_tokens == 4) {
+        sum += rec.ttft();
+        ++n;
+      }
+    return sum / std::max(1, n);
+  };
+  EXPECT_LT(mean_burst_ttft(with), mean_burst_ttft(without));
+}
+
 // Issue 37: a load step on an autoscaled cluster.  One instance holds 16
 // sequences; 200 requests of 400 tokens arrive within 10 s, then nothing:
 // it starts instances up to the maximum, every request finishes, and it

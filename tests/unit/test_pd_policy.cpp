@@ -110,6 +110,39 @@ TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCap
   EXPECT_EQ(place_decode(1, 100, {inst(1, pd_pool::prefill)}, cfg, {}).instance, 1u);
 }
 
+// D->P preemption by migration: each decoding sequence of the instance
+// leaving decode goes to the decode-taking instance with the fewest
+// running tokens under the caps, counting the ones placed before it;
+// never back to itself, never over a cap.
+TEST(PdPolicy, EvacuationPlacesEachSequenceUnderTheCapsCountingTheOnesBefore) {
+  pd_config cfg;
+  std::vector<pd_load> loads = {inst(1, pd_pool::decode_to_prefill, {}, 3000),
+                                inst(2, pd_pool::decode, {}, 400), inst(3, pd_pool::mixed, {}, 600),
+                                inst(4, pd_pool::prefill), inst(5, pd_pool::prefill_to_decode)};
+  // Instance 5 (P->D: takes decode) is empty: it takes the first; then
+  // 5 has 500 and 2 has 400, so 2; then 5 (500 < 900 and 600).
+  auto to = plan_evacuation(1, {500, 500, 500}, loads, cfg, {});
+  EXPECT_EQ(to, (std::vector<uint64_t>{5, 2, 5}));
+  // The KV cap: instance 5 has room for 40 pages under 90% of 100 only
+  // once (its used pages grow by 32 a sequence of 500 tokens).
+  loads[4].used_pages = 50;
+  to = plan_evacuation(1, {500, 500, 500}, loads, cfg, {});
+  EXPECT_EQ(to, (std::vector<uint64_t>{5, 2, 3}));
+  // The step cap (the TPOT target): 2 and 3 over it, 5 full after one:
+  // the rest stay (0) rather than join an instance over a cap.
+  loads[1].token_interval_ms = 80;
+  loads[2].token_interval_ms = 80;
+  to = plan_evacuation(1, {500, 500, 500}, loads, cfg, {0, 50});
+  EXPECT_EQ(to, (std::vector<uint64_t>{5, 0, 0}));
+  // Nowhere to go: every sequence stays.
+  to = plan_evacuation(1, {100, 100}, {loads[0], loads[3]}, cfg, {});
+  EXPECT_EQ(to, (std::vector<uint64_t>{0, 0}));
+  // A lost instance takes nothing.
+  loads[4].serving = false;
+  to = plan_evacuation(1, {500}, loads, cfg, {0, 50});
+  EXPECT_EQ(to, (std::vector<uint64_t>{0}));
+}
+
 // The report's switching (straight between P and D, one flip a window),
 // as the tests below check it; the first flip decided, if any.
 std::optional<flip_decision> first_flip(const std::vector<pd_load>& loads, const pd_window& w,

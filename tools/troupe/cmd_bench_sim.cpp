@@ -162,6 +162,7 @@ nlohmann::json stats_json(const sim_stats& s) {
           {"events", s.events},
           {"flips", s.flips},
           {"flip_log", s.flip_log},
+          {"evacuated", s.evacuated},
           {"transfers", s.transfers},
           {"transfer_bytes", s.transfer_bytes},
           {"mean_transfer_ms", s.transfers ? s.transfer_ms_total / double(s.transfers) : 0.0},
@@ -222,12 +223,13 @@ nlohmann::json sim_config_json(const sim_flags& f, const sim_config& c, size_t p
 
 void print_stats(const sim_stats& s) {
   std::printf(
-      "simulated %.1f s in %.2f s wall: %llu steps, %llu events, %llu flips, %llu KV transfers "
-      "(%.1f MB), %llu preemptions, TTFT prediction error %.1f%%\n",
+      "simulated %.1f s in %.2f s wall: %llu steps, %llu events, %llu flips (%llu decoding "
+      "sequences migrated off), %llu KV transfers (%.1f MB), %llu preemptions, TTFT prediction "
+      "error %.1f%%\n",
       s.simulated_s, s.wall_s, static_cast<unsigned long long>(s.steps),
       static_cast<unsigned long long>(s.events), static_cast<unsigned long long>(s.flips),
-      static_cast<unsigned long long>(s.transfers), s.transfer_bytes / 1e6,
-      static_cast<unsigned long long>(s.preemptions), s.ttft_mape * 100);
+      static_cast<unsigned long long>(s.evacuated), static_cast<unsigned long long>(s.transfers),
+      s.transfer_bytes / 1e6, static_cast<unsigned long long>(s.preemptions), s.ttft_mape * 100);
   if (s.prompt_tokens > 0) {
     const double p = double(s.prompt_tokens) / 100;
     std::printf(
@@ -492,6 +494,10 @@ void add_bench_sim(CLI::App& bench) {
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--flip-unmix", f->pd_cfg.unmix,
                   "through mixed: mixed instances whose requests miss TPOT turn prefill")
+      ->capture_default_str();
+  cmd->add_option("--flip-migrate", f->pd_cfg.preempt_migrate,
+                  "a flip off decode migrates the instance's decoding sequences to decode "
+                  "instances with room (false: they finish where they are)")
       ->capture_default_str();
   cmd->add_option("--flip-max", f->pd_cfg.max_flips, "instances one window may flip")
       ->capture_default_str()

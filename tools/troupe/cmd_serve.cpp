@@ -255,6 +255,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ro.pd_cfg.miss_share = s.flip_miss_share;
   ro.pd_cfg.via_mixed = s.flip_via_mixed;
   ro.pd_cfg.max_flips = s.flip_max;
+  ro.pd_cfg.preempt_migrate = s.flip_migrate;
   ro.pd_cfg.mixed_slack = s.flip_mixed_slack;
   ro.pd_cfg.idle_busy = s.idle_busy;
   ro.pd_cfg.kv_high = s.decode_kv_high;
@@ -399,6 +400,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ctx->model_name = e.model;
   ctx->chat_template = model->vocab().chat_template;
   ctx->add_bos = model->vocab().add_bos;
+  ctx->pd = s.pd;
   ctx->max_len = max_len;
   ctx->page_size = info.page_size;
   ctx->prefix_salt = fingerprint_salt(info.model_fingerprint);
