@@ -160,6 +160,8 @@ json to_json(const request_trace& t) {
           {"priority", t.priority},
           {"class", to_string(t.cls)},
           {"encode_ms", t.encode_ms},
+          {"encode_instance", t.encode_instance},
+          {"encode_placement", t.encode_placement},
           {"queue_ms", t.queue_ms},
           {"ttft_ms", t.ttft_ms},
           {"tpot_ms", t.tpot_ms},

@@ -112,6 +112,9 @@ struct request_state {
   // the disaggregated hand-off to a decode instance started.
   bool announced = false;
   bool handed_off = false;
+  // Hybrid EPD's fused stages: the instance that encoded its images
+  // prefills it where it can (0: the router's choice).
+  uint64_t prefill_at = 0;
   int placements_failed = 0;  // in a row, while recovering
   // The number of the latest placement or enqueue: callbacks of one that a
   // later one superseded (a loss seen while it was on its way) are stale.
@@ -179,7 +182,7 @@ std::optional<rejection> build_sequence(request_state& st) {
   limits.online_tpot_ms = ctx.online_tpot_ms;
   limits.offline_ttft_ms = ctx.offline_ttft_ms;
   limits.offline_tpot_ms = ctx.offline_tpot_ms;
-  limits.image_rows = ctx.encoder ? ctx.image_rows : 0;
+  limits.image_rows = ctx.encoder || !ctx.encoders.empty() ? ctx.image_rows : 0;
   generate_plan plan;
   auto bad = check_generate(st.gen, limits, plan);
   // What the checks reached is kept even when they refuse (the trace shows it).
@@ -513,22 +516,27 @@ void place_and_enqueue(self_ptr self) {
                      st.ctx->prefix_salt);
     hashes.push_back(prev);
   }
-  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
-                static_cast<int32_t>(tokens.size()), std::move(hashes))
-      .then(
-          [self, attempt](placement_reply& p) {
-            if (self->state.done() || self->state.attempt != attempt) return;
-            attach(self, p);
-            enqueue(self);
-          },
-          [self, attempt](caf::error& e) {
-            auto& st = self->state;
-            if (st.done() || st.attempt != attempt) return;
-            if (!st.announced)
-              return reject(self, wire::UNAVAILABLE,
-                            "no instance can take the request: " + self->system().render(e));
-            retry_later(self);
-          });
+  auto placed = [self, attempt](placement_reply& p) {
+    if (self->state.done() || self->state.attempt != attempt) return;
+    attach(self, p);
+    enqueue(self);
+  };
+  auto failed = [self, attempt](caf::error& e) {
+    auto& st = self->state;
+    if (st.done() || st.attempt != attempt) return;
+    if (!st.announced)
+      return reject(self, wire::UNAVAILABLE,
+                    "no instance can take the request: " + self->system().render(e));
+    retry_later(self);
+  };
+  const auto n = static_cast<int32_t>(tokens.size());
+  if (st.prefill_at != 0)
+    self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n, std::move(hashes),
+                  st.prefill_at)
+        .then(placed, failed);
+  else
+    self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n, std::move(hashes))
+        .then(placed, failed);
 }
 
 // How a move of the sequence's KV ended (move_sequence).
@@ -725,10 +733,13 @@ void relocate(self_ptr self) {
         .then(go, [](caf::error&) {});
 }
 
-// Images first (EPD's E stage): each goes to the encoder, and its rows
-// take their span of the prompt; once all have answered, the sequence is
-// placed (its P and D stages).  An image the encoder refuses ends the
-// request with the encoder's reason.
+void encode_on(self_ptr self, encoder_actor encoder, uint64_t at);
+
+// Images first (EPD's E stage): each goes to the encoder (the service's,
+// or under hybrid EPD the one the router picks), and its rows take their
+// span of the prompt; once all have answered, the sequence is placed (its
+// P and D stages).  An image the encoder refuses ends the request with
+// the encoder's reason.
 void encode_then_place(self_ptr self) {
   auto& st = self->state;
   if (st.seq.embeds.empty()) {
@@ -757,13 +768,57 @@ void encode_then_place(self_ptr self) {
                " different images, engine.encoder_queue): try later");
     return;
   }
-  auto left = std::make_shared<size_t>(st.seq.embeds.size());
+  if (!st.ctx->epd) return encode_on(self, st.ctx->encoder, 0);
+  // Hybrid EPD: the router says whose encoder.
+  const auto images = static_cast<int32_t>(st.seq.embeds.size());
+  self->request(st.ctx->router, std::chrono::seconds(10), place_encode_atom::value, images)
+      .then(
+          [self](uint64_t at, std::string& why) {
+            auto& st = self->state;
+            auto enc = st.ctx->encoders.find(at);
+            if (enc == st.ctx->encoders.end()) {
+              // (The router only names instances with an encoder.)
+              self->send(st.ctx->router, encoded_atom::value, at,
+                         static_cast<int32_t>(st.seq.embeds.size()));
+              return reject(self, wire::INTERNAL,
+                            "instance " + std::to_string(at) + " has no vision encoder");
+            }
+            if (st.done()) {
+              self->send(st.ctx->router, encoded_atom::value, at,
+                         static_cast<int32_t>(st.seq.embeds.size()));
+              return;
+            }
+            st.trace.encode_instance = at;
+            st.trace.encode_placement = std::move(why);
+            if (prefill_where_encoded(*st.ctx->epd)) st.prefill_at = at;
+            encode_on(self, enc->second, at);
+          },
+          [self](caf::error& e) {
+            if (self->state.done()) return;
+            reject(self, wire::UNAVAILABLE,
+                   "no vision encoder can take the images: " + self->system().render(e));
+          });
+}
+
+// Each image through `encoder` (instance `at`'s under hybrid EPD, whose
+// router counts the images until all have answered; 0: the service's).
+void encode_on(self_ptr self, encoder_actor encoder, uint64_t at) {
+  auto& st = self->state;
+  const size_t n = st.seq.embeds.size();
+  auto left = std::make_shared<size_t>(n);
+  auto answers = std::make_shared<size_t>(n);
+  // Every answer, success or not, even after the request ended.
+  auto answered = [self, at, n, answers] {
+    if (--*answers == 0 && at != 0)
+      self->send(self->state.ctx->router, encoded_atom::value, at, static_cast<int32_t>(n));
+  };
   const auto started = clock_type::now();
-  for (size_t i = 0; i < st.seq.embeds.size(); ++i) {
-    self->request(st.ctx->encoder, std::chrono::seconds(120), encode_atom::value, st.seq.id,
+  for (size_t i = 0; i < n; ++i) {
+    self->request(encoder, std::chrono::seconds(120), encode_atom::value, st.seq.id,
                   st.gen.images(i))
         .then(
-            [self, i, left, started](prompt_embeds& e) {
+            [self, i, left, started, answered](prompt_embeds& e) {
+              answered();
               auto& st = self->state;
               if (st.done()) return;
               auto& span = st.seq.embeds[i];
@@ -779,7 +834,8 @@ void encode_then_place(self_ptr self) {
               st.trace.encode_ms = ms_between(started, clock_type::now());
               place_and_enqueue(self);
             },
-            [self, i](caf::error& err) {
+            [self, i, answered](caf::error& err) {
+              answered();
               if (self->state.done()) return;
               const bool theirs = err == caf::sec::invalid_argument;
               reject(self, theirs ? wire::INVALID_ARGUMENT : wire::INTERNAL,

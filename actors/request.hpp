@@ -7,7 +7,9 @@
 // gateway wire frames: Accepted, TokenChunks, then Finished (or one Error).
 // Cancel and the deadline end it the way a normal finish does: the sequence
 // leaves the instance first, then the stream closes.
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "messages/client.pb.h"
@@ -15,6 +17,7 @@
 #include "messages/gateway.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
+#include "runtime/service/epd_policy.hpp"
 #include "runtime/service/metrics.hpp"
 #include "runtime/text/tokenizer.hpp"
 #include "runtime/vision/encode_ledger.hpp"
@@ -53,6 +56,10 @@ struct serve_context {
   // and the prompt rows each image stands for.
   encoder_actor encoder;
   int32_t image_rows = 0;
+  // Hybrid EPD (--epd): an encoder per local instance, by instance id; the
+  // router says whose takes a request's images.  Empty: `encoder` serves.
+  std::optional<epd_strategy> epd;
+  std::map<uint64_t, encoder_actor> encoders;
   // The encoder's books: its queue bound, withdrawals, cache.
   std::shared_ptr<encode_ledger> encode_books;
 };

@@ -45,6 +45,9 @@ struct router_state {
   std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point rebalanced = born;
   uint64_t rebalanced_requests = 0;  // queued requests asked to move
+  // Hybrid EPD: images placed on each instance's encoder and not yet done.
+  std::map<uint64_t, int32_t> encode_images;
+  size_t encode_cursor = 0;
   static inline const char* name = "router";
 };
 
@@ -87,7 +90,7 @@ pd_pool initial_pool(const router_options& o, uint64_t id) {
 
 pd_pool pool_of_instance(const router_instance& i) {
   for (pd_pool p : {pd_pool::mixed, pd_pool::prefill, pd_pool::decode, pd_pool::prefill_to_decode,
-                    pd_pool::decode_to_prefill})
+                    pd_pool::decode_to_prefill, pd_pool::encode})
     if (i.pool == to_string(p)) return p;
   return pd_pool::mixed;
 }
@@ -457,6 +460,60 @@ void poll(self_ptr self) {
 
 }  // namespace
 
+// An instance for a new request, by the service's policy or its dp_group;
+// `prefer` (0: none), where serving and taking prefill, instead: the
+// instance that encoded the request's images (hybrid EPD's fused stages).
+caf::result<placement_reply> place_request(self_ptr self, int32_t prompt_tokens,
+                                           std::vector<uint64_t>& hashes, uint64_t prefer) {
+  auto& st = self->state;
+  if (st.opts.dp_group && !st.opts.pd) {
+    // Draining and lost instances are the router's to know.
+    std::vector<uint64_t> unavailable;
+    for (const auto& i : st.instances)
+      if (i.state != "serving") unavailable.push_back(i.id);
+    return self->delegate(st.opts.dp_group, dp_admit_atom::value, prompt_tokens,
+                          std::move(unavailable));
+  }
+  placement_reply r;
+  const auto page_hashes = hashes;
+  if (st.opts.pd) {
+    auto c = place_prefill(prompt_tokens, pd_loads(st), st.ttft,
+                           {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
+    if (const auto* p = find(st, prefer);
+        p && p->state == "serving" && takes_prefill(pool_of_instance(*p))) {
+      c.instance = p->id;
+      c.predicted_ttft_ms = predict_ttft_ms(load_of(st, *p), prompt_tokens, st.ttft);
+      c.why = "prefills where its images were encoded (hybrid EPD)";
+      c.meets_target = st.opts.ttft_target_ms <= 0 || c.predicted_ttft_ms <= st.opts.ttft_target_ms;
+    }
+    if (st.opts.monitor) self->send(st.opts.monitor, placed_atom::value, c.meets_target);
+    if (c.instance == 0)
+      return caf::make_error(caf::sec::invalid_argument,
+                             "no instance takes prefill (" + c.why + ")");
+    const auto* i = find(st, c.instance);
+    r = placement_reply{c.instance,          i->actor, c.why, !takes_decode(pool_of_instance(*i)),
+                        c.predicted_ttft_ms, {},       {}};
+  } else {
+    placement_request req{prompt_tokens, std::move(hashes), st.opts.page_size};
+    auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model, st.opts.ttft_target_ms);
+    if (const auto* i = find(st, prefer); i && i->state == "serving")
+      p = {i->id, "prefills where its images were encoded (hybrid EPD)"};
+    if (p.instance == 0)
+      return caf::make_error(caf::sec::invalid_argument, "no instance is serving (" + p.why + ")");
+    const auto* i = find(st, p.instance);
+    r = placement_reply{
+        i->id, i->actor, p.why, false, predict_ttft_ms(load_of(st, *i), prompt_tokens, st.ttft),
+        {},    {}};
+  }
+  add_kv_links(st, r, page_hashes, prompt_tokens, st.copy_cursor);
+  // Count the placement now, so a burst does not all go to the
+  // instance the last snapshot showed idle.
+  ++st.last[r.instance].waiting;
+  st.last[r.instance].queued_prefill_tokens += prompt_tokens;
+  st.last[r.instance].queued_prefills.push_back(prompt_tokens);
+  return r;
+}
+
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,
                           router_options opts) {
   return sys.spawn([instances = std::move(instances),
@@ -513,8 +570,9 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         [self](set_role_atom, uint64_t id, const std::string& role) -> caf::result<std::string> {
           auto r = parse_role(role);
           if (!r)
-            return caf::make_error(caf::sec::invalid_argument,
-                                   "role: '" + role + "' is not a role (prefill, decode, mixed)");
+            return caf::make_error(
+                caf::sec::invalid_argument,
+                "role: '" + role + "' is not a role (prefill, decode, mixed, encode)");
           auto rp = self->make_response_promise<std::string>();
           apply_role(self, id, *r, "asked for", [rp](caf::expected<std::string> x) mutable {
             if (x)
@@ -533,51 +591,32 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
         // An instance for a new request, by the service's policy or its dp_group.
         [self](place_atom, int32_t prompt_tokens,
                std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
+          return place_request(self, prompt_tokens, hashes, 0);
+        },
+        [self](place_atom, int32_t prompt_tokens, std::vector<uint64_t>& hashes,
+               uint64_t prefer) -> caf::result<placement_reply> {
+          return place_request(self, prompt_tokens, hashes, prefer);
+        },
+        // Hybrid EPD: whose encoder takes a request's images.
+        [self](place_encode_atom, int32_t images) -> caf::result<uint64_t, std::string> {
           auto& st = self->state;
-          if (st.opts.dp_group && !st.opts.pd) {
-            // Draining and lost instances are the router's to know.
-            std::vector<uint64_t> unavailable;
-            for (const auto& i : st.instances)
-              if (i.state != "serving") unavailable.push_back(i.id);
-            return self->delegate(st.opts.dp_group, dp_admit_atom::value, prompt_tokens,
-                                  std::move(unavailable));
+          if (!st.opts.epd)
+            return caf::make_error(caf::sec::invalid_argument, "the service has no hybrid EPD");
+          std::vector<encode_load> loads;
+          for (const auto& i : st.instances) {
+            const pd_load l = load_of(st, i);
+            const auto q = st.encode_images.find(i.id);
+            loads.push_back({i.id, l.serving, st.opts.encoders.count(i.id) > 0, l.pool,
+                             q != st.encode_images.end() ? q->second : 0, l.load_score()});
           }
-          placement_reply r;
-          const auto page_hashes = hashes;
-          if (st.opts.pd) {
-            auto c = place_prefill(prompt_tokens, pd_loads(st), st.ttft,
-                                   {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
-            if (st.opts.monitor) self->send(st.opts.monitor, placed_atom::value, c.meets_target);
-            if (c.instance == 0)
-              return caf::make_error(caf::sec::invalid_argument,
-                                     "no instance takes prefill (" + c.why + ")");
-            const auto* i = find(st, c.instance);
-            r = placement_reply{
-                c.instance,          i->actor, c.why, !takes_decode(pool_of_instance(*i)),
-                c.predicted_ttft_ms, {},       {}};
-          } else {
-            placement_request req{prompt_tokens, std::move(hashes), st.opts.page_size};
-            auto p = place(st.opts.policy, req, snapshots(st), st.cursor, st.model,
-                           st.opts.ttft_target_ms);
-            if (p.instance == 0)
-              return caf::make_error(caf::sec::invalid_argument,
-                                     "no instance is serving (" + p.why + ")");
-            const auto* i = find(st, p.instance);
-            r = placement_reply{i->id,
-                                i->actor,
-                                p.why,
-                                false,
-                                predict_ttft_ms(load_of(st, *i), prompt_tokens, st.ttft),
-                                {},
-                                {}};
-          }
-          add_kv_links(st, r, page_hashes, prompt_tokens, st.copy_cursor);
-          // Count the placement now, so a burst does not all go to the
-          // instance the last snapshot showed idle.
-          ++st.last[r.instance].waiting;
-          st.last[r.instance].queued_prefill_tokens += prompt_tokens;
-          st.last[r.instance].queued_prefills.push_back(prompt_tokens);
-          return r;
+          auto c = place_encode(*st.opts.epd, loads, st.encode_cursor);
+          if (c.instance == 0) return caf::make_error(caf::sec::invalid_argument, c.why);
+          st.encode_images[c.instance] += std::max(0, images);
+          return {c.instance, std::move(c.why)};
+        },
+        [self](encoded_atom, uint64_t id, int32_t images) {
+          auto& n = self->state.encode_images[id];
+          n = std::max(0, n - images);
         },
         // That instance, if serving, for a migration.
         [self](lookup_atom, uint64_t id) -> caf::result<placement_reply> {

@@ -5,12 +5,15 @@
 // with runtime/service/placement, marks an instance down when it dies (it monitors
 // them) and drains on request.
 #include <chrono>
+#include <optional>
+#include <set>
 #include <vector>
 
 #include "messages/dp_group.hpp"
 #include "messages/expert_controller.hpp"
 #include "messages/monitor.hpp"
 #include "messages/router.hpp"
+#include "runtime/service/epd_policy.hpp"
 #include "runtime/service/pd_policy.hpp"
 #include "runtime/service/placement.hpp"
 
@@ -49,6 +52,11 @@ struct router_options {
   // predictor's (runtime/service/ttft_predictor).
   int32_t max_batch_tokens = 256;
   int32_t chunk_size = 128;
+  // Hybrid EPD (troupe serve --epd): where a request's images are encoded
+  // (runtime/service/epd_policy place_encode), among the instances with a
+  // vision encoder of their own (`encoders`, by id).
+  std::optional<epd_strategy> epd;
+  std::set<uint64_t> encoders;
 };
 
 router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> instances,

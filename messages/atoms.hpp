@@ -69,6 +69,8 @@ using kill_instance_atom = caf::atom_constant<caf::atom("killinst")>;
 using add_instances_atom = caf::atom_constant<caf::atom("addinst")>;
 using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 using place_decode_atom = caf::atom_constant<caf::atom("placedec")>;
+using place_encode_atom = caf::atom_constant<caf::atom("placeenc")>;
+using encoded_atom = caf::atom_constant<caf::atom("encoded")>;
 using window_atom = caf::atom_constant<caf::atom("window")>;
 
 // The gateway and request protocols (messages/gateway.hpp).

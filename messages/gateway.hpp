@@ -28,6 +28,10 @@ struct request_trace {
   int32_t priority = 0;
   seq_class cls = seq_class::online;
   double encode_ms = 0;             // its images through the vision encoder (EPD's E)
+  // Hybrid EPD (--epd): the instance whose encoder took its images, and
+  // why (0 and empty: the service's one encoder, or no images).
+  uint64_t encode_instance = 0;
+  std::string encode_placement;
   double queue_ms = 0;              // arrival until the instance took the sequence
   double ttft_ms = 0;               // arrival until the first token
   double tpot_ms = 0;               // mean time per output token after the first
@@ -65,7 +69,8 @@ typename Inspector::result_type inspect(Inspector& f, request_trace& x) {
            x.placement, x.migrations, x.migrated_bytes, x.migration_ms, x.recoveries, x.state,
            x.prefill_instance, x.decode_instance, x.transfer_bytes, x.transfer_ms,
            x.decode_placement, x.predicted_ttft_ms, x.slo_ttft_ms, x.slo_tpot_ms, x.slo_met,
-           x.draft_tokens, x.accepted_tokens, x.tier_tokens, x.encode_ms);
+           x.draft_tokens, x.accepted_tokens, x.tier_tokens, x.encode_ms, x.encode_instance,
+           x.encode_placement);
 }
 
 // A request in flight, as the gateway sees it (admin).

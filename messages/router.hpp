@@ -73,7 +73,16 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 // tick:     its own timer: refresh the instances' load snapshots.
 // placedec: (prefill instance, context tokens) where a disaggregated
 //           request decodes after its prefill (runtime/service/pd_policy).
-// setrole:  (instance id, prefill|decode|mixed) the instance takes the role
+// placeenc: (images) hybrid EPD (router_options::epd): the instance whose
+//           encoder takes a request's images, and why
+//           (runtime/service/epd_policy place_encode); an error when none
+//           serves.  The router counts them waiting there until
+// encoded:  (instance id, images) the request's images are done there
+//           (encoded or failed).
+// place with a preferred instance: (prompt tokens, hashes, instance) as
+//           place, but a disaggregated service prefills on that instance
+//           where it takes prefill (EP-D's fused encode and prefill).
+// setrole:  (instance id, prefill|decode|mixed|encode) the instance takes the role
 //           now (pool X->Y: new work of the new role at once, its old work
 //           finishing); replies with what changed once the instance agreed.
 // movelayers: (instance id, from, to, layers) its pipelined device moves
@@ -93,6 +102,9 @@ using router_actor = caf::typed_actor<
     caf::replies_to<add_instances_atom, std::string,
                     std::vector<hosted_instance>>::with<std::vector<uint64_t>>,
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
+    caf::replies_to<place_atom, int32_t, std::vector<uint64_t>, uint64_t>::with<placement_reply>,
+    caf::replies_to<place_encode_atom, int32_t>::with<uint64_t, std::string>,
+    caf::reacts_to<encoded_atom, uint64_t, int32_t>,
     caf::replies_to<lookup_atom, uint64_t>::with<placement_reply>,
     caf::replies_to<registry_atom>::with<std::vector<router_instance>>,
     caf::replies_to<drain_instance_atom, uint64_t>::with<uint64_t>,

@@ -91,6 +91,11 @@ class simulation {
     if (cfg.instances <= 0) throw std::invalid_argument("sim: instances must be positive");
     if (auto why = validate(cfg.limits); !why.empty()) throw std::invalid_argument("sim: " + why);
     if (cfg.cost.kv_pages <= 0) throw std::invalid_argument("sim: the cost model has no kv_pages");
+    for (auto r : cfg.roles)
+      if (r == instance_role::encode)
+        throw std::invalid_argument(
+            "sim: the encode role is hybrid EPD's (troupe bench epd); text requests have no "
+            "encode stage");
     if (cfg.pd && cfg.pd_placement != "slo" && cfg.pd_placement != "least-load" &&
         cfg.pd_placement != "round-robin")
       throw std::invalid_argument("sim: pd placement '" + cfg.pd_placement +

@@ -414,9 +414,17 @@ std::string check_autoscale(const std::string& v) {
   return {};
 }
 
+std::string check_epd(const std::string& v) {
+  std::string up;
+  for (char c : v) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (up != "EP-D" && up != "ED-P" && up != "E-P-D" && up != "EPD")
+    return "'" + v + "' is not a hybrid EPD strategy (EP-D, ED-P, E-P-D, EPD)";
+  return {};
+}
+
 std::string check_role(const std::string& v) {
-  if (v != "prefill" && v != "decode" && v != "mixed")
-    return "'" + v + "' is not a role (prefill, decode, mixed)";
+  if (v != "prefill" && v != "decode" && v != "mixed" && v != "encode")
+    return "'" + v + "' is not a role (prefill, decode, mixed, encode)";
   return {};
 }
 

@@ -129,7 +129,8 @@ std::string check_stage_place(const std::string& v);   // local or HOST:PORT
 // of at most 255 bytes and a port above 0 without leading zeros (a second
 // spelling of a node would be taken for another node).
 std::string check_dial_address(const std::string& v);
-std::string check_role(const std::string& v);       // prefill, decode, mixed
+std::string check_role(const std::string& v);       // prefill, decode, mixed, encode
+std::string check_epd(const std::string& v);        // EP-D, ED-P, E-P-D, EPD (any case)
 std::string check_registry(const std::string& v);   // etcd://HOST:PORT[,HOST:PORT...]
 std::string check_autoscale(const std::string& v);  // MIN:MAX, 1 <= MIN <= MAX
 

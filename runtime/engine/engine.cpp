@@ -1274,8 +1274,8 @@ std::string engine::set_limit(const std::string& name, int32_t value, int32_t& o
 }
 
 std::string engine::set_role(const std::string& role, std::string& old) {
-  if (role != "prefill" && role != "decode" && role != "mixed")
-    return "'" + role + "' is not a role (prefill, decode, mixed)";
+  if (role != "prefill" && role != "decode" && role != "mixed" && role != "encode")
+    return "'" + role + "' is not a role (prefill, decode, mixed, encode)";
   old = opts_.role;
   opts_.role = role;
   spdlog::info("instance: role {} -> {}", old, role);

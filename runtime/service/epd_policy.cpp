@@ -35,6 +35,51 @@ std::optional<epd_strategy> parse_epd_strategy(std::string_view name) {
   return std::nullopt;
 }
 
+bool runs_encode(epd_strategy s, pd_pool pool) {
+  switch (s) {
+    case epd_strategy::ep_d:
+      return takes_prefill(pool);
+    case epd_strategy::ed_p:
+      return takes_decode(pool);
+    case epd_strategy::e_p_d:
+      return pool == pd_pool::encode;
+    case epd_strategy::colocated:
+      return true;
+  }
+  return false;
+}
+
+bool prefill_where_encoded(epd_strategy s) {
+  return s == epd_strategy::ep_d || s == epd_strategy::colocated;
+}
+
+encode_choice place_encode(epd_strategy s, const std::vector<encode_load>& loads, size_t& cursor) {
+  const size_t n = loads.size();
+  for (bool in_pool : {true, false}) {
+    const encode_load* best = nullptr;
+    size_t best_at = 0;
+    // From the cursor on, so that ties go in turn.
+    for (size_t k = 0; k < n; ++k) {
+      const size_t at = (cursor + k) % n;
+      const auto& l = loads[at];
+      if (!l.serving || !l.has_encoder || (in_pool && !runs_encode(s, l.pool))) continue;
+      if (!best || l.images < best->images ||
+          (l.images == best->images && l.load_score < best->load_score)) {
+        best = &l;
+        best_at = at;
+      }
+    }
+    if (!best) continue;
+    cursor = best_at + 1;
+    return {best->id, in_pool ? std::string(to_string(s)) + ": " + to_string(best->pool) +
+                                    " pool, fewest images waiting"
+                              : std::string(to_string(s)) +
+                                    ": no instance of its encode pool serving; fewest images "
+                                    "waiting of all"};
+  }
+  return {0, "no serving instance has a vision encoder"};
+}
+
 std::vector<epd_stages> epd_pools(epd_strategy s) {
   switch (s) {
     case epd_strategy::ep_d:

@@ -27,6 +27,8 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime/service/pd_policy.hpp"
+
 namespace troupe {
 
 enum class epd_strategy { ep_d, ed_p, e_p_d, colocated };
@@ -45,6 +47,39 @@ struct epd_stages {
 std::vector<epd_stages> epd_pools(epd_strategy s);
 // A split of instances over pools as "7/1".
 std::string pools_text(const std::vector<int32_t>& pools);
+
+// --- The real router's encode placement (troupe serve --epd) ---
+
+// Whether an instance of `pool` runs the encode stage under `s`: EP-D
+// the instances taking prefill (M, P, D->P), ED-P those taking decode (M,
+// D, P->D), E-P-D the E pool, EPD every one.
+bool runs_encode(epd_strategy s, pd_pool pool);
+// Whether the prefill goes where the images were encoded: EP-D's fused
+// encode and prefill, and EPD's one instance for all three stages.
+bool prefill_where_encoded(epd_strategy s);
+
+// One instance as encode placement sees it.
+struct encode_load {
+  uint64_t id = 0;
+  bool serving = true;
+  bool has_encoder = true;  // instances on other nodes have none
+  pd_pool pool = pd_pool::mixed;
+  int32_t images = 0;      // images placed on its encoder and not yet encoded
+  int64_t load_score = 0;  // pd_load::load_score (its language work)
+};
+
+struct encode_choice {
+  uint64_t instance = 0;  // 0: no serving instance has an encoder
+  std::string why;
+};
+
+// The simulator's router rule (sim/epd_sim): of the serving instances with
+// an encoder whose pool runs encode, the fewest images waiting, then the
+// least language work; ties in turn from `cursor` (which advances).  With
+// none in the strategy's pool (an E instance lost, say), any serving
+// instance with an encoder, so that the request is served rather than
+// refused.
+encode_choice place_encode(epd_strategy s, const std::vector<encode_load>& loads, size_t& cursor);
 
 // What an instance's iteration may take (the profiler's answer).
 struct epd_limits {

@@ -17,6 +17,8 @@ const char* to_string(instance_role r) {
       return "prefill";
     case instance_role::decode:
       return "decode";
+    case instance_role::encode:
+      return "encode";
   }
   return "?";
 }
@@ -25,6 +27,7 @@ std::optional<instance_role> parse_role(std::string_view s) {
   if (s == "mixed") return instance_role::mixed;
   if (s == "prefill") return instance_role::prefill;
   if (s == "decode") return instance_role::decode;
+  if (s == "encode") return instance_role::encode;
   return std::nullopt;
 }
 
@@ -40,6 +43,8 @@ const char* to_string(pd_pool p) {
       return "P->D";
     case pd_pool::decode_to_prefill:
       return "D->P";
+    case pd_pool::encode:
+      return "E";
   }
   return "?";
 }
@@ -50,6 +55,8 @@ pd_pool pool_of(instance_role r) {
       return pd_pool::prefill;
     case instance_role::decode:
       return pd_pool::decode;
+    case instance_role::encode:
+      return pd_pool::encode;
     case instance_role::mixed:
       break;
   }
@@ -71,6 +78,8 @@ instance_role role_of(pd_pool p) {
     case pd_pool::decode:
     case pd_pool::prefill_to_decode:
       return instance_role::decode;
+    case pd_pool::encode:
+      return instance_role::encode;
     case pd_pool::mixed:
       break;
   }
@@ -79,6 +88,10 @@ instance_role role_of(pd_pool p) {
 
 pd_pool flip_pool(pd_pool from, instance_role to) {
   if (to == instance_role::mixed) return pd_pool::mixed;  // takes both at once
+  // E takes no new work (what the instance holds finishes there); from E,
+  // the new role's work at once (an E instance holds none).
+  if (to == instance_role::encode) return pd_pool::encode;
+  if (from == pd_pool::encode) return pool_of(to);
   if (role_of(from) == to) {
     // Already that role, or flipping back before the old work drained:
     // the work it still has is of the role it returns to.
@@ -144,11 +157,12 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
   }
   if (best_overall.instance == 0) {
     // No prefill instance serves (drained, lost): any serving instance
-    // prefills rather than the request failing.
+    // prefills rather than the request failing (not an E instance: it
+    // runs no language work).
     const pd_load* any = nullptr;
     double any_ms = 0;
     for (const auto& l : loads) {
-      if (!l.serving) continue;
+      if (!l.serving || l.pool == pd_pool::encode) continue;
       const double ms = predict_ttft_ms(l, prompt_tokens, m);
       if (!any || ms < any_ms) {
         any = &l;

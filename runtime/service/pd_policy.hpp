@@ -20,12 +20,23 @@
 
 namespace troupe {
 
-enum class instance_role : uint8_t { mixed, prefill, decode };
+// encode: hybrid EPD's E pool (E-P-D, runtime/service/epd_policy): an
+// instance that only runs the vision encoder, taking neither prefill nor
+// decode work (flipped to it, an instance finishes what it holds); role
+// switching never flips one.
+enum class instance_role : uint8_t { mixed, prefill, decode, encode };
 const char* to_string(instance_role r);
 std::optional<instance_role> parse_role(std::string_view s);
 
-enum class pd_pool : uint8_t { mixed, prefill, decode, prefill_to_decode, decode_to_prefill };
-const char* to_string(pd_pool p);  // "M", "P", "D", "P->D", "D->P"
+enum class pd_pool : uint8_t {
+  mixed,
+  prefill,
+  decode,
+  prefill_to_decode,
+  decode_to_prefill,
+  encode
+};
+const char* to_string(pd_pool p);  // "M", "P", "D", "P->D", "D->P", "E"
 
 pd_pool pool_of(instance_role r);  // where an instance of that role starts
 

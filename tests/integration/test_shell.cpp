@@ -110,7 +110,7 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("migrate x 1", "migrate: give a request id, not 'x'");
   expect_error("kv 42", "no instance 42");
   expect_error("watch bogus", "no view 'bogus'");
-  expect_error("role 1 both", "role: give prefill, decode or mixed");
+  expect_error("role 1 both", "role: give prefill, decode, mixed or encode");
   expect_error("role 9 prefill", "no serving instance 9");
   expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
   // The key's own range (the schema's), then the limits' rule across keys.

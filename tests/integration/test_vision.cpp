@@ -17,6 +17,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "messages/client.pb.h"
@@ -138,7 +139,10 @@ TEST(Vision, EngineTakesLlamaCppsImageRowsToItsTokens) {
   }
 }
 
-void serve_and_compare(const std::string& extra, const std::string& how) {
+// `check` (may be empty) looks at the server after the ZeroMQ requests,
+// ids 1 to k_cases, have finished.
+void serve_and_compare(const std::string& extra, const std::string& how,
+                       const std::function<void(const server_process&)>& check = {}) {
   const auto g = golden();
   ASSERT_EQ(g["cases"].size(), k_cases);
   const int http = free_port();
@@ -166,6 +170,7 @@ void serve_and_compare(const std::string& extra, const std::string& how) {
     ASSERT_FALSE(results[i].error.has_value()) << results[i].error->message();
     matches_case(g["cases"][i], results[i].token_ids, how);
   }
+  if (check) check(server);
   // The OpenAI API: an image_url part, then the text (llama-server's
   // request); the same greedy answer as through the ZeroMQ protocol.
   for (size_t i = 0; i < k_cases; ++i) {
@@ -200,6 +205,40 @@ TEST(Vision, ServedImagesMatchLlamaCppThroughBothProtocols) {
 TEST(Vision, ImagesThroughEncodePrefillAndDecodeInstances) {
   NEED_FILES();
   serve_and_compare("--local-instances 2 --instance-cores 1 --pd --roles prefill,decode", "E-P-D");
+}
+
+// Hybrid EPD in the real service (--epd): every local instance has its own
+// encoder, and the router places each request's encode by the strategy.
+// E-P-D: an encode-role instance encodes, a prefill instance prefills, a
+// decode instance decodes; EP-D: the prefill instance encodes and then
+// prefills (fused); the tokens are llama.cpp's either way.
+void expect_stages(const server_process& server, uint64_t encode, uint64_t prefill, uint64_t decode,
+                   const std::string& pool) {
+  for (size_t id = 1; id <= k_cases; ++id) {
+    const auto t = server.admin("trace " + std::to_string(id));
+    EXPECT_EQ(t["encode_instance"], encode) << t.dump();
+    EXPECT_EQ(t["prefill_instance"], prefill) << t.dump();
+    EXPECT_EQ(t["decode_instance"], decode) << t.dump();
+    EXPECT_NE(t["encode_placement"].get<std::string>().find(pool + " pool"), std::string::npos)
+        << t.dump();
+  }
+}
+
+TEST(Vision, HybridEpdEncodesOnAnEncodeInstanceUnderEPD) {
+  NEED_FILES();
+  serve_and_compare("--local-instances 3 --pd --roles encode,prefill,decode --epd E-P-D",
+                    "hybrid E-P-D", [](const server_process& server) {
+                      expect_stages(server, 1, 2, 3, "E");
+                      const auto inst = server.admin("instances");
+                      EXPECT_EQ(inst[0]["pool"], "E") << inst.dump();
+                      EXPECT_EQ(inst[0]["admitted"], 0) << "an E instance took language work";
+                    });
+}
+
+TEST(Vision, HybridEpdFusesEncodeAndPrefillUnderEpD) {
+  NEED_FILES();
+  serve_and_compare("--local-instances 2 --pd --roles prefill,decode --epd ep-d", "hybrid EP-D",
+                    [](const server_process& server) { expect_stages(server, 1, 1, 2, "P"); });
 }
 
 // Prefix caching of image prompts: the pages of an image's rows are keyed

@@ -148,16 +148,16 @@ struct tally {
            role_flips = 0, role_flips_refused = 0, drains = 0, preempts = 0, preempts_refused = 0,
            sets = 0, http_requests = 0, http_checked = 0, http_disconnects = 0, http_scheduled = 0,
            spawns = 0, dp_rounds = 0, dp_lockstep_rounds = 0, moe_rounds = 0, gemma_rounds = 0,
-           quant_fixture_rounds = 0, vision_rounds = 0, images_checked = 0, expert_swaps = 0,
-           overlap_off_rounds = 0, batch_order_rounds = 0, static_batch_rounds = 0,
-           unfused_rounds = 0, layer_launch_rounds = 0, unpipelined_rounds = 0,
-           pipeline_parallel_rounds = 0, remote_stage_rounds = 0, layer_moves = 0,
-           layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0, stage_node_kills = 0,
-           overlapped_steps = 0, hostile_admin = 0, hostile_http = 0, starve_http = 0,
-           half_bodies_refused = 0, tier_rounds = 0, disk_tier_rounds = 0, tier_loaded_pages = 0,
-           tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0, tier_copied_pages = 0,
-           tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0, registry_removes = 0,
-           second_services = 0, cluster_views = 0, violations = 0;
+           quant_fixture_rounds = 0, vision_rounds = 0, epd_rounds = 0, images_checked = 0,
+           expert_swaps = 0, overlap_off_rounds = 0, batch_order_rounds = 0,
+           static_batch_rounds = 0, unfused_rounds = 0, layer_launch_rounds = 0,
+           unpipelined_rounds = 0, pipeline_parallel_rounds = 0, remote_stage_rounds = 0,
+           layer_moves = 0, layer_moves_refused = 0, head_moves = 0, head_moves_refused = 0,
+           stage_node_kills = 0, overlapped_steps = 0, hostile_admin = 0, hostile_http = 0,
+           starve_http = 0, half_bodies_refused = 0, tier_rounds = 0, disk_tier_rounds = 0,
+           tier_loaded_pages = 0, tier_spilled_pages = 0, copy_rounds = 0, pull_rounds = 0,
+           tier_copied_pages = 0, tier_pulled_pages = 0, registry_rounds = 0, registry_joins = 0,
+           registry_removes = 0, second_services = 0, cluster_views = 0, violations = 0;
   std::map<std::string, uint64_t> terminals;  // by finish reason or error code
   // Image requests: the first answer to each (image, prompt), which every
   // later one must equal, whatever the round does (preemption by
@@ -389,6 +389,16 @@ class round_driver {
       // Issue 36: a flip off decode migrates the instance's streams (D->P
       // preemption by migration), or leaves them to finish there.
       a += " --flip-migrate " + one_of<std::string>({"true", "false"});
+      // Hybrid EPD: an encoder per local instance, the encode placed on a
+      // prefill instance (fused with its prefill) or a decode instance.
+      if (ref_->what == model_reference::kind::vision && nodes_.empty() && chance(0.6)) {
+        ++t_.epd_rounds;
+        a += " --epd " + one_of<std::string>({"EP-D", "ED-P"});
+      }
+    } else if (ref_->what == model_reference::kind::vision && nodes_.empty() && chance(0.4)) {
+      // Hybrid EPD undisaggregated: each instance encodes, then prefills.
+      ++t_.epd_rounds;
+      a += " --epd EPD";
     } else if (instances_ > 1 && chance(0.4)) {
       // Issue 15: a data-parallel group places every request and moves
       // sequences between the two replicas (local, or on the two nodes); in
@@ -1530,6 +1540,7 @@ int run(const options& o) {
             {"gemma_rounds", t.gemma_rounds},
             {"quant_fixture_rounds", t.quant_fixture_rounds},
             {"vision_rounds", t.vision_rounds},
+            {"epd_rounds", t.epd_rounds},
             {"images_checked", t.images_checked},
             {"expert_swaps", t.expert_swaps},
             {"overlap_off_rounds", t.overlap_off_rounds},

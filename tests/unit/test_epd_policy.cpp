@@ -28,6 +28,55 @@ TEST(EpdPolicy, StrategiesParseAndNameTheirPools) {
   EXPECT_TRUE(epd_pools(epd_strategy::ed_p)[1].decode);
 }
 
+// The real router's encode placement (troupe serve --epd): the pools that
+// encode under each strategy, then the fewest images waiting, the least
+// language work, ties in turn; outside the pool only when none of it serves.
+TEST(EpdPolicy, EncodePlacementTakesTheStrategysPoolFewestImagesFirst) {
+  EXPECT_TRUE(runs_encode(epd_strategy::ep_d, pd_pool::prefill));
+  EXPECT_TRUE(runs_encode(epd_strategy::ep_d, pd_pool::decode_to_prefill));
+  EXPECT_FALSE(runs_encode(epd_strategy::ep_d, pd_pool::decode));
+  EXPECT_TRUE(runs_encode(epd_strategy::ed_p, pd_pool::decode));
+  EXPECT_FALSE(runs_encode(epd_strategy::ed_p, pd_pool::prefill));
+  EXPECT_TRUE(runs_encode(epd_strategy::e_p_d, pd_pool::encode));
+  EXPECT_FALSE(runs_encode(epd_strategy::e_p_d, pd_pool::mixed));
+  EXPECT_TRUE(runs_encode(epd_strategy::colocated, pd_pool::decode));
+  EXPECT_TRUE(prefill_where_encoded(epd_strategy::ep_d));
+  EXPECT_FALSE(prefill_where_encoded(epd_strategy::ed_p));
+  EXPECT_FALSE(prefill_where_encoded(epd_strategy::e_p_d));
+
+  std::vector<encode_load> loads = {{1, true, true, pd_pool::encode, 2, 0},
+                                    {2, true, true, pd_pool::prefill, 0, 5},
+                                    {3, true, true, pd_pool::decode, 0, 1},
+                                    {4, true, true, pd_pool::encode, 1, 0},
+                                    {5, true, true, pd_pool::decode, 0, 1}};
+  size_t cursor = 0;
+  // E-P-D: the E instance with fewer images waiting.
+  auto c = place_encode(epd_strategy::e_p_d, loads, cursor);
+  EXPECT_EQ(c.instance, 4u);
+  EXPECT_NE(c.why.find("E pool"), std::string::npos) << c.why;
+  // EP-D: the one prefill instance.
+  EXPECT_EQ(place_encode(epd_strategy::ep_d, loads, cursor).instance, 2u);
+  // ED-P: 3 and 5 tie (no images, the same work): in turn.
+  cursor = 0;
+  const auto first = place_encode(epd_strategy::ed_p, loads, cursor).instance;
+  const auto second = place_encode(epd_strategy::ed_p, loads, cursor).instance;
+  EXPECT_EQ(std::min(first, second), 3u);
+  EXPECT_EQ(std::max(first, second), 5u);
+  // EPD: every instance encodes; fewest images, then least language work.
+  cursor = 0;
+  EXPECT_EQ(place_encode(epd_strategy::colocated, loads, cursor).instance, 3u);
+  // The E pool lost: any serving instance with an encoder, said so.
+  loads[0].serving = false;
+  loads[3].has_encoder = false;
+  c = place_encode(epd_strategy::e_p_d, loads, cursor);
+  EXPECT_NE(c.instance, 0u);
+  EXPECT_NE(c.instance, 1u);
+  EXPECT_NE(c.instance, 4u);
+  EXPECT_NE(c.why.find("no instance of its encode pool"), std::string::npos) << c.why;
+  for (auto& l : loads) l.has_encoder = false;
+  EXPECT_EQ(place_encode(epd_strategy::e_p_d, loads, cursor).instance, 0u);
+}
+
 TEST(EpdPolicy, TheBatchRuleTakesDecodesThenChunksThenEncodesOnlyWithoutPrefill) {
   epd_limits lim;
   lim.max_decode_tokens = 8;

@@ -55,6 +55,14 @@ TEST(PdPolicy, PoolsAndFlips) {
   EXPECT_EQ(settle(d.pool, d), pd_pool::prefill);
   EXPECT_EQ(parse_role("decode"), instance_role::decode);
   EXPECT_FALSE(parse_role("both"));
+  // Hybrid EPD's E pool: neither kind of work; in and out at once.
+  EXPECT_EQ(parse_role("encode"), instance_role::encode);
+  EXPECT_EQ(pool_of(instance_role::encode), pd_pool::encode);
+  EXPECT_FALSE(takes_prefill(pd_pool::encode));
+  EXPECT_FALSE(takes_decode(pd_pool::encode));
+  EXPECT_EQ(flip_pool(pd_pool::decode, instance_role::encode), pd_pool::encode);
+  EXPECT_EQ(flip_pool(pd_pool::encode, instance_role::prefill), pd_pool::prefill);
+  EXPECT_STREQ(to_string(pd_pool::encode), "E");
 }
 
 TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
@@ -83,6 +91,8 @@ TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
   auto down = inst(4, pd_pool::decode);
   down.serving = false;
   EXPECT_EQ(place_prefill(50, {down}, m, {}).instance, 0u);
+  // Nor an E instance (hybrid EPD's encoder-only pool).
+  EXPECT_EQ(place_prefill(50, {down, inst(5, pd_pool::encode)}, m, {}).instance, 0u);
 }
 
 TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCaps) {

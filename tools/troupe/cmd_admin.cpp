@@ -154,13 +154,14 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   {
     auto* sub = cmd->add_subcommand(
         "role",
-        "give an instance a new role (prefill, decode, mixed): it takes new work of that role at "
+        "give an instance a new role (prefill, decode, mixed, encode): it takes new work of that "
+        "role at "
         "once and finishes its old work; exits 0 once the instance took it");
     sub->fallthrough();
     sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
-    sub->add_option("role", f->value, "prefill, decode or mixed")
+    sub->add_option("role", f->value, "prefill, decode, mixed or encode (hybrid EPD's E pool)")
         ->required()
-        ->check(CLI::IsMember({"prefill", "decode", "mixed"}));
+        ->check(CLI::IsMember({"prefill", "decode", "mixed", "encode"}));
     sub->callback([f] {
       f->action = "role";
       int rc = run_admin(*f);

@@ -37,6 +37,7 @@
 #include "net/registry.hpp"
 #include "net/secret.hpp"
 #include "runtime/engine/page_pool.hpp"
+#include "runtime/service/epd_policy.hpp"
 #include "runtime/service/membership.hpp"
 #include "runtime/text/chat_template.hpp"
 #include "runtime/text/tokenizer.hpp"
@@ -82,6 +83,40 @@ bool any_instance_serving(caf::actor_system& sys, const router_actor& router) {
           },
           [](caf::error&) {});
   return serving;
+}
+
+// Hybrid EPD's checks across keys (service.epd): its strategy, or none.
+// The encode role is E-P-D's, which needs a local instance of it and one
+// of another role; the other disaggregated strategies need --pd.
+std::optional<epd_strategy> check_hybrid_epd(const service_settings& s, const engine_settings& e,
+                                             const std::vector<instance_role>& roles, int local) {
+  const auto encode_roles = std::count(roles.begin(), roles.end(), instance_role::encode);
+  if (s.epd.empty()) {
+    if (encode_roles > 0)
+      throw std::invalid_argument("service.roles: 'encode' is hybrid EPD's E pool (--epd E-P-D)");
+    return std::nullopt;
+  }
+  const auto epd = parse_epd_strategy(s.epd);  // (the schema checked the name)
+  const std::string key = "service.epd " + std::string(to_string(*epd)) + ": ";
+  if (e.mmproj.empty()) throw std::invalid_argument(key + "needs engine.mmproj (--mmproj)");
+  if (s.dp_group) throw std::invalid_argument(key + "not with service.dp_group");
+  if (local < 1) throw std::invalid_argument(key + "the encoders run beside local instances");
+  if (*epd != epd_strategy::colocated && !s.pd)
+    throw std::invalid_argument(key +
+                                "needs service.pd (--pd): it places prefill and decode "
+                                "on instances of their own");
+  if (*epd == epd_strategy::e_p_d) {
+    int n_encode = 0;
+    for (int i = 0; i < local; ++i)
+      n_encode += size_t(i) < roles.size() && roles[size_t(i)] == instance_role::encode;
+    if (n_encode == 0 || n_encode == local)
+      throw std::invalid_argument(key +
+                                  "give some local instances, not all, the encode role "
+                                  "(--roles, e.g. encode,prefill,decode)");
+  } else if (encode_roles > 0) {
+    throw std::invalid_argument("service.roles: 'encode' is hybrid EPD's E pool (--epd E-P-D)");
+  }
+  return epd;
 }
 
 // How often a service reads the registry's nodes.
@@ -198,6 +233,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
     throw std::invalid_argument("service.role_switching: needs service.pd (--pd)");
   std::vector<instance_role> roles;
   for (const auto& r : s.roles) roles.push_back(*parse_role(r));
+  const auto epd = check_hybrid_epd(s, e, roles, local);
 
   if (s.dp_group) {
     if (s.pd) throw std::invalid_argument("service.dp_group: not with service.pd");
@@ -265,6 +301,9 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ro.max_batch_tokens = e.max_batch_tokens;  // the TTFT predictor's step limits
   ro.chunk_size = e.chunk_size;
   ro.max_seqs = e.max_seqs;  // rebalancing: queued requests of full instances move
+  ro.epd = epd;
+  if (epd)  // an encoder per local instance (ids 1..local)
+    for (int i = 1; i <= local; ++i) ro.encoders.insert(static_cast<uint64_t>(i));
   auto monitor = spawn_monitor(*env.sys, s.window_ms / 1000.0);
   ro.monitor = monitor;
   // The data-parallel group places requests for the router (issue 15).
@@ -422,16 +461,31 @@ int run_serve(settings_flags& flags, const std::string& config) {
     try {
       ctx->encode_books = std::make_shared<encode_ledger>(
           e.encoder_queue, static_cast<uint64_t>(e.encoder_cache_mb) << 20);
-      ctx->encoder =
-          spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books, metrics);
+      if (epd) {
+        // Hybrid EPD: each local instance's own encoder (the ledger's
+        // queue bound and cache stay the service's).
+        ctx->epd = epd;
+        for (int i = 1; i <= local; ++i) {
+          auto enc = spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books,
+                                   metrics);
+          ctx->encoders[static_cast<uint64_t>(i)] = enc;
+          owned.push_back(caf::actor_cast<caf::actor>(enc));
+        }
+      } else {
+        ctx->encoder =
+            spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books, metrics);
+        owned.push_back(caf::actor_cast<caf::actor>(ctx->encoder));
+      }
     } catch (...) {
       for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
       throw;
     }
     ctx->image_rows = vision->hp.n_patches();
-    owned.push_back(caf::actor_cast<caf::actor>(ctx->encoder));
     std::fprintf(stderr, "troupe serve: images through %s (%d rows each, %dx%d pixels)\n",
                  e.mmproj.c_str(), ctx->image_rows, vision->hp.image_size, vision->hp.image_size);
+    if (epd)
+      std::fprintf(stderr, "troupe serve: hybrid EPD %s: an encoder on each of %d instances\n",
+                   std::string(to_string(*epd)).c_str(), local);
   }
   declare_request_metrics(*metrics);
   ctx->metrics = metrics;

@@ -237,13 +237,14 @@ class shell {
         [self](const command_line& l) {
           self->control(l, "preempt", {{"id", self->id_arg(l, 0, "a request id")}});
         });
-    add("role", "role INSTANCE prefill|decode|mixed",
+    add("role", "role INSTANCE prefill|decode|mixed|encode",
         "give an instance a new role: it takes new work of that role at once and finishes its "
         "old work (pool X->Y, then Y)",
         [self](const command_line& l) {
           const uint64_t id = self->id_arg(l, 0, "an instance id");
           if (l.args.size() < 2 || !parse_role(l.args[1]))
-            throw failure{"role: give prefill, decode or mixed (" + self->usage_of("role") + ")"};
+            throw failure{"role: give prefill, decode, mixed or encode (" + self->usage_of("role") +
+                          ")"};
           self->control(l, "role", {{"instance", id}, {"role", l.args[1]}});
         });
     add("layers", "layers INSTANCE FROM TO N",
