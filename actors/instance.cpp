@@ -692,11 +692,13 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
         }
         return asked;
       },
-      // D->P preemption by migration: at most n of the client's decoding
-      // sequences are asked to move (the request side asks the router
-      // where they decode), those with the most tokens left first: each
-      // move frees the most decode work.  Replies with how many were asked.
-      [self](evacuate_atom, const caf::node_id& client, int32_t n) -> int32_t {
+      // D->P preemption by migration: the client's decoding sequences
+      // are asked to move to `targets` in order (the router's plan), those
+      // with the most tokens left first: each move frees the most decode
+      // work.  Replies with how many were asked.
+      [self](evacuate_atom, const caf::node_id& client,
+             const std::vector<uint64_t>& targets) -> int32_t {
+        const auto n = static_cast<int32_t>(targets.size());
         auto seqs = self->state.eng->sequences();
         std::stable_sort(
             seqs.begin(), seqs.end(),
@@ -707,8 +709,8 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
           if (!q.decoding) continue;
           auto s = self->state.sinks.find(q.key);
           if (s == self->state.sinks.end() || s->second.node() != client) continue;
+          self->send(s->second, relocate_atom::value, q.id, targets[size_t(asked)]);
           ++asked;
-          self->send(s->second, relocate_atom::value, q.id);
         }
         return asked;
       },

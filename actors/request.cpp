@@ -115,6 +115,11 @@ struct request_state {
   // Hybrid EPD's fused stages: the instance that encoded its images
   // prefills it where it can (0: the router's choice).
   uint64_t prefill_at = 0;
+  // Hybrid EPD: the instance whose encoder has its images, and how many of
+  // them have not answered; the router counts them waiting there until
+  // told (all answered, or the request ended first).
+  uint64_t encode_at = 0;
+  int32_t encode_unanswered = 0;
   int placements_failed = 0;  // in a row, while recovering
   // The number of the latest placement or enqueue: callbacks of one that a
   // later one superseded (a loss seen while it was on its way) are stale.
@@ -164,6 +169,11 @@ using self_ptr = request_actor::stateful_pointer<request_state>;
 void quit(self_ptr self) {
   auto& st = self->state;
   if (st.instance) self->demonitor(st.instance.address());
+  // Answers still due from an instance's encoder will not be heard: the
+  // router stops counting them now.
+  if (st.encode_unanswered > 0)
+    self->send(st.ctx->router, encoded_atom::value, st.encode_at, st.encode_unanswered);
+  st.encode_unanswered = 0;
   // Images still waiting for the encoder are skipped.
   if (!st.seq.embeds.empty() && st.ctx->encode_books) st.ctx->encode_books->withdraw(st.seq.id);
   self->quit();
@@ -801,16 +811,20 @@ void encode_then_place(self_ptr self) {
 }
 
 // Each image through `encoder` (instance `at`'s under hybrid EPD, whose
-// router counts the images until all have answered; 0: the service's).
+// router counts each image until it answers or the request ends (quit);
+// 0: the service's).
 void encode_on(self_ptr self, encoder_actor encoder, uint64_t at) {
   auto& st = self->state;
   const size_t n = st.seq.embeds.size();
   auto left = std::make_shared<size_t>(n);
-  auto answers = std::make_shared<size_t>(n);
-  // Every answer, success or not, even after the request ended.
-  auto answered = [self, at, n, answers] {
-    if (--*answers == 0 && at != 0)
-      self->send(self->state.ctx->router, encoded_atom::value, at, static_cast<int32_t>(n));
+  st.encode_at = at;
+  st.encode_unanswered = at != 0 ? static_cast<int32_t>(n) : 0;
+  // Each answer, before the request may end on it.
+  auto answered = [self] {
+    auto& st = self->state;
+    if (st.encode_unanswered <= 0) return;
+    --st.encode_unanswered;
+    self->send(st.ctx->router, encoded_atom::value, st.encode_at, int32_t{1});
   };
   const auto started = clock_type::now();
   for (size_t i = 0; i < n; ++i) {
@@ -874,6 +888,7 @@ request_actor::behavior_type request_behavior(self_ptr self,
     return {[](tokens_atom, const token_batch&) {},
             [](preempted_atom, uint64_t, bool) {},
             [](relocate_atom, uint64_t) {},
+            [](relocate_atom, uint64_t, uint64_t) {},
             [](cancel_atom) {},
             [](cancel_atom, const std::string&) {},
             [](deadline_atom) {},
@@ -916,6 +931,11 @@ request_actor::behavior_type request_behavior(self_ptr self,
       [self](preempted_atom, uint64_t, bool) { ++self->state.trace.preemptions; },
       // The instance drains: move the sequence where the router places it now.
       [self](relocate_atom, uint64_t) { relocate(self); },
+      // The router's evacuation plan: straight to that instance.
+      [self](relocate_atom, uint64_t, uint64_t target) {
+        if (self->state.phase == request_phase::running && target != self->state.instance_id)
+          start_migration(self, target, [](caf::expected<uint64_t>) {});
+      },
       // The client's cancel: abort the sequence, then Finished (cancelled).
       [self](cancel_atom) {
         if (self->state.done()) return;

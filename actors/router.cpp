@@ -282,10 +282,10 @@ void learn_steps(router_state& st, uint64_t id, const std::vector<step_timing>& 
 
 // D->P preemption by migration (pd_config::preempt_migrate): instance
 // `id` left decode; as many of its decoding sequences as plan_evacuation
-// finds room for under the caps are asked to move.  The router's snapshot
-// has their count and total context, not each one's: the plan takes the
-// mean for each.  Each request then asks where it decodes (place_decode,
-// the same rule) and migrates there.
+// finds room for under the caps are asked to move, each to its planned
+// instance (counted there now, as a decode placement is).  The router's
+// snapshot has their count and total context, not each one's: the plan
+// takes the mean for each.
 void evacuate(self_ptr self, uint64_t id) {
   auto& st = self->state;
   auto* i = find(st, id);
@@ -296,10 +296,19 @@ void evacuate(self_ptr self, uint64_t id) {
                                       static_cast<int32_t>(from.running_tokens / from.decoding));
   const auto to = plan_evacuation(id, contexts, pd_loads(st), st.opts.pd_cfg,
                                   {st.opts.ttft_target_ms, st.opts.tpot_target_ms});
-  const auto n =
-      static_cast<int32_t>(std::count_if(to.begin(), to.end(), [](uint64_t d) { return d != 0; }));
+  std::vector<uint64_t> targets;
+  for (size_t k = 0; k < to.size(); ++k) {
+    if (to[k] == 0) continue;
+    targets.push_back(to[k]);
+    auto& s = st.last[to[k]];
+    ++s.decoding;
+    s.running_tokens += contexts[k];
+    s.kv.free -= (contexts[k] + st.opts.page_size - 1) / std::max(1, st.opts.page_size);
+  }
+  const auto n = static_cast<int32_t>(targets.size());
   if (n == 0) return;
-  self->request(i->actor, std::chrono::seconds(5), evacuate_atom::value, self->node(), n)
+  self->request(i->actor, std::chrono::seconds(5), evacuate_atom::value, self->node(),
+                std::move(targets))
       .then(
           [id, n](int32_t asked) {
             spdlog::info(
@@ -382,6 +391,7 @@ void forget_instances(self_ptr self, Which which) {
     st.own_left.erase(it->id);
     st.windows.erase(it->id);
     st.modeled.erase(it->id);
+    st.encode_images.erase(it->id);
     spdlog::info("router: instance {} on {} leaves the service", it->id, it->node);
     it = st.instances.erase(it);
   }
@@ -573,6 +583,13 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             return caf::make_error(
                 caf::sec::invalid_argument,
                 "role: '" + role + "' is not a role (prefill, decode, mixed, encode)");
+          // An E instance runs an encoder and no language work: only where
+          // E-P-D places encodes and the instance has an encoder.
+          if (*r == instance_role::encode &&
+              (self->state.opts.epd != epd_strategy::e_p_d || !self->state.opts.encoders.count(id)))
+            return caf::make_error(caf::sec::invalid_argument,
+                                   "role: encode is for an instance with a vision encoder in a "
+                                   "service with --epd E-P-D");
           auto rp = self->make_response_promise<std::string>();
           apply_role(self, id, *r, "asked for", [rp](caf::expected<std::string> x) mutable {
             if (x)
@@ -615,8 +632,8 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           return {c.instance, std::move(c.why)};
         },
         [self](encoded_atom, uint64_t id, int32_t images) {
-          auto& n = self->state.encode_images[id];
-          n = std::max(0, n - images);
+          auto it = self->state.encode_images.find(id);
+          if (it != self->state.encode_images.end()) it->second = std::max(0, it->second - images);
         },
         // That instance, if serving, for a migration.
         [self](lookup_atom, uint64_t id) -> caf::result<placement_reply> {

@@ -8,6 +8,9 @@ request rate at which 90% of requests meet both SLOs, per configuration:
   pd-dynamic  PD with SLO-aware placement and role switching through mixed
               instances (the default, --flip-via-mixed true)
   pd-report   the same with the report's straight P<->D flips, one a window
+  pd-dynamic-drain, pd-report-drain
+              the same two without D->P preemption by migration
+              (--flip-migrate false: streams finish where they are)
 
 Workloads: `phase` (bench/phase_shift_trace.py: bursts of long prompts and
 short outputs alternating with short prompts and long outputs; its rates

@@ -21,10 +21,13 @@ namespace troupe {
 // recomputed).  Either way it resumes by itself; the client sees delay.
 // relocate: the instance is draining; the request side should move the
 // sequence elsewhere (migrate) if it can, else it finishes where it is.
+// With a target: move it there (D->P preemption by migration: the
+// router's plan says where).
 using token_sink_actor =
     caf::typed_actor<caf::reacts_to<tokens_atom, token_batch>,
                      caf::reacts_to<preempted_atom, uint64_t /*id*/, bool /*swapped*/>,
-                     caf::reacts_to<relocate_atom, uint64_t /*id*/>>;
+                     caf::reacts_to<relocate_atom, uint64_t /*id*/>,
+                     caf::reacts_to<relocate_atom, uint64_t /*id*/, uint64_t /*target*/>>;
 
 // A sequence as the instance protocol carries it: the engine's part and the
 // actor its tokens stream to.
@@ -155,7 +158,7 @@ using kv_receiver_actor =
 using instance_actor = caf::typed_actor<
     caf::replies_to<relocate_atom, caf::node_id>::with<int32_t>,
     caf::replies_to<relocate_atom, caf::node_id, int32_t>::with<int32_t>,
-    caf::replies_to<evacuate_atom, caf::node_id, int32_t>::with<int32_t>,
+    caf::replies_to<evacuate_atom, caf::node_id, std::vector<uint64_t>>::with<int32_t>,
     caf::replies_to<enqueue_atom, sequence_request>::with<int32_t>,
     caf::reacts_to<abort_atom, uint64_t>,
     caf::replies_to<export_atom, uint64_t>::with<std::vector<uint8_t>>,

@@ -81,7 +81,7 @@ std::string check_arguments(const json& req, admin_request& r) {
     return "heads needs \"from\" and \"to\" (two stages) and \"heads\" (how many KV heads "
            "move; 0 brings them home), integers 0 to 65535";
   if (c == "role" && (!string_field(req, "role", r.role) || r.role.empty()))
-    return "role needs \"role\": prefill, decode or mixed";
+    return "role needs \"role\": prefill, decode, mixed or encode";
   return "";
 }
 

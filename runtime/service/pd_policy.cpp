@@ -225,7 +225,7 @@ std::vector<uint64_t> plan_evacuation(uint64_t from, const std::vector<int32_t>&
     const pd_load* d = fewest_running_under_caps(loads, from, context, c, t, nullptr);
     to.push_back(d ? d->id : 0);
     if (!d) continue;
-    // The loads as the router counts a placement (its `place_decode_atom`).
+    // Its KV and streams as they will be with this one.
     auto& l = loads[size_t(d - loads.data())];
     ++l.decoding;
     l.running_tokens += context;

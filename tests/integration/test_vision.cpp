@@ -238,7 +238,13 @@ TEST(Vision, HybridEpdEncodesOnAnEncodeInstanceUnderEPD) {
 TEST(Vision, HybridEpdFusesEncodeAndPrefillUnderEpD) {
   NEED_FILES();
   serve_and_compare("--local-instances 2 --pd --roles prefill,decode --epd ep-d", "hybrid EP-D",
-                    [](const server_process& server) { expect_stages(server, 1, 1, 2, "P"); });
+                    [](const server_process& server) {
+                      expect_stages(server, 1, 1, 2, "P");
+                      // Fused: placed where it was encoded, not by the prefill policy.
+                      for (size_t id = 1; id <= k_cases; ++id)
+                        EXPECT_EQ(server.admin("trace " + std::to_string(id))["placement"],
+                                  "prefills where its images were encoded (hybrid EPD)");
+                    });
 }
 
 // Prefix caching of image prompts: the pages of an image's rows are keyed

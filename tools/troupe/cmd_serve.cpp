@@ -105,6 +105,10 @@ std::optional<epd_strategy> check_hybrid_epd(const service_settings& s, const en
     throw std::invalid_argument(key +
                                 "needs service.pd (--pd): it places prefill and decode "
                                 "on instances of their own");
+  if (encode_roles > 0 && roles.size() > size_t(local) &&
+      std::count(roles.begin() + local, roles.end(), instance_role::encode) > 0)
+    throw std::invalid_argument("service.roles: 'encode' only for local instances (the first " +
+                                std::to_string(local) + "): the encoders run beside them");
   if (*epd == epd_strategy::e_p_d) {
     int n_encode = 0;
     for (int i = 0; i < local; ++i)
