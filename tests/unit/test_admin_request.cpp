@@ -44,7 +44,7 @@ TEST(AdminRequest, ArgumentsAreTypeAndRangeChecked) {
   EXPECT_EQ(outcome(R"({"command":"set","key":"k","value":null})"),
             "arguments: set needs \"key\" and \"value\" (strings)");
   EXPECT_EQ(outcome(R"({"command":"role","instance":1,"role":{}})"),
-            "arguments: role needs \"role\": prefill, decode or mixed");
+            "arguments: role needs \"role\": prefill, decode, mixed or encode");
   EXPECT_EQ(outcome(R"({"command":"spawn","node":"127.0.0.1:7001","count":2})"), "ok");
   EXPECT_EQ(outcome(R"({"command":"spawn","node":1,"count":2})"),
             "arguments: spawn needs \"node\" (HOST:PORT) and \"count\"");
