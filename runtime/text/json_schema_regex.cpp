@@ -1,6 +1,5 @@
 #include "runtime/text/json_schema_regex.hpp"
 
-#include <climits>
 #include <cmath>
 #include <string_view>
 #include <utility>
@@ -75,16 +74,18 @@ std::string alternatives(const std::vector<std::string>& parts) {
 }
 
 // A size keyword (minLength, maxItems, ...): a whole number in
-// [0, INT_MAX], or `absent` when the schema has none.
+// [0, k_regex_max_repeat] (it becomes a regex repeat count, and no
+// max_tokens budget writes more), or `absent` when the schema has none.
 int size_keyword(const json& s, const char* key, int absent, const char* pair) {
   const auto it = s.find(key);
   if (it == s.end()) return absent;
-  if (it->is_number_unsigned() && it->get<uint64_t>() <= uint64_t{INT_MAX})
-    return static_cast<int>(it->get<uint64_t>());
-  if (it->is_number_float()) {
-    const double x = it->get<double>();
-    if (x >= 0 && x <= INT_MAX && x == std::floor(x)) return static_cast<int>(x);
-  }
+  double x = -1;
+  if (it->is_number_unsigned()) x = static_cast<double>(it->get<uint64_t>());
+  if (it->is_number_float()) x = it->get<double>();
+  if (x > k_regex_max_repeat)
+    throw schema_error(std::string("schema: ") + key + " above " +
+                       std::to_string(k_regex_max_repeat) + " is not supported");
+  if (x >= 0 && x == std::floor(x)) return static_cast<int>(x);
   throw schema_error(std::string("schema: bad ") + pair);
 }
 

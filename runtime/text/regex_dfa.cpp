@@ -72,7 +72,8 @@ struct regex_parser {
     int n = 0;
     while (more() && std::isdigit(static_cast<unsigned char>(peek()))) {
       n = n * 10 + (p[i++] - '0');
-      if (n > 10000) fail("a repeat count above 10000");
+      if (n > k_regex_max_repeat)
+        fail("a repeat count above " + std::to_string(k_regex_max_repeat));
     }
     return n;
   }

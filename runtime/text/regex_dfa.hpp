@@ -25,6 +25,8 @@ struct regex_error : std::invalid_argument {
 
 // How deeply groups and quantifiers may nest (a regex_error names it).
 inline constexpr int k_regex_max_depth = 256;
+// The largest count a {m,n} repeat may name.
+inline constexpr int k_regex_max_repeat = 10000;
 
 class regex_dfa {
  public:

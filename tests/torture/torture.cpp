@@ -737,7 +737,8 @@ class round_driver {
       // A node removed by hand: its requests drain to the other, its
       // instance is released; it stays out while registered.
       drained_ = true;
-      must(shell("node remove " + nodes_[pick(2)]->address(), "--admin-timeout-ms 120000"),
+      removed_node_ = static_cast<int>(pick(2));
+      must(shell("node remove " + nodes_[removed_node_]->address(), "--admin-timeout-ms 120000"),
            "node remove", t_.registry_removes);
     } else if (roll < 92) {
       hostile_admin_frame();
@@ -781,7 +782,8 @@ class round_driver {
     } else if (roll == 98 && !nodes_.empty() && !spawned_ && chance(0.2)) {
       // One more instance on a live node, at run time (troupe shell spawn).
       spawned_ = true;
-      const size_t n = killed_node_ == 0 ? 1 : 0;
+      // Not on a node killed or removed by hand: that one refuses.
+      const size_t n = killed_node_ == 0 || removed_node_ == 0 ? 1 : 0;
       // A spawn answers once the node has loaded the model: Gemma 3 on a
       // busy machine takes longer than the shell's default 5 s.
       must(shell("spawn " + nodes_[n]->address() + " 1", "--admin-timeout-ms 60000"), "spawn",
@@ -1434,6 +1436,7 @@ class round_driver {
   bool joined_ = false;          // a third node joined through the registry
   bool second_service_ = false;  // a second service came and was killed
   int killed_node_ = -1;
+  int removed_node_ = -1;  // a node taken out by `node remove`
   std::unique_ptr<testing::secret_file> secret_;
   std::unique_ptr<testing::etcd_process> etcd_;  // registry rounds
   bool pull_round_ = false;                      // the first node has no KV store this round

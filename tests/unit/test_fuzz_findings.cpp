@@ -68,6 +68,25 @@ TEST(FuzzFindings, SchemaSizeKeywordsOfAnyTypeGiveSchemaError) {
             schema_regex(ojson::parse(R"({"type":"string","minLength":2,"maxLength":3})")));
 }
 
+// fuzz_json_schema (CI, seed 1): a minLength or minItems above 10000
+// became a repeat count that regex_dfa refuses with a syntax error, not a
+// schema error naming the keyword.
+TEST(FuzzFindings, SchemaSizeKeywordsAboveTheRepeatLimitGiveSchemaError) {
+  for (const char* bad :
+       {R"({"type":"string","minLength":20000})", R"({"type":"string","maxLength":10001})",
+        R"({"type":"array","items":{"type":"integer"},"minItems":20001})",
+        R"({"type":"array","maxItems":1e5})"}) {
+    try {
+      schema_regex(ojson::parse(bad));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const schema_error& e) {
+      EXPECT_NE(std::string(e.what()).find("above 10000 is not supported"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(schema_regex(ojson::parse(R"({"type":"array","maxItems":10000})")));
+}
+
 // fuzz_json_schema: a schema nested 100000 deep overflowed the stack in
 // nlohmann's recursive copy (`items`) and dump (`const`).
 TEST(FuzzFindings, DeeplyNestedSchemaIsRefused) {
