@@ -113,6 +113,7 @@ pd_load load_of(const router_state& st, const router_instance& i) {
     const auto& s = it->second;
     l.queued_prefills = s.queued_prefills;
     l.prefilling = static_cast<int32_t>(s.queued_prefills.size());
+    l.waiting = static_cast<int32_t>(std::clamp<int64_t>(s.waiting, 0, l.prefilling));
     l.decoding = s.decoding;
     l.running_tokens = s.running_tokens;
     l.total_pages = s.kv.total;

@@ -315,6 +315,7 @@ class simulation {
         l.running_tokens += s.total;
       } else {
         l.queued_prefills.push_back(s.total - s.computed);
+        l.waiting += !s.running && !s.parked;
       }
     }
     l.prefilling = int32_t(l.queued_prefills.size());
@@ -369,6 +370,7 @@ class simulation {
       if (l.id == id) {
         l.queued_prefills.push_back(prompt);
         ++l.prefilling;
+        ++l.waiting;
       }
   }
   void counted_decode(uint64_t id, int32_t context) {

@@ -144,8 +144,11 @@ prefill_choice place_prefill(int32_t prompt_tokens, const std::vector<pd_load>& 
         best_overall = {l.id, ms, false, ""};
       }
       if (!meets(ms)) continue;
+      const int32_t free_pages = l.total_pages - l.used_pages;
+      const int32_t best_free = best ? best->total_pages - best->used_pages : 0;
       if (!best || l.load_score() < best->load_score() ||
-          (l.load_score() == best->load_score() && ms < best_ms)) {
+          (l.load_score() == best->load_score() &&
+           (free_pages > best_free || (free_pages == best_free && ms < best_ms)))) {
         best = &l;
         best_ms = ms;
       }

@@ -59,6 +59,7 @@ struct pd_load {
   pd_pool pool = pd_pool::mixed;
   std::vector<int32_t> queued_prefills;  // prompt tokens still to compute, per sequence
   int32_t prefilling = 0;                // sequences with prompt left (waiting included)
+  int32_t waiting = 0;                   // of those, the ones not admitted yet
   int32_t decoding = 0;                  // sequences decoding
   int64_t running_tokens = 0;            // KV tokens of its decoding sequences
   int32_t used_pages = 0;
@@ -74,8 +75,8 @@ struct pd_load {
   int64_t queued_prefill_tokens() const;
   int64_t tokens_in_process() const { return queued_prefill_tokens() + running_tokens; }
   // vLLM's load score as least-load placement counts it (4 x waiting +
-  // running), with sequences still prefilling as the waiting ones.
-  int64_t load_score() const { return 4 * int64_t(prefilling) + decoding; }
+  // running): a sequence admitted and prefilling is a running one.
+  int64_t load_score() const { return 4 * int64_t(waiting) + (prefilling - waiting) + decoding; }
 };
 
 // Promotes an X->Y instance to Y once its X work is done.
@@ -127,7 +128,9 @@ struct prefill_choice {
 };
 
 // Of the P (and M) instances predicted to meet the TTFT target, the one
-// with the lowest load score (decoding sequences included); else of the
+// with the lowest load score (decoding sequences included; ties: the most
+// free KV pages, then the lowest prediction, as least-load placement
+// breaks them); else of the
 // D->P instances that meet it, else the lowest
 // prediction of all, marked as missing.  With no prefill-taking instance
 // serving, any serving instance (it will decode there too); 0 when none

@@ -183,7 +183,20 @@ struct tracked {
   // terminal message.
   int duplicates = 0;
   std::string how;
+  // What was done to it by hand while it ran (a violation names them).
+  std::string events;
 };
+
+// Where two token lists part: "token I: A (offline B)" and both lengths.
+std::string first_difference(const std::vector<int32_t>& got, const std::vector<int32_t>& want) {
+  size_t i = 0;
+  while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
+  auto at = [&](const std::vector<int32_t>& v) {
+    return i < v.size() ? std::to_string(v[i]) : std::string("none");
+  };
+  return "token " + std::to_string(i) + ": " + at(got) + " (offline " + at(want) + "), " +
+         std::to_string(got.size()) + " tokens against " + std::to_string(want.size());
+}
 
 tracked track(kind k, size_t prompt) {
   tracked t;
@@ -557,6 +570,7 @@ class round_driver {
     const std::string to = std::to_string(1 + pick(instances_));
     auto r = admin("migrate " + std::to_string(id) + " " + to);
     ++(r.exit_code == 0 ? t_.migrations : t_.migrations_refused);
+    if (r.exit_code == 0) s.reqs[id].events += " migrated to " + to + ";";
   }
 
   // `troupe client --server EP admin ARGS --json`, as it ended.
@@ -586,8 +600,10 @@ class round_driver {
     for (const auto& [rid, r] : s.reqs)
       if (r.terminals == 0 && r.k != kind::refused && r.duplicates == 0) open.push_back(rid);
     if (open.empty()) return;
-    auto r = shell("preempt " + std::to_string(one_of(open)));
+    const uint64_t id = one_of(open);
+    auto r = shell("preempt " + std::to_string(id));
     ++(r.exit_code == 0 ? t_.preempts : t_.preempts_refused);
+    if (r.exit_code == 0) s.reqs[id].events += " preempted;";
   }
 
   wire::Generate greedy(client_socket& s, uint64_t id, size_t prompt) {
@@ -1335,8 +1351,11 @@ class round_driver {
     if (r.k == kind::greedy && how == "LENGTH" && r.duplicates == 0) {
       ++t_.greedy_checked;
       if (r.tokens != ref_->tokens[r.prompt])
-        violation("greedy request " + std::to_string(id) + " (prompt " + std::to_string(r.prompt) +
-                  ") differs from offline greedy");
+        violation(
+            "greedy request " + std::to_string(id) + " (prompt " + std::to_string(r.prompt) +
+            ") differs from offline greedy: " + first_difference(r.tokens, ref_->tokens[r.prompt]) +
+            (r.events.empty() ? "" : ";" + r.events) + (drained_ ? " (a drain this round)" : "") +
+            (killed_ ? " (a kill this round)" : ""));
     }
   }
 

@@ -95,6 +95,31 @@ TEST(PdPolicy, PrefillGoesToTheLeastQueuedPInstanceThenDToP) {
   EXPECT_EQ(place_prefill(50, {down, inst(5, pd_pool::encode)}, m, {}).instance, 0u);
 }
 
+// The load score is vLLM's (4 x waiting + running): a prompt admitted and
+// being prefilled in chunks counts as running, not as waiting (it used to
+// count 4, steering prompts onto the instances busiest decoding: 0.93x of
+// mixed least-load on the phase trace at 16 instances).  Ties go to the
+// most free KV pages, as least-load placement breaks them.
+TEST(PdPolicy, PrefillPlacementWeighsAdmittedPromptsAsRunningAndTiesByFreePages) {
+  auto m = linear_model();
+  auto chunking = inst(1, pd_pool::mixed, {400});  // admitted: 1
+  auto queued = inst(2, pd_pool::mixed, {20});     // waiting: 4
+  queued.waiting = 1;
+  auto decoding = inst(3, pd_pool::mixed, {}, 64);  // 2 decoding
+  decoding.decoding = 2;
+  EXPECT_EQ(chunking.load_score(), 1);
+  EXPECT_EQ(queued.load_score(), 4);
+  auto c = place_prefill(50, {queued, decoding, chunking}, m, {5000, 0});
+  EXPECT_EQ(c.instance, 1u) << c.why;
+  // Equal scores: the instance with more free pages, though its queue is longer.
+  auto roomy = inst(4, pd_pool::mixed, {300});
+  auto full = inst(5, pd_pool::mixed, {10});
+  full.used_pages = 60;
+  EXPECT_EQ(place_prefill(50, {full, roomy}, m, {5000, 0}).instance, 4u);
+  full.used_pages = 0;  // then the lower prediction
+  EXPECT_EQ(place_prefill(50, {roomy, full}, m, {5000, 0}).instance, 5u);
+}
+
 TEST(PdPolicy, DecodeStaysOnAMixedPrefillInstanceElseFewestRunningTokensUnderCaps) {
   pd_config cfg;
   std::vector<pd_load> loads = {inst(1, pd_pool::prefill), inst(2, pd_pool::decode, {}, 800),
