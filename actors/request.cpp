@@ -526,27 +526,22 @@ void place_and_enqueue(self_ptr self) {
                      st.ctx->prefix_salt);
     hashes.push_back(prev);
   }
-  auto placed = [self, attempt](placement_reply& p) {
-    if (self->state.done() || self->state.attempt != attempt) return;
-    attach(self, p);
-    enqueue(self);
-  };
-  auto failed = [self, attempt](caf::error& e) {
-    auto& st = self->state;
-    if (st.done() || st.attempt != attempt) return;
-    if (!st.announced)
-      return reject(self, wire::UNAVAILABLE,
-                    "no instance can take the request: " + self->system().render(e));
-    retry_later(self);
-  };
-  const auto n = static_cast<int32_t>(tokens.size());
-  if (st.prefill_at != 0)
-    self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n, std::move(hashes),
-                  st.prefill_at)
-        .then(placed, failed);
-  else
-    self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, n, std::move(hashes))
-        .then(placed, failed);
+  self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value,
+                static_cast<int32_t>(tokens.size()), std::move(hashes), st.prefill_at)
+      .then(
+          [self, attempt](placement_reply& p) {
+            if (self->state.done() || self->state.attempt != attempt) return;
+            attach(self, p);
+            enqueue(self);
+          },
+          [self, attempt](caf::error& e) {
+            auto& st = self->state;
+            if (st.done() || st.attempt != attempt) return;
+            if (!st.announced)
+              return reject(self, wire::UNAVAILABLE,
+                            "no instance can take the request: " + self->system().render(e));
+            retry_later(self);
+          });
 }
 
 // How a move of the sequence's KV ended (move_sequence).
@@ -739,7 +734,7 @@ void relocate(self_ptr self) {
         .then(go, [](caf::error&) {});
   else
     self->request(st.ctx->router, std::chrono::seconds(10), place_atom::value, context,
-                  std::vector<uint64_t>{})
+                  std::vector<uint64_t>{}, uint64_t{0})
         .then(go, [](caf::error&) {});
 }
 

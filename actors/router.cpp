@@ -304,7 +304,7 @@ void evacuate(self_ptr self, uint64_t id) {
     auto& s = st.last[to[k]];
     ++s.decoding;
     s.running_tokens += contexts[k];
-    s.kv.free -= (contexts[k] + st.opts.page_size - 1) / std::max(1, st.opts.page_size);
+    s.kv.free -= kv_pages_for(contexts[k], st.opts.page_size);
   }
   const auto n = static_cast<int32_t>(targets.size());
   if (n == 0) return;
@@ -607,10 +607,6 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
           self->delayed_send(self, self->state.opts.poll, tick_atom::value);
         },
         // An instance for a new request, by the service's policy or its dp_group.
-        [self](place_atom, int32_t prompt_tokens,
-               std::vector<uint64_t>& hashes) -> caf::result<placement_reply> {
-          return place_request(self, prompt_tokens, hashes, 0);
-        },
         [self](place_atom, int32_t prompt_tokens, std::vector<uint64_t>& hashes,
                uint64_t prefer) -> caf::result<placement_reply> {
           return place_request(self, prompt_tokens, hashes, prefer);

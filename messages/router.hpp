@@ -54,9 +54,12 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
            x.predicted_ttft_ms, x.kv_sources, x.kv_copy_to);
 }
 
-// place:    (prompt tokens, the prompt's full-page hashes) an instance for
-//           a new request, by the service's policy; an error when no
-//           instance is serving.
+// place:    (prompt tokens, the prompt's full-page hashes, preferred
+//           instance) an instance for a new request, by the service's
+//           policy; an error when no instance is serving.  The preferred
+//           instance (0: none), where serving and taking prefill, is taken
+//           instead (hybrid EPD's EP-D: prefill where the images were
+//           encoded).
 // lookup:   (instance id) that instance, for a migration; an error when it
 //           is unknown or not serving.
 // registry: every instance with its node, role and state.
@@ -79,9 +82,6 @@ typename Inspector::result_type inspect(Inspector& f, placement_reply& x) {
 //           serves.  The router counts them waiting there until
 // encoded:  (instance id, images) the request's images are done there
 //           (encoded or failed).
-// place with a preferred instance: (prompt tokens, hashes, instance) as
-//           place, but a disaggregated service prefills on that instance
-//           where it takes prefill (EP-D's fused encode and prefill).
 // setrole:  (instance id, prefill|decode|mixed|encode) the instance takes the role
 //           now (pool X->Y: new work of the new role at once, its old work
 //           finishing); replies with what changed once the instance agreed.
@@ -101,7 +101,6 @@ using router_actor = caf::typed_actor<
     caf::reacts_to<forget_node_atom, std::string>, caf::reacts_to<forget_instance_atom, uint64_t>,
     caf::replies_to<add_instances_atom, std::string,
                     std::vector<hosted_instance>>::with<std::vector<uint64_t>>,
-    caf::replies_to<place_atom, int32_t, std::vector<uint64_t>>::with<placement_reply>,
     caf::replies_to<place_atom, int32_t, std::vector<uint64_t>, uint64_t>::with<placement_reply>,
     caf::replies_to<place_encode_atom, int32_t>::with<uint64_t, std::string>,
     caf::reacts_to<encoded_atom, uint64_t, int32_t>,

@@ -297,9 +297,7 @@ class simulation {
     if (k >= 0) push(now_ + reqs_[size_t(k)].think_s, ev::arrival, 0, uint64_t(k), 0);
   }
 
-  int32_t pages_for(int64_t tokens) const {
-    return int32_t((tokens + lim_.page_size - 1) / lim_.page_size);
-  }
+  int32_t pages_for(int64_t tokens) const { return kv_pages_for(tokens, lim_.page_size); }
 
   pd_load load_of(const sim_instance& in) const {
     pd_load l;

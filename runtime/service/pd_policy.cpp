@@ -194,7 +194,7 @@ const pd_load* fewest_running_under_caps(const std::vector<pd_load>& loads, uint
     auto fewer = [&](const pd_load* b) { return !b || l.running_tokens < b->running_tokens; };
     if (any && fewer(*any)) *any = &l;
     const int64_t capacity = int64_t(l.total_pages) * l.page_size;
-    const int64_t need = (context_tokens + l.page_size - 1) / std::max(1, l.page_size);
+    const int64_t need = kv_pages_for(context_tokens, l.page_size);
     const bool kv_ok =
         capacity <= 0 || double(l.used_pages + need) <= c.decode_kv_cap * l.total_pages;
     const bool step_ok = step_cap <= 0 || l.token_interval_ms <= step_cap;
@@ -232,7 +232,7 @@ std::vector<uint64_t> plan_evacuation(uint64_t from, const std::vector<int32_t>&
     auto& l = loads[size_t(d - loads.data())];
     ++l.decoding;
     l.running_tokens += context;
-    l.used_pages += (context + l.page_size - 1) / std::max(1, l.page_size);
+    l.used_pages += kv_pages_for(context, l.page_size);
   }
   return to;
 }

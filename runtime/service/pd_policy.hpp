@@ -9,6 +9,7 @@
 // M (mixed: both kinds, not part of the flipping).  A flip moves an
 // instance to the X->Y pool at once; it is promoted to Y once its X work
 // is done.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -78,6 +79,12 @@ struct pd_load {
   // running): a sequence admitted and prefilling is a running one.
   int64_t load_score() const { return 4 * int64_t(waiting) + (prefilling - waiting) + decoding; }
 };
+
+// The KV pages `tokens` take, `page_size` tokens a page (rounded up).
+inline int32_t kv_pages_for(int64_t tokens, int32_t page_size) {
+  const int64_t ps = std::max(1, page_size);
+  return static_cast<int32_t>((tokens + ps - 1) / ps);
+}
 
 // Promotes an X->Y instance to Y once its X work is done.
 pd_pool settle(pd_pool p, const pd_load& l);
