@@ -781,16 +781,16 @@ void encode_then_place(self_ptr self) {
           [self](uint64_t at, std::string& why) {
             auto& st = self->state;
             auto enc = st.ctx->encoders.find(at);
-            if (enc == st.ctx->encoders.end()) {
+            const bool no_encoder = enc == st.ctx->encoders.end();
+            if (no_encoder || st.done()) {
+              // The router counted the images on `at`; none will be
+              // encoded there.
+              self->send(st.ctx->router, encoded_atom::value, at,
+                         static_cast<int32_t>(st.seq.embeds.size()));
               // (The router only names instances with an encoder.)
-              self->send(st.ctx->router, encoded_atom::value, at,
-                         static_cast<int32_t>(st.seq.embeds.size()));
-              return reject(self, wire::INTERNAL,
-                            "instance " + std::to_string(at) + " has no vision encoder");
-            }
-            if (st.done()) {
-              self->send(st.ctx->router, encoded_atom::value, at,
-                         static_cast<int32_t>(st.seq.embeds.size()));
+              if (no_encoder)
+                reject(self, wire::INTERNAL,
+                       "instance " + std::to_string(at) + " has no vision encoder");
               return;
             }
             st.trace.encode_instance = at;

@@ -131,6 +131,17 @@ pd_load load_of(const router_state& st, const router_instance& i) {
   return l;
 }
 
+// A sequence of `context` tokens placed to decode on instance `id`,
+// counted in the router's snapshot of it until its next stats report, so
+// that the placements before then see it (its decoding count, context and
+// KV pages).
+void count_decode(router_state& st, uint64_t id, int32_t context) {
+  auto& s = st.last[id];
+  ++s.decoding;
+  s.running_tokens += context;
+  s.kv.free -= kv_pages_for(context, st.opts.page_size);
+}
+
 // The instances as the disaggregation policies see them.
 std::vector<pd_load> pd_loads(const router_state& st) {
   std::vector<pd_load> out;
@@ -301,10 +312,7 @@ void evacuate(self_ptr self, uint64_t id) {
   for (size_t k = 0; k < to.size(); ++k) {
     if (to[k] == 0) continue;
     targets.push_back(to[k]);
-    auto& s = st.last[to[k]];
-    ++s.decoding;
-    s.running_tokens += contexts[k];
-    s.kv.free -= kv_pages_for(contexts[k], st.opts.page_size);
+    count_decode(st, to[k], contexts[k]);
   }
   const auto n = static_cast<int32_t>(targets.size());
   if (n == 0) return;
@@ -568,8 +576,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             return caf::make_error(caf::sec::invalid_argument,
                                    "no instance can decode (" + d.why + ")");
           // Count it now, as place does.
-          ++st.last[d.instance].decoding;
-          st.last[d.instance].running_tokens += context;
+          count_decode(st, d.instance, context);
           placement_reply r;
           r.instance = d.instance;
           r.actor = i->actor;

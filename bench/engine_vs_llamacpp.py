@@ -8,9 +8,13 @@ load, and prints a markdown table with throughputs and ratios.
       [--rounds 3] [--reps 3] [--threads 2] [--troupe build/troupe] [--baseline OLD/troupe]
 
 Each round also measures the machine's read bandwidth (`troupe bench
-bandwidth`): after each model's rows, the single-stream decode roofline it
-sets (bandwidth over the weight bytes a token reads) and both systems' tg
-as a share of it.
+bandwidth`) and F32 arithmetic peak (`troupe bench compute`): after each
+model's rows, the single-stream decode roofline the bandwidth sets
+(bandwidth over the weight bytes a token reads) and both systems' tg as a
+share of it, and the prefill roofline the peak sets (peak over the
+operations a prompt token costs) and both systems' pp as a share of it,
+for models whose layers hold float weights (quantized ones multiply in
+integers, which the F32 peak does not bound).
 
 --baseline adds a second troupe binary (an earlier build: a refactor's
 "before") to every round, and its column and ratio: new / before.
@@ -57,6 +61,11 @@ def roofline(troupe, model, threads):
     return run_json([troupe, "bench", "bandwidth", "--json", "-m", model, "-t", str(threads)])
 
 
+def compute_roofline(troupe, model, threads, n_prompt):
+    return run_json([troupe, "bench", "compute", "--json", "-m", model, "-t", str(threads),
+                     "-p", str(n_prompt)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -97,7 +106,7 @@ def main():
     notes = []
     for label, troupe_name, gguf in models:
         peer, ours, before = ({t: [] for t in tests} for _ in range(3))
-        bounds = []
+        bounds, peaks = [], []
         # One untimed troupe run first: PoCL compiles each kernel variant on
         # its first launch (then caches it on disk), which llama.cpp, built
         # ahead of time, never pays inside a round.
@@ -112,6 +121,8 @@ def main():
             for t, v in troupe_bench(args.troupe, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
                 ours[t].append(v)
             bounds.append(roofline(args.troupe, troupe_name, args.threads))
+            if args.n_prompt > 0:
+                peaks.append(compute_roofline(args.troupe, troupe_name, args.threads, args.n_prompt))
             if args.baseline:
                 for t, v in troupe_bench(args.baseline, troupe_name, args.reps, args.n_prompt, args.n_gen).items():
                     before[t].append(v)
@@ -130,6 +141,14 @@ def main():
                   f"bandwidth {gbs:.1f} GB/s ({args.threads} threads): decode roofline {bound:.0f} t/s; "
                   f"{tg} troupe {statistics.median(ours[tg]) / bound:.0%}, "
                   f"llama.cpp {statistics.median(peer[tg]) / bound:.0%} of it")
+        pp = f"pp{args.n_prompt}"
+        if args.n_prompt > 0 and peaks and peaks[0]["float_weights"]:
+            gflops = statistics.median(p["f32_gflop_s"] for p in peaks)
+            bound = statistics.median(p["prefill_roofline_tok_s"] for p in peaks)
+            notes.append(f"{label}: {peaks[0]['prefill_mflop_per_token']:.2f} MFLOP a prompt token, F32 "
+                  f"peak {gflops:.0f} GFLOP/s ({args.threads} threads, {peaks[0]['isa']}): prefill "
+                  f"roofline {bound:.0f} t/s; {pp} troupe {statistics.median(ours[pp]) / bound:.0%}, "
+                  f"llama.cpp {statistics.median(peer[pp]) / bound:.0%} of it")
         sys.stdout.flush()
     print()
     for n in notes:

@@ -1,14 +1,18 @@
-// The decode roofline's two halves: the weight bytes a decode step reads
-// (runtime/model/decode_bytes) and the read bandwidth (bench/memory_bandwidth).
+// The two rooflines' halves: the weight bytes a decode step reads
+// (runtime/model/decode_bytes) and the read bandwidth (bench/memory_bandwidth);
+// the operations a prompt token costs (runtime/model/prefill_flops) and the
+// F32 peak (bench/compute_peak).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 
+#include "bench/compute_peak.hpp"
 #include "bench/memory_bandwidth.hpp"
 #include "runtime/model/decode_bytes.hpp"
 #include "runtime/model/model_registry.hpp"
+#include "runtime/model/prefill_flops.hpp"
 #include "tests/unit/gguf_fixture.hpp"
 
 namespace fs = std::filesystem;
@@ -95,4 +99,71 @@ TEST(MemoryBandwidth, MeasuresAPositiveRateAndRefusesBadOptions) {
   o.bytes = size_t(1) << 20;
   o.passes = 0;
   EXPECT_THROW(read_bandwidth(o), std::invalid_argument);
+}
+
+TEST(PrefillFlops, Stories15mCostsItsLayerMatricesAndAttentionOverTheMeanPosition) {
+  const auto path = model_dir() + "/stories15M.bin";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " missing; run `bash tools/setup.sh models`";
+  const auto m = model_file::open(path);
+  // dim 288, hidden 768, 6 layers of 6 heads of 48: the layers' matrices
+  // two operations a weight; attention 4 x 288 a position, a token of a
+  // 512-token prompt seeing 256.5 positions on average.
+  const double d = 288, ff = 768, layers = 6;
+  const double matrices = 2 * layers * (4 * d * d + 3 * d * ff);
+  EXPECT_DOUBLE_EQ(prefill_flops_per_token(*m, 512), matrices + layers * 4 * d * 256.5);
+  EXPECT_DOUBLE_EQ(prefill_flops_per_token(*m, 1), matrices + layers * 4 * d);
+  EXPECT_THROW(prefill_flops_per_token(*m, 0), std::invalid_argument);
+}
+
+TEST(PrefillFlops, AWindowedLayerSeesAtMostItsWindow) {
+  const auto path = model_dir() + "/gemma-3-270m-q4_k_m.gguf";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " missing; run `bash tools/setup.sh gemma3`";
+  const auto m = model_file::open(path);
+  const auto& h = m->hparams();
+  ASSERT_GT(h.sliding_window, 0);
+  ASSERT_LT(h.sliding_window, 4096);
+  // Past the window the windowed layers stop growing: going from a prompt
+  // of 2 windows to 4 adds attention on the full layers only.
+  int full = 0;
+  for (int l = 0; l < h.n_layer; ++l) full += h.swa_layers[static_cast<size_t>(l)] ? 0 : 1;
+  ASSERT_GT(full, 0);
+  ASSERT_LT(full, h.n_layer);
+  const int w = h.sliding_window;
+  const double grow = prefill_flops_per_token(*m, 4 * w) - prefill_flops_per_token(*m, 2 * w);
+  // A windowed layer's mean over a prompt of p >= w: w - (w^2 - w) / 2p;
+  // a full layer's grows by w exactly.
+  auto windowed_mean = [w](double p) { return w - (double(w) * w - w) / (2 * p); };
+  const double per_position = 4.0 * h.n_head * h.head_dim;
+  EXPECT_NEAR(grow,
+              per_position * (full * double(w) +
+                              (h.n_layer - full) * (windowed_mean(4 * w) - windowed_mean(2 * w))),
+              1e-6 * grow);
+}
+
+TEST(ComputePeak, MeasuresAPositiveRateAndRefusesBadOptions) {
+  compute_options o;
+  o.threads = 1;
+  o.seconds = 0.02;
+  o.passes = 2;
+  const auto peak = f32_fma_peak(o);
+  EXPECT_TRUE(std::isfinite(peak.flops));
+  EXPECT_GT(peak.flops, 1e8);  // any machine multiplies-adds faster than that
+  EXPECT_FALSE(peak.isa.empty());
+  o.threads = 0;
+  EXPECT_THROW(f32_fma_peak(o), std::invalid_argument);
+  o.threads = 1;
+  o.seconds = 0;
+  EXPECT_THROW(f32_fma_peak(o), std::invalid_argument);
+  o.seconds = 0.02;
+  o.passes = 0;
+  EXPECT_THROW(f32_fma_peak(o), std::invalid_argument);
+}
+
+TEST(PrefillFlops, OnlyFloatLayerWeightsAreBoundByTheF32Peak) {
+  const auto stories = model_dir() + "/stories15M.bin";
+  const auto smollm2 = model_dir() + "/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(stories) || !fs::exists(smollm2))
+    GTEST_SKIP() << "models missing; run `bash tools/setup.sh models`";
+  EXPECT_TRUE(float_layer_weights(*model_file::open(stories)));
+  EXPECT_FALSE(float_layer_weights(*model_file::open(smollm2)));
 }

@@ -155,6 +155,7 @@ void add_bench_static(CLI::App& bench);     // cmd_bench_static.cpp
 void add_bench_epd(CLI::App& bench);        // cmd_bench_epd.cpp
 void add_bench_placement(CLI::App& bench);  // cmd_bench_placement.cpp
 void add_bench_bandwidth(CLI::App& bench);  // cmd_bench_bandwidth.cpp
+void add_bench_compute(CLI::App& bench);    // cmd_bench_compute.cpp
 
 void add_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "benchmarks");
@@ -206,6 +207,7 @@ void add_bench(CLI::App& app) {
   add_bench_placement(*bench);
   add_bench_calibrate(*bench);
   add_bench_bandwidth(*bench);
+  add_bench_compute(*bench);
 }
 
 }  // namespace troupe::cli
