@@ -360,7 +360,7 @@ inline int16 dpbusd2(int16 u, int16 s) { return (int16)(dpbusd(u.lo, s.lo), dpbu
 //
 // q8_0's are signed (dot_signed): with AVX2, as llama.cpp, |w| times s
 // with w's sign (vpsignb; a pair at most 2 * 128 * 127, no saturation);
-// with VNNI sum((w + 128) s) - 128 sum(s), two vpdpbusd; elsewhere signed
+// with VNNI sum((s + 128) w) - 128 sum(w) (below); elsewhere signed
 // products widened to 32 bits.  Measured on Gemma 3
 // (q8_0 and Q5_0 widened to it carry most of its products) against the
 // unsigned form with a -128 offset term, which took the nibble split: the
@@ -385,12 +385,27 @@ inline int8 dot_signed(int8 w, int8 s) {
 inline int16 dot_signed2(int16 w, int16 s) {
   return (int16)(dot_signed(w.lo, s.lo), dot_signed(w.hi, s.hi));
 }
-#elif defined(TROUPE_VNNI)  // sum((w + 128) s) - 128 sum(s): the same lanes
+#elif defined(TROUPE_VNNI)
+// sum((s + 128) w) - 128 sum(w): the same lanes.  The bias goes on the
+// activation and the correction comes from the weights, so that in a tile
+// (one weight block, many tokens) the correction is one vpdpbusd a row,
+// not one a token, and it starts the accumulator (no subtraction): one
+// vpdpbusd a product where the activation-side correction took two (the
+// asm statements are pure, so the compiler shares the row's correction and
+// the token's bias over the tile's unrolled loop).
+inline int8 dpbusd_onto(int8 acc, int8 u, int8 s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
+}
+inline int16 dpbusd2_onto(int16 acc, int16 u, int16 s) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
 inline int8 dot_signed(int8 w, int8 s) {
-  return dpbusd(w ^ (int8)0x80808080, s) - dpbusd((int8)0x80808080, s);
+  return dpbusd_onto(-dpbusd((int8)0x80808080, w), s ^ (int8)0x80808080, w);
 }
 inline int16 dot_signed2(int16 w, int16 s) {
-  return dpbusd2(w ^ (int16)0x80808080, s) - dpbusd2((int16)0x80808080, s);
+  return dpbusd2_onto(-dpbusd2((int16)0x80808080, w), s ^ (int16)0x80808080, w);
 }
 #else  // both signed, widened and multiplied: the same lanes
 inline int8 dot_signed(int8 w, int8 s) {

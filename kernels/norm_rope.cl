@@ -20,6 +20,22 @@ INLINE void qk_norm_rope_at(int head, int t, QK_NORM_ROPE_ARGS) {
   float v[HD_MAX];
   if (is_v) {
     for (int i = 0; i < hd; ++i) v[i] = x[i];
+  } else if (neox && rope_dims == hd && hd % 32 == 0) {
+    // NeoX pairs (i, i + hd/2) over whole heads (Gemma 3, Qwen 3): sixteen
+    // pairs at a time in vectors, each value computed as the loop below
+    // computes it (the same products in the same order: the same bits).
+    __global const float* w = head < n_head ? qn : kn;
+    const float scale = rms_scale(x, hd, eps);
+    const int n_pairs = hd / 2;
+    __global const float* cs = (__global const float*)(rope + (size_t)t * n_pairs);
+    for (int i = 0; i < n_pairs; i += 16) {
+      const float16 v0 = vload16(0, x + i) * scale * vload16(0, w + i);
+      const float16 v1 = vload16(0, x + n_pairs + i) * scale * vload16(0, w + n_pairs + i);
+      const float16 a = vload16(0, cs + 2 * i), b = vload16(1, cs + 2 * i);
+      const float16 c = (float16)(a.even, b.even), sn = (float16)(a.odd, b.odd);
+      vstore16(v0 * c - v1 * sn, 0, v + i);
+      vstore16(v0 * sn + v1 * c, 0, v + n_pairs + i);
+    }
   } else {
     __global const float* w = head < n_head ? qn : kn;
     const float scale = rms_scale(x, hd, eps);
@@ -35,7 +51,10 @@ INLINE void qk_norm_rope_at(int head, int t, QK_NORM_ROPE_ARGS) {
     }
   }
   if (head < n_head) {
-    for (int i = 0; i < hd; ++i) x[i] = v[i];
+    if (hd % 16 == 0)
+      for (int i = 0; i < hd; i += 16) vstore16(vload16(0, v + i), 0, x + i);
+    else
+      for (int i = 0; i < hd; ++i) x[i] = v[i];
     return;
   }
   const int g = is_v ? head - n_head - n_kv : head - n_head;

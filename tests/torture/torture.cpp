@@ -935,7 +935,9 @@ class round_driver {
       if (!r) return violation("HTTP completion: no answer");
       if (r->status != 200) {
         // Admission control may refuse (429) under this load; nothing else.
-        if (r->status != 429) violation("HTTP completion: status " + std::to_string(r->status));
+        if (r->status != 429)
+          violation("HTTP completion: status " + std::to_string(r->status) + ": " +
+                    r->body.substr(0, 300) + round_events());
         return;
       }
       auto j = json::parse(r->body, nullptr, false);
@@ -1359,9 +1361,14 @@ class round_driver {
         violation(
             "greedy request " + std::to_string(id) + " (prompt " + std::to_string(r.prompt) +
             ") differs from offline greedy: " + first_difference(r.tokens, ref_->tokens[r.prompt]) +
-            (r.events.empty() ? "" : ";" + r.events) + (drained_ ? " (a drain this round)" : "") +
-            (killed_ ? " (a kill this round)" : ""));
+            (r.events.empty() ? "" : ";" + r.events) + round_events());
     }
+  }
+
+  // What this round did that may bear on a violation.
+  std::string round_events() const {
+    return std::string(drained_ ? " (a drain this round)" : "") +
+           (killed_ ? " (a kill this round)" : "");
   }
 
   void settle(server_process& server) {
