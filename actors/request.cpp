@@ -788,7 +788,7 @@ void encode_then_place(self_ptr self) {
               self->send(st.ctx->router, encoded_atom::value, at,
                          static_cast<int32_t>(st.seq.embeds.size()));
               // (The router only names instances with an encoder.)
-              if (no_encoder)
+              if (no_encoder && !st.done())
                 reject(self, wire::INTERNAL,
                        "instance " + std::to_string(at) + " has no vision encoder");
               return;

@@ -133,13 +133,14 @@ pd_load load_of(const router_state& st, const router_instance& i) {
 
 // A sequence of `context` tokens placed to decode on instance `id`,
 // counted in the router's snapshot of it until its next stats report, so
-// that the placements before then see it (its decoding count, context and
-// KV pages).
-void count_decode(router_state& st, uint64_t id, int32_t context) {
+// that the placements before then see it: its decoding count, context and,
+// where its KV moves there (`transfer`), the pages it will take (staying
+// on its prefill instance, it holds them already).
+void count_decode(router_state& st, uint64_t id, int32_t context, bool transfer) {
   auto& s = st.last[id];
   ++s.decoding;
   s.running_tokens += context;
-  s.kv.free -= kv_pages_for(context, st.opts.page_size);
+  if (transfer) s.kv.free -= kv_pages_for(context, st.opts.page_size);
 }
 
 // The instances as the disaggregation policies see them.
@@ -312,7 +313,7 @@ void evacuate(self_ptr self, uint64_t id) {
   for (size_t k = 0; k < to.size(); ++k) {
     if (to[k] == 0) continue;
     targets.push_back(to[k]);
-    count_decode(st, to[k], contexts[k]);
+    count_decode(st, to[k], contexts[k], true);
   }
   const auto n = static_cast<int32_t>(targets.size());
   if (n == 0) return;
@@ -576,7 +577,7 @@ router_actor spawn_router(caf::actor_system& sys, std::vector<router_instance> i
             return caf::make_error(caf::sec::invalid_argument,
                                    "no instance can decode (" + d.why + ")");
           // Count it now, as place does.
-          count_decode(st, d.instance, context);
+          count_decode(st, d.instance, context, d.transfer);
           placement_reply r;
           r.instance = d.instance;
           r.actor = i->actor;

@@ -17,7 +17,7 @@ struct compute_options {
 
 struct compute_peak {
   double flops = 0;  // floating-point operations a second, an FMA counting two
-  std::string isa;   // the vector instructions used: "avx512f", "avx2+fma" or "sse2"
+  std::string isa;   // the vector instructions used: "avx512f", "avx2+fma" or "generic"
 };
 
 // F32 fused multiply-adds on the widest vectors the CPU offers, in enough

@@ -142,7 +142,7 @@ def main():
                   f"{tg} troupe {statistics.median(ours[tg]) / bound:.0%}, "
                   f"llama.cpp {statistics.median(peer[tg]) / bound:.0%} of it")
         pp = f"pp{args.n_prompt}"
-        if args.n_prompt > 0 and peaks and peaks[0]["float_weights"]:
+        if args.n_prompt > 0 and peaks and peaks[0].get("float_weights"):
             gflops = statistics.median(p["f32_gflop_s"] for p in peaks)
             bound = statistics.median(p["prefill_roofline_tok_s"] for p in peaks)
             notes.append(f"{label}: {peaks[0]['prefill_mflop_per_token']:.2f} MFLOP a prompt token, F32 "

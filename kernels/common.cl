@@ -617,8 +617,9 @@ inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,
 // A Q5_1 QKV's V rows (matmul.cl's QKV kernels): the bytes signed
 // (dot_signed), so that Q8_0 V rows held in a Q5_1 QKV (m = 0; a Q5_K_M
 // file's attn_v beside Q5_1 attn_q and attn_k) give Q8_0's sums, and Q5_1
-// ones theirs.  Only there: two vpdpbusd a block against one (measured on
-// SmolLM2 Q5_1 with every Q5_1 product signed: pp512 0.88x, tg128 0.92x).
+// ones theirs.  Only there: the signed products cost more than the
+// unsigned ones (measured on SmolLM2 Q5_1 with every Q5_1 product signed,
+// when they took two vpdpbusd a block: pp512 0.88x, tg128 0.92x).
 // (Functions, not macros naming loadu_q5_1: a macro argument is expanded
 // before it is substituted, so matmul.cl would be handed loadu_q5_1.)
 inline void loadu_q5_1_v(__global const uchar* wq, __global const float* wd,

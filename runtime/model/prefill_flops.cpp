@@ -48,8 +48,7 @@ double prefill_flops_per_token(const model_file& m, int prompt_len) {
 
 bool float_layer_weights(const model_file& m) {
   for (const auto& [name, t] : m.tensors())
-    if (layer_matrix(name, t) && t.type != tensor_type::f32 && t.type != tensor_type::f16 &&
-        t.type != tensor_type::bf16)
+    if (layer_matrix(name, t) && t.type != tensor_type::f32 && t.type != tensor_type::f16)
       return false;
   return true;
 }

@@ -18,10 +18,12 @@ namespace troupe {
 // std::invalid_argument on a prompt_len below 1.
 double prefill_flops_per_token(const model_file& m, int prompt_len);
 
-// Whether every layer matrix holds floats (F32, F16, BF16), so that the
-// F32 peak bounds prefill.  Quantized weights go through integer products
-// (troupe's and llama.cpp's), which run at up to four times the F32 rate:
-// for such models the F32 roofline is no bound.
+// Whether every layer matrix holds F32 or F16 weights, multiplied in F32,
+// so that the F32 peak bounds prefill.  Quantized weights go through
+// integer products (troupe's and llama.cpp's), which run at up to four
+// times the F32 rate, and BF16 ones may go through BF16 products
+// (llama.cpp's, with AVX512_BF16) at twice it: for such models the F32
+// roofline is no bound.
 bool float_layer_weights(const model_file& m);
 
 }  // namespace troupe
