@@ -1,5 +1,7 @@
 #include "runtime/model/prefill_flops.hpp"
 
+#include "runtime/model/decode_bytes.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -19,15 +21,11 @@ bool layer_matrix(const std::string& name, const tensor_view& t) {
 double prefill_flops_per_token(const model_file& m, int prompt_len) {
   if (prompt_len < 1) throw std::invalid_argument("prompt_len must be at least 1");
   const auto& h = m.hparams();
-  const double routed =
-      h.n_expert > 0 ? static_cast<double>(h.n_expert_used) / static_cast<double>(h.n_expert) : 1.0;
   double flops = 0;
-  for (const auto& [name, t] : m.tensors()) {
-    if (!layer_matrix(name, t)) continue;
-    const bool expert = name.find("_exps.") != std::string::npos;
-    flops += 2.0 * static_cast<double>(t.row_len()) * static_cast<double>(t.rows()) *
-             (expert ? routed : 1.0);
-  }
+  for (const auto& [name, t] : m.tensors())
+    if (layer_matrix(name, t))
+      flops += 2.0 * static_cast<double>(t.row_len()) * static_cast<double>(t.rows()) *
+               token_share(h, name);
   // Token i (0-based) of the prompt sees i + 1 positions, a windowed layer
   // at most its window: the mean over the prompt, per layer kind.
   auto mean_seen = [prompt_len](int window) {
