@@ -362,6 +362,7 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
   TROUPE_STEP(WT, tiled, TROUPE_TILE, X, FFN, KIND)
 
 TROUPE_LAYER_TILES(f32, F, FFN_SAME, )
+TROUPE_LAYER_TILES(f32p, F, FFN_SAME, )  // F32 in panels (matmul_panels.cl)
 TROUPE_LAYER_TILES(f16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(bf16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )

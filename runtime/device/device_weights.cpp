@@ -98,10 +98,20 @@ device_matrix upload_ku8(cl::context& ctx, const std::vector<const tensor_view*>
   return out;
 }
 
+// Row-major values (rows of K) in panels of 16 rows, each panel column by
+// column: value (r, k) at (r / 16) 16 K + 16 k + r % 16 (kernels/matmul_panels.cl).
+std::vector<float> in_panels(const std::vector<float>& v, int64_t rows, int64_t K) {
+  std::vector<float> out(v.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) out[(r / 16 * K + k) * 16 + r % 16] = v[r * K + k];
+  return out;
+}
+
 // upload_matrix, where q5_1_v: Q5_1 parts followed by Q8_0 ones (upload_qkv
-// says when) as Q5_1.
+// says when) as Q5_1; where panels, F32 values as F32P (the rows a
+// multiple of 16).
 device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_view*>& parts,
-                             bool q5_1_v) {
+                             bool q5_1_v, bool panels = false) {
   device_matrix out;
   const tensor_view& first = *parts.front();
   out.type = on_device(first.type);
@@ -129,7 +139,14 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
                       " values; troupe needs a multiple of 32");
   if (out.type == tensor_type::ku8) return upload_ku8(ctx, parts, std::move(out));
   if (out.type == tensor_type::f32) {
-    const auto v = floats_of(parts);
+    auto v = floats_of(parts);
+    if (panels) {
+      if (out.rows % 16 != 0)
+        throw std::invalid_argument("F32 panels need rows a multiple of 16, not " +
+                                    std::to_string(out.rows));
+      v = in_panels(v, out.rows, out.cols);
+      out.type = tensor_type::f32p;
+    }
     out.q = ctx.alloc(v.size() * sizeof(float), v.data());
     out.d = ctx.alloc(4);
     out.m = ctx.alloc(4);
@@ -195,18 +212,38 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
 
 }  // namespace
 
-device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts) {
-  return upload_stacked(ctx, parts, false);
+device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+                            bool f32_panels) {
+  return upload_stacked(ctx, parts, false, f32_panels);
+}
+
+bool f32_panels_fit(const cl::context& ctx, const model_file& model) {
+  const auto& hp = model.hparams();
+  // The panel kernels are written for CPU devices' wide registers, for the
+  // plain layer (no experts, no Gemma extras) and the normal RoPE layout
+  // over whole panels; every row count a multiple of 16.
+  if (!ctx.cpu() || hp.n_expert > 0 || hp.qk_norm || hp.sandwich_norms || hp.gelu_ffn ||
+      hp.sliding_window > 0 || hp.rope == rope_layout::neox || hp.rope_dims % 16 != 0 ||
+      hp.head_dim % 16 != 0 || hp.n_embd % 16 != 0 || hp.n_ff % 16 != 0)
+    return false;
+  // Every layer matrix F32 in the file (all or none: one kernel family).
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (const char* name :
+         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      const auto* t = model.find_tensor("blk." + std::to_string(l) + "." + name + ".weight");
+      if (!t || t->type != tensor_type::f32) return false;
+    }
+  return true;
 }
 
 device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
-                         const tensor_view& v, bool qkv_kernels) {
+                         const tensor_view& v, bool qkv_kernels, bool f32_panels) {
   auto is = [](const tensor_view& t, tensor_type want) {
     return on_device(t.type) == want && !k_quant(&t);
   };
   const bool q5_1_v = qkv_kernels && is(q, tensor_type::q5_1) && is(k, tensor_type::q5_1) &&
                       is(v, tensor_type::q8_0);
-  return upload_stacked(ctx, {&q, &k, &v}, q5_1_v);
+  return upload_stacked(ctx, {&q, &k, &v}, q5_1_v, f32_panels);
 }
 
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {
@@ -293,6 +330,7 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
   if (const auto* out = model.find_tensor("output.weight"))
     w.output = std::make_unique<device_matrix>(upload_matrix(ctx, {out}));
   w.output_norm = upload_vector(ctx, model.tensor("output_norm.weight"));
+  const bool panels = f32_panels_fit(ctx, model);
   for (int l = first_layer; l < end_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto t = [&](const char* name) -> const tensor_view* { return &model.tensor(p + name); };
@@ -308,13 +346,13 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
       layer.post_ffn_norm = upload_vector(ctx, *t("post_ffw_norm.weight"));
     }
     // QK-norm models project QKV as a plain matmul (llama_forward).
-    layer.qkv =
-        upload_qkv(ctx, *t("attn_q.weight"), *t("attn_k.weight"), *t("attn_v.weight"), !hp.qk_norm);
+    layer.qkv = upload_qkv(ctx, *t("attn_q.weight"), *t("attn_k.weight"), *t("attn_v.weight"),
+                           !hp.qk_norm, panels);
     if (model.find_tensor(p + "attn_q.bias")) {
       const auto b = floats_of({t("attn_q.bias"), t("attn_k.bias"), t("attn_v.bias")});
       layer.qkv_bias = ctx.alloc(b.size() * sizeof(float), b.data());
     }
-    layer.wo = upload_matrix(ctx, {t("attn_output.weight")});
+    layer.wo = upload_matrix(ctx, {t("attn_output.weight")}, panels);
     if (hp.n_expert > 0) {
       layer.moe = upload_experts(ctx, model, l, initial_expert_layout(hp.n_expert, expert_devices));
       if (hp.n_ff_shared > 0) {
@@ -325,8 +363,8 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
         layer.shared->gate = upload_matrix(ctx, {t("ffn_gate_inp_shexp.weight")});
       }
     } else {
-      layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")});
-      layer.down = upload_matrix(ctx, {t("ffn_down.weight")});
+      layer.gate_up = upload_matrix(ctx, {t("ffn_gate.weight"), t("ffn_up.weight")}, panels);
+      layer.down = upload_matrix(ctx, {t("ffn_down.weight")}, panels);
     }
     w.layers.push_back(std::move(layer));
   }

@@ -30,8 +30,16 @@ struct device_matrix {
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
 // All parts must share row length (throws model_error otherwise).  Parts of
 // different types: K-quants together as KU8 (any of them exactly), others
-// as F32 (exact values).
-device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts);
+// as F32 (exact values).  With f32_panels, F32 values are held in panels
+// as F32P (kernels/matmul_panels.cl; the rows a multiple of 16, else
+// std::invalid_argument).
+device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+                            bool f32_panels = false);
+
+// Whether upload_weights holds the model's layer matrices in F32 panels:
+// every one F32 in the file, a dense layer with the normal RoPE layout,
+// sizes in whole panels, on a CPU device.
+bool f32_panels_fit(const cl::context& ctx, const model_file& model);
 
 // A layer's [q; k; v], as upload_matrix stacks them, with one more mix held
 // in a quantized type: Q5_1 q and k beside a Q8_0 v (also Q5_0 or IQ4_NL,
@@ -42,7 +50,7 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
 // where qkv_kernels (the projection runs in matmul_qkv_*, not as a plain
 // matmul: llama_forward's QK-norm path); otherwise as upload_matrix.
 device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
-                         const tensor_view& v, bool qkv_kernels);
+                         const tensor_view& v, bool qkv_kernels, bool f32_panels = false);
 
 // Uploads a 1-D tensor (norm weights) as F32.
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t);

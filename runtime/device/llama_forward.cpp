@@ -33,6 +33,8 @@ int type_slot(tensor_type t) {
       return 6;
     case tensor_type::bf16:
       return 7;
+    case tensor_type::f32p:
+      return 8;
     case tensor_type::q5_0:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
     case tensor_type::iq4_nl:
     case tensor_type::q4_k:
@@ -258,7 +260,9 @@ bool llama_forward::fused(const device_layer& L) const {
   // layer.cl has float activations for float weights, quantized ones
   // (with attention and the FFN writing theirs quantized: whole blocks)
   // for quantized weights.
-  if (t == tensor_type::f32 || t == tensor_type::f16 || t == tensor_type::bf16) return true;
+  if (t == tensor_type::f32 || t == tensor_type::f32p || t == tensor_type::f16 ||
+      t == tensor_type::bf16)
+    return true;
   const auto& hp = hparams();
   return int8_for(L.qkv) && hp.head_dim % 32 == 0 && hp.n_ff % 32 == 0;
 }
@@ -306,6 +310,7 @@ void llama_forward::layer_step(const device_layer& L, int layer, int T, int att_
 cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int att_rows, bool h_q8,
                                      int layer) {
   const auto& hp = hparams();
+  const auto& L = weights_.layers[static_cast<size_t>(layer)];
   const int neox = hp.rope == rope_layout::neox ? 1 : 0;
   // As step_apart: the file's attention scale where it gives one.
   const float scale = hp.attention_scale();
@@ -315,7 +320,8 @@ cl_uint llama_forward::layer_io_args(cl::kernel& k, cl_uint first, int T, int at
                      k_cache_, v_cache_, pos_, row_seq_, pt_, pt_off_, rope, T, hp.n_embd, hp.n_ff,
                      hp.n_head, hp.n_head_kv, hp.head_dim, hp.rope_dims, neox, opts_.page_size,
                      n_pages_, scale, hp.rms_eps, att_rows, opts_.flash_attention ? 1 : 0,
-                     grid(hp.n_embd, T).rows_per_item, glu_grid(hp.n_ff, h_q8).rows_per_item);
+                     grid(L.wo.type, hp.n_embd, T).rows_per_item,
+                     glu_grid(L.gate_up.type, hp.n_ff, h_q8).rows_per_item);
 }
 
 bool llama_forward::can_fuse_step() const {
@@ -542,22 +548,23 @@ void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl
     xq = &qb_;
   }
   round_for(w, x, rows);
-  const auto g = grid(N, rows);
+  const auto g = grid(w.type, N, rows);
   k.args_from(matmul_inputs(k, w, x, int8 ? xq : nullptr), y, K, N, rows, ldy, accumulate ? 1 : 0,
               g.rows_per_item);
   launch_grid(k, g, rows);
 }
 
-llama_forward::matmul_grid llama_forward::grid(int units, int rows) const {
+llama_forward::matmul_grid llama_forward::grid(tensor_type t, int units, int rows) const {
   matmul_grid g;
-  g.rows_per_item = std::max(1, opts_.rows_per_item);
+  g.rows_per_item =
+      t == tensor_type::f32p ? k_panel_rows_per_item : std::max(1, opts_.rows_per_item);
   g.items = (units + g.rows_per_item - 1) / g.rows_per_item;
   g.local = static_cast<size_t>(std::max(1, opts_.group_size));
   return g;
 }
 
-llama_forward::matmul_grid llama_forward::glu_grid(int F, bool quant_out) const {
-  auto g = grid(F, 1);
+llama_forward::matmul_grid llama_forward::glu_grid(tensor_type t, int F, bool quant_out) const {
+  auto g = grid(t, F, 1);
   if (quant_out) {
     g.rows_per_item = (g.rows_per_item + 31) / 32 * 32;
     g.items = (F + g.rows_per_item - 1) / g.rows_per_item;
@@ -805,7 +812,7 @@ void llama_forward::step_apart(int T, int R, int att_rows) {
       } else {
         round_for(L.qkv, xn_, T);  // the fused qkv kernel reads xn_ itself
         auto& k = family_kernel(mm_family::qkv, L.qkv.type, T, xq != nullptr);
-        const auto gq = grid(qkv_w / 2, T);
+        const auto gq = grid(L.qkv.type, qkv_w / 2, T);
         k.args_from(matmul_inputs(k, L.qkv, xn_, xq), qkv_, D, T, pos_, row_seq_, pt_, pt_off_,
                     k_cache_, v_cache_, hp.n_head, hp.n_head_kv, hd, hp.rope_dims, rope, neox,
                     page_size, l, n_pages_, gq.rows_per_item,
@@ -863,7 +870,7 @@ void llama_forward::glu_ffn(const device_matrix& gate_up, const device_matrix& d
   // The FFN writes h quantized too where down takes it so: each work-item
   // then holds whole blocks of 32.
   const bool h_q8 = quantized_inline(down) && F % 32 == 0;
-  const auto gg = glu_grid(F, h_q8);
+  const auto gg = glu_grid(gate_up.type, F, h_q8);
   // kernels/matmul.cl's GLU_QUANT_OUT and GLU_GELU bits.
   const int flags = (h_q8 ? 1 : 0) | (hparams().gelu_ffn ? 2 : 0);
   k.args_from(matmul_inputs(k, gate_up, xn_, xq ? &qa_ : nullptr), h_, D, F, T, gg.rows_per_item,
@@ -912,7 +919,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
   auto gate_up = [&](size_t d) {
     const auto& sh = M.shards[d];
     auto& kg = family_kernel(mm_family::id_glu, sh.gate_up.type, share, xq);
-    const auto gg = glu_grid(F, h_q8);
+    const auto gg = glu_grid(sh.gate_up.type, F, h_q8);
     kg.args_from(matmul_inputs(kg, sh.gate_up, xn_, xq ? &qa_ : nullptr), moe_h_, D, F,
                  gg.rows_per_item, moe_hq_.q, moe_hq_.d, moe_hq_.s, h_q8 ? 1 : 0, gelu_tab_,
                  moe_slot_off_, moe_slot_rows_, sh.slot0, tiles, K);
@@ -922,7 +929,7 @@ void llama_forward::moe_ffn(const device_layer& L, int layer, int T) {
     const auto& sh = M.shards[d];
     const bool hq = h_q8 || h_q8_k;
     auto& kd = family_kernel(mm_family::id, sh.down.type, share, hq);
-    const auto gd = grid(D, 1);
+    const auto gd = grid(sh.down.type, D, 1);
     kd.args_from(matmul_inputs(kd, sh.down, moe_h_, hq ? &moe_hq_ : nullptr), moe_y_, F, D,
                  gd.rows_per_item, moe_slot_off_, moe_slot_rows_, sh.slot0, tiles, 1);
     run(d, kd, gd.items, gd.local);

@@ -277,10 +277,13 @@ class llama_forward {
     int items = 0;
     size_t local = 16;
   };
-  matmul_grid grid(int units, int rows) const;
+  // For weights of type t: F32 panels (kernels/matmul_panels.cl) take
+  // whole passes of 3 panels, k_panel_rows_per_item rows (or pairs).
+  matmul_grid grid(tensor_type t, int units, int rows) const;
+  static constexpr int k_panel_rows_per_item = 48;
   // The gated FFN's: with quant_out, each work-item's rows are whole blocks
   // of 32 (it quantizes the rows it wrote).
-  matmul_grid glu_grid(int F, bool quant_out) const;
+  matmul_grid glu_grid(tensor_type t, int F, bool quant_out) const;
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
   // Fused layers (engine_options::fuse_layers): whether layer L runs as one
   // launch (a dense layer whose four products share a weight type that
@@ -390,8 +393,8 @@ class llama_forward {
   cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
   // The device's weight types, as the kernels name them, in the .cpp's
   // type_slot order; the kernel caches below have a slot for each.
-  static constexpr const char* k_type_suffix[] = {"f32",  "f16", "q4_0", "q4_1",
-                                                  "q8_0", "ku8", "q5_1", "bf16"};
+  static constexpr const char* k_type_suffix[] = {"f32", "f16",  "q4_0", "q4_1", "q8_0",
+                                                  "ku8", "q5_1", "bf16", "f32p"};
   static constexpr int k_device_types = static_cast<int>(std::size(k_type_suffix));
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].

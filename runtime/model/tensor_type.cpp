@@ -116,6 +116,8 @@ constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
 // The device's unpacked K-quant blocks: 32 quants and two (scale, offset)
 // pairs of floats.
 constexpr type_traits k_ku8{"KU8", 32, 32 + 4 * sizeof(float)};
+// F32 in panels of 16 rows: a value 4 bytes, as F32.
+constexpr type_traits k_f32p{"F32P", 1, 4};
 
 // ggml's type numbering; empty names are numbers ggml retired.
 constexpr std::array<std::string_view, 40> k_gguf_names = {
@@ -204,6 +206,8 @@ const type_traits& traits_of(tensor_type t) {
       return k_bf16;
     case tensor_type::ku8:
       return k_ku8;
+    case tensor_type::f32p:
+      return k_f32p;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -349,7 +353,8 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
       }
       return;
     case tensor_type::ku8:
-      break;  // a device layout, never a file's
+    case tensor_type::f32p:
+      break;  // device layouts, never a file's
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");
 }

@@ -27,6 +27,9 @@ enum class tensor_type : uint32_t {
   // (device_weights, kernels/common.cl): each value an unsigned byte u
   // with a scale s and an offset m per 16 values, value = s u + m.
   ku8 = 0x10000,
+  // Not a GGUF type: F32 weights in panels of 16 rows, each panel column
+  // by column (device_weights, kernels/matmul_panels.cl).
+  f32p = 0x10001,
 };
 
 struct type_traits {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -291,6 +292,131 @@ TEST_F(KernelMatmulGlu, GeluThroughTheHalfTableIsGgmls) {
                  [&] { return "h[" + std::to_string(t) + "][" + std::to_string(n) + "]"; });
       }
     EXPECT_GT(saturated, 0) << "no gate sum reached the saturation";
+  }
+}
+
+// F32 weights in panels (kernels/matmul_panels.cl): the plain and gated
+// products against the dot in double, launched as the engine launches them
+// (work-items of whole panels: 16 rows, or 48, its passes of three), and
+// every launch's values bit for bit the first one's: a row's sum is one
+// chain in k order whatever the tile, as the engine's recomputations need.
+struct panel_launch {
+  int tile, rows_per_item;
+  const char* kernel;
+};
+constexpr panel_launch k_panel_launches[] = {
+    {1, 16, "_t1"}, {1, 48, "_t1"}, {4, 16, "_t4"}, {4, 48, "_tiled"}, {4, 32, "_tiled"}};
+
+TEST_F(KernelMatmul, F32PanelsMatchTheDotAndEveryTileAlike) {
+  auto& c = ctx();
+  std::mt19937 rng(2468);
+  struct shape {
+    int K, N;
+  };
+  for (const shape sh : {shape{32, 16}, shape{96, 48}, shape{288, 160}, shape{64, 96}}) {
+    const int K = sh.K, N = sh.N;
+    SCOPED_TRACE("K=" + std::to_string(K) + " N=" + std::to_string(N));
+    const auto bytes = ref::random_matrix(tensor_type::f32, K, N, rng);
+    const auto w = ref::dequantize(tensor_type::f32, bytes, K, N);
+    // Two stacked parts, as Wq, Wk, Wv go up.
+    const tensor_view a = view_of(tensor_type::f32, K, 16, bytes.data());
+    const tensor_view b = view_of(tensor_type::f32, K, N - 16, bytes.data() + 16 * K * 4);
+    const auto dm = N > 16 ? upload_matrix(c, {&a, &b}, true) : upload_matrix(c, {&a}, true);
+    ASSERT_EQ(dm.type, tensor_type::f32p);
+    for (const int T : {1, 3, 4, 7, 33}) {
+      for (const int acc : {0, 1}) {
+        const int ldy = N + 3;  // columns N..ldy-1 must stay untouched
+        const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+        const auto y0 = random_floats(static_cast<size_t>(T) * ldy, -1.0f, 1.0f, rng);
+        const auto xb = upload(c, x);
+        std::vector<float> first;
+        for (const panel_launch pl : k_panel_launches) {
+          SCOPED_TRACE(std::string(pl.kernel) + " rows_per_item " +
+                       std::to_string(pl.rows_per_item) + " T=" + std::to_string(T) +
+                       " accumulate=" + std::to_string(acc));
+          auto k = c.make_kernel(std::string("matmul_f32p") + pl.kernel);
+          const auto yb = upload(c, y0);
+          k.args(dm.q, dm.d, dm.m, xb, yb, K, N, T, ldy, acc, pl.rows_per_item);
+          launch_matmul(c, k, N, {pl.tile, pl.rows_per_item}, T);
+          const auto y = download<float>(c, yb, y0.size());
+          checker chk;
+          for (int t = 0; t < T; ++t)
+            for (int n = 0; n < ldy; ++n) {
+              const size_t i = static_cast<size_t>(t) * ldy + n;
+              auto where = [&] {
+                return "y[" + std::to_string(t) + "][" + std::to_string(n) + "]";
+              };
+              if (n >= N) {
+                chk.near(y[i], y0[i], 0.0, where);
+                continue;
+              }
+              const auto d =
+                  ref::dot(&w[static_cast<size_t>(n) * K], &x[static_cast<size_t>(t) * K], K);
+              chk.near(y[i], acc ? y0[i] + d.dot : d.dot, ref::dot_tol(d.mag) + (acc ? 1e-7 : 0.0),
+                       where);
+            }
+          if (first.empty())
+            first = y;
+          else
+            EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+                << "not the first launch's values bit for bit";
+        }
+      }
+    }
+  }
+}
+
+TEST_F(KernelMatmulGlu, F32PanelsGateUpBySiluOfGateAndEveryTileAlike) {
+  auto& c = ctx();
+  std::mt19937 rng(8642);
+  struct shape {
+    int K, F;
+  };
+  for (const shape sh : {shape{32, 16}, shape{96, 48}, shape{288, 112}}) {
+    const int K = sh.K, F = sh.F;
+    SCOPED_TRACE("K=" + std::to_string(K) + " F=" + std::to_string(F));
+    const auto bytes = ref::random_matrix(tensor_type::f32, K, 2 * F, rng);
+    const auto w = ref::dequantize(tensor_type::f32, bytes, K, 2 * F);
+    const tensor_view gate = view_of(tensor_type::f32, K, F, bytes.data());
+    const tensor_view up =
+        view_of(tensor_type::f32, K, F, bytes.data() + row_bytes(tensor_type::f32, K) * F);
+    const auto dm = upload_matrix(c, {&gate, &up}, true);
+    ASSERT_EQ(dm.type, tensor_type::f32p);
+    for (const int T : {1, 3, 4, 7, 33}) {
+      const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+      const auto h0 = random_floats(static_cast<size_t>(T + 1) * F, -1.0f, 1.0f, rng);
+      const auto xb = upload(c, x);
+      std::vector<float> first;
+      for (const panel_launch pl : k_panel_launches) {
+        SCOPED_TRACE(std::string(pl.kernel) + " rows_per_item " + std::to_string(pl.rows_per_item) +
+                     " T=" + std::to_string(T));
+        auto k = c.make_kernel(std::string("matmul_glu_f32p") + pl.kernel);
+        const auto hb = upload(c, h0);
+        k.args(dm.q, dm.d, dm.m, xb, hb, K, F, T, pl.rows_per_item, hb, hb, hb, 0, hb);
+        launch_matmul(c, k, F, {pl.tile, pl.rows_per_item}, T);
+        const auto h = download<float>(c, hb, h0.size());
+        checker chk;
+        for (int t = 0; t <= T; ++t)
+          for (int n = 0; n < F; ++n) {
+            const size_t i = static_cast<size_t>(t) * F + n;
+            auto where = [&] { return "h[" + std::to_string(t) + "][" + std::to_string(n) + "]"; };
+            if (t == T) {  // the row past the last token stays untouched
+              chk.near(h[i], h0[i], 0.0, where);
+              continue;
+            }
+            const float* xt = &x[static_cast<size_t>(t) * K];
+            const auto g = ref::dot(&w[static_cast<size_t>(n) * K], xt, K);
+            const auto u = ref::dot(&w[static_cast<size_t>(F + n) * K], xt, K);
+            chk.near(h[i], ref::silu(g.dot) * u.dot,
+                     ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag)), where);
+          }
+        if (first.empty())
+          first = h;
+        else
+          EXPECT_EQ(0, std::memcmp(first.data(), h.data(), h.size() * sizeof(float)))
+              << "not the first launch's values bit for bit";
+      }
+    }
   }
 }
 
@@ -653,8 +779,11 @@ struct host_cache {
 // every other cache element untouched.  The qkv buffer starts as NaN and
 // only its q part is looked at: the k and v parts are the kernel's to use
 // or not, but it must not read them (a NaN would reach the cache).
-void check_matmul_qkv(cl::context& c, bool kv_f16) {
-  std::mt19937 rng(kv_f16 ? 81 : 80);
+// With panels: F32 weights in panels (kernels/matmul_panels.cl), for the
+// configurations they serve (the normal layout, whole panels rotated), in
+// work-items of whole panels.
+void check_matmul_qkv(cl::context& c, bool kv_f16, bool panels = false) {
+  std::mt19937 rng(kv_f16 ? 81 : panels ? 82 : 80);
   const int page_size = 8, n_layer = 3, layer = 1, n_pages = 24;
   struct config {
     int hd, n_kv, rope_dims;
@@ -683,8 +812,9 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
     const int hd = cf.hd, n_kv = cf.n_kv, n_head = 3 * n_kv, rope_dims = cf.rope_dims;
     const int heads = n_head + 2 * n_kv, width = heads * hd, K = hd == 64 ? 64 : 96;
     const ref::kv_geometry geo{n_layer, n_pages, n_kv, page_size, hd};
+    if (panels && (cf.neox || rope_dims % 16 != 0)) continue;
     for (const tensor_type type : k_types) {
-      if (!holds_rows_of(type, K)) continue;
+      if (!holds_rows_of(type, K) || (panels && type != tensor_type::f32)) continue;
       SCOPED_TRACE("type " + suffix(type) + " hd " + std::to_string(hd) + " n_head " +
                    std::to_string(n_head) + " n_kv " + std::to_string(n_kv) + " rope_dims " +
                    std::to_string(rope_dims) + (cf.neox ? " neox" : " normal") +
@@ -696,7 +826,7 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       const tensor_view wq = view_of(type, K, n_head * hd, bytes.data());
       const tensor_view wk = view_of(type, K, n_kv * hd, bytes.data() + rb * n_head * hd);
       const tensor_view wv = view_of(type, K, n_kv * hd, bytes.data() + rb * (n_head + n_kv) * hd);
-      const auto dm = upload_matrix(c, {&wq, &wk, &wv});
+      const auto dm = upload_matrix(c, {&wq, &wk, &wv}, panels);
       ASSERT_EQ(dm.rows, width);
       ASSERT_EQ(dm.cols, K);
       checker chk;
@@ -704,8 +834,13 @@ void check_matmul_qkv(cl::context& c, bool kv_f16) {
       const bool with_bias = (&cf - &configs[0]) % 2 == 1;
       const auto bias = random_floats(static_cast<size_t>(width), -1.0f, 1.0f, rng);
       const auto biasb = upload(c, bias);
-      for (const launch_shape ls : k_launches) {
-        auto k = c.make_kernel("matmul_qkv_" + suffix(dm.type) + kernel_suffix(ls));
+      // Panels: rotation pairs per work-item for 16 and 48 rows.
+      const std::vector<launch_shape> launches =
+          panels ? std::vector<launch_shape>{{1, 8}, {1, 24}, {4, 8}, {4, 24}}
+                 : std::vector<launch_shape>(std::begin(k_launches), std::end(k_launches));
+      for (const launch_shape ls : launches) {
+        auto k = c.make_kernel("matmul_qkv_" + (panels ? std::string("f32p") : suffix(dm.type)) +
+                               kernel_suffix(ls));
         for (const auto& sp : splits) {
           const auto b = ref::make_batch(sp.first_pos, sp.n_rows, page_size, n_pages, rng);
           const int T = b.rows();
@@ -908,6 +1043,10 @@ TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF32) {
 }
 TEST_F(KernelMatmulQkv, EveryTypeTileAndRopeLayoutStoresPagedKvF16) {
   check_matmul_qkv(ctx(true), true);
+}
+TEST_F(KernelMatmulQkv, F32PanelsStorePagedKvF32AndF16) {
+  check_matmul_qkv(ctx(false), false, true);
+  check_matmul_qkv(ctx(true), true, true);
 }
 
 // Sequences of one decode row or a prefill chunk each, through shuffled
