@@ -369,86 +369,88 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
   wq, wd, wm, X##_XNAMES, qkv, K, T, pos, row_seq, pt, pt_off, kc, vc, n_head, n_kv, hd, \
       rope_dims, rope, neox, page_size, layer, n_pages, rows_per_item, bias, has_bias
 
-#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X, VLOAD, VSPLIT)                                        \
-  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                             \
-    const int t0 = gy * TT;                                                                        \
-    if (t0 >= T) return;                                                                           \
-    X##_SETUP(TT) const int half_hd = hd / 2;                                                      \
-    const int half_rope = rope_dims / 2;                                                           \
-    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                             \
-    const int stride = (n_head + 2 * n_kv) * hd;                                                   \
-    const int w0 = gx * rows_per_item;                                                             \
-    const int w_end = min(w0 + rows_per_item, n_pairs);                                            \
-    /* Each token's KV slot, found once for the work-item's pairs (a page */                       \
-    /* lookup and a division each): where kv head 0's K and V go in its */                         \
-    /* page; kv head g is g page_size hd further. */                                               \
-    size_t kv_k[TT], kv_v[TT];                                                                     \
-    if (w_end > w0 && (w_end - 1) / half_hd >= n_head)                                             \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) {                                             \
-        const int t = min(t0 + j, T - 1);                                                          \
-        const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                              \
-        const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, 0);                   \
-        const int slot = pos[t] % page_size;                                                       \
-        kv_k[j] = o + slot;                                                                        \
-        kv_v[j] = o + (size_t)slot * hd;                                                           \
-      }                                                                                            \
-    for (int w = w0; w < w_end; ++w) {                                                             \
-      const int head = w / half_hd;                                                                \
-      const int i = w % half_hd;                                                                   \
-      int d0, d1;                                                                                  \
-      if (neox && i < half_rope) {                                                                 \
-        d0 = i;                                                                                    \
-        d1 = i + half_rope;                                                                        \
-      } else if (neox) {                                                                           \
-        d0 = rope_dims + 2 * (i - half_rope);                                                      \
-        d1 = d0 + 1;                                                                               \
-      } else {                                                                                     \
-        d0 = 2 * i;                                                                                \
-        d1 = d0 + 1;                                                                               \
-      }                                                                                            \
-      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims);          \
-      X##_ZERO(TT, a0) X##_ZERO(TT, a1);                                                           \
-      if (VSPLIT && head >= n_head + n_kv) {                                                       \
-        X##_DOT2(VLOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                                 \
-      } else {                                                                                     \
-        X##_DOT2(LOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                                  \
-      }                                                                                            \
-      float s0[TT], s1[TT];                                                                        \
-      hsum16_tile(a0, s0, TT);                                                                     \
-      hsum16_tile(a1, s1, TT);                                                                     \
-      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                             \
-        const int t = t0 + j;                                                                      \
-        float v0 = s0[j], v1 = s1[j];                                                              \
-        if (has_bias) {                                                                            \
-          v0 += bias[head * hd + d0];                                                              \
-          v1 += bias[head * hd + d1];                                                              \
-        }                                                                                          \
-        if (rotate) {                                                                              \
-          const float2 cs = rope[(size_t)t * half_rope + i];                                       \
-          const float c = cs.x, s = cs.y;                                                          \
-          const float r0 = v0 * c - v1 * s;                                                        \
-          v1 = v0 * s + v1 * c;                                                                    \
-          v0 = r0;                                                                                 \
-        }                                                                                          \
-        if (head < n_head) {                                                                       \
-          qkv[(size_t)t * stride + head * hd + d0] = v0;                                           \
-          qkv[(size_t)t * stride + head * hd + d1] = v1;                                           \
-        } else {                                                                                   \
-          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;               \
-          const size_t gk = (size_t)g * page_size * hd;                                            \
-          if (head < n_head + n_kv) { /* K: transposed within the page */                          \
-            KV_STORE(v0, kv_k[j] + gk + (size_t)d0 * page_size, kc);                               \
-            KV_STORE(v1, kv_k[j] + gk + (size_t)d1 * page_size, kc);                               \
-          } else {                                                                                 \
-            KV_STORE(v0, kv_v[j] + gk + d0, vc);                                                   \
-            KV_STORE(v1, kv_v[j] + gk + d1, vc);                                                   \
-          }                                                                                        \
-        }                                                                                          \
-      }                                                                                            \
-    }                                                                                              \
-  }                                                                                                \
-  __kernel void NAME(QKV_ARGS(X)) {                                                                \
-    NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(X));                                   \
+// Each token's KV slot, found once for a work-item's rows where some are
+// K or V rows (NEEDED; a page lookup and a division each): where kv head
+// 0's K and V go in its page; kv head g is g page_size hd further.
+#define QKV_KV_SLOTS(TT, NEEDED)                                               \
+  size_t kv_k[TT], kv_v[TT];                                                   \
+  if (NEEDED) _Pragma("unroll") for (int j = 0; j < TT; ++j) {                 \
+      const int t = min(t0 + j, T - 1);                                        \
+      const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];            \
+      const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, 0); \
+      const int slot = pos[t] % page_size;                                     \
+      kv_k[j] = o + slot;                                                      \
+      kv_v[j] = o + (size_t)slot * hd;                                         \
+    }
+
+#define TROUPE_MATMUL_QKV(NAME, LOAD, TT, X, VLOAD, VSPLIT)                               \
+  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(X)) {                                    \
+    const int t0 = gy * TT;                                                               \
+    if (t0 >= T) return;                                                                  \
+    X##_SETUP(TT) const int half_hd = hd / 2;                                             \
+    const int half_rope = rope_dims / 2;                                                  \
+    const int n_pairs = (n_head + 2 * n_kv) * half_hd;                                    \
+    const int stride = (n_head + 2 * n_kv) * hd;                                          \
+    const int w0 = gx * rows_per_item;                                                    \
+    const int w_end = min(w0 + rows_per_item, n_pairs);                                   \
+    QKV_KV_SLOTS(TT, w_end > w0 && (w_end - 1) / half_hd >= n_head)                       \
+    for (int w = w0; w < w_end; ++w) {                                                    \
+      const int head = w / half_hd;                                                       \
+      const int i = w % half_hd;                                                          \
+      int d0, d1;                                                                         \
+      if (neox && i < half_rope) {                                                        \
+        d0 = i;                                                                           \
+        d1 = i + half_rope;                                                               \
+      } else if (neox) {                                                                  \
+        d0 = rope_dims + 2 * (i - half_rope);                                             \
+        d1 = d0 + 1;                                                                      \
+      } else {                                                                            \
+        d0 = 2 * i;                                                                       \
+        d1 = d0 + 1;                                                                      \
+      }                                                                                   \
+      const int rotate = head < n_head + n_kv && (neox ? i < half_rope : d0 < rope_dims); \
+      X##_ZERO(TT, a0) X##_ZERO(TT, a1);                                                  \
+      if (VSPLIT && head >= n_head + n_kv) {                                              \
+        X##_DOT2(VLOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                        \
+      } else {                                                                            \
+        X##_DOT2(LOAD, TT, head* hd + d0, a0, head * hd + d1, a1)                         \
+      }                                                                                   \
+      float s0[TT], s1[TT];                                                               \
+      hsum16_tile(a0, s0, TT);                                                            \
+      hsum16_tile(a1, s1, TT);                                                            \
+      _Pragma("unroll") for (int j = 0; j < TT; ++j) if (t0 + j < T) {                    \
+        const int t = t0 + j;                                                             \
+        float v0 = s0[j], v1 = s1[j];                                                     \
+        if (has_bias) {                                                                   \
+          v0 += bias[head * hd + d0];                                                     \
+          v1 += bias[head * hd + d1];                                                     \
+        }                                                                                 \
+        if (rotate) {                                                                     \
+          const float2 cs = rope[(size_t)t * half_rope + i];                              \
+          const float c = cs.x, s = cs.y;                                                 \
+          const float r0 = v0 * c - v1 * s;                                               \
+          v1 = v0 * s + v1 * c;                                                           \
+          v0 = r0;                                                                        \
+        }                                                                                 \
+        if (head < n_head) {                                                              \
+          qkv[(size_t)t * stride + head * hd + d0] = v0;                                  \
+          qkv[(size_t)t * stride + head * hd + d1] = v1;                                  \
+        } else {                                                                          \
+          const int g = head < n_head + n_kv ? head - n_head : head - n_head - n_kv;      \
+          const size_t gk = (size_t)g * page_size * hd;                                   \
+          if (head < n_head + n_kv) { /* K: transposed within the page */                 \
+            KV_STORE(v0, kv_k[j] + gk + (size_t)d0 * page_size, kc);                      \
+            KV_STORE(v1, kv_k[j] + gk + (size_t)d1 * page_size, kc);                      \
+          } else {                                                                        \
+            KV_STORE(v0, kv_v[j] + gk + d0, vc);                                          \
+            KV_STORE(v1, kv_v[j] + gk + d1, vc);                                          \
+          }                                                                               \
+        }                                                                                 \
+      }                                                                                   \
+    }                                                                                     \
+  }                                                                                       \
+  __kernel void NAME(QKV_ARGS(X)) {                                                       \
+    NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(X));                          \
   }
 
 // Grouped expert products (mixture of experts, moe.cl): a work-item

@@ -162,28 +162,19 @@
     }                                                                                    \
   }
 
-#define TROUPE_MATMUL_QKV_PANELS(NAME, TT)                                                         \
-  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(F)) {                                             \
-    const int t0 = gy * TT;                                                                        \
-    if (t0 >= T) return;                                                                           \
-    F_SETUP(TT) const int half_rope = rope_dims / 2;                                               \
-    const int stride = (n_head + 2 * n_kv) * hd;                                                   \
-    const int r0 = 2 * gx * rows_per_item;                                                         \
-    const int r_end = min(r0 + 2 * rows_per_item, stride);                                         \
-    /* Each token's KV slot, as matmul.cl's QKV kernels find it. */                                \
-    size_t kv_k[TT], kv_v[TT];                                                                     \
-    if (r_end > r0 && (r_end - 1) / hd >= n_head) _Pragma("unroll") for (int j = 0; j < TT; ++j) { \
-        const int t = min(t0 + j, T - 1);                                                          \
-        const int page = pt[pt_off[row_seq[t]] + pos[t] / page_size];                              \
-        const size_t o = kv_block(layer, n_pages, n_kv, page_size, hd, page, 0);                   \
-        const int slot = pos[t] % page_size;                                                       \
-        kv_k[j] = o + slot;                                                                        \
-        kv_v[j] = o + (size_t)slot * hd;                                                           \
-      }                                                                                            \
-    P_PASSES(TT, r0, r_end, P_QKV_PASS)                                                            \
-  }                                                                                                \
-  __kernel void NAME(QKV_ARGS(F)) {                                                                \
-    NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(F));                                   \
+#define TROUPE_MATMUL_QKV_PANELS(NAME, TT)                       \
+  INLINE void NAME##_at(int gx, int gy, QKV_ARGS(F)) {           \
+    const int t0 = gy * TT;                                      \
+    if (t0 >= T) return;                                         \
+    F_SETUP(TT) const int half_rope = rope_dims / 2;             \
+    const int stride = (n_head + 2 * n_kv) * hd;                 \
+    const int r0 = 2 * gx * rows_per_item;                       \
+    const int r_end = min(r0 + 2 * rows_per_item, stride);       \
+    QKV_KV_SLOTS(TT, r_end > r0 && (r_end - 1) / hd >= n_head)   \
+    P_PASSES(TT, r0, r_end, P_QKV_PASS)                          \
+  }                                                              \
+  __kernel void NAME(QKV_ARGS(F)) {                              \
+    NAME##_at(get_global_id(0), get_global_id(1), QKV_NAMES(F)); \
   }
 
 #define TROUPE_PANELS_FAMILY(TS, TT)                 \

@@ -123,6 +123,27 @@ struct checker {
   static constexpr int k_shown = 6;
 };
 
+// y = w x (acc: y0 + w x) for T rows of x, N outputs at a row stride of
+// ldy; columns N..ldy-1 still y0's.
+void expect_products(const std::vector<float>& y, const std::vector<float>& y0,
+                     const std::vector<float>& w, const std::vector<float>& x, int T, int K, int N,
+                     int ldy, int acc) {
+  checker chk;
+  for (int t = 0; t < T; ++t) {
+    for (int n = 0; n < ldy; ++n) {
+      const size_t i = static_cast<size_t>(t) * ldy + n;
+      auto where = [&] { return "y[" + std::to_string(t) + "][" + std::to_string(n) + "]"; };
+      if (n >= N) {
+        chk.near(y[i], y0[i], 0.0, where);
+        continue;
+      }
+      const auto d = ref::dot(&w[static_cast<size_t>(n) * K], &x[static_cast<size_t>(t) * K], K);
+      const double want = acc ? y0[i] + d.dot : d.dot;
+      chk.near(y[i], want, ref::dot_tol(d.mag) + (acc ? 1e-7 : 0.0), where);
+    }
+  }
+}
+
 TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
   auto& c = ctx();
   std::mt19937 rng(1234);
@@ -160,24 +181,7 @@ TEST_F(KernelMatmul, EveryTypeTileAndShapeMatchesDequantizedDot) {
             const auto yb = upload(c, y0);
             k.args(dm.q, dm.d, dm.m, xb, yb, K, N, T, ldy, acc, ls.rows_per_item);
             launch_matmul(c, k, N, ls, T);
-            const auto y = download<float>(c, yb, y0.size());
-            checker chk;
-            for (int t = 0; t < T; ++t) {
-              for (int n = 0; n < ldy; ++n) {
-                const size_t i = static_cast<size_t>(t) * ldy + n;
-                auto where = [&] {
-                  return "y[" + std::to_string(t) + "][" + std::to_string(n) + "]";
-                };
-                if (n >= N) {
-                  chk.near(y[i], y0[i], 0.0, where);
-                  continue;
-                }
-                const auto d =
-                    ref::dot(&w[static_cast<size_t>(n) * K], &x[static_cast<size_t>(t) * K], K);
-                const double want = acc ? y0[i] + d.dot : d.dot;
-                chk.near(y[i], want, ref::dot_tol(d.mag) + (acc ? 1e-7 : 0.0), where);
-              }
-            }
+            expect_products(download<float>(c, yb, y0.size()), y0, w, x, T, K, N, ldy, acc);
           }
         }
       }
@@ -339,22 +343,7 @@ TEST_F(KernelMatmul, F32PanelsMatchTheDotAndEveryTileAlike) {
           k.args(dm.q, dm.d, dm.m, xb, yb, K, N, T, ldy, acc, pl.rows_per_item);
           launch_matmul(c, k, N, {pl.tile, pl.rows_per_item}, T);
           const auto y = download<float>(c, yb, y0.size());
-          checker chk;
-          for (int t = 0; t < T; ++t)
-            for (int n = 0; n < ldy; ++n) {
-              const size_t i = static_cast<size_t>(t) * ldy + n;
-              auto where = [&] {
-                return "y[" + std::to_string(t) + "][" + std::to_string(n) + "]";
-              };
-              if (n >= N) {
-                chk.near(y[i], y0[i], 0.0, where);
-                continue;
-              }
-              const auto d =
-                  ref::dot(&w[static_cast<size_t>(n) * K], &x[static_cast<size_t>(t) * K], K);
-              chk.near(y[i], acc ? y0[i] + d.dot : d.dot, ref::dot_tol(d.mag) + (acc ? 1e-7 : 0.0),
-                       where);
-            }
+          expect_products(y, y0, w, x, T, K, N, ldy, acc);
           if (first.empty())
             first = y;
           else
