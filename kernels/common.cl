@@ -71,6 +71,14 @@ INLINE void hsum16_tile(const float16* a, float* s, const int TT) {
 // below gives) one vcvtps2ph, which rounds as IEEE does, subnormal halves
 // included.  (PoCL's event profile showed the QKV kernel's stores as most
 // of its time; wall-clock A/B in one run showed no change in pp512.)
+// A hint to bring the cache line at p in (prefetcht0; never faults, so
+// an address past a buffer's end is harmless).
+#if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
+#define PREFETCH(p) __asm__ volatile("prefetcht0 (%0)" ::"r"((ulong)(p)))
+#else
+#define PREFETCH(p)
+#endif
+
 #if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
 inline ushort float_to_half_bits(float f) {
   const float4 v = (float4)(f);
@@ -460,6 +468,48 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define HALF_OFFSET2(mo, exact) (float16)((mo), (float4)0.0f, (float4)0.0f, (float4)0.0f)
 #define HALF_TAIL_OFFSET(mo, exact, s, A) A.s01 = fma(mo, s, A.s01)
 
+// What a block of a row holds, for each loader (matmul.cl's W_PREFETCH):
+// bytes at wq, floats at wd (scales) and at wm (offsets).
+#define load_f32_qbytes (4 * QK)
+#define load_f16_qbytes (2 * QK)
+#define load_bf16_qbytes (2 * QK)
+#define load_q4_0_qbytes 16
+#define load_q4_1_qbytes 16
+#define load_q5_1_qbytes QK
+#define load_q8_0_qbytes QK
+#define load_ku8_qbytes QK
+#define load_f32_scales 0
+#define load_f16_scales 0
+#define load_bf16_scales 0
+#define load_q4_0_scales 1
+#define load_q4_1_scales 1
+#define load_q5_1_scales 1
+#define load_q8_0_scales 1
+#define load_ku8_scales 2
+#define load_f32_offsets 0
+#define load_f16_offsets 0
+#define load_bf16_offsets 0
+#define load_q4_0_offsets 0
+#define load_q4_1_offsets 1
+#define load_q5_1_offsets 1
+#define load_q8_0_offsets 0
+#define load_ku8_offsets 2
+#define loadu_q4_0_qbytes 16
+#define loadu_q4_1_qbytes 16
+#define loadu_q8_0_qbytes QK
+#define loadu_q5_1_qbytes QK
+#define loadu_ku8_qbytes QK
+#define loadu_q4_0_scales 1
+#define loadu_q4_1_scales 1
+#define loadu_q8_0_scales 1
+#define loadu_q5_1_scales 1
+#define loadu_ku8_scales 2
+#define loadu_q4_0_offsets 0
+#define loadu_q4_1_offsets 1
+#define loadu_q8_0_offsets 0
+#define loadu_q5_1_offsets 1
+#define loadu_ku8_offsets 2
+
 #define loadu_q4_0_t1 float
 #define loadu_q4_0_t2 float2
 #define loadu_q4_0_lanes BLOCK_LANES
@@ -641,6 +691,9 @@ inline void loadu_q5_1_v_pair(__global const uchar* wq, __global const float* wd
 #define loadu_q5_1_v_offset2 BLOCK_OFFSET2
 #define loadu_q5_1_v_tail_offset BLOCK_TAIL_OFFSET
 #define loadu_q5_1_v_has_offset 1
+#define loadu_q5_1_v_qbytes QK
+#define loadu_q5_1_v_scales 1
+#define loadu_q5_1_v_offsets 1
 
 // One block of 32 values: scale amax / 127, quants rounded to nearest.
 inline void quantize_block(float16 lo, float16 hi, __global char* q, __global float* d,
