@@ -96,7 +96,8 @@ def main():
     if args.gguf:
         models = [(os.path.basename(g), os.path.abspath(g), os.path.abspath(g)) for g in args.gguf]
 
-    tests = [f"pp{args.n_prompt}", f"tg{args.n_gen}"]
+    # --n-prompt 0 or --n-gen 0 leaves that test out.
+    tests = [t for t, n in ((f"pp{args.n_prompt}", args.n_prompt), (f"tg{args.n_gen}", args.n_gen)) if n > 0]
     if args.baseline:
         print("| model | test | llama.cpp t/s | troupe t/s | troupe / llama.cpp | before t/s | troupe / before |")
         print("|---|---|---|---|---|---|---|")
