@@ -65,12 +65,6 @@ INLINE void hsum16_tile(const float16* a, float* s, const int TT) {
   }
 }
 
-// Float -> half bits, rounded to nearest even as vstore_half rounds:
-// PoCL's vstore_half is a software routine with branches.  With F16C
-// (every AVX2 and AVX-512 host; inline assembly for the reason dpbusd
-// below gives) one vcvtps2ph, which rounds as IEEE does, subnormal halves
-// included.  (PoCL's event profile showed the QKV kernel's stores as most
-// of its time; wall-clock A/B in one run showed no change in pp512.)
 // A hint to bring the cache line at p in (prefetcht0; never faults, so
 // an address past a buffer's end is harmless).
 #if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
@@ -79,6 +73,12 @@ INLINE void hsum16_tile(const float16* a, float* s, const int TT) {
 #define PREFETCH(p)
 #endif
 
+// Float -> half bits, rounded to nearest even as vstore_half rounds:
+// PoCL's vstore_half is a software routine with branches.  With F16C
+// (every AVX2 and AVX-512 host; inline assembly for the reason dpbusd
+// below gives) one vcvtps2ph, which rounds as IEEE does, subnormal halves
+// included.  (PoCL's event profile showed the QKV kernel's stores as most
+// of its time; wall-clock A/B in one run showed no change in pp512.)
 #if defined(TROUPE_AVX512) || defined(TROUPE_AVX2)
 inline ushort float_to_half_bits(float f) {
   const float4 v = (float4)(f);
