@@ -6,16 +6,22 @@
 //   q4_0: quants uchar[rows][blocks][16], d float[rows][blocks]
 //   q4_1: quants as q4_0, d and m float[rows][blocks]
 //   q8_0: quants char[rows][blocks][32], d float[rows][blocks]
-//   q5_1: quants char[rows][blocks][32] (the five bits of each value, one
-//     a byte: a block's high bits unpacked at upload), d and m as q4_1; a
-//     matrix's Q8_0 rows beside Q5_1 ones (a Q5_K_M file's attn_v beside
-//     its attn_q and attn_k) are held in it too, their signed quants with
-//     m = 0: value d q + 0, and d dx sum(q qx) + 0 s in the Q products,
-//     Q8_0's own values and sums
+//   q5_0: quants as q4_0 (the low four bits), d as q8_0, the fifth bits
+//     uint[rows][blocks] in m (bit i: value i's), as the file packs them;
+//     a QKV's V rows (matmul.cl's QKV kernels) as q8_0 at q8_0's places
+//     (block k's quants at 32 k: its q and k rows' blocks leave a gap)
+//   q5_1: 20 bytes a block in quants, uchar[rows][blocks][20]: the low four
+//     bits as q4_1's 16 bytes, then the 32 fifth bits (uint, bit i value
+//     i's), as the file packs them; d and m as q4_1.  A QKV's V rows
+//     (matmul.cl's QKV kernels; Q5_1, or Q8_0 beside Q5_1 q and k, a Q5_K_M
+//     file's attn_v) as five or eight bits a byte, char[32] at 32 k for
+//     block k (after the q and k rows' blocks, a gap), Q8_0's signed
+//     quants with m = 0: value d q + 0, and d dx sum(q qx) + 0 s in the Q
+//     products, Q8_0's own values and sums
 //   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
 //     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
 //     16-31), m float2[rows][blocks] (their offsets m)
-// The quants are the file's bytes (ku8, q5_1: its quants, one a byte); the half
+// The quants are the file's bytes (ku8, a q5_1 V: its quants, one a byte); the half
 // scales are widened to float at upload (exactly), because converting a half costs a dozen instructions
 // per block on a device without cl_khr_fp16.
 // A block holds 32 values; for 4-bit types the low nibbles of the 16 bytes
@@ -217,16 +223,74 @@ inline void load_q4_1(__global const uchar* wq, __global const float* wd, __glob
   *hi = fma(convert_float16(q >> (uchar16)4), (float16)d, (float16)m);
 }
 
+// The fifth bits h of a block's lanes (q4_1's nibble order: lane j values
+// 4j..4j+3, bits h >> 4j) as 16 in each byte whose bit is set (q5_0_bytes
+// below says how four bits spread to four bytes).
+INLINE int8 q5_high(uint h) {
+  const int8 sh = (int8)(0, 4, 8, 12, 16, 20, 24, 28);
+  return (((((int8)(int)h >> sh) & 15) * 0x00204081) & 0x01010101) << 4;
+}
+
+// A packed Q5_1 block's five-bit u (0..31) as lanes of four bytes.
+INLINE int8 q5_1_u(__global const uchar* wq, size_t blk) {
+  __global const uchar* p = wq + blk * 20;
+  const int4 q = vload4(0, (__global const int*)p);
+  const uint h = *(__global const uint*)(p + 16);
+  return (int8)(q & (int4)0x0F0F0F0F, (q >> 4) & (int4)0x0F0F0F0F) | q5_high(h);
+}
+
 // Q5_1 is Q4_1 with a fifth bit: value = d u + m, one rounding (fma).
-// The bytes are read signed: five-bit u are the same, and Q8_0 rows held
-// in a Q5_1 matrix (m = 0) give d q exactly.
 inline void load_q5_1(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
+  const size_t blk = (size_t)r * nb + b;
+  const float d = wd[blk], m = wm[blk];
+  const int8 u = q5_1_u(wq, blk);
+  *lo = fma(convert_float16(as_uchar16(u.lo)), (float16)d, (float16)m);
+  *hi = fma(convert_float16(as_uchar16(u.hi)), (float16)d, (float16)m);
+}
+
+// A Q5_1 QKV's V rows (a byte a value): read signed, so that Q8_0 rows
+// held there (m = 0) give d q exactly, and Q5_1's five-bit u the same.
+inline void load_q5_1_v(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                        int K, int nb, int r, int b, float16* lo, float16* hi) {
   const size_t blk = (size_t)r * nb + b;
   const float d = wd[blk], m = wm[blk];
   __global const char* q = (__global const char*)wq;
   *lo = fma(convert_float16(vload16(2 * blk, q)), (float16)d, (float16)m);
   *hi = fma(convert_float16(vload16(2 * blk + 1, q)), (float16)d, (float16)m);
+}
+
+// Q5_0 as the signed bytes u - 16 (u: a value's five bits), the quants
+// Q8_0 holds for the same values, so that its products are Q8_0's
+// (dot_signed, no offset term): llama.cpp's formula, and the sums of the
+// Q8_0 it was widened to before, bit for bit, from 24 bytes a block
+// instead of 36 (decode streams the weights once a token).  Lane j of a
+// block (q4_0's nibble order) holds values 4j..4j+3, whose fifth bits are
+// h >> 4j: a byte whose bit is clear gets 0xF0 over its nibble (the
+// nibble minus 16).  n * 0x00204081 & 0x01010101 puts bit k of a nibble n
+// at bit 8k (n + n << 7 + n << 14 + n << 21: no two overlap).
+INLINE int8 q5_0_bytes(int8 nib, uint h) {
+  const int8 sh = (int8)(0, 4, 8, 12, 16, 20, 24, 28);
+  const int8 clear = ((((int8)(int)~h >> sh) & 15) * 0x00204081) & 0x01010101;
+  return nib | clear * 0xF0;
+}
+INLINE int16 q5_0_bytes2(int16 nib, uint2 h) {
+  const int16 sh = (int16)(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+  const int16 hv = (int16)((int8)(int)~h.x, (int8)(int)~h.y);
+  const int16 clear = (((hv >> sh) & 15) * 0x00204081) & 0x01010101;
+  return nib | clear * 0xF0;
+}
+
+// Q5_0 (q5_0_bytes): d q as q8_0's values, the same floats.
+inline void load_q5_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
+                      int K, int nb, int r, int b, float16* lo, float16* hi) {
+  const size_t blk = (size_t)r * nb + b;
+  const uchar16 q = vload16(blk, wq);
+  const int8 u = q5_0_bytes((int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4)),
+                            ((__global const uint*)wm)[blk]);
+  const float d = wd[blk];
+  *lo = convert_float16(as_char16(u.lo)) * d;
+  *hi = convert_float16(as_char16(u.hi)) * d;
 }
 
 inline void load_q8_0(__global const uchar* wq, __global const float* wd, __global const float* wm,
@@ -441,6 +505,8 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q4_1_dot2 dot_nibbles2
 #define loadu_q8_0_dot dot_signed
 #define loadu_q8_0_dot2 dot_signed2
+#define loadu_q5_0_dot dot_signed
+#define loadu_q5_0_dot2 dot_signed2
 // q5_1's u are at most 31, ku8's at most 63: a vpmaddubsw pair sum at
 // most 2 * 63 * 127.
 #define loadu_q5_1_dot dot_nibbles
@@ -475,7 +541,9 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_bf16_qbytes (2 * QK)
 #define load_q4_0_qbytes 16
 #define load_q4_1_qbytes 16
-#define load_q5_1_qbytes QK
+#define load_q5_0_qbytes 16
+#define load_q5_1_qbytes 20
+#define load_q5_1_v_qbytes QK
 #define load_q8_0_qbytes QK
 #define load_ku8_qbytes QK
 #define load_f32_scales 0
@@ -483,7 +551,9 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_bf16_scales 0
 #define load_q4_0_scales 1
 #define load_q4_1_scales 1
+#define load_q5_0_scales 1
 #define load_q5_1_scales 1
+#define load_q5_1_v_scales 1
 #define load_q8_0_scales 1
 #define load_ku8_scales 2
 #define load_f32_offsets 0
@@ -491,21 +561,26 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_bf16_offsets 0
 #define load_q4_0_offsets 0
 #define load_q4_1_offsets 1
+#define load_q5_0_offsets 1
 #define load_q5_1_offsets 1
+#define load_q5_1_v_offsets 1
 #define load_q8_0_offsets 0
 #define load_ku8_offsets 2
 #define loadu_q4_0_qbytes 16
 #define loadu_q4_1_qbytes 16
+#define loadu_q5_0_qbytes 16
 #define loadu_q8_0_qbytes QK
-#define loadu_q5_1_qbytes QK
+#define loadu_q5_1_qbytes 20
 #define loadu_ku8_qbytes QK
 #define loadu_q4_0_scales 1
 #define loadu_q4_1_scales 1
+#define loadu_q5_0_scales 1
 #define loadu_q8_0_scales 1
 #define loadu_q5_1_scales 1
 #define loadu_ku8_scales 2
 #define loadu_q4_0_offsets 0
 #define loadu_q4_1_offsets 1
+#define loadu_q5_0_offsets 1
 #define loadu_q8_0_offsets 0
 #define loadu_q5_1_offsets 1
 #define loadu_ku8_offsets 2
@@ -531,6 +606,13 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q8_0_offset2 BLOCK_OFFSET2
 #define loadu_q8_0_tail_offset BLOCK_TAIL_OFFSET
 #define loadu_q8_0_has_offset 0
+#define loadu_q5_0_t1 float
+#define loadu_q5_0_t2 float2
+#define loadu_q5_0_lanes BLOCK_LANES
+#define loadu_q5_0_lanes2 BLOCK_LANES2
+#define loadu_q5_0_offset2 BLOCK_OFFSET2
+#define loadu_q5_0_tail_offset BLOCK_TAIL_OFFSET
+#define loadu_q5_0_has_offset 0
 #define loadu_q5_1_t1 float
 #define loadu_q5_1_t2 float2
 #define loadu_q5_1_lanes BLOCK_LANES
@@ -584,13 +666,25 @@ inline void loadu_q8_0(__global const uchar* wq, __global const float* wd,
   *exact = 1;
 }
 
+inline void loadu_q5_0(__global const uchar* wq, __global const float* wd,
+                       __global const float* wm, int nb, int r, int b, int8* u, float* dw,
+                       float* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  const uchar16 q = vload16(blk, wq);
+  *u = q5_0_bytes((int8)(as_int4(q & (uchar16)0xF), as_int4(q >> (uchar16)4)),
+                  ((__global const uint*)wm)[blk]);
+  *dw = wd[blk];
+  *mo = 0.0f;
+  *exact = 1;
+}
+
 // Q5_1 against Q8_1 activations: llama.cpp's formula is Q4_1's (its min
 // against the half-rounded sum, xsum.x), with five-bit u.
 inline void loadu_q5_1(__global const uchar* wq, __global const float* wd,
                        __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                        float* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  *u = vload8(0, (__global const int*)(wq + blk * QK));
+  *u = q5_1_u(wq, blk);
   *dw = wd[blk];
   *mo = wm[blk];
   *exact = 0;
@@ -644,11 +738,21 @@ inline void loadu_q8_0_pair(__global const uchar* wq, __global const float* wd,
   *exact = 1;
 }
 
+inline void loadu_q5_0_pair(__global const uchar* wq, __global const float* wd,
+                            __global const float* wm, int nb, int r, int b, int16* u, float2* dw,
+                            float2* mo, int* exact) {
+  const size_t blk = (size_t)r * nb + b;
+  *u = q5_0_bytes2(nibbles_pair(wq, blk), vload2(0, (__global const uint*)wm + blk));
+  *dw = vload2(0, wd + blk);
+  *mo = (float2)0.0f;
+  *exact = 1;
+}
+
 inline void loadu_q5_1_pair(__global const uchar* wq, __global const float* wd,
                             __global const float* wm, int nb, int r, int b, int16* u, float2* dw,
                             float2* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  *u = vload16(0, (__global const int*)(wq + blk * QK));
+  *u = (int16)(q5_1_u(wq, blk), q5_1_u(wq, blk + 1));
   *dw = vload2(0, wd + blk);
   *mo = vload2(0, wm + blk);
   *exact = 0;
@@ -670,17 +774,24 @@ inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,
 // ones theirs.  Only there: the signed products cost more than the
 // unsigned ones (measured on SmolLM2 Q5_1 with every Q5_1 product signed,
 // when they took two vpdpbusd a block: pp512 0.88x, tg128 0.92x).
-// (Functions, not macros naming loadu_q5_1: a macro argument is expanded
-// before it is substituted, so matmul.cl would be handed loadu_q5_1.)
+// Held a byte a value (the header above), not packed as the other rows.
 inline void loadu_q5_1_v(__global const uchar* wq, __global const float* wd,
                          __global const float* wm, int nb, int r, int b, int8* u, float* dw,
                          float* mo, int* exact) {
-  loadu_q5_1(wq, wd, wm, nb, r, b, u, dw, mo, exact);
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload8(0, (__global const int*)(wq + blk * QK));
+  *dw = wd[blk];
+  *mo = wm[blk];
+  *exact = 0;
 }
 inline void loadu_q5_1_v_pair(__global const uchar* wq, __global const float* wd,
                               __global const float* wm, int nb, int r, int b, int16* u,
                               float2* dw, float2* mo, int* exact) {
-  loadu_q5_1_pair(wq, wd, wm, nb, r, b, u, dw, mo, exact);
+  const size_t blk = (size_t)r * nb + b;
+  *u = vload16(0, (__global const int*)(wq + blk * QK));
+  *dw = vload2(0, wd + blk);
+  *mo = vload2(0, wm + blk);
+  *exact = 0;
 }
 #define loadu_q5_1_v_dot dot_signed
 #define loadu_q5_1_v_dot2 dot_signed2

@@ -227,15 +227,15 @@ INLINE void wait_items(volatile __global int* done, int n) {
 
 // A Gemma 3 layer (QK-norm, sandwich norms, GELU, a sliding window where
 // window > 0) as its Q4_K_M files hold it: Q8_0 (and Q5_0 as Q8_0) QKV
-// and gate/up over per-32 activations, K-quant Wo and down (wo_fmt,
-// dn_fmt) over Q8_K ones.  The launches apart's twelve kernels as phases:
+// and gate/up of type GU (Q8_0, or Q5_0 packed) over per-32 activations,
+// K-quant Wo and down (wo_fmt, dn_fmt) over Q8_K ones.  The launches apart's twelve kernels as phases:
 // norm, QKV, per-head QK-norm with RoPE and the KV store, attention, Q8_K
 // quantization of its output, Wo into xn, x += norm(xn); norm, gate/up with
 // GELU (from the table), Q8_K quantization of h, down into xn, x +=
 // norm(xn).  rope: the layer's table (the host picks the local layers').
 #define GEMMA_PHASES 12
-#define TROUPE_GEMMA_LAYER(TS, TT)                                                                 \
-  __kernel void layer_gemma_xq_q8_0_##TS(                                                          \
+#define TROUPE_GEMMA_LAYER(GU, TS, TT)                                                             \
+  __kernel void layer_gemma_xq_##GU##_##TS(                                                        \
       LAYER_ARGS, __global const float* q_norm, __global const float* k_norm,                      \
       __global const float* post_attn_norm, __global const float* post_ffn_norm, int wo_fmt,       \
       int window, __global const ushort* gelu_tab) {                                               \
@@ -263,7 +263,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
     PHASE(6, T, 1, rmsnorm_add_row(i, x, xn, post_attn_norm, D, eps))                              \
     PHASE(7, T, 1, Q_NORM_ROW(i, ffn_norm))                                                        \
     PHASE(8, n_glu* tg, 1,                                                                         \
-          TILE_AT_##TS(matmul_glu_xq_q8_0, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D,   \
+          TILE_AT_##TS(matmul_glu_xq_##GU, i % n_glu, i / n_glu, gu_q, gu_d, gu_m, Q_IN_A, h, D,  \
                        F, T, rpi_glu, qb_q, qb_d, qb_s, GLU_GELU, gelu_tab))                       \
     PHASE(9, T*(F / 256), 1,                                                                       \
           quantize_q8_k_at(i % (F / 256), i / (F / 256), h, F, qb_q, qb_d, qb_s, dn_fmt == 2))     \
@@ -274,7 +274,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
 // embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
-// 6 q5_1, 7 bf16, as the host's type_slot).
+// 6 q5_1, 7 bf16, 9 q5_0, as the host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
                         __global const float* em, __global const int* tokens,
                         __global const int* drawn, __global float* x, int D) {
@@ -302,6 +302,9 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
       break;
     case 7:
       load_bf16(eq, ed, em, D, nb, tok, b, &lo, &hi);
+      break;
+    case 9:
+      load_q5_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     default:
       load_q8_0(eq, ed, em, D, nb, tok, b, &lo, &hi);
@@ -369,14 +372,21 @@ TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_1, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_SAME, )
+TROUPE_LAYER_TILES(xq_q5_0, Q, FFN_SAME, )
 // Q8_0 (and Q5_0, held as Q8_0) layers with a K-quant down: the layers of
 // llama-quantize's K-quant files of SmolLM2 and its like.
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
 // Q5_1 layers with a K-quant down: llama-quantize's Q5_K_M of such a model
 // (Q5_K falls back to Q5_1 where rows are no whole super-blocks).
 TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_Q8K, _kd)
-TROUPE_GEMMA_LAYER(t1, 1)
-TROUPE_GEMMA_LAYER(t4, 4)
-TROUPE_GEMMA_LAYER(tiled, TROUPE_TILE)
+// Q5_0 layers (V rows held as Q8_0) with a K-quant down: llama-quantize's
+// Q4_K_M of such a model (Q4_K falls back to Q5_0).
+TROUPE_LAYER_TILES(xq_q5_0, Q, FFN_Q8K, _kd)
+TROUPE_GEMMA_LAYER(q8_0, t1, 1)
+TROUPE_GEMMA_LAYER(q8_0, t4, 4)
+TROUPE_GEMMA_LAYER(q8_0, tiled, TROUPE_TILE)
+TROUPE_GEMMA_LAYER(q5_0, t1, 1)
+TROUPE_GEMMA_LAYER(q5_0, t4, 4)
+TROUPE_GEMMA_LAYER(q5_0, tiled, TROUPE_TILE)
 
 #endif  // TROUPE_FUSED_LAYERS

@@ -533,7 +533,7 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 // Three token tiles per family: 1 (one decode row), 4 (small decode
 // batches) and TROUPE_TILE (prefill chunks and large batches).  The QKV
 // kernels read V rows with VLOAD where VSPLIT (a Q5_1 QKV's, common.cl's
-// loadu_q5_1_v), with LOAD elsewhere.
+// loadu_q5_1_v; a Q5_0 QKV's, held as Q8_0), with LOAD elsewhere.
 #define TROUPE_MATMUL_FAMILY(T, LOAD, X, XN) TROUPE_MATMUL_FAMILY_SPLIT(T, LOAD, X, XN, LOAD, 0)
 #define TROUPE_MATMUL_FAMILY_SPLIT(T, LOAD, X, XN, VLOAD, VSPLIT)                    \
   TROUPE_MATMUL(matmul_##XN##T##_t1, LOAD, 1, X)                                     \
@@ -562,10 +562,12 @@ TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
 TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
 TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
 TROUPE_MATMUL_FAMILY(ku8, load_ku8, F, )
-TROUPE_MATMUL_FAMILY(q5_1, load_q5_1, F, )
+TROUPE_MATMUL_FAMILY_SPLIT(q5_1, load_q5_1, F, , load_q5_1_v, 1)
+TROUPE_MATMUL_FAMILY_SPLIT(q5_0, load_q5_0, F, , load_q8_0, 1)
 TROUPE_MATMUL_FAMILY(bf16, load_bf16, F, )
 TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(ku8, loadu_ku8, Q, xq_)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_1, loadu_q5_1, Q, xq_, loadu_q5_1_v, 1)
+TROUPE_MATMUL_FAMILY_SPLIT(q5_0, loadu_q5_0, Q, xq_, loadu_q8_0, 1)

@@ -13,7 +13,7 @@ namespace {
 // Bytes of the scale (and min) header at the start of a block of each type.
 struct block_layout {
   size_t header;  // 2 (d) or 4 (d, m)
-  size_t quants;  // bytes of quants per block on the device (the file's but for Q5_1)
+  size_t quants;  // bytes of quants per block on the device (the file's)
   bool has_min;
 };
 
@@ -25,8 +25,8 @@ block_layout layout_of(tensor_type t) {
       return {4, 16, true};
     case tensor_type::q8_0:
       return {2, 32, false};
-    case tensor_type::q5_1:  // quants unpacked to a byte each (split_q5_1)
-      return {4, 32, true};
+    case tensor_type::q5_1:  // the nibbles, then the fifth bits (kernels/common.cl)
+      return {4, 20, true};
     default:
       return {0, 0, false};
   }
@@ -37,13 +37,14 @@ bool quantized(tensor_type t) {
 }
 
 // The type a tensor has on the device, each exactly its file's values
-// (tensor_type.hpp says why): Q5_0 and IQ4_NL as Q8_0, Q4_K as Q4_1, the
-// other K-quants (a scale per 16 values, or a fifth or sixth bit) as KU8,
-// a byte per value with a scale and an offset per 16 (12 bits a value,
-// against Q6_K's 6.6 in the file: packed forms are still to come).  Q5_1
-// stays Q5_1, its quants a byte each (10 bits a value against the file's
-// 6); BF16 stays BF16, its float products reading each value's float.
+// (tensor_type.hpp says why): Q5_0 and Q5_1 packed as the file packs them
+// (kernels/common.cl; a QKV's V apart: upload_qkv), IQ4_NL as Q8_0, Q4_K
+// as Q4_1, the other K-quants (a scale per 16 values, or a fifth or sixth
+// bit) as KU8, a byte per value with a scale and an offset per 16 (12 bits
+// a value, against Q6_K's 6.6 in the file: packed forms are still to
+// come); BF16 stays BF16, its float products reading each value's float.
 tensor_type on_device(tensor_type t) {
+  if (t == tensor_type::q5_0) return t;
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
   switch (t) {
     case tensor_type::q4_k:
@@ -107,11 +108,58 @@ std::vector<float> in_panels(const std::vector<float>& v, int64_t rows, int64_t 
   return out;
 }
 
-// upload_matrix, where q5_1_v: Q5_1 parts followed by Q8_0 ones (upload_qkv
-// says when) as Q5_1; where panels, F32 values as F32P (the rows a
-// multiple of 16).
+// How upload_stacked holds a QKV's parts where they are not all one type
+// on the device (upload_qkv says which).
+enum class qkv_hold {
+  plain,   // as any stack: K-quants as KU8, Q5_0 beside Q8_0 as Q8_0, else F32
+  q5_1_v,  // Q5_1 q and k, a Q5_1 or Q8_0 v: as Q5_1, v a byte a value
+  q5_0_v,  // Q5_0 q and k, a Q5_0 or Q8_0 v: as Q5_0, v as Q8_0
+  q8_0,    // Q5_0 parts widened to Q8_0 (a QKV whose product is a plain one)
+};
+
+// Q5_0 parts as kernels/common.cl's q5_0: per block the low nibbles in q
+// (16 bytes), the half scale as float in d, the 32 fifth bits in m.
+// Where v_q8_0 the last part (a QKV's V, Q5_0 or Q8_0) is held as Q8_0 at
+// Q8_0's places, block k's quants at 32 k, as the QKV kernels read them.
+device_matrix upload_q5_0(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+                          bool v_q8_0, device_matrix out) {
+  const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
+  std::vector<uint8_t> q(n_blocks * (v_q8_0 ? 32 : 16));
+  std::vector<float> d(n_blocks);
+  std::vector<uint32_t> h(n_blocks);
+  size_t blk = 0;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    const tensor_view* p = parts[k];
+    const size_t nb = p->bytes / traits_of(p->type).block_bytes;
+    const bool as_q8_0 = v_q8_0 && k + 1 == parts.size();
+    for (size_t i = 0; i < nb; ++i, ++blk) {
+      uint16_t half = 0;
+      if (as_q8_0 && p->type == tensor_type::q8_0) {
+        const uint8_t* src = p->data + i * traits_of(p->type).block_bytes;
+        std::memcpy(&half, src, 2);
+        std::memcpy(&q[blk * 32], src + 2, 32);
+      } else if (as_q8_0) {
+        widen_block_to_q8_0(p->type, p->data, static_cast<int64_t>(i), half,
+                            reinterpret_cast<int8_t*>(&q[blk * 32]));
+      } else {  // Q5_0: d, qh[4], qs[16]
+        const uint8_t* src = p->data + i * traits_of(p->type).block_bytes;
+        std::memcpy(&half, src, 2);
+        std::memcpy(&h[blk], src + 2, 4);
+        std::memcpy(&q[blk * 16], src + 6, 16);
+      }
+      d[blk] = half_to_float(half);
+    }
+  }
+  out.q = ctx.alloc(q.size(), q.data());
+  out.d = ctx.alloc(d.size() * sizeof(float), d.data());
+  out.m = ctx.alloc(h.size() * sizeof(uint32_t), h.data());
+  return out;
+}
+
+// upload_matrix, with a QKV's parts held as hold says; where panels, F32
+// values as F32P (the rows a multiple of 16).
 device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_view*>& parts,
-                             bool q5_1_v, bool panels = false) {
+                             qkv_hold hold, bool panels = false) {
   device_matrix out;
   const tensor_view& first = *parts.front();
   out.type = on_device(first.type);
@@ -127,17 +175,30 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
   }
   // Parts of different types (llama.cpp's Q4_K_M gives some layers a Q6_K
   // attn_v beside Q4_K attn_q and attn_k): K-quants together as KU8, which
-  // holds any of them; Q5_1 then Q8_0 where q5_1_v (upload_qkv) as Q5_1;
-  // otherwise F32, exact values, with Q8_K inputs where every part is a
-  // K-quant, float ones otherwise.
-  if (mixed) {
+  // holds any of them; a QKV as hold says; Q5_0 (or IQ4_NL) beside Q8_0 as
+  // Q8_0; otherwise F32, exact values, with Q8_K inputs where every part
+  // is a K-quant, float ones otherwise.
+  auto q8_0_values = [](const tensor_view* p) {
+    return p->type == tensor_type::q8_0 || widens_to_q8_0(p->type);
+  };
+  if (hold == qkv_hold::q5_0_v) {
+    out.type = tensor_type::q5_0;
+  } else if (hold == qkv_hold::q5_1_v) {
+    out.type = tensor_type::q5_1;
+  } else if (hold == qkv_hold::q8_0) {
+    out.type = tensor_type::q8_0;
+  } else if (mixed) {
     out.q8_k_acts = std::all_of(parts.begin(), parts.end(), k_quant);
-    out.type = out.q8_k_acts ? tensor_type::ku8 : q5_1_v ? tensor_type::q5_1 : tensor_type::f32;
+    out.type = out.q8_k_acts                                          ? tensor_type::ku8
+               : std::all_of(parts.begin(), parts.end(), q8_0_values) ? tensor_type::q8_0
+                                                                      : tensor_type::f32;
   }
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
                       " values; troupe needs a multiple of 32");
   if (out.type == tensor_type::ku8) return upload_ku8(ctx, parts, std::move(out));
+  if (out.type == tensor_type::q5_0)
+    return upload_q5_0(ctx, parts, hold == qkv_hold::q5_0_v, std::move(out));
   if (out.type == tensor_type::f32) {
     auto v = floats_of(parts);
     if (panels) {
@@ -162,16 +223,20 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
   }
   const auto lay = layout_of(out.type);
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
-  std::vector<uint8_t> q(n_blocks * lay.quants);
+  // A Q5_1 QKV's V rows a byte a value, block k's at 32 k (kernels/common.cl).
+  const bool v_bytes = hold == qkv_hold::q5_1_v;
+  std::vector<uint8_t> q(n_blocks * (v_bytes ? 32 : lay.quants));
   std::vector<float> d(n_blocks), m(lay.has_min ? n_blocks : 1);
   size_t blk = 0;
   for (const auto* p : parts) {
+    const bool v_part = v_bytes && p == parts.back();
+    const size_t stride = v_part ? 32 : lay.quants;
     if (widens_to_q8_0(p->type)) {
       const size_t nb = p->bytes / traits_of(p->type).block_bytes;
       for (size_t i = 0; i < nb; ++i, ++blk) {
         uint16_t h = 0;
         widen_block_to_q8_0(p->type, p->data, static_cast<int64_t>(i), h,
-                            reinterpret_cast<int8_t*>(&q[blk * lay.quants]));
+                            reinterpret_cast<int8_t*>(&q[blk * stride]));
         d[blk] = half_to_float(h);
       }
       continue;
@@ -185,10 +250,23 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
       }
       continue;
     }
-    if (p->type == tensor_type::q5_1) {
+    if (p->type == tensor_type::q5_1 && v_part) {
       const size_t nb = p->bytes / traits_of(p->type).block_bytes;
       for (size_t i = 0; i < nb; ++i, ++blk)
-        split_q5_1(p->data, static_cast<int64_t>(i), d[blk], m[blk], &q[blk * lay.quants]);
+        split_q5_1(p->data, static_cast<int64_t>(i), d[blk], m[blk], &q[blk * stride]);
+      continue;
+    }
+    if (p->type == tensor_type::q5_1) {  // d, m, qh[4], qs[16]: qs then qh
+      const size_t bytes = traits_of(p->type).block_bytes;
+      for (size_t i = 0; i < p->bytes / bytes; ++i, ++blk) {
+        const uint8_t* src = p->data + i * bytes;
+        uint16_t h[2];
+        std::memcpy(h, src, 4);
+        d[blk] = half_to_float(h[0]);
+        m[blk] = half_to_float(h[1]);
+        std::memcpy(&q[blk * stride], src + 8, 16);
+        std::memcpy(&q[blk * stride + 16], src + 4, 4);
+      }
       continue;
     }
     // The part's own layout: a Q8_0 part of a Q5_1 matrix keeps m = 0.
@@ -201,7 +279,7 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
       std::memcpy(h, src, own.header);
       d[blk] = half_to_float(h[0]);
       if (own.has_min) m[blk] = half_to_float(h[1]);
-      std::memcpy(&q[blk * lay.quants], src + own.header, own.quants);
+      std::memcpy(&q[blk * stride], src + own.header, own.quants);
     }
   }
   out.q = ctx.alloc(q.size(), q.data());
@@ -214,7 +292,7 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
 
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                             bool f32_panels) {
-  return upload_stacked(ctx, parts, false, f32_panels);
+  return upload_stacked(ctx, parts, qkv_hold::plain, f32_panels);
 }
 
 bool f32_panels_fit(const cl::context& ctx, const model_file& model) {
@@ -241,9 +319,21 @@ device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_vi
   auto is = [](const tensor_view& t, tensor_type want) {
     return on_device(t.type) == want && !k_quant(&t);
   };
-  const bool q5_1_v = qkv_kernels && is(q, tensor_type::q5_1) && is(k, tensor_type::q5_1) &&
-                      is(v, tensor_type::q8_0);
-  return upload_stacked(ctx, {&q, &k, &v}, q5_1_v, f32_panels);
+  auto q8_0_values = [](const tensor_view& t) {
+    return t.type == tensor_type::q8_0 || widens_to_q8_0(t.type);
+  };
+  const bool q5_0_qk = q.type == tensor_type::q5_0 && k.type == tensor_type::q5_0;
+  qkv_hold hold = qkv_hold::plain;
+  if (qkv_kernels && is(q, tensor_type::q5_1) && is(k, tensor_type::q5_1) &&
+      (is(v, tensor_type::q5_1) || q8_0_values(v)))
+    hold = qkv_hold::q5_1_v;
+  else if (qkv_kernels && q5_0_qk && q8_0_values(v))
+    hold = qkv_hold::q5_0_v;
+  else if (q8_0_values(q) && q8_0_values(k) && q8_0_values(v) &&
+           (q.type == tensor_type::q5_0 || k.type == tensor_type::q5_0 ||
+            v.type == tensor_type::q5_0))
+    hold = qkv_hold::q8_0;
+  return upload_stacked(ctx, {&q, &k, &v}, hold, f32_panels);
 }
 
 cl::buffer upload_vector(cl::context& ctx, const tensor_view& t) {

@@ -29,9 +29,9 @@ struct device_matrix {
 
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
 // All parts must share row length (throws model_error otherwise).  Parts of
-// different types: K-quants together as KU8 (any of them exactly), others
-// as F32 (exact values).  With f32_panels, F32 values are held in panels
-// as F32P (kernels/matmul_panels.cl; the rows a multiple of 16, else
+// different types: K-quants together as KU8 (any of them exactly), Q5_0
+// or IQ4_NL beside Q8_0 as Q8_0, others as F32 (exact values).  With f32_panels, F32 values are
+// held in panels as F32P (kernels/matmul_panels.cl; the rows a multiple of 16, else
 // std::invalid_argument).
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                             bool f32_panels = false);
@@ -41,14 +41,18 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
 // sizes in whole panels, on a CPU device.
 bool f32_panels_fit(const cl::context& ctx, const model_file& model);
 
-// A layer's [q; k; v], as upload_matrix stacks them, with one more mix held
-// in a quantized type: Q5_1 q and k beside a Q8_0 v (also Q5_0 or IQ4_NL,
-// held as Q8_0; a Q5_K_M file's layers whose attn_v fell back from Q6_K to
-// Q8_0 where its rows are no whole super-blocks) as Q5_1, the v rows Q8_0's
-// signed quants with no offset, which the QKV kernels read with signed
-// products (kernels/common.cl, loadu_q5_1_v): each part's own sums.  Only
-// where qkv_kernels (the projection runs in matmul_qkv_*, not as a plain
-// matmul: llama_forward's QK-norm path); otherwise as upload_matrix.
+// A layer's [q; k; v], as upload_matrix stacks them, but where qkv_kernels
+// (the projection runs in matmul_qkv_*, not as a plain matmul: llama_forward's
+// QK-norm path), whose V rows may be held apart (kernels/common.cl):
+// - Q5_1 q and k beside a Q5_1 or Q8_0 v (also Q5_0 or IQ4_NL, held as
+//   Q8_0; a Q5_K_M file's layers whose attn_v fell back from Q6_K to Q8_0
+//   where its rows are no whole super-blocks) as Q5_1, q and k packed, the
+//   v rows a byte a value (Q8_0's signed quants with no offset), which the
+//   QKV kernels read with signed products (loadu_q5_1_v);
+// - Q5_0 q and k beside a Q5_0 or Q8_0 v (a Q4_K_M file's) as Q5_0, q and
+//   k packed, the v rows as Q8_0 (loadu_q8_0).
+// Each part's own sums.  Without qkv_kernels, Q5_0 beside Q8_0 values is
+// held as Q8_0.
 device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
                          const tensor_view& v, bool qkv_kernels, bool f32_panels = false);
 

@@ -35,8 +35,9 @@ int type_slot(tensor_type t) {
       return 7;
     case tensor_type::f32p:
       return 8;
-    case tensor_type::q5_0:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
-    case tensor_type::iq4_nl:
+    case tensor_type::q5_0:
+      return 9;
+    case tensor_type::iq4_nl:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
     case tensor_type::q4_k:
     case tensor_type::q6_k:
     case tensor_type::q2_k:
@@ -222,8 +223,9 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
 
 bool llama_forward::k_down(const device_layer& L) const {
   const auto& hp = hparams();
-  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1) && L.down.q8_k_acts &&
-         int8_for(L.down) &&
+  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1 ||
+          L.qkv.type == tensor_type::q5_0) &&
+         L.down.q8_k_acts && int8_for(L.down) &&
          (L.down.type == tensor_type::ku8 || L.down.type == tensor_type::q4_1) &&
          hp.n_ff % 256 == 0;
 }
@@ -236,9 +238,10 @@ bool llama_forward::gemma_fused(const device_layer& L) const {
   };
   return h.qk_norm && h.sandwich_norms && h.gelu_ffn && !L.qkv_bias &&
          L.qkv.type == tensor_type::q8_0 && quantized_inline(L.qkv) &&
-         L.gate_up.type == tensor_type::q8_0 && quantized_inline(L.gate_up) && k_quant_int8(L.wo) &&
-         k_quant_int8(L.down) && h.head_dim % 32 == 0 && h.head_dim <= 256 &&
-         (h.n_head * h.head_dim) % 256 == 0 && h.n_ff % 256 == 0 && h.n_embd % 32 == 0;
+         (L.gate_up.type == tensor_type::q8_0 || L.gate_up.type == tensor_type::q5_0) &&
+         quantized_inline(L.gate_up) && k_quant_int8(L.wo) && k_quant_int8(L.down) &&
+         h.head_dim % 32 == 0 && h.head_dim <= 256 && (h.n_head * h.head_dim) % 256 == 0 &&
+         h.n_ff % 256 == 0 && h.n_embd % 32 == 0;
 }
 
 bool llama_forward::fused(const device_layer& L) const {
@@ -274,9 +277,12 @@ int llama_forward::fused_layers() const {
 
 cl::kernel& llama_forward::layer_kernel(bool whole_step, const device_layer& L, int T) {
   const int slot = tile_slot(T);
-  if (hparams().qk_norm) {  // Gemma's (no whole step)
-    auto& k = k_layer_gemma_[slot];
-    if (!k.get()) k = ctx_.make_kernel(std::string("layer_gemma_xq_q8_0") + slot_suffix[slot]);
+  if (hparams().qk_norm) {  // Gemma's (no whole step), by gate/up's type
+    const bool q5_0 = L.gate_up.type == tensor_type::q5_0;
+    auto& k = k_layer_gemma_[q5_0 ? 1 : 0][slot];
+    if (!k.get())
+      k = ctx_.make_kernel(std::string("layer_gemma_xq_") + (q5_0 ? "q5_0" : "q8_0") +
+                           slot_suffix[slot]);
     return k;
   }
   const bool kd = k_down(L);
@@ -354,9 +360,9 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 }
 
 bool llama_forward::int8_for(const device_matrix& w) const {
-  return opts_.int8_dot &&
-         (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-          w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 || w.type == tensor_type::q5_1);
+  return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
+                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 ||
+                            w.type == tensor_type::q5_1 || w.type == tensor_type::q5_0);
 }
 
 int llama_forward::input_format(const device_matrix& w) {

@@ -394,13 +394,13 @@ class llama_forward {
   // The device's weight types, as the kernels name them, in the .cpp's
   // type_slot order; the kernel caches below have a slot for each.
   static constexpr const char* k_type_suffix[] = {"f32", "f16",  "q4_0", "q4_1", "q8_0",
-                                                  "ku8", "q5_1", "bf16", "f32p"};
+                                                  "ku8", "q5_1", "bf16", "f32p", "q5_0"};
   static constexpr int k_device_types = static_cast<int>(std::size(k_type_suffix));
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].
   cl::kernel k_layer_[k_device_types][2][3];
   cl::buffer layer_ctr_;         // their work-sharing counters (zero between launches)
-  cl::kernel k_layer_gemma_[3];  // fused Gemma 3 layers: [t1, t4, tiled]
+  cl::kernel k_layer_gemma_[2][3];           // fused Gemma 3 layers: [gate/up Q5_0][t1, t4, tiled]
   cl::kernel k_step_[k_device_types][2][3];  // whole steps: [as k_layer_]
   cl::buffer step_offs_;         // the layers' tensors' offsets in weights_.arena
 

@@ -255,6 +255,18 @@ TEST_F(FusedLayerTiny, Q8_0VBesideQ5_1QKMatchesSeparateLaunches) {
   expect_same_logits(write(opts, "tiny-q5_1-v8"), true, {k_variants.front()});
 }
 
+// SmolLM2's Q4_K_M: Q5_0 layers (packed on the device), some with a Q8_0
+// attn_v, every QKV's V held as Q8_0 beside packed q and k rows
+// (upload_qkv), beside K-quant downs: every layer fused, the whole step
+// across both kinds.
+TEST_F(FusedLayerTiny, Q8_0VBesideQ5_0QKMatchesSeparateLaunches) {
+  auto opts = whole_blocks(tensor_type::q5_0, 512);
+  opts.n_layer = 3;
+  opts.v_types = {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q8_0};
+  opts.down_types = {tensor_type::q6_k, tensor_type::q4_k};
+  expect_same_logits(write(opts, "tiny-q5_0-v8"), true, {k_variants.front()});
+}
+
 // A QKV bias (Qwen2's) is added in the fused layer and the whole step as
 // in the separate QKV kernel: the step reads it from the arena.
 TEST_F(FusedLayerTiny, QkvBiasMatchesSeparateLaunches) {

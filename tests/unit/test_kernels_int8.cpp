@@ -26,8 +26,9 @@ namespace {
 
 namespace ref = kernel_ref;
 
-// Q5_0 and IQ4_NL run as Q8_0 on the device (device_weights): the
-// reference below reads their own blocks, so the widening is checked too.
+// Q5_0 runs packed (its low nibbles, fifth bits and scale apart) with
+// Q8_0's products, IQ4_NL as Q8_0 (device_weights): the reference below
+// reads their own blocks, so the packing and the widening are checked too.
 // Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it;
 // Q5_1 as Q4_1 with five-bit quants a byte each.
 constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
@@ -387,9 +388,11 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
 // layers have it where attn_v fell back from Q6_K to Q8_0: held as Q5_1
 // (upload_qkv), the QKV kernel's q rows and K and V cache values are, bit
 // for bit, what each part alone gives through its own type's matmul; with
-// a Q5_1 V (V rows read with signed products) too.  No rotation
-// (rope_dims 0), so the values are the sums.
-TEST_P(KernelInt8, QkvWithQ8_0VBesideQ5_1QKGivesEachPartsOwnSums) {
+// a Q5_1 V (V rows read with signed products) too.  The same for a Q5_0
+// QKV (a Q4_K_M file's), whose V (Q8_0 or Q5_0) is held as Q8_0 beside
+// packed Q5_0 q and k rows: each part's sums, Q5_0's alone from its packed
+// matmul.  No rotation (rope_dims 0), so the values are the sums.
+TEST_P(KernelInt8, QkvWithQ8_0VBesideQ5_1OrQ5_0QKGivesEachPartsOwnSums) {
   auto& c = ctx();
   std::mt19937 rng(2031);
   const int hd = 32, n_kv = 1, n_head = 2, T = 5, page_size = 8;
@@ -421,47 +424,53 @@ TEST_P(KernelInt8, QkvWithQ8_0VBesideQ5_1QKGivesEachPartsOwnSums) {
         launch_matmul(c, k, rows, {1, 1}, T);
         return download<float>(c, yb, static_cast<size_t>(T) * rows);
       };
-      for (const tensor_type vt : {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q5_1}) {
-        SCOPED_TRACE("K " + std::to_string(K) + (xq ? " integer" : " float") + " v type " +
-                     suffix(vt));
-        const auto qb = ref::random_matrix(tensor_type::q5_1, K, n_head * hd, rng);
-        const auto kb = ref::random_matrix(tensor_type::q5_1, K, n_kv * hd, rng);
-        const auto vb = ref::random_matrix(vt, K, n_kv * hd, rng);
-        const tensor_view wq = view_of(tensor_type::q5_1, K, n_head * hd, qb.data());
-        const tensor_view wk = view_of(tensor_type::q5_1, K, n_kv * hd, kb.data());
-        const tensor_view wv = view_of(vt, K, n_kv * hd, vb.data());
-        const auto dm = upload_qkv(c, wq, wk, wv, true);
-        ASSERT_EQ(dm.type, tensor_type::q5_1);
-        EXPECT_EQ(upload_qkv(c, wq, wk, wv, false).type,
-                  vt == tensor_type::q5_1 ? tensor_type::q5_1 : tensor_type::f32);
-        const auto want_q = alone(wq), want_k = alone(wk), want_v = alone(wv);
-        for (const launch_shape ls : k_launches) {
-          SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
-                       std::to_string(ls.rows_per_item));
-          auto k = c.make_kernel("matmul_qkv_" + pre + "q5_1" + kernel_suffix(ls));
-          const auto qkvb = c.alloc(static_cast<size_t>(T) * width * sizeof(float));
-          const auto kcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
-          const auto vcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
-          const cl_uint next = xq ? k.args_from(0, dm.q, dm.d, dm.m, in.q, in.d, in.s)
-                                  : k.args_from(0, dm.q, dm.d, dm.m, xb);
-          k.args_from(next, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd, 0,
-                      unused, 0, page_size, 0, 1, ls.rows_per_item, unused, 0);
-          launch_matmul(c, k, width / 2, ls, T);
-          const auto qkv = download<float>(c, qkvb, static_cast<size_t>(T) * width);
-          const auto kc = download<float>(c, kcb, geo.elems());
-          const auto vc = download<float>(c, vcb, geo.elems());
-          int bad = 0;
-          for (int t = 0; t < T; ++t)
-            for (int d = 0; d < hd; ++d) {
-              for (int h = 0; h < n_head; ++h)
-                bad += qkv[static_cast<size_t>(t) * width + h * hd + d] !=
-                       want_q[static_cast<size_t>(t) * n_head * hd + h * hd + d];
-              bad += kc[geo.k_offset(0, 0, 0, t, d)] != want_k[static_cast<size_t>(t) * hd + d];
-              bad += vc[geo.v_offset(0, 0, 0, t, d)] != want_v[static_cast<size_t>(t) * hd + d];
-            }
-          EXPECT_EQ(bad, 0) << "of " << T * width << " values";
+      for (const tensor_type qt : {tensor_type::q5_1, tensor_type::q5_0})
+        for (const tensor_type vt : {tensor_type::q8_0, tensor_type::q5_0, tensor_type::q5_1}) {
+          if (qt == tensor_type::q5_0 && vt == tensor_type::q5_1) continue;
+          SCOPED_TRACE("K " + std::to_string(K) + (xq ? " integer" : " float") + " qk type " +
+                       suffix(qt) + " v type " + suffix(vt));
+          const auto qb = ref::random_matrix(qt, K, n_head * hd, rng);
+          const auto kb = ref::random_matrix(qt, K, n_kv * hd, rng);
+          const auto vb = ref::random_matrix(vt, K, n_kv * hd, rng);
+          const tensor_view wq = view_of(qt, K, n_head * hd, qb.data());
+          const tensor_view wk = view_of(qt, K, n_kv * hd, kb.data());
+          const tensor_view wv = view_of(vt, K, n_kv * hd, vb.data());
+          const auto dm = upload_qkv(c, wq, wk, wv, true);
+          ASSERT_EQ(dm.type, qt);
+          // A plain QKV product (QK-norm models): Q5_0 beside Q8_0 values
+          // as Q8_0, Q5_1 beside them as F32.
+          EXPECT_EQ(upload_qkv(c, wq, wk, wv, false).type,
+                    vt == qt                  ? (qt == tensor_type::q5_0 ? tensor_type::q8_0 : qt)
+                    : qt == tensor_type::q5_0 ? tensor_type::q8_0
+                                              : tensor_type::f32);
+          const auto want_q = alone(wq), want_k = alone(wk), want_v = alone(wv);
+          for (const launch_shape ls : k_launches) {
+            SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
+                         std::to_string(ls.rows_per_item));
+            auto k = c.make_kernel("matmul_qkv_" + pre + suffix(qt) + kernel_suffix(ls));
+            const auto qkvb = c.alloc(static_cast<size_t>(T) * width * sizeof(float));
+            const auto kcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
+            const auto vcb = upload(c, std::vector<float>(geo.elems(), 0.0f));
+            const cl_uint next = xq ? k.args_from(0, dm.q, dm.d, dm.m, in.q, in.d, in.s)
+                                    : k.args_from(0, dm.q, dm.d, dm.m, xb);
+            k.args_from(next, qkvb, K, T, posb, rsb, ptb, offb, kcb, vcb, n_head, n_kv, hd, 0,
+                        unused, 0, page_size, 0, 1, ls.rows_per_item, unused, 0);
+            launch_matmul(c, k, width / 2, ls, T);
+            const auto qkv = download<float>(c, qkvb, static_cast<size_t>(T) * width);
+            const auto kc = download<float>(c, kcb, geo.elems());
+            const auto vc = download<float>(c, vcb, geo.elems());
+            int bad = 0;
+            for (int t = 0; t < T; ++t)
+              for (int d = 0; d < hd; ++d) {
+                for (int h = 0; h < n_head; ++h)
+                  bad += qkv[static_cast<size_t>(t) * width + h * hd + d] !=
+                         want_q[static_cast<size_t>(t) * n_head * hd + h * hd + d];
+                bad += kc[geo.k_offset(0, 0, 0, t, d)] != want_k[static_cast<size_t>(t) * hd + d];
+                bad += vc[geo.v_offset(0, 0, 0, t, d)] != want_v[static_cast<size_t>(t) * hd + d];
+              }
+            EXPECT_EQ(bad, 0) << "of " << T * width << " values";
+          }
         }
-      }
     }
   }
 }
