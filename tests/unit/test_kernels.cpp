@@ -836,7 +836,9 @@ void check_matmul_qkv(cl::context& c, bool kv_f16, bool panels = false) {
       const tensor_view wq = view_of(type, K, n_head * hd, bytes.data());
       const tensor_view wk = view_of(type, K, n_kv * hd, bytes.data() + rb * n_head * hd);
       const tensor_view wv = view_of(type, K, n_kv * hd, bytes.data() + rb * (n_head + n_kv) * hd);
-      const auto dm = upload_matrix(c, {&wq, &wk, &wv}, panels);
+      // As the engine holds a QKV for these kernels (Q5_0 and Q5_1 hold
+      // their V rows apart).
+      const auto dm = upload_qkv(c, wq, wk, wv, true, panels);
       ASSERT_EQ(dm.rows, width);
       ASSERT_EQ(dm.cols, K);
       checker chk;
