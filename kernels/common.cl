@@ -18,10 +18,14 @@
 //     block k (after the q and k rows' blocks, a gap), Q8_0's signed
 //     quants with m = 0: value d q + 0, and d dx sum(q qx) + 0 s in the Q
 //     products, Q8_0's own values and sums
-//   ku8 (K-quants, runtime/model/tensor_type.hpp): quants uchar[rows][blocks][32]
-//     (u, value = s u + m), d float2[rows][blocks] (s of values 0-15 and
-//     16-31), m float2[rows][blocks] (their offsets m)
-// The quants are the file's bytes (ku8, a q5_1 V: its quants, one a byte); the half
+//   ku6 (K-quants, runtime/model/tensor_type.hpp): 28 bytes a block,
+//     uchar[rows][blocks][28]: the six-bit u packed (the low four bits as
+//     q4_1's 16 bytes, then two uints of the top two bits: ku6_u below
+//     says where), then the char scale factors sc of values 0-15 and
+//     16-31 and their offset factors mn; d float2[rows][blocks / 8] (per
+//     super-block of 256: d, dm); value = s u + m with s = d sc, m = dm mn
+//     (ku6_sm), split_k_quant's floats bit for bit
+// The quants are the file's bits (a QKV's V rows: a byte a value); the half
 // scales are widened to float at upload (exactly), because converting a half costs a dozen instructions
 // per block on a device without cl_khr_fp16.
 // A block holds 32 values; for 4-bit types the low nibbles of the 16 bytes
@@ -239,6 +243,26 @@ INLINE int8 q5_1_u(__global const uchar* wq, size_t blk) {
   return (int8)(q & (int4)0x0F0F0F0F, (q >> 4) & (int4)0x0F0F0F0F) | q5_high(h);
 }
 
+// A ku6 block's six-bit u (0..63) as lanes of four bytes: the nibbles as
+// q4_1's, the top two bits from the uints h.x (values 0-15) and h.y
+// (16-31), whose byte k holds at bits 2j, 2j + 1 those of value 4j + k
+// (lane j's byte k), so one variable shift a lane brings them to bits 4-5.
+INLINE int8 ku6_u(__global const uchar* wq, size_t blk) {
+  __global const uchar* p = wq + blk * 28;
+  const int4 q = vload4(0, (__global const int*)p);
+  const uint2 h = vload2(0, (__global const uint*)(p + 16));
+  const int8 top = as_int8((uint8)(h.xxxx, h.yyyy) >> (uint8)(0, 2, 4, 6, 0, 2, 4, 6));
+  return (int8)(q & (int4)0x0F0F0F0F, (q >> 4) & (int4)0x0F0F0F0F) |
+         ((top << 4) & (int8)0x30303030);
+}
+
+// A ku6 block's scales and offsets (s0, s1, m0, m1): its integer factors
+// times its super-block's floats, each product exact (k_quant_factors).
+INLINE float4 ku6_sm(__global const uchar* wq, __global const float* wd, size_t blk) {
+  const char4 f = vload4(0, (__global const char*)(wq + blk * 28 + 24));
+  return convert_float4(f) * vload2(blk / 8, wd).xxyy;
+}
+
 // Q5_1 is Q4_1 with a fifth bit: value = d u + m, one rounding (fma).
 inline void load_q5_1(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int K, int nb, int r, int b, float16* lo, float16* hi) {
@@ -272,13 +296,13 @@ inline void load_q5_1_v(__global const uchar* wq, __global const float* wd, __gl
 INLINE int8 q5_0_bytes(int8 nib, uint h) {
   const int8 sh = (int8)(0, 4, 8, 12, 16, 20, 24, 28);
   const int8 clear = ((((int8)(int)~h >> sh) & 15) * 0x00204081) & 0x01010101;
-  return nib | clear * 0xF0;
+  return nib | as_int8(as_uint8(clear) * 0xF0u);  // unsigned: byte 3's 0xF0 sets the sign
 }
 INLINE int16 q5_0_bytes2(int16 nib, uint2 h) {
   const int16 sh = (int16)(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
   const int16 hv = (int16)((int8)(int)~h.x, (int8)(int)~h.y);
   const int16 clear = (((hv >> sh) & 15) * 0x00204081) & 0x01010101;
-  return nib | clear * 0xF0;
+  return nib | as_int16(as_uint16(clear) * 0xF0u);
 }
 
 // Q5_0 (q5_0_bytes): d q as q8_0's values, the same floats.
@@ -303,12 +327,13 @@ inline void load_q8_0(__global const uchar* wq, __global const float* wd, __glob
 }
 
 // One rounding (fma) of s u + m: the file's value, as dequantize_row has it.
-inline void load_ku8(__global const uchar* wq, __global const float* wd, __global const float* wm,
+inline void load_ku6(__global const uchar* wq, __global const float* wd, __global const float* wm,
                      int K, int nb, int r, int b, float16* lo, float16* hi) {
   const size_t blk = (size_t)r * nb + b;
-  const float2 s = vload2(blk, wd), m = vload2(blk, wm);
-  *lo = fma(convert_float16(vload16(2 * blk, wq)), (float16)s.x, (float16)m.x);
-  *hi = fma(convert_float16(vload16(2 * blk + 1, wq)), (float16)s.y, (float16)m.y);
+  const float4 sm = ku6_sm(wq, wd, blk);
+  const int8 u = ku6_u(wq, blk);
+  *lo = fma(convert_float16(as_uchar16(u.lo)), (float16)sm.x, (float16)sm.z);
+  *hi = fma(convert_float16(as_uchar16(u.hi)), (float16)sm.y, (float16)sm.w);
 }
 
 // x rounded to the nearest half-precision value (ties to even), returned as
@@ -368,7 +393,7 @@ inline float16 round_to_half16(float16 v) {
 // (u = the nibbles, mo = its min with xsum.x, as llama.cpp; q5_1 the same
 // with its five-bit u), q4_0 (u = the
 // nibbles, mo = -8 dw, with xsum.y: exact, as llama.cpp's integer sums
-// are), ku8 (below); q8_0's u are its signed quants, with no offset term:
+// are), ku6 (below); q8_0's u are its signed quants, with no offset term:
 // dw * dx * sum(w * q), llama.cpp's formula.
 
 // Lane i of the result: the sum over bytes 4i..4i+3 of u (unsigned) times
@@ -388,7 +413,7 @@ inline int8 dpbusd(int8 u, int8 s) {
 // has no vpdpbusd: vpmaddubsw multiplies unsigned by signed bytes and sums
 // pairs into 16 bits, saturating past 32767, and vpmaddwd sums the 16-bit
 // pairs into lanes of four bytes.  Every type's u keeps a pair below the
-// saturation (the 4-bit types' nibbles, q5_1's 5 bits, ku8's 6 bits, q8_0's magnitudes),
+// saturation (the 4-bit types' nibbles, q5_1's 5 bits, ku6's 6 bits, q8_0's magnitudes),
 // so the two give vpdpbusd's lanes exactly (dot_nibbles, dot_signed
 // below).  The generic code below widens every byte to 32 bits and
 // multiplies there (on a Zen 3 host, SmolLM2 Q4_1 prefill 53 t/s against
@@ -427,7 +452,7 @@ inline int16 dpbusd2(int16 u, int16 s) { return (int16)(dpbusd(u.lo, s.lo), dpbu
 // The block dot product each loader's u takes (matmul.cl's Q_DOT calls
 // LOADU##_dot and LOADU##_dot2), with dpbusd's lanes and integer results
 // on every path, so every host computes the same sums.  With AVX2 the
-// unsigned types' u (nibbles, ku8's 6 bits) take one vpmaddubsw and one
+// unsigned types' u (nibbles, ku6's 6 bits) take one vpmaddubsw and one
 // vpmaddwd (dot_nibbles).
 //
 // q8_0's are signed (dot_signed): with AVX2, as llama.cpp, |w| times s
@@ -507,12 +532,12 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q8_0_dot2 dot_signed2
 #define loadu_q5_0_dot dot_signed
 #define loadu_q5_0_dot2 dot_signed2
-// q5_1's u are at most 31, ku8's at most 63: a vpmaddubsw pair sum at
+// q5_1's u are at most 31, ku6's at most 63: a vpmaddubsw pair sum at
 // most 2 * 63 * 127.
 #define loadu_q5_1_dot dot_nibbles
 #define loadu_q5_1_dot2 dot_nibbles2
-#define loadu_ku8_dot dot_nibbles
-#define loadu_ku8_dot2 dot_nibbles2
+#define loadu_ku6_dot dot_nibbles
+#define loadu_ku6_dot2 dot_nibbles2
 
 // How each loader's scales meet a block's dot product lanes (lane i: bytes
 // 4i..4i+3; a pair's lanes 8-15 its second block) and its offset terms
@@ -523,7 +548,7 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 // into a block's accumulator; _has_offset: whether there is one).  Per
 // block (q4_0, q4_1, q8_0): one scale and one offset term a block (none
 // for q8_0), against the sum .x or, exact, .y.  Per 16
-// (ku8): two of each, against the activations' half sums (quantize_q8_k
+// (ku6): two of each, against the activations' half sums (quantize_q8_k
 // with halves: .x values 0-15, .y 16-31).
 #define BLOCK_LANES(dw, dx) (float8)((dw) * (dx))
 #define BLOCK_LANES2(dw, dx) ((dw) * (dx)).s0000000011111111
@@ -535,7 +560,8 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define HALF_TAIL_OFFSET(mo, exact, s, A) A.s01 = fma(mo, s, A.s01)
 
 // What a block of a row holds, for each loader (matmul.cl's W_PREFETCH):
-// bytes at wq, floats at wd (scales) and at wm (offsets).
+// bytes at wq, floats at wd (scales) and at wm (offsets).  ku6's floats
+// are per super-block, read by eight blocks in a row: not prefetched.
 #define load_f32_qbytes (4 * QK)
 #define load_f16_qbytes (2 * QK)
 #define load_bf16_qbytes (2 * QK)
@@ -545,7 +571,7 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_q5_1_qbytes 20
 #define load_q5_1_v_qbytes QK
 #define load_q8_0_qbytes QK
-#define load_ku8_qbytes QK
+#define load_ku6_qbytes 28
 #define load_f32_scales 0
 #define load_f16_scales 0
 #define load_bf16_scales 0
@@ -555,7 +581,7 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_q5_1_scales 1
 #define load_q5_1_v_scales 1
 #define load_q8_0_scales 1
-#define load_ku8_scales 2
+#define load_ku6_scales 0
 #define load_f32_offsets 0
 #define load_f16_offsets 0
 #define load_bf16_offsets 0
@@ -565,25 +591,25 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define load_q5_1_offsets 1
 #define load_q5_1_v_offsets 1
 #define load_q8_0_offsets 0
-#define load_ku8_offsets 2
+#define load_ku6_offsets 0
 #define loadu_q4_0_qbytes 16
 #define loadu_q4_1_qbytes 16
 #define loadu_q5_0_qbytes 16
 #define loadu_q8_0_qbytes QK
 #define loadu_q5_1_qbytes 20
-#define loadu_ku8_qbytes QK
+#define loadu_ku6_qbytes 28
 #define loadu_q4_0_scales 1
 #define loadu_q4_1_scales 1
 #define loadu_q5_0_scales 1
 #define loadu_q8_0_scales 1
 #define loadu_q5_1_scales 1
-#define loadu_ku8_scales 2
+#define loadu_ku6_scales 0
 #define loadu_q4_0_offsets 0
 #define loadu_q4_1_offsets 1
 #define loadu_q5_0_offsets 1
 #define loadu_q8_0_offsets 0
 #define loadu_q5_1_offsets 1
-#define loadu_ku8_offsets 2
+#define loadu_ku6_offsets 0
 
 #define loadu_q4_0_t1 float
 #define loadu_q4_0_t2 float2
@@ -620,13 +646,13 @@ inline int16 dot_nibbles2(int16 u, int16 s) {
 #define loadu_q5_1_offset2 BLOCK_OFFSET2
 #define loadu_q5_1_tail_offset BLOCK_TAIL_OFFSET
 #define loadu_q5_1_has_offset 1
-#define loadu_ku8_t1 float2
-#define loadu_ku8_t2 float4
-#define loadu_ku8_lanes HALF_LANES
-#define loadu_ku8_lanes2 HALF_LANES2
-#define loadu_ku8_offset2 HALF_OFFSET2
-#define loadu_ku8_tail_offset HALF_TAIL_OFFSET
-#define loadu_ku8_has_offset 1
+#define loadu_ku6_t1 float2
+#define loadu_ku6_t2 float4
+#define loadu_ku6_lanes HALF_LANES
+#define loadu_ku6_lanes2 HALF_LANES2
+#define loadu_ku6_offset2 HALF_OFFSET2
+#define loadu_ku6_tail_offset HALF_TAIL_OFFSET
+#define loadu_ku6_has_offset 1
 
 inline float hsum8(float8 v) {
   float4 b = v.lo + v.hi;
@@ -690,12 +716,13 @@ inline void loadu_q5_1(__global const uchar* wq, __global const float* wd,
   *exact = 0;
 }
 
-inline void loadu_ku8(__global const uchar* wq, __global const float* wd, __global const float* wm,
+inline void loadu_ku6(__global const uchar* wq, __global const float* wd, __global const float* wm,
                       int nb, int r, int b, int8* u, float2* dw, float2* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  *u = vload8(0, (__global const int*)(wq + blk * QK));
-  *dw = vload2(blk, wd);
-  *mo = vload2(blk, wm);
+  const float4 sm = ku6_sm(wq, wd, blk);
+  *u = ku6_u(wq, blk);
+  *dw = sm.xy;
+  *mo = sm.zw;
   *exact = 1;
 }
 
@@ -758,13 +785,14 @@ inline void loadu_q5_1_pair(__global const uchar* wq, __global const float* wd,
   *exact = 0;
 }
 
-inline void loadu_ku8_pair(__global const uchar* wq, __global const float* wd,
+inline void loadu_ku6_pair(__global const uchar* wq, __global const float* wd,
                            __global const float* wm, int nb, int r, int b, int16* u, float4* dw,
                            float4* mo, int* exact) {
   const size_t blk = (size_t)r * nb + b;
-  *u = vload16(0, (__global const int*)(wq + blk * QK));
-  *dw = vload4(0, wd + 2 * blk);
-  *mo = vload4(0, wm + 2 * blk);
+  const float4 sm1 = ku6_sm(wq, wd, blk), sm2 = ku6_sm(wq, wd, blk + 1);
+  *u = (int16)(ku6_u(wq, blk), ku6_u(wq, blk + 1));
+  *dw = (float4)(sm1.xy, sm2.xy);
+  *mo = (float4)(sm1.zw, sm2.zw);
   *exact = 1;
 }
 

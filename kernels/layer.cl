@@ -159,12 +159,12 @@ INLINE void wait_items(volatile __global int* done, int n) {
         TILE_AT_##TS(matmul_##WT, i % n_d, i / n_d, dn_q, dn_d, dn_m, X##_IN_H, x, F, D, T, D, 1, \
                      rpi))
 
-// A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU8) of
+// A K-quant product's phase: format fmt (1: Q4_K held as q4_1, 2: KU6) of
 // the matrix w over Q8_K activations in qb, rows of K values, into y (acc:
 // added to it).
 #define KQ_PRODUCT(TS, fmt, w, K, y, acc)                                                          \
   if ((fmt) == 2)                                                                                  \
-    TILE_AT_##TS(matmul_xq_ku8, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, \
+    TILE_AT_##TS(matmul_xq_ku6, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D, acc, \
                  rpi);                                                                             \
   else                                                                                             \
     TILE_AT_##TS(matmul_xq_q4_1, i % n_d, i / n_d, w##_q, w##_d, w##_m, Q_IN_H, y, K, D, T, D,     \
@@ -174,7 +174,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
 // Q4_K_M and Q6_K of a model whose other rows are no whole super-blocks:
 // only ffn_down gets K-quants).  h is written as float, quantized to Q8_K
 // in a phase of its own (per 256 values: quantize.cl), then multiplied by
-// down's kernel: Q4_K held as q4_1 (dn_fmt 1) or the KU8 types (dn_fmt 2,
+// down's kernel: Q4_K held as q4_1 (dn_fmt 1) or the KU6 types (dn_fmt 2,
 // with sums per 16), as the launches apart run them.
 #define FFN_Q8K(WT, TS, X, LAST_WAIT)                                                            \
   PHASE(5, n_glu* tg, 1,                                                                         \
@@ -273,7 +273,7 @@ INLINE void wait_items(volatile __global int* done, int n) {
   }
 
 // The embedding's row of row t's token (token_at), block b, dequantized into x (the
-// embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku8,
+// embedding's weight type et: 0 f32, 1 f16, 2 q4_0, 3 q4_1, 4 q8_0, 5 ku6,
 // 6 q5_1, 7 bf16, 9 q5_0, as the host's type_slot).
 INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global const float* ed,
                         __global const float* em, __global const int* tokens,
@@ -295,7 +295,7 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
       load_q4_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     case 5:
-      load_ku8(eq, ed, em, D, nb, tok, b, &lo, &hi);
+      load_ku6(eq, ed, em, D, nb, tok, b, &lo, &hi);
       break;
     case 6:
       load_q5_1(eq, ed, em, D, nb, tok, b, &lo, &hi);
@@ -373,7 +373,7 @@ TROUPE_LAYER_TILES(xq_q4_1, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q5_0, Q, FFN_SAME, )
-// Q8_0 (and Q5_0, held as Q8_0) layers with a K-quant down: the layers of
+// Q8_0, Q5_1 and Q5_0 layers with a K-quant down: the layers of
 // llama-quantize's K-quant files of SmolLM2 and its like.
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
 // Q5_1 layers with a K-quant down: llama-quantize's Q5_K_M of such a model

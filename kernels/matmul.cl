@@ -112,10 +112,10 @@
 
 // Q: per block, the weights' 32 values as bytes (LOADU, see common.cl)
 // dotted with the activations' signed bytes in integers, scaled by both
-// blocks' scales (per block, or per 16 values for ku8); the weights'
-// offset term (q4_1's and q5_1's min, q4_0's bias, ku8's offsets; q8_0
+// blocks' scales (per block, or per 16 values for ku6); the weights'
+// offset term (q4_1's and q5_1's min, q4_0's bias, ku6's offsets; q8_0
 // has none) times the activation block's scaled sum is added apart; it
-// uses the activation block's exact scaled sum (q4_0; ku8's per 16) or its
+// uses the activation block's exact scaled sum (q4_0; ku6's per 16) or its
 // half-rounded one (q4_1, q5_1), as llama.cpp.  Blocks are taken two at a time
 // in 512-bit registers (measured on SmolLM2: prefill +10%, batched decode
 // +3-13%, one-token decode +4%).
@@ -132,7 +132,7 @@
 // Blocks go in pairs (float16 accumulators: lanes 0-7 sum the even
 // blocks, 8-15 the odd ones), a lone last block into the low half.  The
 // offset term goes into the same accumulator, one lane per block (see
-// q_offset; ku8: one per 16 values), so a tile of TT tokens keeps TT
+// q_offset; ku6: one per 16 values), so a tile of TT tokens keeps TT
 // registers per row, not 2 TT:
 // the 8-token tiles of two rows (Q_DOT2) then fit the 32 vector registers
 // (measured: spills before).  Every tile sums in this order.
@@ -561,13 +561,13 @@ TROUPE_MATMUL_FAMILY(f16, load_f16, F, )
 TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
 TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
 TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
-TROUPE_MATMUL_FAMILY(ku8, load_ku8, F, )
+TROUPE_MATMUL_FAMILY(ku6, load_ku6, F, )
 TROUPE_MATMUL_FAMILY_SPLIT(q5_1, load_q5_1, F, , load_q5_1_v, 1)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_0, load_q5_0, F, , load_q8_0, 1)
 TROUPE_MATMUL_FAMILY(bf16, load_bf16, F, )
 TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
-TROUPE_MATMUL_FAMILY(ku8, loadu_ku8, Q, xq_)
+TROUPE_MATMUL_FAMILY(ku6, loadu_ku6, Q, xq_)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_1, loadu_q5_1, Q, xq_, loadu_q5_1_v, 1)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_0, loadu_q5_0, Q, xq_, loadu_q8_0, 1)

@@ -38,7 +38,7 @@ INLINE void q8_k_scale(__global const float* xr, float* iscale, float* d) {
 // iscale, not rounded to half.  Written as eight blocks of 32 sharing that
 // scale, each sum exact both ways (xsum.x too: K-quant dot products use
 // integer block sums), so Q4_K held as Q4_1 computes what llama.cpp's
-// Q4_K x Q8_K does.  With halves (the input of KU8 weights, a scale and
+// Q4_K x Q8_K does.  With halves (the input of KU6 weights, a scale and
 // offset per 16 values), xsum holds the scaled sums of values 0-15 and
 // 16-31 of a block instead (llama.cpp's Q8_K keeps sums per 16, bsums).
 INLINE int isum16(int16 v) {
@@ -53,7 +53,7 @@ INLINE int isum16(int16 v) {
 // largest and smallest value give the one of largest magnitude, unless
 // they tie with opposite signs (then the first, found as q8_k_scale does).
 // Measured on SmolLM2 Q6_K prefill: the plain loops took as long as the
-// KU8 product that reads their output.
+// KU6 product that reads their output.
 INLINE void quantize_q8_k_at(int b, int r, __global const float* x, int K, __global char* xq,
                              __global float* xd, __global float2* xsum, int halves) {
   const int nb = K / 256;

@@ -40,9 +40,10 @@ bool quantized(tensor_type t) {
 // (tensor_type.hpp says why): Q5_0 and Q5_1 packed as the file packs them
 // (kernels/common.cl; a QKV's V apart: upload_qkv), IQ4_NL as Q8_0, Q4_K
 // as Q4_1, the other K-quants (a scale per 16 values, or a fifth or sixth
-// bit) as KU8, a byte per value with a scale and an offset per 16 (12 bits
-// a value, against Q6_K's 6.6 in the file: packed forms are still to
-// come); BF16 stays BF16, its float products reading each value's float.
+// bit) as KU6, six bits a value with integer scale and offset factors per
+// 16 and two floats per 256 (7.25 bits a value, against Q6_K's 6.56 in
+// the file); BF16 stays BF16, its
+// float products reading each value's float.
 tensor_type on_device(tensor_type t) {
   if (t == tensor_type::q5_0) return t;
   if (widens_to_q8_0(t)) return tensor_type::q8_0;
@@ -53,7 +54,7 @@ tensor_type on_device(tensor_type t) {
     case tensor_type::q3_k:
     case tensor_type::q5_k:
     case tensor_type::q6_k:
-      return tensor_type::ku8;
+      return tensor_type::ku6;
     default:
       return t;
   }
@@ -75,27 +76,62 @@ std::vector<float> floats_of(const std::vector<const tensor_view*>& parts) {
   return v;
 }
 
-// K-quant parts as KU8 (kernels/common.cl): per block of 32 the quants
-// u as bytes, the two scales (values 0-15, 16-31) in d, the two offsets
-// in m.
-device_matrix upload_ku8(cl::context& ctx, const std::vector<const tensor_view*>& parts,
+// Block b's 32 six-bit u packed as kernels/common.cl's ku6_u reads them:
+// the low nibbles as Q4_1's (byte i: values i and 16 + i), then two uints
+// of the top two bits (the first values 0-15, the second 16-31), value
+// 4j + k of each half at bits 2j, 2j + 1 of the uint's byte k.
+void pack_ku6(const uint8_t u[32], uint8_t out[24]) {
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<uint8_t>((u[i] & 15) | (u[16 + i] & 15) << 4);
+  for (int half = 0; half < 2; ++half) {
+    uint32_t h = 0;
+    for (int v = 0; v < 16; ++v)
+      h |= static_cast<uint32_t>(u[16 * half + v] >> 4 & 3) << (8 * (v % 4) + 2 * (v / 4));
+    std::memcpy(out + 16 + 4 * half, &h, 4);
+  }
+}
+
+// K-quant parts as KU6 (kernels/common.cl): per block of 32, 28 bytes: the
+// six-bit quants u packed (pack_ku6), then the integer scales and offset
+// factors of its halves (sc[2], mn[2]); per super-block of 256 the floats
+// d and dm in d, so that value = d sc u + dm mn (k_quant_factors): each of
+// s = d sc and m = dm mn exactly split_k_quant's (checked here).
+device_matrix upload_ku6(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                          device_matrix out) {
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
-  std::vector<uint8_t> q(n_blocks * 32);
-  std::vector<float> d(n_blocks * 2), m(n_blocks * 2);
-  size_t v = 0;  // values so far
+  std::vector<uint8_t> q(n_blocks * 28);
+  std::vector<float> d(n_blocks / 8 * 2);
+  size_t sbs = 0;  // super-blocks so far
+  uint8_t u[256];
+  float sf[16], mf[16];
+  int8_t sc[16], mn[16];
   for (const auto* p : parts) {
     if (p->row_len() % 256 != 0)
       throw model_error("tensor '" + p->name + "' has rows of " + std::to_string(p->row_len()) +
                         " values, not whole " + std::string(traits_of(p->type).name) +
                         " super-blocks of 256");
     const size_t nsb = p->bytes / traits_of(p->type).block_bytes;
-    for (size_t i = 0; i < nsb; ++i, v += 256)
-      split_k_quant(p->type, p->data, static_cast<int64_t>(i), &q[v], &d[v / 16], &m[v / 16]);
+    for (size_t i = 0; i < nsb; ++i, ++sbs) {
+      split_k_quant(p->type, p->data, static_cast<int64_t>(i), u, sf, mf);
+      float& dd = d[2 * sbs];
+      float& dm = d[2 * sbs + 1];
+      k_quant_factors(p->type, p->data, static_cast<int64_t>(i), dd, dm, sc, mn);
+      for (int g = 0; g < 16; ++g)
+        if (dd * static_cast<float>(sc[g]) != sf[g] || dm * static_cast<float>(mn[g]) != mf[g])
+          throw model_error("tensor '" + p->name + "': super-block " + std::to_string(i) +
+                            "'s scales do not factor exactly (a troupe bug)");
+      for (int b = 0; b < 8; ++b) {
+        uint8_t* blk = &q[(sbs * 8 + b) * 28];
+        pack_ku6(&u[32 * b], blk);
+        blk[24] = static_cast<uint8_t>(sc[2 * b]);
+        blk[25] = static_cast<uint8_t>(sc[2 * b + 1]);
+        blk[26] = static_cast<uint8_t>(mn[2 * b]);
+        blk[27] = static_cast<uint8_t>(mn[2 * b + 1]);
+      }
+    }
   }
   out.q = ctx.alloc(q.size(), q.data());
   out.d = ctx.alloc(d.size() * sizeof(float), d.data());
-  out.m = ctx.alloc(m.size() * sizeof(float), m.data());
+  out.m = ctx.alloc(4);
   return out;
 }
 
@@ -111,7 +147,7 @@ std::vector<float> in_panels(const std::vector<float>& v, int64_t rows, int64_t 
 // How upload_stacked holds a QKV's parts where they are not all one type
 // on the device (upload_qkv says which).
 enum class qkv_hold {
-  plain,   // as any stack: K-quants as KU8, Q5_0 beside Q8_0 as Q8_0, else F32
+  plain,   // as any stack: K-quants as KU6, Q5_0 beside Q8_0 as Q8_0, else F32
   q5_1_v,  // Q5_1 q and k, a Q5_1 or Q8_0 v: as Q5_1, v a byte a value
   q5_0_v,  // Q5_0 q and k, a Q5_0 or Q8_0 v: as Q5_0, v as Q8_0
   q8_0,    // Q5_0 parts widened to Q8_0 (a QKV whose product is a plain one)
@@ -174,7 +210,7 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
     out.rows += p->rows();
   }
   // Parts of different types (llama.cpp's Q4_K_M gives some layers a Q6_K
-  // attn_v beside Q4_K attn_q and attn_k): K-quants together as KU8, which
+  // attn_v beside Q4_K attn_q and attn_k): K-quants together as KU6, which
   // holds any of them; a QKV as hold says; Q5_0 (or IQ4_NL) beside Q8_0 as
   // Q8_0; otherwise F32, exact values, with Q8_K inputs where every part
   // is a K-quant, float ones otherwise.
@@ -189,14 +225,14 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
     out.type = tensor_type::q8_0;
   } else if (mixed) {
     out.q8_k_acts = std::all_of(parts.begin(), parts.end(), k_quant);
-    out.type = out.q8_k_acts                                          ? tensor_type::ku8
+    out.type = out.q8_k_acts                                          ? tensor_type::ku6
                : std::all_of(parts.begin(), parts.end(), q8_0_values) ? tensor_type::q8_0
                                                                       : tensor_type::f32;
   }
   if (out.cols % 32 != 0)
     throw model_error("tensor '" + first.name + "' has rows of " + std::to_string(out.cols) +
                       " values; troupe needs a multiple of 32");
-  if (out.type == tensor_type::ku8) return upload_ku8(ctx, parts, std::move(out));
+  if (out.type == tensor_type::ku6) return upload_ku6(ctx, parts, std::move(out));
   if (out.type == tensor_type::q5_0)
     return upload_q5_0(ctx, parts, hold == qkv_hold::q5_0_v, std::move(out));
   if (out.type == tensor_type::f32) {

@@ -17,9 +17,9 @@ struct device_matrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features (contiguous)
   cl::buffer q;      // raw values (f32/f16) or quants
-  cl::buffer d;      // per-block scales as float (quantized types; KU8: two a block)
-  cl::buffer m;      // per-block mins as float (q4_1; KU8: two offsets a block)
-  // Held from a K-quant (Q4_K as Q4_1, the others as KU8): products take
+  cl::buffer d;      // per-block scales as float (quantized types; KU6: two a block)
+  cl::buffer m;      // per-block mins as float (q4_1; KU6: two offsets a block)
+  // Held from a K-quant (Q4_K as Q4_1, the others as KU6): products take
   // activations quantized as llama.cpp's Q8_K, which is what its K-quant
   // dot products read: integer ones from quantize.cl's quantize_q8_k,
   // float ones (with integer products off) the values round_q8_k rounds
@@ -29,7 +29,7 @@ struct device_matrix {
 
 // Uploads tensors stacked by rows (e.g. Wq, Wk, Wv as one QKV matrix).
 // All parts must share row length (throws model_error otherwise).  Parts of
-// different types: K-quants together as KU8 (any of them exactly), Q5_0
+// different types: K-quants together as KU6 (any of them exactly), Q5_0
 // or IQ4_NL beside Q8_0 as Q8_0, others as F32 (exact values).  With f32_panels, F32 values are
 // held in panels as F32P (kernels/matmul_panels.cl; the rows a multiple of 16, else
 // std::invalid_argument).
@@ -49,9 +49,9 @@ bool f32_panels_fit(const cl::context& ctx, const model_file& model);
 //   where its rows are no whole super-blocks) as Q5_1, q and k packed, the
 //   v rows a byte a value (Q8_0's signed quants with no offset), which the
 //   QKV kernels read with signed products (loadu_q5_1_v);
-// - Q5_0 q and k beside a Q5_0 or Q8_0 v (a Q4_K_M file's) as Q5_0, q and
-//   k packed, the v rows as Q8_0 (loadu_q8_0).
-// Each part's own sums.  Without qkv_kernels, Q5_0 beside Q8_0 values is
+// - Q5_0 q and k beside a Q5_0, Q8_0 or IQ4_NL v (a Q4_K_M file's) as
+//   Q5_0, q and k packed, the v rows as Q8_0 (loadu_q8_0).
+// Each part's own sums.  Without qkv_kernels, a QKV with any Q5_0 part is
 // held as Q8_0.
 device_matrix upload_qkv(cl::context& ctx, const tensor_view& q, const tensor_view& k,
                          const tensor_view& v, bool qkv_kernels, bool f32_panels = false);

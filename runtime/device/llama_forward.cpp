@@ -27,7 +27,7 @@ int type_slot(tensor_type t) {
       return 3;
     case tensor_type::q8_0:
       return 4;
-    case tensor_type::ku8:
+    case tensor_type::ku6:
       return 5;
     case tensor_type::q5_1:
       return 6;
@@ -37,7 +37,7 @@ int type_slot(tensor_type t) {
       return 8;
     case tensor_type::q5_0:
       return 9;
-    case tensor_type::iq4_nl:  // held as Q8_0, Q4_1, KU8 or F32 on the device (device_weights)
+    case tensor_type::iq4_nl:  // held as Q8_0, Q4_1, KU6 or F32 on the device (device_weights)
     case tensor_type::q4_k:
     case tensor_type::q6_k:
     case tensor_type::q2_k:
@@ -226,7 +226,7 @@ bool llama_forward::k_down(const device_layer& L) const {
   return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1 ||
           L.qkv.type == tensor_type::q5_0) &&
          L.down.q8_k_acts && int8_for(L.down) &&
-         (L.down.type == tensor_type::ku8 || L.down.type == tensor_type::q4_1) &&
+         (L.down.type == tensor_type::ku6 || L.down.type == tensor_type::q4_1) &&
          hp.n_ff % 256 == 0;
 }
 
@@ -234,7 +234,7 @@ bool llama_forward::gemma_fused(const device_layer& L) const {
   const auto& h = hparams();
   auto k_quant_int8 = [&](const device_matrix& m) {
     return m.q8_k_acts && int8_for(m) &&
-           (m.type == tensor_type::ku8 || m.type == tensor_type::q4_1);
+           (m.type == tensor_type::ku6 || m.type == tensor_type::q4_1);
   };
   return h.qk_norm && h.sandwich_norms && h.gelu_ffn && !L.qkv_bias &&
          L.qkv.type == tensor_type::q8_0 && quantized_inline(L.qkv) &&
@@ -253,7 +253,7 @@ bool llama_forward::fused(const device_layer& L) const {
   if (h.qk_norm || h.sandwich_norms || h.gelu_ffn) return gemma_fused(L);
   if (h.sliding_window > 0) return false;
   // Nor Q8_K activations (K-quant weights), but for a K-quant down beside
-  // Q8_0 or Q5_1 products.
+  // Q8_0, Q5_1 or Q5_0 products.
   const bool kd = k_down(L);
   for (const device_matrix* m : {&L.qkv, &L.wo, &L.gate_up, &L.down})
     if (m->q8_k_acts && !(kd && m == &L.down)) return false;
@@ -361,12 +361,12 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 
 bool llama_forward::int8_for(const device_matrix& w) const {
   return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku8 ||
+                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku6 ||
                             w.type == tensor_type::q5_1 || w.type == tensor_type::q5_0);
 }
 
 int llama_forward::input_format(const device_matrix& w) {
-  return !w.q8_k_acts ? 0 : w.type == tensor_type::ku8 ? 2 : 1;
+  return !w.q8_k_acts ? 0 : w.type == tensor_type::ku6 ? 2 : 1;
 }
 
 void llama_forward::quantize(const cl::buffer& x, int K, int rows, const q8_scratch& out,

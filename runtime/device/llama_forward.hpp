@@ -237,7 +237,7 @@ class llama_forward {
   // Whether products with `w` take quantized activations (int8_dot).
   bool int8_for(const device_matrix& w) const;
   // The quantized input w's integer products read: 0 per 32 (q8_1), 1
-  // Q8_K, 2 Q8_K with sums per 16 (KU8 weights).
+  // Q8_K, 2 Q8_K with sums per 16 (KU6 weights).
   static int input_format(const device_matrix& w);
   // x's rows quantized for products with w: per 32 (llama.cpp's q8_1),
   // or per 256 as Q8_K where w is held from a K-quant.
@@ -287,10 +287,10 @@ class llama_forward {
   void launch_grid(const cl::kernel& k, const matmul_grid& g, int rows);
   // Fused layers (engine_options::fuse_layers): whether layer L runs as one
   // launch (a dense layer whose four products share a weight type that
-  // kernels/layer.cl has, or Q8_0 or Q5_1 ones with a K-quant down: k_down), and
+  // kernels/layer.cl has, or Q8_0, Q5_1 or Q5_0 ones with a K-quant down: k_down), and
   // that launch.
   bool fused(const device_layer& L) const;
-  // Whether L is Q8_0 or Q5_1 with a K-quant down taking Q8_K activations
+  // Whether L is Q8_0, Q5_1 or Q5_0 with a K-quant down taking Q8_K activations
   // (layer.cl's _kd kernels).
   bool k_down(const device_layer& L) const;
   // Whether L is a Gemma 3 layer layer.cl's layer_gemma_* kernels run:
@@ -394,7 +394,7 @@ class llama_forward {
   // The device's weight types, as the kernels name them, in the .cpp's
   // type_slot order; the kernel caches below have a slot for each.
   static constexpr const char* k_type_suffix[] = {"f32", "f16",  "q4_0", "q4_1", "q8_0",
-                                                  "ku8", "q5_1", "bf16", "f32p", "q5_0"};
+                                                  "ku6", "q5_1", "bf16", "f32p", "q5_0"};
   static constexpr int k_device_types = static_cast<int>(std::size(k_type_suffix));
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].

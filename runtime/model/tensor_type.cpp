@@ -115,7 +115,7 @@ constexpr type_traits k_q4_k{"Q4_K", 256, sizeof(block_q4_k)};
 constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
 // The device's unpacked K-quant blocks: 32 quants and two (scale, offset)
 // pairs of floats.
-constexpr type_traits k_ku8{"KU8", 32, 32 + 4 * sizeof(float)};
+constexpr type_traits k_ku6{"KU6", 256, 8 * 28 + 2 * sizeof(float)};
 // F32 in panels of 16 rows: a value 4 bytes, as F32.
 constexpr type_traits k_f32p{"F32P", 1, 4};
 
@@ -204,8 +204,8 @@ const type_traits& traits_of(tensor_type t) {
       return k_q5_k;
     case tensor_type::bf16:
       return k_bf16;
-    case tensor_type::ku8:
-      return k_ku8;
+    case tensor_type::ku6:
+      return k_ku6;
     case tensor_type::f32p:
       return k_f32p;
   }
@@ -352,7 +352,7 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
         for (int j = 0; j < 32; ++j) dst[b * 32 + j] = static_cast<float>(u[j]) * d + m;
       }
       return;
-    case tensor_type::ku8:
+    case tensor_type::ku6:
     case tensor_type::f32p:
       break;  // device layouts, never a file's
   }
@@ -532,6 +532,62 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
     }
     default:
       throw std::invalid_argument("split_k_quant: " + std::string(traits_of(t).name) +
+                                  " is not a K-quant");
+  }
+}
+
+void k_quant_factors(tensor_type t, const void* row, int64_t sb, float& d, float& dm, int8_t sc[16],
+                     int8_t mn[16]) {
+  const auto* bytes = static_cast<const uint8_t*>(row);
+  switch (t) {
+    case tensor_type::q2_k: {
+      block_q2_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      d = half_to_float(blk.d);
+      dm = -half_to_float(blk.dmin);
+      for (int g = 0; g < 16; ++g) {
+        sc[g] = static_cast<int8_t>(blk.scales[g] & 0xF);
+        mn[g] = static_cast<int8_t>(blk.scales[g] >> 4);
+      }
+      return;
+    }
+    case tensor_type::q3_k: {
+      block_q3_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      d = half_to_float(blk.d);
+      dm = -4.0f * d;
+      const uint8_t* s = blk.scales;  // as split_k_quant reads them
+      for (int g = 0; g < 16; ++g) {
+        const int low = g < 8 ? s[g] & 0xF : s[g - 8] >> 4;
+        const int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+        sc[g] = mn[g] = static_cast<int8_t>((low | (high << 4)) - 32);
+      }
+      return;
+    }
+    case tensor_type::q4_k:
+    case tensor_type::q5_k: {  // the same header: d, dmin, twelve bytes of scales
+      block_q4_k blk;
+      std::memcpy(&blk, bytes + sb * traits_of(t).block_bytes, sizeof(blk));
+      d = half_to_float(blk.d);
+      dm = -half_to_float(blk.dmin);
+      for (int j = 0; j < 8; ++j) {
+        int s = 0, m = 0;
+        q4_k_scale_min(j, blk.scales, s, m);
+        sc[2 * j] = sc[2 * j + 1] = static_cast<int8_t>(s);
+        mn[2 * j] = mn[2 * j + 1] = static_cast<int8_t>(m);
+      }
+      return;
+    }
+    case tensor_type::q6_k: {
+      block_q6_k blk;
+      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
+      d = half_to_float(blk.d);
+      dm = -32.0f * d;
+      for (int g = 0; g < 16; ++g) sc[g] = mn[g] = blk.scales[g];
+      return;
+    }
+    default:
+      throw std::invalid_argument("k_quant_factors: " + std::string(traits_of(t).name) +
                                   " is not a K-quant");
   }
 }

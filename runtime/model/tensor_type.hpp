@@ -24,9 +24,10 @@ enum class tensor_type : uint32_t {
   iq4_nl = 20,
   bf16 = 30,
   // Not a GGUF type: K-quant weights as the device holds them
-  // (device_weights, kernels/common.cl): each value an unsigned byte u
-  // with a scale s and an offset m per 16 values, value = s u + m.
-  ku8 = 0x10000,
+  // (device_weights, kernels/common.cl): each value an unsigned six-bit u
+  // (packed) with integer scale and offset factors per 16 values and two
+  // floats per 256, value = s u + m (7.25 bits a value).
+  ku6 = 0x10000,
   // Not a GGUF type: F32 weights in panels of 16 rows, each panel column
   // by column (device_weights, kernels/matmul_panels.cl).
   f32p = 0x10001,
@@ -59,7 +60,9 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n);
 // same 32 values times the same half scale, the quants within int8 (Q5_0:
 // q - 16; IQ4_NL: its non-linear table's entries).  llama.cpp computes
 // both against Q8_0 activations exactly as Q8_0 weights, so a device that
-// holds them as Q8_0 gives llama.cpp's numerics.
+// holds them as Q8_0 gives llama.cpp's numerics (IQ4_NL always; Q5_0
+// beside Q8_0 in one matrix, or in a QK-norm model's QKV: the device
+// holds Q5_0 packed otherwise, its kernels rebuilding these quants).
 bool widens_to_q8_0(tensor_type t);
 // Block `b` of such a row: its half scale's bits and its 32 quants.
 void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d, int8_t q[32]);
@@ -73,9 +76,9 @@ void widen_block_to_q8_0(tensor_type t, const void* row, int64_t b, uint16_t& d,
 void split_q4_k_to_q4_1(const void* row, int64_t sb, float d[8], float m[8], uint8_t qs[8][16]);
 
 // Block `b` of a Q5_1 row as its scale d, min m and 32 five-bit quants u
-// (the high bits joined to the nibbles), value j = d * u[j] + m.  The
-// device holds Q5_1 so (a byte per value): llama.cpp's Q5_1 x Q8_1 dot
-// product is Q4_1's with these u.
+// (the high bits joined to the nibbles), value j = d * u[j] + m.  A
+// QKV's V rows are held so (a byte per value; other Q5_1 rows packed):
+// llama.cpp's Q5_1 x Q8_1 dot product is Q4_1's with these u.
 void split_q5_1(const void* row, int64_t b, float& d, float& m, uint8_t u[32]);
 
 // Q2_K, Q3_K, Q4_K, Q5_K or Q6_K: 256-value super-blocks, products
@@ -91,5 +94,14 @@ bool is_k_quant(tensor_type t);
 // (m = -4 s), Q2_K's, Q4_K's and Q5_K's q (m = -dmin min).
 void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], float s[16],
                    float m[16]);
+
+// The same super-block's s and m as the file factors them: s[g] = d *
+// sc[g] and m[g] = dm * mn[g] exactly (one float product each, of the
+// half d or dmin, or a power-of-two multiple of d, and a small integer:
+// Q6_K's m = (-32 d) sc, Q3_K's (-4 d) (sc - 32), the others' (-dmin)
+// min), so a device holding d, dm and the integers rebuilds split_k_quant's
+// floats bit for bit.
+void k_quant_factors(tensor_type t, const void* row, int64_t sb, float& d, float& dm, int8_t sc[16],
+                     int8_t mn[16]);
 
 }  // namespace troupe

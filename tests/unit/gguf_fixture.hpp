@@ -233,7 +233,7 @@ inline std::vector<uint8_t> random_weights(tensor_type t, int64_t n, std::mt1993
         put<uint16_t>(out, float_to_half(scale(rng) / 16));
         if (t == tensor_type::q2_k) put<uint16_t>(out, float_to_half(scale(rng) / 8));
         break;
-      case tensor_type::ku8:  // the device's layouts: no file holds them
+      case tensor_type::ku6:  // the device's layouts: no file holds them
       case tensor_type::f32p:
         throw std::invalid_argument("random_weights: a device layout is not a file type");
     }

@@ -229,7 +229,7 @@ TEST_F(FusedLayerTiny, EveryWeightTypeMatchesSeparateLaunches) {
 
 // llama-quantize's K-quant files of a model whose rows are no whole
 // super-blocks (SmolLM2's 576): Q5_0 or Q8_0 (Q4_K_M, Q6_K) or Q5_1
-// (Q5_K_M) everywhere but ffn_down, which is Q6_K (held as KU8) or Q4_K
+// (Q5_K_M) everywhere but ffn_down, which is Q6_K (held as KU6) or Q4_K
 // (held as Q4_1), both with Q8_K inputs; layer.cl's _kd kernels quantize h
 // per 256 values in a phase of their own.  Layers of both downs in one
 // model: the whole step reads each layer's format from the arena's table.

@@ -30,7 +30,7 @@ namespace {
 namespace ref = kernel_ref;
 
 // Q5_0 runs packed as itself, IQ4_NL as Q8_0 on the device, Q4_K as Q4_1, the other
-// K-quants as KU8, Q5_1 as its quants a byte each, BF16 as itself
+// K-quants as KU6 (six bits a value, packed), Q5_1 packed as itself, BF16 as itself
 // (device_weights): the kernel named by the
 // uploaded matrix's type, against their own dequantization.  K-types only
 // where rows are whole super-blocks of 256.
@@ -432,7 +432,7 @@ void q8_k_reference(const float* x, int8_t* q, float& d) {
 
 // Q8_K activations (K-quant products): quantize_q8_k writes llama.cpp's
 // quants and float scale as eight blocks of 32 with exact sums (with
-// halves, of values 0-15 and 16-31 apart: KU8 weights' input), and
+// halves, of values 0-15 and 16-31 apart: KU6 weights' input), and
 // round_q8_k rounds values in place to d * q; a row of zeros stays zero,
 // and of tied largest magnitudes the first one's sign is the scale's.
 TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
@@ -494,23 +494,32 @@ TEST_F(KernelMatmul, Q8KActivationsAreLlamaCppsQuantization) {
   }
 }
 
-// How many of a quantized device matrix's values, a byte u (read as Q)
-// with a scale and an offset per `per` values, one rounding (fma) as the
-// kernels take them, differ from `want`.
-template <class Q>
-int held_value_mismatches(cl::context& c, const device_matrix& dm, const std::vector<float>& want,
-                          size_t per) {
-  const auto u = download<Q>(c, dm.q, want.size());
-  const auto s = download<float>(c, dm.d, want.size() / per);
-  const auto m = download<float>(c, dm.m, want.size() / per);
+// How many of a KU6 device matrix's values differ from `want`, decoded as
+// kernels/common.cl's header lays them out: per block of 32, 28 bytes (16
+// of nibbles, value i low and 16 + i high; a uint of the top two bits for
+// each half, value 4j + k at bits 2j, 2j + 1 of byte k; the char scale and
+// offset factors of the halves), per 256 values the floats d and dm;
+// value = fma(d sc, u, dm mn), one rounding as the kernels take it.
+int ku6_value_mismatches(cl::context& c, const device_matrix& dm, const std::vector<float>& want) {
+  const auto q = download<uint8_t>(c, dm.q, want.size() / 32 * 28);
+  const auto f = download<float>(c, dm.d, want.size() / 256 * 2);
   int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i)
-    bad += std::fma(s[i / per], static_cast<float>(u[i]), m[i / per]) != want[i];
+  for (size_t i = 0; i < want.size(); ++i) {
+    const uint8_t* blk = &q[i / 32 * 28];
+    const size_t v = i % 32, half = v / 16, w = v % 16;
+    uint32_t top;
+    std::memcpy(&top, blk + 16 + 4 * half, 4);
+    const int nib = half ? blk[w] >> 4 : blk[w] & 15;
+    const int u = nib | (top >> (8 * (w % 4) + 2 * (w / 4)) & 3) << 4;
+    const float s = f[i / 256 * 2] * static_cast<float>(static_cast<int8_t>(blk[24 + half]));
+    const float m = f[i / 256 * 2 + 1] * static_cast<float>(static_cast<int8_t>(blk[26 + half]));
+    bad += std::fma(s, static_cast<float>(u), m) != want[i];
+  }
   return bad;
 }
 
 // Q4_K and Q6_K parts of one matrix (llama.cpp's Q4_K_M gives some layers
-// a Q6_K attn_v beside Q4_K attn_q and attn_k): held together as KU8,
+// a Q6_K attn_v beside Q4_K attn_q and attn_k): held together as KU6,
 // their exact values, taking Q8_K activations; beside a type that is no
 // K-quant, as F32 with float inputs.
 TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
@@ -522,12 +531,12 @@ TEST_F(KernelMatmul, MixedKQuantPartsAreHeldAsTheirExactValues) {
   const tensor_view va = view_of(tensor_type::q4_k, K, 3, a.data());
   const tensor_view vb = view_of(tensor_type::q6_k, K, 2, b.data());
   const auto dm = upload_matrix(c, {&va, &vb});
-  EXPECT_EQ(dm.type, tensor_type::ku8);
+  EXPECT_EQ(dm.type, tensor_type::ku6);
   EXPECT_TRUE(dm.q8_k_acts);
   auto want = ref::dequantize(tensor_type::q4_k, a, K, 3);
   const auto wb = ref::dequantize(tensor_type::q6_k, b, K, 2);
   want.insert(want.end(), wb.begin(), wb.end());
-  EXPECT_EQ(held_value_mismatches<uint8_t>(c, dm, want, 16), 0) << "of " << want.size();
+  EXPECT_EQ(ku6_value_mismatches(c, dm, want), 0) << "of " << want.size();
   const auto q8 = ref::random_matrix(tensor_type::q8_0, K, 2, rng);
   const tensor_view vq = view_of(tensor_type::q8_0, K, 2, q8.data());
   const auto f = upload_matrix(c, {&va, &vq});  // a K-quant beside Q8_0: float inputs
@@ -599,7 +608,7 @@ TEST_F(KernelEmbed, RowsAreTheDequantizedRowsOfTheTokens) {
   const int T = static_cast<int>(tokens.size());
   const auto tb = upload(c, tokens);
   const auto db = upload(c, drawn);
-  // Rows of 256 for the K-quants (KU8 embeddings: each value s u + m).
+  // Rows of 256 for the K-quants (KU6 embeddings: each value s u + m).
   for (const auto& [K, type] : [] {
          std::vector<std::pair<int, tensor_type>> cases;
          for (const tensor_type t : k_types) cases.push_back({holds_rows_of(t, 96) ? 96 : 256, t});

@@ -30,7 +30,7 @@ namespace ref = kernel_ref;
 // Q8_0's products, IQ4_NL as Q8_0 (device_weights): the reference below
 // reads their own blocks, so the packing and the widening are checked too.
 // Q4_K runs as Q4_1 (eight blocks per super-block), where rows allow it;
-// Q5_1 as Q4_1 with five-bit quants a byte each.
+// Q5_1 as Q4_1 with five-bit quants, packed as the file packs them.
 constexpr tensor_type k_quant_types[] = {tensor_type::q4_0, tensor_type::q4_1, tensor_type::q8_0,
                                          tensor_type::q5_0, tensor_type::q5_1, tensor_type::iq4_nl,
                                          tensor_type::q4_k};
@@ -257,7 +257,7 @@ struct quantized_input {
   q8_rows host;
 };
 
-// q8_k_halves: as Q8_K with sums per 16 values (KU8 weights' input),
+// q8_k_halves: as Q8_K with sums per 16 values (KU6 weights' input),
 // else per 32 as q8_1.
 quantized_input quantize_on_device(cl::context& c, const std::vector<float>& x, int T, int K,
                                    bool q8_k_halves = false) {
@@ -475,12 +475,12 @@ TEST_P(KernelInt8, QkvWithQ8_0VBesideQ5_1OrQ5_0QKGivesEachPartsOwnSums) {
   }
 }
 
-// Q2_K, Q3_K, Q5_K and Q6_K held as KU8 (a byte per value, a scale and an
+// Q2_K, Q3_K, Q5_K and Q6_K held as KU6 (six bits a value, a scale and an
 // offset per 16), and Q4_K beside Q6_K in one matrix: against Q8_K inputs
 // with sums per 16 (quantize_q8_k with halves), every tile and product
 // kernel gives the dot product of the file's values with the inputs'
 // quantized values, as llama.cpp's K-quant x Q8_K dot products are.
-TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
+TEST_P(KernelInt8, KQuantsHeldAsKu6DotQ8KInputs) {
   auto& c = ctx();
   std::mt19937 rng(2027);
   const int K = 512, N = 11, T = 5;
@@ -509,7 +509,7 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
   }
   for (const auto& mc : cases) {
     SCOPED_TRACE(mc.name);
-    ASSERT_EQ(mc.dm.type, tensor_type::ku8);
+    ASSERT_EQ(mc.dm.type, tensor_type::ku6);
     ASSERT_TRUE(mc.dm.q8_k_acts);
     const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
     const auto in = quantize_on_device(c, x, T, K, true);
@@ -530,7 +530,7 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
     for (const launch_shape ls : k_launches) {
       SCOPED_TRACE("tile " + std::to_string(ls.tile) + " rows_per_item " +
                    std::to_string(ls.rows_per_item));
-      auto k = c.make_kernel("matmul_xq_ku8" + kernel_suffix(ls));
+      auto k = c.make_kernel("matmul_xq_ku6" + kernel_suffix(ls));
       const auto yb = c.alloc(static_cast<size_t>(T) * 2 * N * 4);
       k.args(mc.dm.q, mc.dm.d, mc.dm.m, in.q, in.d, in.s, yb, K, 2 * N, T, 2 * N, 0,
              ls.rows_per_item);
@@ -545,7 +545,7 @@ TEST_P(KernelInt8, KQuantsHeldAsKu8DotQ8KInputs) {
             ADD_FAILURE() << "y[" << t << "][" << n << "] = " << got << ", want " << d.dot;
         }
       EXPECT_EQ(bad, 0);
-      auto g = c.make_kernel("matmul_glu_xq_ku8" + kernel_suffix(ls));
+      auto g = c.make_kernel("matmul_glu_xq_ku6" + kernel_suffix(ls));
       const auto hb = c.alloc(static_cast<size_t>(T) * N * 4);
       g.args(mc.dm.q, mc.dm.d, mc.dm.m, in.q, in.d, in.s, hb, K, N, T, ls.rows_per_item, hb, hb, hb,
              0, hb);

@@ -218,11 +218,12 @@ std::vector<uint8_t> from_hex(const std::string& hex) {
 // A K-quant row split for the device (split_k_quant): every value, s u + m
 // with one rounding, is dequantize_row's (which reads K-quants through the
 // split, so the gguf-py values the callers check anchor both), and u fits
-// in 6 bits, as the kernels' vpmaddubsw needs.
-void expect_ku8_split_exact(tensor_type t, const std::vector<uint8_t>& bytes,
+// in 6 bits, as the kernels' vpmaddubsw needs; and the scales and offsets
+// factor exactly as KU6 holds them (k_quant_factors).
+void expect_ku6_split_exact(tensor_type t, const std::vector<uint8_t>& bytes,
                             const std::vector<float>& want) {
   const auto name = traits_of(t).name;
-  int bad = 0;
+  int bad = 0, unfactored = 0;
   for (size_t sb = 0; sb < want.size() / 256; ++sb) {
     uint8_t u[256];
     float sc[16], m[16];
@@ -231,8 +232,15 @@ void expect_ku8_split_exact(tensor_type t, const std::vector<uint8_t>& bytes,
       EXPECT_LT(u[i], 64) << name;
       bad += std::fma(sc[i / 16], static_cast<float>(u[i]), m[i / 16]) != want[sb * 256 + i];
     }
+    float d = 0, dm = 0;
+    int8_t fs[16], fm[16];
+    k_quant_factors(t, bytes.data(), static_cast<int64_t>(sb), d, dm, fs, fm);
+    for (int g = 0; g < 16; ++g)
+      unfactored +=
+          d * static_cast<float>(fs[g]) != sc[g] || dm * static_cast<float>(fm[g]) != m[g];
   }
   EXPECT_EQ(bad, 0) << name << ": values unlike dequantize_row's";
+  EXPECT_EQ(unfactored, 0) << name << ": scales or offsets unlike k_quant_factors' products";
 }
 
 TEST(TensorType, DequantizeKQuantsAsLlamaCppDoes) {
@@ -275,14 +283,14 @@ TEST(TensorType, DequantizeKQuantsAsLlamaCppDoes) {
   for (float v : out) sum += v, sum_abs += std::fabs(v);
   EXPECT_NEAR(sum, 1.3030155897140503, 1e-6);
   EXPECT_NEAR(sum_abs, 16.355730175971985, 1e-6);
-  expect_ku8_split_exact(tensor_type::q4_k, q4k, out);
+  expect_ku6_split_exact(tensor_type::q4_k, q4k, out);
   sum = sum_abs = 0;
   dequantize_row(tensor_type::q6_k, q6k.data(), out.data(), 512);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(out[at[i]], q6k_want[i]) << "Q6_K value " << at[i];
   for (float v : out) sum += v, sum_abs += std::fabs(v);
   EXPECT_NEAR(sum, 0.22768813371658325, 1e-6);
   EXPECT_NEAR(sum_abs, 7.6227505803108215, 1e-6);
-  expect_ku8_split_exact(tensor_type::q6_k, q6k, out);
+  expect_ku6_split_exact(tensor_type::q6_k, q6k, out);
   // Q4_K as eight Q4_1 blocks per super-block gives the same values.
   float d[8], m[8];
   uint8_t qs[8][16];
@@ -414,7 +422,7 @@ TEST(TensorType, DequantizeTheOtherKQuantsQ5_1AndBf16AsLlamaCppDoes) {
     for (float v : out) sum += v, sum_abs += std::fabs(v);
     EXPECT_NEAR(sum, smp.sum, 1e-5) << name;
     EXPECT_NEAR(sum_abs, smp.sum_abs, 1e-5) << name;
-    if (is_k_quant(smp.type)) expect_ku8_split_exact(smp.type, smp.bytes, out);
+    if (is_k_quant(smp.type)) expect_ku6_split_exact(smp.type, smp.bytes, out);
   }
 }
 
