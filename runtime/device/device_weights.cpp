@@ -1,6 +1,7 @@
 #include "runtime/device/device_weights.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -115,8 +116,11 @@ device_matrix upload_ku6(cl::context& ctx, const std::vector<const tensor_view*>
       float& dd = d[2 * sbs];
       float& dm = d[2 * sbs + 1];
       k_quant_factors(p->type, p->data, static_cast<int64_t>(i), dd, dm, sc, mn);
+      // The same float, or NaN both (a file's non-finite scales load as before).
+      auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
       for (int g = 0; g < 16; ++g)
-        if (dd * static_cast<float>(sc[g]) != sf[g] || dm * static_cast<float>(mn[g]) != mf[g])
+        if (!same(dd * static_cast<float>(sc[g]), sf[g]) ||
+            !same(dm * static_cast<float>(mn[g]), mf[g]))
           throw model_error("tensor '" + p->name + "': super-block " + std::to_string(i) +
                             "'s scales do not factor exactly (a troupe bug)");
       for (int b = 0; b < 8; ++b) {

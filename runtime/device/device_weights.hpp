@@ -17,8 +17,8 @@ struct device_matrix {
   int64_t rows = 0;  // output features
   int64_t cols = 0;  // input features (contiguous)
   cl::buffer q;      // raw values (f32/f16) or quants
-  cl::buffer d;      // per-block scales as float (quantized types; KU6: two a block)
-  cl::buffer m;      // per-block mins as float (q4_1; KU6: two offsets a block)
+  cl::buffer d;      // per-block scales as float (quantized types; KU6: d, dm per 256 values)
+  cl::buffer m;      // per-block mins as float (q4_1; Q5_0: fifth bits; KU6: unused)
   // Held from a K-quant (Q4_K as Q4_1, the others as KU6): products take
   // activations quantized as llama.cpp's Q8_K, which is what its K-quant
   // dot products read: integer ones from quantize.cl's quantize_q8_k,

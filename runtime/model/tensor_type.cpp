@@ -113,8 +113,8 @@ constexpr type_traits k_q5_k{"Q5_K", 256, sizeof(block_q5_k)};
 constexpr type_traits k_bf16{"BF16", 1, 2};
 constexpr type_traits k_q4_k{"Q4_K", 256, sizeof(block_q4_k)};
 constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
-// The device's unpacked K-quant blocks: 32 quants and two (scale, offset)
-// pairs of floats.
+// The device's K-quant super-blocks: eight 28-byte blocks (packed six-bit
+// quants, integer scale and offset factors) and the floats d and dm.
 constexpr type_traits k_ku6{"KU6", 256, 8 * 28 + 2 * sizeof(float)};
 // F32 in panels of 16 rows: a value 4 bytes, as F32.
 constexpr type_traits k_f32p{"F32P", 1, 4};
