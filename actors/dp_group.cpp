@@ -17,9 +17,7 @@ namespace {
 struct member {
   router_instance inst;
   dp_replica_status st;
-  // Prompt tokens admitted that its reports may not count yet: a report
-  // covers only what was admitted before it was asked for.
-  int64_t pending = 0;
+  pending_admissions pending;  // admitted, maybe not in its reports yet
   std::vector<sequence_load> seqs;
 };
 
@@ -44,6 +42,15 @@ using self_ptr = dp_group_actor::stateful_pointer<dp_group_state>;
 constexpr auto k_report_timeout = std::chrono::seconds(3);
 constexpr auto k_migration_timeout = std::chrono::seconds(30);
 
+// A replica's report: its sequences, and which admissions arrived.
+void take_report(member& m, sequences_report& r) {
+  m.st.kv_tokens = 0;
+  for (const auto& s : r.seqs) m.st.kv_tokens += s.tokens;
+  m.st.sequences = static_cast<int32_t>(r.seqs.size());
+  m.seqs = std::move(r.seqs);
+  m.pending.report(r.enqueues, std::chrono::steady_clock::now());
+}
+
 member* find(dp_group_state& st, uint64_t id) {
   for (auto& m : st.members)
     if (m.inst.id == id) return &m;
@@ -53,8 +60,8 @@ member* find(dp_group_state& st, uint64_t id) {
 std::vector<replica_load> loads(const dp_group_state& st) {
   std::vector<replica_load> out;
   for (const auto& m : st.members)
-    out.push_back(
-        {m.inst.id, m.st.state == "serving", m.st.capacity_tokens, m.st.kv_tokens + m.pending});
+    out.push_back({m.inst.id, m.st.state == "serving", m.st.capacity_tokens,
+                   m.st.kv_tokens + m.pending.tokens()});
   return out;
 }
 
@@ -180,21 +187,10 @@ void check(self_ptr self) {
   for (auto& m : st.members) {
     if (m.st.state != "serving") continue;
     const uint64_t id = m.inst.id;
-    // Admissions after this point may reach the replica after it answers:
-    // they stay pending (clearing them all let a report asked for before a
-    // long prompt's admission, answered after it, show that replica empty,
-    // and the next prompts went there: a flaky DpGroup test found it).
-    const int64_t covered = m.pending;
     self->request(m.inst.actor, k_report_timeout, sequences_atom::value)
         .then(
-            [self, id, covered, one_done](std::vector<sequence_load>& seqs) {
-              if (auto* m = find(self->state, id)) {
-                m->st.kv_tokens = 0;
-                for (const auto& s : seqs) m->st.kv_tokens += s.tokens;
-                m->st.sequences = static_cast<int32_t>(seqs.size());
-                m->pending = std::max<int64_t>(0, m->pending - covered);
-                m->seqs = std::move(seqs);
-              }
+            [self, id, one_done](sequences_report& r) {
+              if (auto* m = find(self->state, id)) take_report(*m, r);
               one_done();
             },
             [one_done](caf::error&) { one_done(); });
@@ -217,7 +213,7 @@ void join(self_ptr self, router_instance r) {
   }
   m->inst = std::move(r);
   m->st.state = "serving";
-  m->pending = 0;
+  m->pending.reset();
   m->seqs.clear();
   self->monitor(m->inst.actor);
   const uint64_t id = m->inst.id;
@@ -270,8 +266,8 @@ dp_group_actor::behavior_type dp_group_behavior(self_ptr self,
         member* m = find(st, id);
         if (!m)
           return caf::make_error(caf::sec::invalid_argument, "no replica of the group serves");
-        const int64_t free = m->st.capacity_tokens - m->st.kv_tokens - m->pending;
-        m->pending += prompt_tokens;
+        const int64_t free = m->st.capacity_tokens - m->st.kv_tokens - m->pending.tokens();
+        m->pending.admit(prompt_tokens, std::chrono::steady_clock::now());
         ++m->st.admitted;
         return placement_reply{id,
                                m->inst.actor,

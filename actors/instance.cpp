@@ -65,6 +65,7 @@ struct instance_state {
   // Lockstep in a dp_group's rounds (dpjoin); a null group: it steps freely.
   dp_group_actor group;
   uint64_t group_id = 0;
+  uint64_t enqueues = 0;  // enqueue messages ever received (a dp_group's pending admissions)
   static inline const char* name = "instance";
 };
 
@@ -610,6 +611,7 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
   return {
       // A new sequence; the answer is how many wait before it.
       [self](enqueue_atom, sequence_request& r) -> caf::result<int32_t> {
+        ++self->state.enqueues;  // refused or not, it arrived
         if (!r.sink)
           return refuse("enqueue request " + std::to_string(r.id) + ": no sink to stream to");
         return enqueue_with_prefix(self, r);
@@ -736,11 +738,12 @@ instance_actor::behavior_type instance_behavior(self_ptr self, device_actor dev,
       },
       // The sequences held, for a dp_group's moves.
       [self](sequences_atom) {
-        std::vector<sequence_load> out;
+        sequences_report out;
+        out.enqueues = self->state.enqueues;
         for (const auto& v : self->state.eng->sequences()) {
           auto s = self->state.sinks.find(v.key);
-          out.push_back({v.id, v.tokens, v.decoding, v.left,
-                         s != self->state.sinks.end() ? s->second : token_sink_actor{}});
+          out.seqs.push_back({v.id, v.tokens, v.decoding, v.left,
+                              s != self->state.sinks.end() ? s->second : token_sink_actor{}});
         }
         return out;
       },

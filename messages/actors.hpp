@@ -78,6 +78,7 @@ void for_each_message_type(F&& f) {
   f.template operator()<monitor_report>("troupe.monitor_report");
   f.template operator()<sequence_load>("troupe.sequence_load");
   f.template operator()<std::vector<sequence_load>>("troupe.sequence_loads");
+  f.template operator()<sequences_report>("troupe.sequences_report");
   f.template operator()<dp_group_config>("troupe.dp_group_config");
   f.template operator()<dp_replica_status>("troupe.dp_replica_status");
   f.template operator()<dp_group_status>("troupe.dp_group_status");

@@ -98,6 +98,20 @@ typename Inspector::result_type inspect(Inspector& f, sequence_load& x) {
   return f(caf::meta::type_name("sequence_load"), x.id, x.tokens, x.decoding, x.left, x.sink);
 }
 
+// The sequences an instance holds, and how many enqueues it has ever been
+// sent: a dp_group counts its admissions as pending until the count says
+// they arrived (the admitted request travels by another actor, so a report
+// asked for after an admission may still be answered before it).
+struct sequences_report {
+  std::vector<sequence_load> seqs;
+  uint64_t enqueues = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sequences_report& x) {
+  return f(caf::meta::type_name("sequences_report"), x.seqs, x.enqueues);
+}
+
 // enqueue: admit a sequence to the waiting queue; replies with the number
 //          of sequences waiting before it was added, or an error
 //          (sec::invalid_argument) for a bad request: empty or too long
@@ -171,7 +185,7 @@ using instance_actor = caf::typed_actor<
     caf::replies_to<preempt_atom, uint64_t>::with<int32_t>,
     caf::replies_to<set_atom, std::string, int32_t>::with<int32_t>,
     caf::replies_to<set_role_atom, std::string>::with<std::string>,
-    caf::replies_to<sequences_atom>::with<std::vector<sequence_load>>,
+    caf::replies_to<sequences_atom>::with<sequences_report>,
     caf::replies_to<dp_join_atom, caf::actor, uint64_t>::with<int32_t>,
     caf::reacts_to<dp_go_atom, uint64_t>>;
 

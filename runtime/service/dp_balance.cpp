@@ -5,6 +5,22 @@
 
 namespace troupe {
 
+void pending_admissions::report(uint64_t enqueues, clock::time_point now) {
+  if (seen_) {
+    // A count that went back: the replica restarted; nothing is known.
+    const uint64_t arrived = enqueues >= *seen_ ? enqueues - *seen_ : queue_.size();
+    for (uint64_t i = 0; i < arrived && !queue_.empty(); ++i) queue_.pop_front();
+  }
+  seen_ = enqueues;
+  while (!queue_.empty() && now - queue_.front().at > expiry_) queue_.pop_front();
+}
+
+int64_t pending_admissions::tokens() const {
+  int64_t n = 0;
+  for (const auto& a : queue_) n += a.tokens;
+  return n;
+}
+
 uint64_t admit_most_free_kv(const std::vector<replica_load>& replicas) {
   const replica_load* best = nullptr;
   for (const auto& r : replicas) {

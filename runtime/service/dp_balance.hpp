@@ -6,7 +6,10 @@
 //   admit     each request to the replica with the most free KV tokens
 //   rebalance when (max - min) KV tokens exceeds a share of the mean, move
 //             sequences from the most to the least loaded replica
+#include <chrono>
 #include <cstdint>
+#include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,44 @@ struct replica_load {
   bool serving = true;
   int64_t capacity_tokens = 0;  // KV pages x page size
   int64_t kv_tokens = 0;        // tokens of the sequences it holds (their KV, now or soon)
+};
+
+// The prompts admitted to one replica that its reports may not count yet,
+// oldest first.  The request travels to the replica by its own actor, so
+// a report asked for after an admission may be answered before the request
+// arrives (clearing admissions by ask time showed a replica holding a long
+// prompt as empty, and the next prompts went there: a flaky DpGroup test
+// found it).  They leave as the replica's count of enqueues received says
+// that many arrived, or, never arriving (their client left first), after
+// `expiry`.
+class pending_admissions {
+ public:
+  using clock = std::chrono::steady_clock;
+  explicit pending_admissions(clock::duration expiry = std::chrono::seconds(5)) : expiry_(expiry) {}
+
+  void admit(int64_t prompt_tokens, clock::time_point now) {
+    queue_.push_back({prompt_tokens, now});
+  }
+  // A report: the replica has received `enqueues` enqueues in all.  The
+  // first after reset() has no count to compare with: what was admitted
+  // before it stays until later reports or its expiry.
+  void report(uint64_t enqueues, clock::time_point now);
+  // A replica that joined (again): nothing pending, no count known.
+  void reset() {
+    queue_.clear();
+    seen_.reset();
+  }
+  int64_t tokens() const;
+  size_t size() const { return queue_.size(); }
+
+ private:
+  struct admission {
+    int64_t tokens = 0;
+    clock::time_point at;
+  };
+  clock::duration expiry_;
+  std::deque<admission> queue_;
+  std::optional<uint64_t> seen_;  // the count at the last report
 };
 
 // The replica with the most free KV tokens (capacity - kv_tokens); ties go

@@ -73,5 +73,46 @@ TEST(DpBalance, NeverMovesASequenceThatWidensTheGapOrBeyondTheCap) {
   EXPECT_EQ(m.size(), 3u);
 }
 
+TEST(DpPendingAdmissions, StayUntilTheReplicaCountsThemArrived) {
+  using namespace std::chrono_literals;
+  const auto t0 = pending_admissions::clock::time_point{} + 1h;
+  pending_admissions p;
+  p.report(7, t0);  // the first report sets the count
+  p.admit(190, t0);
+  // A report asked for after the admission, answered before the request
+  // arrived: the prompt still counts (the race the flaky test found).
+  p.report(7, t0 + 1ms);
+  EXPECT_EQ(p.tokens(), 190);
+  p.admit(5, t0 + 2ms);
+  p.admit(6, t0 + 2ms);
+  p.report(8, t0 + 3ms);  // the long one arrived: the two short stay
+  EXPECT_EQ(p.tokens(), 11);
+  EXPECT_EQ(p.size(), 2u);
+  p.report(12, t0 + 4ms);  // more arrived than were admitted (asked-for ones)
+  EXPECT_EQ(p.tokens(), 0);
+}
+
+TEST(DpPendingAdmissions, ExpireRestartAndJoinAgain) {
+  using namespace std::chrono_literals;
+  const auto t0 = pending_admissions::clock::time_point{} + 1h;
+  pending_admissions p(5s);
+  p.admit(100, t0);  // before any report: kept by the first one
+  p.report(3, t0 + 1ms);
+  EXPECT_EQ(p.tokens(), 100);
+  p.report(3, t0 + 6s);  // never arrived (its client left): it expires
+  EXPECT_EQ(p.tokens(), 0);
+  p.admit(40, t0 + 6s);
+  p.report(1, t0 + 6s);  // the count went back: the replica restarted
+  EXPECT_EQ(p.tokens(), 0);
+  p.admit(40, t0 + 7s);
+  p.reset();
+  EXPECT_EQ(p.tokens(), 0);
+  p.admit(30, t0 + 7s);
+  p.report(9, t0 + 7s);  // no count to compare with after a reset
+  EXPECT_EQ(p.tokens(), 30);
+  p.report(10, t0 + 7s);
+  EXPECT_EQ(p.tokens(), 0);
+}
+
 }  // namespace
 }  // namespace troupe
