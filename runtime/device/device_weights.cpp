@@ -95,7 +95,7 @@ void pack_ku6(const uint8_t u[32], uint8_t out[24]) {
 // six-bit quants u packed (pack_ku6), then the integer scales and offset
 // factors of its halves (sc[2], mn[2]); per super-block of 256 the floats
 // d and dm in d, so that value = d sc u + dm mn (k_quant_factors): each of
-// s = d sc and m = dm mn exactly split_k_quant's (checked here).
+// s = d sc and m = dm mn is split_k_quant's float, which it computes so.
 device_matrix upload_ku6(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                          device_matrix out) {
   const size_t n_blocks = static_cast<size_t>(out.rows) * (out.cols / 32);
@@ -103,7 +103,6 @@ device_matrix upload_ku6(cl::context& ctx, const std::vector<const tensor_view*>
   std::vector<float> d(n_blocks / 8 * 2);
   size_t sbs = 0;  // super-blocks so far
   uint8_t u[256];
-  float sf[16], mf[16];
   int8_t sc[16], mn[16];
   for (const auto* p : parts) {
     if (p->row_len() % 256 != 0)
@@ -112,17 +111,9 @@ device_matrix upload_ku6(cl::context& ctx, const std::vector<const tensor_view*>
                         " super-blocks of 256");
     const size_t nsb = p->bytes / traits_of(p->type).block_bytes;
     for (size_t i = 0; i < nsb; ++i, ++sbs) {
-      split_k_quant(p->type, p->data, static_cast<int64_t>(i), u, sf, mf);
-      float& dd = d[2 * sbs];
-      float& dm = d[2 * sbs + 1];
-      k_quant_factors(p->type, p->data, static_cast<int64_t>(i), dd, dm, sc, mn);
-      // The same float, or NaN both (a file's non-finite scales load as before).
-      auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
-      for (int g = 0; g < 16; ++g)
-        if (!same(dd * static_cast<float>(sc[g]), sf[g]) ||
-            !same(dm * static_cast<float>(mn[g]), mf[g]))
-          throw model_error("tensor '" + p->name + "': super-block " + std::to_string(i) +
-                            "'s scales do not factor exactly (a troupe bug)");
+      k_quant_quants(p->type, p->data, static_cast<int64_t>(i), u);
+      k_quant_factors(p->type, p->data, static_cast<int64_t>(i), d[2 * sbs], d[2 * sbs + 1], sc,
+                      mn);
       for (int b = 0; b < 8; ++b) {
         uint8_t* blk = &q[(sbs * 8 + b) * 28];
         pack_ku6(&u[32 * b], blk);

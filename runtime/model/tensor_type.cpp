@@ -437,37 +437,37 @@ bool is_k_quant(tensor_type t) {
 
 void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], float s[16],
                    float m[16]) {
+  float d = 0, dm = 0;
+  int8_t sc[16], mn[16];
+  k_quant_factors(t, row, sb, d, dm, sc, mn);
+  for (int g = 0; g < 16; ++g) {
+    s[g] = d * static_cast<float>(sc[g]);
+    m[g] = dm * static_cast<float>(mn[g]);
+  }
+  k_quant_quants(t, row, sb, u);
+}
+
+void k_quant_quants(tensor_type t, const void* row, int64_t sb, uint8_t u[256]) {
   const auto* bytes = static_cast<const uint8_t*>(row);
   switch (t) {
     // The quants of 128 values share 32 bytes (Q2_K, Q3_K: two bits a value,
-    // the shift picking the group of 32; Q5_K, Q6_K: low, then high
+    // the shift picking the group of 32; Q4_K, Q5_K, Q6_K: low, then high
     // nibbles), with a bit plane of the high bits (Q3_K, Q5_K) or two
     // (Q6_K's qh); ggml's dequantize_row_* read them so.
-    case tensor_type::q2_k: {  // group g of 16: (d sc) q - dmin min
+    case tensor_type::q2_k: {  // group g of 16: q
       block_q2_k blk;
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
-      const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
       for (int g = 0; g < 16; ++g) {
         const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
         const int shift = ((g / 2) % 4) * 2;
-        s[g] = d * static_cast<float>(blk.scales[g] & 0xF);
-        m[g] = -(dmin * static_cast<float>(blk.scales[g] >> 4));
         for (int l = 0; l < 16; ++l) u[g * 16 + l] = static_cast<uint8_t>((q[l] >> shift) & 3);
       }
       return;
     }
-    case tensor_type::q3_k: {  // dl * (q - 4 or q): u = that + 4
+    case tensor_type::q3_k: {  // (q - 4 or q) + 4: the two bits and the hmask bit
       block_q3_k blk;
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
-      const float d = half_to_float(blk.d);
-      // Scale g: its low four bits in byte g % 8 (low nibble for g < 8,
-      // high for the rest), its top two in byte 8 + g % 4 at bits 2 (g / 4).
-      const uint8_t* sc = blk.scales;
       for (int g = 0; g < 16; ++g) {
-        const int low = g < 8 ? sc[g] & 0xF : sc[g - 8] >> 4;
-        const int high = (sc[8 + g % 4] >> (2 * (g / 4))) & 3;
-        s[g] = d * static_cast<float>((low | (high << 4)) - 32);
-        m[g] = -4.0f * s[g];
         const uint8_t* q = blk.qs + (g / 8) * 32 + (g % 2) * 16;
         const uint8_t* hm = blk.hmask + (g % 2) * 16;
         const int shift = ((g / 2) % 4) * 2;
@@ -477,46 +477,28 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
       }
       return;
     }
-    case tensor_type::q4_k: {  // as Q4_1 (split_q4_k_to_q4_1), both halves alike
-      float d[8], mn[8];
-      uint8_t qs[8][16];
-      split_q4_k_to_q4_1(row, sb, d, mn, qs);
+    case tensor_type::q4_k:
+    case tensor_type::q5_k: {  // sub-block j of 32: a nibble, and Q5_K's qh bit j
+      const bool five = t == tensor_type::q5_k;
+      block_q5_k blk5{};
+      block_q4_k blk4{};
+      if (five)
+        std::memcpy(&blk5, bytes + sb * sizeof(blk5), sizeof(blk5));
+      else
+        std::memcpy(&blk4, bytes + sb * sizeof(blk4), sizeof(blk4));
       for (int j = 0; j < 8; ++j) {
-        s[2 * j] = s[2 * j + 1] = d[j];
-        m[2 * j] = m[2 * j + 1] = mn[j];
-        for (int i = 0; i < 16; ++i) {
-          u[j * 32 + i] = qs[j][i] & 0x0F;
-          u[j * 32 + 16 + i] = qs[j][i] >> 4;
-        }
-      }
-      return;
-    }
-    case tensor_type::q5_k: {  // sub-block j of 32: dl * q - ml
-      block_q5_k blk;
-      std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
-      const float d = half_to_float(blk.d), dmin = half_to_float(blk.dmin);
-      for (int j = 0; j < 8; ++j) {
-        int sc = 0, mn = 0;
-        q4_k_scale_min(j, blk.scales, sc, mn);
-        s[2 * j] = s[2 * j + 1] = d * static_cast<float>(sc);
-        m[2 * j] = m[2 * j + 1] = -(dmin * static_cast<float>(mn));
-        const uint8_t* ql = blk.qs + (j / 2) * 32;
+        const uint8_t* ql = (five ? blk5.qs : blk4.qs) + (j / 2) * 32;
         const int shift = (j % 2) * 4;
         const uint8_t bit = static_cast<uint8_t>(1u << j);
         for (int l = 0; l < 32; ++l)
-          u[j * 32 + l] =
-              static_cast<uint8_t>(((ql[l] >> shift) & 0xF) | ((blk.qh[l] & bit) ? 16 : 0));
+          u[j * 32 + l] = static_cast<uint8_t>(((ql[l] >> shift) & 0xF) |
+                                               ((five && (blk5.qh[l] & bit)) ? 16 : 0));
       }
       return;
     }
-    case tensor_type::q6_k: {  // (d * sc) * (q - 32), four runs of 32 per 128
+    case tensor_type::q6_k: {  // four runs of 32 per 128
       block_q6_k blk;
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
-      const float d = half_to_float(blk.d);
-      for (int g = 0; g < 16; ++g) {
-        s[g] = d * static_cast<float>(blk.scales[g]);
-        m[g] = -32.0f * s[g];
-      }
       for (int half = 0; half < 2; ++half) {
         const uint8_t* ql = blk.ql + half * 64;
         const uint8_t* qh = blk.qh + half * 32;
@@ -531,7 +513,7 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
       return;
     }
     default:
-      throw std::invalid_argument("split_k_quant: " + std::string(traits_of(t).name) +
+      throw std::invalid_argument("k_quant_quants: " + std::string(traits_of(t).name) +
                                   " is not a K-quant");
   }
 }
@@ -556,7 +538,9 @@ void k_quant_factors(tensor_type t, const void* row, int64_t sb, float& d, float
       std::memcpy(&blk, bytes + sb * sizeof(blk), sizeof(blk));
       d = half_to_float(blk.d);
       dm = -4.0f * d;
-      const uint8_t* s = blk.scales;  // as split_k_quant reads them
+      // Scale g: its low four bits in byte g % 8 (low nibble for g < 8,
+      // high for the rest), its top two in byte 8 + g % 4 at bits 2 (g / 4).
+      const uint8_t* s = blk.scales;
       for (int g = 0; g < 16; ++g) {
         const int low = g < 8 ? s[g] & 0xF : s[g - 8] >> 4;
         const int high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;

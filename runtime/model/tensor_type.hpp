@@ -96,12 +96,15 @@ void split_k_quant(tensor_type t, const void* row, int64_t sb, uint8_t u[256], f
                    float m[16]);
 
 // The same super-block's s and m as the file factors them: s[g] = d *
-// sc[g] and m[g] = dm * mn[g] exactly (one float product each, of the
-// half d or dmin, or a power-of-two multiple of d, and a small integer:
-// Q6_K's m = (-32 d) sc, Q3_K's (-4 d) (sc - 32), the others' (-dmin)
-// min), so a device holding d, dm and the integers rebuilds split_k_quant's
-// floats bit for bit.
+// sc[g] and m[g] = dm * mn[g] (one float product each, of the half d or
+// dmin, or a power-of-two multiple of d, and a small integer: Q6_K's
+// m = (-32 d) sc, Q3_K's (-4 d) (sc - 32), the others' (-dmin) min), so a
+// device holding d, dm and the integers rebuilds split_k_quant's floats
+// bit for bit: split_k_quant computes them from these factors.
 void k_quant_factors(tensor_type t, const void* row, int64_t sb, float& d, float& dm, int8_t sc[16],
                      int8_t mn[16]);
+
+// Only the super-block's quants u, as split_k_quant gives them.
+void k_quant_quants(tensor_type t, const void* row, int64_t sb, uint8_t u[256]);
 
 }  // namespace troupe
