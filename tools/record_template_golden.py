@@ -39,6 +39,7 @@ TEMPLATES = [
     "moonshotai-Kimi-K2",
     "CohereForAI-c4ai-command-r-plus-tool_use",
     "tencent-Hy3",  # str.format
+    "ByteDance-Seed-OSS",  # integer dictionary keys
 ]
 
 CONVERSATIONS = [
@@ -70,9 +71,20 @@ def main():
     ap.add_argument("--templates", required=True, help="llama.cpp's models/templates folder")
     ap.add_argument("--model", required=True, help="any small GGUF for llama-server to load")
     ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="record these templates only, keeping the file's other entries")
     args = ap.parse_args()
     out = {}
-    for name in TEMPLATES:
+    names = TEMPLATES
+    if args.only:
+        unknown = [n for n in args.only if n not in TEMPLATES]
+        if unknown:
+            ap.error("not in TEMPLATES: " + ", ".join(unknown))
+        names = args.only
+        if os.path.exists(args.out):
+            with open(args.out, encoding="utf-8") as f:
+                out = json.load(f)
+    for name in names:
         path = os.path.join(args.templates, name + ".jinja")
         with open(path, encoding="utf-8") as f:
             source = f.read()

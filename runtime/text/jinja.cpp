@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -803,6 +804,29 @@ std::string to_text(const value& v) {
   return repr(v);
 }
 
+// Dictionary keys.  A JSON object keys by strings, Python's dicts (and so
+// Jinja's) by any hashable value: ByteDance Seed-OSS's template builds
+// {0: 0, 512: 128, ...} and looks up [16384].  An integer key is held as
+// its decimal text behind a control byte no JSON text from a client is
+// read as (a string key of that form would come back as the integer, which
+// only changes how that key prints), and read back as the integer
+// wherever keys come out: loops, keys(), items(), dictsort, repr, tojson.
+constexpr char integer_key_mark = '\x1f';
+
+std::string key_of(const value& k) {
+  if (k.is_number_integer()) return integer_key_mark + std::to_string(k.get<int64_t>());
+  return to_text(k);
+}
+
+value key_value(const std::string& key) {
+  if (key.size() < 2 || key[0] != integer_key_mark) return key;
+  int64_t n = 0;
+  const char* end = key.data() + key.size();
+  const auto [at, ec] = std::from_chars(key.data() + 1, end, n);
+  if (ec != std::errc() || at != end) return key;
+  return n;
+}
+
 // Python's repr of lists and dicts (what {{ a_list }} prints).
 std::string repr(const value& v) {
   if (v.is_string()) {
@@ -826,7 +850,7 @@ std::string repr(const value& v) {
     std::string out = "{";
     bool first = true;
     for (auto it = v.begin(); it != v.end(); ++it) {
-      out += (first ? "'" : ", '") + it.key() + "': " + repr(it.value());
+      out += (first ? "" : ", ") + repr(key_value(it.key())) + ": " + repr(it.value());
       first = false;
     }
     return out + "}";
@@ -854,7 +878,10 @@ void dump_json(const value& v, int indent, int depth, std::string& out) {
       if (!first) out += indent < 0 ? ", " : ",";
       first = false;
       newline(depth + 1);
-      if (obj) out += value(it.key()).dump(-1, ' ', false, value::error_handler_t::replace) + ": ";
+      if (obj)  // json.dumps writes an integer key as its text
+        out += value(to_text(key_value(it.key())))
+                   .dump(-1, ' ', false, value::error_handler_t::replace) +
+               ": ";
       dump_json(it.value(), indent, depth + 1, out);
     }
     newline(depth);
@@ -1005,7 +1032,7 @@ class renderer {
     value items = eval(*n.e);
     value list = value::array();
     if (items.is_object()) {
-      for (auto it = items.begin(); it != items.end(); ++it) list.push_back(it.key());
+      for (auto it = items.begin(); it != items.end(); ++it) list.push_back(key_value(it.key()));
     } else if (items.is_string()) {
       for (char c : items.get<std::string>()) list.push_back(std::string(1, c));
     } else if (items.is_array()) {
@@ -1109,7 +1136,7 @@ class renderer {
       case expr::e_dict: {
         value out = value::object();
         for (size_t i = 0; i + 1 < e.kids.size(); i += 2)
-          out[to_text(eval(*e.kids[i]))] = eval(*e.kids[i + 1]);
+          out[key_of(eval(*e.kids[i]))] = eval(*e.kids[i + 1]);
         admit(out, e.line);
         return out;
       }
@@ -1118,8 +1145,8 @@ class renderer {
   }
 
   static value member(const value& obj, const value& key) {
-    if (obj.is_object() && key.is_string()) {
-      const auto it = obj.find(key.get<std::string>());
+    if (obj.is_object() && (key.is_string() || key.is_number_integer())) {
+      const auto it = obj.find(key_of(key));
       return it == obj.end() ? undefined() : *it;
     }
     if ((obj.is_array() || obj.is_string()) && key.is_number_integer()) {
@@ -1266,7 +1293,8 @@ class renderer {
     }
     if (hay.is_array())
       return std::any_of(hay.begin(), hay.end(), [&](const value& x) { return x == needle; });
-    if (hay.is_object()) return needle.is_string() && hay.contains(needle.get<std::string>());
+    if (hay.is_object())
+      return (needle.is_string() || needle.is_number_integer()) && hay.contains(key_of(needle));
     if (is_undefined(hay) || hay.is_null()) return false;
     fail(line, "'in' needs a string, list or dict, got " + repr(hay));
   }
@@ -1465,7 +1493,7 @@ class renderer {
       if (name == "keys" || name == "values") {
         value out = value::array();
         for (auto it = obj.begin(); it != obj.end(); ++it)
-          out.push_back(name == "keys" ? value(it.key()) : it.value());
+          out.push_back(name == "keys" ? key_value(it.key()) : it.value());
         return out;
       }
     }
@@ -1492,7 +1520,7 @@ class renderer {
   static value items_of(const value& obj) {
     value out = value::array();
     for (auto it = obj.begin(); it != obj.end(); ++it)
-      out.push_back(value::array({it.key(), it.value()}));
+      out.push_back(value::array({key_value(it.key()), it.value()}));
     return out;
   }
 
@@ -1599,7 +1627,7 @@ class renderer {
       if (v.is_string())
         for (char c : v.get<std::string>()) out.push_back(std::string(1, c));
       if (v.is_object())
-        for (auto it = v.begin(); it != v.end(); ++it) out.push_back(it.key());
+        for (auto it = v.begin(); it != v.end(); ++it) out.push_back(key_value(it.key()));
       return out;
     }
     if (f == "reverse") {

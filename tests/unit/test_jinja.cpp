@@ -106,6 +106,27 @@ TEST(Jinja, FiltersTestsAndMethods) {
             "a b|['a', 'b']|True|19|hi");
 }
 
+// Integer dictionary keys, as ByteDance Seed-OSS's template builds and reads
+// them: they stay integers in loops, lookups, `in`, repr and dictsort, and
+// tojson writes them as text (Python's json.dumps); insertion order is kept.
+TEST(Jinja, IntegerDictionaryKeys) {
+  const std::string gears = "{% set g = {512: 128, 0: 0, 'x': 1} %}";
+  EXPECT_EQ(render(gears + "{{ g[512] }}{{ g[0] }}{{ g['512'] is defined }}{{ g.get(7, 9) }}"),
+            "1280False9");
+  EXPECT_EQ(render(gears + "{{ 512 in g }}{{ '512' in g }}{{ g }}"),
+            "TrueFalse{512: 128, 0: 0, 'x': 1}");
+  EXPECT_EQ(render("{% set g = {16: 'b', 2: 'a'} %}{% for k, v in g | dictsort %}"
+                   "{{ k + 1 }}{{ v }}{% endfor %}|{% for k in g %}{{ k * 2 }},{% endfor %}|"
+                   "{{ g.keys() | list }}|{{ g | tojson }}"),
+            "3a17b|32,4,|[16, 2]|{\"16\": \"b\", \"2\": \"a\"}");
+  // The first gear at or above a budget, as the template finds it.
+  EXPECT_EQ(render("{% set g = {0: 0, 512: 128, 1024: 256} %}{% set ns = namespace(i=none) %}"
+                   "{% for k, v in g | dictsort %}{% if ns.i is none and b <= k %}"
+                   "{% set ns.i = v %}{% endif %}{% endfor %}{{ ns.i }}",
+                   {{"b", 600}}),
+            "256");
+}
+
 // Filter blocks (Jinja2's {% filter %}: the body's text through the
 // filters) and Python's str.format with plain fields, as firefunction-v2's
 // and Hunyuan 3's templates use them; a format spec is refused.
