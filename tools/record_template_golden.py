@@ -40,6 +40,7 @@ TEMPLATES = [
     "CohereForAI-c4ai-command-r-plus-tool_use",
     "tencent-Hy3",  # str.format
     "ByteDance-Seed-OSS",  # integer dictionary keys
+    "fireworks-ai-llama-3-firefunction-v2",  # functions and datetime from the context
 ]
 
 CONVERSATIONS = [
@@ -101,10 +102,12 @@ def main():
                 rendered.append({"messages": messages, "prompt": r.get("prompt"),
                                  "error": r.get("error")})
         # llama.cpp gives templates today's date as date_string (Llama 3.1's
-        # "Today Date"); the tests pass the recording day's.
+        # "Today Date") and datetime (FireFunction v2's); the tests pass the
+        # recording day's.
         out[name] = {"source": source, "bos_token": props.get("bos_token", ""),
                      "eos_token": props.get("eos_token", ""),
-                     "date_string": time.strftime("%d %b %Y"), "conversations": rendered}
+                     "date_string": time.strftime("%d %b %Y"),
+                     "datetime": time.strftime("%b %d %Y"), "conversations": rendered}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)
         f.write("\n")

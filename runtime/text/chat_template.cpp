@@ -306,7 +306,7 @@ jinja::value jinja_context(const chat_template_info& info,
   ctx["eos_token"] = info.eos_token;
   ctx["enable_thinking"] = true;  // as llama.cpp passes it by default
   // Today's date as llama.cpp gives it (date_string "26 Nov 2026", datetime
-  // "Nov 26 2026"); a fixed date_string where the caller sets one.
+  // "Nov 26 2026"); fixed ones where the caller sets them.
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
   localtime_r(&now, &tm);
@@ -315,7 +315,8 @@ jinja::value jinja_context(const chat_template_info& info,
     return std::string(buf, std::strftime(buf, sizeof buf, f, &tm));
   };
   ctx["date_string"] = info.date_string.empty() ? format("%d %b %Y") : info.date_string;
-  ctx["datetime"] = format("%b %d %Y");
+  ctx["datetime"] = info.datetime.empty() ? format("%b %d %Y") : info.datetime;
+  if (info.reads_functions) ctx["functions"] = "";
   return ctx;
 }
 
@@ -423,6 +424,7 @@ chat_template_info jinja_chat_template(const std::string& source) {
   chat_template_info info;
   info.format = chat_format::jinja;
   info.program = std::make_shared<const jinja::program>(source);
+  info.reads_functions = has(source, " functools[");  // llama.cpp's mark of FireFunction v2
   // llama.cpp's capability probe: does a system message's text come out?
   constexpr std::string_view probe = "System message";
   try {

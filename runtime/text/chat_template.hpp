@@ -62,6 +62,13 @@ struct chat_template_info {
   // jinja: the date_string templates may print ("26 Nov 2026"); empty:
   // today's (UTC), as llama.cpp gives it.
   std::string date_string;
+  // jinja: the datetime FireFunction v2's template prints ("Nov 26 2026");
+  // empty: today's.
+  std::string datetime;
+  // jinja: FireFunction v2's template, which prints the context variable
+  // `functions` (the tools' JSON); llama.cpp gives it "" without tools,
+  // and so does troupe, whose templates get no tools.
+  bool reads_functions = false;
 };
 
 // Throws std::runtime_error("unsupported chat template: ...").

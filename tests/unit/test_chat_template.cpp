@@ -249,6 +249,7 @@ TEST(ChatTemplate, RealTemplatesAsJinjaRenderAsLlamaCppRendersThem) {
     info.bos_token = g["bos_token"].get<std::string>();
     info.eos_token = g["eos_token"].get<std::string>();
     info.date_string = g["date_string"].get<std::string>();
+    info.datetime = g.value("datetime", "");
     for (const auto& c : g["conversations"]) {
       std::vector<chat_message> messages;
       for (const auto& m : c["messages"]) messages.push_back({m["role"], m["content"]});
