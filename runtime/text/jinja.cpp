@@ -807,11 +807,17 @@ std::string to_text(const value& v) {
 // Dictionary keys.  A JSON object keys by strings, Python's dicts (and so
 // Jinja's) by any hashable value: ByteDance Seed-OSS's template builds
 // {0: 0, 512: 128, ...} and looks up [16384].  An integer key is held as
-// its decimal text behind a control byte no JSON text from a client is
-// read as (a string key of that form would come back as the integer, which
-// only changes how that key prints), and read back as the integer
-// wherever keys come out: loops, keys(), items(), dictsort, repr, tojson.
+// its decimal text behind a control byte (0x1F) and read back as the
+// integer wherever keys come out: loops, keys(), items(), dictsort, repr,
+// tojson.  A string key of that form would come back as an integer too;
+// the context chat_template gives holds no client-named keys, so only a
+// template's own literal could spell one.
 constexpr char integer_key_mark = '\x1f';
+
+// What a dictionary lookup (d[k], d.get(k), k in d) accepts as a key.
+bool is_dict_key(const value& k) {
+  return k.is_string() || k.is_number_integer();
+}
 
 std::string key_of(const value& k) {
   if (k.is_number_integer()) return integer_key_mark + std::to_string(k.get<int64_t>());
@@ -1145,7 +1151,7 @@ class renderer {
   }
 
   static value member(const value& obj, const value& key) {
-    if (obj.is_object() && (key.is_string() || key.is_number_integer())) {
+    if (obj.is_object() && is_dict_key(key)) {
       const auto it = obj.find(key_of(key));
       return it == obj.end() ? undefined() : *it;
     }
@@ -1293,8 +1299,7 @@ class renderer {
     }
     if (hay.is_array())
       return std::any_of(hay.begin(), hay.end(), [&](const value& x) { return x == needle; });
-    if (hay.is_object())
-      return (needle.is_string() || needle.is_number_integer()) && hay.contains(key_of(needle));
+    if (hay.is_object()) return is_dict_key(needle) && hay.contains(key_of(needle));
     if (is_undefined(hay) || hay.is_null()) return false;
     fail(line, "'in' needs a string, list or dict, got " + repr(hay));
   }
