@@ -474,7 +474,11 @@ void poll_once(self_ptr self) {
         reply(self, parts[0].to_string(), failure("bad_request", "one frame per request"));
       continue;
     }
-    const char* addr = parts[1].gets("Peer-Address");
+    // zmq_msg_gets, not cppzmq's gets(), which throws where the property
+    // is missing: a ZMTP 1.0 peer (six bytes: 01 00 03 00 7b 7d) carries
+    // no metadata, and the throw, outside the guard below, ended the actor
+    // and the admin port with it (found by a hostile-client probe).
+    const char* addr = zmq_msg_gets(parts[1].handle(), "Peer-Address");
     const std::string peer = parts[0].to_string();
     // Nothing a request holds may end this loop: an escaped exception would
     // end the actor, and with it the operator's shell, drain and migration.

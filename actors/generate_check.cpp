@@ -4,6 +4,7 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 
+#include "runtime/common/json_depth.hpp"
 #include "runtime/text/chat_template.hpp"
 #include "runtime/text/json_schema_regex.hpp"
 #include "runtime/text/regex_dfa.hpp"
@@ -11,6 +12,10 @@
 namespace troupe {
 
 namespace {
+
+// How deeply a guided_json schema's text may nest before it is parsed
+// (json_text_nests_deeper); schema_regex refuses deeper than 64 after.
+constexpr int k_max_guided_json_depth = 100;
 
 // `text` as tokens with each image marker replaced by `rows` placeholder
 // tokens (their rows come from the encoder), the spans in `spans`.  The
@@ -170,6 +175,11 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
         plan.constraint = g.guided_regex();
         break;
       case wire::Generate::kGuidedJson: {
+        // Bounded before parsing (json_text_nests_deeper); schema_regex
+        // then holds it to its own, smaller depth.
+        if (json_text_nests_deeper(g.guided_json(), k_max_guided_json_depth))
+          return invalid("guided_json: the schema nests more than " +
+                         std::to_string(k_max_guided_json_depth) + " levels deep");
         auto schema = nlohmann::ordered_json::parse(g.guided_json(), nullptr, false);
         if (schema.is_discarded()) return invalid("guided_json: the schema is not JSON");
         plan.constraint = schema_regex(schema);

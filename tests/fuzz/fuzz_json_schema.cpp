@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/json_depth.hpp"
 #include "runtime/text/json_schema_regex.hpp"
 #include "runtime/text/regex_dfa.hpp"
 
@@ -43,7 +44,9 @@ void compile(const std::string& pattern) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto schema = nlohmann::ordered_json::parse(data, data + size, nullptr, false);
+  // As a guided_json schema is parsed (actors/generate_check): bounded first.
+  const auto schema = troupe::parse_json_within<nlohmann::ordered_json>(
+      std::string_view(reinterpret_cast<const char*>(data), size), 100);
   if (schema.is_discarded()) return 0;
   try {
     compile(troupe::schema_regex(schema));

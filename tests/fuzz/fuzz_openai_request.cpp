@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/json_depth.hpp"
 #include "tools/client/openai_api.hpp"
 #include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_endpoints.hpp"
@@ -23,7 +24,10 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)troupe::openai::bearer_key(std::string(reinterpret_cast<const char*>(data), size));
-  const auto body = nlohmann::ordered_json::parse(data, data + size, nullptr, false);
+  // As the HTTP front parses a body: its text's depth bounded first.
+  const auto body = troupe::parse_json_within<nlohmann::ordered_json>(
+      std::string_view(reinterpret_cast<const char*>(data), size),
+      troupe::openai::k_max_body_depth);
   if (body.is_discarded()) return 0;
   if (body.is_object()) {
     troupe::openai::tokenize_request t;

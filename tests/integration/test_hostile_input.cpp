@@ -96,6 +96,41 @@ TEST(HostileInput, BadConstraintsAndTokenIdsAreRefusedAndTheServerServesOn) {
     auto a = complete(http, {{"prompt", ids}, {"max_tokens", 4}});
     EXPECT_EQ(a.status, 400) << ids.dump() << ": " << a.body.dump();
   }
+  // A deep value followed by another member: parsing it into an ordered
+  // object once copied the deep value recursively (see json_depth.hpp) and
+  // ended the process, over HTTP as a body, as a tool call's arguments
+  // text, and over ZeroMQ as a guided_json schema.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const auto body = R"({"model":"stories15m","a":)" + deep + R"(,"prompt":"Hi","max_tokens":4})";
+  const auto raw = http_post(http, "/v1/completions", body);
+  EXPECT_EQ(http_status(raw), 400) << http_body(raw).substr(0, 300);
+  EXPECT_NE(http_body(raw).find("levels deep"), std::string::npos) << http_body(raw).substr(0, 300);
+  const json call = {
+      {"role", "assistant"},
+      {"content", ""},
+      {"tool_calls",
+       json::array(
+           {{{"id", "c1"},
+             {"type", "function"},
+             {"function", {{"name", "f"}, {"arguments", R"({"a":)" + deep + R"(,"b":1})"}}}}})}};
+  const auto chat = http_post(
+      http, "/v1/chat/completions",
+      json{
+          {"model", "stories15m"},
+          {"max_tokens", 4},
+          {"messages", json::array({{{"role", "user"}, {"content", "Hi"}},
+                                    call,
+                                    {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "1"}}})}}
+          .dump());
+  EXPECT_EQ(http_status(chat), 400) << http_body(chat).substr(0, 300);
+  EXPECT_NE(http_body(chat).find("'arguments'"), std::string::npos)
+      << http_body(chat).substr(0, 300);
+  auto g = greedy_request(8, "Hi", 4);
+  g.set_guided_json(R"({"a":)" + deep + R"(,"type":"object"})");
+  auto e = zmq_error(server.endpoint(), g);
+  ASSERT_TRUE(e.has_value()) << "a schema nested 100000 deep was served";
+  EXPECT_EQ(e->code(), wire::INVALID_ARGUMENT);
+  EXPECT_NE(e->message().find("levels deep"), std::string::npos) << e->message().substr(0, 300);
   // Still up, and serving.
   auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 4}});
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
@@ -103,8 +138,9 @@ TEST(HostileInput, BadConstraintsAndTokenIdsAreRefusedAndTheServerServesOn) {
   EXPECT_EQ(::kill(server.pid(), 0), 0) << "the server died";
 }
 
-// Case 2: `"secret": null` (or 5, or `"command": 7`) threw out of the admin
-// endpoint's loop: no reply, and the port refused connections from then on.
+// Case 2: `"secret": null` (or 5, or `"command": 7`), and later a ZMTP 1.0
+// peer, threw out of the admin endpoint's loop: no reply, and the port
+// refused connections from then on.
 // Each frame now gets an error reply within 2 s, and admin keeps working.
 TEST(HostileInput, AdminFramesOfEveryTypeAreAnsweredAndAdminLives) {
   // The server and `troupe client admin` below share this run folder.
@@ -117,6 +153,16 @@ TEST(HostileInput, AdminFramesOfEveryTypeAreAnsweredAndAdminLives) {
   std::string secret = control;
   while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
     secret.pop_back();
+  // A ZMTP 1.0 peer (an empty identity, then the one frame "{}"): its
+  // message carries no metadata, and asking for the peer's address threw
+  // out of the endpoint's loop, which ended the admin port for good.
+  for (int k = 0; k < 3; ++k) {
+    const int fd = connect_local(server.admin_port());
+    ASSERT_GE(fd, 0);
+    send_all(fd, std::string("\x01\x00\x03\x00{}", 6));
+    std::this_thread::sleep_for(200ms);
+    ::close(fd);
+  }
   zmq::context_t ctx;
   zmq::socket_t s(ctx, zmq::socket_type::dealer);
   s.set(zmq::sockopt::linger, 0);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/json_depth.hpp"
 #include "runtime/engine/kv_blob.hpp"
 #include "runtime/model/gguf_reader.hpp"
 #include "runtime/model/model_file.hpp"
@@ -167,6 +168,37 @@ TEST(FuzzFindings, SeedCorpusOpens) {
     const std::vector<uint8_t> blob(bytes.begin(), bytes.end());
     EXPECT_NO_THROW(decode_kv_blob(blob)) << entry.path();
   }
+}
+
+// A hostile-client probe: {"a": <100000 levels>, "b": 1} overflowed the
+// stack inside ordered_json's parser (its object's vector, grown for "b",
+// copied "a" recursively), one HTTP request ending `troupe serve`.  The
+// text is now measured before it is parsed.
+TEST(FuzzFindings, DeepValueBeforeAnotherMemberIsRefusedBeforeParsing) {
+  const std::string deep = nested_arrays(100000);
+  const std::string text = R"({"a":)" + deep + R"(,"b":1})";
+  EXPECT_TRUE(json_text_nests_deeper(text, 100));
+  EXPECT_TRUE(parse_json_within<ojson>(text, 100).is_discarded());
+  // Brackets in strings, escaped quotes among them, do not count.
+  const std::string in_string = R"({"s":"[[[[\"[[[[","t":[1]})";
+  EXPECT_FALSE(json_text_nests_deeper(in_string, 2));
+  EXPECT_TRUE(json_text_nests_deeper(R"({"t":[[1]]})", 2));
+  EXPECT_EQ(parse_json_within<ojson>(in_string, 2)["s"], "[[[[\"[[[[");
+  // Never stricter than the check on the parsed value.
+  for (int depth : {1, 2, 5, 40}) {
+    const auto v = ojson::parse(nested_arrays(static_cast<size_t>(depth)));
+    EXPECT_EQ(json_text_nests_deeper(nested_arrays(static_cast<size_t>(depth)), depth), false);
+    EXPECT_EQ(json_nests_deeper(v, depth), false);
+  }
+  // Tool-call arguments are client text, parsed the same way.
+  openai::call c;
+  const auto body = ojson::parse(
+      R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"",)"
+      R"("tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":)" +
+      ojson(text).dump() + R"(}}]}]})");
+  auto e = openai::parse(body, true, "m", c);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->status, 400);
 }
 
 }  // namespace

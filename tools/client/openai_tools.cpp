@@ -316,7 +316,7 @@ std::optional<api_error> tool_message(const in_json& m, tool_format format, std:
     const auto& f = call["function"];
     in_json args = in_json::object();
     if (f.contains("arguments") && f["arguments"].is_string())
-      args = in_json::parse(f["arguments"].get<std::string>(), nullptr, false);
+      args = parse_json_within<in_json>(f["arguments"].get<std::string>(), k_max_body_depth);
     else if (f.contains("arguments") && f["arguments"].is_object())
       args = f["arguments"];
     if (args.is_discarded() || !args.is_object())
@@ -363,7 +363,7 @@ parsed_reply parse_reply(const std::string& text, const tool_request& t) {
       if (b != std::string::npos && body.compare(b, std::strlen(prefix), prefix) == 0)
         body = body.substr(b + std::strlen(prefix));
     }
-    const in_json j = in_json::parse(body, nullptr, false);
+    const in_json j = parse_json_within<in_json>(body, k_max_body_depth);
     if (j.is_array() && t.format != tool_format::llama3) {  // (Llama 3: one call a turn)
       for (const auto& one : j)
         if (auto c = as_call(one, t); c && (t.parallel || r.calls.empty())) r.calls.push_back(*c);
@@ -375,7 +375,7 @@ parsed_reply parse_reply(const std::string& text, const tool_request& t) {
   }
   if (t.forced()) {
     // The constraint made the whole output one call, or a list of them.
-    const in_json j = in_json::parse(text, nullptr, false);
+    const in_json j = parse_json_within<in_json>(text, k_max_body_depth);
     if (j.is_array()) {
       for (const auto& one : j)
         if (auto c = as_call(one, t)) r.calls.push_back(*c);
@@ -394,7 +394,7 @@ parsed_reply parse_reply(const std::string& text, const tool_request& t) {
     const size_t close = text.find(k_close, body);
     const std::string inner =
         text.substr(body, close == std::string::npos ? std::string::npos : close - body);
-    auto c = as_call(in_json::parse(inner, nullptr, false), t);
+    auto c = as_call(parse_json_within<in_json>(inner, k_max_body_depth), t);
     if (c && (t.parallel || r.calls.empty())) {
       rest += text.substr(at, open - at);
       r.calls.push_back(*c);

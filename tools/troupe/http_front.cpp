@@ -22,6 +22,7 @@
 #include <zmq.hpp>
 
 #include "net/secret.hpp"
+#include "runtime/common/json_depth.hpp"
 #include "runtime/service/metrics.hpp"
 #include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_responses.hpp"
@@ -801,6 +802,12 @@ struct http_front::impl {
     evbuffer_copyout(in, text.data(), len);
     // Not kept twice for the whole call (its buffer lives with the request).
     evbuffer_drain(in, len);
+    // Bounded before parsing: see json_text_nests_deeper.
+    if (json_text_nests_deeper(text, openai::k_max_body_depth))
+      return reply_error(req, {400,
+                               "the request body nests more than " +
+                                   std::to_string(openai::k_max_body_depth) + " levels deep",
+                               "invalid_request_error", "", ""});
     auto body = in_json::parse(text, nullptr, false);
     if (body.is_discarded())
       return reply_error(req,
