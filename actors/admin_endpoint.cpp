@@ -208,12 +208,23 @@ struct endpoint_state {
 
 using self_ptr = caf::stateful_actor<endpoint_state>*;
 
-void reply(self_ptr self, const std::string& peer, const json& j) {
+// Where a reply goes: the ROUTER identity, and whether the request came in
+// REQ's envelope (an empty delimiter frame before the body), which a REQ
+// socket needs back or it drops the reply.  DEALER clients (`troupe client
+// admin`, the shell) send none.
+struct peer_route {
+  std::string id;
+  bool delimited = false;
+};
+
+void reply(self_ptr self, const peer_route& peer, const json& j) {
   const std::string body = j.dump();
   try {
-    self->state.zmq->sock.send(zmq::buffer(peer),
-                               zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-    self->state.zmq->sock.send(zmq::buffer(body), zmq::send_flags::dontwait);
+    auto& sock = self->state.zmq->sock;
+    sock.send(zmq::buffer(peer.id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    if (peer.delimited)
+      sock.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    sock.send(zmq::buffer(body), zmq::send_flags::dontwait);
   } catch (const zmq::error_t&) {
     // The peer is gone; nothing to tell.
   }
@@ -221,7 +232,7 @@ void reply(self_ptr self, const std::string& peer, const json& j) {
 
 // Asks the admin actor within `timeout` and replies with what it says.
 template <class Result, class Convert, class... Ts>
-void call_within(self_ptr self, const std::string& peer, std::chrono::milliseconds timeout,
+void call_within(self_ptr self, const peer_route& peer, std::chrono::milliseconds timeout,
                  Convert convert, Ts... args) {
   self->request(self->state.admin, timeout, args...)
       .then([self, peer, convert](Result& result) { reply(self, peer, success(convert(result))); },
@@ -232,18 +243,18 @@ void call_within(self_ptr self, const std::string& peer, std::chrono::millisecon
 
 // Within the endpoint's call_timeout.
 template <class Result, class Convert, class... Ts>
-void call(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
+void call(self_ptr self, const peer_route& peer, Convert convert, Ts... args) {
   call_within<Result>(self, peer, self->state.opts.call_timeout, convert, args...);
 }
 
 // The commands that wait for a model to load or for requests to move away
 // answer when done, within 11 minutes.
 template <class Result, class Convert, class... Ts>
-void call_long(self_ptr self, const std::string& peer, Convert convert, Ts... args) {
+void call_long(self_ptr self, const peer_route& peer, Convert convert, Ts... args) {
   call_within<Result>(self, peer, std::chrono::minutes(11), convert, args...);
 }
 
-void on_request(self_ptr self, const std::string& peer, const std::string& address,
+void on_request(self_ptr self, const peer_route& peer, const std::string& address,
                 const std::string& body) {
   const auto& opts = self->state.opts;
   auto parsed = parse_admin_request(body);
@@ -469,21 +480,24 @@ void poll_once(self_ptr self) {
       break;
     }
     if (!n) break;
-    if (parts.size() != 2) {
+    // [identity, body] from a DEALER; [identity, "", body] from a REQ.
+    const bool delimited = parts.size() == 3 && parts[1].size() == 0;
+    if (parts.size() != 2 && !delimited) {
       if (!parts.empty())
-        reply(self, parts[0].to_string(), failure("bad_request", "one frame per request"));
+        reply(self, {parts[0].to_string(), false}, failure("bad_request", "one frame per request"));
       continue;
     }
+    const zmq::message_t& frame = parts.back();
     // zmq_msg_gets, not cppzmq's gets(), which throws where the property
     // is missing: a ZMTP 1.0 peer (six bytes: 01 00 03 00 7b 7d) carries
     // no metadata, and the throw, outside the guard below, ended the actor
     // and the admin port with it (found by a hostile-client probe).
-    const char* addr = zmq_msg_gets(parts[1].handle(), "Peer-Address");
-    const std::string peer = parts[0].to_string();
+    const char* addr = zmq_msg_gets(frame.handle(), "Peer-Address");
+    const peer_route peer{parts[0].to_string(), delimited};
     // Nothing a request holds may end this loop: an escaped exception would
     // end the actor, and with it the operator's shell, drain and migration.
     try {
-      on_request(self, peer, addr ? addr : "", parts[1].to_string());
+      on_request(self, peer, addr ? addr : "", frame.to_string());
     } catch (const std::exception& e) {
       spdlog::error("admin: a request from {} failed: {}", addr ? addr : "an unknown peer",
                     e.what());

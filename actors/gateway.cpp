@@ -201,6 +201,11 @@ void on_frame(self_ptr self, std::vector<zmq::message_t>& parts) {
                           " (the server's --max-frame-bytes; images count toward it)",
                       id.value_or(0), id.has_value() && !st.inflight.count({client, *id}));
   }
+  // Zero bytes parse as a ClientMessage of all defaults, which the version
+  // check would answer as an old client; it is no message at all.
+  if (frame.size() == 0)
+    return send_error(self, client, wire::MALFORMED,
+                      "malformed frame: empty (a ClientMessage has at least its version)");
   wire::ClientMessage msg;
   if (!msg.ParseFromArray(frame.data(), static_cast<int>(frame.size()))) {
     if (auto bad = invalid_utf8_field(frame.data(), frame.size())) {

@@ -13,10 +13,6 @@ namespace troupe {
 
 namespace {
 
-// How deeply a guided_json schema's text may nest before it is parsed
-// (json_text_nests_deeper); schema_regex refuses deeper than 64 after.
-constexpr int k_max_guided_json_depth = 100;
-
 // `text` as tokens with each image marker replaced by `rows` placeholder
 // tokens (their rows come from the encoder), the spans in `spans`.  The
 // text between markers is tokenized piece by piece, as llama.cpp's mtmd
@@ -177,9 +173,9 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
       case wire::Generate::kGuidedJson: {
         // Bounded before parsing (json_text_nests_deeper); schema_regex
         // then holds it to its own, smaller depth.
-        if (json_text_nests_deeper(g.guided_json(), k_max_guided_json_depth))
+        if (json_text_nests_deeper(g.guided_json(), k_max_schema_text_depth))
           return invalid("guided_json: the schema nests more than " +
-                         std::to_string(k_max_guided_json_depth) + " levels deep");
+                         std::to_string(k_max_schema_text_depth) + " levels deep");
         auto schema = nlohmann::ordered_json::parse(g.guided_json(), nullptr, false);
         if (schema.is_discarded()) return invalid("guided_json: the schema is not JSON");
         plan.constraint = schema_regex(schema);

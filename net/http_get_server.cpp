@@ -92,6 +92,13 @@ struct http_get_server::impl {
     }
   }
 
+  // The head ends at an empty line; a bare LF ends a line as CRLF does
+  // (RFC 9112 2.2 lets a server accept it, and printf-made requests use it).
+  static bool head_complete(const std::string& in) {
+    return in.find("\r\n\r\n") != std::string::npos || in.find("\n\n") != std::string::npos ||
+           in.find("\n\r\n") != std::string::npos;
+  }
+
   // Reads what has come; answers once the request head is complete.
   bool on_readable(connection& c) {
     char buf[4096];
@@ -104,21 +111,23 @@ struct http_get_server::impl {
         c.out = render({431, "text/plain; charset=utf-8", "request too large\n"});
         return true;
       }
-      if (c.in.find("\r\n\r\n") != std::string::npos) break;
+      if (head_complete(c.in)) break;
     }
-    const auto line_end = c.in.find("\r\n");
-    const std::string line = c.in.substr(0, line_end);
+    std::string line = c.in.substr(0, c.in.find('\n'));
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     const auto sp1 = line.find(' '), sp2 = line.rfind(' ');
     if (sp1 == std::string::npos || sp2 == sp1)
       c.out = render({400, "text/plain; charset=utf-8", "bad request line\n"});
-    else if (line.compare(0, sp1, "GET") != 0)
-      c.out = render({405, "text/plain; charset=utf-8", "only GET\n"});
+    else if (line.compare(0, sp1, "GET") != 0 && line.compare(0, sp1, "HEAD") != 0)
+      c.out = render({405, "text/plain; charset=utf-8", "only GET and HEAD\n"});
     else {
       try {
         c.out = render(handler(line.substr(sp1 + 1, sp2 - sp1 - 1)));
       } catch (const std::exception& e) {
         c.out = render({500, "text/plain; charset=utf-8", std::string(e.what()) + "\n"});
       }
+      // HEAD: the same head (Content-Length included), no body.
+      if (line.compare(0, sp1, "HEAD") == 0) c.out.resize(c.out.find("\r\n\r\n") + 4);
     }
     c.in.clear();
     return true;

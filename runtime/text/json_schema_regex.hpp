@@ -24,6 +24,11 @@ struct schema_error : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// How deeply a schema's text may nest before it is parsed at all
+// (json_text_nests_deeper: a deep value copied while parsing overflowed the
+// stack); schema_regex refuses deeper than 64 after.
+constexpr int k_max_schema_text_depth = 100;
+
 std::string schema_regex(const nlohmann::ordered_json& schema);
 
 // Any JSON object (response_format json_object), nested two levels deep.

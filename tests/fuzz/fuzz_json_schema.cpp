@@ -46,7 +46,7 @@ void compile(const std::string& pattern) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As a guided_json schema is parsed (actors/generate_check): bounded first.
   const auto schema = troupe::parse_json_within<nlohmann::ordered_json>(
-      std::string_view(reinterpret_cast<const char*>(data), size), 100);
+      std::string_view(reinterpret_cast<const char*>(data), size), troupe::k_max_schema_text_depth);
   if (schema.is_discarded()) return 0;
   try {
     compile(troupe::schema_regex(schema));

@@ -608,6 +608,57 @@ TEST(HostileInput, HealthSaysWhetherAnythingCanServe) {
   EXPECT_NE(http_body(health).find("no_instance"), std::string::npos) << health;
 }
 
+// Lawful requests a probe found answered oddly (forty-second session): a
+// ZeroMQ REQ socket on the admin port got no reply (its envelope's empty
+// delimiter frame was refused), HEAD was 501, a POST without any length
+// was "not JSON", `stop: ""` passed the front to fail in the engine with
+// another error code, and the metrics port ignored bare-LF requests.
+TEST(HostileInput, OddButLawfulRequestsGetTheirAnswers) {
+  const int http = free_port();
+  server_process server(
+      "--http-port " + std::to_string(http) + " --metrics-port " + std::to_string(free_port()),
+      "troupe serve: metrics on ");
+  ASSERT_GT(server.metrics_port(), 0) << server.startup_text();
+  {
+    zmq::context_t ctx;
+    zmq::socket_t s(ctx, zmq::socket_type::req);
+    s.set(zmq::sockopt::linger, 0);
+    s.set(zmq::sockopt::rcvtimeo, 5000);
+    s.connect("tcp://127.0.0.1:" + std::to_string(server.admin_port()));
+    s.send(zmq::buffer(std::string(R"({"command":"kv"})")));
+    zmq::message_t reply;
+    ASSERT_TRUE(s.recv(reply)) << "a REQ socket got no reply";
+    auto j = json::parse(reply.to_string(), nullptr, false);
+    EXPECT_EQ(j["error"]["code"], "unauthenticated") << reply.to_string();
+  }
+  const auto head = http_exchange(
+      http, "HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10s);
+  EXPECT_EQ(http_status(head), 200) << head;
+  EXPECT_EQ(http_body(head), "") << head;
+  EXPECT_NE(head.find("Content-Length: 15"), std::string::npos) << head;  // {"status":"ok"}
+  const auto models = http_exchange(
+      http, "HEAD /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10s);
+  EXPECT_EQ(http_status(models), 200) << models;
+  const auto no_length = http_exchange(
+      http, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10s);
+  EXPECT_EQ(http_status(no_length), 411) << no_length;
+  EXPECT_NE(http_body(no_length).find("Content-Length"), std::string::npos) << no_length;
+  auto empty_stop =
+      complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}, {"stop", ""}});
+  EXPECT_EQ(empty_stop.status, 400) << empty_stop.body.dump();
+  EXPECT_EQ(empty_stop.body["error"]["param"], "stop") << empty_stop.body.dump();
+  const auto bare_lf =
+      http_exchange(server.metrics_port(), "GET /metrics HTTP/1.1\nHost: 127.0.0.1\n\n", 10s);
+  EXPECT_EQ(http_status(bare_lf), 200) << bare_lf.substr(0, 200);
+  const auto metrics_head = http_exchange(server.metrics_port(),
+                                          "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 10s);
+  EXPECT_EQ(http_status(metrics_head), 200) << metrics_head;
+  EXPECT_EQ(http_body(metrics_head), "") << metrics_head;
+  // And it serves on.
+  auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok.status, 200) << ok.body.dump();
+}
+
 // Case 6: `echo` was ignored for token-id prompts.
 TEST(HostileInput, EchoShowsATokenPromptsText) {
   const int http = free_port();

@@ -202,6 +202,10 @@ TEST_F(Serve, BadInputGetsErrorsAndServingGoesOn) {
   full.set_protocol_version(99);
   c.send_raw(full.SerializeAsString());
   expect_error_about(expect_error(c), wire::UNSUPPORTED_VERSION, "99");
+  // An empty frame: malformed, not an old client (zero bytes once parsed as
+  // a message of version 0).
+  c.send_raw("");
+  expect_error_about(expect_error(c), wire::MALFORMED, "empty");
   // An empty prompt.
   c.generate(text_request(11, "", 8));
   auto e = expect_error(c);

@@ -246,6 +246,11 @@ api_error invalid_request(const std::string& param, const std::string& message) 
   return e;
 }
 
+api_error body_too_deep() {
+  return invalid_request(
+      "", "the request body nests more than " + std::to_string(k_max_body_depth) + " levels deep");
+}
+
 json error_body(const api_error& e) {
   return {{"error",
            {{"message", e.message},
@@ -272,9 +277,7 @@ std::optional<api_error> check_model(const in_json& body, const std::string& ser
 std::optional<api_error> parse(const in_json& body, bool chat, const std::string& served, call& out,
                                tool_format tools) {
   if (!body.is_object()) return invalid_request("", "the request body must be a JSON object");
-  if (json_nests_deeper(body, k_max_body_depth))
-    return invalid_request("", "the request body nests more than " +
-                                   std::to_string(k_max_body_depth) + " levels deep");
+  if (json_nests_deeper(body, k_max_body_depth)) return body_too_deep();
   out = call{};
   out.chat = chat;
   if (auto e = check_model(body, served)) return e;
@@ -453,7 +456,7 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     }
   }
   if (auto it = body.find("stop"); it != body.end() && !it->is_null()) {
-    if (it->is_string()) {
+    if (it->is_string() && !it->get<std::string>().empty()) {
       base.add_stop(it->get<std::string>());
     } else if (it->is_array() && it->size() <= 16) {
       for (const auto& st : *it) {

@@ -32,6 +32,9 @@ nlohmann::json error_body(const api_error& e);
 
 // A 400 invalid_request_error naming the offending field.
 api_error invalid_request(const std::string& param, const std::string& message);
+// The 400 for a body nesting deeper than k_max_body_depth, whichever check
+// (on the text, before parsing, or on a parsed tree) found it.
+api_error body_too_deep();
 
 // The tools a chat call offers (tools/client/openai_tools.hpp reads them).
 struct tool_spec {

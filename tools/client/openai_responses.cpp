@@ -37,9 +37,7 @@ std::optional<api_error> responses_as_chat(const ojson& body, ojson& chat) {
     return api_error{400, "the request body must be a JSON object", "invalid_request_error", "",
                      ""};
   // Checked before any field is copied (a copy recurses once per level).
-  if (json_nests_deeper(body, k_max_body_depth))
-    return invalid_request("", "the request body nests more than " +
-                                   std::to_string(k_max_body_depth) + " levels deep");
+  if (json_nests_deeper(body, k_max_body_depth)) return body_too_deep();
   // What troupe cannot do here is named, never dropped.
   for (const char* field : {"previous_response_id", "tools", "background", "include", "reasoning",
                             "conversation", "prompt"})

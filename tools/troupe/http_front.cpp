@@ -95,6 +95,8 @@ const char* reason_of(int status) {
       return "Not Found";
     case 405:
       return "Method Not Allowed";
+    case 411:
+      return "Length Required";
     case 413:
       return "Payload Too Large";
     case 429:
@@ -115,6 +117,13 @@ void reply(evhttp_request* req, int status, const std::string& body,
   auto* out = evhttp_request_get_output_headers(req);
   evhttp_add_header(out, "Content-Type", type);
   if (status == 429 || status == 503) evhttp_add_header(out, "Retry-After", "1");
+  // HEAD: the head a GET would get, Content-Length included, and no body
+  // (libevent would send one, which a keep-alive client reads as the start
+  // of the next response).
+  if (evhttp_request_get_command(req) == EVHTTP_REQ_HEAD) {
+    evhttp_add_header(out, "Content-Length", std::to_string(body.size()).c_str());
+    return evhttp_send_reply(req, status, reason_of(status), nullptr);
+  }
   evbuffer* buf = evbuffer_new();
   evbuffer_add(buf, body.data(), body.size());
   evhttp_send_reply(req, status, reason_of(status), buf);
@@ -773,7 +782,9 @@ struct http_front::impl {
       return reply(req, 200, text, "text/plain; version=0.0.4; charset=utf-8");
     }
 
-    const bool get = method == EVHTTP_REQ_GET;
+    // HEAD is GET without the body (libevent leaves it out): `curl -I` and
+    // load balancers' checks.
+    const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
     const bool post = method == EVHTTP_REQ_POST;
     if (get && path == "/v1/models")
       return reply(req, 200,
@@ -794,6 +805,13 @@ struct http_front::impl {
       return reply_error(req, {404, "unknown route: " + std::string(get ? "GET " : "POST ") + path,
                                "invalid_request_error", "", "not_found"});
 
+    // A POST without Content-Length or chunked encoding has no body by
+    // HTTP's rules (RFC 9112 6.3), whatever its sender meant: say what is
+    // missing rather than "not JSON".
+    if (header_count(req, "Content-Length") == 0 && header(req, "Transfer-Encoding").empty())
+      return reply_error(
+          req, {411, "a POST to " + path + " needs a Content-Length (or chunked encoding)",
+                "invalid_request_error", "", ""});
     // A POST body: libevent has read it whole, within the body limit
     // (evhttp_set_max_body_size holds for chunked bodies too: 413).
     evbuffer* in = evhttp_request_get_input_buffer(req);
@@ -804,10 +822,7 @@ struct http_front::impl {
     evbuffer_drain(in, len);
     // Bounded before parsing: see json_text_nests_deeper.
     if (json_text_nests_deeper(text, openai::k_max_body_depth))
-      return reply_error(req, {400,
-                               "the request body nests more than " +
-                                   std::to_string(openai::k_max_body_depth) + " levels deep",
-                               "invalid_request_error", "", ""});
+      return reply_error(req, openai::body_too_deep());
     auto body = in_json::parse(text, nullptr, false);
     if (body.is_discarded())
       return reply_error(req,
@@ -876,8 +891,8 @@ http_front::http_front(http_front_options o) : impl_(std::make_unique<impl>()) {
   // unfinished requests.
   evhttp_set_max_headers_size(p->http, 32 << 10);
   evhttp_set_timeout(p->http, k_io_timeout_s);
-  evhttp_set_allowed_methods(p->http,
-                             EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_OPTIONS);  // (HEAD: 501)
+  evhttp_set_allowed_methods(
+      p->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST | EVHTTP_REQ_OPTIONS);
   evhttp_set_gencb(p->http, impl::on_request, p);
   p->guard = std::make_unique<http_connection_guard>(p->base, p->http, p->opts.limits);
   evhttp_bound_socket* bound = evhttp_bind_socket_with_handle(
