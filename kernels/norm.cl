@@ -64,6 +64,13 @@ __kernel void rmsnorm_add(__global float* x, __global const float* t, __global c
   rmsnorm_add_row(get_global_id(0), x, t, w, D, eps);
 }
 
+// Final logit softcapping over n logits, as llama.cpp's three ops: x times
+// the cap's float reciprocal inv, tanh, times the cap.
+__kernel void softcap_values(__global float* x, float inv, float cap, int n) {
+  const int i = get_global_id(0);
+  if (i < n) x[i] = tanh(x[i] * inv) * cap;
+}
+
 // x *= s over n values (Gemma's embedding times sqrt(n_embd), as ggml_scale).
 __kernel void scale_values(__global float* x, float s, int n) {
   const int i = get_global_id(0);

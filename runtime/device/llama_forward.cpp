@@ -158,6 +158,7 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
   k_sample_ = ctx_.make_kernel("sample_rows");
   k_penalize_ = ctx_.make_kernel("penalize_rows");
   if (hp.embd_scale != 1.0f) k_scale_ = ctx_.make_kernel("scale_values");
+  if (hp.final_logit_softcap > 0.0f) k_softcap_ = ctx_.make_kernel("softcap_values");
   if (hp.qk_norm) k_qk_norm_ = ctx_.make_kernel("qk_norm_rope");
   if (hp.sandwich_norms) k_norm_add_ = ctx_.make_kernel("rmsnorm_add");
   // GELU's table (kernels/common.cl's gelu_from_table); a placeholder
@@ -770,6 +771,13 @@ void llama_forward::enqueue_step(int T, int R, int att_rows) {
   const bool logits_q8 = quantized_inline(weights_.classifier());
   matmul(weights_.classifier(), xo_, logits_, R, hparams().n_vocab, false,
          logits_q8 ? &qa_ : nullptr);
+  // Capped here, before anything reads them (the device's draws, the host).
+  if (k_softcap_.get()) {
+    const float cap = hparams().final_logit_softcap;
+    const int n = R * hparams().n_vocab;
+    k_softcap_.args(logits_, 1.0f / cap, cap, n);
+    ctx_.launch(k_softcap_, {static_cast<size_t>(n)});
+  }
 }
 
 void llama_forward::step_apart(int T, int R, int att_rows) {

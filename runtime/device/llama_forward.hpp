@@ -390,7 +390,7 @@ class llama_forward {
   cl::kernel k_embed_, k_rmsnorm_, k_rmsnorm_q8_, k_quant_, k_quant_k_, k_round_k_, k_attn_;
   // Gemma 3's extra operations (null for other models): the embedding
   // scale, per-head QK-norm with RoPE and the cache store, sandwich norms.
-  cl::kernel k_scale_, k_qk_norm_, k_norm_add_;
+  cl::kernel k_scale_, k_softcap_, k_qk_norm_, k_norm_add_;
   // The device's weight types, as the kernels name them, in the .cpp's
   // type_slot order; the kernel caches below have a slot for each.
   static constexpr const char* k_type_suffix[] = {"f32", "f16",  "q4_0", "q4_1", "q8_0",

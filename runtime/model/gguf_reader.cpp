@@ -495,12 +495,19 @@ void gguf_file::read_gemma3(model_hparams& h) {
          std::to_string(h.n_head));
   h.attn_scale = h.n_layer == 62 ? 1.0f / std::sqrt(static_cast<float>(h.n_embd / h.n_head))
                                  : 1.0f / std::sqrt(static_cast<float>(h.head_dim));
-  if (const double cap = get_float(a + "final_logit_softcapping", 0.0); cap != 0.0)
-    fail("metadata key '" + a + "final_logit_softcapping' is " + std::to_string(cap) +
-         ": final logit softcapping is not supported yet");
+  // llama.cpp applies a final cap where the file gives one (any nonzero c:
+  // c tanh(x / c) is the same for -c), and no attention cap in its gemma3
+  // graph (a Gemma 2 feature): such a file is refused rather than run
+  // without what it asks for.
+  const double final_cap = get_float(a + "final_logit_softcapping", 0.0);
+  if (!std::isfinite(final_cap) || std::fabs(final_cap) > 1e6 ||
+      (final_cap != 0.0 && std::fabs(final_cap) < 1e-3))
+    fail("metadata key '" + a + "final_logit_softcapping' is " + std::to_string(final_cap) +
+         ": give 0 (none) or a cap between 0.001 and 1e6");
+  h.final_logit_softcap = static_cast<float>(std::fabs(final_cap));
   if (const double cap = get_float(a + "attn_logit_softcapping", 0.0); cap != 0.0)
     fail("metadata key '" + a + "attn_logit_softcapping' is " + std::to_string(cap) +
-         ": attention logit softcapping is not supported yet");
+         ": attention logit softcapping is not supported (llama.cpp's gemma3 graph has none)");
   const int64_t window = get_int(a + "attention.sliding_window", 0);
   if (window < 0 || window > (1 << 24))
     fail("metadata key '" + a + "attention.sliding_window' is " + std::to_string(window));

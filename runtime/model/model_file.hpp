@@ -74,6 +74,9 @@ struct model_hparams {
   bool gelu_ffn = false;
   float embd_scale = 1.0f;  // token embeddings times this (Gemma: sqrt(n_embd))
   float attn_scale = 0.0f;  // q.k scale; 0: 1 / sqrt(head_dim)
+  // Final logit softcapping: logits = c tanh(logits / c) where c > 0 (a
+  // gemma3 file's final_logit_softcapping, as llama.cpp's graph reads it).
+  float final_logit_softcap = 0.0f;
   // Sliding-window attention: windowed layers see the last
   // `sliding_window` positions only, with their own RoPE base; 0: none.
   int sliding_window = 0;

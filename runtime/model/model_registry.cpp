@@ -37,6 +37,9 @@ constexpr known_model k_models[] = {
     {"kq-dense", "moe/kq-dense.gguf", nullptr},
     {"kq-dense2", "moe/kq-dense2.gguf", nullptr},
     {"kq-moe", "moe/kq-moe.gguf", nullptr},
+    // Gemma 3 270M asking for a final logit cap of 30 (Gemma 2's), a copy
+    // by tools/make_softcap_fixture.py (`fixtures`, once gemma3 is fetched).
+    {"gemma3-softcap30", "fixtures/gemma3-softcap30.gguf", nullptr},
 };
 
 std::string lower(std::string s) {

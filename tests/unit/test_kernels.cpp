@@ -732,6 +732,31 @@ TEST_F(KernelEmbed, ArgmaxRowsAddsLogitBiasAsTheHostSampler) {
   }
 }
 
+// Final logit softcapping (a gemma3 file's final_logit_softcapping) is
+// llama.cpp's three ops: times the cap's float reciprocal, tanh, times the
+// cap; within a few ulp of the C++ library's tanh (OpenCL allows 5).
+TEST_F(KernelNorm, SoftcapIsTanhOfTheScaledLogitsTimesTheCap) {
+  auto& c = ctx();
+  std::mt19937 rng(29);
+  auto x = random_floats(1003, -80.0f, 80.0f, rng);
+  x[0] = 0.0f;
+  x[1] = 1e-30f;
+  x[2] = -3000.0f;  // saturates at -cap
+  const float cap = 30.0f, inv = 1.0f / cap;
+  const auto xb = upload(c, x);
+  auto k = c.make_kernel("softcap_values");
+  k.args(xb, inv, cap, static_cast<int>(x.size()) - 3);  // the last three untouched
+  c.launch(k, {x.size()});
+  const auto got = download<float>(c, xb, x.size());
+  for (size_t i = 0; i + 3 < x.size(); ++i) {
+    const float want = std::tanh(x[i] * inv) * cap;
+    EXPECT_NEAR(got[i], want, 8 * std::numeric_limits<float>::epsilon() * cap) << i;
+    EXPECT_LE(std::fabs(got[i]), cap) << i;
+  }
+  EXPECT_NEAR(got[2], -cap, 8 * std::numeric_limits<float>::epsilon() * cap);
+  for (size_t i = x.size() - 3; i < x.size(); ++i) EXPECT_EQ(got[i], x[i]) << i;
+}
+
 TEST_F(KernelNorm, RmsnormWithAndWithoutGather) {
   auto& c = ctx();
   std::mt19937 rng(5);
