@@ -444,7 +444,11 @@ gateway_handle spawn_gateway(caf::actor_system& sys, std::shared_ptr<const serve
     try {
       s.bind(ep);
     } catch (const zmq::error_t& e) {
-      throw std::runtime_error("gateway: cannot listen on " + ep + ": " + e.what());
+      // ZeroMQ binds addresses and interfaces, not host names.
+      throw std::runtime_error(
+          "service.listen: cannot listen on " + ep + ": " + e.what() +
+          (e.num() == ENODEV ? " (give an IP address or an interface, e.g. 127.0.0.1, not a name)"
+                             : ""));
     }
     h.endpoints.push_back(s.get(zmq::sockopt::last_endpoint));
   }

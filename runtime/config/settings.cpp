@@ -342,6 +342,15 @@ nlohmann::json to_json(const settings& s) {
 std::string check_endpoint(const std::string& v) {
   if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
     return "must be tcp://host:port or ipc://path, got '" + v + "'";
+  if (v.rfind("tcp://", 0) != 0) return {};
+  // ZeroMQ takes a port past 65535 as a wildcard and binds a random one.
+  const auto colon = v.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
+  long p = -1;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (colon < 6 || (port != "*" && (port.empty() || ec != std::errc() ||
+                                    end != port.data() + port.size() || p < 0 || p > 65535)))
+    return "'" + v + "' has no port in [0, 65535] (or * for any)";
   return {};
 }
 

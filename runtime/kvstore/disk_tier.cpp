@@ -4,10 +4,14 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -45,8 +49,13 @@ disk_tier::disk_tier(fs::path dir, uint64_t budget_bytes, tier_eviction policy)
                              (ec ? " (" + ec.message() + ")" : ""));
   // Two processes on one folder would evict and index each other's files.
   lock_fd_ = ::open((dir_ / ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0 || ::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    if (lock_fd_ >= 0) ::close(lock_fd_);
+  if (lock_fd_ < 0) {
+    const int err = errno;
+    throw std::runtime_error("KV disk tier: cannot write in " + dir_.string() + " (" +
+                             std::strerror(err) + "; give --kv-disk-dir a folder of your own)");
+  }
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd_);
     throw std::runtime_error("KV disk tier: " + dir_.string() +
                              " is in use by another troupe process (give each its own "
                              "--kv-disk-dir)");

@@ -1,8 +1,13 @@
 // The troupe command as users run it: JSON contracts, a chat answer from
 // SmolLM2, every supported weight type end to end, and bad model files
 // refused with one line naming the problem.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -195,6 +200,55 @@ TEST(Cli, BadArgumentsAreRefused) {
   r = run_process(troupe_bin() + " --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("generate"), std::string::npos);
+}
+
+// What a careless-user probe found (forty-third session): a serve that
+// could not bind its --listen endpoint hung for good (SIGTERM ignored), a
+// port past 65535 bound a random one, stray words after -p became
+// prompts, -1 wrapped to an id or seed, /dev/zero was read as a text
+// without end, an unknown command was "a subcommand is required".  Each
+// now ends at once with one message naming the problem.
+TEST(Cli, CarelessArgumentsEndAtOnceWithTheirReason) {
+  const std::string t = "timeout 60 " + troupe_bin();
+  auto expect = [](const process_result& r, const std::string& what) {
+    EXPECT_NE(r.exit_code, 0) << what;
+    EXPECT_NE(r.exit_code, 124) << "hung: " << what;
+    EXPECT_LT(r.exit_code, 124) << "crashed: " << r.err;
+    EXPECT_NE(r.err.find(what), std::string::npos) << "expected '" << what << "' in: " << r.err;
+  };
+  // A port another socket holds.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string busy = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  expect(run_process(t + " serve -m stories15m --local-instances 2 --listen " + busy),
+         "Address already in use");
+  ::close(fd);
+  expect(run_process(t + " serve -m stories15m --listen tcp://localhost:5999"),
+         "give an IP address");
+  expect(run_process(t + " serve -m stories15m --listen tcp://127.0.0.1:99999"),
+         "no port in [0, 65535]");
+  expect(run_process(t + " generate -m stories15m -p hello world -n 2"), "not expected: world");
+  expect(run_process(t + " generate -m stories15m -p hi --seed -1"), "whole number >= 0");
+  expect(run_process(t + " client admin cancel -1"), "whole number >= 0");
+  expect(run_process(t + " node --grace-s nan"), "finite number");
+  expect(run_process(t + " bench engine -m stories15m -p -1"), "--n-prompt");
+  expect(run_process(t + " perplexity -m stories15m -f /dev/zero"), "not a regular file");
+  expect(run_process(t + " perplexity -m stories15m -f /tmp"), "not a regular file");
+  expect(run_process(t + " models list"), "unknown command 'models'");
+  const std::string config = temp_path("engine_value.toml");
+  {
+    std::ofstream out(config);
+    out << "engine = 5\n";
+  }
+  expect(run_process(t + " serve -m stories15m --listen tcp://127.0.0.1:0 --config " + config),
+         "'engine' must be a section");
+  std::remove(config.c_str());
 }
 
 }  // namespace

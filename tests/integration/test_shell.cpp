@@ -110,6 +110,10 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("migrate x 1", "migrate: give a request id, not 'x'");
   expect_error("kv 42", "no instance 42");
   expect_error("watch bogus", "no view 'bogus'");
+  // Off a terminal no key ends a watch: a count is needed, and a number.
+  expect_error("watch instances --count 0", "needs a terminal");
+  expect_error("watch instances --count -1", "--count must be refreshes");
+  expect_error("watch instances --count abc", "--count must be refreshes");
   expect_error("role 1 both", "role: give prefill, decode, mixed or encode");
   expect_error("role 9 prefill", "no serving instance 9");
   expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
@@ -243,6 +247,31 @@ class pty_shell {
   std::string out_;
   size_t seen_ = 0;
 };
+
+// A history file in another format (notes, a bash history) is left as it
+// is, not replaced by libedit's after the first command (a probe lost a
+// 3000-line file so); a device is not read at all.
+TEST(Shell, AFileThatIsNotItsHistoryIsLeftAsItIs) {
+  server_process server;
+  const std::string notes = "/tmp/troupe_shell_notes_" + std::to_string(::getpid());
+  std::string text;
+  for (int i = 1; i <= 3000; ++i) text += std::to_string(i) + "\n";
+  {
+    std::ofstream out(notes);
+    out << text;
+  }
+  for (const std::string& file : {notes, std::string("/dev/zero")}) {
+    pty_shell sh("--server " + shell_quote(server.endpoint()) + " --history-file " + file);
+    ASSERT_TRUE(sh.expect("troupe> ")) << sh.output();
+    EXPECT_NE(sh.output().find("no history kept in " + file), std::string::npos) << sh.output();
+    sh.type("instances\n");
+    ASSERT_TRUE(sh.expect("ID  NODE")) << sh.output();
+    sh.type("quit\n");
+    EXPECT_EQ(sh.wait_exit(10s), 0);
+  }
+  EXPECT_EQ(slurp(notes), text);
+  std::remove(notes.c_str());
+}
 
 TEST(Shell, DrivenThroughATerminal) {
   // SmolLM2: slow enough on this machine (tens of ms a token) that a

@@ -111,9 +111,12 @@ CLI::App* add_client_admin(CLI::App& client, const std::string& server, const bo
   auto action = [&](const char* name, const char* help, bool with_id, bool with_instance = false) {
     auto* sub = cmd->add_subcommand(name, help);
     sub->fallthrough();
-    if (with_id) sub->add_option("id", f->id, "the client's request id")->required();
+    if (with_id)
+      sub->add_option("id", f->id, "the client's request id")->required()->check(whole_number());
     if (with_instance)
-      sub->add_option("instance", f->instance, "an instance id (admin instances)")->required();
+      sub->add_option("instance", f->instance, "an instance id (admin instances)")
+          ->required()
+          ->check(whole_number());
     sub->callback([f, name] {
       f->action = name;
       int rc = run_admin(*f);

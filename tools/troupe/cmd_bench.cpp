@@ -47,6 +47,13 @@ stat summarize(const std::vector<double>& v) {
 
 int run_bench(const bench_flags& f) {
   auto model = open_model(f.engine);
+  // As llama-bench: allowed, said.
+  if (const int n_ctx = model->hparams().n_ctx_train;
+      n_ctx > 0 && std::max(f.n_prompt, 1 + f.n_gen) > n_ctx)
+    std::fprintf(stderr,
+                 "troupe bench engine: warning: -p %d / -n %d go past the model's training context "
+                 "of %d tokens\n",
+                 f.n_prompt, f.n_gen, n_ctx);
   actor_env env;
   auto opts = device_options(f.engine);
   opts.max_batch_tokens = std::max(opts.max_batch_tokens, f.n_prompt);
@@ -164,8 +171,11 @@ void add_bench(CLI::App& app) {
   auto* cmd = bench->add_subcommand("engine", "llama-bench style pp/tg throughput of one sequence");
   add_engine_flags(*cmd, f->engine);
   cmd->add_option("-p,--n-prompt", f->n_prompt, "prompt tokens (pp test; 0 skips)")
-      ->default_val(512);
-  cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (tg test; 0 skips)")->default_val(128);
+      ->default_val(512)
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("-n,--n-gen", f->n_gen, "generated tokens (tg test; 0 skips)")
+      ->default_val(128)
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("-r,--reps", f->reps, "repetitions")->default_val(3)->check(CLI::Range(1, 1000));
   cmd->add_flag("--json", f->json, "print one JSON object");
   cmd->add_option("--temperature", f->sampling.temperature,
@@ -181,7 +191,9 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--min-p", f->sampling.min_p, "tg: min-p (0: off)")
       ->default_val(0.0f)
       ->check(CLI::Range(0.0f, 1.0f));
-  cmd->add_option("--seed", f->sampling.seed, "tg: the draws' seed")->default_val(42);
+  cmd->add_option("--seed", f->sampling.seed, "tg: the draws' seed")
+      ->default_val(42)
+      ->check(whole_number());
   cmd->add_option("--repetition-penalty", f->sampling.repetition_penalty,
                   "tg: repetition penalty (1: off)")
       ->default_val(1.0f);

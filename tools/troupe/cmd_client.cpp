@@ -54,7 +54,10 @@ wire::Generate make_request(const client_flags& f, uint64_t id) {
 }
 
 int run_client(const client_flags& f) {
-  if (f.prompts.empty() == f.chat.empty())
+  if (f.prompts.empty() && f.chat.empty())
+    throw std::invalid_argument(
+        "give --prompt (one or more) or --chat (a non-empty message), or a command (ping, admin)");
+  if (!f.prompts.empty() && !f.chat.empty())
     throw std::invalid_argument("give --prompt (one or more) or --chat, not both");
   // etcd://...: the cluster's services as its registry lists them, the
   // least loaded first.
@@ -196,7 +199,8 @@ void add_client(CLI::App& app) {
                   "with --server etcd://...: the cluster's fingerprint (default: the one the "
                   "registry holds)")
       ->check(cluster_fingerprint_check());
-  cmd->add_option("-p,--prompt", f->prompts, "raw prompt text; repeat for pipelined requests");
+  cmd->add_option("-p,--prompt", f->prompts, "raw prompt text; repeat for pipelined requests")
+      ->allow_extra_args(false);
   cmd->add_option("--chat", f->chat, "a user message, rendered with the model's chat template");
   cmd->add_option("--system", f->system, "system message for --chat");
   cmd->add_option("-n,--max-tokens", f->max_tokens, "most tokens to generate")
@@ -205,7 +209,7 @@ void add_client(CLI::App& app) {
   cmd->add_option("--temperature", f->temperature, "0 = greedy")->default_val(0.0f);
   cmd->add_option("--top-k", f->top_k, "0 = off")->default_val(0);
   cmd->add_option("--top-p", f->top_p, "1 = off")->default_val(1.0f);
-  cmd->add_option("--seed", f->seed, "sampling seed")->default_val(0);
+  cmd->add_option("--seed", f->seed, "sampling seed")->default_val(0)->check(whole_number());
   cmd->add_option("--stop", f->stop, "stop string (repeatable)");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "keep generating past end-of-generation tokens");
   cmd->add_flag("--offline", f->offline, "offline class (batch job, preempted first)");

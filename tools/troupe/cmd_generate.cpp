@@ -144,9 +144,12 @@ void add_generate(CLI::App& app) {
   auto f = std::make_shared<generate_flags>();
   auto* cmd = app.add_subcommand("generate", "generate text for a prompt");
   add_engine_flags(*cmd, f->engine);
+  // One value a -p (`-p hello world` is an error naming "world", not two
+  // prompts); repeat -p for several.
   cmd->add_option("-p,--prompt", f->prompts,
                   "raw prompt text (BOS added when the model wants it); repeat for several, run "
-                  "one after another");
+                  "one after another")
+      ->allow_extra_args(false);
   cmd->add_option("--chat", f->chat, "a user message, rendered with the model's chat template");
   cmd->add_option("--system", f->system, "system message for --chat");
   cmd->add_option("-n,--max-tokens", f->max_tokens, "most tokens to generate")
@@ -159,7 +162,9 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--repeat-penalty", f->sampling.repetition_penalty, "1 = off")->default_val(1.0f);
   cmd->add_option("--presence-penalty", f->sampling.presence_penalty)->default_val(0.0f);
   cmd->add_option("--frequency-penalty", f->sampling.frequency_penalty)->default_val(0.0f);
-  cmd->add_option("--seed", f->sampling.seed, "sampling seed")->default_val(0);
+  cmd->add_option("--seed", f->sampling.seed, "sampling seed")
+      ->default_val(0)
+      ->check(whole_number());
   cmd->add_option("--logprobs", f->sampling.n_logprobs,
                   "report the top N logprobs per token (--json)")
       ->default_val(0)

@@ -161,7 +161,7 @@ void add_node(CLI::App& app) {
   cmd->parse_complete_callback([f, cluster] { f->cluster = cluster->resolve().cluster; });
   cmd->add_option("--grace-s", f->grace_s,
                   "at SIGTERM: seconds to wait for the services to move their sequences away")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(finite_number(true) & CLI::Range(0.0, 3600.0));
   cmd->add_option("--instances", f->instances,
                   "with --registry: instances this node hosts for each service that finds it "
                   "there")

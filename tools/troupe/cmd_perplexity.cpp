@@ -1,5 +1,6 @@
 // troupe perplexity: llama.cpp's perplexity method over a text file.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -22,11 +23,23 @@ struct perplexity_flags {
 };
 
 int run_perplexity(const perplexity_flags& f) {
+  // A device (/dev/zero) would be read without end, a folder as nothing.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(f.file, ec))
+    throw std::invalid_argument(
+        "--file '" + f.file +
+        "': " + (std::filesystem::exists(f.file, ec) ? "not a regular file" : "no such file"));
   std::ifstream in(f.file, std::ios::binary);
   if (!in) throw std::invalid_argument("cannot read text file '" + f.file + "'");
   std::stringstream ss;
   ss << in.rdbuf();
   auto model = open_model(f.engine);
+  // As llama-perplexity: allowed, said.
+  if (const int n_ctx = model->hparams().n_ctx_train; n_ctx > 0 && f.ctx > n_ctx)
+    std::fprintf(stderr,
+                 "troupe perplexity: warning: --ctx %d is past the model's training context of "
+                 "%d tokens; positions past it were never trained\n",
+                 f.ctx, n_ctx);
   auto tok = tokenizer::create(model->vocab());
   const bool add_bos = model->vocab().add_bos;
   auto tokens = tok->encode(ss.str(), add_bos, false);

@@ -507,7 +507,15 @@ int run_serve(settings_flags& flags, const std::string& config) {
   go.poll_ms = s.poll_ms;
   go.trace_history = static_cast<size_t>(s.trace_history);
   go.client_backlog = s.client_backlog;
-  auto gw = spawn_gateway(*env.sys, ctx, go);
+  // A busy or bad endpoint throws here; the actors started so far are told
+  // to stop first, or the actor system would wait for them forever.
+  gateway_handle gw;
+  try {
+    gw = spawn_gateway(*env.sys, ctx, go);
+  } catch (...) {
+    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    throw;
+  }
 
   // The admin and metrics endpoints; if one cannot open, the actors are
   // told to stop before the error leaves (the actor system waits for them).

@@ -10,9 +10,13 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -451,7 +455,16 @@ class shell {
     }
     const bool tty = ::isatty(STDIN_FILENO) && ::isatty(STDOUT_FILENO);
     long count = tty ? 0 : 1;
-    if (l.opts.count("count")) count = std::atol(l.opts.at("count").c_str());
+    if (l.opts.count("count")) {
+      const std::string& c = l.opts.at("count");
+      auto [end, ec] = std::from_chars(c.data(), c.data() + c.size(), count);
+      if (c.empty() || ec != std::errc() || end != c.data() + c.size() || count < 0 ||
+          count > 1000000)
+        throw failure{"watch: --count must be refreshes in [0, 1000000] (0: until a key)"};
+      // Off a terminal no key can end it.
+      if (count == 0 && !tty)
+        throw failure{"watch: --count 0 runs until a key, which needs a terminal; give 1 or more"};
+    }
     termios saved{};
     if (tty) {
       ::tcgetattr(STDIN_FILENO, &saved);
@@ -530,6 +543,22 @@ std::string default_history() {
   return std::string(home && *home ? home : ".") + "/.troupe_shell_history";
 }
 
+// Why the history file must not be used, or "" when it may: libedit reads
+// only its own format (first line _HiStOrY_V2_) and rewrites the file after
+// each command, so another file (a bash history, notes) would be lost, and
+// a device such as /dev/zero would be read without end.
+std::string history_refusal(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};  // made on the first command
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (st.st_size == 0) return {};
+  std::ifstream in(path, std::ios::binary);
+  std::string first;
+  std::getline(in, first);
+  if (first != "_HiStOrY_V2_") return "not a troupe shell (libedit) history, left as it is";
+  return {};
+}
+
 int run_shell(shell_flags& f) {
   shell sh(f);
   if (!f.exec.empty()) {
@@ -549,9 +578,13 @@ int run_shell(shell_flags& f) {
     std::printf("troupe shell: connected; 'help' lists the commands, Tab completes\n");
   else
     std::printf("troupe shell: not connected; 'reconnect' tries again\n");
-  const std::string history = f.history_file.empty() ? default_history() : f.history_file;
+  std::string history = f.history_file.empty() ? default_history() : f.history_file;
+  if (const auto why = history_refusal(history); !why.empty()) {
+    std::fprintf(stderr, "troupe shell: no history kept in %s: %s\n", history.c_str(), why.c_str());
+    history.clear();
+  }
   using_history();
-  read_history(history.c_str());
+  if (!history.empty()) read_history(history.c_str());
   completing = &sh;
   rl_attempted_completion_function = complete;
   while (!sh.quit()) {
@@ -564,7 +597,7 @@ int run_shell(shell_flags& f) {
     std::free(raw);
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     add_history(line.c_str());
-    write_history(history.c_str());
+    if (!history.empty()) write_history(history.c_str());
     sh.run_line(line);
   }
   completing = nullptr;

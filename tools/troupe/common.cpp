@@ -2,6 +2,7 @@
 
 #include <caf/io/all.hpp>
 #include <caf/openssl/manager.hpp>
+#include <charconv>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -112,6 +113,18 @@ CLI::Validator finite_number(bool zero_ok) {
         return {};
       },
       zero_ok ? "NUMBER >= 0" : "NUMBER > 0");
+}
+
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+          return "a whole number >= 0 (got " + text + ")";
+        return {};
+      },
+      "N >= 0");
 }
 
 // "host:port" -> (host, port); the host may be empty for all interfaces.

@@ -40,6 +40,10 @@ std::pair<std::string, uint16_t> split_address(const std::string& a, const char*
 // PositiveNumber, NonNegativeNumber and Range let NaN through.
 CLI::Validator finite_number(bool zero_ok);
 
+// Digits only (an id, a seed): CLI11 reads "-1" into an unsigned as its
+// wrap-around, 18446744073709551615.
+CLI::Validator whole_number();
+
 // An actor system configured with troupe's message types.
 struct actor_env {
   caf::actor_system_config cfg;

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "tools/troupe/common.hpp"
 
@@ -28,6 +29,22 @@ int main(int argc, char** argv) {
   troupe::cli::add_shell(app);
   troupe::cli::add_client(app);
   troupe::cli::add_settings(app);
+  // A word that names no command: said so (CLI11 would say only that a
+  // subcommand is required).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string known;
+    bool found = false;
+    for (const auto* sc : app.get_subcommands([](CLI::App*) { return true; })) {
+      found = found || sc->check_name(argv[1]);
+      known += (known.empty() ? "" : ", ") + sc->get_name();
+    }
+    if (!found) {
+      std::fprintf(stderr,
+                   "error: unknown command '%s' (commands: %s; `troupe --help` says more)\n",
+                   argv[1], known.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -157,8 +157,12 @@ void settings_flags::load_file(const std::string& path, settings& s) {
   for (const auto& [section, node] : tbl) {
     const std::string sec(section.str());
     const auto* t = node.as_table();
-    if (!t || (sec != "engine" && sec != "service" && sec != "cluster"))
-      throw std::invalid_argument("config " + path + ": unknown section [" + sec +
+    const bool known = sec == "engine" || sec == "service" || sec == "cluster";
+    if (known && !t)
+      throw std::invalid_argument("config " + path + ": '" + sec + "' must be a section ([" + sec +
+                                  "]), not a value");
+    if (!known)
+      throw std::invalid_argument("config " + path + ": unknown section [" + sec.substr(0, 64) +
                                   "] (known: [engine], [service], [cluster])");
     for (const auto& [key, value] : *t) {
       const std::string name = sec + "." + std::string(key.str());
