@@ -266,8 +266,9 @@ class round_driver {
       ref_ = moe[pick(moe.size())];
       ++t_.moe_rounds;
     } else if (!gemma.empty() && chance(0.2)) {
-      // Issue 33: a real model with K-quants and sliding-window layers.
-      ref_ = gemma.front();
+      // Issue 33: a real model with K-quants and sliding-window layers (in
+      // some rounds with its logits capped).
+      ref_ = gemma[pick(gemma.size())];
       ++t_.gemma_rounds;
     } else if (!vision.empty() && chance(0.15)) {
       // Issue 36 item 3: SmolLM2 with the vision encoder; some HTTP calls
@@ -1528,8 +1529,12 @@ int run(const options& o) {
       references.push_back(offline_reference(m, model_reference::kind::moe));
     references.push_back(offline_reference("kq-dense2", model_reference::kind::quants));
   }
-  if (o.gemma && gemma_fetched())
+  if (o.gemma && gemma_fetched()) {
     references.push_back(offline_reference("gemma3-270m", model_reference::kind::gemma));
+    // The same model asking for a final logit cap (`setup.sh fixtures`).
+    if (std::filesystem::exists(model_dir() + "/fixtures/gemma3-softcap30.gguf"))
+      references.push_back(offline_reference("gemma3-softcap30", model_reference::kind::gemma));
+  }
   if (o.vision && std::filesystem::exists(vision_fixture()))
     references.push_back(offline_reference("smollm2-135m-instruct", model_reference::kind::vision));
   const auto start = clock_type::now();
@@ -1663,10 +1668,10 @@ int main(int argc, char** argv) {
           "                      [--no-moe] [--moe-share P] [--no-gemma] [--no-vision]\n"
           "Drives live troupe serve processes (stories15m, and moe-8x2-skew,\n"
           "qwen2moe-4x2-shared, qwen3moe-4x2, kq-moe or kq-dense2 in some rounds unless\n"
-          "--no-moe, gemma3-270m in some where it was fetched unless --no-gemma,\n"
-          "smollm2-135m-instruct with the\n"
-          "vision fixture and image requests in some unless --no-vision) with a seeded random\n"
-          "mix of requests, cancels, deadlines, disconnects and bad frames; exit 0\n"
+          "--no-moe, gemma3-270m (or its softcapped copy) in some where it was fetched unless\n"
+          "--no-gemma, smollm2-135m-instruct with the vision fixture and image requests in\n"
+          "some unless --no-vision) with a seeded random mix of requests, cancels,\n"
+          "deadlines, disconnects and bad frames; exit 0\n"
           "when clean. --moe-share: the share of rounds serving a MoE fixture (0.3).\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
