@@ -483,8 +483,9 @@ void poll_once(self_ptr self) {
     // [identity, body] from a DEALER; [identity, "", body] from a REQ.
     const bool delimited = parts.size() == 3 && parts[1].size() == 0;
     if (parts.size() != 2 && !delimited) {
-      if (!parts.empty())
-        reply(self, {parts[0].to_string(), false}, failure("bad_request", "one frame per request"));
+      if (!parts.empty())  // (a REQ peer's delimiter returned, or it drops the reply)
+        reply(self, {parts[0].to_string(), parts.size() > 2 && parts[1].size() == 0},
+              failure("bad_request", "one frame per request"));
       continue;
     }
     const zmq::message_t& frame = parts.back();

@@ -3,6 +3,7 @@
 #include <google/protobuf/stubs/logging.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <deque>
 #include <map>
 #include <optional>
@@ -420,7 +421,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
 
 gateway_handle spawn_gateway(caf::actor_system& sys, std::shared_ptr<const serve_context> ctx,
                              gateway_options opts) {
-  if (opts.endpoints.empty()) throw std::runtime_error("gateway: no endpoint to listen on");
+  if (opts.endpoints.empty()) throw std::runtime_error("service.listen: no endpoint to listen on");
   // A client's bad frame is answered with an Error; libprotobuf's own
   // "String field contains invalid UTF-8" line per frame would let any
   // client fill the log.

@@ -4,8 +4,6 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <unistd.h>
-#include <cerrno>
-#include <cstring>
 
 #include <algorithm>
 #include <cerrno>

@@ -260,6 +260,10 @@ TEST(Shell, AFileThatIsNotItsHistoryIsLeftAsItIs) {
     std::ofstream out(notes);
     out << text;
   }
+  struct remove_at_end {
+    std::string path;
+    ~remove_at_end() { std::remove(path.c_str()); }
+  } cleanup{notes};
   for (const std::string& file : {notes, std::string("/dev/zero")}) {
     pty_shell sh("--server " + shell_quote(server.endpoint()) + " --history-file " + file);
     ASSERT_TRUE(sh.expect("troupe> ")) << sh.output();
@@ -270,7 +274,6 @@ TEST(Shell, AFileThatIsNotItsHistoryIsLeftAsItIs) {
     EXPECT_EQ(sh.wait_exit(10s), 0);
   }
   EXPECT_EQ(slurp(notes), text);
-  std::remove(notes.c_str());
 }
 
 TEST(Shell, DrivenThroughATerminal) {

@@ -461,11 +461,11 @@ std::optional<api_error> parse(const in_json& body, bool chat, const std::string
     } else if (it->is_array() && it->size() <= 16) {
       for (const auto& st : *it) {
         if (!st.is_string() || st.get<std::string>().empty())
-          return invalid_request("stop", "'stop' must be a string or up to 16 non-empty strings");
+          return invalid_request("stop", "'stop' must be a non-empty string or up to 16 of them");
         base.add_stop(st.get<std::string>());
       }
     } else {
-      return invalid_request("stop", "'stop' must be a string or up to 16 non-empty strings");
+      return invalid_request("stop", "'stop' must be a non-empty string or up to 16 of them");
     }
   }
   bool ignore_eos = false;

@@ -23,9 +23,10 @@ struct perplexity_flags {
 };
 
 int run_perplexity(const perplexity_flags& f) {
-  // A device (/dev/zero) would be read without end, a folder as nothing.
+  // A device (/dev/zero) would be read without end, a folder as nothing;
+  // a pipe (-f <(zcat t.gz), /dev/stdin) ends.
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(f.file, ec))
+  if (!std::filesystem::is_regular_file(f.file, ec) && !std::filesystem::is_fifo(f.file, ec))
     throw std::invalid_argument(
         "--file '" + f.file +
         "': " + (std::filesystem::exists(f.file, ec) ? "not a regular file" : "no such file"));

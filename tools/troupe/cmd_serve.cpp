@@ -253,6 +253,18 @@ int run_serve(settings_flags& flags, const std::string& config) {
   // Local instances: each owns a device actor (its queue, its KV arena).
   std::vector<device_actor> local_devices;
   std::vector<caf::actor> owned;  // told to stop at the end (or when start fails)
+  // Whatever throws before the service runs (a device that fails, a node
+  // address, a busy --listen) leaves through here: the actors started so far
+  // are told to stop, or ~actor_system would wait for them forever (a probe
+  // found serve hung for good, SIGTERM ignored, on a busy port).
+  struct stop_on_throw {
+    const std::vector<caf::actor>& actors;
+    const int pending = std::uncaught_exceptions();
+    ~stop_on_throw() {
+      if (std::uncaught_exceptions() > pending)
+        for (const auto& a : actors) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    }
+  } stop_started{owned};
   std::vector<router_instance> registry;
   std::vector<device_info> infos;
   // The process's KV store, shared by its local instances.
@@ -507,15 +519,7 @@ int run_serve(settings_flags& flags, const std::string& config) {
   go.poll_ms = s.poll_ms;
   go.trace_history = static_cast<size_t>(s.trace_history);
   go.client_backlog = s.client_backlog;
-  // A busy or bad endpoint throws here; the actors started so far are told
-  // to stop first, or the actor system would wait for them forever.
-  gateway_handle gw;
-  try {
-    gw = spawn_gateway(*env.sys, ctx, go);
-  } catch (...) {
-    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    throw;
-  }
+  auto gw = spawn_gateway(*env.sys, ctx, go);  // a busy endpoint throws: stop_started
 
   // The admin and metrics endpoints; if one cannot open, the actors are
   // told to stop before the error leaves (the actor system waits for them).

@@ -748,7 +748,7 @@ struct http_front::impl {
       evhttp_add_header(out, "Vary", "Origin");
     }
     if (method == EVHTTP_REQ_OPTIONS) {  // a browser's preflight: no key needed
-      evhttp_add_header(out, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      evhttp_add_header(out, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
       evhttp_add_header(out, "Access-Control-Allow-Headers", "Authorization, Content-Type");
       evhttp_add_header(out, "Access-Control-Max-Age", "600");
       return evhttp_send_reply(req, 204, "No Content", nullptr);
@@ -782,7 +782,7 @@ struct http_front::impl {
       return reply(req, 200, text, "text/plain; version=0.0.4; charset=utf-8");
     }
 
-    // HEAD is GET without the body (libevent leaves it out): `curl -I` and
+    // HEAD is GET without the body (reply() leaves it out): `curl -I` and
     // load balancers' checks.
     const bool get = method == EVHTTP_REQ_GET || method == EVHTTP_REQ_HEAD;
     const bool post = method == EVHTTP_REQ_POST;
@@ -802,7 +802,12 @@ struct http_front::impl {
     if (known_post && !post)
       return reply_error(req, {405, "use POST for " + path, "invalid_request_error", "", ""});
     if (!known_post)
-      return reply_error(req, {404, "unknown route: " + std::string(get ? "GET " : "POST ") + path,
+      return reply_error(req, {404,
+                               "unknown route: " +
+                                   std::string(method == EVHTTP_REQ_HEAD ? "HEAD "
+                                               : get                     ? "GET "
+                                                                         : "POST ") +
+                                   path,
                                "invalid_request_error", "", "not_found"});
 
     // A POST without Content-Length or chunked encoding has no body by
