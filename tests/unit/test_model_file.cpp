@@ -898,11 +898,11 @@ class ModelRegistry : public TempDir {
 };
 
 TEST_F(ModelRegistry, ResolvesNamesAndPaths) {
-  EXPECT_EQ(
-      known_model_names(),
-      (std::vector<std::string>{"smollm2-135m-instruct", "stories15m", "gemma3-270m", "moe-4x2-f32",
-                                "moe-8x2-q", "moe-8x2-skew", "qwen2moe-4x2-shared", "qwen3-dense",
-                                "qwen3moe-4x2", "llama3-rope", "kq-dense", "kq-dense2", "kq-moe"}));
+  EXPECT_EQ(known_model_names(),
+            (std::vector<std::string>{
+                "smollm2-135m-instruct", "stories15m", "gemma3-270m", "moe-4x2-f32", "moe-8x2-q",
+                "moe-8x2-skew", "qwen2moe-4x2-shared", "qwen3-dense", "qwen3moe-4x2", "llama3-rope",
+                "kq-dense", "kq-dense2", "kq-moe", "gemma3-softcap30"}));
   auto msg = error_of([] { resolve_model("stories15m"); });
   EXPECT_TRUE(contains(msg, "bash tools/setup.sh models") && contains(msg, "stories15M.bin"))
       << msg;
