@@ -12,31 +12,8 @@
 // Rows of a batch are the new tokens of all sequences, flattened; row_seq
 // says which sequence a row belongs to and pos its position.
 
-#ifdef TROUPE_KV_F16
-typedef half kv_t;
-typedef ushort kv_bits_t;  // a value's bits, to copy (half has no loads without cl_khr_fp16)
-#define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
-#define KV_LOAD1(p) vload_half(0, p)
-#define KV_STORE(v, i, p) STORE_HALF(v, i, p)
-#else
-typedef float kv_t;
-typedef uint kv_bits_t;
-#define KV_LOAD16(i, p) vload16(i, p)
-#define KV_LOAD1(p) (*(p))
-#define KV_STORE(v, i, p) ((p)[i] = (v))
-#endif
-
-#define HD_MAX 256
-
-// Head vectors are handled 16 values at a time (head_dim % 16 == 0, checked
-// on the host), so V loads and their half conversion use full-width vector
-// instructions.
-
-// Start of the (layer, page, kv head) block of either cache: page_size x hd
-// values.
-inline size_t kv_block(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g) {
-  return (((size_t)layer * n_pages + page) * n_kv + g) * page_size * hd;
-}
+// kv_t, its loads and stores, HD_MAX and kv_block: common.cl (matmul.cl's
+// QKV kernels and norm_rope.cl write the cache too).
 
 // Most rows one work-item handles (a prefill chunk's rows share their
 // sequence, so each K/V vector is loaded and converted once for them all).

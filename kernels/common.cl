@@ -858,3 +858,38 @@ inline void quantize_block(float16 lo, float16 hi, __global char* q, __global fl
   *s = (float2)(round_to_half(dx * sum), dh * sum);
 }
 
+// The paged KV cache's element type and layout (attention.cl says how the
+// cache is laid out), shared by every file that reads or writes it.
+#ifdef TROUPE_KV_F16
+typedef half kv_t;
+typedef ushort kv_bits_t;  // a value's bits, to copy (half has no loads without cl_khr_fp16)
+#define KV_LOAD16(i, p) half_bits_to_float16(vload16(i, (__global const ushort*)(p)))
+#define KV_LOAD1(p) vload_half(0, p)
+#define KV_STORE(v, i, p) STORE_HALF(v, i, p)
+#else
+typedef float kv_t;
+typedef uint kv_bits_t;
+#define KV_LOAD16(i, p) vload16(i, p)
+#define KV_LOAD1(p) (*(p))
+#define KV_STORE(v, i, p) ((p)[i] = (v))
+#endif
+
+#define HD_MAX 256
+
+// Head vectors are handled 16 values at a time (head_dim % 16 == 0, checked
+// on the host), so V loads and their half conversion use full-width vector
+// instructions.
+
+// Start of the (layer, page, kv head) block of either cache: page_size x hd
+// values.
+inline size_t kv_block(int layer, int n_pages, int n_kv, int page_size, int hd, int page, int g) {
+  return (((size_t)layer * n_pages + page) * n_kv + g) * page_size * hd;
+}
+
+// 1 / sqrt(mean(x^2) + eps) over n values: the scale of every RMSNorm here
+// (the rows' norms, Gemma's sandwich norms, norm_rope.cl's per-head QK-norm).
+INLINE float rms_scale(__global const float* x, int n, float eps) {
+  float ss = 0.0f;
+  for (int i = 0; i < n; ++i) ss = fma(x[i], x[i], ss);
+  return 1.0f / sqrt(ss / (float)n + eps);
+}

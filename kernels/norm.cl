@@ -3,14 +3,6 @@
 // wanted reach the final norm), else r.  One work-item per row; the row's
 // body, rmsnorm_row / rmsnorm_q8_row, is also a fused layer's (layer.cl).
 
-// 1 / sqrt(mean(x^2) + eps) over n values: the scale of every RMSNorm here
-// (the rows' norms, Gemma's sandwich norms, norm_rope.cl's per-head QK-norm).
-INLINE float rms_scale(__global const float* x, int n, float eps) {
-  float ss = 0.0f;
-  for (int i = 0; i < n; ++i) ss = fma(x[i], x[i], ss);
-  return 1.0f / sqrt(ss / (float)n + eps);
-}
-
 INLINE void rmsnorm_row(int r, __global const float* x, __global const float* w, __global float* y,
                         __global const int* rows, int gather, int D, float eps) {
   __global const float* xr = x + (size_t)(gather ? rows[r] : r) * D;

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/device/kernel_sources.hpp"
+#include "runtime/device/cl_programs.hpp"
 
 namespace troupe::cl {
 
@@ -227,6 +227,7 @@ context::context(device_choice choice, int shards) {
   ctx_ = clCreateContext(nullptr, static_cast<cl_uint>(devices.size()), devices.data(), nullptr,
                          nullptr, &rc);
   check(rc, "clCreateContext");
+  programs_ = std::make_unique<program_set>(ctx_, devices, cpu_);
   queue_ = clCreateCommandQueueWithProperties(ctx_, device_, nullptr, &rc);
   check(rc, "clCreateCommandQueueWithProperties");
   const cl_queue_properties timed[] = {CL_QUEUE_PROPERTIES, CL_QUEUE_PROFILING_ENABLE, 0};
@@ -309,7 +310,7 @@ context::~context() {
     for (cl_event e : evs) clReleaseEvent(e);
   if (fork_event_) clReleaseEvent(fork_event_);
   for (cl_device_id d : sub_devices_) clReleaseDevice(d);
-  if (program_) clReleaseProgram(program_);
+  programs_.reset();
   if (ctx_) clReleaseContext(ctx_);
   if (slice_device_) clReleaseDevice(slice_device_);
 }
@@ -441,33 +442,12 @@ void context::read(const buffer& b, void* dst, size_t bytes, size_t offset) {
 }
 
 void context::build(const std::string& options) {
-  if (program_) return;
-  std::vector<const char*> texts;
-  std::vector<size_t> lengths;
-  for (const auto& src : embedded_kernel_sources()) {
-    texts.push_back(src.text.c_str());
-    lengths.push_back(src.text.size());
-  }
-  cl_int rc = CL_SUCCESS;
-  program_ = clCreateProgramWithSource(ctx_, static_cast<cl_uint>(texts.size()), texts.data(),
-                                       lengths.data(), &rc);
-  check(rc, "clCreateProgramWithSource");
-  // For every device of the context (the sub-devices too).
-  rc = clBuildProgram(program_, 0, nullptr, options.c_str(), nullptr, nullptr);
-  if (rc != CL_SUCCESS) {
-    size_t n = 0;
-    clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
-    std::string log(n, '\0');
-    clGetProgramBuildInfo(program_, device_, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
-    throw cl_error("building OpenCL kernels failed: " + std::string(error_name(rc)) + "\n" + log);
-  }
+  programs_->set_options(options);
 }
 
-kernel context::make_kernel(const std::string& name) const {
-  cl_int rc = CL_SUCCESS;
-  cl_kernel k = clCreateKernel(program_, name.c_str(), &rc);
-  check(rc, ("clCreateKernel(" + name + ")").c_str());
-  return kernel(k);
+kernel context::make_kernel(const std::string& name) {
+  if (!programs_->has_options()) throw cl_error("make_kernel(" + name + ") before build()");
+  return kernel(programs_->create(name));
 }
 
 void context::launch(const kernel& k, std::vector<size_t> global, std::vector<size_t> local) {

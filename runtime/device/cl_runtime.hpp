@@ -21,6 +21,7 @@ struct cl_error : std::runtime_error {
 };
 
 const char* error_name(cl_int code);
+class program_set;
 void check(cl_int code, const char* what);
 
 struct device_choice {
@@ -203,10 +204,12 @@ class context {
   // An event that ends when every command enqueued so far has.
   event marker();
 
-  // Builds (once) every embedded kernels/*.cl source into one program
-  // with the given options and returns a kernel by name.
+  // Sets the options the kernels are built with (the first call's stand);
+  // make_kernel then builds, the first time one of its kernels is asked
+  // for, the program that defines a kernel (cl_programs.hpp: one program
+  // on a CPU device, one per kernel file elsewhere).
   void build(const std::string& options);
-  kernel make_kernel(const std::string& name) const;
+  kernel make_kernel(const std::string& name);
 
   // Enqueues a 1-, 2- or 3-D range; local may be empty (driver's choice).
   // A launch whose global size changes from step to step should name a
@@ -248,7 +251,7 @@ class context {
   cl_device_id device_ = nullptr;
   cl_context ctx_ = nullptr;
   cl_command_queue queue_ = nullptr;
-  cl_program program_ = nullptr;
+  std::unique_ptr<program_set> programs_;
   std::string device_name_;
   size_t global_mem_ = 0;
   size_t max_alloc_ = 0;

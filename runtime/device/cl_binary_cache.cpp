@@ -1,0 +1,104 @@
+#include "runtime/device/cl_binary_cache.hpp"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace troupe::cl {
+
+namespace {
+
+std::string device_info(cl_device_id d, cl_device_info what) {
+  size_t n = 0;
+  if (clGetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS) return {};
+  std::string s(n, '\0');
+  clGetDeviceInfo(d, what, n, s.data(), nullptr);
+  while (!s.empty() && s.back() == '\0') s.pop_back();
+  return s;
+}
+
+// FNV-1a, 64 bits, twice with different offsets: a cache key, not a
+// security boundary (the folder is the user's own).
+struct fnv128 {
+  uint64_t a = 0xcbf29ce484222325ull, b = 0x84222325cbf29ce4ull;
+  void add(const std::string& s) {
+    for (unsigned char c : s) {
+      a = (a ^ c) * 0x100000001b3ull;
+      b = (b ^ c) * 0x100000001b3ull;
+    }
+    a = (a ^ 0xff) * 0x100000001b3ull;  // a field's end, so "ab"+"c" != "a"+"bc"
+    b = (b ^ 0xfe) * 0x100000001b3ull;
+  }
+};
+
+std::string path_for(const std::string& dir, const std::string& key) {
+  return dir + "/" + key + ".bin";
+}
+
+}  // namespace
+
+std::string kernel_cache_dir() {
+  if (const char* v = std::getenv("TROUPE_KERNEL_CACHE"); v && *v)
+    return std::string(v) == "off" ? std::string() : std::string(v);
+  if (const char* v = std::getenv("XDG_CACHE_HOME"); v && *v)
+    return std::string(v) + "/troupe/kernels";
+  if (const char* v = std::getenv("HOME"); v && *v)
+    return std::string(v) + "/.cache/troupe/kernels";
+  return {};
+}
+
+std::string program_cache_key(cl_device_id device, const std::string& options,
+                              const std::vector<std::string>& sources) {
+  fnv128 h;
+  h.add(device_info(device, CL_DEVICE_NAME));
+  h.add(device_info(device, CL_DEVICE_VENDOR));
+  h.add(device_info(device, CL_DRIVER_VERSION));
+  h.add(device_info(device, CL_DEVICE_VERSION));
+  h.add(options);
+  for (const auto& s : sources) h.add(s);
+  char out[33];
+  std::snprintf(out, sizeof out, "%016llx%016llx", static_cast<unsigned long long>(h.a),
+                static_cast<unsigned long long>(h.b));
+  return out;
+}
+
+std::vector<unsigned char> load_program_binary(const std::string& dir, const std::string& key) {
+  if (dir.empty()) return {};
+  std::ifstream in(path_for(dir, key), std::ios::binary);
+  if (!in) return {};
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void store_program_binary(const std::string& dir, const std::string& key, cl_program program) {
+  if (dir.empty()) return;
+  size_t size = 0;
+  if (clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, nullptr) !=
+          CL_SUCCESS ||
+      size == 0)
+    return;
+  std::vector<unsigned char> bytes(size);
+  unsigned char* p = bytes.data();
+  if (clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof p, &p, nullptr) != CL_SUCCESS) return;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // Written beside and renamed into place: a reader never sees half a file.
+  const std::string tmp = path_for(dir, key) + "." + std::to_string(::getpid()) + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    if (!out) return;
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
+    if (!out) {
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path_for(dir, key), ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+}  // namespace troupe::cl
