@@ -556,18 +556,55 @@ inline float16 xsum4(__global const float2* xsum, size_t xb) {
 #define TROUPE_TILE 4
 #endif
 
+// Every family, unless TROUPE_MM_ONE asks for one (TROUPE_MM_<variant>,
+// the variant as in the kernels' names: q4_1, xq_q4_1, ...): a device
+// other than a CPU builds a program per variant its model uses
+// (runtime/device/cl_programs.cpp), since NVIDIA's compiler took minutes
+// over all fifteen; with TROUPE_MM_ONE alone, only the macros
+// (matmul_panels.cl's program).
+
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_f32)
 TROUPE_MATMUL_FAMILY(f32, load_f32, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_f16)
 TROUPE_MATMUL_FAMILY(f16, load_f16, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_q4_0)
 TROUPE_MATMUL_FAMILY(q4_0, load_q4_0, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_q4_1)
 TROUPE_MATMUL_FAMILY(q4_1, load_q4_1, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_q8_0)
 TROUPE_MATMUL_FAMILY(q8_0, load_q8_0, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_ku6)
 TROUPE_MATMUL_FAMILY(ku6, load_ku6, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_q5_1)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_1, load_q5_1, F, , load_q5_1_v, 1)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_q5_0)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_0, load_q5_0, F, , load_q8_0, 1)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_bf16)
 TROUPE_MATMUL_FAMILY(bf16, load_bf16, F, )
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_q4_0)
 TROUPE_MATMUL_FAMILY(q4_0, loadu_q4_0, Q, xq_)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_q4_1)
 TROUPE_MATMUL_FAMILY(q4_1, loadu_q4_1, Q, xq_)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_q8_0)
 TROUPE_MATMUL_FAMILY(q8_0, loadu_q8_0, Q, xq_)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_ku6)
 TROUPE_MATMUL_FAMILY(ku6, loadu_ku6, Q, xq_)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_q5_1)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_1, loadu_q5_1, Q, xq_, loadu_q5_1_v, 1)
+#endif
+#if !defined(TROUPE_MM_ONE) || defined(TROUPE_MM_xq_q5_0)
 TROUPE_MATMUL_FAMILY_SPLIT(q5_0, loadu_q5_0, Q, xq_, loadu_q8_0, 1)
+#endif

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,15 @@ std::string program_cache_key(cl_device_id device, const std::string& options,
   h.add(device_info(device, CL_DEVICE_VENDOR));
   h.add(device_info(device, CL_DRIVER_VERSION));
   h.add(device_info(device, CL_DEVICE_VERSION));
+  cl_platform_id platform = nullptr;  // two ICDs may name a device alike (PoCL's CUDA device)
+  if (clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr) ==
+      CL_SUCCESS) {
+    size_t n = 0;
+    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, 0, nullptr, &n);
+    std::string v(n, '\0');
+    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, n, v.data(), nullptr);
+    h.add(v);
+  }
   h.add(options);
   for (const auto& s : sources) h.add(s);
   char out[33];
@@ -87,11 +97,16 @@ void store_program_binary(const std::string& dir, const std::string& key, cl_pro
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   // Written beside and renamed into place: a reader never sees half a file.
-  const std::string tmp = path_for(dir, key) + "." + std::to_string(::getpid()) + ".tmp";
+  // Process and a counter: two contexts of one process (pipeline stages
+  // on like devices) may store the same key at once.
+  static std::atomic<unsigned> serial{0};
+  const std::string tmp = path_for(dir, key) + "." + std::to_string(::getpid()) + "." +
+                          std::to_string(serial++) + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary);
     if (!out) return;
     out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(size));
+    out.close();  // a full disk shows here, not in the destructor
     if (!out) {
       std::filesystem::remove(tmp, ec);
       return;

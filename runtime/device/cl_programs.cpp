@@ -30,6 +30,27 @@ std::string build_log(cl_program p, cl_device_id device) {
   return log;
 }
 
+// The family of a matmul.cl kernel: the name less "matmul_", the kind of
+// product and the token tile ("matmul_glu_xq_q4_1_t4": xq_q4_1); empty
+// where the name is not so made.
+std::string matmul_variant(const std::string& k) {
+  if (!starts_with(k, "matmul_") || k.find("_f32p_") != std::string::npos) return {};
+  std::string rest = k.substr(7);
+  for (const char* family : {"id_glu_", "id_", "glu_", "qkv_"})
+    if (starts_with(rest, family)) {
+      rest = rest.substr(std::string(family).size());
+      break;
+    }
+  const size_t tile = rest.rfind('_');
+  if (tile == std::string::npos || tile == 0) return {};
+  const std::string ts = rest.substr(tile + 1);
+  if (ts != "t1" && ts != "t4" && ts != "tiled") return {};
+  rest.resize(tile);
+  for (char c : rest)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return {};
+  return rest;
+}
+
 }  // namespace
 
 std::string kernel_file_for(const std::string& k) {
@@ -48,6 +69,15 @@ std::string kernel_file_for(const std::string& k) {
   if (starts_with(k, "matmul_"))
     return k.find("_f32p_") != std::string::npos ? "matmul_panels" : "matmul";
   return {};
+}
+
+std::string program_key_for(const std::string& k) {
+  const std::string file = kernel_file_for(k);
+  if (file != "matmul") return file;
+  // Never all of matmul.cl off the CPU: that build is the one NVIDIA's
+  // compiler did not finish.
+  const std::string variant = matmul_variant(k);
+  return variant.empty() ? std::string() : file + ":" + variant;
 }
 
 std::vector<std::string> program_files(const std::string& file) {
@@ -73,11 +103,11 @@ void program_set::set_options(const std::string& options) {
   options_set_ = true;
 }
 
-cl_program program_set::program(const std::string& file) {
-  const std::string key = whole_ || file.empty() ? k_whole : file;
-  if (auto it = built_.find(key); it != built_.end()) return it->second;
-  cl_program p = build(key);
-  built_.emplace(key, p);
+cl_program program_set::program(const std::string& key) {
+  const std::string k = whole_ || key.empty() ? k_whole : key;
+  if (auto it = built_.find(k); it != built_.end()) return it->second;
+  cl_program p = build(k);
+  built_.emplace(k, p);
   return p;
 }
 
@@ -89,23 +119,28 @@ cl_kernel program_set::create(const std::string& name) {
     check(rc, ("clCreateKernel(" + name + ")").c_str());
     return k;
   };
-  if (whole_) {
-    if (cl_kernel k = try_create(program(k_whole))) return k;
-  } else {
-    if (const std::string file = kernel_file_for(name); !file.empty())
-      if (cl_kernel k = try_create(program(file))) return k;
-    // No rule names it (or the rule is wrong): each file in turn, the
-    // whole program last.
-    for (const auto& src : embedded_kernel_sources()) {
-      if (src.name == "common" || src.name == k_whole) continue;
-      if (cl_kernel k = try_create(program(src.name))) return k;
-    }
-    if (cl_kernel k = try_create(program(k_whole))) return k;
-  }
-  throw cl_error("no OpenCL kernel '" + name + "' in kernels/*.cl");
+  // Off the CPU no search over the files: one wrong guess could be a
+  // build of minutes.  A kernel the rules miss fails here, and
+  // KernelPrograms holds every file's kernels to the rules.
+  const std::string key = whole_ ? k_whole : program_key_for(name);
+  if (key.empty())
+    throw cl_error("no program is known to define OpenCL kernel '" + name +
+                   "' (kernel_file_for's rules, runtime/device/cl_programs.cpp)");
+  if (cl_kernel k = try_create(program(key))) return k;
+  throw cl_error("no OpenCL kernel '" + name + "' in kernels/" + key.substr(0, key.find(':')) +
+                 ".cl");
 }
 
-cl_program program_set::build(const std::string& file) {
+cl_program program_set::build(const std::string& key) {
+  // "matmul:VARIANT": matmul.cl with that family alone (kernels/matmul.cl).
+  const size_t colon = key.find(':');
+  const std::string file = key.substr(0, colon);
+  std::string options = options_;
+  if (!whole_ && colon != std::string::npos)
+    options += " -DTROUPE_MM_ONE -DTROUPE_MM_" + key.substr(colon + 1);
+  else if (!whole_ && file == "matmul_panels")
+    options += " -DTROUPE_MM_ONE";  // matmul.cl's macros, none of its kernels
+  const std::string what = colon == std::string::npos ? "" : " (" + key.substr(colon + 1) + ")";
   std::vector<std::string> texts;
   for (const auto& name : program_files(file))
     for (const auto& src : embedded_kernel_sources())
@@ -115,9 +150,9 @@ cl_program program_set::build(const std::string& file) {
   // whole program in seconds, and PoCL keeps its own cache).
   const bool cacheable = !whole_ && devices_.size() == 1;
   const std::string dir = cacheable ? kernel_cache_dir() : std::string();
-  const std::string key = cacheable ? program_cache_key(devices_[0], options_, texts) : "";
+  const std::string cache_key = cacheable ? program_cache_key(devices_[0], options, texts) : "";
   if (cacheable) {
-    const auto bin = load_program_binary(dir, key);
+    const auto bin = load_program_binary(dir, cache_key);
     if (!bin.empty()) {
       const unsigned char* data = bin.data();
       const size_t size = bin.size();
@@ -125,7 +160,7 @@ cl_program program_set::build(const std::string& file) {
       cl_program p =
           clCreateProgramWithBinary(ctx_, 1, devices_.data(), &size, &data, &status, &rc);
       if (rc == CL_SUCCESS && status == CL_SUCCESS &&
-          clBuildProgram(p, 1, devices_.data(), options_.c_str(), nullptr, nullptr) == CL_SUCCESS) {
+          clBuildProgram(p, 1, devices_.data(), options.c_str(), nullptr, nullptr) == CL_SUCCESS) {
         ++from_disk_;
         return p;
       }
@@ -142,17 +177,19 @@ cl_program program_set::build(const std::string& file) {
   cl_program p = clCreateProgramWithSource(ctx_, static_cast<cl_uint>(ptrs.size()), ptrs.data(),
                                            lengths.data(), &rc);
   check(rc, "clCreateProgramWithSource");
-  if (!whole_) spdlog::info("building kernels/{}.cl", file);
-  rc = clBuildProgram(p, static_cast<cl_uint>(devices_.size()), devices_.data(), options_.c_str(),
+  if (!whole_) spdlog::info("building kernels/{}.cl{}", file, what);
+  rc = clBuildProgram(p, static_cast<cl_uint>(devices_.size()), devices_.data(), options.c_str(),
                       nullptr, nullptr);
   if (rc != CL_SUCCESS) {
-    std::string log = build_log(p, devices_[0]);
+    std::string log;
+    for (cl_device_id d : devices_) log += build_log(p, d);  // the failing one's is not empty
     clReleaseProgram(p);
-    throw cl_error("building OpenCL kernels (" + file + ") failed: " + error_name(rc) + "\n" + log);
+    throw cl_error("building OpenCL kernels (" + file + what + ") failed: " + error_name(rc) +
+                   "\n" + log);
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!whole_) spdlog::info("built kernels/{}.cl in {:.1f} s", file, s);
-  if (cacheable) store_program_binary(dir, key, p);
+  if (!whole_) spdlog::info("built kernels/{}.cl{} in {:.1f} s", file, what, s);
+  if (cacheable) store_program_binary(dir, cache_key, p);
   return p;
 }
 

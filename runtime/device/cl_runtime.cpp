@@ -309,8 +309,8 @@ context::~context() {
   for (auto& evs : shard_events_)
     for (cl_event e : evs) clReleaseEvent(e);
   if (fork_event_) clReleaseEvent(fork_event_);
-  for (cl_device_id d : sub_devices_) clReleaseDevice(d);
   programs_.reset();
+  for (cl_device_id d : sub_devices_) clReleaseDevice(d);
   if (ctx_) clReleaseContext(ctx_);
   if (slice_device_) clReleaseDevice(slice_device_);
 }

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -22,6 +23,24 @@
 
 namespace troupe {
 namespace {
+
+// Sets an environment variable for a scope, whatever happens in it.
+struct env_guard {
+  std::string name, saved;
+  bool had;
+  env_guard(const char* n, const std::string& value) : name(n) {
+    const char* old = std::getenv(n);
+    had = old != nullptr;
+    if (had) saved = old;
+    ::setenv(n, value.c_str(), 1);
+  }
+  ~env_guard() {
+    if (had)
+      ::setenv(name.c_str(), saved.c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
 
 // A bare context on the first device, without troupe's own wrapper: the
 // program set is what is under test.
@@ -61,39 +80,56 @@ std::vector<std::string> kernel_names(cl_program p) {
   return out;
 }
 
+// matmul.cl's families, as its kernels' names spell them.
+const char* k_matmul_variants[] = {"f32",     "f16",     "q4_0",   "q4_1",    "q8_0",
+                                   "ku6",     "q5_1",    "q5_0",   "bf16",    "xq_q4_0",
+                                   "xq_q4_1", "xq_q8_0", "xq_ku6", "xq_q5_1", "xq_q5_0"};
+
 TEST(KernelPrograms, EveryFileBuildsAloneAndTheRulesFindEachOfItsKernels) {
   bare_device d;
   if (!d.ctx) GTEST_SKIP() << "no OpenCL device";
   cl_device_type type = 0;
   clGetDeviceInfo(d.device, CL_DEVICE_TYPE, sizeof type, &type, nullptr);
-  // PoCL takes minutes over the matmul files' hundreds of kernels without
-  // the fused layers' options (a CPU device never builds them so): there
-  // the other files; on a GPU every one.
+  // PoCL takes a while over each matmul family without the fused layers'
+  // options (a CPU device never builds them so): there one family; on a
+  // GPU every one.
   const bool cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
+  env_guard no_cache("TROUPE_KERNEL_CACHE", "off");  // build each, keep none
   for (const char* kv : {"", " -DTROUPE_KV_F16"}) {
     cl::program_set set(d.ctx, {d.device}, /*whole=*/false);
     set.set_options(std::string(k_gpu_options) + kv);
+    std::vector<std::string> keys;
+    for (const auto& src : embedded_kernel_sources())
+      if (src.name != "common" && src.name != "layer" && src.name != "matmul")
+        keys.push_back(src.name);  // layer: CPU only, in the whole program
+    for (const char* v : k_matmul_variants)
+      if (!cpu || std::string(v) == "xq_q4_1") keys.push_back(std::string("matmul:") + v);
     size_t total = 0;
-    for (const auto& src : embedded_kernel_sources()) {
-      if (src.name == "common" || src.name == "layer") continue;  // layer: CPU only, whole
-      if (cpu && src.name.rfind("matmul", 0) == 0) continue;
-      SCOPED_TRACE(src.name + kv);
-      cl_program p = set.program(src.name);
-      const auto names = kernel_names(p);
-      // Only the file's own kernels: matmul_panels' program holds
-      // matmul.cl for its macros, and with it matmul's kernels.
-      size_t own = 0;
-      for (const auto& name : names) {
-        const std::string file = cl::kernel_file_for(name);
-        if (src.name == "matmul_panels" && file == "matmul") continue;
-        EXPECT_EQ(file, src.name) << name;
-        ++own;
-      }
-      EXPECT_GT(own, 0u);
-      total += own;
+    for (const auto& key : keys) {
+      SCOPED_TRACE(key + kv);
+      const auto names = kernel_names(set.program(key));
+      for (const auto& name : names) EXPECT_EQ(cl::program_key_for(name), key) << name;
+      if (key.rfind("matmul:", 0) == 0)
+        EXPECT_EQ(names.size(), 15u);  // 5 kinds of product x 3 token tiles
+      else
+        EXPECT_GT(names.size(), 0u);
+      total += names.size();
     }
-    EXPECT_GT(total, cpu ? 20u : 100u);  // on a GPU, the weight types' families too
+    EXPECT_GT(total, cpu ? 40u : 250u);
   }
+}
+
+// On a CPU only one family's guard is built: the others' are checked as text.
+TEST(KernelPrograms, EveryMatmulFamilyHasItsGuard) {
+  std::string matmul;
+  for (const auto& src : embedded_kernel_sources())
+    if (src.name == "matmul") matmul = src.text;
+  size_t families = 0;
+  for (size_t at = 0; (at = matmul.find("\nTROUPE_MATMUL_FAMILY", at)) != std::string::npos; ++at)
+    ++families;
+  EXPECT_EQ(families, std::size(k_matmul_variants));
+  for (const char* v : k_matmul_variants)
+    EXPECT_NE(matmul.find(std::string("defined(TROUPE_MM_") + v + ")"), std::string::npos) << v;
 }
 
 TEST(KernelPrograms, ProgramFilesAreCommonWhatAFileNeedsAndTheFile) {
@@ -107,6 +143,12 @@ TEST(KernelPrograms, ProgramFilesAreCommonWhatAFileNeedsAndTheFile) {
   EXPECT_EQ(cl::kernel_file_for("matmul_glu_f32p_t4"), "matmul_panels");
   EXPECT_EQ(cl::kernel_file_for("matmul_qkv_xq_q4_1_t1"), "matmul");
   EXPECT_EQ(cl::kernel_file_for("no_such"), "");
+  EXPECT_EQ(cl::program_key_for("matmul_id_glu_xq_q4_1_tiled"), "matmul:xq_q4_1");
+  EXPECT_EQ(cl::program_key_for("matmul_q5_0_t4"), "matmul:q5_0");
+  EXPECT_EQ(cl::program_key_for("matmul_qkv_f32p_t1"), "matmul_panels");
+  EXPECT_EQ(cl::program_key_for("rmsnorm_q8"), "norm");
+  EXPECT_EQ(cl::program_key_for("matmul_q4_1"), "");  // never all of matmul.cl
+  EXPECT_EQ(cl::program_key_for("matmul_q4_1_t9"), "");
 }
 
 // Runs scale_values (x *= s) over 64 values with a kernel of `set`.
@@ -140,9 +182,14 @@ TEST(KernelPrograms, ABuiltProgramIsKeptOnDiskAndBuildsTheSameKernelAgain) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("troupe-kernel-cache-test-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  const char* old = std::getenv("TROUPE_KERNEL_CACHE");
-  const std::string saved = old ? old : "";
-  ::setenv("TROUPE_KERNEL_CACHE", dir.c_str(), 1);
+  struct remove_dir {
+    std::filesystem::path p;
+    ~remove_dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  } cleanup{dir};
+  env_guard cache("TROUPE_KERNEL_CACHE", dir.string());
   std::vector<float> first, second;
   {
     cl::program_set set(d.ctx, {d.device}, false);
@@ -151,14 +198,22 @@ TEST(KernelPrograms, ABuiltProgramIsKeptOnDiskAndBuildsTheSameKernelAgain) {
     EXPECT_EQ(set.from_disk(), 0);
   }
   size_t files = 0;
+  ASSERT_TRUE(std::filesystem::is_directory(dir));
   for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++files;
-  EXPECT_EQ(files, 1u);  // norm.cl's program, and nothing half-written beside it
+  ASSERT_EQ(files, 1u);  // norm.cl's program, and nothing half-written beside it
   {
     cl::program_set set(d.ctx, {d.device}, false);
     set.set_options(k_gpu_options);
     second = scale_by_two(d, set);
     EXPECT_EQ(set.from_disk(), 1);
   }
+  {  // Other options: another key, built from source.
+    cl::program_set set(d.ctx, {d.device}, false);
+    set.set_options(std::string(k_gpu_options) + " -DTROUPE_KV_F16");
+    scale_by_two(d, set);
+    EXPECT_EQ(set.from_disk(), 0);
+  }
+  ASSERT_TRUE(std::filesystem::is_directory(dir));
   // A cache file that is not a binary: built from source again.
   for (const auto& e : std::filesystem::directory_iterator(dir))
     std::filesystem::resize_file(e.path(), 7);
@@ -169,11 +224,6 @@ TEST(KernelPrograms, ABuiltProgramIsKeptOnDiskAndBuildsTheSameKernelAgain) {
     third = scale_by_two(d, set);
     EXPECT_EQ(set.from_disk(), 0);
   }
-  if (old)
-    ::setenv("TROUPE_KERNEL_CACHE", saved.c_str(), 1);
-  else
-    ::unsetenv("TROUPE_KERNEL_CACHE");
-  std::filesystem::remove_all(dir);
   ASSERT_EQ(first.size(), 64u);
   for (size_t i = 0; i < first.size(); ++i) {
     EXPECT_EQ(first[i], 2.0f * (static_cast<float>(i) - 20.5f));
