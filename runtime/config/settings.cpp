@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +9,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <type_traits>
+
+#include "runtime/common/user_text.hpp"
 
 namespace troupe {
 
@@ -67,13 +68,13 @@ std::string list_text(const std::vector<std::string>& items) {
 // A text as a value of type T, by `rule`; "" or why not.
 std::string parse(const std::string& v, const value_rule& rule, int32_t& out) {
   long long x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  const bool whole = whole_text_as(v, x);
   const bool in_range = rule.what != value_rule::kind::range || (x >= rule.lo && x <= rule.hi);
-  if (ec != std::errc() || p != v.data() + v.size() || !in_range ||
-      x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
+  if (!whole || !in_range || x < std::numeric_limits<int32_t>::min() ||
+      x > std::numeric_limits<int32_t>::max())
     return "must be an integer" +
            (rule.what == value_rule::kind::range ? " in " + rule.describe() : std::string()) +
-           ", got '" + v + "'";
+           ", got " + quoted_value(v);
   out = static_cast<int32_t>(x);
   return {};
 }
@@ -85,7 +86,7 @@ std::string parse(const std::string& v, const value_rule& rule, double& out) {
   if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(x) || !in_range)
     return "must be a number" +
            (rule.what == value_rule::kind::range ? " in " + rule.describe() : std::string()) +
-           ", got '" + v + "'";
+           ", got " + quoted_value(v);
   out = x;
   return {};
 }
@@ -98,7 +99,7 @@ std::string parse(const std::string& text, const value_rule&, bool& out) {
   else if (v == "false" || v == "0" || v == "no" || v == "off")
     out = false;
   else
-    return "must be true or false, got '" + text + "'";
+    return "must be true or false, got " + quoted_value(text);
   return {};
 }
 
@@ -111,7 +112,7 @@ std::string check_text(const std::string& v, const value_rule& rule) {
       return v.empty() ? "must not be empty" : "";
     case value_rule::kind::one_of:
       if (std::find(rule.allowed.begin(), rule.allowed.end(), v) == rule.allowed.end())
-        return "must be one of " + list_text(rule.allowed) + ", got '" + v + "'";
+        return "must be one of " + list_text(rule.allowed) + ", got " + quoted_value(v);
       return {};
     case value_rule::kind::checked:
       return rule.check(v);
@@ -341,27 +342,21 @@ nlohmann::json to_json(const settings& s) {
 
 std::string check_endpoint(const std::string& v) {
   if (v.rfind("tcp://", 0) != 0 && v.rfind("ipc://", 0) != 0 && v.rfind("inproc://", 0) != 0)
-    return "must be tcp://host:port or ipc://path, got '" + v + "'";
+    return "must be tcp://host:port or ipc://path, got " + quoted_value(v);
   if (v.rfind("tcp://", 0) != 0) return {};
   // ZeroMQ takes a port past 65535 as a wildcard and binds a random one.
   const auto colon = v.rfind(':');
   const std::string port = colon == std::string::npos ? "" : v.substr(colon + 1);
-  long p = -1;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (colon < 6 || (port != "*" && (port.empty() || ec != std::errc() ||
-                                    end != port.data() + port.size() || p < 0 || p > 65535)))
-    return "'" + v + "' has no port in [0, 65535] (or * for any)";
+  if (colon < 6 || (port != "*" && port_number(port) < 0))
+    return quoted_value(v) + " has no port in [0, 65535] (or * for any)";
   return {};
 }
 
 std::string check_node_address(const std::string& v) {
   const auto colon = v.rfind(':');
-  if (colon == std::string::npos) return "'" + v + "' is not HOST:PORT";
-  const std::string port = v.substr(colon + 1);
-  long p = -1;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (port.empty() || ec != std::errc() || end != port.data() + port.size() || p < 0 || p > 65535)
-    return "'" + v + "' has no port in [0, 65535]";
+  if (colon == std::string::npos) return quoted_value(v) + " is not HOST:PORT";
+  if (port_number(std::string_view(v).substr(colon + 1)) < 0)
+    return quoted_value(v) + " has no port in [0, 65535]";
   return {};
 }
 
@@ -375,17 +370,20 @@ std::string check_dial_address(const std::string& v) {
   if (auto why = check_node_address(v); !why.empty()) return why;
   const size_t colon = v.rfind(':');
   const std::string host = v.substr(0, colon), port = v.substr(colon + 1);
-  if (host.empty() || host.size() > 255) return "'" + v + "' has no host, or one over 255 bytes";
+  if (host.empty() || host.size() > 255)
+    return quoted_value(v) + " has no host, or one over 255 bytes";
   for (unsigned char c : host)
-    if (c <= ' ' || c >= 0x7f) return "'" + v + "': the host holds a space or a control character";
-  if (port[0] == '0') return "'" + v + "': give the port as a number above 0, no leading zeros";
+    if (c <= ' ' || c >= 0x7f)
+      return quoted_value(v) + ": the host holds a space or a control character";
+  if (port[0] == '0')
+    return quoted_value(v) + ": give the port as a number above 0, no leading zeros";
   return {};
 }
 
 std::vector<std::string> registry_endpoints(const std::string& url) {
   const std::string scheme = "etcd://";
   if (url.rfind(scheme, 0) != 0)
-    throw std::invalid_argument("'" + url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
+    throw std::invalid_argument(quoted_value(url) + " is not etcd://HOST:PORT[,HOST:PORT...]");
   std::vector<std::string> out;
   const std::string rest = url.substr(scheme.size());
   size_t start = 0;
@@ -394,7 +392,8 @@ std::vector<std::string> registry_endpoints(const std::string& url) {
     std::string item =
         rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (item.empty() || item.rfind(':') == 0 || !check_node_address(item).empty())
-      throw std::invalid_argument("'" + url + "': '" + item + "' is not HOST:PORT");
+      throw std::invalid_argument(quoted_value(url) + ": " + quoted_value(item) +
+                                  " is not HOST:PORT");
     out.push_back(std::move(item));
     if (comma == std::string::npos) return out;
     start = comma + 1;
@@ -417,9 +416,9 @@ std::string check_autoscale(const std::string& v) {
       return -1;
     return std::stoi(s);
   };
-  if (colon == std::string::npos) return "give MIN:MAX, e.g. 2:16, not '" + v + "'";
+  if (colon == std::string::npos) return "give MIN:MAX, e.g. 2:16, not " + quoted_value(v);
   const int lo = number(v.substr(0, colon)), hi = number(v.substr(colon + 1));
-  if (lo < 1 || hi < lo) return "give MIN:MAX with 1 <= MIN <= MAX, not '" + v + "'";
+  if (lo < 1 || hi < lo) return "give MIN:MAX with 1 <= MIN <= MAX, not " + quoted_value(v);
   return {};
 }
 
@@ -427,13 +426,13 @@ std::string check_epd(const std::string& v) {
   std::string up;
   for (char c : v) up += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (up != "EP-D" && up != "ED-P" && up != "E-P-D" && up != "EPD")
-    return "'" + v + "' is not a hybrid EPD strategy (EP-D, ED-P, E-P-D, EPD)";
+    return quoted_value(v) + " is not a hybrid EPD strategy (EP-D, ED-P, E-P-D, EPD)";
   return {};
 }
 
 std::string check_role(const std::string& v) {
   if (v != "prefill" && v != "decode" && v != "mixed" && v != "encode")
-    return "'" + v + "' is not a role (prefill, decode, mixed, encode)";
+    return quoted_value(v) + " is not a role (prefill, decode, mixed, encode)";
   return {};
 }
 

@@ -10,18 +10,11 @@
 #include <fstream>
 #include <iterator>
 
+#include "runtime/device/cl_info.hpp"
+
 namespace troupe::cl {
 
 namespace {
-
-std::string device_info(cl_device_id d, cl_device_info what) {
-  size_t n = 0;
-  if (clGetDeviceInfo(d, what, 0, nullptr, &n) != CL_SUCCESS) return {};
-  std::string s(n, '\0');
-  clGetDeviceInfo(d, what, n, s.data(), nullptr);
-  while (!s.empty() && s.back() == '\0') s.pop_back();
-  return s;
-}
 
 // FNV-1a, 64 bits, twice with different offsets: a cache key, not a
 // security boundary (the folder is the user's own).
@@ -56,19 +49,14 @@ std::string kernel_cache_dir() {
 std::string program_cache_key(cl_device_id device, const std::string& options,
                               const std::vector<std::string>& sources) {
   fnv128 h;
-  h.add(device_info(device, CL_DEVICE_NAME));
-  h.add(device_info(device, CL_DEVICE_VENDOR));
-  h.add(device_info(device, CL_DRIVER_VERSION));
-  h.add(device_info(device, CL_DEVICE_VERSION));
+  h.add(info_string(clGetDeviceInfo, device, CL_DEVICE_NAME));
+  h.add(info_string(clGetDeviceInfo, device, CL_DEVICE_VENDOR));
+  h.add(info_string(clGetDeviceInfo, device, CL_DRIVER_VERSION));
+  h.add(info_string(clGetDeviceInfo, device, CL_DEVICE_VERSION));
   cl_platform_id platform = nullptr;  // two ICDs may name a device alike (PoCL's CUDA device)
   if (clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, nullptr) ==
-      CL_SUCCESS) {
-    size_t n = 0;
-    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, 0, nullptr, &n);
-    std::string v(n, '\0');
-    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, n, v.data(), nullptr);
-    h.add(v);
-  }
+      CL_SUCCESS)
+    h.add(info_string(clGetPlatformInfo, platform, CL_PLATFORM_VERSION));
   h.add(options);
   for (const auto& s : sources) h.add(s);
   char out[33];

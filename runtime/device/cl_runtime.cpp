@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "runtime/device/cl_info.hpp"
 #include "runtime/device/cl_programs.hpp"
 
 namespace troupe::cl {
@@ -76,17 +77,6 @@ std::vector<cl_device_id> devices_of(cl_platform_id p) {
   std::vector<cl_device_id> ds(n);
   check(clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, n, ds.data(), nullptr), "clGetDeviceIDs");
   return ds;
-}
-
-// A string property of a device or platform (clGetDeviceInfo, clGetPlatformInfo).
-template <class Get, class Handle, class Param>
-std::string info_string(Get get, Handle h, Param what) {
-  size_t n = 0;
-  get(h, what, 0, nullptr, &n);
-  std::string s(n, '\0');
-  get(h, what, n, s.data(), nullptr);
-  while (!s.empty() && s.back() == '\0') s.pop_back();
-  return s;
 }
 
 // `device` split equally into sub-devices of `cores` compute units; of

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "runtime/common/user_text.hpp"
 #include "runtime/model/gguf_reader.hpp"
 #include "runtime/model/llama2c_reader.hpp"
 
@@ -38,7 +39,9 @@ std::string describe_magic(const uint8_t* p, size_t n) {
 }  // namespace
 
 void throw_model_error(const std::string& path, const std::string& problem) {
-  std::string line = path + ": " + problem;
+  // A name no file system takes (over PATH_MAX) is shown clipped: a 50 MB
+  // model name in a config file was echoed whole into the error.
+  std::string line = (path.size() > 4096 ? quoted_value(path, 200) : path) + ": " + problem;
   for (char& ch : line)
     if (ch == '\n' || ch == '\r') ch = ' ';
   throw model_error(line);

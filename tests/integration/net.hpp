@@ -33,15 +33,20 @@ inline void send_all(int fd, const std::string& bytes) {
   (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
 }
 
+// A recv() on `fd` gives up after `timeout`.
+inline void set_receive_timeout(int fd, std::chrono::milliseconds timeout) {
+  timeval tv{static_cast<time_t>(timeout.count() / 1000),
+             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
 // Sends `request` to 127.0.0.1:port: the whole response, or what came of
 // it within `timeout`.  Throws when nothing listens on the port.
 inline std::string http_exchange(int port, const std::string& request,
                                  std::chrono::milliseconds timeout) {
   const int fd = connect_local(port);
   if (fd < 0) throw std::runtime_error("cannot connect to port " + std::to_string(port));
-  timeval tv{static_cast<time_t>(timeout.count() / 1000),
-             static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  set_receive_timeout(fd, timeout);
   send_all(fd, request);
   std::string out;
   char buf[4096];

@@ -9,18 +9,72 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "child_process.hpp"
 #include "process.hpp"
 
 namespace troupe::testing {
 
-// A TCP port on 127.0.0.1 nobody listens on now (the OS picks it).
+// Whether a TCP socket can bind 127.0.0.1:port now (no SO_REUSEADDR, so a
+// port still in TIME_WAIT counts as taken too).
+inline bool port_bindable(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// The ports a test may hand out: those outside the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), below it where there is room, else above.
+inline std::pair<int, int> test_port_range() {
+  int lo = 32768, hi = 60999;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  if (lo - 1 - 10000 >= 4096) return {10000, lo - 1};
+  if (65535 - (hi + 1) >= 4096) return {hi + 1, 65535};
+  return {0, 0};  // no room outside it: the OS picks
+}
+
+// A TCP port on 127.0.0.1 nobody listens on now, for a child told to listen
+// on it.  Not one the OS picks by bind(port 0): that port is free again
+// once this returns, and every bind(0) on the host (a parallel test's server
+// taking its ZeroMQ or admin port, the child itself) draws from the
+// ephemeral range, so one of them could take it first ("service.metrics_port:
+// cannot listen on 127.0.0.1:34827: Address already in use" in a fresh-clone
+// CI).  Outside that range only callers of this function compete: each
+// process draws from its own random sequence and never hands out a port
+// twice.
 inline int free_port() {
+  static std::mutex mutex;
+  static std::set<int> given;
+  static std::mt19937 rng(
+      static_cast<unsigned>(::getpid()) * 2654435761u ^
+      static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto [lo, hi] = test_port_range();
+  if (lo != 0) {
+    std::uniform_int_distribution<int> pick(lo, hi);
+    for (int tries = 0; tries < 2000; ++tries) {
+      const int port = pick(rng);
+      if (given.count(port) == 0 && port_bindable(port)) {
+        given.insert(port);
+        return port;
+      }
+    }
+  }
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;

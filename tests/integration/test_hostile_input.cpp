@@ -294,8 +294,7 @@ TEST(HostileInput, HalfSentBodiesAndIdleConnectionsAreHeldToTheirBudgets) {
   EXPECT_EQ(ok.status, 200) << ok.body.dump();
   int refused = 0;
   for (int fd : fds) {
-    timeval tv{1, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    set_receive_timeout(fd, 1s);
     char buf[512];
     const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
     if (n > 0 && http_status(std::string(buf, size_t(n))) == 503) ++refused;
@@ -409,8 +408,7 @@ TEST(HostileInput, SlowCallsEndAndAbandonedStreamsLeaveNothingHeld) {
   {
     const int fd = connect_local(http);
     ASSERT_GE(fd, 0);
-    timeval tv{0, 200000};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    set_receive_timeout(fd, 200ms);
     send_all(fd, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n");
     std::string got;
     const auto t0 = std::chrono::steady_clock::now();
@@ -432,8 +430,7 @@ TEST(HostileInput, SlowCallsEndAndAbandonedStreamsLeaveNothingHeld) {
   {
     const int fd = connect_local(http);
     ASSERT_GE(fd, 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    set_receive_timeout(fd, 5s);
     for (int i = 0; i < 20; ++i) {
       send_all(fd, "CONNECT 127.0.0.1:1 HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
                        std::string(2000, 'x').insert(0, "X-Pad: ") + "\r\n\r\n");
@@ -460,8 +457,7 @@ TEST(HostileInput, SlowCallsEndAndAbandonedStreamsLeaveNothingHeld) {
     for (int i = 0; i < count; ++i) {
       const int fd = connect_local(http);
       ASSERT_GE(fd, 0);
-      timeval tv{10, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      set_receive_timeout(fd, 10s);
       send_all(fd, request);
       char buf[300];
       ASSERT_GT(::recv(fd, buf, sizeof buf, 0), 0);
@@ -531,8 +527,7 @@ TEST(HostileInput, SlowHeadersAndManyStreamsDoNotStarveTheFront) {
     readers.emplace_back([&, i] {
       const int fd = connect_local(http);
       if (fd < 0) return;
-      timeval tv{120, 0};
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      set_receive_timeout(fd, 120s);
       send_all(fd,
                "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                "Content-Type: application/json\r\nContent-Length: " +
@@ -654,6 +649,28 @@ TEST(HostileInput, OddButLawfulRequestsGetTheirAnswers) {
                                           "HEAD /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 10s);
   EXPECT_EQ(http_status(metrics_head), 200) << metrics_head;
   EXPECT_EQ(http_body(metrics_head), "") << metrics_head;
+  {
+    // HEAD on a kept-alive connection, then GET on the same one: a body
+    // sent after HEAD's headers would be read as the next response.
+    const int fd = connect_local(http);
+    ASSERT_GE(fd, 0);
+    set_receive_timeout(fd, 10s);
+    send_all(fd, "HEAD /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+    std::string all;
+    char buf[4096];
+    ssize_t n;
+    while (all.find("\r\n\r\n") == std::string::npos && (n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+      all.append(buf, static_cast<size_t>(n));
+    send_all(fd, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0) all.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    const auto end_of_head = all.find("\r\n\r\n");
+    ASSERT_NE(end_of_head, std::string::npos) << all;
+    EXPECT_EQ(http_status(all), 200) << all;
+    const std::string second = all.substr(end_of_head + 4);
+    EXPECT_EQ(http_status(second), 200) << all;
+    EXPECT_EQ(http_body(second), R"({"status":"ok"})") << all;
+  }
   // And it serves on.
   auto ok = complete(http, {{"prompt", "Once upon a time"}, {"max_tokens", 2}});
   EXPECT_EQ(ok.status, 200) << ok.body.dump();

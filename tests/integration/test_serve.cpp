@@ -394,7 +394,7 @@ TEST(ServeConfig, BadValuesAreRefusedByKey) {
   }
   r = run_process(troupe_bin() + " serve --listen 'tcp://127.0.0.1:*' --config " + path);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("unknown key engine.modle"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unknown key 'engine.modle'"), std::string::npos) << r.err;
   {
     // The old name of engine.queue_steps is taken, with a note.
     std::ofstream f(path);
@@ -458,7 +458,8 @@ TEST(ServeConfig, LayersApplyInOrderDefaultEnvironmentFileCommandLine) {
   r = run_process(troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' --config " +
                   path);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("unknown key model (known: address, instances, platform"), std::string::npos)
+  EXPECT_NE(r.err.find("unknown key 'model' (known: address, instances, platform"),
+            std::string::npos)
       << r.err;
   std::remove(path.c_str());
 }

@@ -13,6 +13,7 @@
 
 #include "actors/admin_endpoint.hpp"
 #include "net/secret.hpp"
+#include "runtime/common/user_text.hpp"
 #include "tools/client/client.hpp"
 
 namespace troupe::cli {
@@ -30,15 +31,11 @@ endpoint parse_admin(const std::string& text) {
   if (colon == std::string::npos || colon == 0)
     throw std::invalid_argument(
         "--admin: give the server's admin endpoint as HOST:PORT "
-        "(service.admin_port of troupe serve), got '" +
-        text + "'");
-  endpoint a{text.substr(0, colon), 0};
-  try {
-    a.port = std::stoi(text.substr(colon + 1));
-  } catch (const std::exception&) {
-  }
-  if (a.port <= 0 || a.port > 65535)
-    throw std::invalid_argument("--admin: bad port in '" + text + "'");
+        "(service.admin_port of troupe serve), got " +
+        quoted_value(text));
+  endpoint a{text.substr(0, colon),
+             static_cast<int>(port_number(std::string_view(text).substr(colon + 1)))};
+  if (a.port <= 0) throw std::invalid_argument("--admin: bad port in " + quoted_value(text));
   return a;
 }
 

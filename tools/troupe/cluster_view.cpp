@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "net/etcd_client.hpp"
+#include "runtime/common/user_text.hpp"
 #include "runtime/config/settings.hpp"
 
 namespace troupe::cli {
@@ -30,7 +31,8 @@ CLI::Validator cluster_fingerprint_check() {
       [](const std::string& v) -> std::string {
         if (v.size() == 16 && v.find_first_not_of("0123456789abcdef") == std::string::npos)
           return {};
-        return "'" + v + "' is not a cluster fingerprint (16 hex digits, as troupe node prints it)";
+        return quoted_value(v) +
+               " is not a cluster fingerprint (16 hex digits, as troupe node prints it)";
       },
       "FINGERPRINT");
 }

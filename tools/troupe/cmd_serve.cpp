@@ -440,10 +440,8 @@ int run_serve(settings_flags& flags, const std::string& config) {
       }
     }
   }
-  if (infos.empty()) {
-    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  if (infos.empty())
     throw std::runtime_error("no instance: every node failed to start (see above)");
-  }
   device_info info = infos.front();
   int32_t max_len = std::min(info.n_ctx, info.n_pages * info.page_size);
   for (const auto& i : infos)
@@ -474,27 +472,22 @@ int run_serve(settings_flags& flags, const std::string& config) {
   ctx->offline_tpot_ms = s.offline_tpot_ms;
   auto metrics = std::make_shared<metrics_registry>();
   if (vision) {
-    try {
-      ctx->encode_books = std::make_shared<encode_ledger>(
-          e.encoder_queue, static_cast<uint64_t>(e.encoder_cache_mb) << 20);
-      if (epd) {
-        // Hybrid EPD: each local instance's own encoder (the ledger's
-        // queue bound and cache stay the service's).
-        ctx->epd = epd;
-        for (int i = 1; i <= local; ++i) {
-          auto enc = spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books,
-                                   metrics);
-          ctx->encoders[static_cast<uint64_t>(i)] = enc;
-          owned.push_back(caf::actor_cast<caf::actor>(enc));
-        }
-      } else {
-        ctx->encoder =
+    ctx->encode_books = std::make_shared<encode_ledger>(
+        e.encoder_queue, static_cast<uint64_t>(e.encoder_cache_mb) << 20);
+    if (epd) {
+      // Hybrid EPD: each local instance's own encoder (the ledger's
+      // queue bound and cache stay the service's).
+      ctx->epd = epd;
+      for (int i = 1; i <= local; ++i) {
+        auto enc =
             spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books, metrics);
-        owned.push_back(caf::actor_cast<caf::actor>(ctx->encoder));
+        ctx->encoders[static_cast<uint64_t>(i)] = enc;
+        owned.push_back(caf::actor_cast<caf::actor>(enc));
       }
-    } catch (...) {
-      for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-      throw;
+    } else {
+      ctx->encoder =
+          spawn_encoder(*env.sys, vision, {e.platform, e.device, 0}, ctx->encode_books, metrics);
+      owned.push_back(caf::actor_cast<caf::actor>(ctx->encoder));
     }
     ctx->image_rows = vision->hp.n_patches();
     std::fprintf(stderr, "troupe serve: images through %s (%d rows each, %dx%d pixels)\n",
@@ -639,7 +632,6 @@ int run_serve(settings_flags& flags, const std::string& config) {
     for (const auto& a :
          {caf::actor_cast<caf::actor>(admin), caf::actor_cast<caf::actor>(gw.actor)})
       caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-    for (const auto& a : owned) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     if (admin_ep) caf::anon_send_exit(admin_ep->actor, caf::exit_reason::user_shutdown);
     for (const auto& f : secret_files) std::remove(f.c_str());
     throw;

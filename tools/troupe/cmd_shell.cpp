@@ -12,7 +12,6 @@
 
 #include <sys/stat.h>
 
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/common/user_text.hpp"
 #include "tools/troupe/admin_link.hpp"
 #include "tools/troupe/common.hpp"
 #include "tools/troupe/shell_view.hpp"
@@ -457,9 +457,7 @@ class shell {
     long count = tty ? 0 : 1;
     if (l.opts.count("count")) {
       const std::string& c = l.opts.at("count");
-      auto [end, ec] = std::from_chars(c.data(), c.data() + c.size(), count);
-      if (c.empty() || ec != std::errc() || end != c.data() + c.size() || count < 0 ||
-          count > 1000000)
+      if (!whole_text_as(c, count) || count < 0 || count > 1000000)
         throw failure{"watch: --count must be refreshes in [0, 1000000] (0: until a key)"};
       // Off a terminal no key can end it.
       if (count == 0 && !tty)

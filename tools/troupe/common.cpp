@@ -2,7 +2,6 @@
 
 #include <caf/io/all.hpp>
 #include <caf/openssl/manager.hpp>
-#include <charconv>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <thread>
 
 #include "net/secret.hpp"
+#include "runtime/common/user_text.hpp"
 #include "runtime/model/model_registry.hpp"
 
 namespace troupe::cli {
@@ -109,7 +109,7 @@ CLI::Validator finite_number(bool zero_ok) {
         if (!CLI::detail::lexical_cast(text, v) || !std::isfinite(v) || v < 0 ||
             (!zero_ok && v == 0))
           return std::string(zero_ok ? "a finite number >= 0" : "a finite number > 0") + " (got " +
-                 text + ")";
+                 quoted_value(text) + ")";
         return {};
       },
       zero_ok ? "NUMBER >= 0" : "NUMBER > 0");
@@ -119,9 +119,7 @@ CLI::Validator whole_number() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
         uint64_t v = 0;
-        auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (text.empty() || ec != std::errc() || end != text.data() + text.size())
-          return "a whole number >= 0 (got " + text + ")";
+        if (!whole_text_as(text, v)) return "a whole number >= 0 (got " + quoted_value(text) + ")";
         return {};
       },
       "N >= 0");
@@ -131,12 +129,11 @@ CLI::Validator whole_number() {
 std::pair<std::string, uint16_t> split_address(const std::string& a, const char* what) {
   const auto colon = a.rfind(':');
   if (colon == std::string::npos)
-    throw std::invalid_argument(std::string(what) + ": '" + a + "' is not HOST:PORT");
-  const std::string port = a.substr(colon + 1);
-  char* end = nullptr;
-  const long p = std::strtol(port.c_str(), &end, 10);
-  if (port.empty() || *end != '\0' || p < 0 || p > 65535)
-    throw std::invalid_argument(std::string(what) + ": '" + a + "' has no port in [0, 65535]");
+    throw std::invalid_argument(std::string(what) + ": " + quoted_value(a) + " is not HOST:PORT");
+  const long p = port_number(std::string_view(a).substr(colon + 1));
+  if (p < 0)
+    throw std::invalid_argument(std::string(what) + ": " + quoted_value(a) +
+                                " has no port in [0, 65535]");
   return {a.substr(0, colon), static_cast<uint16_t>(p)};
 }
 

@@ -23,6 +23,7 @@
 
 #include "net/secret.hpp"
 #include "runtime/common/json_depth.hpp"
+#include "runtime/common/user_text.hpp"
 #include "runtime/service/metrics.hpp"
 #include "tools/client/openai_embeddings.hpp"
 #include "tools/client/openai_responses.hpp"
@@ -792,7 +793,7 @@ struct http_front::impl {
     if (get && path.rfind("/v1/models/", 0) == 0) {
       const std::string id = path.substr(11);
       if (id != opts.model)
-        return reply_error(req, {404, "The model '" + id + "' does not exist",
+        return reply_error(req, {404, "The model " + quoted_value(id) + " does not exist",
                                  "invalid_request_error", "model", "model_not_found"});
       return reply(req, 200, text_of(model_object()));
     }

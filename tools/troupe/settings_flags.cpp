@@ -6,6 +6,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "runtime/common/user_text.hpp"
+
 namespace troupe::cli {
 
 namespace {
@@ -73,7 +75,7 @@ std::vector<node_entry> parse_node_entries(const std::string& path, const toml::
       }
       const setting_key* sk = find_setting("engine." + key);
       if (!sk || !sk->has(trait::per_node))
-        throw bad("unknown key " + key + " (known: address, instances, " +
+        throw bad("unknown key " + quoted_value(key) + " (known: address, instances, " +
                   keys_with(trait::per_node) + ")");
       if (sk->alias())
         std::fprintf(stderr, "troupe: config %s: cluster.node: %s is deprecated; use %s\n",
@@ -159,11 +161,11 @@ void settings_flags::load_file(const std::string& path, settings& s) {
     const auto* t = node.as_table();
     const bool known = sec == "engine" || sec == "service" || sec == "cluster";
     if (known && !t)
-      throw std::invalid_argument("config " + path + ": '" + sec + "' must be a section ([" + sec +
-                                  "]), not a value");
+      throw std::invalid_argument("config " + path + ": " + quoted_value(sec) +
+                                  " must be a section ([" + sec + "]), not a value");
     if (!known)
-      throw std::invalid_argument("config " + path + ": unknown section [" + sec.substr(0, 64) +
-                                  "] (known: [engine], [service], [cluster])");
+      throw std::invalid_argument("config " + path + ": unknown section " + quoted_value(sec) +
+                                  " (known: [engine], [service], [cluster])");
     for (const auto& [key, value] : *t) {
       const std::string name = sec + "." + std::string(key.str());
       if (name == "cluster.node") {
@@ -171,7 +173,7 @@ void settings_flags::load_file(const std::string& path, settings& s) {
         continue;
       }
       const setting_key* k = find_setting(name);  // "section.key": its exact key
-      if (!k) throw std::invalid_argument("config " + path + ": unknown key " + name);
+      if (!k) throw std::invalid_argument("config " + path + ": unknown key " + quoted_value(name));
       if (k->alias())
         std::fprintf(stderr, "troupe: config %s: %s is deprecated; use %s\n", path.c_str(),
                      name.c_str(), k->deprecated_for.c_str());

@@ -5,22 +5,15 @@ take both endpoints and move to the second when the first falls silent."""
 import json
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
 
 from troupe_client import Client, TroupeError, client_pb2 as pb
 
-from conftest import Server, offline_generate, read_stdout_until, troupe_bin
+from conftest import Server, free_port, offline_generate, read_stdout_until, troupe_bin
 
 PROMPT = "Once upon a time there was a dog"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Node:

@@ -17,15 +17,9 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import Server, troupe_bin
+from conftest import Server, free_port, troupe_bin
 
 PROMPT = "Once upon a time"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class HttpServer(Server):
