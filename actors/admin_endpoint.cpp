@@ -218,7 +218,9 @@ struct peer_route {
 };
 
 void reply(self_ptr self, const peer_route& peer, const json& j) {
-  const std::string body = j.dump();
+  // Bytes that are not UTF-8 (an error quoting a value) become U+FFFD:
+  // the strict dump throws, and here that would end this actor.
+  const std::string body = j.dump(-1, ' ', false, json::error_handler_t::replace);
   try {
     auto& sock = self->state.zmq->sock;
     sock.send(zmq::buffer(peer.id), zmq::send_flags::sndmore | zmq::send_flags::dontwait);

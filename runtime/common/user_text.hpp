@@ -27,7 +27,11 @@ namespace troupe {
 // quote.
 inline std::string quoted_value(std::string_view v, size_t keep = 80) {
   std::string out = "'";
-  const size_t shown = v.size() > keep ? keep : v.size();
+  size_t shown = v.size() > keep ? keep : v.size();
+  // Cut at a character's start, so a clipped UTF-8 value stays UTF-8 (an
+  // error text may go out as JSON, whose strict dump throws on it).
+  while (shown > 0 && shown < v.size() && (static_cast<unsigned char>(v[shown]) & 0xC0) == 0x80)
+    --shown;
   for (size_t i = 0; i < shown; ++i) {
     const auto c = static_cast<unsigned char>(v[i]);
     if (c < 0x20 || c == 0x7f) {

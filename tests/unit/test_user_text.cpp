@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 
@@ -23,6 +25,16 @@ TEST(UserText, LongValuesAreClippedWithTheirSize) {
   EXPECT_LT(q.size(), 200u);
   EXPECT_EQ(q.substr(0, 81), "'" + std::string(80, 'a'));
   EXPECT_NE(q.find("... (52428800 bytes)"), std::string::npos) << q;
+}
+
+// A cut inside a multi-byte character would leave bytes no JSON dump
+// takes (the admin endpoint's reply carries such errors).
+TEST(UserText, ClippingKeepsUtf8Whole) {
+  std::string v = "a";
+  for (int i = 0; i < 41; ++i) v += "\xc3\xa9";  // é
+  const std::string q = quoted_value(v);
+  EXPECT_NO_THROW((void)nlohmann::json(q).dump()) << q;
+  EXPECT_NE(q.find("... (83 bytes)"), std::string::npos) << q;
 }
 
 TEST(UserText, ControlBytesAreShownNotSent) {

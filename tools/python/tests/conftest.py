@@ -20,6 +20,7 @@ MODEL = "stories15m"
 
 
 _given_ports: set = set()
+_port_draws = random.SystemRandom()  # not the global generator, which a test may seed
 
 
 def free_port() -> int:
@@ -29,7 +30,7 @@ def free_port() -> int:
     the child does (tests/integration/server_process.hpp says more)."""
     lo, hi = 32768, 60999
     try:
-        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        lo, hi = map(int, pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     except (OSError, ValueError):
         pass
     ranges = [(10000, lo - 1)] if lo - 1 - 10000 >= 4096 else []
@@ -37,7 +38,7 @@ def free_port() -> int:
         ranges = [(hi + 1, 65535)]
     for first, last in ranges:
         for _ in range(2000):
-            port = random.randint(first, last)
+            port = _port_draws.randint(first, last)
             if port in _given_ports:
                 continue
             with socket.socket() as s:
