@@ -411,10 +411,9 @@ std::string check_registry(const std::string& v) {
 
 std::string check_autoscale(const std::string& v) {
   const auto colon = v.find(':');
-  auto number = [](const std::string& s) {
-    if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789") != std::string::npos)
-      return -1;
-    return std::stoi(s);
+  auto number = [](const std::string& s) {  // at most 4 digits; -1 if not a number
+    int n = -1;
+    return s.size() <= 4 && whole_text_as(s, n) ? n : -1;
   };
   if (colon == std::string::npos) return "give MIN:MAX, e.g. 2:16, not " + quoted_value(v);
   const int lo = number(v.substr(0, colon)), hi = number(v.substr(colon + 1));
