@@ -39,7 +39,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,16 +48,11 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "tools", "python"))
+from troupe_client.local_port import free_port  # noqa: E402
 
 
 def die(msg):
     sys.exit(f"cluster_bench: {msg}")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Child:

@@ -17,8 +17,6 @@ import asyncio
 import os
 import pathlib
 import select
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -29,15 +27,10 @@ sys.path.insert(0, str(REPO / "tools" / "python"))
 
 import openai  # noqa: E402
 from troupe_client.aio import AsyncClient  # noqa: E402
+from troupe_client.local_port import free_port  # noqa: E402
 
 PROMPTS = ["Tell me a story about a dragon.", "Why is the sky blue?", "Name three fruits.",
            "Write a haiku about the sea.", "What is a computer?", "Describe a cat."]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(xs, p):

@@ -32,9 +32,7 @@ import json
 import math
 import os
 import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -42,6 +40,10 @@ import urllib.error
 import urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# The client package's port helper, read as a plain module: the package
+# itself needs pyzmq, which this script does not.
+sys.path.insert(0, os.path.join(REPO, "tools", "python", "troupe_client"))
+from local_port import free_port  # noqa: E402
 
 # KV bytes per token of SmolLM2-135M with a half cache: 30 layers x K and V x
 # 3 KV heads x 64 dims x 2 bytes.  troupe's --kv-mb is sized from it so its
@@ -64,12 +66,6 @@ def length_spec(lo, hi, what):
     if math.floor(length * (1 - ratio)) != lo or math.ceil(length * (1 + ratio)) != hi:
         die(f"{what} range [{lo}, {hi}] is not exact as L={length}, r={ratio!r}")
     return length, ratio
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def quote(cmd, env=None):

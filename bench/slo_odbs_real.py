@@ -34,7 +34,6 @@ import json
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tools", "python"))
 from troupe_client import AsyncClient  # noqa: E402
+from troupe_client.local_port import free_port  # noqa: E402
 
 # (name, opening words, output tokens [lo, hi))
 CLASSES = [
@@ -75,12 +75,6 @@ def workload(n, rate, seed, ttft_range, tpot_ms):
             "tpot_ms": tpot_ms,
         })
     return out
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metrics(http_port):

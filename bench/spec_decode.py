@@ -28,13 +28,16 @@ import argparse
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+# The client package's port helper, read as a plain module: the package
+# itself needs pyzmq, which this script does not.
+sys.path.insert(0, os.path.join(REPO, "tools", "python", "troupe_client"))
+from local_port import free_port  # noqa: E402
 
 CODE = '''def total_price(items, tax_rate):
     subtotal = 0
@@ -43,12 +46,6 @@ CODE = '''def total_price(items, tax_rate):
     tax = subtotal * tax_rate
     return subtotal + tax
 '''
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def workloads(seed, passage_words):

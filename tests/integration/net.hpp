@@ -15,13 +15,37 @@
 
 namespace troupe::testing {
 
-// A TCP connection to 127.0.0.1:port, or -1.
-inline int connect_local(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+// 127.0.0.1:port (0: any port) as a socket address.
+inline sockaddr_in loopback(int port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port));
+  return a;
+}
+
+// A socket listening on 127.0.0.1 on a port the OS picks, for tests that
+// need a port somebody holds; {-1, 0} when that fails.
+struct held_port {
+  int fd = -1;
+  int port = 0;
+};
+inline held_port listen_local() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback(0);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd, 1) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    return {};
+  }
+  return {fd, ntohs(a.sin_port)};
+}
+
+// A TCP connection to 127.0.0.1:port, or -1.
+inline int connect_local(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = loopback(port);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
     return -1;

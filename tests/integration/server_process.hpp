@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "child_process.hpp"
+#include "net.hpp"
 #include "process.hpp"
 
 namespace troupe::testing {
@@ -29,10 +30,7 @@ namespace troupe::testing {
 inline bool port_bindable(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return false;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
+  sockaddr_in a = loopback(port);
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return ok;
@@ -40,6 +38,7 @@ inline bool port_bindable(int port) {
 
 // The ports a test may hand out: those outside the kernel's ephemeral range
 // (net.ipv4.ip_local_port_range), below it where there is room, else above.
+// Read once a process: free_port() calls it under its lock.
 inline std::pair<int, int> test_port_range() {
   int lo = 32768, hi = 60999;
   std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
@@ -64,7 +63,8 @@ inline int free_port() {
       static_cast<unsigned>(::getpid()) * 2654435761u ^
       static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto [lo, hi] = test_port_range();
+  static const std::pair<int, int> range = test_port_range();
+  const auto [lo, hi] = range;
   if (lo != 0) {
     std::uniform_int_distribution<int> pick(lo, hi);
     for (int tries = 0; tries < 2000; ++tries) {
@@ -76,9 +76,7 @@ inline int free_port() {
     }
   }
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = loopback(0);
   socklen_t len = sizeof a;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {

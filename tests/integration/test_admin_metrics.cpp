@@ -5,10 +5,7 @@
 // back; `troupe client --server EP admin kv --json` holds its contract with
 // nothing else given; --admin-port -1 makes admin fail clearly; the metrics
 // name what they should and move with traffic.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -204,15 +201,9 @@ TEST(AdminMetricsConfig, AdminOffMakesAdminFailClearly) {
 
 // A taken port stops the start with the key's name, and nothing hangs.
 TEST(AdminMetricsConfig, BusyOrBadPortIsRefusedWithTheKey) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const std::string busy = std::to_string(ntohs(a.sin_port));
+  const held_port held = listen_local();
+  ASSERT_GE(held.fd, 0);
+  const std::string busy = std::to_string(held.port);
   const std::string serve =
       "timeout 60 " + troupe_bin() + " serve -m stories15m --listen 'tcp://127.0.0.1:*' ";
   for (const std::string key : {"metrics_port", "admin_port"}) {
@@ -225,7 +216,7 @@ TEST(AdminMetricsConfig, BusyOrBadPortIsRefusedWithTheKey) {
     EXPECT_EQ(r.exit_code, 1) << key << ": " << r.err;
     EXPECT_NE(r.err.find("service." + key), std::string::npos) << r.err;
   }
-  ::close(fd);
+  ::close(held.fd);
 }
 
 }  // namespace

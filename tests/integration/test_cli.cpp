@@ -1,10 +1,7 @@
 // The troupe command as users run it: JSON contracts, a chat answer from
 // SmolLM2, every supported weight type end to end, and bad model files
 // refused with one line naming the problem.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -12,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../unit/gguf_fixture.hpp"
+#include "net.hpp"
 #include "process.hpp"
 
 namespace troupe::testing {
@@ -217,18 +215,12 @@ TEST(Cli, CarelessArgumentsEndAtOnceWithTheirReason) {
     EXPECT_NE(r.err.find(what), std::string::npos) << "expected '" << what << "' in: " << r.err;
   };
   // A port another socket holds.
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string busy = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  const held_port held = listen_local();
+  ASSERT_GE(held.fd, 0);
+  const std::string busy = "tcp://127.0.0.1:" + std::to_string(held.port);
   expect(run_process(t + " serve -m stories15m --local-instances 2 --listen " + busy),
          "Address already in use");
-  ::close(fd);
+  ::close(held.fd);
   expect(run_process(t + " serve -m stories15m --listen tcp://localhost:5999"),
          "give an IP address");
   expect(run_process(t + " serve -m stories15m --listen tcp://127.0.0.1:99999"),

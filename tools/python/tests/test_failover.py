@@ -11,7 +11,8 @@ import pytest
 
 from troupe_client import Client, TroupeError, client_pb2 as pb
 
-from conftest import Server, free_port, offline_generate, read_stdout_until, troupe_bin
+from conftest import Server, offline_generate, read_stdout_until, troupe_bin
+from troupe_client.local_port import free_port
 
 PROMPT = "Once upon a time there was a dog"
 

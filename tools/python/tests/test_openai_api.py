@@ -9,7 +9,6 @@ import math
 import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +16,8 @@ import urllib.request
 import openai
 import pytest
 
-from conftest import Server, free_port, troupe_bin
+from conftest import Server, troupe_bin
+from troupe_client.local_port import free_port
 
 PROMPT = "Once upon a time"
 
