@@ -196,6 +196,10 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
     return invalid(std::string("output constraint: ") + e.what());
   }
 
+  // proto3 keeps an enum value it does not know: say so, not serve it as online.
+  if (!wire::RequestClass_IsValid(g.request_class()))
+    return invalid("request_class " + std::to_string(g.request_class()) +
+                   " is not ONLINE (0) or OFFLINE (1)");
   plan.prompt = std::move(prompt);
   plan.sampling = sp;
   plan.max_tokens = max_tokens;

@@ -15,12 +15,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 
 namespace troupe {
@@ -250,13 +252,56 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
   spdlog::warn(fmt::runtime(format), peer, why);
 }
 
+// CAF 0.17's OpenSSL transport spins in its poll loop while a handshake
+// waits to read before it can write (actor-framework issue #1060, fixed in
+// 0.18): one idle TCP connection to a node's port kept a core at 100% for
+// as long as it stayed open.  So a handshake waiting on its peer pauses
+// the loop briefly at each turn (a core's spin becomes a few percent; a
+// peer that is talking is not slowed, as its bytes end the wait), and one
+// not done within k_handshake_deadline fails, which closes the connection.
+constexpr auto k_handshake_deadline = std::chrono::seconds(10);
+constexpr auto k_handshake_pause = std::chrono::microseconds(200);
+
+int handshake_start_index() {
+  static const int index = SSL_get_ex_new_index(
+      0, nullptr, nullptr, nullptr, [](void*, void* p, CRYPTO_EX_DATA*, int, long, void*) {
+        delete static_cast<std::chrono::steady_clock::time_point*>(p);
+      });
+  return index;
+}
+
+// After a handshake step or I/O call that returned `ret` before the
+// handshake finished: pause while the peer has sent nothing, or fail the
+// call once the deadline has passed.  Returns the value to return.
+int handshake_waiting(SSL* ssl, int ret) {
+  if (ret > 0 || SSL_is_init_finished(ssl)) return ret;
+  const int err = SSL_get_error(ssl, ret);
+  if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return ret;
+  const auto now = std::chrono::steady_clock::now();
+  auto* start = static_cast<std::chrono::steady_clock::time_point*>(
+      SSL_get_ex_data(ssl, handshake_start_index()));
+  if (!start) {
+    start = new std::chrono::steady_clock::time_point(now);
+    SSL_set_ex_data(ssl, handshake_start_index(), start);
+  }
+  if (now - *start > k_handshake_deadline) {
+    spdlog::warn("cluster: closed a connection from {}: no TLS handshake within {} s",
+                 handshake_peer(ssl), k_handshake_deadline.count());
+    handshake_peer_forget(ssl);
+    ERR_raise(ERR_LIB_SSL, SSL_R_READ_TIMEOUT_EXPIRED);  // SSL_get_error: SSL_ERROR_SSL
+    return -1;
+  }
+  if (err == SSL_ERROR_WANT_READ) std::this_thread::sleep_for(k_handshake_pause);
+  return ret;
+}
+
 }  // namespace
 
 extern "C" int SSL_accept(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
   handshake_peer(ssl);
-  const int ret = real(ssl);
+  const int ret = handshake_waiting(ssl, real(ssl));
   handshake_done(ssl, ret,
                  "cluster: refused a peer at {}: TLS handshake failed ({}); a peer must hold the "
                  "cluster secret");
@@ -267,7 +312,7 @@ extern "C" int SSL_connect(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_connect");
   ERR_clear_error();
   handshake_peer(ssl);
-  const int ret = real(ssl);
+  const int ret = handshake_waiting(ssl, real(ssl));
   handshake_done(ssl, ret,
                  "cluster: TLS handshake with {} failed ({}); does it hold the same cluster "
                  "secret?");
@@ -277,11 +322,11 @@ extern "C" int SSL_connect(SSL* ssl) {
 extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   static const auto real = real_fn<int (*)(SSL*, void*, int)>("SSL_read");
   ERR_clear_error();
-  return real(ssl, buf, num);
+  return handshake_waiting(ssl, real(ssl, buf, num));
 }
 
 extern "C" int SSL_write(SSL* ssl, const void* buf, int num) {
   static const auto real = real_fn<int (*)(SSL*, const void*, int)>("SSL_write");
   ERR_clear_error();
-  return real(ssl, buf, num);
+  return handshake_waiting(ssl, real(ssl, buf, num));
 }

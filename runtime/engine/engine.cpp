@@ -1063,7 +1063,10 @@ std::string engine::constrain(const sequence_spec& r, std::shared_ptr<token_cons
   auto it = constraints_.find(r.constraint);
   if (it == constraints_.end()) {
     try {
-      if (constraints_.size() >= 64) constraints_.clear();  // a bounded cache
+      // A bounded cache: 64 patterns, 512 MB of automata and masks.
+      size_t held = 0;
+      for (const auto& [pattern, made] : constraints_) held += made->footprint_bytes();
+      if (constraints_.size() >= 64 || held > (size_t{512} << 20)) constraints_.clear();
       it = constraints_
                .emplace(r.constraint, std::make_shared<token_constraint>(
                                           r.constraint, opts_.token_bytes, opts_.eog_tokens))

@@ -123,7 +123,9 @@ std::string pattern_regex(const std::string& pattern) try {
     tail = slashes % 2 == 0;
   }
   if (tail) p.pop_back();
-  regex_dfa dfa(p.empty() ? "()" : p);
+  // A fifth of generation's work budget: this runs on a request's check,
+  // before any engine sees it, and a pattern that needs more is refused.
+  regex_dfa dfa(p.empty() ? "()" : p, 200000, k_regex_max_work / 5);
   // Every state the pattern can reach, up to a bound, must refuse those bytes.
   // DFA states are numbered as they are made, so stepping every state in
   // turn, the new ones too, visits all that the pattern can reach.
@@ -301,6 +303,9 @@ std::string value_regex(const json& s, int depth, walk& w) {
   const auto& t = s["type"];
   if (t.is_string()) return typed(t.get<std::string>(), s, depth, w);
   if (t.is_array()) {
+    // No type at all would admit no value (an empty alternation matched
+    // the empty output: a 200 with text "").
+    if (t.empty()) throw schema_error("schema: 'type' must be a non-empty array");
     alternation parts;
     for (const auto& one : t) {
       if (!one.is_string()) throw schema_error("schema: 'type' entries must be strings");

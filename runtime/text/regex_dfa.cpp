@@ -335,8 +335,8 @@ struct builder {
 
 }  // namespace
 
-regex_dfa::regex_dfa(const std::string& pattern, size_t max_nfa_states)
-    : max_states_(max_nfa_states) {
+regex_dfa::regex_dfa(const std::string& pattern, size_t max_nfa_states, uint64_t max_work)
+    : max_states_(max_nfa_states), max_work_(max_work) {
   regex_parser parser{pattern};
   auto root = parser.alternation();
   if (parser.more()) parser.fail("unbalanced ')'");
@@ -406,13 +406,26 @@ bool regex_dfa::accept_reachable() const {
   return false;
 }
 
-void regex_dfa::closure(std::vector<int>& set) const {
+void regex_dfa::too_complex() {
+  exhausted_ = true;
+  sets_ = {};
+  next_ = {};
+  ids_ = {};
+  entries_ = 0;
+  throw regex_error("regex: the pattern is too complex to follow (its automaton passed " +
+                    std::to_string(k_regex_max_entries) + " NFA states held or " +
+                    std::to_string(max_work_) + " steps)");
+}
+
+void regex_dfa::closure(std::vector<int>& set) {
   std::vector<char> seen(nfa_.size(), 0);
   std::vector<int> stack = set;
   for (int x : set) seen[size_t(x)] = 1;
+  work_ += nfa_.size() / 16 + set.size();  // the seen table's clearing, the seeds
   while (!stack.empty()) {
     const int x = stack.back();
     stack.pop_back();
+    work_ += nfa_[size_t(x)].eps.size() + 1;
     for (int y : nfa_[size_t(x)].eps)
       if (!seen[size_t(y)]) {
         seen[size_t(y)] = 1;
@@ -425,8 +438,11 @@ void regex_dfa::closure(std::vector<int>& set) const {
 
 int regex_dfa::dfa_state(std::vector<int> set) {
   closure(set);
+  if (work_ > max_work_) too_complex();
   if (auto it = ids_.find(set); it != ids_.end()) return it->second;
   if (sets_.size() >= 100000) throw regex_error("regex: the pattern needs too many states");
+  entries_ += set.size();
+  if (entries_ > k_regex_max_entries) too_complex();
   const int id = int(sets_.size());
   accept_.push_back(std::binary_search(set.begin(), set.end(), nfa_accept_));
   int32_t to_end = k_unreachable;
@@ -442,12 +458,15 @@ int regex_dfa::dfa_state(std::vector<int> set) {
 
 int regex_dfa::step(int state, uint8_t byte) {
   if (state < 0) return -1;
+  if (exhausted_) too_complex();
   int& cached = next_[size_t(state)][byte];
   if (cached != -2) return cached;
   std::vector<int> to;
-  for (int x : sets_[size_t(state)])
+  for (int x : sets_[size_t(state)]) {
+    work_ += nfa_[size_t(x)].edges.size() + 1;
     for (const auto& [lo, hi, y] : nfa_[size_t(x)].edges)
       if (byte >= lo && byte <= hi) to.push_back(y);
+  }
   const int next = to.empty() ? -1 : dfa_state(std::move(to));
   next_[size_t(state)][byte] = next;  // (dfa_state may have grown next_)
   return next;

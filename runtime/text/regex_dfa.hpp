@@ -27,13 +27,22 @@ struct regex_error : std::invalid_argument {
 inline constexpr int k_regex_max_depth = 256;
 // The largest count a {m,n} repeat may name.
 inline constexpr int k_regex_max_repeat = 10000;
+// What following a pattern may cost, past which it is refused as too
+// complex (a regex_error) and the DFA lets go of what it built: the NFA
+// states its DFA states hold, summed (its memory: a short pattern such as
+// `((.?){100}){100}` made sets of thousands of NFA states each, 4 GB for
+// three tokens), and the steps of building them (its time, on the
+// thread that asks: the engine's, or a request check's).
+inline constexpr size_t k_regex_max_entries = 2'000'000;
+inline constexpr uint64_t k_regex_max_work = 300'000'000;
 
 class regex_dfa {
  public:
   // Throws regex_error naming what it cannot read, when the pattern is
   // too large (max_nfa_states) or nested too deeply (k_regex_max_depth),
   // and when it matches no text at all.
-  explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = 200000);
+  explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = 200000,
+                     uint64_t max_work = k_regex_max_work);
 
   int start() const { return 0; }
   // The state after `byte`, or -1: no match can continue.
@@ -51,6 +60,10 @@ class regex_dfa {
   int32_t longest_completion() const { return longest_; }
   static constexpr int32_t k_unreachable = INT32_MAX;
   size_t states() const { return sets_.size(); }
+  // Bytes its built states hold, about (sets, their index, transitions).
+  size_t footprint_bytes() const {
+    return entries_ * 2 * sizeof(int) + next_.size() * sizeof(next_[0]);
+  }
 
  private:
   struct nfa_state {
@@ -64,6 +77,10 @@ class regex_dfa {
   int32_t longest_ = 0;
   std::vector<int32_t> to_end_;  // per DFA state: bytes_to_end
   size_t max_states_;
+  uint64_t max_work_;
+  size_t entries_ = 0;      // NFA states held by the DFA's states, summed
+  uint64_t work_ = 0;       // steps spent building DFA states and transitions
+  bool exhausted_ = false;  // past a budget: every further step throws
 
   std::vector<std::vector<int>> sets_;      // DFA state -> sorted NFA states
   std::vector<std::array<int, 256>> next_;  // -2: not built yet
@@ -73,7 +90,8 @@ class regex_dfa {
   int dfa_state(std::vector<int> set);
   bool accept_reachable() const;
   void measure_to_end();
-  void closure(std::vector<int>& set) const;
+  void closure(std::vector<int>& set);
+  [[noreturn]] void too_complex();
 
   friend struct regex_parser;
 };

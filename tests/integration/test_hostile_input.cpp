@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -731,6 +733,52 @@ TEST(HostileInput, NodesAndServesExitSoonAfterSigterm) {
     node.signal(SIGTERM);
     EXPECT_EQ(node.wait_exit(15s), 0) << node.stderr_text();
   }
+}
+
+// The CPU time (user + system) a process has used, in clock ticks.
+long cpu_ticks(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command's closing parenthesis: state is the 3rd field,
+  // utime the 14th and stime the 15th.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+// A probe's find: one idle TCP connection to a node's port (no TLS bytes
+// sent) kept a core at 100% for as long as it stayed open (CAF 0.17's
+// OpenSSL transport spins while a handshake waits to read) and was never
+// closed.  Now the node spends little while it waits and closes it after
+// its handshake deadline (10 s).
+TEST(HostileInput, AnIdleConnectionToANodeCostsLittleAndIsClosed) {
+  secret_file secret("hostile-input-idle-tls");
+  node_process node(secret.path());
+  const int fd = connect_local(node.port());
+  ASSERT_GE(fd, 0);
+  std::this_thread::sleep_for(500ms);
+  const long before = cpu_ticks(node.pid());
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(3s);
+  const long used = cpu_ticks(node.pid()) - before;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Spinning took a whole core (100 ticks a second); waiting takes a few.
+  EXPECT_LT(double(used) / (seconds * double(::sysconf(_SC_CLK_TCK))), 0.4)
+      << used << " ticks in " << seconds << " s";
+  set_receive_timeout(fd, 20s);
+  char byte = 0;
+  const auto wait0 = std::chrono::steady_clock::now();
+  EXPECT_LE(::recv(fd, &byte, 1, 0), 0) << "the node sent TLS bytes unasked";
+  EXPECT_LT(std::chrono::steady_clock::now() - wait0, 15s) << "not closed by the deadline";
+  ::close(fd);
+  EXPECT_NE(node.stderr_text().find("handshake"), std::string::npos) << node.stderr_text();
 }
 
 }  // namespace

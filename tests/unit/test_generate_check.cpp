@@ -121,6 +121,9 @@ TEST(GenerateCheck, BadRequestsNameWhatIsWrong) {
   ASSERT_FALSE(c.bad) << c.bad->message;
   EXPECT_EQ(c.plan.prompt_class, std::string(128, 'x'));
   EXPECT_EQ(c.plan.slo_tpot_ms, 25);
+  // An enum value the protocol does not define (proto3 keeps it).
+  g.set_request_class(static_cast<wire::RequestClass>(7));
+  EXPECT_EQ(message(g), "request_class 7 is not ONLINE (0) or OFFLINE (1)");
 }
 
 // An embedding (Generate.embedding): nothing is generated, so what shapes

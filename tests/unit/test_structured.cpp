@@ -77,6 +77,37 @@ TEST(RegexDfa, APatternMatchingNothingIsRefused) {
   EXPECT_TRUE(matches(optional, "a"));
 }
 
+// A short pattern whose DFA states each hold thousands of NFA states
+// (a probe's `((.?){100}){100}` took 4 GB and a minute for three tokens)
+// is refused once it passes the budgets, and lets go of what it built; a
+// long but cheap one is followed to its end.
+TEST(RegexDfa, AnAutomatonPastItsBudgetIsRefusedAndLetGo) {
+  regex_dfa costly("(.*[a-m].{12}|((.?){100}){100})");
+  std::string why;
+  size_t peak = 0;
+  try {
+    for (int i = 0; i < 5000; ++i) {
+      int st = costly.start();
+      for (int n = 0; n < 64 && st >= 0; ++n) st = costly.step(st, uint8_t('a' + (i * 7 + n) % 26));
+      peak = std::max(peak, costly.footprint_bytes());
+    }
+  } catch (const regex_error& e) {
+    why = e.what();
+  }
+  EXPECT_NE(why.find("too complex"), std::string::npos) << why;
+  EXPECT_LE(peak, 2 * sizeof(int) * k_regex_max_entries + (64u << 20));
+  EXPECT_LT(costly.footprint_bytes(), 4096u) << "what it built is let go";
+  EXPECT_THROW(costly.step(costly.start(), uint8_t('a')), regex_error);
+
+  regex_dfa bounded(".{0,3000}");
+  EXPECT_TRUE(matches(bounded, std::string(3000, 'x')));
+  EXPECT_FALSE(matches(bounded, std::string(3001, 'x')));
+  // In a schema, the request check's smaller budget refuses it at once.
+  EXPECT_THROW(schema_regex(nlohmann::ordered_json::parse(
+                   R"j({"type":"string","pattern":"^([a-z]*[a-m][a-z]{8}|(([a-z]?){50}){20})"})j")),
+               schema_error);
+}
+
 TEST(JsonSchemaRegex, AcceptsValidAndRefusesInvalidJson) {
   auto schema = nlohmann::ordered_json::parse(R"({
     "type": "object",
@@ -200,6 +231,9 @@ TEST(JsonSchemaRegex, RefsFormatsAndPatterns) {
        {R"({"type":"string","pattern":"^.*$"})", R"({"type":"string","pattern":"^[^a]$"})",
         R"({"type":"string","pattern":"^a$","maxLength":3})"})
     EXPECT_THROW(schema_regex(nlohmann::ordered_json::parse(bad)), schema_error) << bad;
+  // Lists that admit nothing are refused, not compiled to an empty match.
+  for (const char* none : {R"({"type":[]})", R"({"enum":[]})", R"({"anyOf":[]})"})
+    EXPECT_THROW(schema_regex(nlohmann::ordered_json::parse(none)), schema_error) << none;
 }
 
 // A vocabulary of every single byte, some longer pieces, a control token
