@@ -206,7 +206,9 @@ admin_actor::behavior_type admin_behavior(self_ptr self, gateway_actor gateway, 
       // A node joins by hand; replies with its state once its link settled.
       [self](node_add_atom, const std::string& node, int32_t n) -> caf::result<link_status> {
         if (!self->state.nodes)
-          return caf::make_error(caf::sec::invalid_argument, "this service takes no nodes");
+          return caf::make_error(
+              caf::sec::invalid_argument,
+              "this service takes no nodes: it was started without --nodes or --registry");
         auto rp = self->make_response_promise<link_status>();
         auto nodes = self->state.nodes;
         self->request(nodes, std::chrono::seconds(10), node_add_atom::value, node, n,

@@ -117,6 +117,9 @@ TEST(Shell, ErrorsAreClearAndNeverHang) {
   expect_error("role 1 both", "role: give prefill, decode, mixed or encode");
   expect_error("role 9 prefill", "no serving instance 9");
   expect_error("spawn 127.0.0.1:1 2", "no node 127.0.0.1:1 in this service");
+  // Started without --nodes or a registry: no node can join (it said
+  // request_receiver_down, or nothing in 5 s, before).
+  expect_error("node add 127.0.0.1:1 1", "this service takes no nodes");
   // The key's own range (the schema's), then the limits' rule across keys.
   expect_error("set max_seqs 100000", "set max_seqs: must be an integer in [1, 65536]");
   expect_error("set max_seqs 1000", "max_seqs must not exceed max_batch_tokens");

@@ -538,7 +538,11 @@ int run_serve(settings_flags& flags, const std::string& config) {
                  s.autoscale.c_str(), s.autoscale_grow_load, s.autoscale_shrink_load,
                  s.autoscale_cooldown_s);
   }
-  auto admin = spawn_admin(*env.sys, gw.actor, router, node_set, monitor, groups);
+  // Nodes join only a service that speaks the cluster's protocol (started
+  // with --nodes, a registry or remote stages): the others answer `node add`
+  // that they take no nodes, not a failed link.
+  auto admin = spawn_admin(*env.sys, gw.actor, router, env.identity ? node_set : node_set_actor{},
+                           monitor, groups);
   std::optional<admin_endpoint_handle> admin_ep;
   std::vector<std::string> secret_files;  // made here, removed at exit
   std::unique_ptr<metrics_server> metrics_http;
