@@ -51,6 +51,10 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
   auto invalid = [](std::string m) {
     return generate_rejection{wire::INVALID_ARGUMENT, std::move(m)};
   };
+  // proto3 keeps an enum value it does not know: say so, not serve it as online.
+  if (!wire::RequestClass_IsValid(g.request_class()))
+    return invalid("request_class " + std::to_string(g.request_class()) +
+                   " is not ONLINE (0) or OFFLINE (1)");
   const int n_images = g.images_size();
   if (n_images > 0) {
     if (ctx.image_rows <= 0)
@@ -196,10 +200,6 @@ std::optional<generate_rejection> check_generate(const wire::Generate& g,
     return invalid(std::string("output constraint: ") + e.what());
   }
 
-  // proto3 keeps an enum value it does not know: say so, not serve it as online.
-  if (!wire::RequestClass_IsValid(g.request_class()))
-    return invalid("request_class " + std::to_string(g.request_class()) +
-                   " is not ONLINE (0) or OFFLINE (1)");
   plan.prompt = std::move(prompt);
   plan.sampling = sp;
   plan.max_tokens = max_tokens;

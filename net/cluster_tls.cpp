@@ -14,6 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -256,42 +258,56 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
 // waits to read before it can write (actor-framework issue #1060, fixed in
 // 0.18): one idle TCP connection to a node's port kept a core at 100% for
 // as long as it stayed open.  So a handshake waiting on its peer pauses
-// the loop briefly at each turn (a core's spin becomes a few percent; a
-// peer that is talking is not slowed, as its bytes end the wait), and one
-// not done within k_handshake_deadline fails, which closes the connection.
+// the loop briefly at each turn (a peer that is talking is not slowed, as
+// its bytes end the wait), the pause shared among the handshakes waiting
+// so that a turn of the loop is delayed about k_handshake_pause however
+// many there are, and a handshake not done within k_handshake_deadline
+// fails, which closes the connection.  (The deadline matters only
+// because of that spin: CAF has no handshake timeout of its own.)
 constexpr auto k_handshake_deadline = std::chrono::seconds(10);
 constexpr auto k_handshake_pause = std::chrono::microseconds(200);
+
+using clock_point = std::chrono::steady_clock::time_point;
+std::atomic<int> handshakes_waiting{0};
 
 int handshake_start_index() {
   static const int index = SSL_get_ex_new_index(
       0, nullptr, nullptr, nullptr, [](void*, void* p, CRYPTO_EX_DATA*, int, long, void*) {
-        delete static_cast<std::chrono::steady_clock::time_point*>(p);
+        if (!p) return;
+        delete static_cast<clock_point*>(p);
+        --handshakes_waiting;
       });
   return index;
 }
 
-// After a handshake step or I/O call that returned `ret` before the
-// handshake finished: pause while the peer has sent nothing, or fail the
-// call once the deadline has passed.  Returns the value to return.
+// After a handshake step or I/O call that returned `ret`: while the
+// handshake is unfinished and waits for I/O, pause, or fail the call once
+// the deadline has passed.  Returns the value to return.
 int handshake_waiting(SSL* ssl, int ret) {
-  if (ret > 0 || SSL_is_init_finished(ssl)) return ret;
+  auto* start = static_cast<clock_point*>(SSL_get_ex_data(ssl, handshake_start_index()));
+  if (ret > 0 || SSL_is_init_finished(ssl)) {
+    if (start) {  // done: a later call never meets this handshake's clock
+      SSL_set_ex_data(ssl, handshake_start_index(), nullptr);
+      delete start;
+      --handshakes_waiting;
+    }
+    return ret;
+  }
   const int err = SSL_get_error(ssl, ret);
   if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return ret;
   const auto now = std::chrono::steady_clock::now();
-  auto* start = static_cast<std::chrono::steady_clock::time_point*>(
-      SSL_get_ex_data(ssl, handshake_start_index()));
   if (!start) {
-    start = new std::chrono::steady_clock::time_point(now);
+    start = new clock_point(now);
     SSL_set_ex_data(ssl, handshake_start_index(), start);
+    ++handshakes_waiting;
   }
   if (now - *start > k_handshake_deadline) {
-    spdlog::warn("cluster: closed a connection from {}: no TLS handshake within {} s",
-                 handshake_peer(ssl), k_handshake_deadline.count());
-    handshake_peer_forget(ssl);
+    // handshake_done (or CAF, for reads and writes) reports the failure.
     ERR_raise(ERR_LIB_SSL, SSL_R_READ_TIMEOUT_EXPIRED);  // SSL_get_error: SSL_ERROR_SSL
     return -1;
   }
-  if (err == SSL_ERROR_WANT_READ) std::this_thread::sleep_for(k_handshake_pause);
+  if (err == SSL_ERROR_WANT_READ)
+    std::this_thread::sleep_for(k_handshake_pause / std::max(1, handshakes_waiting.load()));
   return ret;
 }
 

@@ -1060,9 +1060,14 @@ std::string engine::constrain(const sequence_spec& r, std::shared_ptr<token_cons
                               int& state) {
   if (r.constraint.empty()) return {};
   if (!opts_.token_bytes) return "this instance cannot apply output constraints";
-  auto it = constraints_.find(r.constraint);
-  if (it == constraints_.end()) {
-    try {
+  try {
+    auto it = constraints_.find(r.constraint);
+    // One past a budget let go of what it built: made anew for this request.
+    if (it != constraints_.end() && it->second->exhausted()) {
+      constraints_.erase(it);
+      it = constraints_.end();
+    }
+    if (it == constraints_.end()) {
       // A bounded cache: 64 patterns, 512 MB of automata and masks.
       size_t held = 0;
       for (const auto& [pattern, made] : constraints_) held += made->footprint_bytes();
@@ -1071,12 +1076,18 @@ std::string engine::constrain(const sequence_spec& r, std::shared_ptr<token_cons
                .emplace(r.constraint, std::make_shared<token_constraint>(
                                           r.constraint, opts_.token_bytes, opts_.eog_tokens))
                .first;
-    } catch (const std::exception& e) {
-      return std::string("output constraint: ") + e.what();
     }
+    c = it->second;
+    c->renew_work_budget();
+    // Replaying an imported or recovered sequence's tokens builds states
+    // too, within the same budgets.
+    state = c->replay(r.generated);
+  } catch (const std::exception& e) {
+    if (auto f = constraints_.find(r.constraint); f != constraints_.end() && f->second->exhausted())
+      constraints_.erase(f);
+    c.reset();
+    return std::string("output constraint: ") + e.what();
   }
-  c = it->second;
-  state = c->replay(r.generated);
   if (state < 0) return "the tokens generated so far do not match the output constraint";
   return {};
 }

@@ -125,7 +125,7 @@ std::string pattern_regex(const std::string& pattern) try {
   if (tail) p.pop_back();
   // A fifth of generation's work budget: this runs on a request's check,
   // before any engine sees it, and a pattern that needs more is refused.
-  regex_dfa dfa(p.empty() ? "()" : p, 200000, k_regex_max_work / 5);
+  regex_dfa dfa(p.empty() ? "()" : p, k_regex_max_nfa_states, k_regex_max_work / 5);
   // Every state the pattern can reach, up to a bound, must refuse those bytes.
   // DFA states are numbered as they are made, so stepping every state in
   // turn, the new ones too, visits all that the pattern can reach.

@@ -411,6 +411,7 @@ void regex_dfa::too_complex() {
   sets_ = {};
   next_ = {};
   ids_ = {};
+  seen_ = {};
   entries_ = 0;
   throw regex_error("regex: the pattern is too complex to follow (its automaton passed " +
                     std::to_string(k_regex_max_entries) + " NFA states held or " +
@@ -418,17 +419,23 @@ void regex_dfa::too_complex() {
 }
 
 void regex_dfa::closure(std::vector<int>& set) {
-  std::vector<char> seen(nfa_.size(), 0);
+  // The seen marks are stamps, so a closure costs its own states, not a
+  // clearing of the whole NFA's table each time.
+  if (seen_.size() != nfa_.size()) seen_.assign(nfa_.size(), 0);
+  if (++stamp_ == 0) {
+    std::fill(seen_.begin(), seen_.end(), 0u);
+    stamp_ = 1;
+  }
   std::vector<int> stack = set;
-  for (int x : set) seen[size_t(x)] = 1;
-  work_ += nfa_.size() / 16 + set.size();  // the seen table's clearing, the seeds
+  for (int x : set) seen_[size_t(x)] = stamp_;
+  work_ += set.size();
   while (!stack.empty()) {
     const int x = stack.back();
     stack.pop_back();
     work_ += nfa_[size_t(x)].eps.size() + 1;
     for (int y : nfa_[size_t(x)].eps)
-      if (!seen[size_t(y)]) {
-        seen[size_t(y)] = 1;
+      if (seen_[size_t(y)] != stamp_) {
+        seen_[size_t(y)] = stamp_;
         set.push_back(y);
         stack.push_back(y);
       }

@@ -27,12 +27,15 @@ struct regex_error : std::invalid_argument {
 inline constexpr int k_regex_max_depth = 256;
 // The largest count a {m,n} repeat may name.
 inline constexpr int k_regex_max_repeat = 10000;
+// The most NFA states a pattern may compile to.
+inline constexpr size_t k_regex_max_nfa_states = 200000;
 // What following a pattern may cost, past which it is refused as too
 // complex (a regex_error) and the DFA lets go of what it built: the NFA
-// states its DFA states hold, summed (its memory: a short pattern such as
-// `((.?){100}){100}` made sets of thousands of NFA states each, 4 GB for
-// three tokens), and the steps of building them (its time, on the
-// thread that asks: the engine's, or a request check's).
+// states its DFA states hold, summed, over its life (its memory: a short
+// pattern such as `((.?){100}){100}` made sets of thousands of NFA states
+// each, 4 GB for three tokens), and the steps of building them since the
+// last renew_work_budget() (its time, on the thread that asks: the
+// engine's for one request, or a request check's).
 inline constexpr size_t k_regex_max_entries = 2'000'000;
 inline constexpr uint64_t k_regex_max_work = 300'000'000;
 
@@ -41,7 +44,7 @@ class regex_dfa {
   // Throws regex_error naming what it cannot read, when the pattern is
   // too large (max_nfa_states) or nested too deeply (k_regex_max_depth),
   // and when it matches no text at all.
-  explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = 200000,
+  explicit regex_dfa(const std::string& pattern, size_t max_nfa_states = k_regex_max_nfa_states,
                      uint64_t max_work = k_regex_max_work);
 
   int start() const { return 0; }
@@ -60,6 +63,11 @@ class regex_dfa {
   int32_t longest_completion() const { return longest_; }
   static constexpr int32_t k_unreachable = INT32_MAX;
   size_t states() const { return sets_.size(); }
+  // A new request follows it: the work budget counts from here.  (What
+  // it built stays, within the memory budget.)
+  void renew_work_budget() { work_ = 0; }
+  // Past a budget: it must be built anew.
+  bool exhausted() const { return exhausted_; }
   // Bytes its built states hold, about (sets, their index, transitions).
   size_t footprint_bytes() const {
     return entries_ * 2 * sizeof(int) + next_.size() * sizeof(next_[0]);
@@ -81,6 +89,8 @@ class regex_dfa {
   size_t entries_ = 0;      // NFA states held by the DFA's states, summed
   uint64_t work_ = 0;       // steps spent building DFA states and transitions
   bool exhausted_ = false;  // past a budget: every further step throws
+  std::vector<uint32_t> seen_;  // closure's marks: stamp_ where seen this call
+  uint32_t stamp_ = 0;
 
   std::vector<std::vector<int>> sets_;      // DFA state -> sorted NFA states
   std::vector<std::array<int, 256>> next_;  // -2: not built yet

@@ -39,6 +39,10 @@ class token_constraint {
   int replay(const std::vector<int32_t>& tokens);
   bool may_end(int state) const { return state >= 0 && dfa_.accepting(state); }
   bool is_end(int32_t token) const;
+  // A new request follows it (regex_dfa::renew_work_budget); whether it
+  // passed a budget and must be built anew.
+  void renew_work_budget() { dfa_.renew_work_budget(); }
+  bool exhausted() const { return dfa_.exhausted(); }
   // Bytes it holds, about: its automaton and the token masks it cached.
   size_t footprint_bytes() const {
     return dfa_.footprint_bytes() + (masks_.size() + 3 * closing_.size()) * bytes_->size();
