@@ -6,8 +6,11 @@ namespace troupe {
 
 token_constraint::token_constraint(const std::string& regex,
                                    std::shared_ptr<const std::vector<std::string>> token_bytes,
-                                   std::vector<int32_t> eog_tokens)
-    : dfa_(regex), bytes_(std::move(token_bytes)), eog_(std::move(eog_tokens)) {}
+                                   std::vector<int32_t> eog_tokens, size_t mask_budget)
+    : dfa_(regex),
+      bytes_(std::move(token_bytes)),
+      eog_(std::move(eog_tokens)),
+      mask_budget_(mask_budget) {}
 
 bool token_constraint::is_end(int32_t token) const {
   return std::find(eog_.begin(), eog_.end(), token) != eog_.end();
@@ -16,6 +19,14 @@ bool token_constraint::is_end(int32_t token) const {
 const std::vector<uint8_t>& token_constraint::allowed(int state) {
   auto it = masks_.find(state);
   if (it != masks_.end()) return it->second;
+  // A mask is a byte a token (256 KiB each on a 262k vocabulary) for every
+  // state a generation visits: past the budget the cached ones go and are
+  // made again as states come back (a few ms each).  No caller holds one
+  // across calls.
+  if (mask_bytes() + bytes_->size() > mask_budget_) {
+    masks_.clear();
+    closing_.clear();
+  }
   const auto& bytes = *bytes_;
   std::vector<uint8_t> mask(bytes.size(), 0);
   for (size_t t = 0; t < bytes.size(); ++t) {

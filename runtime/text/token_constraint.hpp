@@ -15,12 +15,15 @@
 
 namespace troupe {
 
+// The most bytes of token masks one constraint keeps cached.
+inline constexpr size_t k_mask_budget_bytes = size_t{128} << 20;
+
 class token_constraint {
  public:
   // Throws regex_error for a pattern it cannot use.
   token_constraint(const std::string& regex,
                    std::shared_ptr<const std::vector<std::string>> token_bytes,
-                   std::vector<int32_t> eog_tokens);
+                   std::vector<int32_t> eog_tokens, size_t mask_budget = k_mask_budget_bytes);
 
   int start() const { return dfa_.start(); }
   // 1 where the token may come next in `state`.
@@ -44,14 +47,14 @@ class token_constraint {
   void renew_work_budget() { dfa_.renew_work_budget(); }
   bool exhausted() const { return dfa_.exhausted(); }
   // Bytes it holds, about: its automaton and the token masks it cached.
-  size_t footprint_bytes() const {
-    return dfa_.footprint_bytes() + (masks_.size() + 3 * closing_.size()) * bytes_->size();
-  }
+  size_t footprint_bytes() const { return dfa_.footprint_bytes() + mask_bytes(); }
+  size_t mask_bytes() const { return (masks_.size() + 3 * closing_.size()) * bytes_->size(); }
 
  private:
   regex_dfa dfa_;
   std::shared_ptr<const std::vector<std::string>> bytes_;
   std::vector<int32_t> eog_;
+  size_t mask_budget_;
   std::unordered_map<int, std::vector<uint8_t>> masks_;
   // Per state, for the last tokens of a budget: each allowed token's bytes
   // to the end after it (k_far beyond), its largest, and the last budget

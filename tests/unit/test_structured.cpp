@@ -266,37 +266,42 @@ TEST(TokenConstraint, TheMaskNeverRemovesEveryTokenAndWalksEndValid) {
   for (const std::string& pattern :
        {schema_regex(schema), json_object_regex(), choice_regex({"yes", "no"}),
         std::string(R"(\([0-9]{3}\) [0-9]{3}-[0-9]{4})")}) {
-    token_constraint c(pattern, vocab, {end});
-    regex_dfa check(pattern);
-    std::mt19937 rng(7);
-    for (int walk = 0; walk < 200; ++walk) {
-      int state = c.start();
-      std::string out;
-      bool ended = false;
-      for (int step = 0; step < 400 && !ended; ++step) {
-        const auto& allow = c.allowed(state);
-        std::vector<int32_t> ok;
-        for (size_t t = 0; t < allow.size(); ++t)
-          if (allow[t]) ok.push_back(int32_t(t));
-        ASSERT_FALSE(ok.empty()) << "no token allowed after '" << out << "' for " << pattern;
-        EXPECT_FALSE(allow[vocab->size() - 2]) << "a control token was allowed";
-        // Prefer to go on, so walks reach deep states; end when asked to.
-        int32_t t = ok[rng() % ok.size()];
-        if (c.may_end(state) && rng() % 4 == 0) t = end;
-        if (t == end) {
-          ASSERT_TRUE(c.may_end(state));
-          ended = true;
-          break;
+    // The second time with room for four masks: those cached are dropped
+    // and made again as the walks come back to their states.
+    for (const size_t budget : {k_mask_budget_bytes, 4 * vocab->size()}) {
+      token_constraint c(pattern, vocab, {end}, budget);
+      regex_dfa check(pattern);
+      std::mt19937 rng(7);
+      for (int walk = 0; walk < 200; ++walk) {
+        int state = c.start();
+        std::string out;
+        bool ended = false;
+        for (int step = 0; step < 400 && !ended; ++step) {
+          const auto& allow = c.allowed(state);
+          std::vector<int32_t> ok;
+          for (size_t t = 0; t < allow.size(); ++t)
+            if (allow[t]) ok.push_back(int32_t(t));
+          ASSERT_FALSE(ok.empty()) << "no token allowed after '" << out << "' for " << pattern;
+          EXPECT_FALSE(allow[vocab->size() - 2]) << "a control token was allowed";
+          // Prefer to go on, so walks reach deep states; end when asked to.
+          int32_t t = ok[rng() % ok.size()];
+          if (c.may_end(state) && rng() % 4 == 0) t = end;
+          if (t == end) {
+            ASSERT_TRUE(c.may_end(state));
+            ended = true;
+            break;
+          }
+          out += (*vocab)[size_t(t)];
+          state = c.advance(state, t);
+          ASSERT_GE(state, 0);
         }
-        out += (*vocab)[size_t(t)];
-        state = c.advance(state, t);
-        ASSERT_GE(state, 0);
+        if (!ended) continue;  // a long walk: fine, it was valid at every step
+        EXPECT_TRUE(matches(check, out)) << out;
+        if (pattern == schema_regex(schema) || pattern == json_object_regex()) {
+          EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
+        }
       }
-      if (!ended) continue;  // a long walk: fine, it was valid at every step
-      EXPECT_TRUE(matches(check, out)) << out;
-      if (pattern == schema_regex(schema) || pattern == json_object_regex()) {
-        EXPECT_FALSE(nlohmann::json::parse(out, nullptr, false).is_discarded()) << out;
-      }
+      EXPECT_LE(c.mask_bytes(), budget) << pattern;
     }
   }
   token_constraint c(choice_regex({"yes", "no"}), vocab, {end});
