@@ -20,11 +20,16 @@ import hashlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+# The client package's port helper, read as a plain module (the package
+# itself needs pyzmq, which this script does not).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python",
+                                "troupe_client"))
+from local_port import free_port  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and"]
 # Texts that tell byte-level BPE pre-tokenizers apart (digit runs,
@@ -49,12 +54,6 @@ PPL_CTX = 128
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port, path, body):

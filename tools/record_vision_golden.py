@@ -42,7 +42,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_vision_fixture as fixture  # noqa: E402
+# The client package's port helper, read as a plain module (the package
+# itself needs pyzmq, which this script does not).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python",
+                                "troupe_client"))
+from local_port import free_port  # noqa: E402
 
 PROMPTS = ["What is in the image?", "Describe the colours in one sentence."]
 MARKER = "<__media__>"
@@ -64,12 +68,6 @@ SERVER_ARGS = ["-c", "1024", "-fa", "off", "-np", "1"]
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port, path, body, timeout):
