@@ -257,57 +257,71 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
 // CAF 0.17's OpenSSL transport spins in its poll loop while a handshake
 // waits to read before it can write (actor-framework issue #1060, fixed in
 // 0.18): one idle TCP connection to a node's port kept a core at 100% for
-// as long as it stayed open.  So a handshake waiting on its peer pauses
-// the loop briefly at each turn (a peer that is talking is not slowed, as
-// its bytes end the wait), the pause shared among the handshakes waiting
-// so that a turn of the loop is delayed about k_handshake_pause however
-// many there are, and a handshake not done within k_handshake_deadline
-// fails, which closes the connection.  (The deadline matters only
-// because of that spin: CAF has no handshake timeout of its own.)
+// as long as it stayed open, and thousands slowed the node's accepts to
+// 40 a second.  So:
+// - a handshake waiting on its peer pauses the loop k_handshake_pause at
+//   each turn (a peer that is talking is not slowed: its bytes end the
+//   wait);
+// - at most k_accepts_waiting handshakes a peer opened wait at once (a
+//   turn of the loop is delayed at most their pauses); one more fails at
+//   once, which closes its connection (the service's own dials are not
+//   counted: they are few, and bounded by CAF's connection timeout);
+// - a handshake not done within k_handshake_deadline fails.  (CAF has no
+//   handshake timeout of its own; without the spin none would be needed.)
 constexpr auto k_handshake_deadline = std::chrono::seconds(10);
 constexpr auto k_handshake_pause = std::chrono::microseconds(200);
+constexpr int k_accepts_waiting = 32;
 
-using clock_point = std::chrono::steady_clock::time_point;
-std::atomic<int> handshakes_waiting{0};
+struct handshake_clock {
+  std::chrono::steady_clock::time_point start;
+  bool accepted = false;  // a peer's connection (SSL_accept), not a dial
+};
+std::atomic<int> accepts_waiting{0};
 
-int handshake_start_index() {
+void forget_clock(handshake_clock* c) {
+  if (c->accepted) --accepts_waiting;
+  delete c;
+}
+
+int handshake_clock_index() {
   static const int index = SSL_get_ex_new_index(
       0, nullptr, nullptr, nullptr, [](void*, void* p, CRYPTO_EX_DATA*, int, long, void*) {
-        if (!p) return;
-        delete static_cast<clock_point*>(p);
-        --handshakes_waiting;
+        if (p) forget_clock(static_cast<handshake_clock*>(p));
       });
   return index;
 }
 
+// Fails the call: SSL_get_error then says SSL_ERROR_SSL and CAF closes the
+// connection; handshake_done (or CAF, for reads and writes) reports it.
+int fail_handshake() {
+  ERR_raise(ERR_LIB_SSL, SSL_R_READ_TIMEOUT_EXPIRED);
+  return -1;
+}
+
 // After a handshake step or I/O call that returned `ret`: while the
-// handshake is unfinished and waits for I/O, pause, or fail the call once
-// the deadline has passed.  Returns the value to return.
+// handshake is unfinished and waits for I/O, pause, or fail the call where
+// the rules above say.  Returns the value to return.
 int handshake_waiting(SSL* ssl, int ret) {
-  auto* start = static_cast<clock_point*>(SSL_get_ex_data(ssl, handshake_start_index()));
+  auto* clock = static_cast<handshake_clock*>(SSL_get_ex_data(ssl, handshake_clock_index()));
   if (ret > 0 || SSL_is_init_finished(ssl)) {
-    if (start) {  // done: a later call never meets this handshake's clock
-      SSL_set_ex_data(ssl, handshake_start_index(), nullptr);
-      delete start;
-      --handshakes_waiting;
+    if (clock) {  // done: a later call never meets this handshake's clock
+      SSL_set_ex_data(ssl, handshake_clock_index(), nullptr);
+      forget_clock(clock);
     }
     return ret;
   }
   const int err = SSL_get_error(ssl, ret);
   if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return ret;
   const auto now = std::chrono::steady_clock::now();
-  if (!start) {
-    start = new clock_point(now);
-    SSL_set_ex_data(ssl, handshake_start_index(), start);
-    ++handshakes_waiting;
+  if (!clock) {
+    const bool accepted = SSL_is_server(ssl) == 1;
+    if (accepted && accepts_waiting.load() >= k_accepts_waiting) return fail_handshake();
+    clock = new handshake_clock{now, accepted};
+    if (accepted) ++accepts_waiting;
+    SSL_set_ex_data(ssl, handshake_clock_index(), clock);
   }
-  if (now - *start > k_handshake_deadline) {
-    // handshake_done (or CAF, for reads and writes) reports the failure.
-    ERR_raise(ERR_LIB_SSL, SSL_R_READ_TIMEOUT_EXPIRED);  // SSL_get_error: SSL_ERROR_SSL
-    return -1;
-  }
-  if (err == SSL_ERROR_WANT_READ)
-    std::this_thread::sleep_for(k_handshake_pause / std::max(1, handshakes_waiting.load()));
+  if (now - clock->start > k_handshake_deadline) return fail_handshake();
+  if (err == SSL_ERROR_WANT_READ) std::this_thread::sleep_for(k_handshake_pause);
   return ret;
 }
 
