@@ -251,6 +251,25 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
   auto why = troupe::handshake_failure(ssl, ret);
   if (why.empty()) return;  // wants more I/O
   handshake_peer_forget(ssl);
+  // A flood of connections would flood the log: the first few failures of
+  // each 10 s are logged, the rest counted in one line when the next
+  // failure comes after that.
+  struct log_window {
+    std::chrono::steady_clock::time_point start;
+    int logged = 0, dropped = 0;
+  };
+  thread_local log_window w;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - w.start > std::chrono::seconds(10)) {
+    if (w.dropped > 0)
+      spdlog::warn("cluster: {} more failed TLS handshakes in 10 s were not logged", w.dropped);
+    w = {now, 0, 0};
+  }
+  if (w.logged >= 5) {
+    ++w.dropped;
+    return;
+  }
+  ++w.logged;
   spdlog::warn(fmt::runtime(format), peer, why);
 }
 
