@@ -23,6 +23,8 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
@@ -258,11 +260,14 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
     std::chrono::steady_clock::time_point start;
     int logged = 0, dropped = 0;
   };
-  thread_local log_window w;
+  static std::mutex mutex;  // the multiplexer's thread and the middleman's
+  static log_window w;
+  const std::lock_guard<std::mutex> lock(mutex);
   const auto now = std::chrono::steady_clock::now();
   if (now - w.start > std::chrono::seconds(10)) {
     if (w.dropped > 0)
-      spdlog::warn("cluster: {} more failed TLS handshakes in 10 s were not logged", w.dropped);
+      spdlog::warn("cluster: {} more failed TLS handshakes were not logged (five are, each 10 s)",
+                   w.dropped);
     w = {now, 0, 0};
   }
   if (w.logged >= 5) {
@@ -281,24 +286,37 @@ void handshake_done(SSL* ssl, int ret, const char* format) {
 // - a handshake waiting on its peer pauses the loop k_handshake_pause at
 //   each turn (a peer that is talking is not slowed: its bytes end the
 //   wait);
-// - at most k_accepts_waiting handshakes a peer opened wait at once (a
-//   turn of the loop is delayed at most their pauses); one more fails at
-//   once, which closes its connection (the service's own dials are not
-//   counted: they are few, and bounded by CAF's connection timeout);
+// - at most k_accepts_waiting handshakes a peer opened wait at once: one
+//   more fails the oldest waiting (a peer that talks finishes in
+//   milliseconds, so the oldest is the likeliest idle), which bounds what
+//   the pauses add to every turn of the loop, established links' too, to
+//   k_accepts_waiting pauses; the service's own dials are not counted
+//   (they are few, and bounded by CAF's connection timeout);
 // - a handshake not done within k_handshake_deadline fails.  (CAF has no
 //   handshake timeout of its own; without the spin none would be needed.)
+// A failed handshake closes its connection.  Clocks start in the handshake
+// calls only; reads and writes only end them.
 constexpr auto k_handshake_deadline = std::chrono::seconds(10);
 constexpr auto k_handshake_pause = std::chrono::microseconds(200);
-constexpr int k_accepts_waiting = 32;
+constexpr size_t k_accepts_waiting = 8;
 
 struct handshake_clock {
   std::chrono::steady_clock::time_point start;
-  bool accepted = false;  // a peer's connection (SSL_accept), not a dial
+  uint64_t serial = 0;  // accepted handshakes' order; 0: a dial
 };
-std::atomic<int> accepts_waiting{0};
+
+// The accepted handshakes waiting, by serial; those below `evicted` fail
+// at their next call.  CAF's multiplexer thread makes most calls, the
+// middleman's some (a dial's first step): a mutex.
+std::mutex accepts_mutex;
+std::set<uint64_t> accepts_waiting;
+uint64_t accepts_serial = 0, accepts_evicted = 0;
 
 void forget_clock(handshake_clock* c) {
-  if (c->accepted) --accepts_waiting;
+  if (c->serial != 0) {
+    const std::lock_guard<std::mutex> lock(accepts_mutex);
+    accepts_waiting.erase(c->serial);
+  }
   delete c;
 }
 
@@ -310,36 +328,55 @@ int handshake_clock_index() {
   return index;
 }
 
+void end_clock(SSL* ssl, handshake_clock* clock) {
+  SSL_set_ex_data(ssl, handshake_clock_index(), nullptr);  // the free callback then sees none
+  forget_clock(clock);
+}
+
 // Fails the call: SSL_get_error then says SSL_ERROR_SSL and CAF closes the
-// connection; handshake_done (or CAF, for reads and writes) reports it.
-int fail_handshake() {
+// connection; handshake_done reports it.
+int fail_handshake(SSL* ssl, handshake_clock* clock) {
+  end_clock(ssl, clock);
   ERR_raise(ERR_LIB_SSL, SSL_R_READ_TIMEOUT_EXPIRED);
   return -1;
 }
 
-// After a handshake step or I/O call that returned `ret`: while the
-// handshake is unfinished and waits for I/O, pause, or fail the call where
-// the rules above say.  Returns the value to return.
-int handshake_waiting(SSL* ssl, int ret) {
+// After a call that returned `ret` (`handshake`: SSL_accept or
+// SSL_connect): while the handshake is unfinished and waits for I/O,
+// pause, or fail the call where the rules above say.  Returns the value to
+// return.
+int handshake_waiting(SSL* ssl, int ret, bool handshake) {
   auto* clock = static_cast<handshake_clock*>(SSL_get_ex_data(ssl, handshake_clock_index()));
   if (ret > 0 || SSL_is_init_finished(ssl)) {
-    if (clock) {  // done: a later call never meets this handshake's clock
-      SSL_set_ex_data(ssl, handshake_clock_index(), nullptr);
-      forget_clock(clock);
-    }
+    if (clock) end_clock(ssl, clock);  // done: a later call never meets this clock
     return ret;
   }
   const int err = SSL_get_error(ssl, ret);
-  if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) return ret;
+  if (err != SSL_ERROR_WANT_READ && err != SSL_ERROR_WANT_WRITE) {
+    if (clock) end_clock(ssl, clock);  // failed: its connection closes
+    return ret;
+  }
+  if (!clock && !handshake) return ret;
   const auto now = std::chrono::steady_clock::now();
   if (!clock) {
-    const bool accepted = SSL_is_server(ssl) == 1;
-    if (accepted && accepts_waiting.load() >= k_accepts_waiting) return fail_handshake();
-    clock = new handshake_clock{now, accepted};
-    if (accepted) ++accepts_waiting;
+    clock = new handshake_clock{now, 0};
+    if (SSL_is_server(ssl) == 1) {
+      const std::lock_guard<std::mutex> lock(accepts_mutex);
+      clock->serial = ++accepts_serial;
+      accepts_waiting.insert(clock->serial);
+      if (accepts_waiting.size() > k_accepts_waiting) {  // serials below are gone already
+        accepts_evicted = *accepts_waiting.begin() + 1;
+        accepts_waiting.erase(accepts_waiting.begin());
+      }
+    }
     SSL_set_ex_data(ssl, handshake_clock_index(), clock);
   }
-  if (now - clock->start > k_handshake_deadline) return fail_handshake();
+  bool evicted = false;
+  if (clock->serial != 0) {
+    const std::lock_guard<std::mutex> lock(accepts_mutex);
+    evicted = clock->serial < accepts_evicted;
+  }
+  if (evicted || now - clock->start > k_handshake_deadline) return fail_handshake(ssl, clock);
   if (err == SSL_ERROR_WANT_READ) std::this_thread::sleep_for(k_handshake_pause);
   return ret;
 }
@@ -350,7 +387,7 @@ extern "C" int SSL_accept(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_accept");
   ERR_clear_error();
   handshake_peer(ssl);
-  const int ret = handshake_waiting(ssl, real(ssl));
+  const int ret = handshake_waiting(ssl, real(ssl), true);
   handshake_done(ssl, ret,
                  "cluster: refused a peer at {}: TLS handshake failed ({}); a peer must hold the "
                  "cluster secret");
@@ -361,7 +398,7 @@ extern "C" int SSL_connect(SSL* ssl) {
   static const auto real = real_fn<int (*)(SSL*)>("SSL_connect");
   ERR_clear_error();
   handshake_peer(ssl);
-  const int ret = handshake_waiting(ssl, real(ssl));
+  const int ret = handshake_waiting(ssl, real(ssl), true);
   handshake_done(ssl, ret,
                  "cluster: TLS handshake with {} failed ({}); does it hold the same cluster "
                  "secret?");
@@ -371,11 +408,11 @@ extern "C" int SSL_connect(SSL* ssl) {
 extern "C" int SSL_read(SSL* ssl, void* buf, int num) {
   static const auto real = real_fn<int (*)(SSL*, void*, int)>("SSL_read");
   ERR_clear_error();
-  return handshake_waiting(ssl, real(ssl, buf, num));
+  return handshake_waiting(ssl, real(ssl, buf, num), false);
 }
 
 extern "C" int SSL_write(SSL* ssl, const void* buf, int num) {
   static const auto real = real_fn<int (*)(SSL*, const void*, int)>("SSL_write");
   ERR_clear_error();
-  return handshake_waiting(ssl, real(ssl, buf, num));
+  return handshake_waiting(ssl, real(ssl, buf, num), false);
 }
