@@ -325,6 +325,16 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                     size_t in_flight) {
   m.gauge_set("troupe_requests_in_flight", "Requests the gateway holds", {},
               static_cast<double>(in_flight));
+  // An instance that left (retired, its node removed) or a node whose
+  // store is gone leaves no series behind, and a role switch no old role.
+  std::set<std::string> names, nodes;
+  for (const auto& i : instances) {
+    names.insert(i.name);
+    if (!i.stats.store.tiers.empty()) nodes.insert(i.node);
+  }
+  m.keep_only("instance", names);
+  m.keep_only("node", nodes);
+  std::vector<metric_labels> roles;
   for (const auto& i : instances) {
     const auto& s = i.stats;
     const metric_labels l{{"instance", i.name}};
@@ -378,8 +388,9 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   static_cast<double>(s.exported));
     m.counter_set("troupe_sequences_imported_total", "Sequences taken in from KV blobs", l,
                   static_cast<double>(s.imported));
-    m.gauge_set("troupe_instance_role", "1 for an instance's role and router pool",
-                {{"instance", i.name}, {"role", i.role}, {"pool", i.pool}}, 1);
+    roles.push_back({{"instance", i.name}, {"role", i.role}, {"pool", i.pool}});
+    m.gauge_set("troupe_instance_role", "1 for an instance's role and router pool", roles.back(),
+                1);
     m.counter_set("troupe_kv_spilled_pages_total",
                   "KV store: evicted prefix pages offered to the process's store", l,
                   static_cast<double>(s.spilled_pages));
@@ -387,6 +398,7 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                   "KV store: prefix pages loaded back into the arena from a tier", l,
                   static_cast<double>(s.loaded_pages));
   }
+  m.keep_series("troupe_instance_role", roles);
   // Each process's KV store once (its instances each carry it).
   std::set<std::string> seen;
   for (const auto& i : instances) {
@@ -413,12 +425,15 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
   }
 }
 
-void record_monitor(metrics_registry& m, const monitor_report& r) {
+void record_monitor(metrics_registry& m, const monitor_report& r,
+                    const std::set<std::string>* live) {
   m.gauge_set("troupe_ttft_prediction_error",
               "Mean absolute percentage error of the router's TTFT predictions (share)", {},
               r.ttft_mape);
   for (const auto& w : r.instances) {
-    const metric_labels l{{"instance", "instance-" + std::to_string(w.instance)}};
+    const std::string name = "instance-" + std::to_string(w.instance);
+    if (live && live->count(name) == 0) continue;  // gone: the monitor's window still holds it
+    const metric_labels l{{"instance", name}};
     m.gauge_set("troupe_token_interval_seconds",
                 "Mean step time of steps with decode rows, last window", l,
                 w.token_interval_ms / 1000);

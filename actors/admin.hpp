@@ -6,6 +6,7 @@
 // over ZeroMQ on service.admin_port), and the metrics endpoints poll it.
 // Beside it, the glue that turns what those actors report into metrics.
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,9 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
 
 // The monitor's window into gauges: the TTFT predictor's error, per
 // instance token interval and busy share.
-void record_monitor(metrics_registry& m, const monitor_report& r);
+// `live`: the instances now (their names); others are left out.
+void record_monitor(metrics_registry& m, const monitor_report& r,
+                    const std::set<std::string>* live = nullptr);
 
 // Bytes as lowercase hex (client identities).
 std::string hex_bytes(const std::string& bytes);

@@ -172,6 +172,42 @@ std::string metrics_registry::render() const {
   return out;
 }
 
+void metrics_registry::keep_only(const std::string& label, const std::set<std::string>& live) {
+  // Series are keyed by their rendered labels: `label="value"` after the
+  // start or a comma, the value escaped as render_labels escapes it.
+  std::set<std::string> kept;
+  for (const auto& v : live) kept.insert(label + "=\"" + escape(v, true) + "\"");
+  const std::string head = label + "=\"";
+  const std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, f] : families_)
+    for (auto it = f.by_labels.begin(); it != f.by_labels.end();) {
+      const std::string& key = it->first;
+      size_t at = key.rfind(head, 0) == 0 ? 0 : key.find("," + head);
+      if (at == std::string::npos) {
+        ++it;
+        continue;
+      }
+      if (at != 0) ++at;  // past the comma
+      // The value ends at the first quote no backslash escapes.
+      size_t end = at + head.size();
+      while (end < key.size() && key[end] != '"') end += key[end] == '\\' ? 2 : 1;
+      const bool live_one = kept.count(key.substr(at, end + 1 - at)) > 0;
+      it = live_one ? std::next(it) : f.by_labels.erase(it);
+    }
+}
+
+void metrics_registry::keep_series(const std::string& name,
+                                   const std::vector<metric_labels>& live) {
+  std::set<std::string> kept;
+  for (const auto& l : live) kept.insert(render_labels(l));
+  const std::lock_guard<std::mutex> lock(mu_);
+  auto f = families_.find(name);
+  if (f == families_.end()) return;
+  auto& series = f->second.by_labels;
+  for (auto it = series.begin(); it != series.end();)
+    it = kept.count(it->first) ? std::next(it) : series.erase(it);
+}
+
 double metrics_registry::value(const std::string& name, const metric_labels& labels) const {
   const auto key = render_labels(labels);
   std::lock_guard lock(mu_);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,13 @@ class metrics_registry {
   void declare_counter(const std::string& name, const std::string& help, bool labelled);
   void declare_histogram(const std::string& name, const std::string& help,
                          const std::vector<double>& bounds);
+
+  // Drops every series with a `label` whose value is not in `live` (an
+  // instance or node that is gone: its series would be served forever).
+  void keep_only(const std::string& label, const std::set<std::string>& live);
+  // Drops every series of a family but those with the `live` label sets
+  // (a family set whole at each poll: an instance's old role).
+  void keep_series(const std::string& name, const std::vector<metric_labels>& live);
 
   // Every family in the text format, version 0.0.4.
   std::string render() const;

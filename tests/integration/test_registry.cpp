@@ -375,7 +375,9 @@ TEST_F(Registry, NodeAddAndRemoveByHand) {
   const auto want = offline_tokens("stories15m", kPrompt, 120);
   node_process n1(secret.path(), node_reg);
   node_process loose(secret.path());  // not in the registry
-  server_process s(reg);
+  server_process s(reg + " --metrics-port " + std::to_string(free_port()),
+                   "troupe serve: metrics on ");
+  ASSERT_NE(s.metrics_port(), 0) << s.startup_text();
   auto shell = [&](const std::string& cmds) {
     return run_process(troupe_bin() + " shell --server " + shell_quote(s.endpoint()) +
                        " --admin-timeout-ms 120000 -e " + shell_quote(cmds));
@@ -385,6 +387,17 @@ TEST_F(Registry, NodeAddAndRemoveByHand) {
   EXPECT_EQ(node_states(s),
             (std::map<std::string, std::string>{{n1.address(), "up"}, {loose.address(), "up"}}));
   ASSERT_EQ(s.admin("instances").size(), 3u);
+  std::vector<std::string> n1_series;  // its instances' label in /metrics
+  for (const auto& i : s.admin("instances"))
+    if (i["node"] == n1.address())
+      n1_series.push_back("instance=\"" + i["name"].get<std::string>() + "\"");
+  ASSERT_FALSE(n1_series.empty());
+  auto metrics_name = [&](const std::string& label) {
+    return http_get(s.metrics_port(), "/metrics").find(label) != std::string::npos;
+  };
+  for (int tries = 0; tries < 50 && !metrics_name(n1_series[0]); ++tries)
+    std::this_thread::sleep_for(200ms);
+  EXPECT_TRUE(metrics_name(n1_series[0])) << "the node's instance has no series yet";
 
   streams load(s.endpoint(), 6, 120);
   ASSERT_TRUE(load.wait_started(4));
@@ -398,6 +411,16 @@ TEST_F(Registry, NodeAddAndRemoveByHand) {
   }
   std::this_thread::sleep_for(2s);  // four registry reads: it stays out
   EXPECT_EQ(node_states(s), (std::map<std::string, std::string>{{loose.address(), "up"}}));
+  // Its instances' series leave /metrics (a probe found them served forever).
+  for (const auto& label : n1_series) {
+    for (int tries = 0; tries < 50 && metrics_name(label); ++tries)
+      std::this_thread::sleep_for(200ms);
+    if (!metrics_name(label)) continue;
+    std::string lines, text = http_get(s.metrics_port(), "/metrics");
+    for (size_t at = text.find(label); at != std::string::npos; at = text.find(label, at + 1))
+      lines += text.substr(text.rfind('\n', at) + 1, text.find('\n', at) - text.rfind('\n', at));
+    ADD_FAILURE() << label << " still in /metrics:\n" << lines;
+  }
   auto again = shell("node remove " + n1.address());
   EXPECT_NE(again.exit_code, 0);
   EXPECT_NE((again.out + again.err).find("no node " + n1.address()), std::string::npos)

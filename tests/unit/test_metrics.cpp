@@ -27,6 +27,34 @@ TEST(Metrics, RendersCountersAndGaugesWithHelpAndType) {
   EXPECT_EQ(m.value("troupe_nothing"), 0);
 }
 
+// Series of instances that left, and an instance's old role, are dropped
+// (a probe found a removed node's gauges served forever); others stay.
+TEST(Metrics, SeriesOfWhatLeftAreDropped) {
+  metrics_registry m;
+  for (const char* i : {"instance-1", "instance-2", "in\"st"}) {
+    m.gauge_set("troupe_queue_length", "waiting", {{"instance", i}}, 3);
+    m.counter_set("troupe_steps_total", "steps", {{"state", "x"}, {"instance", i}}, 7);
+  }
+  m.gauge_set("troupe_kv_tier_bytes", "bytes", {{"node", "a:1"}, {"tier", "host"}}, 5);
+  m.gauge_set("troupe_requests_in_flight", "in flight", {}, 2);
+  m.keep_only("instance", {"instance-2", "in\"st"});
+  EXPECT_EQ(m.value("troupe_queue_length", {{"instance", "instance-1"}}), 0);
+  EXPECT_EQ(m.value("troupe_queue_length", {{"instance", "instance-2"}}), 3);
+  EXPECT_EQ(m.value("troupe_queue_length", {{"instance", "in\"st"}}), 3);
+  EXPECT_EQ(m.value("troupe_steps_total", {{"state", "x"}, {"instance", "instance-2"}}), 7);
+  EXPECT_EQ(m.render().find("instance-1"), std::string::npos) << m.render();
+  EXPECT_EQ(m.value("troupe_kv_tier_bytes", {{"node", "a:1"}, {"tier", "host"}}), 5);
+  EXPECT_EQ(m.value("troupe_requests_in_flight"), 2);
+  m.keep_only("node", {});
+  EXPECT_EQ(m.value("troupe_kv_tier_bytes", {{"node", "a:1"}, {"tier", "host"}}), 0);
+
+  m.gauge_set("troupe_instance_role", "role", {{"instance", "instance-2"}, {"role", "prefill"}}, 1);
+  m.gauge_set("troupe_instance_role", "role", {{"instance", "instance-2"}, {"role", "decode"}}, 1);
+  m.keep_series("troupe_instance_role", {{{"instance", "instance-2"}, {"role", "decode"}}});
+  EXPECT_EQ(m.value("troupe_instance_role", {{"instance", "instance-2"}, {"role", "prefill"}}), 0);
+  EXPECT_EQ(m.value("troupe_instance_role", {{"instance", "instance-2"}, {"role", "decode"}}), 1);
+}
+
 TEST(Metrics, HistogramBucketsAreCumulative) {
   metrics_registry m;
   const std::vector<double> b{0.1, 1, 10};

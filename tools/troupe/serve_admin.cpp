@@ -1,5 +1,6 @@
 #include "tools/troupe/serve_admin.hpp"
 
+#include <set>
 #include <stdexcept>
 
 #include "actors/admin_groups.hpp"
@@ -19,9 +20,12 @@ void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_regi
   self->request(admin, std::chrono::seconds(5), requests_atom::value)
       .receive([&](std::vector<inflight_request>& v) { in_flight = v.size(); },
                [&](caf::error&) { ok = false; });
+  std::set<std::string> names;
+  for (const auto& i : insts) names.insert(i.name);
   if (ok) record_service(registry, insts, in_flight);
   self->request(admin, std::chrono::seconds(5), peek_atom::value)
-      .receive([&](monitor_report& r) { record_monitor(registry, r); }, [](caf::error&) {});
+      .receive([&](monitor_report& r) { record_monitor(registry, r, ok ? &names : nullptr); },
+               [](caf::error&) {});
   // A service without a dp group or expert controller answers an error.
   self->request(admin, std::chrono::seconds(5), dp_status_atom::value)
       .receive([&](dp_group_status& d) { record_dp_group(registry, d); }, [](caf::error&) {});
