@@ -37,8 +37,7 @@ void ask_instances(self_ptr self, Done done) {
             auto g = std::make_shared<gather>();
             g->left = reg.size();
             for (const auto& r : reg)
-              g->out.push_back(
-                  {"instance-" + std::to_string(r.id), r.id, r.node, r.role, r.state, {}, r.pool});
+              g->out.push_back({instance_name(r.id), r.id, r.node, r.role, r.state, {}, r.pool});
             if (reg.empty()) return done(std::move(g->out), caf::error{});
             for (size_t i = 0; i < reg.size(); ++i) {
               auto finish_one = [g, done]() mutable {
@@ -321,8 +320,9 @@ void record_request(metrics_registry& m, const request_trace& t) {
   if (t.completion_tokens > 1) observe(histograms[3], t.tpot_ms);
 }
 
-void record_service(metrics_registry& m, const std::vector<instance_info>& instances,
-                    size_t in_flight) {
+std::set<std::string> record_service(metrics_registry& m,
+                                     const std::vector<instance_info>& instances,
+                                     size_t in_flight) {
   m.gauge_set("troupe_requests_in_flight", "Requests the gateway holds", {},
               static_cast<double>(in_flight));
   // An instance that left (retired, its node removed) or a node whose
@@ -423,6 +423,7 @@ void record_service(metrics_registry& m, const std::vector<instance_info>& insta
                     static_cast<double>(t.evictions));
     }
   }
+  return names;
 }
 
 void record_monitor(metrics_registry& m, const monitor_report& r,
@@ -431,7 +432,7 @@ void record_monitor(metrics_registry& m, const monitor_report& r,
               "Mean absolute percentage error of the router's TTFT predictions (share)", {},
               r.ttft_mape);
   for (const auto& w : r.instances) {
-    const std::string name = "instance-" + std::to_string(w.instance);
+    const std::string name = instance_name(w.instance);
     if (live && live->count(name) == 0) continue;  // gone: the monitor's window still holds it
     const metric_labels l{{"instance", name}};
     m.gauge_set("troupe_token_interval_seconds",

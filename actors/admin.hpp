@@ -35,9 +35,10 @@ void declare_request_metrics(metrics_registry& m);
 void record_request(metrics_registry& m, const request_trace& t);
 
 // The instances' stats and the requests in flight into the gauges (queue
-// length, KV pages, prefix hit rate) and the engine counters.
-void record_service(metrics_registry& m, const std::vector<instance_info>& instances,
-                    size_t in_flight);
+// length, KV pages, prefix hit rate) and the engine counters.  Returns
+// the instances' names (what record_monitor keeps).
+std::set<std::string> record_service(metrics_registry& m,
+                                     const std::vector<instance_info>& instances, size_t in_flight);
 
 // The monitor's window into gauges: the TTFT predictor's error, per
 // instance token interval and busy share.

@@ -1,5 +1,7 @@
 #include "actors/admin_groups.hpp"
 
+#include "messages/admin.hpp"
+
 #include <string>
 
 namespace troupe {
@@ -86,7 +88,7 @@ void record_dp_group(metrics_registry& m, const dp_group_status& s) {
                 "DP group: per lockstep round, the slowest replica's step minus the mean step", {},
                 s.straggler_ms / 1000);
   for (const auto& r : s.replicas) {
-    const metric_labels l{{"instance", "instance-" + std::to_string(r.instance)}};
+    const metric_labels l{{"instance", instance_name(r.instance)}};
     m.gauge_set("troupe_dp_kv_tokens", "DP group: KV tokens a replica holds (last check)", l,
                 static_cast<double>(r.kv_tokens));
     m.counter_set("troupe_dp_wait_seconds_total",

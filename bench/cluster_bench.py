@@ -48,10 +48,7 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(REPO, "tools", "python"))
-# The client package's port helper, read as a plain module: the package
-# itself needs pyzmq, which only the client parts of this script do.
-sys.path.insert(0, os.path.join(REPO, "tools", "python", "troupe_client"))
-from local_port import free_port  # noqa: E402
+from troupe_client.local_port import free_port  # noqa: E402  (no pyzmq needed)
 
 
 def die(msg):

@@ -40,10 +40,8 @@ import urllib.error
 import urllib.request
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-# The client package's port helper, read as a plain module: the package
-# itself needs pyzmq, which this script does not.
-sys.path.insert(0, os.path.join(REPO, "tools", "python", "troupe_client"))
-from local_port import free_port  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools", "python"))
+from troupe_client.local_port import free_port  # noqa: E402  (no pyzmq needed)
 
 # KV bytes per token of SmolLM2-135M with a half cache: 30 layers x K and V x
 # 3 KV heads x 64 dims x 2 bytes.  troupe's --kv-mb is sized from it so its

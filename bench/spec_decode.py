@@ -34,10 +34,8 @@ import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-# The client package's port helper, read as a plain module: the package
-# itself needs pyzmq, which this script does not.
-sys.path.insert(0, os.path.join(REPO, "tools", "python", "troupe_client"))
-from local_port import free_port  # noqa: E402
+sys.path.insert(0, os.path.join(REPO, "tools", "python"))
+from troupe_client.local_port import free_port  # noqa: E402  (no pyzmq needed)
 
 CODE = '''def total_price(items, tax_rate):
     subtotal = 0

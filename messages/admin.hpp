@@ -17,6 +17,11 @@
 
 namespace troupe {
 
+// An instance's name where the service shows it (admin, /metrics).
+inline std::string instance_name(uint64_t id) {
+  return "instance-" + std::to_string(id);
+}
+
 // One engine replica and its counters.
 struct instance_info {
   std::string name;

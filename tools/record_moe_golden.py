@@ -25,11 +25,8 @@ import sys
 import time
 import urllib.request
 
-# The client package's port helper, read as a plain module (the package
-# itself needs pyzmq, which this script does not).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python",
-                                "troupe_client"))
-from local_port import free_port  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+from troupe_client.local_port import free_port  # noqa: E402  (no pyzmq needed)
 
 PROMPTS = ["Once upon a time", "The little dog ran to the park and"]
 # Texts that tell byte-level BPE pre-tokenizers apart (digit runs,

@@ -53,11 +53,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_vision_fixture as fixture  # noqa: E402
-# The client package's port helper, read as a plain module (the package
-# itself needs pyzmq, which this script does not).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python",
-                                "troupe_client"))
-from local_port import free_port  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+from troupe_client.local_port import free_port  # noqa: E402  (no pyzmq needed)
 
 PROMPTS = ["What is in the image?", "Describe the colours in one sentence."]
 MARKER = "<__media__>"

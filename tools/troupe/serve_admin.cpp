@@ -21,8 +21,7 @@ void poll_metrics(caf::actor_system& sys, const admin_actor& admin, metrics_regi
       .receive([&](std::vector<inflight_request>& v) { in_flight = v.size(); },
                [&](caf::error&) { ok = false; });
   std::set<std::string> names;
-  for (const auto& i : insts) names.insert(i.name);
-  if (ok) record_service(registry, insts, in_flight);
+  if (ok) names = record_service(registry, insts, in_flight);
   self->request(admin, std::chrono::seconds(5), peek_atom::value)
       .receive([&](monitor_report& r) { record_monitor(registry, r, ok ? &names : nullptr); },
                [](caf::error&) {});
