@@ -40,8 +40,9 @@ struct gateway_state {
   std::map<request_key, std::chrono::steady_clock::time_point> since;  // arrival, for admin
   std::deque<request_trace> traces;
   // Slow readers: clients whose queue hit the high-water mark, with the
-  // terminal frames (at most one per request) still to deliver.
+  // terminal frames (at most one per request in flight) still to deliver.
   std::map<std::string, std::deque<std::string>> stalled;
+  uint64_t dropped_replies = 0;  // answers to a stalled client's messages, dropped
   uint32_t admin_port = 0;  // told to clients in Pong; 0: no admin endpoint
   bool draining = false;
   static inline const char* name = "gateway";
@@ -101,20 +102,32 @@ sent try_send(self_ptr self, const std::string& client, const std::string& frame
   }
 }
 
-// Sends one frame; `last` marks a request's terminal frame.  A client whose
-// queue is full reads too slowly: its requests are cancelled (the reason
-// goes with their Finished) and, from then until it catches up, only
-// terminal frames are kept for it, so what it can make the server hold is
-// bounded by its requests in flight.
-void send_to(self_ptr self, const std::string& client, const std::string& frame, bool last = true) {
+// What a frame is to its client: a request's stream (chunks), the
+// terminal frame of a request it accepted (owed: its Finished or Error),
+// or the answer to one of its messages that started no request (a Pong, a
+// refusal, an error for a bad frame or an unknown cancel).
+enum class frame_due { stream, owed, reply };
+
+// Sends one frame.  A client whose queue is full reads too slowly: its
+// requests are cancelled (the reason goes with their Finished) and, from
+// then until it catches up, only the frames owed for its accepted requests
+// are kept for it, at most one each, so what it can make the server hold
+// is bounded by the requests in flight.  Answers to its messages meanwhile
+// (a client that never reads can send Pings and Cancels without end) are
+// dropped, counted in the log when it catches up.
+void send_to(self_ptr self, const std::string& client, const std::string& frame,
+             frame_due due = frame_due::reply) {
   auto& st = self->state;
   if (auto it = st.stalled.find(client); it != st.stalled.end()) {
-    if (last) it->second.push_back(frame);
+    if (due == frame_due::owed)
+      it->second.push_back(frame);
+    else if (due == frame_due::reply)
+      ++st.dropped_replies;
     return;
   }
   if (try_send(self, client, frame) != sent::full) return;
   auto& backlog = st.stalled[client];
-  if (last) backlog.push_back(frame);
+  if (due == frame_due::owed) backlog.push_back(frame);
   const std::string why = "slow reader: more than " + std::to_string(st.opts.client_backlog) +
                           " frames waited for this client (service.client_backlog)";
   spdlog::warn("gateway: client {} reads too slowly, cancelling its requests", hex_bytes(client));
@@ -134,6 +147,11 @@ void flush_stalled(self_ptr self) {
       if (r == sent::gone) q.clear();
     }
     it = q.empty() ? st.stalled.erase(it) : std::next(it);
+  }
+  if (st.stalled.empty() && st.dropped_replies > 0) {
+    spdlog::warn("gateway: dropped {} answers to messages of clients that were not reading",
+                 st.dropped_replies);
+    st.dropped_replies = 0;
   }
 }
 
@@ -298,10 +316,12 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
     st.by_actor.erase(it);
     st.inflight.erase(key);
     st.since.erase(key);
-    send_error(self, key.first, wire::INTERNAL,
-               "request " + std::to_string(key.second) +
-                   " ended without finishing: " + self->system().render(dm.reason),
-               key.second, true);
+    send_to(self, key.first,
+            error_frame(wire::INTERNAL,
+                        "request " + std::to_string(key.second) +
+                            " ended without finishing: " + self->system().render(dm.reason),
+                        key.second, true),
+            frame_due::owed);
   });
   self->send(self, poll_atom::value);
   return {
@@ -309,7 +329,7 @@ gateway_actor::behavior_type gateway_behavior(self_ptr self,
       [self](reply_atom, const std::string& client, uint64_t id, const std::string& frame,
              bool last) {
         auto& st = self->state;
-        send_to(self, client, frame, last);
+        send_to(self, client, frame, last ? frame_due::owed : frame_due::stream);
         if (!last) return;
         auto it = st.inflight.find({client, id});
         if (it == st.inflight.end()) return;

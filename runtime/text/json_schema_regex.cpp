@@ -249,7 +249,10 @@ const json& resolve(const json& ref, const json& root) {
 std::string value_regex(const json& s, int depth, walk& w) {
   if (depth > 16) {
     // Past the limit under a $ref: a recursive model unrolled this far.
-    if (w.refs > 0) throw ref_too_deep("schema: a recursive '$ref' with no end within 16 levels");
+    if (w.refs > 0)
+      throw ref_too_deep(
+          "schema: '$ref's nested more than 16 levels deep (a recursive one with no end, or a "
+          "chain that long)");
     throw schema_error("schema: nested more than 16 levels");
   }
   if (s.is_boolean() && s.get<bool>()) return value_regex(json::object(), depth, w);
@@ -292,7 +295,10 @@ std::string value_regex(const json& s, int depth, walk& w) {
         } catch (const ref_too_deep&) {
           // (a recursive branch past the limit: the others remain)
         }
-      if (!any) throw ref_too_deep("schema: a recursive '$ref' with no end within 16 levels");
+      if (!any)
+        throw ref_too_deep(
+            "schema: '$ref's nested more than 16 levels deep (a recursive one with no end, or a "
+            "chain that long)");
       return std::move(parts).done();
     }
   if (!s.contains("type")) {

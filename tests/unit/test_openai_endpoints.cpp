@@ -32,7 +32,8 @@ TEST(OpenAiEndpoints, TokenizeAndDetokenizeBodies) {
   EXPECT_TRUE(t.add_special);
   EXPECT_FALSE(t.with_pieces);
   for (const json& bad : {json::object(), json{{"content", 5}}, json{{"content", nullptr}},
-                          json{{"content", "x"}, {"with_pieces", "yes"}}}) {
+                          json{{"content", "x"}, {"with_pieces", "yes"}},
+                          json{{"content", std::string(k_max_tokenize_bytes + 1, 'a')}}}) {
     tokenize_request u;
     auto e = parse_tokenize(bad, u);
     ASSERT_TRUE(e.has_value()) << bad.dump();
@@ -44,7 +45,8 @@ TEST(OpenAiEndpoints, TokenizeAndDetokenizeBodies) {
   for (const json& bad :
        {json{{"tokens", {32000}}}, json{{"tokens", {-1}}}, json{{"tokens", {int64_t(1) << 32}}},
         json{{"tokens", {uint64_t(18446744073709551615ull)}}}, json{{"tokens", {1.5}}},
-        json{{"tokens", "1"}}, json::object()}) {
+        json{{"tokens", "1"}}, json::object(),
+        json{{"tokens", std::vector<int>(k_max_detokenize_tokens + 1, 1)}}}) {
     auto e = parse_detokenize(bad, 32000, ids);
     ASSERT_TRUE(e.has_value()) << bad.dump();
     EXPECT_EQ(e->param, "tokens");

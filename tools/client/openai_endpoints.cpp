@@ -27,6 +27,10 @@ std::optional<api_error> parse_tokenize(const nlohmann::ordered_json& body, toke
   const auto content = body.find("content");
   if (content == body.end() || !content->is_string())
     return invalid_request("content", "'content' must be a string");
+  if (content->get_ref<const std::string&>().size() > k_max_tokenize_bytes)
+    return invalid_request(
+        "content", "'content' is " + std::to_string(content->get_ref<const std::string&>().size()) +
+                       " bytes; /tokenize takes at most " + std::to_string(k_max_tokenize_bytes));
   out.content = content->get<std::string>();
   for (auto [key, flag] :
        {std::pair{"add_special", &out.add_special}, std::pair{"with_pieces", &out.with_pieces}}) {
@@ -45,6 +49,10 @@ std::optional<api_error> parse_detokenize(const nlohmann::ordered_json& body, in
   const std::string rule =
       "'tokens' must be a list of token ids in [0, " + std::to_string(vocab_size) + ")";
   if (tokens == body.end() || !tokens->is_array()) return invalid_request("tokens", rule);
+  if (tokens->size() > k_max_detokenize_tokens)
+    return invalid_request("tokens", "'tokens' has " + std::to_string(tokens->size()) +
+                                         " ids; /detokenize takes at most " +
+                                         std::to_string(k_max_detokenize_tokens));
   out.clear();
   for (const auto& t : *tokens) {
     if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() >= 1u << 31))
