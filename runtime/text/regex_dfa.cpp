@@ -4,14 +4,23 @@
 #include <bitset>
 #include <deque>
 #include <memory>
+#include <utility>
+
+#include "runtime/text/unicode.hpp"
 
 namespace troupe {
 
 namespace {
 
+// A byte range sequence: the UTF-8 forms of a run of code points.
+using utf8_seq = std::vector<std::pair<uint8_t, uint8_t>>;
+
 struct node {
-  enum kind_t { bytes, concat, alt, repeat } kind = bytes;
+  // utf8: a character class, its single bytes in set and its code points
+  // beyond ASCII as UTF-8 sequences (seqs).
+  enum kind_t { bytes, concat, alt, repeat, utf8 } kind = bytes;
   std::bitset<256> set;
+  std::vector<utf8_seq> seqs;
   std::vector<std::unique_ptr<node>> kids;
   int min = 0, max = 0;  // repeat; max -1: unbounded
 };
@@ -20,6 +29,111 @@ using node_ptr = std::unique_ptr<node>;
 node_ptr make(node::kind_t k) {
   auto n = std::make_unique<node>();
   n->kind = k;
+  return n;
+}
+
+// A set of characters: single bytes (ASCII, and \x80-\xff where the
+// pattern writes them as such) and code points from U+0080 on, which match
+// as their UTF-8 sequences.  Classes are of characters, not bytes, so that
+// '.', [^...], \D, \W, \S and a range such as [一-鿿] match whole
+// characters: byte by byte, [一-鿿] matched any byte of their encodings and
+// "á" came out, a quantifier after a character repeated its last byte, and
+// '.' could emit invalid UTF-8.
+struct char_class {
+  std::bitset<256> bytes;
+  std::vector<std::pair<uint32_t, uint32_t>> cps;  // [lo, hi], lo >= 0x80
+
+  void add_range(uint32_t lo, uint32_t hi) {
+    for (; lo <= hi && lo < 0x80; ++lo) bytes.set(lo);
+    if (lo <= hi) cps.emplace_back(lo, hi);
+  }
+  void add(const char_class& o) {
+    bytes |= o.bytes;
+    cps.insert(cps.end(), o.cps.begin(), o.cps.end());
+  }
+  // Every code point from U+0080 on (no surrogates: normalize drops them).
+  void add_all_non_ascii() { cps.emplace_back(0x80, 0x10FFFF); }
+
+  // Sorted, merged, without the surrogates U+D800-U+DFFF (no characters).
+  void normalize() {
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    std::sort(cps.begin(), cps.end());
+    for (auto [lo, hi] : cps) {
+      if (!out.empty() && lo <= out.back().second + 1)
+        out.back().second = std::max(out.back().second, hi);
+      else
+        out.emplace_back(lo, hi);
+    }
+    cps.clear();
+    for (auto [lo, hi] : out) {
+      if (lo < 0xD800 && hi >= 0xD800) {
+        cps.emplace_back(lo, 0xD7FF);
+        lo = 0xE000;
+      } else if (lo >= 0xD800 && lo <= 0xDFFF) {
+        lo = 0xE000;
+      }
+      if (lo <= hi) cps.emplace_back(lo, hi);
+    }
+  }
+  // The characters not in the class: ASCII flipped, the code points from
+  // U+0080 on complemented (bytes \x80-\xff have no complement among
+  // characters: the caller refuses them).
+  void negate() {
+    for (size_t b = 0; b < 0x80; ++b) bytes.flip(b);
+    normalize();
+    std::vector<std::pair<uint32_t, uint32_t>> out;
+    uint32_t next = 0x80;
+    for (auto [lo, hi] : cps) {
+      if (lo > next) out.emplace_back(next, lo - 1);
+      next = hi + 1;
+    }
+    if (next <= 0x10FFFF) out.emplace_back(next, 0x10FFFF);
+    cps = std::move(out);
+  }
+};
+
+// The code points [lo, hi] (no surrogates; lo >= 0x80) as sequences of
+// byte ranges, each matching exactly the UTF-8 forms of a sub-range: split
+// where the encoded length changes, then where a continuation byte's range
+// would not be whole (the split of RE2 and Rust's utf8-ranges).
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<utf8_seq>& out) {
+  for (uint32_t top : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= top && hi > top) {
+      utf8_sequences(lo, top, out);
+      utf8_sequences(top + 1, hi, out);
+      return;
+    }
+  }
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8_sequences(lo, lo | m, out);
+        utf8_sequences((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8_sequences(lo, (hi & ~m) - 1, out);
+        utf8_sequences(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  const std::string a = unicode::to_utf8(lo), b = unicode::to_utf8(hi);
+  utf8_seq seq;
+  for (size_t k = 0; k < a.size(); ++k)
+    seq.emplace_back(static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k]));
+  out.push_back(std::move(seq));
+}
+
+// A class as a node: its single bytes, and its code points' UTF-8
+// sequences (the builder shares their continuation-byte tails, so '.' is
+// about ten NFA states, not seventy).
+node_ptr class_node(char_class c) {
+  c.normalize();
+  auto n = make(c.cps.empty() ? node::bytes : node::utf8);
+  n->set = c.bytes;
+  for (auto [lo, hi] : c.cps) utf8_sequences(lo, hi, n->seqs);
   return n;
 }
 
@@ -115,8 +229,10 @@ struct regex_parser {
     return a;
   }
 
-  static std::bitset<256> class_of(char c) {
-    std::bitset<256> s;
+  // \d \w \s (ASCII) and their complements among all characters.
+  static char_class class_of(char c) {
+    char_class cc;
+    auto& s = cc.bytes;
     auto range = [&](int lo, int hi) {
       for (int b = lo; b <= hi; ++b) s.set(size_t(b));
     };
@@ -136,16 +252,28 @@ struct regex_parser {
       default:
         break;
     }
-    if (c == 'D' || c == 'W' || c == 'S') s.flip();
-    return s;
+    if (c == 'D' || c == 'W' || c == 'S') cc.negate();
+    return cc;
   }
 
-  // After a backslash: a class or one byte.
-  std::bitset<256> escape() {
+  // The character at the parse position (a literal: an ASCII byte or a
+  // whole UTF-8 sequence), as its code point.
+  uint32_t literal() {
+    const int n = unicode::valid_sequence_length(p, i);
+    if (n <= 0) fail("invalid UTF-8 in the pattern");
+    size_t at = i;
+    const uint32_t cp = unicode::decode_next(p, at);
+    i += static_cast<size_t>(n);
+    return cp;
+  }
+
+  // After a backslash: a class, one character, or (\x80-\xff) one byte.
+  char_class escape() {
     if (!more()) fail("a pattern ending in '\\'");
     const char c = p[i++];
     if (std::string("dDwWsS").find(c) != std::string::npos) return class_of(c);
-    std::bitset<256> s;
+    char_class cc;
+    auto& s = cc.bytes;
     if (c == 'n')
       s.set('\n');
     else if (c == 't')
@@ -167,53 +295,82 @@ struct regex_parser {
       const int v = hex(p[i]) * 16 + hex(p[i + 1]);
       i += 2;
       s.set(size_t(v));
-    } else if (std::isalnum(static_cast<unsigned char>(c)))
+    } else if (std::isalnum(static_cast<unsigned char>(c))) {
       fail(std::string("the escape \\") + c + " is not supported");
-    else
+    } else if (static_cast<unsigned char>(c) >= 0x80) {
+      --i;  // a backslash before a character beyond ASCII: that character
+      const uint32_t cp = literal();
+      cc.add_range(cp, cp);
+    } else {
       s.set(size_t(uint8_t(c)));
-    return s;
+    }
+    return cc;
   }
 
-  std::bitset<256> bracket() {
-    std::bitset<256> s;
+  // The one character (code point) or \x byte a class item names, if it
+  // names one; *is_byte for \x80-\xff.
+  static bool single_of(const char_class& c, uint32_t& v, bool& is_byte) {
+    if (c.bytes.count() + c.cps.size() != 1) return false;
+    if (!c.cps.empty()) {
+      if (c.cps[0].first != c.cps[0].second) return false;
+      v = c.cps[0].first;
+      is_byte = false;
+      return true;
+    }
+    for (uint32_t b = 0; b < 256; ++b)
+      if (c.bytes[b]) v = b;
+    is_byte = v >= 0x80;
+    return true;
+  }
+
+  // One class item: an escape or a literal character.
+  char_class class_item() {
+    if (peek() == '\\') {
+      ++i;
+      return escape();
+    }
+    char_class c;
+    const uint32_t cp = literal();
+    c.add_range(cp, cp);
+    return c;
+  }
+
+  char_class bracket() {
+    char_class s;
     bool negate = false;
     if (more() && peek() == '^') negate = true, ++i;
     bool first = true;
     while (more() && (peek() != ']' || first)) {
       first = false;
-      std::bitset<256> item;
-      int lo = -1;
-      if (peek() == '\\') {
+      char_class item = class_item();
+      uint32_t lo = 0;
+      bool lo_byte = false;
+      const bool single = single_of(item, lo, lo_byte);
+      if (single && i + 1 < p.size() && peek() == '-' && p[i + 1] != ']') {
         ++i;
-        item = escape();
-        if (item.count() == 1)
-          for (int b = 0; b < 256; ++b)
-            if (item[size_t(b)]) lo = b;
-      } else {
-        lo = uint8_t(p[i++]);
-        item.set(size_t(lo));
-      }
-      if (lo >= 0 && i + 1 < p.size() && peek() == '-' && p[i + 1] != ']') {
-        ++i;
-        int hi;
-        if (peek() == '\\') {
-          ++i;
-          auto e = escape();
-          if (e.count() != 1) fail("a class as a range's end");
-          hi = 0;
-          for (int b = 0; b < 256; ++b)
-            if (e[size_t(b)]) hi = b;
-        } else {
-          hi = uint8_t(p[i++]);
-        }
+        const char_class end = class_item();
+        uint32_t hi = 0;
+        bool hi_byte = false;
+        if (!single_of(end, hi, hi_byte)) fail("a class as a range's end");
         if (hi < lo) fail("a range whose end is below its start");
-        for (int b = lo; b <= hi; ++b) item.set(size_t(b));
+        if (hi_byte ? !lo_byte && lo >= 0x80 : lo_byte)
+          fail("a range between a \\x80-\\xff byte and a character");
+        item = char_class{};
+        if (hi_byte) {  // \x bytes up to \xff (from ASCII or a byte): bytes
+          for (uint32_t b = lo; b <= hi; ++b) item.bytes.set(b);
+        } else {
+          item.add_range(lo, hi);
+        }
       }
-      s |= item;
+      s.add(item);
     }
     if (!more()) fail("']' expected");
     ++i;
-    if (negate) s.flip();
+    if (negate) {
+      for (size_t b = 0x80; b < 256; ++b)
+        if (s.bytes[b]) fail("a negated class with \\x80-\\xff bytes (write characters)");
+      s.negate();
+    }
     return s;
   }
 
@@ -232,15 +389,16 @@ struct regex_parser {
         return inner;
       }
       case '[':
-        b->set = bracket();
-        return b;
-      case '.':
-        b->set.set();
-        b->set.reset('\n');
-        return b;
+        return class_node(bracket());
+      case '.': {  // any character but a line break
+        char_class any;
+        any.add_range(0, 0x7F);
+        any.bytes.reset('\n');
+        any.add_all_non_ascii();
+        return class_node(std::move(any));
+      }
       case '\\':
-        b->set = escape();
-        return b;
+        return class_node(escape());
       case '*':
       case '+':
       case '?':
@@ -250,8 +408,17 @@ struct regex_parser {
       case '$':
         fail("anchors are not supported (the whole output always matches)");
       default:
-        b->set.set(size_t(uint8_t(c)));
-        return b;
+        if (static_cast<unsigned char>(c) < 0x80) {
+          b->set.set(size_t(uint8_t(c)));
+          return b;
+        }
+        // A character beyond ASCII: its whole UTF-8 sequence, one atom (a
+        // quantifier after it repeats all of it).
+        --i;
+        char_class one;
+        const uint32_t cp = literal();
+        one.add_range(cp, cp);
+        return class_node(std::move(one));
     }
   }
 };
@@ -270,20 +437,51 @@ struct builder {
     return int(edges.size() - 1);
   }
 
+  // Edges s -> e for the bytes of `set`, a range each.
+  void byte_edges(int s, const std::bitset<256>& set, int e) {
+    for (int b = 0; b < 256;) {
+      if (!set[size_t(b)]) {
+        ++b;
+        continue;
+      }
+      int hi = b;
+      while (hi + 1 < 256 && set[size_t(hi + 1)]) ++hi;
+      edges[size_t(s)].push_back({b, hi, e});
+      b = hi + 1;
+    }
+  }
+
   // Builds `n` between two new states; returns them.
   std::pair<int, int> build(const node& n) {
     const int s = state(), e = state();
     switch (n.kind) {
-      case node::bytes: {
-        for (int b = 0; b < 256;) {
-          if (!n.set[size_t(b)]) {
-            ++b;
-            continue;
+      case node::bytes:
+        byte_edges(s, n.set, e);
+        break;
+      case node::utf8: {
+        byte_edges(s, n.set, e);
+        // tail[k]: k continuation bytes (0x80-0xBF) still to come, then e.
+        int tail[4] = {e, -1, -1, -1};
+        auto tail_of = [&](size_t k) {
+          for (size_t j = 1; j <= k; ++j)
+            if (tail[j] < 0) {
+              const int t = state();
+              edges[size_t(t)].push_back({0x80, 0xBF, tail[j - 1]});
+              tail[j] = t;
+            }
+          return tail[k];
+        };
+        for (const auto& seq : n.seqs) {
+          int cur = s;
+          for (size_t k = 0; k < seq.size(); ++k) {
+            bool rest_full = true;
+            for (size_t j = k + 1; j < seq.size(); ++j)
+              rest_full = rest_full && seq[j].first == 0x80 && seq[j].second == 0xBF;
+            const int to = rest_full ? tail_of(seq.size() - 1 - k) : state();
+            edges[size_t(cur)].push_back({seq[k].first, seq[k].second, to});
+            if (rest_full) break;
+            cur = to;
           }
-          int hi = b;
-          while (hi + 1 < 256 && n.set[size_t(hi + 1)]) ++hi;
-          edges[size_t(s)].push_back({b, hi, e});
-          b = hi + 1;
         }
         break;
       }

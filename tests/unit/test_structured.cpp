@@ -36,6 +36,49 @@ TEST(RegexDfa, MatchesWholeOutputsOnly) {
     EXPECT_THROW(regex_dfa{bad}, regex_error) << bad;
 }
 
+// Classes, '.', and quantifiers are of characters, not bytes (a probe got
+// "áěěěě" from [一-鿿]{3,10}, "中\xe4" from 中{2}, and invalid UTF-8 from '.'):
+// every text a pattern accepts is valid UTF-8 whose characters it names.
+TEST(RegexDfa, ClassesAndQuantifiersTakeWholeCharacters) {
+  regex_dfa han("[一-鿿]{3,10}");
+  EXPECT_TRUE(matches(han, "中文字"));
+  EXPECT_TRUE(matches(han, "中文字中文字中文字中"));
+  EXPECT_FALSE(matches(han, "中文"));
+  EXPECT_FALSE(matches(han, "áěěěě"));
+  EXPECT_FALSE(matches(han, "中文\xe5\xad"));  // a character cut short
+  regex_dfa twice("中{2}");
+  EXPECT_TRUE(matches(twice, "中中"));
+  EXPECT_FALSE(matches(twice, "中\xad"));
+  EXPECT_FALSE(matches(twice, "中"));
+  regex_dfa cyrillic("[а-я]{2,8}");
+  EXPECT_TRUE(matches(cyrillic, "привет"));
+  EXPECT_FALSE(matches(cyrillic, "еѰ"));  // U+0470 is past я (U+044F)
+  regex_dfa any(".{2}");
+  EXPECT_TRUE(matches(any, "aé"));
+  EXPECT_TRUE(matches(any, "😀中"));
+  EXPECT_FALSE(matches(any, "\xc3\xa9\xff"));
+  EXPECT_FALSE(matches(any, "a\xc3"));
+  EXPECT_FALSE(matches(any, "\xed\xa0\x80\x41"));  // a surrogate's encoding
+  EXPECT_FALSE(matches(any, "a\n"));
+  regex_dfa not_quote(R"([^"a]+)");
+  EXPECT_TRUE(matches(not_quote, "bé😀"));
+  EXPECT_FALSE(matches(not_quote, "b\x80"));
+  EXPECT_FALSE(matches(not_quote, "ba"));
+  regex_dfa not_digit(R"(\D\W)");
+  EXPECT_TRUE(matches(not_digit, "é!"));
+  EXPECT_FALSE(matches(not_digit, "\xc3!"));
+  // Every range's UTF-8 sequences, at the encoded lengths' edges.
+  regex_dfa edges("[\u007f-\u0080][\u07ff-\u0800][\uffff-\U00010000][\U0010fffe-\U0010ffff]");
+  EXPECT_TRUE(matches(edges, "\u007f\u07ff\uffff\U0010fffe"));
+  EXPECT_TRUE(matches(edges, "\u0080\u0800\U00010000\U0010ffff"));
+  EXPECT_FALSE(matches(edges, "\u0081\u0800\U00010000\U0010ffff"));
+  // \x80-\xff stay bytes where written so (the schema's own UTF-8 rules).
+  regex_dfa bytes(R"([\xc2-\xdf][\x80-\xbf])");
+  EXPECT_TRUE(matches(bytes, "é"));
+  for (const char* bad : {"[^\\x80]", "[é-\\xff]", "\xff", "[\xc3]"})
+    EXPECT_THROW(regex_dfa{bad}, regex_error) << bad;
+}
+
 // Issue 31: 50,000 nested groups, or a byte under 100,000 stacked
 // quantifiers, overflowed the stack (the server died with SIGSEGV).  Now a
 // regex_error names the limit, and the depth just under it still compiles.
@@ -70,10 +113,10 @@ TEST(RegexDfa, DeepNestingIsRefusedNamingTheLimit) {
 // A pattern whose language is empty can never be met: refused at compile
 // time, not by the engine mid-request.
 TEST(RegexDfa, APatternMatchingNothingIsRefused) {
-  for (const char* empty : {R"([^\x00-\xff])", R"(a[^\x00-\xff]b)", R"(([^\x00-\xff])+)"})
+  for (const char* empty : {R"([^\s\S])", R"(a[^\s\S]b)", R"(([^\s\S])+)"})
     EXPECT_THROW(regex_dfa{empty}, regex_error) << empty;
   // An empty class under '*' or '?' still lets the empty string through.
-  regex_dfa optional(R"(a[^\x00-\xff]*)");
+  regex_dfa optional(R"(a[^\s\S]*)");
   EXPECT_TRUE(matches(optional, "a"));
 }
 
