@@ -365,7 +365,9 @@ INLINE void embed_block(int et, int t, int b, __global const uchar* eq, __global
   TROUPE_STEP(WT, tiled, TROUPE_TILE, X, FFN, KIND)
 
 TROUPE_LAYER_TILES(f32, F, FFN_SAME, )
-TROUPE_LAYER_TILES(f32p, F, FFN_SAME, )  // F32 in panels (matmul_panels.cl)
+TROUPE_LAYER_TILES(f32p, F, FFN_SAME, )     // F32 in panels (matmul_panels.cl)
+TROUPE_LAYER_TILES(xq_q4_1p, Q, FFN_SAME, )  // Q4_1 in panels (matmul_panels.cl)
+TROUPE_LAYER_TILES(xq_q8_0p, Q, FFN_SAME, )  // Q8_0 in panels (matmul_panels.cl)
 TROUPE_LAYER_TILES(f16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(bf16, F, FFN_SAME, )
 TROUPE_LAYER_TILES(xq_q4_0, Q, FFN_SAME, )
@@ -376,6 +378,7 @@ TROUPE_LAYER_TILES(xq_q5_0, Q, FFN_SAME, )
 // Q8_0, Q5_1 and Q5_0 layers with a K-quant down: the layers of
 // llama-quantize's K-quant files of SmolLM2 and its like.
 TROUPE_LAYER_TILES(xq_q8_0, Q, FFN_Q8K, _kd)
+TROUPE_LAYER_TILES(xq_q8_0p, Q, FFN_Q8K, _kd)  // the same in panels (matmul_panels.cl)
 // Q5_1 layers with a K-quant down: llama-quantize's Q5_K_M of such a model
 // (Q5_K falls back to Q5_1 where rows are no whole super-blocks).
 TROUPE_LAYER_TILES(xq_q5_1, Q, FFN_Q8K, _kd)

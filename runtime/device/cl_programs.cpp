@@ -30,11 +30,17 @@ std::string build_log(cl_program p, cl_device_id device) {
   return log;
 }
 
+// A kernel of matmul_panels.cl (F32, Q4_1 or Q8_0 weights in panels).
+bool panel_kernel(const std::string& k) {
+  return k.find("_f32p_") != std::string::npos || k.find("_q4_1p_") != std::string::npos ||
+         k.find("_q8_0p_") != std::string::npos;
+}
+
 // The family of a matmul.cl kernel: the name less "matmul_", the kind of
 // product and the token tile ("matmul_glu_xq_q4_1_t4": xq_q4_1); empty
 // where the name is not so made.
 std::string matmul_variant(const std::string& k) {
-  if (!starts_with(k, "matmul_") || k.find("_f32p_") != std::string::npos) return {};
+  if (!starts_with(k, "matmul_") || panel_kernel(k)) return {};
   std::string rest = k.substr(7);
   for (const char* family : {"id_glu_", "id_", "glu_", "qkv_"})
     if (starts_with(rest, family)) {
@@ -66,8 +72,7 @@ std::string kernel_file_for(const std::string& k) {
       {"round_q8_k", "quantize"},    {"vis_", "vision"}};
   for (const auto& [prefix, file] : rules)
     if (starts_with(k, prefix)) return file;
-  if (starts_with(k, "matmul_"))
-    return k.find("_f32p_") != std::string::npos ? "matmul_panels" : "matmul";
+  if (starts_with(k, "matmul_")) return panel_kernel(k) ? "matmul_panels" : "matmul";
   return {};
 }
 

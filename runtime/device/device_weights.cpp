@@ -139,6 +139,50 @@ std::vector<float> in_panels(const std::vector<float>& v, int64_t rows, int64_t 
   return out;
 }
 
+// Q4_1 blocks (quants q, 16 bytes a block; scales d, mins m), row-major,
+// in panels of 16 rows (kernels/matmul_panels.cl's q4_1p): per panel p and
+// block b, four vectors of the 16 rows' bytes 4c..4c+3 (lane r: row r),
+// then the 16 scales, then the 16 mins.
+void q4_1_in_panels(std::vector<uint8_t>& q, std::vector<float>& d, std::vector<float>& m,
+                    int64_t rows, int64_t K) {
+  const int64_t nb = K / 32;
+  std::vector<uint8_t> pq(q.size());
+  std::vector<float> pd(d.size()), pm(m.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t pb = (r / 16) * nb + b, lane = r % 16, src = r * nb + b;
+      for (int c = 0; c < 4; ++c)
+        std::memcpy(&pq[static_cast<size_t>(((pb * 4 + c) * 16 + lane) * 4)],
+                    &q[static_cast<size_t>(src * 16 + c * 4)], 4);
+      pd[static_cast<size_t>(pb * 16 + lane)] = d[static_cast<size_t>(src)];
+      pm[static_cast<size_t>(pb * 16 + lane)] = m[static_cast<size_t>(src)];
+    }
+  q.swap(pq);
+  d.swap(pd);
+  m.swap(pm);
+}
+
+// Q8_0 blocks (quants q, 32 bytes a block; scales d), row-major, in panels
+// of 16 rows (kernels/matmul_panels.cl's q8_0p): per panel p and block b,
+// eight vectors of the 16 rows' bytes 4c..4c+3 (lane r: row r), then the
+// 16 scales.
+void q8_0_in_panels(std::vector<uint8_t>& q, std::vector<float>& d, int64_t rows, int64_t K) {
+  const int64_t nb = K / 32;
+  std::vector<uint8_t> pq(q.size());
+  std::vector<float> pd(d.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t pb = (r / 16) * nb + b, lane = r % 16, src = r * nb + b;
+      for (int c = 0; c < 8; ++c)
+        for (int k = 0; k < 4; ++k)
+          pq[static_cast<size_t>(((pb * 8 + c) * 16 + lane) * 4 + k)] =
+              q[static_cast<size_t>(src * 32 + c * 4 + k)];
+      pd[static_cast<size_t>(pb * 16 + lane)] = d[static_cast<size_t>(src)];
+    }
+  q.swap(pq);
+  d.swap(pd);
+}
+
 // How upload_stacked holds a QKV's parts where they are not all one type
 // on the device (upload_qkv says which).
 enum class qkv_hold {
@@ -188,7 +232,8 @@ device_matrix upload_q5_0(cl::context& ctx, const std::vector<const tensor_view*
 }
 
 // upload_matrix, with a QKV's parts held as hold says; where panels, F32
-// values as F32P (the rows a multiple of 16).
+// values as F32P, Q4_1 ones (not from K-quants) as Q4_1P and Q8_0 ones as
+// Q8_0P (the rows a multiple of 16).
 device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                              qkv_hold hold, bool panels = false) {
   device_matrix out;
@@ -313,10 +358,48 @@ device_matrix upload_stacked(cl::context& ctx, const std::vector<const tensor_vi
       std::memcpy(&q[blk * stride], src + own.header, own.quants);
     }
   }
+  if (panels && out.type == tensor_type::q4_1 && !out.q8_k_acts) {
+    if (out.rows % 16 != 0)
+      throw std::invalid_argument("Q4_1 panels need rows a multiple of 16, not " +
+                                  std::to_string(out.rows));
+    q4_1_in_panels(q, d, m, out.rows, out.cols);
+    out.type = tensor_type::q4_1p;
+  }
+  if (panels && out.type == tensor_type::q8_0 && !out.q8_k_acts && hold == qkv_hold::plain) {
+    if (out.rows % 16 != 0)
+      throw std::invalid_argument("Q8_0 panels need rows a multiple of 16, not " +
+                                  std::to_string(out.rows));
+    q8_0_in_panels(q, d, out.rows, out.cols);
+    out.type = tensor_type::q8_0p;
+  }
   out.q = ctx.alloc(q.size(), q.data());
   out.d = ctx.alloc(d.size() * sizeof(float), d.data());
   out.m = ctx.alloc(m.size() * sizeof(float), m.data());
   return out;
+}
+
+// Whether the model's layers have the shape the panel kernels take: the
+// plain layer (no experts, no Gemma extras), the normal RoPE layout over
+// whole panels, every row count a multiple of 16, on a CPU device (the
+// kernels are written for its wide registers).
+bool dense_panel_shape(const cl::context& ctx, const model_file& model) {
+  const auto& hp = model.hparams();
+  return ctx.cpu() && hp.n_expert == 0 && !hp.qk_norm && !hp.sandwich_norms && !hp.gelu_ffn &&
+         hp.sliding_window == 0 && hp.rope != rope_layout::neox && hp.rope_dims % 16 == 0 &&
+         hp.head_dim % 16 == 0 && hp.n_embd % 16 == 0 && hp.n_ff % 16 == 0;
+}
+
+// Whether every layer matrix of the model has type t in the file (all or
+// none: one kernel family).
+bool layers_all(const model_file& model, tensor_type t) {
+  const auto& hp = model.hparams();
+  for (int l = 0; l < hp.n_layer; ++l)
+    for (const char* name :
+         {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
+      const auto* v = model.find_tensor("blk." + std::to_string(l) + "." + name + ".weight");
+      if (!v || v->type != t) return false;
+    }
+  return true;
 }
 
 }  // namespace
@@ -327,20 +410,30 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
 }
 
 bool f32_panels_fit(const cl::context& ctx, const model_file& model) {
-  const auto& hp = model.hparams();
-  // The panel kernels are written for CPU devices' wide registers, for the
-  // plain layer (no experts, no Gemma extras) and the normal RoPE layout
-  // over whole panels; every row count a multiple of 16.
-  if (!ctx.cpu() || hp.n_expert > 0 || hp.qk_norm || hp.sandwich_norms || hp.gelu_ffn ||
-      hp.sliding_window > 0 || hp.rope == rope_layout::neox || hp.rope_dims % 16 != 0 ||
-      hp.head_dim % 16 != 0 || hp.n_embd % 16 != 0 || hp.n_ff % 16 != 0)
+  return dense_panel_shape(ctx, model) && layers_all(model, tensor_type::f32);
+}
+
+bool q4_1_panels_fit(const cl::context& ctx, const model_file& model) {
+  // The integer panel kernels take vpdpbusd (AVX-512 VNNI) on a CPU device
+  // and the GLU's h whole blocks of 32.
+  return ctx.x86_vnni() && dense_panel_shape(ctx, model) && model.hparams().n_ff % 32 == 0 &&
+         layers_all(model, tensor_type::q4_1);
+}
+
+bool q8_0_panels_fit(const cl::context& ctx, const model_file& model) {
+  // As Q4_1's; ffn_down may be a K-quant (llama-quantize's Q6_K files of
+  // models whose other rows are no whole super-blocks): it stays row-major
+  // beside the panels (layer.cl's _kd layers).
+  if (!ctx.x86_vnni() || !dense_panel_shape(ctx, model) || model.hparams().n_ff % 32 != 0)
     return false;
-  // Every layer matrix F32 in the file (all or none: one kernel family).
+  const auto& hp = model.hparams();
   for (int l = 0; l < hp.n_layer; ++l)
     for (const char* name :
          {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}) {
-      const auto* t = model.find_tensor("blk." + std::to_string(l) + "." + name + ".weight");
-      if (!t || t->type != tensor_type::f32) return false;
+      const auto* v = model.find_tensor("blk." + std::to_string(l) + "." + name + ".weight");
+      if (!v) return false;
+      const bool down = std::string(name) == "ffn_down";
+      if (v->type != tensor_type::q8_0 && !(down && is_k_quant(v->type))) return false;
     }
   return true;
 }
@@ -439,7 +532,7 @@ expert_layout initial_expert_layout(int n_expert, int devices) {
 }
 
 device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices,
-                              int first_layer, int end_layer) {
+                              int first_layer, int end_layer, bool int8_panels) {
   device_weights w;
   const auto& hp = model.hparams();
   if (end_layer <= 0) end_layer = hp.n_layer;
@@ -451,7 +544,8 @@ device_weights upload_weights(cl::context& ctx, const model_file& model, int exp
   if (const auto* out = model.find_tensor("output.weight"))
     w.output = std::make_unique<device_matrix>(upload_matrix(ctx, {out}));
   w.output_norm = upload_vector(ctx, model.tensor("output_norm.weight"));
-  const bool panels = f32_panels_fit(ctx, model);
+  const bool panels = f32_panels_fit(ctx, model) ||
+                      (int8_panels && (q4_1_panels_fit(ctx, model) || q8_0_panels_fit(ctx, model)));
   for (int l = first_layer; l < end_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     auto t = [&](const char* name) -> const tensor_view* { return &model.tensor(p + name); };

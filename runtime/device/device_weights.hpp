@@ -31,8 +31,8 @@ struct device_matrix {
 // All parts must share row length (throws model_error otherwise).  Parts of
 // different types: K-quants together as KU6 (any of them exactly), Q5_0
 // or IQ4_NL beside Q8_0 as Q8_0, others as F32 (exact values).  With f32_panels, F32 values are
-// held in panels as F32P (kernels/matmul_panels.cl; the rows a multiple of 16, else
-// std::invalid_argument).
+// held in panels as F32P, Q4_1 ones (not a K-quant's) as Q4_1P and Q8_0 ones as Q8_0P
+// (kernels/matmul_panels.cl; the rows a multiple of 16, else std::invalid_argument).
 device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_view*>& parts,
                             bool f32_panels = false);
 
@@ -40,6 +40,15 @@ device_matrix upload_matrix(cl::context& ctx, const std::vector<const tensor_vie
 // every one F32 in the file, a dense layer with the normal RoPE layout,
 // sizes in whole panels, on a CPU device.
 bool f32_panels_fit(const cl::context& ctx, const model_file& model);
+
+// Whether upload_weights can hold the layer matrices in Q4_1 panels (Q4_1P,
+// integer products, kernels/matmul_panels.cl): every one Q4_1 in the file,
+// the shape f32_panels_fit asks, on a CPU device with AVX-512 VNNI.
+bool q4_1_panels_fit(const cl::context& ctx, const model_file& model);
+
+// The same for Q8_0 (Q8_0P): every layer matrix Q8_0 in the file but
+// ffn_down, which may be a K-quant (held row-major beside the panels).
+bool q8_0_panels_fit(const cl::context& ctx, const model_file& model);
 
 // A layer's [q; k; v], as upload_matrix stacks them, but where qkv_kernels
 // (the projection runs in matmul_qkv_*, not as a plain matmul: llama_forward's
@@ -124,9 +133,11 @@ struct device_weights {
 // Experts of MoE layers spread over `expert_devices` devices
 // (initial_expert_layout).  Layers [first_layer, end_layer) only (a
 // pipeline stage's; end_layer 0: to the last), layers[0] being first_layer;
-// the embedding, the output norm and the classifier always.
+// the embedding, the output norm and the classifier always.  Where
+// int8_panels and q4_1_panels_fit (q8_0_panels_fit), the layer matrices
+// as Q4_1P (Q8_0P).
 device_weights upload_weights(cl::context& ctx, const model_file& model, int expert_devices = 1,
-                              int first_layer = 0, int end_layer = 0);
+                              int first_layer = 0, int end_layer = 0, bool int8_panels = false);
 
 // Experts 0..n-1 split into `devices` contiguous runs, one slot each.
 expert_layout initial_expert_layout(int n_expert, int devices);

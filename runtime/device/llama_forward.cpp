@@ -37,6 +37,10 @@ int type_slot(tensor_type t) {
       return 8;
     case tensor_type::q5_0:
       return 9;
+    case tensor_type::q4_1p:
+      return 10;
+    case tensor_type::q8_0p:
+      return 11;
     case tensor_type::iq4_nl:  // held as Q8_0, Q4_1, KU6 or F32 on the device (device_weights)
     case tensor_type::q4_k:
     case tensor_type::q6_k:
@@ -68,6 +72,7 @@ engine_options engine_options_from(const engine_settings& s, cl::device_choice w
   o.flash_attention = s.flash_attention;
   o.fuse_layers = s.fuse_layers;
   o.fuse_step = s.fuse_step;
+  o.int8_panels = s.int8_panels;
   o.queue_steps = s.queue_steps;
   o.expert_devices = s.expert_devices;
   o.pipeline_stages = s.pipeline_parallel;
@@ -139,7 +144,8 @@ llama_forward::llama_forward(std::shared_ptr<const model_file> model, const engi
     throw model_error(model_->path() +
                       ": a mixture-of-experts model runs on one device (no pipeline stages)");
   ctx_.build(build_options());
-  weights_ = upload_weights(ctx_, *model_, expert_devices(), layer_first_, layer_end);
+  weights_ = upload_weights(ctx_, *model_, expert_devices(), layer_first_, layer_end,
+                            opts_.int8_dot && opts_.int8_panels);
 
   n_pages_ =
       opts_.n_pages > 0 ? opts_.n_pages : static_cast<int>(opts_.kv_bytes / kv_bytes_per_page());
@@ -224,8 +230,8 @@ cl::kernel& llama_forward::family_kernel(mm_family f, tensor_type t, int rows, b
 
 bool llama_forward::k_down(const device_layer& L) const {
   const auto& hp = hparams();
-  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q5_1 ||
-          L.qkv.type == tensor_type::q5_0) &&
+  return (L.qkv.type == tensor_type::q8_0 || L.qkv.type == tensor_type::q8_0p ||
+          L.qkv.type == tensor_type::q5_1 || L.qkv.type == tensor_type::q5_0) &&
          L.down.q8_k_acts && int8_for(L.down) &&
          (L.down.type == tensor_type::ku6 || L.down.type == tensor_type::q4_1) &&
          hp.n_ff % 256 == 0;
@@ -361,9 +367,12 @@ void llama_forward::whole_step(int T, int R, int att_rows) {
 }
 
 bool llama_forward::int8_for(const device_matrix& w) const {
-  return opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
-                            w.type == tensor_type::q8_0 || w.type == tensor_type::ku6 ||
-                            w.type == tensor_type::q5_1 || w.type == tensor_type::q5_0);
+  // Quantized panels have integer kernels only (device_weights holds them
+  // so only where int8_dot is on).
+  return w.type == tensor_type::q4_1p || w.type == tensor_type::q8_0p ||
+         (opts_.int8_dot && (w.type == tensor_type::q4_0 || w.type == tensor_type::q4_1 ||
+                             w.type == tensor_type::q8_0 || w.type == tensor_type::ku6 ||
+                             w.type == tensor_type::q5_1 || w.type == tensor_type::q5_0));
 }
 
 int llama_forward::input_format(const device_matrix& w) {
@@ -563,8 +572,10 @@ void llama_forward::matmul(const device_matrix& w, const cl::buffer& x, const cl
 
 llama_forward::matmul_grid llama_forward::grid(tensor_type t, int units, int rows) const {
   matmul_grid g;
-  g.rows_per_item =
-      t == tensor_type::f32p ? k_panel_rows_per_item : std::max(1, opts_.rows_per_item);
+  g.rows_per_item = t == tensor_type::f32p ? k_panel_rows_per_item
+                    : t == tensor_type::q4_1p || t == tensor_type::q8_0p
+                        ? k_qpanel_rows_per_item
+                        : std::max(1, opts_.rows_per_item);
   g.items = (units + g.rows_per_item - 1) / g.rows_per_item;
   g.local = static_cast<size_t>(std::max(1, opts_.group_size));
   return g;

@@ -59,6 +59,9 @@ struct engine_options {
   // layers, final norm) as one launch, the classifier a second.  Same
   // results bit for bit; engine.fuse_step false turns it off.
   bool fuse_step = true;
+  // With int8_dot on a CPU device with VNNI: a model whose layer matrices
+  // are all Q4_1 holds them in panels (Q4_1P, kernels/matmul_panels.cl).
+  bool int8_panels = true;
   // Queued steps (the device actor): a step is enqueued behind the one
   // running instead of after its result has reached the host, greedy and
   // seeded sampled tokens drawn on the device for the next step (step
@@ -281,6 +284,10 @@ class llama_forward {
   // whole passes of 3 panels, k_panel_rows_per_item rows (or pairs).
   matmul_grid grid(tensor_type t, int units, int rows) const;
   static constexpr int k_panel_rows_per_item = 48;
+  // Quantized panels (q4_1p) one panel a pass: two panels an item, so that
+  // the gated FFN's items are whole blocks of 32 (and QKV's 16 pairs whole
+  // panels).
+  static constexpr int k_qpanel_rows_per_item = 32;
   // The gated FFN's: with quant_out, each work-item's rows are whole blocks
   // of 32 (it quantizes the rows it wrote).
   matmul_grid glu_grid(tensor_type t, int F, bool quant_out) const;
@@ -393,8 +400,8 @@ class llama_forward {
   cl::kernel k_scale_, k_softcap_, k_qk_norm_, k_norm_add_;
   // The device's weight types, as the kernels name them, in the .cpp's
   // type_slot order; the kernel caches below have a slot for each.
-  static constexpr const char* k_type_suffix[] = {"f32", "f16",  "q4_0", "q4_1", "q8_0",
-                                                  "ku6", "q5_1", "bf16", "f32p", "q5_0"};
+  static constexpr const char* k_type_suffix[] = {"f32",  "f16",  "q4_0", "q4_1", "q8_0",  "ku6",
+                                                  "q5_1", "bf16", "f32p", "q5_0", "q4_1p", "q8_0p"};
   static constexpr int k_device_types = static_cast<int>(std::size(k_type_suffix));
   cl::kernel k_mm_[2][5][k_device_types][3];  // [float x, quantized x][family][type][tile]
   // Fused layers: [QKV's type][a K-quant down (k_down)][t1, t4, tiled].

@@ -118,6 +118,12 @@ constexpr type_traits k_q6_k{"Q6_K", 256, sizeof(block_q6_k)};
 constexpr type_traits k_ku6{"KU6", 256, 8 * 28 + 2 * sizeof(float)};
 // F32 in panels of 16 rows: a value 4 bytes, as F32.
 constexpr type_traits k_f32p{"F32P", 1, 4};
+// Q4_1 in panels of 16 rows: a block's 16 bytes of quants, its scale and
+// min as floats.
+constexpr type_traits k_q4_1p{"Q4_1P", 32, 16 + 2 * sizeof(float)};
+// Q8_0 in panels of 16 rows: a block's 32 bytes of quants and its scale as
+// a float.
+constexpr type_traits k_q8_0p{"Q8_0P", 32, 32 + sizeof(float)};
 
 // ggml's type numbering; empty names are numbers ggml retired.
 constexpr std::array<std::string_view, 40> k_gguf_names = {
@@ -208,6 +214,10 @@ const type_traits& traits_of(tensor_type t) {
       return k_ku6;
     case tensor_type::f32p:
       return k_f32p;
+    case tensor_type::q4_1p:
+      return k_q4_1p;
+    case tensor_type::q8_0p:
+      return k_q8_0p;
   }
   throw std::invalid_argument("unknown tensor_type " + std::to_string(static_cast<uint32_t>(t)));
 }
@@ -354,6 +364,8 @@ void dequantize_row(tensor_type t, const void* src, float* dst, int64_t n) {
       return;
     case tensor_type::ku6:
     case tensor_type::f32p:
+    case tensor_type::q4_1p:
+    case tensor_type::q8_0p:
       break;  // device layouts, never a file's
   }
   throw std::invalid_argument("dequantize_row: unknown tensor_type");

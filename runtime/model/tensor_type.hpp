@@ -31,6 +31,14 @@ enum class tensor_type : uint32_t {
   // Not a GGUF type: F32 weights in panels of 16 rows, each panel column
   // by column (device_weights, kernels/matmul_panels.cl).
   f32p = 0x10001,
+  // Not a GGUF type: Q4_1 weights in panels of 16 rows, each block's
+  // quants interleaved by four bytes a row, then its 16 scales and 16 mins
+  // as floats (device_weights, kernels/matmul_panels.cl).
+  q4_1p = 0x10002,
+  // Not a GGUF type: Q8_0 weights in panels of 16 rows, each block's
+  // quants plus 128 interleaved by four bytes a row, then its 16 scales as
+  // floats (device_weights, kernels/matmul_panels.cl).
+  q8_0p = 0x10003,
 };
 
 struct type_traits {

@@ -235,6 +235,8 @@ inline std::vector<uint8_t> random_weights(tensor_type t, int64_t n, std::mt1993
         break;
       case tensor_type::ku6:  // the device's layouts: no file holds them
       case tensor_type::f32p:
+      case tensor_type::q4_1p:
+      case tensor_type::q8_0p:
         throw std::invalid_argument("random_weights: a device layout is not a file type");
     }
   }

@@ -384,6 +384,177 @@ TEST_P(KernelInt8, MatmulGluWritesHQuantized) {
   }
 }
 
+// Q4_1 and Q8_0 in panels (Q4_1P, Q8_0P; kernels/matmul_panels.cl): the
+// plain and gated products against llama.cpp's formula in double, launched
+// as the engine launches them (work-items of whole panels), h also
+// quantized, and every launch's values bit for bit the first one's: a
+// row's sum is one chain over its blocks whatever the tile, as the
+// engine's recomputations need.
+struct qpanel_launch {
+  int tile, rows_per_item;
+  const char* kernel;
+};
+constexpr qpanel_launch k_qpanel_launches[] = {
+    {1, 32, "_t1"}, {1, 16, "_t1"}, {4, 32, "_t4"}, {4, 32, "_tiled"}, {4, 16, "_tiled"}};
+
+// The panel types and the file types they hold.
+constexpr std::pair<tensor_type, tensor_type> k_panel_types[] = {
+    {tensor_type::q4_1, tensor_type::q4_1p}, {tensor_type::q8_0, tensor_type::q8_0p}};
+
+TEST_P(KernelInt8, QuantizedPanelsMatchTheIntegerDotAndEveryTileAlike) {
+  auto& c = ctx();
+  std::mt19937 rng(2031);
+  for (const auto& [type, panel_type] : k_panel_types)
+    for (const auto& [K, N] :
+         {std::pair{32, 32}, std::pair{64, 640}, std::pair{96, 48}, std::pair{576, 96}}) {
+      SCOPED_TRACE("type " + suffix(type) + " K=" + std::to_string(K) + " N=" + std::to_string(N));
+      const auto bytes = ref::random_matrix(type, K, N, rng);
+      const size_t rb = row_bytes(type, K);
+      const tensor_view a{"a", type, {K, 16}, bytes.data(), rb * 16};
+      const tensor_view b{"b", type, {K, N - 16}, bytes.data() + rb * 16, rb * (N - 16)};
+      const auto dm = upload_matrix(c, {&a, &b}, true);  // two parts, as Wq, Wk, Wv go up
+      ASSERT_EQ(dm.type, panel_type);
+      for (const int T : {1, 3, 4, 7, 9}) {
+        for (const int acc : {0, 1}) {
+          const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+          const auto in = quantize_on_device(c, x, T, K);
+          const int ldy = N + 3;  // columns N..ldy-1 must stay untouched
+          const auto y0 = random_floats(static_cast<size_t>(T) * ldy, -1.0f, 1.0f, rng);
+          std::vector<float> first;
+          for (const qpanel_launch pl : k_qpanel_launches) {
+            SCOPED_TRACE(std::string(pl.kernel) + " rows_per_item " +
+                         std::to_string(pl.rows_per_item) + " T=" + std::to_string(T) +
+                         " accumulate=" + std::to_string(acc));
+            auto k = c.make_kernel("matmul_xq_" + suffix(panel_type) + pl.kernel);
+            const auto yb = upload(c, y0);
+            k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, yb, K, N, T, ldy, acc, pl.rows_per_item);
+            c.launch(k,
+                     {static_cast<size_t>((N + pl.rows_per_item - 1) / pl.rows_per_item),
+                      static_cast<size_t>((T + pl.tile - 1) / pl.tile)},
+                     {1, 1});
+            const auto y = download<float>(c, yb, y0.size());
+            int bad = 0;
+            for (int t = 0; t < T; ++t)
+              for (int n = 0; n < ldy; ++n) {
+                const size_t i = static_cast<size_t>(t) * ldy + n;
+                if (n >= N) {
+                  bad += y[i] != y0[i];
+                  continue;
+                }
+                const auto d = q8_dot(type, bytes, K, n, in.host, t);
+                const double want = acc ? y0[i] + d.dot : d.dot;
+                if (std::fabs(y[i] - want) > ref::dot_tol(d.mag) + 1e-6 && ++bad <= 4)
+                  ADD_FAILURE() << "y[" << t << "][" << n << "] = " << y[i] << ", want " << want;
+              }
+            EXPECT_EQ(bad, 0);
+            if (first.empty())
+              first = y;
+            else
+              EXPECT_EQ(0, std::memcmp(first.data(), y.data(), y.size() * sizeof(float)))
+                  << "not the first launch's values bit for bit";
+          }
+        }
+      }
+    }
+}
+
+TEST_P(KernelInt8, QuantizedPanelsGateUpWriteHQuantizedAndEveryTileAlike) {
+  auto& c = ctx();
+  std::mt19937 rng(2032);
+  const int K = 96, F = 64;
+  for (const auto& [type, panel_type] : k_panel_types)
+    for (const int T : {1, 5, 9}) {
+      SCOPED_TRACE("type " + suffix(type));
+      const auto bytes = ref::random_matrix(type, K, 2 * F, rng);
+      const tensor_view v{"w", type, {K, 2 * F}, bytes.data(), bytes.size()};
+      const auto dm = upload_matrix(c, {&v}, true);
+      ASSERT_EQ(dm.type, panel_type);
+      const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+      const auto in = quantize_on_device(c, x, T, K);
+      const size_t n = static_cast<size_t>(T) * F;
+      std::vector<float> first;
+      for (const qpanel_launch pl : k_qpanel_launches) {
+        if (pl.rows_per_item % 32 != 0) continue;  // quant_out: whole blocks an item
+        SCOPED_TRACE(std::string(pl.kernel) + " T=" + std::to_string(T));
+        auto k = c.make_kernel("matmul_glu_xq_" + suffix(panel_type) + pl.kernel);
+        const auto hb = c.alloc(n * 4), oq = c.alloc(n), od = c.alloc(n / 32 * 4),
+                   os = c.alloc(n / 16 * 4);
+        k.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, hb, K, F, T, pl.rows_per_item, oq, od, os, 1,
+               hb);
+        c.launch(k,
+                 {static_cast<size_t>(F / pl.rows_per_item),
+                  static_cast<size_t>((T + pl.tile - 1) / pl.tile)},
+                 {1, 1});
+        const auto h = download<float>(c, hb, n);
+        for (int t = 0; t < T; ++t)
+          for (int r = 0; r < F; ++r) {
+            const auto g = q8_dot(type, bytes, K, r, in.host, t);
+            const auto u = q8_dot(type, bytes, K, F + r, in.host, t);
+            EXPECT_NEAR(h[static_cast<size_t>(t) * F + r], ref::silu(g.dot) * u.dot,
+                        ref::glu_tol(g.dot, ref::dot_tol(g.mag), u.dot, ref::dot_tol(u.mag)))
+                << "h[" << t << "][" << r << "]";
+          }
+        const auto got = download_q8(c, oq, od, os, T, F);
+        for (int t = 0; t < T; ++t)
+          check_q8_row(got, t, F, std::vector<double>(h.begin() + t * F, h.begin() + (t + 1) * F),
+                       1e-4);
+        if (first.empty())
+          first = h;
+        else
+          EXPECT_EQ(0, std::memcmp(first.data(), h.data(), h.size() * sizeof(float)))
+              << "not the first launch's values bit for bit";
+      }
+    }
+}
+
+// The quantized panels' QKV kernels (no rotation): q rows bit for bit the
+// plain product's of the same panels, and those llama.cpp's formula.
+TEST_P(KernelInt8, QuantizedPanelsQkvRowsAreThePlainProducts) {
+  auto& c = ctx();
+  std::mt19937 rng(5);
+  const int K = 64, hd = 64, n_head = 6, n_kv = 2, width = (n_head + 2 * n_kv) * hd, T = 1;
+  for (const tensor_type type : {tensor_type::q4_1, tensor_type::q8_0}) {
+    const auto bytes = ref::random_matrix(type, K, width, rng);
+    const size_t rb = row_bytes(type, K);
+    const tensor_view v{"w", type, {K, width}, bytes.data(), bytes.size()};
+    const tensor_view wq{"q", type, {K, n_head * hd}, bytes.data(), rb * n_head * hd};
+    const tensor_view wk{
+        "k", type, {K, n_kv * hd}, bytes.data() + rb * n_head * hd, rb * n_kv * hd};
+    const tensor_view wv{
+        "v", type, {K, n_kv * hd}, bytes.data() + rb * (n_head + n_kv) * hd, rb * n_kv * hd};
+    const auto dm = upload_qkv(c, wq, wk, wv, true, true);
+    const auto x = random_floats(static_cast<size_t>(T) * K, -1.0f, 1.0f, rng);
+    const auto in = quantize_on_device(c, x, T, K);
+    const auto yb = c.alloc(static_cast<size_t>(width) * 4);
+    auto km = c.make_kernel("matmul_xq_" + suffix(dm.type) + "_t1");
+    km.args(dm.q, dm.d, dm.m, in.q, in.d, in.s, yb, K, width, T, width, 0, 32);
+    c.launch(km, {static_cast<size_t>(width / 32), 1}, {1, 1});
+    const auto y = download<float>(c, yb, width);
+    const int page_size = 8, n_pages = 4, layer = 0;
+    std::vector<int> pos{5}, rs{0}, pt{0, 1, 2, 3}, off{0};
+    const auto posb = upload(c, pos), rsb = upload(c, rs), ptb = upload(c, pt),
+               offb = upload(c, off);
+    const auto kcb = c.alloc(static_cast<size_t>(n_pages) * n_kv * page_size * hd * 4);
+    const auto vcb = c.alloc(static_cast<size_t>(n_pages) * n_kv * page_size * hd * 4);
+    const auto qkvb = c.alloc(static_cast<size_t>(width) * 4);
+    std::vector<float> rope(hd, 0.0f);
+    const auto ropeb = upload(c, rope);
+    auto kq = c.make_kernel("matmul_qkv_xq_" + suffix(dm.type) + "_t1");
+    kq.args_from(kq.args_from(0, dm.q, dm.d, dm.m, in.q, in.d, in.s), qkvb, K, T, posb, rsb, ptb,
+                 offb, kcb, vcb, n_head, n_kv, hd, 0, ropeb, 0, page_size, layer, n_pages, 16,
+                 ropeb, 0);
+    c.launch(kq, {static_cast<size_t>(32), 1}, {16, 1});
+    const auto q = download<float>(c, qkvb, width);
+    int bad = 0;
+    for (int i = 0; i < n_head * hd; ++i) bad += q[i] != y[i];
+    EXPECT_EQ(bad, 0) << suffix(type) << " q0 " << q[0] << " y0 " << y[0];
+    for (int n : {0, 1, 17, 300, 639}) {
+      const auto d = q8_dot(type, bytes, K, n, in.host, 0);
+      EXPECT_NEAR(y[n], d.dot, ref::dot_tol(d.mag) + 1e-6) << suffix(type) << " row " << n;
+    }
+  }
+}
+
 // A Q5_1 QKV whose V is Q8_0 (or Q5_0, held as Q8_0), as a Q5_K_M file's
 // layers have it where attn_v fell back from Q6_K to Q8_0: held as Q5_1
 // (upload_qkv), the QKV kernel's q rows and K and V cache values are, bit
